@@ -1,0 +1,140 @@
+package fleet
+
+import (
+	"context"
+	"time"
+)
+
+// Runtime runs sandboxes. The real one is containerdrt.Runtime (containerd +
+// runc + CRIU); tests use fakes. Every method is safe for concurrent use and
+// honours ctx. Errors wrap the api/errdefs classes (ErrNotFound for an
+// unknown id, ErrAlreadyExists for a taken id, ErrFailedPrecondition for a
+// wrong state, ErrUnavailable when containerd is down).
+type Runtime interface {
+	// Boot creates and starts a sandbox from an image and returns once its
+	// task is running. On error nothing is left behind.
+	Boot(ctx context.Context, spec BootSpec) (Instance, error)
+
+	// Restore starts a new sandbox from a checkpoint (a fork): its own id,
+	// container, snapshot, cgroup and network namespace, with the
+	// checkpointed processes restored (memory tier) or booted fresh from the
+	// checkpointed writable layer (disk tier). On error nothing is left
+	// behind.
+	Restore(ctx context.Context, spec BootSpec, from CheckpointRef) (Instance, error)
+
+	// Delete kills the sandbox's processes and removes its task, container,
+	// snapshot and cgroup. Deleting an unknown id returns ErrNotFound.
+	Delete(ctx context.Context, id string) error
+
+	// List returns every sandbox the runtime knows, for reconciliation after a
+	// controld restart.
+	List(ctx context.Context) ([]Instance, error)
+
+	// Freeze and Thaw stop and continue every process of a sandbox (cgroup
+	// freezer). Both are idempotent.
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+
+	// Checkpoint captures a running sandbox into spec.Dir (which must not
+	// exist; the runtime creates it and removes it on failure). The source
+	// keeps running unless spec.Stop is set; it is never left frozen.
+	// BeforeFreeze runs right before the processes are frozen (record the
+	// frame hash there), AfterFreeze while they are frozen.
+	Checkpoint(ctx context.Context, id string, spec CheckpointSpec) (CheckpointResult, error)
+
+	// DeleteCheckpoint releases what a checkpoint holds (its committed
+	// snapshot, its directory). Unknown refs return ErrNotFound.
+	DeleteCheckpoint(ctx context.Context, ref CheckpointRef) error
+
+	// Exits delivers the ids of sandboxes whose task exited on its own (not
+	// through Delete), until ctx ends.
+	Exits(ctx context.Context) (<-chan Exit, error)
+}
+
+// BootSpec describes a sandbox to start.
+type BootSpec struct {
+	ID          string // the sandbox id; also the container id
+	Image       string
+	CPUMillis   int64 // 0: no limit
+	MemoryBytes int64 // 0: no limit
+	Width       uint32
+	Height      uint32
+	Depth       uint32
+	Env         map[string]string
+	// ACIToken authenticates agents to guestd; AdminToken authenticates
+	// controld. Both reach guestd through its environment.
+	ACIToken   string
+	AdminToken string
+	// Labels are stored with the container (containerd labels) so List can
+	// return them; keys are the runtime's own business, values opaque.
+	Labels map[string]string
+}
+
+// Instance is a running (or stopped) sandbox as the runtime sees it.
+type Instance struct {
+	ID     string
+	PID    uint32 // the sandbox init (guestd), in the host pid namespace
+	Status InstanceStatus
+	// ACISocket is the host path of guestd's ACI unix socket
+	// (/proc/<pid>/root/run/forkfleet/aci.sock), dialable from controld.
+	ACISocket string
+	Labels    map[string]string
+	// Phase times as the runtime saw them.
+	CreatedAt     time.Time // container created
+	TaskStartedAt time.Time // task started (or restored)
+}
+
+// InstanceStatus is the runtime's view of a sandbox.
+type InstanceStatus int
+
+const (
+	StatusUnknown InstanceStatus = iota
+	StatusCreated
+	StatusRunning
+	StatusFrozen
+	StatusStopped
+)
+
+// CheckpointTier mirrors the API's tiers.
+type CheckpointTier int
+
+const (
+	TierMemory CheckpointTier = iota + 1
+	TierDisk
+)
+
+// CheckpointSpec says how to capture a sandbox.
+type CheckpointSpec struct {
+	Dir          string // where the checkpoint's files go; created by the runtime
+	Tier         CheckpointTier
+	Stop         bool // exit the source afterwards instead of resuming it
+	BeforeFreeze func(ctx context.Context) error
+	AfterFreeze  func(ctx context.Context) error
+}
+
+// CheckpointResult reports what a checkpoint captured.
+type CheckpointResult struct {
+	Ref         CheckpointRef
+	MemoryBytes int64
+	LayerBytes  int64
+	Frozen      time.Duration
+	Dump        time.Duration
+	Layer       time.Duration
+	Total       time.Duration
+}
+
+// CheckpointRef names what a checkpoint holds in the runtime; controld
+// stores it and hands it back to Restore and DeleteCheckpoint.
+type CheckpointRef struct {
+	Dir      string // process images (memory tier) and metadata
+	Snapshot string // committed snapshot key of the writable layer
+	Image    string // the image the source booted from
+	Tier     CheckpointTier
+}
+
+// Exit is a sandbox task that ended.
+type Exit struct {
+	ID       string
+	Status   uint32
+	ExitedAt time.Time
+}

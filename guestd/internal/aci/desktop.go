@@ -1,0 +1,66 @@
+package aci
+
+import (
+	"context"
+	"image"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+)
+
+// Desktop is what the ACI needs from the X display. The real one is
+// x11.Desktop (guestd/internal/x11); tests may use fakes. Every method is safe
+// for concurrent use. Errors that the client caused (bad key name, unknown
+// window) wrap desktop.ErrInvalid or desktop.ErrNotFound so the
+// dispatcher can map them to typed ACI codes.
+type Desktop interface {
+	// ScreenSize is the root window size in pixels.
+	ScreenSize() (w, h int)
+
+	// Ready reports readiness without capturing a whole frame.
+	Ready(ctx context.Context) (desktop.ReadyState, error)
+
+	// Input through XTEST. Each call returns once the X server has processed
+	// the events (one sync round trip), so a following capture sees the effect.
+	MoveTo(x, y int) error
+	ButtonDown(button int) error
+	ButtonUp(button int) error
+	// Click presses and releases button count times at the current position.
+	Click(button, count int) error
+	// Scroll by whole notches; dy>0 scrolls down, dx>0 scrolls right.
+	Scroll(dx, dy int) error
+	// KeyDown/KeyUp take one key name: an X keysym name ("Return", "a",
+	// "F5", "ctrl" aliases accepted) .
+	KeyDown(name string) error
+	KeyUp(name string) error
+	// KeyCombo presses the keys in order and releases them in reverse
+	// ("ctrl","shift","t").
+	KeyCombo(names []string) error
+	// TypeText types UTF-8 text, remapping a spare keycode for characters
+	// that have no keycode in the current keymap.
+	TypeText(text string) error
+	CursorPosition() (x, y int, err error)
+
+	// Capture copies the pixels of r (in root coordinates, already clipped
+	// to the screen by the caller) into dst as BGRX, 4 bytes per pixel,
+	// reusing dst.Pix when it is large enough. MIT-SHM when available.
+	Capture(r image.Rectangle, dst *desktop.Frame) error
+	// CursorImage returns the cursor sprite (ARGB, premultiplied as XFIXES
+	// gives it) and its hotspot position on screen.
+	CursorImage() (desktop.Cursor, error)
+
+	// Windows (EWMH).
+	ListWindows() ([]desktop.Window, error)
+	ActivateWindow(id uint32) error
+	CloseWindow(id uint32) error
+	MoveResizeWindow(id uint32, x, y, w, h int) error
+	SetWindowState(id uint32, state desktop.WindowState) error
+
+	// Clipboard (CLIPBOARD selection, UTF8_STRING).
+	ClipboardGet(ctx context.Context) (string, error)
+	ClipboardSet(text string) error
+
+	// Damage delivers the bounding rectangles of screen changes (X DAMAGE)
+	// to ch until ctx ends. Rectangles may be coalesced. Used for settle
+	// waits and the screencast.
+	WatchDamage(ctx context.Context, ch chan<- image.Rectangle) error
+}
