@@ -1,0 +1,893 @@
+#!/bin/bash
+# forkfleet host setup: puts the host stack in place and starts containerd.
+#
+#   deploy/host-setup.sh           set up (idempotent; about a second when done)
+#   deploy/host-setup.sh --stop    stop the project's containerd
+#   deploy/host-setup.sh --help
+#
+# Called by `make demo` and `make test`. Needs root. Works on a fresh Debian 12
+# host with only the Debian archive and the Go module proxy reachable, and on a
+# host that already has containerd >= 2.4 and/or CRIU >= 4.2. Prints one line
+# per step and exits non-zero with the reason when a step cannot be done.
+# The contract (paths, env keys, start/stop) is in deploy/README.md.
+set -euo pipefail
+
+# ---------------------------------------------------------------- constants
+
+readonly CONTAINERD_VERSION=2.4.2 # built when no usable containerd is installed
+readonly CONTAINERD_MIN=2.4       # an installed containerd this new is reused
+readonly CRIU_MIN=4.2             # 4.1 cannot dump AF_INET sockets on kernels >= 6.16
+readonly CRIU_SUITE=${FORKFLEET_CRIU_SUITE:-sid}
+readonly CRIU_BASE_SUITE=${FORKFLEET_CRIU_BASE_SUITE:-trixie}
+readonly NAMESPACE=forkfleet
+
+readonly ETC_DIR=/etc/forkfleet
+readonly LIB_DIR=/var/lib/forkfleet
+readonly LOG_DIR=/var/log/forkfleet
+readonly CACHE_DIR=/var/cache/forkfleet
+readonly RUN_DIR=/run/forkfleet
+
+readonly CONTAINERD_CACHE=$CACHE_DIR/containerd-v$CONTAINERD_VERSION/bin
+readonly CONTAINERD_BUILD_LOG=$LOG_DIR/containerd-build.log
+readonly CONTAINERD_CONFIG=$ETC_DIR/containerd.toml
+readonly CONTAINERD_ROOT=$LIB_DIR/containerd
+readonly CONTAINERD_STATE=$RUN_DIR/containerd
+readonly CONTAINERD_SOCK=$CONTAINERD_STATE/containerd.sock
+readonly CONTAINERD_LOG=$LOG_DIR/containerd.log
+readonly SUPERVISOR=/usr/local/libexec/forkfleet/containerd-supervise
+readonly SUPERVISOR_PIDFILE=$RUN_DIR/containerd.pid
+readonly DAEMON_PIDFILE=$RUN_DIR/containerd-daemon.pid
+readonly STOPFILE=$RUN_DIR/containerd.stop
+readonly START_TIMEOUT=${FORKFLEET_CONTAINERD_START_TIMEOUT:-30}
+
+readonly CRIU_PREFIX=/opt/forkfleet/criu
+readonly CRIU_WRAPPER=/usr/local/sbin/criu
+readonly CRIU_CONF=$ETC_DIR/criu.conf
+readonly CRIU_CACHE=$CACHE_DIR/criu
+readonly CRIU_FEATURES=$LIB_DIR/criu-features.txt
+readonly WRAPPER_MARKER='# forkfleet-criu-wrapper'
+
+readonly HOST_ENV=$ETC_DIR/host.env
+readonly LOCKFILE=$LIB_DIR/host-setup.lock
+
+readonly APT_PACKAGES=(
+	runc debootstrap xvfb openbox xterm x11-utils x11-xserver-utils
+	libturbojpeg0-dev libx11-dev nftables iproute2 procps psmisc
+)
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly SCRIPT_DIR
+
+# The daemon, runc and criu must see /usr/local first (CRIU wrapper, containerd).
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C
+
+# Filled in by the steps, written to host.env at the end.
+CONTAINERD_BIN=""
+CTR_BIN=""
+CONTAINERD_VER=""
+RUNC_VER=""
+CRIU_BIN=""
+CRIU_VER=""
+
+# ---------------------------------------------------------------- output
+
+START_US=${EPOCHREALTIME/./}
+STEP_US=$START_US
+
+elapsed_ms() { local now=${EPOCHREALTIME/./}; echo $(((now - $1) / 1000)); }
+
+# step NAME STATUS MESSAGE: one line per step, with the step's own duration.
+step() {
+	printf 'host-setup: %-11s %-5s %s (%d ms)\n' "$1" "$2" "$3" "$(elapsed_ms "$STEP_US")"
+	STEP_US=${EPOCHREALTIME/./}
+}
+note() { printf 'host-setup: %-11s       %s\n' "$1" "$2"; }
+die() {
+	printf 'host-setup: ERROR: %s\n' "$*" >&2
+	exit 1
+}
+
+# ---------------------------------------------------------------- helpers
+
+version_ge() { dpkg --compare-versions "$1" ge "$2"; }
+
+# containerd --version prints e.g.
+#   containerd github.com/containerd/containerd/v2 2.4.2+unknown
+#   containerd containerd.io v2.4.2 <commit>
+containerd_version_of() {
+	local out
+	out=$("$1" --version 2>/dev/null) || return 1
+	out=$(awk '{print $3}' <<<"$out")
+	out=${out#v}
+	out=${out%%+*}
+	[[ -n $out ]] && echo "$out"
+}
+
+criu_version_of() {
+	"$1" --version 2>/dev/null | awk '/^Version:/ {print $2; exit}'
+}
+
+ctr_answers() {
+	[[ -S $CONTAINERD_SOCK && -n $CTR_BIN ]] || return 1
+	timeout 5 "$CTR_BIN" -a "$CONTAINERD_SOCK" version >/dev/null 2>&1
+}
+
+is_systemd_host() { [[ $(cat /proc/1/comm 2>/dev/null) == systemd && -d /run/systemd/system ]]; }
+
+# install_file SRC DST MODE: copy when the content differs. Returns 0 when it
+# changed something, 1 when DST was already up to date.
+install_file() {
+	local src=$1 dst=$2 mode=$3
+	if [[ -f $dst ]] && cmp -s "$src" "$dst"; then
+		chmod "$mode" "$dst"
+		return 1
+	fi
+	mkdir -p "$(dirname "$dst")"
+	install -m "$mode" "$src" "$dst.tmp.$$"
+	mv -f "$dst.tmp.$$" "$dst"
+	return 0
+}
+
+# write_file DST MODE < content: like install_file, for generated content.
+write_file() {
+	local dst=$1 mode=$2 tmp
+	tmp=$(mktemp "$LIB_DIR/.write.XXXXXX")
+	cat >"$tmp"
+	if install_file "$tmp" "$dst" "$mode"; then
+		rm -f "$tmp"
+		return 0
+	fi
+	rm -f "$tmp"
+	return 1
+}
+
+pid_alive() { [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null; }
+
+read_pidfile() { [[ -f $1 ]] && tr -dc '0-9' <"$1"; }
+
+supervisor_pid() {
+	local pid
+	pid=$(read_pidfile "$SUPERVISOR_PIDFILE") || return 1
+	pid_alive "$pid" || return 1
+	# A recycled pid must not be mistaken for the supervisor.
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q containerd-supervise || return 1
+	echo "$pid"
+}
+
+# ---------------------------------------------------------------- 1. apt
+
+# Another apt/dpkg run (the lead starts one in the background at boot) may
+# hold the locks: wait for them instead of failing.
+apt_get() {
+	local attempt out rc
+	for attempt in $(seq 1 120); do
+		rc=0
+		out=$(apt-get -q -y -o DPkg::Lock::Timeout=600 "$@" 2>&1) || rc=$?
+		if ((rc == 0)); then
+			return 0
+		fi
+		if grep -qE 'Could not get lock|Unable to lock|is another process using it' <<<"$out"; then
+			((attempt == 1)) && note apt "waiting for the apt/dpkg lock held by another process"
+			sleep 5
+			continue
+		fi
+		printf '%s\n' "$out" | tail -n 20 >&2
+		return "$rc"
+	done
+	echo "$out" | tail -n 5 >&2
+	return 1
+}
+
+step_apt() {
+	local installed missing=() p
+	installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${APT_PACKAGES[@]}" 2>/dev/null |
+		awk '$1 == "ii" {print $2}') || true
+	for p in "${APT_PACKAGES[@]}"; do
+		grep -qxF "$p" <<<"$installed" || missing+=("$p")
+	done
+	if ((${#missing[@]} == 0)); then
+		step apt skip "all ${#APT_PACKAGES[@]} packages installed"
+		return
+	fi
+	note apt "missing: ${missing[*]}"
+	apt_get update || die "apt-get update failed"
+	apt_get install --no-install-recommends "${missing[@]}" ||
+		die "apt-get install ${missing[*]} failed"
+	step apt "done" "installed ${missing[*]}"
+}
+
+# ---------------------------------------------------------------- 2. containerd
+
+# Waits for a build started elsewhere (same command, same cache) to finish:
+# its log ends with "rc=N".
+wait_for_foreign_build() {
+	local waited=0
+	[[ -f $CONTAINERD_BUILD_LOG ]] || return 1
+	grep -q '^rc=' "$CONTAINERD_BUILD_LOG" && return 0
+	pgrep -f 'containerd/v2/cmd/' >/dev/null 2>&1 || return 1
+	note containerd "a build of v$CONTAINERD_VERSION is running (log $CONTAINERD_BUILD_LOG): waiting for it"
+	while ! grep -q '^rc=' "$CONTAINERD_BUILD_LOG"; do
+		if ! pgrep -f 'containerd/v2/cmd/' >/dev/null 2>&1; then
+			sleep 2
+			grep -q '^rc=' "$CONTAINERD_BUILD_LOG" && break
+			return 1
+		fi
+		((waited >= 1200)) && die "containerd build still running after 20 min; see $CONTAINERD_BUILD_LOG"
+		sleep 2
+		waited=$((waited + 2))
+	done
+	return 0
+}
+
+cache_complete() {
+	local b
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		[[ -x $CONTAINERD_CACHE/$b ]] || return 1
+	done
+	[[ $(containerd_version_of "$CONTAINERD_CACHE/containerd") == "$CONTAINERD_VERSION" ]]
+}
+
+build_containerd() {
+	local go tmp rc=0
+	go=$(command -v go || true)
+	[[ -z $go && -x /usr/local/go/bin/go ]] && go=/usr/local/go/bin/go
+	[[ -n $go ]] || die "containerd >= $CONTAINERD_MIN is not installed and Go is missing to build v$CONTAINERD_VERSION (expected /usr/local/go/bin/go)"
+	note containerd "building v$CONTAINERD_VERSION with $go (about 4 min; log $CONTAINERD_BUILD_LOG)"
+	tmp=$CONTAINERD_CACHE.tmp.$$
+	rm -rf "$tmp"
+	mkdir -p "$tmp" "$LOG_DIR"
+	{
+		echo "# $(date -u +%FT%TZ) host-setup.sh: go install containerd v$CONTAINERD_VERSION"
+		HOME=${HOME:-/root} GOBIN=$tmp CGO_ENABLED=0 GOFLAGS=-tags=no_btrfs,no_devmapper,no_zfs,no_aufs \
+			"$go" install \
+			"github.com/containerd/containerd/v2/cmd/containerd@v$CONTAINERD_VERSION" \
+			"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$CONTAINERD_VERSION" \
+			"github.com/containerd/containerd/v2/cmd/ctr@v$CONTAINERD_VERSION" || rc=$?
+		echo "rc=$rc"
+	} >"$CONTAINERD_BUILD_LOG" 2>&1
+	if ((rc != 0)); then
+		rm -rf "$tmp"
+		tail -n 15 "$CONTAINERD_BUILD_LOG" >&2
+		die "building containerd v$CONTAINERD_VERSION failed (rc=$rc); see $CONTAINERD_BUILD_LOG"
+	fi
+	rm -rf "$CONTAINERD_CACHE"
+	mv "$tmp" "$CONTAINERD_CACHE"
+}
+
+step_containerd() {
+	local found ver dir shim ctr b how changed=0
+	found=$(command -v containerd || true)
+	if [[ -n $found ]]; then
+		ver=$(containerd_version_of "$found" || true)
+		dir=$(dirname "$found")
+		shim=$dir/containerd-shim-runc-v2
+		[[ -x $shim ]] || shim=$(command -v containerd-shim-runc-v2 || true)
+		ctr=$dir/ctr
+		[[ -x $ctr ]] || ctr=$(command -v ctr || true)
+		if [[ -n $ver ]] && version_ge "$ver" "$CONTAINERD_MIN" && [[ -n $shim && -n $ctr ]]; then
+			CONTAINERD_BIN=$found CTR_BIN=$ctr CONTAINERD_VER=$ver
+			step containerd skip "using installed $found $ver (shim $shim)"
+			return
+		fi
+		note containerd "installed $found is ${ver:-of unknown version} or lacks shim/ctr: installing v$CONTAINERD_VERSION into /usr/local/bin"
+	fi
+
+	if cache_complete; then
+		how="reused cached build $CONTAINERD_CACHE"
+	elif wait_for_foreign_build && cache_complete; then
+		how="reused the build that was running ($CONTAINERD_BUILD_LOG)"
+	else
+		build_containerd
+		cache_complete || die "build finished but $CONTAINERD_CACHE lacks containerd/containerd-shim-runc-v2/ctr v$CONTAINERD_VERSION"
+		how="built v$CONTAINERD_VERSION into $CONTAINERD_CACHE"
+	fi
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		# mv over the old file: a running containerd keeps its inode.
+		install_file "$CONTAINERD_CACHE/$b" "/usr/local/bin/$b" 0755 && changed=1
+	done
+	CONTAINERD_BIN=/usr/local/bin/containerd CTR_BIN=/usr/local/bin/ctr
+	CONTAINERD_VER=$(containerd_version_of "$CONTAINERD_BIN")
+	step containerd "done" "$how; installed containerd, containerd-shim-runc-v2, ctr $CONTAINERD_VER in /usr/local/bin$( ((changed)) || echo ' (already there)')"
+}
+
+# ---------------------------------------------------------------- 3. runc
+
+step_runc() {
+	local runc
+	runc=$(command -v runc || true)
+	[[ -n $runc ]] || die "runc not found after the apt step (package runc)"
+	RUNC_VER=$("$runc" --version 2>/dev/null | awk 'NR == 1 {print $3}')
+	[[ -n $RUNC_VER ]] || die "$runc --version gave no version"
+	version_ge "${RUNC_VER%%+*}" 1.1 || die "runc $RUNC_VER at $runc is older than 1.1"
+	step runc skip "using $runc $RUNC_VER"
+}
+
+# ---------------------------------------------------------------- 4. /run tmpfs (CRIU kdat cache)
+
+# Why: CRIU probes ~40 kernel features on every invocation (35-50 ms, 80-160 ms
+# under load) unless it can reuse /run/criu.kdat. It loads that file from
+# anywhere, but it only WRITES it (via /run/criu.kdat.tmp + rename) when fstatfs
+# says tmpfs, because the cache must vanish on reboot and kernel change. The
+# path is compiled in (KDAT_RUNDIR), so the file cannot be moved elsewhere, and
+# a pre-seeded copy on ext4 would both outlive a kernel upgrade and be unlinked
+# by CRIU on its next failed save.
+#
+# Fix: make /run a tmpfs, as it is on every systemd host, without disturbing
+# what already lives there: a new tmpfs is prepared off to the side, every
+# directory of the old /run is recursively bind-mounted into it (open files,
+# listening sockets such as /run/dbus/* or a host containerd's socket keep
+# working, writes still land in the same inodes), top-level sockets/fifos are
+# bind-mounted too, plain files and symlinks are copied, and then the tmpfs is
+# moved onto /run in one atomic mount --move. Nothing is lost; the host keeps
+# its old /run underneath, and after a reboot it is back to the plain disk
+# directory until this script runs again (when the cache must be rebuilt anyway).
+step_run_tmpfs() {
+	local fstype staging e name
+	fstype=$(stat -f -c %T /run)
+	if [[ $fstype == tmpfs ]]; then
+		step run-tmpfs skip "/run is a tmpfs: CRIU can keep /run/criu.kdat"
+		return
+	fi
+	if [[ $(findmnt -n -o PROPAGATION / 2>/dev/null) == shared* ]]; then
+		# mount --move refuses to move out of a shared parent.
+		die "/run is $fstype (not tmpfs) and / is a shared mount, so it cannot be replaced atomically; mount a tmpfs on /run at boot (as systemd does) and rerun"
+	fi
+	staging=$(mktemp -d "$LIB_DIR/run-staging.XXXXXX")
+	if ! mount -t tmpfs -o mode=0755,nosuid,nodev,size=20% tmpfs "$staging"; then
+		rmdir "$staging"
+		die "cannot mount a tmpfs (need CAP_SYS_ADMIN) for /run; CRIU would re-probe kernel features on every call"
+	fi
+	# errexit does not apply inside a subshell tested with ||: check each call.
+	(
+		shopt -s nullglob dotglob
+		for e in /run/*; do
+			name=${e##*/}
+			# A kdat cache from a disk /run may predate a kernel change, and a
+			# stale criu.kdat.tmp (see step_kdat) would block every save.
+			[[ $name == criu.kdat || $name == criu.kdat.tmp ]] && continue
+			if [[ -L $e || -f $e ]]; then
+				cp -a "$e" "$staging/$name" || exit 1
+			elif [[ -d $e ]]; then
+				mkdir "$staging/$name" || exit 1
+				mount --rbind "$e" "$staging/$name" || exit 1
+			else
+				touch "$staging/$name" || exit 1
+				mount --bind "$e" "$staging/$name" || exit 1
+			fi
+		done
+		mount --move "$staging" /run || exit 1
+	) || {
+		umount -R "$staging" 2>/dev/null || umount -R -l "$staging" 2>/dev/null || true
+		rmdir "$staging" 2>/dev/null || true
+		die "replacing /run ($fstype) with a tmpfs failed; nothing was changed"
+	}
+	rmdir "$staging"
+	step run-tmpfs "done" "/run was $fstype: now a tmpfs with the old entries bind-mounted/copied in, so CRIU keeps /run/criu.kdat"
+}
+
+# ---------------------------------------------------------------- 5. CRIU
+
+is_our_wrapper() { [[ -f $1 ]] && grep -qF "$WRAPPER_MARKER" "$1"; }
+
+criu_usable() {
+	local v
+	v=$(criu_version_of "$1") || return 1
+	[[ -n $v ]] && version_ge "$v" "$CRIU_MIN" && "$1" check >/dev/null 2>&1
+}
+
+# The Debian mirror the host already uses for its own release, reused for the
+# CRIU suites. Handles deb822 (*.sources) and one-line (*.list) sources.
+detect_mirror() {
+	local codename f uri
+	# shellcheck source=/dev/null
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[[ -f $f ]] || continue
+		uri=$(awk -v c="$codename" '
+			$1 == "deb" {
+				i = 2
+				if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+				if ($(i + 1) == c) { print $i; exit }
+			}' "$f")
+		[[ -n $uri ]] && echo "${uri%/}" && return
+	done
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[[ -f $f ]] || continue
+		uri=$(awk -v c="$codename" '
+			function flush() {
+				if (types ~ /(^| )deb( |$)/ && enabled != "no" && (" " suites " ") ~ (" " c " ")) { split(uris, u, " "); print u[1]; found = 1 }
+				types = uris = suites = enabled = ""
+			}
+			/^[ \t]*$/ { flush(); if (found) exit; next }
+			/^[ \t]*#/ { next }
+			{ key = tolower($1); sub(/:$/, "", key); val = $0; sub(/^[^:]*:[ \t]*/, "", val)
+			  if (key == "types") types = val; else if (key == "uris") uris = val
+			  else if (key == "suites") suites = val; else if (key == "enabled") enabled = tolower(val) }
+			END { if (!found) flush() }' "$f" | head -n 1)
+		[[ -n $uri ]] && echo "${uri%/}" && return
+	done
+	echo "http://deb.debian.org/debian"
+}
+
+# Private apt: own sources.list (the CRIU suites only), lists, cache, status
+# and preferences; the host's sources, lists, status and pins are neither read
+# nor written. The host's apt.conf.d is still honoured for network settings
+# (proxy, Check-Valid-Until) because the fetch runs on this host's network.
+PRIV_APT=()
+setup_private_apt() {
+	local dir=$1 mirror=$2 signed=""
+	mkdir -p "$dir/etc/sources.list.d" "$dir/etc/preferences.d" "$dir/lists/partial" \
+		"$dir/state" "$dir/cache/archives/partial"
+	: >"$dir/state/status"
+	[[ -f /usr/share/keyrings/debian-archive-keyring.gpg ]] &&
+		signed="signed-by=/usr/share/keyrings/debian-archive-keyring.gpg "
+	cat >"$dir/etc/sources.list" <<-EOF
+		deb [${signed}target=Packages] $mirror $CRIU_SUITE main
+		deb [${signed}target=Packages] $mirror $CRIU_BASE_SUITE main
+	EOF
+	# Libraries come from the base suite unless the CRIU build needs newer.
+	cat >"$dir/etc/preferences" <<-EOF
+		Package: *
+		Pin: release n=$CRIU_BASE_SUITE
+		Pin-Priority: 990
+
+		Package: *
+		Pin: release n=$CRIU_SUITE
+		Pin-Priority: 100
+	EOF
+	PRIV_APT=(
+		-o "Dir::State=$dir/state" -o "Dir::State::Lists=$dir/lists"
+		-o "Dir::State::status=$dir/state/status" -o "Dir::Cache=$dir/cache"
+		-o "Dir::Cache::archives=$dir/cache/archives"
+		-o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
+		-o "Dir::Etc::sourcelist=$dir/etc/sources.list" -o "Dir::Etc::sourceparts=$dir/etc/sources.list.d"
+		-o "Dir::Etc::preferences=$dir/etc/preferences" -o "Dir::Etc::preferencesparts=$dir/etc/preferences.d"
+		-o "Dir::Log=$dir/log" -o "APT::Install-Recommends=false" -o "Acquire::Languages=none"
+	)
+}
+
+# Downloads criu from $CRIU_SUITE with its full library closure into
+# $CRIU_CACHE/<version>/debs and prints the version. apt's resolver picks the
+# base suite for each library unless a $CRIU_SUITE package needs a newer one;
+# those are added as pkg/$CRIU_SUITE one by one as apt names them.
+download_criu() {
+	local mirror aptdir ver debs out rc attempt pkgs=("criu/$CRIU_SUITE") add
+	mirror=$(detect_mirror)
+	aptdir=$CRIU_CACHE/apt
+	setup_private_apt "$aptdir" "$mirror"
+	note criu "fetching criu from $mirror $CRIU_SUITE (+ $CRIU_BASE_SUITE libraries) with a private apt config in $aptdir" >&2
+	apt-get -q "${PRIV_APT[@]}" update >"$aptdir/update.log" 2>&1 || {
+		tail -n 10 "$aptdir/update.log" >&2
+		die "private apt-get update for $CRIU_SUITE/$CRIU_BASE_SUITE at $mirror failed"
+	}
+	ver=$(apt-cache "${PRIV_APT[@]}" madison criu | awk -F'|' -v s="$CRIU_SUITE/" '$3 ~ s {gsub(/ /, "", $2); print $2; exit}')
+	[[ -n $ver ]] || die "no criu package in $CRIU_SUITE at $mirror"
+	version_ge "$ver" "$CRIU_MIN" || die "criu in $CRIU_SUITE is $ver, older than $CRIU_MIN"
+	debs=$CRIU_CACHE/$ver/debs
+	mkdir -p "$debs/partial"
+	for attempt in $(seq 1 10); do
+		rc=0
+		out=$(apt-get -q -y "${PRIV_APT[@]}" -o "Dir::Cache::archives=$debs" install -d "${pkgs[@]}" 2>&1) || rc=$?
+		((rc == 0)) && break
+		add=$(sed -n 's/^ *\(criu : \|[^ ]* : \)\?Depends: \([^ ]*\) .* but .* is to be installed.*/\2/p' <<<"$out" | sort -u)
+		if [[ -z $add ]] || ((attempt == 10)); then
+			printf '%s\n' "$out" | tail -n 15 >&2
+			die "cannot resolve criu $ver's dependencies from $CRIU_SUITE/$CRIU_BASE_SUITE"
+		fi
+		while read -r p; do pkgs+=("$p/$CRIU_SUITE"); done <<<"$add"
+	done
+	rm -rf "$debs/partial" "$debs/lock"
+	printf '%s\n' "${pkgs[@]}" >"$CRIU_CACHE/$ver/requested"
+	touch "$CRIU_CACHE/$ver/complete"
+	echo "$ver"
+}
+
+newest_cached_criu() {
+	local d v best=""
+	for d in "$CRIU_CACHE"/*/complete; do
+		[[ -f $d ]] || continue
+		v=$(basename "$(dirname "$d")")
+		version_ge "$v" "$CRIU_MIN" || continue
+		if [[ -z $best ]] || version_ge "$v" "$best"; then best=$v; fi
+	done
+	[[ -n $best ]] && echo "$best"
+}
+
+multiarch_loader() {
+	case $(dpkg --print-architecture) in
+	amd64) echo "x86_64-linux-gnu usr/lib64/ld-linux-x86-64.so.2" ;;
+	arm64) echo "aarch64-linux-gnu usr/lib/ld-linux-aarch64.so.1" ;;
+	*) die "private CRIU install supports amd64 and arm64, not $(dpkg --print-architecture)" ;;
+	esac
+}
+
+install_private_criu() {
+	local ver=$1 debs=$CRIU_CACHE/$1/debs new=$CRIU_PREFIX.new.$$ triplet loader d
+	read -r triplet loader < <(multiarch_loader)
+	rm -rf "$new"
+	mkdir -p "$new"
+	for d in "$debs"/*.deb; do
+		dpkg -x "$d" "$new" || die "dpkg -x $d failed"
+	done
+	[[ -x $new/usr/sbin/criu && -e $new/$loader ]] || die "criu $ver packages lack usr/sbin/criu or the loader $loader"
+	echo "$ver" >"$new/.forkfleet-criu-version"
+	rm -rf "$CRIU_PREFIX.old"
+	[[ -d $CRIU_PREFIX ]] && mv "$CRIU_PREFIX" "$CRIU_PREFIX.old"
+	mv "$new" "$CRIU_PREFIX"
+	rm -rf "$CRIU_PREFIX.old"
+
+	# runc execs "criu swrk <fd>"; the wrapper must exec (not fork) so runc's
+	# fds, signals and exit status pass straight through.
+	write_file "$CRIU_WRAPPER" 0755 <<-EOF || true
+		#!/bin/sh
+		$WRAPPER_MARKER (generated by deploy/host-setup.sh; do not edit)
+		# CRIU $ver from Debian $CRIU_SUITE with its own glibc and libraries in
+		# $CRIU_PREFIX, run through that prefix's loader so the host's
+		# libraries are never mixed in. CRIU_CONFIG_FILE is honoured in swrk mode.
+		export CRIU_CONFIG_FILE="\${CRIU_CONFIG_FILE:-$CRIU_CONF}"
+		exec $CRIU_PREFIX/$loader --argv0 criu \\
+		  --library-path $CRIU_PREFIX/usr/lib/$triplet:$CRIU_PREFIX/lib/$triplet \\
+		  $CRIU_PREFIX/usr/sbin/criu "\$@"
+	EOF
+}
+
+# Runs `criu check --all` and keeps the list of missing features: these are
+# reported, not fatal (soft-dirty is absent on these kernels, which only rules
+# out pre-dump/incremental dumps).
+record_criu_features() {
+	local out
+	out=$("$CRIU_BIN" check --all 2>&1 || true)
+	{
+		echo "# criu $CRIU_VER check --all, $(date -u +%FT%TZ), kernel $(uname -r)"
+		grep -E '^(Warn|Error)' <<<"$out" | sed -E 's/^(Warn|Error) *\([^)]*\): *//' | grep -v 'kdat cache' || true
+	} >"$CRIU_FEATURES"
+}
+
+missing_features_summary() {
+	local n
+	[[ -f $CRIU_FEATURES ]] || return 0
+	n=$(grep -vc '^#' "$CRIU_FEATURES" || true)
+	if ((n == 0)); then
+		echo "no kernel features missing"
+	else
+		echo "missing: $(grep -v '^#' "$CRIU_FEATURES" | paste -sd ';' -)"
+	fi
+}
+
+step_criu_config() {
+	if write_file "$CRIU_CONF" 0644 <<-'EOF'; then
+		# CRIU options for forkfleet (installed by deploy/host-setup.sh).
+		# iptables-restore is not installed on these hosts; nftables is in-process.
+		network-lock nftables
+	EOF
+		step criu-conf "done" "wrote $CRIU_CONF (network-lock nftables)"
+	else
+		step criu-conf skip "$CRIU_CONF up to date"
+	fi
+}
+
+step_criu() {
+	local p ver how
+	# 1) our wrapper from an earlier run, 2) a CRIU the host already has,
+	# 3) the private install.
+	if is_our_wrapper "$CRIU_WRAPPER" && [[ -f $CRIU_PREFIX/.forkfleet-criu-version ]] && criu_usable "$CRIU_WRAPPER"; then
+		CRIU_BIN=$CRIU_WRAPPER CRIU_VER=$(criu_version_of "$CRIU_WRAPPER")
+		[[ -f $CRIU_FEATURES ]] || record_criu_features
+		step criu skip "private CRIU $CRIU_VER ($CRIU_WRAPPER -> $CRIU_PREFIX) passes criu check; $(missing_features_summary)"
+		return
+	fi
+	while read -r p; do
+		[[ -n $p ]] || continue
+		is_our_wrapper "$p" && continue
+		if criu_usable "$p"; then
+			CRIU_BIN=$p CRIU_VER=$(criu_version_of "$p")
+			record_criu_features
+			step criu skip "host CRIU $p $CRIU_VER passes criu check; $(missing_features_summary)"
+			note criu "host CRIU does not read $CRIU_CONF by itself: clients pass it (runc annotation org.criu.config) or set CRIU_CONFIG_FILE"
+			return
+		fi
+		note criu "host $p ($(criu_version_of "$p" || echo '?')) is older than $CRIU_MIN or fails criu check: not used"
+	done < <(type -ap criu 2>/dev/null | xargs -r readlink -f | awk '!seen[$0]++')
+
+	if ver=$(newest_cached_criu); then
+		how="from cached .debs in $CRIU_CACHE/$ver"
+	else
+		ver=$(download_criu)
+		how="downloaded to $CRIU_CACHE/$ver"
+	fi
+	install_private_criu "$ver"
+	hash -r
+	CRIU_BIN=$CRIU_WRAPPER
+	CRIU_VER=$(criu_version_of "$CRIU_WRAPPER" || true)
+	[[ -n $CRIU_VER ]] || die "installed CRIU $ver but $CRIU_WRAPPER --version fails"
+	local out
+	out=$("$CRIU_WRAPPER" check 2>&1) || {
+		printf '%s\n' "$out" | tail -n 15 >&2
+		die "private CRIU $CRIU_VER fails criu check"
+	}
+	record_criu_features
+	step criu "done" "installed CRIU $CRIU_VER $how into $CRIU_PREFIX, wrapper $CRIU_WRAPPER; criu check passes; $(missing_features_summary)"
+}
+
+# Proves the kdat cache: after one call the cache exists, and later calls load
+# it (CRIU logs "Loaded kdat cache" at -v4).
+step_kdat() {
+	local t1 t2 s log
+	# CRIU saves through an O_EXCL /run/criu.kdat.tmp and, when a save fails
+	# (e.g. on a disk /run), unlinks the cache but leaves the .tmp behind: from
+	# then on every save fails silently. A .tmp without a cache is such debris
+	# unless another criu is saving this very moment, so only old ones go.
+	if [[ ! -f /run/criu.kdat && -n $(find /run/criu.kdat.tmp -maxdepth 0 -mmin +0.1 2>/dev/null) ]]; then
+		rm -f /run/criu.kdat.tmp
+		note kdat "removed stale /run/criu.kdat.tmp that blocked CRIU from saving its cache"
+	fi
+	s=${EPOCHREALTIME/./}
+	"$CRIU_BIN" check >/dev/null 2>&1 || die "criu check failed"
+	t1=$(elapsed_ms "$s")
+	[[ -f /run/criu.kdat ]] || die "/run/criu.kdat missing after criu check (/run is $(stat -f -c %T /run))"
+	s=${EPOCHREALTIME/./}
+	log=$("$CRIU_BIN" check -v4 --log-file /dev/stdout 2>&1) || die "criu check failed"
+	t2=$(elapsed_ms "$s")
+	grep -q 'Loaded kdat cache' <<<"$log" || die "criu does not load /run/criu.kdat"
+	step kdat ok "/run/criu.kdat present and loaded (criu check ${t1} ms, cached run ${t2} ms)"
+}
+
+# ---------------------------------------------------------------- 6. containerd config
+
+CONFIG_CHANGED=0
+step_containerd_config() {
+	local src=$SCRIPT_DIR/containerd/config.toml
+	[[ -f $src ]] || die "template $src missing"
+	mkdir -p "$ETC_DIR" "$CONTAINERD_ROOT" "$LOG_DIR"
+	if install_file "$src" "$CONTAINERD_CONFIG" 0644; then
+		CONFIG_CHANGED=1
+		step config "done" "installed $CONTAINERD_CONFIG from deploy/containerd/config.toml"
+	else
+		step config skip "$CONTAINERD_CONFIG up to date"
+	fi
+}
+
+# ---------------------------------------------------------------- 7. start containerd
+
+wait_for_socket() {
+	local deadline=$((SECONDS + START_TIMEOUT))
+	while ((SECONDS < deadline)); do
+		ctr_answers && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# Validating first turns a config typo into an immediate, precise error
+# instead of a daemon that crash-loops until the start timeout.
+check_containerd_config() {
+	local out
+	out=$("$CONTAINERD_BIN" --config "$CONTAINERD_CONFIG" config dump 2>&1 >/dev/null) ||
+		die "containerd rejects $CONTAINERD_CONFIG: $(grep -v 'migrated from version' <<<"$out" | tail -n 3)"
+}
+
+install_units() {
+	local changed=0 u tmp
+	for u in forkfleet-containerd forkfleet-controld; do
+		tmp=$(mktemp "$LIB_DIR/.unit.XXXXXX")
+		# The unit names /usr/local/bin/containerd; point it at a reused host binary.
+		sed "s|/usr/local/bin/containerd |$CONTAINERD_BIN |" "$SCRIPT_DIR/systemd/$u.service" >"$tmp"
+		install_file "$tmp" "/etc/systemd/system/$u.service" 0644 && changed=1
+		rm -f "$tmp"
+	done
+	((changed)) && systemctl daemon-reload
+	return 0
+}
+
+stop_supervised() {
+	local pid dpid i
+	pid=$(supervisor_pid || true)
+	dpid=$(read_pidfile "$DAEMON_PIDFILE" || true)
+	if [[ -z $pid ]] && ! pid_alive "$dpid"; then
+		return 1
+	fi
+	mkdir -p "$RUN_DIR"
+	touch "$STOPFILE"
+	if [[ -n $pid ]]; then
+		kill -TERM "$pid" 2>/dev/null || true
+	else
+		kill -TERM "$dpid" 2>/dev/null || true
+	fi
+	for ((i = 0; i < 300; i++)); do
+		if ! pid_alive "$pid" && ! pid_alive "$dpid"; then
+			rm -f "$STOPFILE"
+			return 0
+		fi
+		sleep 0.1
+	done
+	die "containerd (supervisor ${pid:-none}, daemon ${dpid:-none}) did not stop within 30s; see $CONTAINERD_LOG"
+}
+
+step_start() {
+	if ctr_answers && ((CONFIG_CHANGED == 0)); then
+		step start skip "containerd already answers on $CONTAINERD_SOCK"
+		return
+	fi
+	check_containerd_config
+	if is_systemd_host; then
+		install_units
+		if ((CONFIG_CHANGED)); then
+			systemctl restart forkfleet-containerd.service || die "systemctl restart forkfleet-containerd failed"
+		else
+			systemctl enable --now forkfleet-containerd.service || die "systemctl start forkfleet-containerd failed"
+		fi
+		if ! wait_for_socket; then
+			journalctl -u forkfleet-containerd.service -n 25 --no-pager >&2 || true
+			die "containerd did not answer on $CONTAINERD_SOCK within ${START_TIMEOUT}s (journalctl -u forkfleet-containerd)"
+		fi
+		step start "done" "forkfleet-containerd.service running, socket $CONTAINERD_SOCK"
+		return
+	fi
+
+	install_file "$SCRIPT_DIR/containerd-supervise.sh" "$SUPERVISOR" 0755 || true
+	if ((CONFIG_CHANGED)) && stop_supervised; then
+		note start "config changed: stopped the running containerd to restart it"
+	fi
+	local pid
+	if pid=$(supervisor_pid); then
+		note start "supervisor pid $pid is running (restarting containerd?): waiting for the socket"
+	else
+		if ctr_answers; then
+			die "something not started by forkfleet answers on $CONTAINERD_SOCK; stop it first"
+		fi
+		mkdir -p "$RUN_DIR" "$LOG_DIR"
+		rm -f "$STOPFILE"
+		# Keep one previous log; the daemon holds its log open, so rotate
+		# only here, when nothing is writing it.
+		if [[ -f $CONTAINERD_LOG ]] && (($(stat -c %s "$CONTAINERD_LOG") > 64 * 1024 * 1024)); then
+			mv -f "$CONTAINERD_LOG" "$CONTAINERD_LOG.1"
+		fi
+		FORKFLEET_CONTAINERD_BIN=$CONTAINERD_BIN setsid -f "$SUPERVISOR" </dev/null >>"$CONTAINERD_LOG" 2>&1 9>&-
+	fi
+	if ! wait_for_socket; then
+		echo "---- last lines of $CONTAINERD_LOG" >&2
+		tail -n 25 "$CONTAINERD_LOG" >&2 || true
+		# Do not leave a daemon crash-looping behind a failed setup.
+		stop_supervised || true
+		die "containerd did not answer on $CONTAINERD_SOCK within ${START_TIMEOUT}s; stopped it again (log $CONTAINERD_LOG)"
+	fi
+	pid=$(supervisor_pid || echo '?')
+	step start "done" "containerd $CONTAINERD_VER answers on $CONTAINERD_SOCK (supervisor pid $pid, log $CONTAINERD_LOG)"
+}
+
+# ---------------------------------------------------------------- 8. KSM
+
+# Forked replicas only share anonymous memory through KSM (CRIU copies every
+# page); sandboxes opt in with prctl(PR_SET_MEMORY_MERGE). ksmd cost 30-35% of
+# a vCPU at a fixed high rate here, so prefer the kernel's scan-time advisor
+# (6.7+), which adapts pages_to_scan within a CPU budget.
+ksm_write() {
+	local f=/sys/kernel/mm/ksm/$1
+	[[ -w $f ]] || return 0
+	[[ $(cat "$f") == "$2" ]] && return 0
+	echo "$2" >"$f" 2>/dev/null || note ksm "could not set $1=$2"
+}
+
+step_ksm() {
+	local k=/sys/kernel/mm/ksm
+	if [[ ! -e $k/run ]]; then
+		step ksm skip "$k/run absent: kernel without CONFIG_KSM, replicas will not share memory"
+		return
+	fi
+	if [[ -e $k/advisor_mode ]]; then
+		ksm_write advisor_mode scan-time
+		ksm_write advisor_max_cpu "${FORKFLEET_KSM_MAX_CPU:-20}"
+		ksm_write advisor_target_scan_time "${FORKFLEET_KSM_TARGET_SCAN_S:-10}"
+	else
+		ksm_write pages_to_scan "${FORKFLEET_KSM_PAGES_TO_SCAN:-1000}"
+	fi
+	ksm_write sleep_millisecs "${FORKFLEET_KSM_SLEEP_MS:-50}"
+	[[ -e $k/smart_scan ]] && ksm_write smart_scan 1
+	ksm_write run 1
+	[[ $(cat "$k/run") == 1 ]] || die "could not enable KSM ($k/run)"
+	if [[ -e $k/advisor_mode ]]; then
+		step ksm ok "run=1, advisor scan-time (max_cpu $(cat $k/advisor_max_cpu)%, target $(cat $k/advisor_target_scan_time)s), sleep $(cat $k/sleep_millisecs) ms"
+	else
+		step ksm ok "run=1, pages_to_scan $(cat $k/pages_to_scan), sleep $(cat $k/sleep_millisecs) ms"
+	fi
+}
+
+# ---------------------------------------------------------------- 9. systemd units
+
+step_units() {
+	local u
+	for u in forkfleet-containerd forkfleet-controld; do
+		[[ -f $SCRIPT_DIR/systemd/$u.service ]] || die "$SCRIPT_DIR/systemd/$u.service missing"
+	done
+	if is_systemd_host; then
+		install_units
+		step units ok "forkfleet-containerd.service and forkfleet-controld.service in /etc/systemd/system"
+	else
+		step units skip "PID 1 is $(cat /proc/1/comm), not systemd: units stay in deploy/systemd"
+	fi
+}
+
+# ---------------------------------------------------------------- 10. host.env
+
+step_env() {
+	if write_file "$HOST_ENV" 0644 <<-EOF; then
+		# forkfleet host stack, written by deploy/host-setup.sh. KEY=VALUE, no quoting:
+		# usable from make (include), sh (. file) and systemd (EnvironmentFile).
+		FORKFLEET_CONTAINERD_ADDRESS=$CONTAINERD_SOCK
+		FORKFLEET_CONTAINERD_NAMESPACE=$NAMESPACE
+		FORKFLEET_CONTAINERD_VERSION=$CONTAINERD_VER
+		FORKFLEET_CONTAINERD_BIN=$CONTAINERD_BIN
+		FORKFLEET_CTR=$CTR_BIN
+		FORKFLEET_RUNC_VERSION=$RUNC_VER
+		FORKFLEET_CRIU=$CRIU_BIN
+		FORKFLEET_CRIU_VERSION=$CRIU_VER
+		FORKFLEET_CRIU_CONFIG=$CRIU_CONF
+	EOF
+		step env "done" "wrote $HOST_ENV"
+	else
+		step env skip "$HOST_ENV up to date"
+	fi
+}
+
+# ---------------------------------------------------------------- main
+
+usage() {
+	sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+main_stop() {
+	if is_systemd_host && systemctl is-active --quiet forkfleet-containerd.service; then
+		systemctl stop forkfleet-containerd.service
+		step stop "done" "stopped forkfleet-containerd.service (sandbox shims keep running)"
+	elif stop_supervised; then
+		step stop "done" "stopped containerd and its supervisor (sandbox shims keep running)"
+	else
+		step stop skip "the project's containerd is not running"
+	fi
+}
+
+main() {
+	local mode=setup
+	case ${1:-} in
+	"") ;;
+	--stop) mode=stop ;;
+	-h | --help)
+		usage
+		return 0
+		;;
+	*) die "unknown argument '$1' (try --help)" ;;
+	esac
+	[[ $(id -u) == 0 ]] || die "must run as root"
+	mkdir -p "$LIB_DIR" "$LOG_DIR" "$ETC_DIR"
+
+	# One setup at a time (make demo and make test may race). The lock fd is
+	# closed by the supervisor, so a running daemon does not hold it.
+	exec 9>"$LOCKFILE"
+	if ! flock -n 9; then
+		note lock "another host-setup.sh is running: waiting"
+		flock -w 1800 9 || die "timed out waiting for $LOCKFILE"
+	fi
+
+	if [[ $mode == stop ]]; then
+		main_stop
+		return
+	fi
+
+	step_apt
+	step_containerd
+	step_runc
+	step_run_tmpfs
+	step_criu_config
+	step_criu
+	step_kdat
+	step_containerd_config
+	step_start
+	step_ksm
+	step_units
+	step_env
+	printf 'host-setup: ready in %d ms: containerd %s at %s (namespace %s), runc %s, criu %s (%s)\n' \
+		"$(elapsed_ms "$START_US")" "$CONTAINERD_VER" "$CONTAINERD_SOCK" "$NAMESPACE" "$RUNC_VER" "$CRIU_VER" "$CRIU_BIN"
+}
+
+main "$@"
