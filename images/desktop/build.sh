@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Build forkfleet's sandbox desktop image without Docker and import it into
+# containerd as localhost/forkfleet/desktop:latest.
+#
+#   images/desktop/build.sh [--no-import] [--rebuild-base]
+#
+# Env:
+#   GUESTD_BIN                    use this guestd binary instead of building ../../guestd
+#   FORKFLEET_CONTAINERD_ADDRESS  containerd socket (default /run/forkfleet/containerd/containerd.sock)
+#   FORKFLEET_NAMESPACE           containerd namespace (default forkfleet)
+#   FORKFLEET_IMAGE_CACHE         cache dir (default /var/cache/forkfleet/images)
+#   IMAGE_NAME                    default localhost/forkfleet/desktop:latest
+#   MIRROR                        Debian mirror (default: the host's, from /etc/apt/sources.list*)
+#   SOURCE_DATE_EPOCH             mtime/created of the guestd layer and config (default 0)
+#
+# Steps: (a) base rootfs tar, cached as desktop-base-<sha256 of inputs>.tar
+# where the inputs are packages.txt, base.sh, slim.sh and the rootfs/ overlay (not
+# guestd); (b) guestd; (c) OCI layout = base layer + guestd layer, written by
+# forkfleet-image; (d) import + unpack into containerd, skipped when containerd
+# already has that manifest digest unpacked.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${FORKFLEET_IMAGE_CACHE:-/var/cache/forkfleet/images}
+address=${FORKFLEET_CONTAINERD_ADDRESS:-/run/forkfleet/containerd/containerd.sock}
+namespace=${FORKFLEET_NAMESPACE:-forkfleet}
+image_name=${IMAGE_NAME:-localhost/forkfleet/desktop:latest}
+export PATH=$PATH:/usr/local/go/bin
+
+do_import=1
+rebuild_base=0
+for arg in "$@"; do
+	case $arg in
+	--no-import) do_import=0 ;;
+	--rebuild-base) rebuild_base=1 ;;
+	-h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "build.sh: unknown argument $arg" >&2; exit 2 ;;
+	esac
+done
+
+log() { printf '[desktop] %s\n' "$*"; }
+die() { printf '[desktop] error: %s\n' "$*" >&2; exit 1; }
+now_ms() { date +%s%3N; }
+secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
+
+# Hash of everything that shapes the base rootfs: file paths, contents,
+# executable bits and symlink targets, in a stable order. Directory modes are
+# left out: they depend on the checkout's umask, and base.sh does not use them.
+inputs_hash() {
+	(
+		cd "$here"
+		{
+			echo "forkfleet-desktop-base v1"
+			for f in packages.txt base.sh slim.sh; do
+				printf '%s %s\n' "$f" "$(sha256sum <"$f" | cut -d' ' -f1)"
+			done
+			find rootfs -print0 | LC_ALL=C sort -z | while IFS= read -r -d '' p; do
+				if [[ -L $p ]]; then
+					printf 'L %s -> %s\n' "$p" "$(readlink "$p")"
+				elif [[ -d $p ]]; then
+					printf 'D %s\n' "$p"
+				else
+					x=-; [[ -x $p ]] && x=x
+					printf 'F %s %s %s\n' "$p" "$x" "$(sha256sum <"$p" | cut -d' ' -f1)"
+				fi
+			done
+		} | sha256sum | cut -c1-16
+	)
+}
+
+mkdir -p "$cache"
+t_all=$(now_ms)
+hash=$(inputs_hash)
+base_tar=$cache/desktop-base-$hash.tar
+
+# (a) base rootfs
+if [[ -f $base_tar && $rebuild_base -eq 0 ]]; then
+	log "base: reusing $base_tar ($(du -m --apparent-size "$base_tar" | cut -f1) MB)"
+else
+	log "base: building $base_tar (debootstrap, ~2-3 min)"
+	t=$(now_ms)
+	"$here/base.sh" "$base_tar"
+	log "base: built in $(secs $(($(now_ms) - t)))"
+	# Older bases are dead weight: keep only the current one.
+	find "$cache" -maxdepth 1 -name 'desktop-base-*.tar' ! -name "desktop-base-$hash.tar" -delete
+fi
+
+work=$(mktemp -d /var/tmp/forkfleet-desktop-build.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# (b) guestd
+if [[ -n ${GUESTD_BIN:-} ]]; then
+	[[ -x $GUESTD_BIN ]] || die "GUESTD_BIN=$GUESTD_BIN is not an executable file"
+	guestd=$GUESTD_BIN
+	log "guestd: using $guestd"
+else
+	[[ -d $repo/guestd/cmd/guestd ]] || die "no $repo/guestd/cmd/guestd yet; pass GUESTD_BIN=<path>"
+	t=$(now_ms)
+	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o "$work/guestd" ./cmd/guestd) ||
+		die "guestd does not build; pass GUESTD_BIN=<path> to use a prebuilt binary"
+	guestd=$work/guestd
+	log "guestd: built in $(secs $(($(now_ms) - t)))"
+fi
+
+# (c) OCI layout
+(cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
+	die "forkfleet-image does not build"
+layout=$cache/desktop-oci
+rm -rf "$layout"
+t=$(now_ms)
+"$work/forkfleet-image" build \
+	--base "$base_tar" \
+	--add "/usr/local/bin/guestd=$guestd" \
+	--entrypoint /usr/local/bin/guestd \
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	--env HOME=/root \
+	--env DISPLAY=:0 \
+	--workdir /root \
+	--label "org.forkfleet.base=$hash" \
+	--name "$image_name" \
+	--out "$layout"
+log "layout: $layout written in $(secs $(($(now_ms) - t)))"
+
+# (d) import + unpack
+if [[ $do_import -eq 1 ]]; then
+	[[ -S $address ]] || die "no containerd socket at $address (set FORKFLEET_CONTAINERD_ADDRESS, or --no-import)"
+	t=$(now_ms)
+	"$work/forkfleet-image" import --address "$address" --namespace "$namespace" "$layout"
+	log "import: done in $(secs $(($(now_ms) - t)))"
+fi
+log "total $(secs $(($(now_ms) - t_all)))"
