@@ -69,13 +69,15 @@ host:
 image: host
 	images/desktop/build.sh
 
-## test: set up what the tests need, then run every test (unit, real stack, bounded fuzz)
+## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
 test: host image
-	$(MAKE) unit-test integration-test fuzz
+	$(MAKE) integration-test fuzz
 
+## unit-test: the tests that need no root and no real stack
 unit-test:
 	@for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test -count=1 ./...) || exit 1; done
 
+## integration-test: every test, the real-stack ones included (needs `make host image`)
 integration-test:
 	@set -a; . /etc/forkfleet/host.env; set +a; \
 	for m in $(MODULES); do echo "== integration $$m"; \

@@ -1,0 +1,12 @@
+// Command guestd is forkfleet's in-sandbox agent: the container's init
+// (PID 1) and the server of the Agent-Computer Interface. See
+// docs/aci-spec.md for the protocol and internal/guestd for the wiring.
+package main
+
+import (
+	"os"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/guestd"
+)
+
+func main() { os.Exit(guestd.Main()) }

@@ -1,0 +1,382 @@
+// Package aci serves the Agent-Computer Interface over WebSocket: auth on
+// the upgrade, the hello handshake, one in-order executor per session with
+// pipelining, and the request handlers. The wire format is
+// forkfleet.aci.v1 (api/gen/forkfleet/aci/v1); docs/aci-spec.md is the
+// specification.
+package aci
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"image"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
+)
+
+// closeHandshakeGrace is how long Shutdown lets clients answer the close
+// frame before dropping their connections.
+const closeHandshakeGrace = 500 * time.Millisecond
+
+// Wire constants.
+const (
+	ProtocolVersion   = 1
+	SubprotocolBinary = "forkfleet.aci.v1"
+	SubprotocolJSON   = "forkfleet.aci.v1+json"
+)
+
+// Options configure a Server.
+type Options struct {
+	// ACIToken and AdminToken authenticate the upgrade. Both empty requires
+	// InsecureNoAuth (every session is then admin).
+	ACIToken       string
+	AdminToken     string
+	InsecureNoAuth bool
+
+	SandboxID     string
+	ServerVersion string
+	// MaxMessageBytes is the read limit per ClientMessage (advertised).
+	MaxMessageBytes int64
+
+	// Runner and Files serve exec/launch and the file requests; nil
+	// disables them (not advertised, UNIMPLEMENTED).
+	Runner *sysops.Runner
+	Files  *sysops.Files
+
+	// EntropySink receives RestoredRequest.entropy; /dev/urandom when empty.
+	EntropySink string
+
+	Log *slog.Logger
+}
+
+// Server is the ACI server. Create with New, hand the Desktop over with
+// SetDesktop once X is up, serve listeners with Serve.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	start time.Time
+
+	bootID string
+	caps   []string
+
+	tokens     atomic.Pointer[tokens]
+	generation atomic.Uint64
+	sandboxID  atomic.Pointer[string]
+	rng        rng
+
+	desk   atomic.Pointer[deskBox]
+	damage damageTracker
+
+	mark struct {
+		sync.Mutex
+		value []byte
+	}
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	ready    *aciv1.ReadyResponse // non-nil once the desktop became ready
+	milest   milestones
+	closed   bool
+	bg       sync.WaitGroup // sessions and watchers
+	servers  []*http.Server
+	nextSess atomic.Uint64
+}
+
+type deskBox struct {
+	d      Desktop
+	cancel context.CancelFunc
+}
+
+type milestones struct{ xUp, wmUp, painted time.Duration }
+
+// New validates opts and returns a Server.
+func New(opts Options) (*Server, error) {
+	if opts.ACIToken == "" && !opts.InsecureNoAuth {
+		return nil, errors.New("aci: no ACI token (set FORKFLEET_ACI_TOKEN or run with --insecure-no-auth)")
+	}
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = 64 << 20
+	}
+	if opts.EntropySink == "" {
+		opts.EntropySink = "/dev/urandom"
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	s := &Server{
+		opts:     opts,
+		log:      opts.Log,
+		start:    time.Now(),
+		sessions: make(map[*session]struct{}),
+	}
+	s.damage.base = s.start
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	s.bootID = hex.EncodeToString(b[:])
+	if err := s.rng.seed(nil); err != nil {
+		return nil, err
+	}
+	s.tokens.Store(newTokens(opts.ACIToken, opts.AdminToken))
+	sid := opts.SandboxID
+	s.sandboxID.Store(&sid)
+	s.caps = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
+		"input", "windows", "clipboard", "events.ready", "cancel", "memory"}
+	if opts.Runner != nil {
+		s.caps = append(s.caps, "exec", "launch")
+	}
+	if opts.Files != nil {
+		s.caps = append(s.caps, "files", "files.chunked")
+	}
+	return s, nil
+}
+
+// Capabilities lists what this server advertises in HelloResponse.
+func (s *Server) Capabilities() []string { return append([]string(nil), s.caps...) }
+
+// SetDesktop installs (or replaces, after an X restart) the display the
+// server acts on, and starts watching it for readiness and damage. nil
+// removes it: desktop requests then fail with UNAVAILABLE.
+func (s *Server) SetDesktop(d Desktop) {
+	var box *deskBox
+	if d != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		box = &deskBox{d: d, cancel: cancel}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			cancel()
+			return
+		}
+		s.bg.Add(2)
+		s.mu.Unlock()
+		go func() { defer s.bg.Done(); s.damage.run(ctx, d, s.log) }()
+		go func() { defer s.bg.Done(); s.watchReady(ctx, d) }()
+	}
+	if old := s.desk.Swap(box); old != nil {
+		old.cancel()
+	}
+}
+
+func (s *Server) desktop() (Desktop, error) {
+	if b := s.desk.Load(); b != nil {
+		return b.d, nil
+	}
+	return nil, errNoDesktop
+}
+
+// since is the monotonic time since guestd started.
+func (s *Server) since() time.Duration { return time.Since(s.start) }
+
+// watchReady probes d until it reports ready, then pushes a ReadyEvent to
+// every session. The probe is cheap (no capture) and backs off from 1 ms to
+// 50 ms, so a fresh desktop is announced within a few ms of being ready.
+func (s *Server) watchReady(ctx context.Context, d Desktop) {
+	delay := time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, err := d.Ready(ctx)
+		if err == nil {
+			if r := s.noteReady(st.XUp, st.WMUp, st.RootPainted); r != nil {
+				s.broadcast(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Event{Event: &aciv1.Event{
+					Event: &aciv1.Event_Ready{Ready: &aciv1.ReadyEvent{State: r}}}}})
+				return
+			}
+		}
+		t.Reset(delay)
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// noteReady records first-seen milestones and, on the transition to ready,
+// returns the state to announce.
+func (s *Server) noteReady(xUp, wmUp, painted bool) *aciv1.ReadyResponse {
+	now := s.since()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := &s.milest
+	if xUp && m.xUp == 0 {
+		m.xUp = now
+	}
+	if wmUp && m.wmUp == 0 {
+		m.wmUp = now
+	}
+	if painted && m.painted == 0 {
+		m.painted = now
+	}
+	if !(xUp && wmUp && painted) || s.ready != nil {
+		return nil
+	}
+	s.ready = s.readyLocked(xUp, wmUp, painted)
+	return s.ready
+}
+
+func (s *Server) readyLocked(xUp, wmUp, painted bool) *aciv1.ReadyResponse {
+	ms := func(d time.Duration) uint64 {
+		if d == 0 {
+			return 0
+		}
+		return uint64(max(d.Milliseconds(), 1))
+	}
+	return &aciv1.ReadyResponse{
+		Ready: xUp && wmUp && painted, XUp: xUp, WmUp: wmUp, RootPainted: painted,
+		XUpMs: ms(s.milest.xUp), WmUpMs: ms(s.milest.wmUp), PaintedMs: ms(s.milest.painted),
+	}
+}
+
+// broadcast queues an event to every session past its hello.
+func (s *Server) broadcast(m *aciv1.ServerMessage) {
+	s.mu.Lock()
+	targets := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		if ss.welcomed && ss.wantsReadyEvents {
+			targets = append(targets, ss)
+		}
+	}
+	s.mu.Unlock()
+	for _, ss := range targets {
+		ss.send(m)
+	}
+}
+
+// Serve accepts ACI connections on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return http.ErrServerClosed
+	}
+	s.servers = append(s.servers, hs)
+	s.mu.Unlock()
+	return hs.Serve(l)
+}
+
+// Listen opens a listener suitable for checkpointing: multipath TCP off
+// (CRIU cannot dump MPTCP sockets). Go enables TCP_NODELAY on accepted
+// connections by default, which the small-message round trips rely on.
+func Listen(ctx context.Context, network, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(ctx, network, addr)
+}
+
+// ServeHTTP authenticates and upgrades one connection, then runs the
+// session on this goroutine (it becomes the session's read loop).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	role := RoleAdmin
+	if !s.opts.InsecureNoAuth {
+		role = s.tokens.Load().role(bearer(r))
+		if role == RoleNone {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="forkfleet-aci"`)
+			http.Error(w, "missing or invalid bearer token", http.StatusUnauthorized)
+			return
+		}
+	}
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols:    []string{SubprotocolBinary, SubprotocolJSON},
+		CompressionMode: websocket.CompressionDisabled,
+		// Origin checks protect browsers' ambient credentials; ACI clients
+		// present an explicit bearer token, which a cross-site page cannot.
+		InsecureSkipVerify: true,
+	})
+	if err != nil {
+		return
+	}
+	conn.SetReadLimit(s.opts.MaxMessageBytes)
+	ss := s.newSession(conn, role, conn.Subprotocol() == SubprotocolJSON)
+	if ss == nil {
+		conn.Close(websocket.StatusGoingAway, "guestd is shutting down")
+		return
+	}
+	ss.run()
+}
+
+// Shutdown stops accepting, closes every session with StatusGoingAway and
+// waits for them (bounded by ctx).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	servers := s.servers
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	var firstErr error
+	for _, hs := range servers {
+		if err := hs.Shutdown(ctx); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	for _, ss := range sessions {
+		ss.closeWith(websocket.StatusGoingAway, "guestd is shutting down")
+	}
+	if b := s.desk.Swap(nil); b != nil {
+		b.cancel()
+	}
+	done := make(chan struct{})
+	go func() { s.bg.Wait(); close(done) }()
+	// Clients that do not answer the close frame promptly are cut off: a
+	// shutdown must not wait on the slowest peer.
+	grace := time.NewTimer(closeHandshakeGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return firstErr
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	for _, ss := range sessions {
+		// Canceling the session context aborts its blocked read, which
+		// closes the connection and ends the pending close handshake.
+		ss.cancel()
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		if firstErr == nil {
+			firstErr = ctx.Err()
+		}
+	}
+	return firstErr
+}
+
+// clipRegion validates a request region against the screen and clips it.
+func clipRegion(r *aciv1.Rect, w, h int, field string) (image.Rectangle, error) {
+	screen := image.Rect(0, 0, w, h)
+	if r == nil {
+		return screen, nil
+	}
+	if r.GetWidth() <= 0 || r.GetHeight() <= 0 {
+		return image.Rectangle{}, errInvalid(field, "region %dx%d is empty", r.GetWidth(), r.GetHeight())
+	}
+	rr := image.Rect(int(r.GetX()), int(r.GetY()), int(r.GetX())+int(r.GetWidth()), int(r.GetY())+int(r.GetHeight())).Intersect(screen)
+	if rr.Empty() {
+		return image.Rectangle{}, errInvalid(field, "region lies outside the %dx%d screen", w, h)
+	}
+	return rr, nil
+}

@@ -1,0 +1,196 @@
+package aci
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"image"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
+)
+
+// rng is guestd's own PRNG (session ids). A CRIU restore clones its state
+// into every replica, so RestoredRequest re-seeds it from the kernel and the
+// entropy controld sends; without that, replicas of one checkpoint would
+// hand out identical ids.
+type rng struct {
+	mu sync.Mutex
+	c  *mrand.ChaCha8
+}
+
+func (r *rng) seed(extra []byte) error {
+	var fresh [32]byte
+	if _, err := rand.Read(fresh[:]); err != nil {
+		return err
+	}
+	h := sha256.New()
+	h.Write(fresh[:])
+	h.Write(extra)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.c != nil {
+		var old [32]byte
+		r.c.Read(old[:])
+		h.Write(old[:])
+	}
+	var key [32]byte
+	copy(key[:], h.Sum(nil))
+	r.c = mrand.NewChaCha8(key)
+	return nil
+}
+
+func (r *rng) id() string {
+	var b [12]byte
+	r.mu.Lock()
+	r.c.Read(b[:])
+	r.mu.Unlock()
+	return hex.EncodeToString(b[:])
+}
+
+// damageTracker keeps the time of the last X damage so settle waits need no
+// capture. One watcher per desktop, shared by all sessions.
+type damageTracker struct {
+	base   time.Time
+	last   atomic.Int64 // ns since base of the last damage event
+	active atomic.Bool  // a watch is running (DAMAGE available)
+}
+
+func (t *damageTracker) now() int64 { return int64(time.Since(t.base)) }
+
+func (t *damageTracker) run(ctx context.Context, d Desktop, log *slog.Logger) {
+	ch := make(chan image.Rectangle, 256)
+	errc := make(chan error, 1)
+	go func() { errc <- d.WatchDamage(ctx, ch) }()
+	t.active.Store(true)
+	defer t.active.Store(false)
+	for {
+		select {
+		case <-ch:
+			t.last.Store(t.now())
+		case err := <-errc:
+			if err != nil && ctx.Err() == nil {
+				log.Warn("damage watch ended; settle waits fall back to fixed delays", "err", err)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			// WatchDamage may return at once after arming a watch of its own
+			// goroutine; keep consuming until ctx ends.
+			errc = nil
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// settle waits until no damage was seen for quiet, counting from the call
+// (an input's repaint may still be on its way), bounded by bound. It reports
+// whether the screen settled; ctx ending returns its error.
+func (t *damageTracker) settle(ctx context.Context, quiet, bound time.Duration) (bool, error) {
+	if !t.active.Load() {
+		// Without DAMAGE the best available is a fixed quiet period.
+		d := min(quiet, bound)
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			return quiet <= bound, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	start := t.now()
+	deadline := start + int64(bound)
+	tm := time.NewTimer(quiet)
+	defer tm.Stop()
+	for {
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		now := t.now()
+		quietUntil := max(t.last.Load(), start) + int64(quiet)
+		if now >= quietUntil {
+			return true, nil
+		}
+		if now >= deadline {
+			return false, nil
+		}
+		tm.Reset(time.Duration(min(quietUntil, deadline) - now))
+	}
+}
+
+// memoryMark stores the verifier value in the heap only.
+func (s *Server) memoryMark(req *aciv1.MemoryMarkRequest) (*aciv1.MemoryMarkResponse, error) {
+	v := req.GetValue()
+	if len(v) == 0 || len(v) > 4096 {
+		return nil, errInvalid("memory_mark.value", "value must be 1..4096 bytes, got %d", len(v))
+	}
+	s.mark.Lock()
+	s.mark.value = append([]byte(nil), v...)
+	s.mark.Unlock()
+	return &aciv1.MemoryMarkResponse{}, nil
+}
+
+func (s *Server) memoryChallenge(req *aciv1.MemoryChallengeRequest) (*aciv1.MemoryChallengeResponse, error) {
+	if len(req.GetNonce()) == 0 || len(req.GetNonce()) > 4096 {
+		return nil, errInvalid("memory_challenge.nonce", "nonce must be 1..4096 bytes")
+	}
+	s.mark.Lock()
+	key := s.mark.value
+	s.mark.Unlock()
+	if key == nil {
+		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "", "no memory mark set")
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write(req.GetNonce())
+	return &aciv1.MemoryChallengeResponse{Mac: m.Sum(nil)}, nil
+}
+
+// restored installs a replica's identity after a CRIU restore.
+func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
+	if req.GetToken() == "" {
+		return nil, errInvalid("restored.token", "token is empty")
+	}
+	if len(req.GetEntropy()) < 32 {
+		return nil, errInvalid("restored.entropy", "entropy must be at least 32 bytes, got %d", len(req.GetEntropy()))
+	}
+	if g := s.generation.Load(); req.GetGeneration() < g {
+		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "restored.generation",
+			"generation %d is older than the current %d", req.GetGeneration(), g)
+	}
+	// Writing to /dev/urandom mixes the bytes into the kernel pool without
+	// crediting entropy; RNDADDENTROPY would need CAP_SYS_ADMIN.
+	if f, err := os.OpenFile(s.opts.EntropySink, os.O_WRONLY, 0); err != nil {
+		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "entropy sink: %v", err)
+	} else {
+		_, werr := f.Write(req.GetEntropy())
+		f.Close()
+		if werr != nil {
+			return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "entropy sink: %v", werr)
+		}
+	}
+	if err := s.rng.seed(req.GetEntropy()); err != nil {
+		return nil, err
+	}
+	old := s.tokens.Load()
+	nt := newTokens(req.GetToken(), "")
+	nt.admin, nt.hasAdmin = old.admin, old.hasAdmin
+	s.tokens.Store(nt)
+	s.generation.Store(req.GetGeneration())
+	if id := req.GetSandboxId(); id != "" {
+		s.sandboxID.Store(&id)
+	}
+	s.log.Info("restored", "generation", req.GetGeneration(), "sandbox_id", req.GetSandboxId())
+	return &aciv1.RestoredResponse{}, nil
+}

@@ -1,0 +1,258 @@
+// Package config loads guestd's configuration: the JSON file written into the
+// image, an embedded default when the file is absent, and the environment
+// overrides controld sets per sandbox.
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// DefaultPath is where the image installs the config file.
+const DefaultPath = "/etc/forkfleet/guestd.json"
+
+// Environment variables controld sets on the sandbox.
+const (
+	EnvACIToken   = "FORKFLEET_ACI_TOKEN"
+	EnvAdminToken = "FORKFLEET_ADMIN_TOKEN"
+	EnvSandboxID  = "FORKFLEET_SANDBOX_ID"
+	EnvScreen     = "FORKFLEET_SCREEN"
+)
+
+//go:embed default.json
+var defaultJSON []byte
+
+// Restart policies of a supervised app.
+const (
+	RestartAlways    = "always"
+	RestartOnFailure = "on-failure"
+	RestartNever     = "never"
+)
+
+// Config is the parsed guestd.json plus environment overrides.
+type Config struct {
+	Display       string    `json:"display"`
+	Screen        Screen    `json:"screen"`
+	Listen        Listen    `json:"listen"`
+	Xvfb          Program   `json:"xvfb"`
+	WindowManager Program   `json:"window_manager"`
+	RootColor     string    `json:"root_color"`
+	Apps          []Program `json:"apps"`
+	Limits        Limits    `json:"limits"`
+
+	// From the environment only; never read from the file so a token cannot
+	// be baked into an image.
+	ACIToken   string `json:"-"`
+	AdminToken string `json:"-"`
+	SandboxID  string `json:"-"`
+}
+
+// Screen is the virtual framebuffer geometry.
+type Screen struct {
+	Width  int `json:"width"`
+	Height int `json:"height"`
+	Depth  int `json:"depth"`
+}
+
+// Listen names the ACI listeners; an empty field disables that listener.
+type Listen struct {
+	Unix string `json:"unix"`
+	TCP  string `json:"tcp"`
+}
+
+// Program is one supervised process.
+type Program struct {
+	Name    string   `json:"name"`
+	Path    string   `json:"path"`
+	Args    []string `json:"args"`
+	Env     []string `json:"env,omitempty"`
+	Restart string   `json:"restart,omitempty"`
+}
+
+// Limits bound what one client can make guestd hold.
+type Limits struct {
+	// MaxMessageBytes is the largest ClientMessage accepted (and advertised
+	// in HelloResponse.max_message_bytes).
+	MaxMessageBytes int64 `json:"max_message_bytes"`
+	// MaxFileBytes caps a published file (single or chunked put).
+	MaxFileBytes int64 `json:"max_file_bytes"`
+	// MaxUploads caps concurrent chunked uploads per guestd.
+	MaxUploads int `json:"max_uploads"`
+	// UploadIdleSeconds: a chunked upload without a chunk for this long is
+	// removed with its temporary file.
+	UploadIdleSeconds int `json:"upload_idle_seconds"`
+}
+
+// Default returns the embedded default configuration.
+func Default() *Config {
+	c, err := parse(defaultJSON)
+	if err != nil {
+		panic("config: embedded default is invalid: " + err.Error())
+	}
+	return c
+}
+
+// Load reads path (the embedded default when the file does not exist and
+// allowMissing is set), applies the environment from getenv and validates.
+func Load(path string, allowMissing bool, getenv func(string) string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && allowMissing:
+		data = defaultJSON
+	case err != nil:
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := c.ApplyEnv(getenv); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func parse(data []byte) (*Config, error) {
+	// Start from zero limits, fill defaults after, so a file that omits
+	// "limits" gets sane values.
+	c := &Config{}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, err
+	}
+	c.Limits.fillDefaults()
+	for i := range c.Apps {
+		if c.Apps[i].Restart == "" {
+			c.Apps[i].Restart = RestartOnFailure
+		}
+	}
+	return c, nil
+}
+
+func (l *Limits) fillDefaults() {
+	if l.MaxMessageBytes == 0 {
+		l.MaxMessageBytes = 64 << 20
+	}
+	if l.MaxFileBytes == 0 {
+		l.MaxFileBytes = 4 << 30
+	}
+	if l.MaxUploads == 0 {
+		l.MaxUploads = 16
+	}
+	if l.UploadIdleSeconds == 0 {
+		l.UploadIdleSeconds = 300
+	}
+}
+
+// ApplyEnv applies the controld-provided environment.
+func (c *Config) ApplyEnv(getenv func(string) string) error {
+	c.ACIToken = getenv(EnvACIToken)
+	c.AdminToken = getenv(EnvAdminToken)
+	c.SandboxID = getenv(EnvSandboxID)
+	if s := getenv(EnvScreen); s != "" {
+		scr, err := ParseScreen(s)
+		if err != nil {
+			return fmt.Errorf("config: %s: %w", EnvScreen, err)
+		}
+		c.Screen = scr
+	}
+	return nil
+}
+
+// ParseScreen parses "WxHxD" (or "WxH", depth 24).
+func ParseScreen(s string) (Screen, error) {
+	parts := strings.Split(strings.ToLower(s), "x")
+	if len(parts) != 2 && len(parts) != 3 {
+		return Screen{}, fmt.Errorf("screen %q: want WIDTHxHEIGHTxDEPTH", s)
+	}
+	var v [3]int
+	v[2] = 24
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return Screen{}, fmt.Errorf("screen %q: %w", s, err)
+		}
+		v[i] = n
+	}
+	scr := Screen{Width: v[0], Height: v[1], Depth: v[2]}
+	return scr, scr.validate()
+}
+
+func (s Screen) validate() error {
+	if s.Width < 64 || s.Height < 64 || s.Width > 16384 || s.Height > 16384 {
+		return fmt.Errorf("screen %dx%d out of range (64..16384)", s.Width, s.Height)
+	}
+	switch s.Depth {
+	case 16, 24, 32:
+	default:
+		return fmt.Errorf("screen depth %d: want 16, 24 or 32", s.Depth)
+	}
+	return nil
+}
+
+// Validate checks the whole configuration.
+func (c *Config) Validate() error {
+	if !strings.HasPrefix(c.Display, ":") {
+		return fmt.Errorf("display %q: want \":N\"", c.Display)
+	}
+	if _, err := strconv.Atoi(strings.SplitN(c.Display[1:], ".", 2)[0]); err != nil {
+		return fmt.Errorf("display %q: want \":N\"", c.Display)
+	}
+	if err := c.Screen.validate(); err != nil {
+		return err
+	}
+	if c.Listen.Unix == "" && c.Listen.TCP == "" {
+		return errors.New("listen: neither unix nor tcp set")
+	}
+	if c.RootColor != "" {
+		if _, err := ParseColor(c.RootColor); err != nil {
+			return err
+		}
+	}
+	for _, p := range append([]Program{c.Xvfb, c.WindowManager}, c.Apps...) {
+		if p.Path == "" {
+			continue
+		}
+		if !strings.HasPrefix(p.Path, "/") {
+			return fmt.Errorf("program %q: path %q is not absolute", p.Name, p.Path)
+		}
+		switch p.Restart {
+		case "", RestartAlways, RestartOnFailure, RestartNever:
+		default:
+			return fmt.Errorf("program %q: restart %q: want always, on-failure or never", p.Name, p.Restart)
+		}
+	}
+	if c.Xvfb.Path == "" {
+		return errors.New("xvfb.path is empty")
+	}
+	if c.Limits.MaxMessageBytes < 1<<20 || c.Limits.MaxMessageBytes > 1<<30 {
+		return fmt.Errorf("limits.max_message_bytes %d out of range (1 MiB..1 GiB)", c.Limits.MaxMessageBytes)
+	}
+	if c.Limits.MaxFileBytes < 1 || c.Limits.MaxUploads < 1 || c.Limits.UploadIdleSeconds < 1 {
+		return errors.New("limits: max_file_bytes, max_uploads and upload_idle_seconds must be positive")
+	}
+	return nil
+}
+
+// ParseColor parses "#rrggbb" into 0xRRGGBB.
+func ParseColor(s string) (uint32, error) {
+	if len(s) != 7 || s[0] != '#' {
+		return 0, fmt.Errorf("color %q: want #rrggbb", s)
+	}
+	v, err := strconv.ParseUint(s[1:], 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("color %q: want #rrggbb", s)
+	}
+	return uint32(v), nil
+}

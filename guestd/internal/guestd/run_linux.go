@@ -1,0 +1,403 @@
+//go:build linux
+
+// Package guestd wires guestd together: config, the reaper, the supervised
+// X session, the ACI server and its listeners, and an ordered shutdown.
+package guestd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/aci"
+	"github.com/forkfleet/forkfleet/guestd/internal/config"
+	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
+	"github.com/forkfleet/forkfleet/guestd/internal/supervise"
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
+	"github.com/forkfleet/forkfleet/guestd/internal/x11"
+)
+
+// Version is set at link time (-ldflags "-X ...guestd.Version=...").
+var Version = "dev"
+
+type options struct {
+	configPath     string
+	display        string
+	noSupervise    bool
+	listenTCP      string
+	listenUnix     string
+	addrFile       string
+	insecureNoAuth bool
+	grace          time.Duration
+	logLevel       string
+	showVersion    bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, *flag.FlagSet, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("guestd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.configPath, "config", config.DefaultPath, "config file (the embedded default is used when the default path is absent)")
+	fs.StringVar(&o.display, "display", "", "X display, overriding the config (\":5\")")
+	fs.BoolVar(&o.noSupervise, "no-supervise", false, "do not start Xvfb, the window manager or apps: serve an existing display (benchmarks, tests)")
+	fs.StringVar(&o.listenTCP, "listen-tcp", "", "TCP address to serve on; with --listen-unix, replaces the config's listeners (127.0.0.1:0 picks a port)")
+	fs.StringVar(&o.listenUnix, "listen-unix", "", "unix socket path to serve on; replaces the config's listeners like --listen-tcp")
+	fs.StringVar(&o.addrFile, "addr-file", "", "write the bound TCP address here once listening")
+	fs.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "serve without tokens (every session is admin): local development and benchmarks only")
+	fs.DurationVar(&o.grace, "shutdown-grace", 5*time.Second, "time children get between SIGTERM and SIGKILL")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return o, fs, nil
+}
+
+// Run is guestd's whole life: it returns when ctx ends or SIGTERM/SIGINT
+// arrives, after the ordered shutdown.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	o, fs, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if o.showVersion {
+		fmt.Fprintln(stdout, "guestd", Version)
+		return nil
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	explicitConfig := false
+	fs.Visit(func(f *flag.Flag) { explicitConfig = explicitConfig || f.Name == "config" })
+	cfg, err := config.Load(o.configPath, !explicitConfig, getenv)
+	if err != nil {
+		return err
+	}
+	if o.display != "" {
+		cfg.Display = o.display
+	}
+	if o.listenTCP != "" || o.listenUnix != "" {
+		cfg.Listen = config.Listen{TCP: o.listenTCP, Unix: o.listenUnix}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.ACIToken == "" && !o.insecureNoAuth {
+		return fmt.Errorf("%s is not set: refusing to serve without auth (use --insecure-no-auth for local development)", config.EnvACIToken)
+	}
+	if cfg.AdminToken == "" && !o.insecureNoAuth {
+		log.Warn(config.EnvAdminToken + " is not set: admin requests (memory_mark, restored) are unavailable")
+	}
+
+	// KSM: forked replicas of one checkpoint share most pages; opting the
+	// whole process in lets the kernel merge them. EINVAL on kernels without
+	// PR_SET_MEMORY_MERGE (< 6.4) is expected and harmless.
+	if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 1, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		log.Warn("PR_SET_MEMORY_MERGE failed", "err", err)
+	}
+
+	supervising := !o.noSupervise
+	mode := reaper.Own
+	if supervising || os.Getpid() == 1 {
+		mode = reaper.All
+	}
+	rp, err := reaper.New(mode)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, unix.SIGTERM, unix.SIGINT)
+	defer stop()
+
+	childEnv := sysops.SanitizedEnv(os.Environ(), config.EnvACIToken, config.EnvAdminToken)
+	childEnv = append(sysops.SanitizedEnv(childEnv, "DISPLAY"), "DISPLAY="+cfg.Display)
+	runner := &sysops.Runner{Reaper: rp, Env: childEnv, Log: log}
+	files := sysops.NewFiles(sysops.FileLimits{
+		MaxFileBytes: cfg.Limits.MaxFileBytes,
+		// Leave room for the envelope under the message limit.
+		MaxReadBytes: cfg.Limits.MaxMessageBytes - 4096,
+		MaxUploads:   cfg.Limits.MaxUploads,
+		UploadIdle:   time.Duration(cfg.Limits.UploadIdleSeconds) * time.Second,
+	})
+	srv, err := aci.New(aci.Options{
+		ACIToken: cfg.ACIToken, AdminToken: cfg.AdminToken, InsecureNoAuth: o.insecureNoAuth,
+		SandboxID: cfg.SandboxID, ServerVersion: Version, MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		Runner: runner, Files: files, Log: log,
+	})
+	if err != nil {
+		rp.Close()
+		return err
+	}
+
+	var steps []shutdownStep
+	defer func() { runShutdown(log, steps) }()
+	steps = append(steps, shutdownStep{"reaper", func(context.Context) error { rp.Close(); return nil }})
+	steps = append(steps, shutdownStep{"uploads", func(context.Context) error { files.Close(); return nil }})
+
+	// Listeners first: a client can connect (and wait for the ReadyEvent)
+	// while X is still coming up.
+	var listeners []net.Listener
+	if p := cfg.Listen.Unix; p != "" {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		_ = os.Remove(p) // stale socket from a previous run
+		l, err := aci.Listen(ctx, "unix", p)
+		if err != nil {
+			return err
+		}
+		if err := os.Chmod(p, 0o660); err != nil {
+			l.Close()
+			return err
+		}
+		listeners = append(listeners, l)
+		steps = append(steps, shutdownStep{"unix-socket", func(context.Context) error { return os.Remove(p) }})
+	}
+	if a := cfg.Listen.TCP; a != "" {
+		l, err := aci.Listen(ctx, "tcp", a)
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			return err
+		}
+		listeners = append(listeners, l)
+		if o.addrFile != "" {
+			if err := os.WriteFile(o.addrFile, []byte(l.Addr().String()+"\n"), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	var serveWG sync.WaitGroup
+	for _, l := range listeners {
+		serveWG.Add(1)
+		go func() {
+			defer serveWG.Done()
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serve", "addr", l.Addr(), "err", err)
+			}
+		}()
+		log.Info("listening", "network", l.Addr().Network(), "addr", l.Addr().String())
+	}
+	// Steps run in reverse registration order; the server goes first.
+	steps = append(steps, shutdownStep{"listeners", func(context.Context) error {
+		serveWG.Wait()
+		return nil
+	}})
+
+	sup := supervise.New(rp, log, childEnv, o.grace)
+	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, supervising: supervising, trigger: make(chan struct{}, 1)}
+	dmCtx, dmCancel := context.WithCancel(context.Background())
+	dmDone := make(chan struct{})
+	go func() { defer close(dmDone); dm.run(dmCtx) }()
+	steps = append(steps, shutdownStep{"desktop", func(context.Context) error {
+		dmCancel()
+		<-dmDone
+		return nil
+	}})
+
+	if supervising {
+		steps = append(steps, shutdownStep{"orphans", func(context.Context) error {
+			supervise.TerminateAll(o.grace)
+			return nil
+		}})
+		steps = append(steps, shutdownStep{"session", func(context.Context) error {
+			// Apps first, then the window manager, then X.
+			order := make([]string, 0, len(cfg.Apps)+2)
+			for _, a := range cfg.Apps {
+				order = append(order, a.Name)
+			}
+			order = append(order, cfg.WindowManager.Name, xvfbName(cfg))
+			sup.Stop(order...)
+			return nil
+		}})
+		if err := supervise.CleanStaleXLock(cfg.Display); err != nil {
+			return err
+		}
+		sup.Start(supervise.XvfbSpec(cfg, dm.kick))
+	} else {
+		dm.kick()
+	}
+	steps = append(steps, shutdownStep{"launched-apps", func(context.Context) error {
+		runner.StopLaunched(o.grace)
+		return nil
+	}})
+	steps = append(steps, shutdownStep{"aci-server", func(ctx context.Context) error {
+		return srv.Shutdown(ctx)
+	}})
+
+	log.Info("guestd running", "version", Version, "pid", os.Getpid(), "display", cfg.Display,
+		"supervise", supervising, "auth", !o.insecureNoAuth, "reaper", map[reaper.Mode]string{reaper.All: "all", reaper.Own: "own"}[mode])
+	janitor := time.NewTicker(time.Minute)
+	defer janitor.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down", "cause", context.Cause(ctx))
+			return nil
+		case <-janitor.C:
+			if n := files.SweepStale(); n > 0 {
+				log.Info("removed stale uploads", "count", n)
+			}
+		}
+	}
+}
+
+func xvfbName(cfg *config.Config) string {
+	if cfg.Xvfb.Name != "" {
+		return cfg.Xvfb.Name
+	}
+	return "xvfb"
+}
+
+type shutdownStep struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// runShutdown runs steps newest first, each bounded, logging what it did.
+func runShutdown(log *slog.Logger, steps []shutdownStep) {
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t := time.Now()
+		err := s.fn(ctx)
+		cancel()
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Warn("shutdown step failed", "step", s.name, "err", err, "took", time.Since(t))
+			continue
+		}
+		log.Info("shutdown step done", "step", s.name, "took", time.Since(t))
+	}
+}
+
+// desktopManager opens the X display when it comes up (Xvfb's -displayfd
+// notification, or at once for an existing display), hands it to the ACI
+// server, paints the root, starts the window manager and apps once, and
+// reopens after an X restart.
+type desktopManager struct {
+	cfg         *config.Config
+	srv         *aci.Server
+	log         *slog.Logger
+	sup         *supervise.Supervisor
+	supervising bool
+	trigger     chan struct{}
+	started     bool
+}
+
+func (m *desktopManager) kick() {
+	select {
+	case m.trigger <- struct{}{}:
+	default:
+	}
+}
+
+func (m *desktopManager) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.trigger:
+		}
+		d := m.open(ctx)
+		if d == nil {
+			return
+		}
+		if m.supervising && m.cfg.RootColor != "" {
+			color, _ := config.ParseColor(m.cfg.RootColor)
+			if err := supervise.PaintRoot(m.cfg.Display, color); err != nil {
+				m.log.Warn("paint root", "err", err)
+			}
+		}
+		m.srv.SetDesktop(d)
+		if m.supervising && !m.started {
+			m.started = true
+			m.startSession()
+		}
+		select {
+		case <-d.Done():
+			m.log.Warn("X connection lost; waiting for the display to come back")
+			m.srv.SetDesktop(nil)
+			d.Close()
+			if !m.supervising {
+				m.kick()
+			}
+		case <-ctx.Done():
+			m.srv.SetDesktop(nil)
+			d.Close()
+			return
+		}
+	}
+}
+
+// open connects with backoff until it succeeds or ctx ends.
+func (m *desktopManager) open(ctx context.Context) *x11.Desktop {
+	delay := 5 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		d, err := x11.Open(octx, m.cfg.Display)
+		cancel()
+		if err == nil {
+			m.log.Info("display open", "display", m.cfg.Display)
+			return d
+		}
+		m.log.Debug("display not available yet", "display", m.cfg.Display, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		delay = min(delay*2, time.Second)
+	}
+}
+
+func (m *desktopManager) startSession() {
+	wm := m.cfg.WindowManager
+	if wm.Path != "" {
+		name := wm.Name
+		if name == "" {
+			name = filepath.Base(wm.Path)
+		}
+		m.sup.Start(supervise.Spec{Name: name, Path: wm.Path, Args: wm.Args, Env: wm.Env, Restart: config.RestartAlways})
+	}
+	for _, a := range m.cfg.Apps {
+		restart := a.Restart
+		if restart == "" {
+			restart = config.RestartOnFailure
+		}
+		m.sup.Start(supervise.Spec{Name: a.Name, Path: a.Path, Args: a.Args, Env: a.Env, Restart: restart})
+	}
+}
+
+// Main is the process entry point used by cmd/guestd.
+func Main() int {
+	if err := Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "guestd:", strings.TrimSpace(err.Error()))
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,194 @@
+//go:build linux
+
+package x11
+
+import (
+	"fmt"
+	"image"
+	"sync"
+
+	"github.com/jezek/xgb/shm"
+	"github.com/jezek/xgb/xproto"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+)
+
+// capturer reads screen pixels. With MIT-SHM the server writes the image
+// into one SysV segment sized for the full screen (attached once, reused,
+// marked for removal as soon as both sides are attached so it cannot leak
+// past the process) and Capture copies it out; otherwise core GetImage.
+type capturer struct {
+	mu sync.Mutex
+	// formatErr is non-nil when the root format is not 32-bit BGRX.
+	formatErr error
+	// shmSeg/shmBuf are valid while shmOn.
+	shmOn  bool
+	shmSeg shm.Seg
+	shmBuf []byte
+	// shmErr records why SHM is off (for diagnostics).
+	shmErr error
+}
+
+func (c *capturer) init(d *Desktop, setup *xproto.SetupInfo, scr *xproto.ScreenInfo) {
+	c.formatErr = checkFormat(setup, scr)
+	if c.formatErr != nil {
+		return
+	}
+	c.shmErr = c.attachSHM(d)
+}
+
+// checkFormat insists on a ZPixmap layout of 32 bits per pixel, least
+// significant byte first, with the usual 0xRRGGBB masks: memory order
+// B, G, R, X, which is what desktop.Frame promises.
+func checkFormat(setup *xproto.SetupInfo, scr *xproto.ScreenInfo) error {
+	bpp := 0
+	for _, f := range setup.PixmapFormats {
+		if f.Depth == scr.RootDepth {
+			bpp = int(f.BitsPerPixel)
+		}
+	}
+	if bpp != 32 || (scr.RootDepth != 24 && scr.RootDepth != 32) || setup.ImageByteOrder != xproto.ImageOrderLSBFirst {
+		return fmt.Errorf("x11: capture needs a 24/32-bit root with 32 bpp LSB-first pixels, have depth %d, %d bpp, byte order %d: %w",
+			scr.RootDepth, bpp, setup.ImageByteOrder, desktop.ErrUnavailable)
+	}
+	for _, dp := range scr.AllowedDepths {
+		for _, v := range dp.Visuals {
+			if v.VisualId == scr.RootVisual &&
+				(v.RedMask != 0xff0000 || v.GreenMask != 0xff00 || v.BlueMask != 0xff) {
+				return fmt.Errorf("x11: capture needs 0xRRGGBB visual masks, have %06x/%06x/%06x: %w",
+					v.RedMask, v.GreenMask, v.BlueMask, desktop.ErrUnavailable)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *capturer) attachSHM(d *Desktop) error {
+	if err := initExtension(d.conn, "MIT-SHM"); err != nil {
+		return fmt.Errorf("MIT-SHM extension: %w", err)
+	}
+	size := d.width * d.height * 4
+	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, size, unix.IPC_CREAT|0o600)
+	if err != nil {
+		return fmt.Errorf("shmget %d bytes: %w", size, err)
+	}
+	// Whatever happens next, the segment must not outlive this process:
+	// IPC_RMID destroys it once the last attachment goes away.
+	defer unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+	buf, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		return fmt.Errorf("shmat: %w", err)
+	}
+	seg, err := shm.NewSegId(d.conn)
+	if err != nil {
+		unix.SysvShmDetach(buf)
+		return xerr("allocate shm segment id", err)
+	}
+	if err := shm.AttachChecked(d.conn, seg, uint32(id), false).Check(); err != nil {
+		// Typically a server in another IPC namespace or on another host.
+		unix.SysvShmDetach(buf)
+		return fmt.Errorf("server could not attach the segment: %w", err)
+	}
+	c.shmOn, c.shmSeg, c.shmBuf = true, seg, buf
+	return nil
+}
+
+// release unmaps the segment once the connection is closed. A capture
+// still holding the lock (stuck on a frozen server) keeps the mapping; the
+// segment is already marked for removal, so it goes with the process.
+func (c *capturer) release() {
+	if !c.mu.TryLock() {
+		return
+	}
+	defer c.mu.Unlock()
+	if !c.shmOn {
+		return
+	}
+	c.shmOn = false
+	unix.SysvShmDetach(c.shmBuf)
+	c.shmBuf = nil
+}
+
+// SHMEnabled reports whether captures use MIT-SHM, and if not, why.
+func (d *Desktop) SHMEnabled() (bool, error) {
+	d.cap.mu.Lock()
+	defer d.cap.mu.Unlock()
+	return d.cap.shmOn, d.cap.shmErr
+}
+
+// Capture copies the pixels of r (root coordinates, inside the screen)
+// into dst as BGRX with Stride 4*r.Dx(), reusing dst.Pix when it is large
+// enough.
+func (d *Desktop) Capture(r image.Rectangle, dst *desktop.Frame) error {
+	if dst == nil {
+		return fmt.Errorf("x11: capture: nil frame: %w", desktop.ErrInvalid)
+	}
+	if r.Empty() || !r.In(image.Rect(0, 0, d.width, d.height)) {
+		return fmt.Errorf("x11: capture: rectangle %v not inside the %dx%d screen: %w", r, d.width, d.height, desktop.ErrInvalid)
+	}
+	if d.cap.formatErr != nil {
+		return d.cap.formatErr
+	}
+	d.cap.mu.Lock()
+	defer d.cap.mu.Unlock()
+	if d.cap.shmOn {
+		err := d.captureSHM(r, dst)
+		if err == nil || !d.alive() {
+			return err
+		}
+		// The server refused the segment (it may have been restarted
+		// behind a proxy, or SHM got disabled): fall back for good.
+		d.cap.shmOn, d.cap.shmErr = false, err
+		unix.SysvShmDetach(d.cap.shmBuf)
+		d.cap.shmBuf = nil
+	}
+	return d.captureGetImage(r, dst)
+}
+
+func (d *Desktop) captureSHM(r image.Rectangle, dst *desktop.Frame) error {
+	w, h := r.Dx(), r.Dy()
+	rep, err := shm.GetImage(d.conn, xproto.Drawable(d.root), int16(r.Min.X), int16(r.Min.Y),
+		uint16(w), uint16(h), 0xffffffff, xproto.ImageFormatZPixmap, d.cap.shmSeg, 0).Reply()
+	if err != nil {
+		return xerr("shm GetImage", err)
+	}
+	if rep == nil {
+		return errNilReply("shm GetImage")
+	}
+	n := w * h * 4
+	if int(rep.Size) != n {
+		return fmt.Errorf("x11: shm GetImage returned %d bytes for %dx%d", rep.Size, w, h)
+	}
+	setFrame(dst, r, d.cap.shmBuf[:n])
+	return nil
+}
+
+func (d *Desktop) captureGetImage(r image.Rectangle, dst *desktop.Frame) error {
+	w, h := r.Dx(), r.Dy()
+	rep, err := xproto.GetImage(d.conn, xproto.ImageFormatZPixmap, xproto.Drawable(d.root),
+		int16(r.Min.X), int16(r.Min.Y), uint16(w), uint16(h), 0xffffffff).Reply()
+	if err != nil {
+		return xerr("GetImage", err)
+	}
+	if rep == nil {
+		return errNilReply("GetImage")
+	}
+	n := w * h * 4
+	if len(rep.Data) < n {
+		return fmt.Errorf("x11: GetImage returned %d bytes for %dx%d", len(rep.Data), w, h)
+	}
+	setFrame(dst, r, rep.Data[:n])
+	return nil
+}
+
+func setFrame(dst *desktop.Frame, r image.Rectangle, pix []byte) {
+	if cap(dst.Pix) >= len(pix) {
+		dst.Pix = dst.Pix[:len(pix)]
+	} else {
+		dst.Pix = make([]byte, len(pix))
+	}
+	copy(dst.Pix, pix)
+	dst.Stride = r.Dx() * 4
+	dst.Rect = r
+}

@@ -1,0 +1,10 @@
+//go:build linux
+
+package x11_test
+
+import (
+	"github.com/forkfleet/forkfleet/guestd/internal/aci"
+	"github.com/forkfleet/forkfleet/guestd/internal/x11"
+)
+
+var _ aci.Desktop = (*x11.Desktop)(nil)
