@@ -1,0 +1,795 @@
+package aci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+)
+
+// Session is one ACI session to a sandbox's guestd: one WebSocket, any number
+// of concurrent (pipelined) requests from any number of goroutines, pushed
+// events, and optional automatic reconnection.
+//
+// Replies are matched to requests by id by a single reader goroutine; writes
+// are serialized. A Session is safe for concurrent use.
+type Session struct {
+	cfg   dialConfig
+	url   string
+	token string
+	hc    *http.Client
+
+	nextID atomic.Uint64
+
+	dialMu sync.Mutex // one (re)dial at a time
+
+	mu          sync.Mutex
+	cur         *conn
+	installed   chan struct{} // closed and replaced whenever cur changes
+	closed      bool
+	failed      error // set when automatic reconnection gave up
+	reconnectOn bool  // an automatic reconnect loop is running
+
+	closeCh chan struct{}
+	bg      sync.WaitGroup // readers, reconnect loop, cancel senders
+
+	subsMu  sync.RWMutex
+	subs    map[*subscriber]struct{}
+	dropped atomic.Uint64
+
+	lastMu    sync.Mutex
+	lastFrame map[shapeKey]ownFrame // this session's last frame per request shape
+}
+
+// conn is one WebSocket connection of a Session; a reconnect replaces it.
+type conn struct {
+	s     *Session
+	ws    *websocket.Conn
+	hello *aciv1.HelloResponse
+	caps  map[string]bool
+
+	wsem chan struct{} // write lock; a channel so waiting is cancelable
+	wbuf []byte
+
+	pmu     sync.Mutex
+	pending map[uint64]chan *aciv1.ServerMessage
+	dead    bool
+	err     error
+
+	done chan struct{} // closed when the reader exits
+}
+
+// defaultHTTPClient serves every Dial without its own client or dialer: the
+// upgrade hijacks the connection, so sharing one transport costs nothing.
+var defaultHTTPClient = &http.Client{Transport: &http.Transport{
+	Proxy:               http.ProxyFromEnvironment,
+	DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	MaxIdleConnsPerHost: -1,
+}}
+
+// Dial opens an ACI session at a ws:// or wss:// URL with a bearer token
+// (empty for a server without auth) and performs the Hello handshake.
+func Dial(ctx context.Context, rawURL, token string, opts ...DialOption) (*Session, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("aci: dial: %w", err)
+	}
+	switch u.Scheme {
+	case "ws", "wss", "http", "https":
+	default:
+		return nil, fmt.Errorf("aci: dial %q: scheme must be ws or wss", rawURL)
+	}
+	cfg := defaultDialConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	hc := cfg.httpClient
+	if hc == nil {
+		hc = defaultHTTPClient
+		if cfg.dialer != nil {
+			hc = &http.Client{Transport: &http.Transport{DialContext: cfg.dialer, MaxIdleConnsPerHost: -1}}
+		}
+	}
+	s := &Session{
+		cfg:       cfg,
+		url:       rawURL,
+		token:     token,
+		hc:        hc,
+		installed: make(chan struct{}),
+		closeCh:   make(chan struct{}),
+		subs:      make(map[*subscriber]struct{}),
+		lastFrame: make(map[shapeKey]ownFrame),
+	}
+	c, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.install(c)
+	return s, nil
+}
+
+// DialUnix opens an ACI session over a unix socket (guestd's socket inside a
+// sandbox, or a path controld exposes on the host).
+func DialUnix(ctx context.Context, socketPath, token string, opts ...DialOption) (*Session, error) {
+	if socketPath == "" {
+		return nil, errors.New("aci: dial unix: empty socket path")
+	}
+	cfg := defaultDialConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	dialer := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", socketPath)
+	}
+	path := cfg.unixPath
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	opts = append(opts[:len(opts):len(opts)], WithDialer(dialer))
+	return Dial(ctx, "ws://guestd"+path, token, opts...)
+}
+
+func (s *Session) currentToken(ctx context.Context) (string, error) {
+	if s.cfg.tokenSource != nil {
+		t, err := s.cfg.tokenSource(ctx)
+		if err != nil {
+			return "", fmt.Errorf("aci: token source: %w", err)
+		}
+		return t, nil
+	}
+	return s.token, nil
+}
+
+// dial connects and runs the handshake; the returned conn's reader is not
+// started yet.
+func (s *Session) dial(ctx context.Context) (*conn, error) {
+	token, err := s.currentToken(ctx)
+	if err != nil {
+		return nil, err
+	}
+	hdr := http.Header{}
+	for k, v := range s.cfg.header {
+		hdr[k] = v
+	}
+	if token != "" {
+		hdr.Set("Authorization", "Bearer "+token)
+	}
+	sub := SubprotocolProto
+	if s.cfg.json {
+		sub = SubprotocolJSON
+	}
+	ws, resp, err := websocket.Dial(ctx, s.url, &websocket.DialOptions{
+		HTTPClient:   s.hc,
+		HTTPHeader:   hdr,
+		Subprotocols: []string{sub},
+	})
+	if err != nil {
+		if resp != nil {
+			switch resp.StatusCode {
+			case http.StatusUnauthorized:
+				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrPermissionDenied, err)
+			case http.StatusForbidden:
+				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrPermissionDenied, err)
+			case http.StatusNotFound:
+				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrNotFound, err)
+			}
+		}
+		return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrUnavailable, err)
+	}
+	if ws.Subprotocol() != sub {
+		ws.Close(websocket.StatusProtocolError, "subprotocol")
+		return nil, fmt.Errorf("aci: dial %s: %w: server chose subprotocol %q, want %q", s.url, ErrProtocol, ws.Subprotocol(), sub)
+	}
+	ws.SetReadLimit(s.cfg.readLimit)
+	c := &conn{
+		s:       s,
+		ws:      ws,
+		wsem:    make(chan struct{}, 1),
+		pending: make(map[uint64]chan *aciv1.ServerMessage, 64),
+		done:    make(chan struct{}),
+	}
+	if err := c.handshake(ctx); err != nil {
+		ws.CloseNow()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *conn) handshake(ctx context.Context) error {
+	s := c.s
+	id := s.newID()
+	hello := &aciv1.ClientMessage{Id: id, Request: &aciv1.ClientMessage_Hello{Hello: &aciv1.HelloRequest{
+		ProtocolVersion: ProtocolVersion,
+		ClientName:      s.cfg.clientName,
+		Capabilities:    s.cfg.capabilities,
+	}}}
+	// The handshake runs before the reader goroutine exists, so a canceled
+	// ctx must unblock the raw read: closing the socket does.
+	stop := context.AfterFunc(ctx, func() { c.ws.CloseNow() })
+	defer stop()
+	if err := c.write(ctx, hello); err != nil {
+		return handshakeErr(ctx, s.url, err)
+	}
+	var rd msgReader
+	var msg *aciv1.ServerMessage
+	for {
+		m, err := rd.next(c.ws, s.cfg.json)
+		if err != nil {
+			return handshakeErr(ctx, s.url, err)
+		}
+		// Tolerate events pushed ahead of the hello reply.
+		if m.GetId() == 0 && m.GetEvent() != nil {
+			s.dispatch(m.GetEvent())
+			continue
+		}
+		msg = m
+		break
+	}
+	if e := msg.GetError(); e != nil {
+		return fmt.Errorf("aci: hello %s: %w", s.url, FromProto(e))
+	}
+	h := msg.GetHello()
+	if h == nil || msg.GetId() != id {
+		return fmt.Errorf("aci: hello %s: %w: first reply is not the hello response", s.url, ErrProtocol)
+	}
+	if h.GetProtocolVersion() == 0 || h.GetProtocolVersion() > ProtocolVersion {
+		return fmt.Errorf("aci: hello %s: %w: server speaks protocol version %d, client %d", s.url, ErrProtocol, h.GetProtocolVersion(), ProtocolVersion)
+	}
+	c.hello = h
+	c.caps = make(map[string]bool, len(h.GetCapabilities()))
+	offered := make(map[string]bool, len(s.cfg.capabilities))
+	for _, cp := range s.cfg.capabilities {
+		offered[cp] = true
+	}
+	// A capability is in use only when both sides list it.
+	for _, cp := range h.GetCapabilities() {
+		if offered[cp] {
+			c.caps[cp] = true
+		}
+	}
+	return nil
+}
+
+func handshakeErr(ctx context.Context, u string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("aci: hello %s: %w: %v", u, ErrUnavailable, err)
+}
+
+// install makes c the session's connection and starts its reader.
+func (s *Session) install(c *conn) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.ws.CloseNow()
+		return
+	}
+	old := s.cur
+	s.cur = c
+	s.failed = nil
+	close(s.installed)
+	s.installed = make(chan struct{})
+	s.bg.Add(1)
+	s.mu.Unlock()
+	go c.readLoop()
+	if old != nil {
+		old.ws.CloseNow()
+	}
+}
+
+func (s *Session) newID() uint64 { return s.nextID.Add(1) }
+
+// current returns the live connection, waiting for a reconnect in progress.
+func (s *Session) current(ctx context.Context) (*conn, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if s.failed != nil {
+			err := s.failed
+			s.mu.Unlock()
+			return nil, err
+		}
+		c := s.cur
+		if !c.isDead() {
+			s.mu.Unlock()
+			return c, nil
+		}
+		if s.cfg.reconnect == nil {
+			s.mu.Unlock()
+			return nil, c.lostErr()
+		}
+		wait := s.installed
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.closeCh:
+			return nil, ErrClosed
+		}
+	}
+}
+
+func (c *conn) isDead() bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return c.dead
+}
+
+func (c *conn) lostErr() error {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("%w: %w", ErrConnectionLost, c.err)
+	}
+	return ErrConnectionLost
+}
+
+// Welcome returns the server's HelloResponse of the current connection
+// (protocol version, capabilities, restore generation, sandbox id, screen,
+// boot id). Screen is absent while guestd has not reached the display yet.
+// Treat it as read-only.
+func (s *Session) Welcome() *aciv1.HelloResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.hello
+}
+
+// Generation is the restore generation of the current connection's guest:
+// it changes when the session reconnected to a restored replica.
+func (s *Session) Generation() uint64 { return s.Welcome().GetGeneration() }
+
+// HasCapability reports whether both sides listed capability name in the
+// handshake of the current connection.
+func (s *Session) HasCapability(name string) bool {
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	return c.caps[name]
+}
+
+// Do sends one request and waits for its reply. The id of msg is assigned
+// by the session (any value set is overwritten). An ACI Error reply is
+// returned as an *Error; a canceled ctx returns ctx.Err() at once and, for
+// requests the server can cut short (exec, step, screenshot), sends a
+// CancelRequest; the late reply is discarded.
+func (s *Session) Do(ctx context.Context, msg *aciv1.ClientMessage) (*aciv1.ServerMessage, error) {
+	call, err := s.Start(ctx, msg)
+	if err != nil {
+		return nil, err
+	}
+	return call.Wait(ctx)
+}
+
+// Call is a request on the wire whose reply has not been collected yet.
+type Call struct {
+	c          *conn
+	id         uint64
+	ch         chan *aciv1.ServerMessage
+	cancelable bool
+}
+
+// Start sends one request without waiting for the reply: pipelining. The
+// server executes a session's requests in the order it receives them. Collect
+// the reply with Wait (once).
+func (s *Session) Start(ctx context.Context, msg *aciv1.ClientMessage) (*Call, error) {
+	if msg == nil || msg.GetRequest() == nil {
+		return nil, fmt.Errorf("aci: %w: empty request", ErrInvalidArgument)
+	}
+	if _, ok := msg.GetRequest().(*aciv1.ClientMessage_Hello); ok {
+		return nil, fmt.Errorf("aci: %w: hello is sent by Dial", ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := s.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := s.newID()
+	msg.Id = id
+	ch, err := c.register(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.write(ctx, msg); err != nil {
+		c.unregister(id)
+		return nil, err
+	}
+	return &Call{c: c, id: id, ch: ch, cancelable: cancelable(msg)}, nil
+}
+
+// ID is the request id on the wire (the target of a CancelRequest).
+func (call *Call) ID() uint64 { return call.id }
+
+// Wait returns the reply. When ctx ends first it returns ctx.Err() at once
+// and, for cancelable requests, asks the server to abandon the request.
+func (call *Call) Wait(ctx context.Context) (*aciv1.ServerMessage, error) {
+	c, ch := call.c, call.ch
+	select {
+	case reply := <-ch:
+		chanPool.Put(ch)
+		return replyErr(reply)
+	case <-ctx.Done():
+		if c.unregister(call.id) {
+			if call.cancelable {
+				c.sendCancel(call.id)
+			}
+			return nil, ctx.Err()
+		}
+		// The reader took the reply already: it is in ch, or about to be.
+		reply := <-ch
+		chanPool.Put(ch)
+		return replyErr(reply)
+	case <-c.done:
+		select {
+		case reply := <-ch:
+			chanPool.Put(ch)
+			return replyErr(reply)
+		default:
+		}
+		return nil, c.lostErr()
+	}
+}
+
+func replyErr(m *aciv1.ServerMessage) (*aciv1.ServerMessage, error) {
+	if e := m.GetError(); e != nil {
+		return nil, FromProto(e)
+	}
+	return m, nil
+}
+
+func cancelable(m *aciv1.ClientMessage) bool {
+	switch m.GetRequest().(type) {
+	case *aciv1.ClientMessage_Exec, *aciv1.ClientMessage_Step, *aciv1.ClientMessage_Screenshot:
+		return true
+	}
+	return false
+}
+
+func (c *conn) register(id uint64) (chan *aciv1.ServerMessage, error) {
+	ch := chanPool.Get().(chan *aciv1.ServerMessage)
+	c.pmu.Lock()
+	if c.dead {
+		c.pmu.Unlock()
+		chanPool.Put(ch)
+		return nil, c.lostErr()
+	}
+	c.pending[id] = ch
+	c.pmu.Unlock()
+	return ch, nil
+}
+
+// unregister removes id and reports whether it was still pending (no reply
+// will be delivered for it).
+func (c *conn) unregister(id uint64) bool {
+	c.pmu.Lock()
+	ch, ok := c.pending[id]
+	delete(c.pending, id)
+	c.pmu.Unlock()
+	if ok {
+		chanPool.Put(ch)
+	}
+	return ok
+}
+
+// Reply channels are recycled: a channel returns to the pool only once it is
+// known to be empty and unreachable from the pending map.
+var chanPool = sync.Pool{New: func() any { return make(chan *aciv1.ServerMessage, 1) }}
+
+// sendCancel asks the server to abandon request target, without blocking the
+// caller; the CancelResponse is not awaited (the reader discards it).
+func (c *conn) sendCancel(target uint64) {
+	s := c.s
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		// write gives up when the connection dies, so no deadline is needed.
+		_ = c.write(context.Background(), &aciv1.ClientMessage{Id: s.newID(), Request: &aciv1.ClientMessage_Cancel{
+			Cancel: &aciv1.CancelRequest{TargetId: target},
+		}})
+	}()
+}
+
+// write sends one envelope. ctx bounds only the wait for the write lock:
+// the websocket write itself is never abandoned halfway (that would corrupt
+// the stream); a dead peer is unblocked by closing the socket.
+func (c *conn) write(ctx context.Context, m *aciv1.ClientMessage) error {
+	select {
+	case c.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.lostErr()
+	}
+	defer func() { <-c.wsem }()
+	var (
+		b   []byte
+		typ = websocket.MessageBinary
+		err error
+	)
+	if c.s.cfg.json {
+		typ = websocket.MessageText
+		b, err = protojson.Marshal(m)
+	} else {
+		b, err = proto.MarshalOptions{}.MarshalAppend(c.wbuf[:0], m)
+	}
+	if err != nil {
+		return fmt.Errorf("aci: %w: encode request: %v", ErrInvalidArgument, err)
+	}
+	if max := c.hello.GetMaxMessageBytes(); max > 0 && uint64(len(b)) > max {
+		return fmt.Errorf("aci: %w: request is %d bytes, server accepts at most %d", ErrInvalidArgument, len(b), max)
+	}
+	err = c.ws.Write(context.Background(), typ, b)
+	if !c.s.cfg.json && cap(b) <= 1<<20 {
+		c.wbuf = b // keep small buffers for reuse; let big uploads go
+	}
+	if err != nil {
+		c.ws.CloseNow() // the reader notices and fails pending calls
+		return fmt.Errorf("%w: write: %v", ErrConnectionLost, err)
+	}
+	return nil
+}
+
+// msgReader reads whole messages into one reused buffer. Reuse is safe
+// because proto and protojson decoding copy bytes fields out of the input.
+type msgReader struct {
+	buf []byte
+}
+
+const (
+	minReadBuf  = 4 << 10
+	keepReadBuf = 8 << 20 // a buffer grown past this is dropped after use
+)
+
+func (r *msgReader) next(ws *websocket.Conn, json bool) (*aciv1.ServerMessage, error) {
+	typ, rd, err := ws.Reader(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	if cap(r.buf) < minReadBuf {
+		r.buf = make([]byte, 0, minReadBuf)
+	}
+	b := r.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cap(b) <= keepReadBuf {
+		r.buf = b
+	} else {
+		r.buf = nil
+	}
+	m := &aciv1.ServerMessage{}
+	if json {
+		if typ != websocket.MessageText {
+			return nil, fmt.Errorf("%w: binary frame on the json subprotocol", ErrProtocol)
+		}
+		err = protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
+	} else {
+		if typ != websocket.MessageBinary {
+			return nil, fmt.Errorf("%w: text frame on the protobuf subprotocol", ErrProtocol)
+		}
+		err = proto.Unmarshal(b, m)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: decode: %v", ErrProtocol, err)
+	}
+	return m, nil
+}
+
+// readLoop is the connection's only reader: it routes replies to waiting
+// callers by id and events to subscribers, and never blocks on either.
+func (c *conn) readLoop() {
+	s := c.s
+	defer s.bg.Done()
+	var rd msgReader
+	var err error
+	for {
+		var m *aciv1.ServerMessage
+		m, err = rd.next(c.ws, s.cfg.json)
+		if err != nil {
+			break
+		}
+		id := m.GetId()
+		if id == 0 {
+			if ev := m.GetEvent(); ev != nil {
+				s.dispatch(ev)
+			}
+			continue
+		}
+		c.pmu.Lock()
+		ch, ok := c.pending[id]
+		delete(c.pending, id)
+		c.pmu.Unlock()
+		if ok {
+			ch <- m // buffered (1) and only ever sent once: never blocks
+		}
+		// No waiter: a reply to a canceled call or to a CancelRequest.
+	}
+	c.ws.CloseNow()
+	c.pmu.Lock()
+	c.dead = true
+	if errors.Is(err, ErrProtocol) {
+		c.err = err
+	} else if st := websocket.CloseStatus(err); st != -1 {
+		c.err = fmt.Errorf("closed by server (%d %s)", st, closeReason(err))
+	} else {
+		c.err = err
+	}
+	c.pmu.Unlock()
+	close(c.done)
+
+	s.mu.Lock()
+	retry := s.cur == c && !s.closed && s.cfg.reconnect != nil && !s.reconnectOn
+	if retry {
+		s.reconnectOn = true
+		s.bg.Add(1)
+	}
+	s.mu.Unlock()
+	if retry {
+		go s.reconnectLoop()
+	}
+}
+
+func closeReason(err error) string {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		return ce.Reason
+	}
+	return ""
+}
+
+func (s *Session) reconnectLoop() {
+	defer s.bg.Done()
+	defer func() {
+		s.mu.Lock()
+		s.reconnectOn = false
+		s.mu.Unlock()
+	}()
+	b := *s.cfg.reconnect
+	start := time.Now()
+	delay := time.Duration(0)
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.closeCh:
+				t.Stop()
+				return
+			}
+		}
+		if s.reconnectOnce(&lastErr) {
+			return
+		}
+		if b.MaxElapsed > 0 && time.Since(start) >= b.MaxElapsed {
+			s.mu.Lock()
+			s.failed = fmt.Errorf("%w: reconnect gave up after %v: %v", ErrConnectionLost, time.Since(start).Round(time.Millisecond), lastErr)
+			close(s.installed)
+			s.installed = make(chan struct{})
+			s.mu.Unlock()
+			return
+		}
+		if delay == 0 {
+			delay = b.Initial
+		} else if delay *= 2; delay > b.Max {
+			delay = b.Max
+		}
+	}
+}
+
+// reconnectOnce makes one attempt; it reports true when the loop is done
+// (connected, closed, or someone else connected meanwhile).
+func (s *Session) reconnectOnce(lastErr *error) bool {
+	s.dialMu.Lock()
+	defer s.dialMu.Unlock()
+	s.mu.Lock()
+	if s.closed || !s.cur.isDead() {
+		s.mu.Unlock()
+		return true
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() { // Close must not wait out a slow dial
+		select {
+		case <-s.closeCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, err := s.dial(ctx)
+	if err != nil {
+		*lastErr = err
+		return false
+	}
+	s.install(c)
+	if fn := s.cfg.onReconnect; fn != nil {
+		go fn(s)
+	}
+	return true
+}
+
+// Reconnect replaces the session's connection with a fresh one (a new
+// handshake: Welcome() then describes it). Calls in flight on the old
+// connection fail with ErrConnectionLost.
+func (s *Session) Reconnect(ctx context.Context) error {
+	s.dialMu.Lock()
+	defer s.dialMu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.mu.Unlock()
+	c, err := s.dial(ctx)
+	if err != nil {
+		return err
+	}
+	s.install(c)
+	return nil
+}
+
+// Done is closed when the session is closed.
+func (s *Session) Done() <-chan struct{} { return s.closeCh }
+
+// Close ends the session: the connection is closed, calls in flight fail
+// with ErrClosed or ErrConnectionLost, event channels are closed, and every
+// goroutine of the session has exited when Close returns.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closeCh)
+	c := s.cur
+	s.mu.Unlock()
+
+	// Close waits (bounded) for the server's close frame, which the reader
+	// goroutine consumes; CloseNow is the fallback for a peer that is gone.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.ws.Close(websocket.StatusNormalClosure, "")
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		c.ws.CloseNow()
+		<-done
+	}
+	s.bg.Wait()
+	s.closeSubscribers()
+	return nil
+}

@@ -1,0 +1,231 @@
+// Package client is the Go client of controld's gRPC API: sandboxes,
+// checkpoints and forks, warm pools, and the way from a sandbox to its ACI
+// session. Every error it returns is converted with errdefs.FromGRPC, so
+// callers test errors.Is(err, errdefs.ErrNotFound) and read
+// errdefs.Field(err) for invalid requests.
+//
+//	c, err := client.Dial(ctx, "") // unix:///run/forkfleet/controld.sock
+//	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+//	s, err := sb.ACI(ctx)
+//	ck, err := sb.Checkpoint(ctx)
+//	replicas, err := ck.Fork(ctx, 4)
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+)
+
+// Defaults of a controld host.
+const (
+	DefaultAddress   = "unix:///run/forkfleet/controld.sock"
+	DefaultTokenFile = "/var/lib/forkfleet/controld/api.token"
+)
+
+// Client talks to one controld. It is safe for concurrent use.
+type Client struct {
+	conn        *grpc.ClientConn
+	sandboxes   controldv1.SandboxServiceClient
+	checkpoints controldv1.CheckpointServiceClient
+	pools       controldv1.PoolServiceClient
+	aciOpts     []aci.DialOption
+}
+
+// Option configures Dial.
+type Option func(*dialOptions)
+
+type dialOptions struct {
+	token     string
+	tokenSet  bool
+	tokenFile string
+	tls       *tls.Config
+	insecure  bool
+	grpcOpts  []grpc.DialOption
+	aciOpts   []aci.DialOption
+}
+
+// WithToken sends token as a bearer credential on every RPC.
+func WithToken(token string) Option {
+	return func(o *dialOptions) { o.token, o.tokenSet = token, true }
+}
+
+// WithTokenFile reads the bearer token from path at Dial (trailing
+// whitespace trimmed). Without WithToken or WithTokenFile, Dial uses
+// DefaultTokenFile when it is readable.
+func WithTokenFile(path string) Option {
+	return func(o *dialOptions) { o.tokenFile = path }
+}
+
+// WithTLS uses TLS with cfg for TCP targets.
+func WithTLS(cfg *tls.Config) Option {
+	return func(o *dialOptions) { o.tls = cfg }
+}
+
+// WithInsecure allows a bearer token over plaintext TCP to a non-loopback
+// address (loopback and unix sockets never need it).
+func WithInsecure() Option {
+	return func(o *dialOptions) { o.insecure = true }
+}
+
+// WithGRPCDialOptions appends raw gRPC dial options (interceptors, a custom
+// dialer, ...).
+func WithGRPCDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *dialOptions) { o.grpcOpts = append(o.grpcOpts, opts...) }
+}
+
+// WithACIDialOptions sets ACI dial options applied to every Sandbox.ACI
+// session of this client (e.g. aci.WithFrameCache with one cache for the
+// whole fleet).
+func WithACIDialOptions(opts ...aci.DialOption) Option {
+	return func(o *dialOptions) { o.aciOpts = append(o.aciOpts, opts...) }
+}
+
+// Dial connects to controld at target: "unix:///path" (DefaultAddress when
+// empty) or "host:port". The connection is established lazily; the first
+// RPC reports an unreachable controld (errdefs.ErrUnavailable).
+func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if target == "" {
+		target = DefaultAddress
+	}
+	var o dialOptions
+	for _, fn := range opts {
+		fn(&o)
+	}
+	token := o.token
+	switch {
+	case o.tokenSet:
+	case o.tokenFile != "":
+		b, err := os.ReadFile(o.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: token file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	default:
+		if b, err := os.ReadFile(DefaultTokenFile); err == nil {
+			token = strings.TrimSpace(string(b))
+		}
+	}
+	local, err := isLocalTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" && !local && o.tls == nil && !o.insecure {
+		return nil, fmt.Errorf("client: %w: refusing to send a bearer token in plaintext to %s (use WithTLS, or WithInsecure on a trusted network)",
+			errdefs.ErrInvalidArgument, target)
+	}
+	gopts := []grpc.DialOption{}
+	if o.tls != nil && !strings.HasPrefix(target, "unix:") {
+		gopts = append(gopts, grpc.WithTransportCredentials(credentials.NewTLS(o.tls)))
+	} else {
+		gopts = append(gopts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	if token != "" {
+		gopts = append(gopts, grpc.WithPerRPCCredentials(bearer{
+			token:      token,
+			requireTLS: !local && !o.insecure && o.tls != nil,
+		}))
+	}
+	gopts = append(gopts, o.grpcOpts...)
+	conn, err := grpc.NewClient(target, gopts...)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	return NewFromConn(conn, o.aciOpts...), nil
+}
+
+// NewFromConn wraps an existing gRPC connection (the caller keeps owning
+// it: Close closes it).
+func NewFromConn(conn *grpc.ClientConn, aciOpts ...aci.DialOption) *Client {
+	return &Client{
+		conn:        conn,
+		sandboxes:   controldv1.NewSandboxServiceClient(conn),
+		checkpoints: controldv1.NewCheckpointServiceClient(conn),
+		pools:       controldv1.NewPoolServiceClient(conn),
+		aciOpts:     aciOpts,
+	}
+}
+
+// isLocalTarget reports whether traffic to target stays on this host (a unix
+// socket or a loopback address), where plaintext is acceptable.
+func isLocalTarget(target string) (bool, error) {
+	if strings.HasPrefix(target, "unix:") || strings.HasPrefix(target, "unix-abstract:") {
+		return true, nil
+	}
+	addr := target
+	if i := strings.Index(addr, ":///"); i >= 0 {
+		addr = addr[i+4:]
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("client: target %q: %w: want unix:///path or host:port", target, errdefs.ErrInvalidArgument)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// bearer is a per-RPC "authorization: Bearer <token>" credential.
+type bearer struct {
+	token      string
+	requireTLS bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return b.requireTLS }
+
+// Close closes the connection to controld. ACI sessions opened through the
+// client are independent and stay open.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn returns the underlying gRPC connection.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// SandboxService, CheckpointService and PoolService expose the raw
+// generated clients (errors from them are NOT converted).
+func (c *Client) SandboxService() controldv1.SandboxServiceClient       { return c.sandboxes }
+func (c *Client) CheckpointService() controldv1.CheckpointServiceClient { return c.checkpoints }
+func (c *Client) PoolService() controldv1.PoolServiceClient             { return c.pools }
+
+// convert maps an RPC error onto the errdefs classes. A context error of
+// the caller stays a context error.
+func convert(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	ctxErr := ctx.Err()
+	if ctxErr == nil {
+		// gRPC enforces the deadline with its own timer, which can fire a
+		// hair before the context's.
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) && status.Code(err) == codes.DeadlineExceeded {
+			ctxErr = context.DeadlineExceeded
+		}
+	}
+	if ctxErr != nil && !errors.Is(err, ctxErr) {
+		return fmt.Errorf("%w: %w", ctxErr, errdefs.FromGRPC(err))
+	}
+	return errdefs.FromGRPC(err)
+}

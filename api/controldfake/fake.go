@@ -1,0 +1,941 @@
+// Package controldfake is an in-memory controld: the three gRPC services of
+// forkfleet.controld.v1 with controld's validation rules, error codes and
+// details (BadRequest naming the field, ErrorInfo reasons), lifecycle
+// events, checkpoint lineage, per-replica fork results and pools with hit
+// and miss accounting. No containers run: sandboxes are records. Tests of
+// ACI traffic point the sandboxes' endpoints at a real ACI server with
+// SetEndpoint.
+package controldfake
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+)
+
+// DefaultImage is the image CreateSandbox uses when none is given; it is
+// known to a new Fake.
+const DefaultImage = "localhost/forkfleet/desktop:latest"
+
+// Fake implements controldv1.SandboxServiceServer, CheckpointServiceServer
+// and PoolServiceServer. Its exported fields configure behavior; set them
+// before serving.
+type Fake struct {
+	controldv1.UnimplementedSandboxServiceServer
+	controldv1.UnimplementedCheckpointServiceServer
+	controldv1.UnimplementedPoolServiceServer
+
+	// Token, when set, is required as a bearer credential on every RPC.
+	Token string
+	// BootDelay: a sandbox created without wait_ready stays BOOTING this
+	// long (0: ready at once).
+	BootDelay time.Duration
+	// RefillDelay: a warm slot taken by a claim comes back after this long
+	// (0: at once; negative: never).
+	RefillDelay time.Duration
+	// FailReplica, when set, decides the fate of replica i of a fork: a
+	// non-nil error (an errdefs class) fails that replica alone.
+	FailReplica func(checkpointID string, i int) error
+
+	mu          sync.Mutex
+	seq         atomic.Uint64
+	images      map[string]bool
+	sandboxes   map[string]*controldv1.Sandbox
+	checkpoints map[string]*controldv1.Checkpoint
+	exported    map[string]string // reference -> checkpoint id
+	pools       map[string]*controldv1.Pool
+	watchers    map[*watcher]struct{}
+	endpoint    func(*controldv1.Sandbox) *controldv1.Endpoint
+	timers      map[*time.Timer]struct{}
+	readyCh     map[string]chan struct{} // closed when the sandbox leaves BOOTING
+	closed      bool
+}
+
+// New returns an empty Fake that knows DefaultImage.
+func New() *Fake {
+	return &Fake{
+		images:      map[string]bool{DefaultImage: true},
+		sandboxes:   make(map[string]*controldv1.Sandbox),
+		checkpoints: make(map[string]*controldv1.Checkpoint),
+		exported:    make(map[string]string),
+		pools:       make(map[string]*controldv1.Pool),
+		watchers:    make(map[*watcher]struct{}),
+		timers:      make(map[*time.Timer]struct{}),
+		readyCh:     make(map[string]chan struct{}),
+	}
+}
+
+// Register adds the three services to s.
+func (f *Fake) Register(s *grpc.Server) {
+	controldv1.RegisterSandboxServiceServer(s, f)
+	controldv1.RegisterCheckpointServiceServer(s, f)
+	controldv1.RegisterPoolServiceServer(s, f)
+}
+
+// ServerOptions returns the interceptors enforcing Token.
+func (f *Fake) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := f.auth(ctx); err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		}),
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if err := f.auth(ss.Context()); err != nil {
+				return err
+			}
+			return h(srv, ss)
+		}),
+	}
+}
+
+func (f *Fake) auth(ctx context.Context) error {
+	if f.Token == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		if v == "Bearer "+f.Token {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, "missing or wrong bearer token")
+}
+
+// AddImage makes ref a known image.
+func (f *Fake) AddImage(ref string) {
+	f.mu.Lock()
+	f.images[ref] = true
+	f.mu.Unlock()
+}
+
+// SetEndpoint makes every sandbox's Endpoint come from fn (e.g. the URL of a
+// real guestd or of an acitest server). The default is a gateway URL that
+// does not resolve.
+func (f *Fake) SetEndpoint(fn func(sb *controldv1.Sandbox) *controldv1.Endpoint) {
+	f.mu.Lock()
+	f.endpoint = fn
+	f.mu.Unlock()
+}
+
+// SetState forces a sandbox's state (e.g. FAILED) and emits a STATE event.
+func (f *Fake) SetState(id string, st controldv1.SandboxState, message string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return errdefs.WithReason(errdefs.ErrNotFound, "SANDBOX_NOT_FOUND", "sandbox %q not found", id)
+	}
+	sb.State = st
+	sb.StatusMessage = message
+	f.leaveBooting(id)
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	return nil
+}
+
+// Close stops timers and ends watch streams.
+func (f *Fake) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for t := range f.timers {
+		t.Stop()
+	}
+	clear(f.timers)
+	for w := range f.watchers {
+		close(w.done)
+	}
+	clear(f.watchers)
+}
+
+func (f *Fake) after(d time.Duration, fn func()) {
+	if f.closed {
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.timers, t)
+		if !f.closed {
+			fn()
+		}
+	})
+	f.timers[t] = struct{}{}
+}
+
+func (f *Fake) newID(prefix string) string {
+	return fmt.Sprintf("%s-%06x", prefix, f.seq.Add(1))
+}
+
+// ---- validation
+
+var badEnvName = regexp.MustCompile(`[=\x00]`)
+
+var labelKey = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9._/-]{0,62}[a-zA-Z0-9])?$`)
+
+func validLabels(field string, labels map[string]string) error {
+	for k, v := range labels {
+		if !labelKey.MatchString(k) {
+			return errdefs.InvalidField(field, "label key %q: want 1-64 characters [a-zA-Z0-9._/-], alphanumeric at both ends", k)
+		}
+		if len(v) > 256 {
+			return errdefs.InvalidField(field+"."+k, "label value longer than 256 bytes")
+		}
+	}
+	return nil
+}
+
+func validScreen(field string, s *controldv1.Screen) error {
+	if s == nil {
+		return nil
+	}
+	if s.GetWidth() < 64 || s.GetWidth() > 16384 {
+		return errdefs.InvalidField(field+".width", "must be 64..16384, got %d", s.GetWidth())
+	}
+	if s.GetHeight() < 64 || s.GetHeight() > 16384 {
+		return errdefs.InvalidField(field+".height", "must be 64..16384, got %d", s.GetHeight())
+	}
+	switch s.GetDepth() {
+	case 0, 16, 24, 32:
+	default:
+		return errdefs.InvalidField(field+".depth", "must be 16, 24 or 32, got %d", s.GetDepth())
+	}
+	return nil
+}
+
+func validResources(field string, r *controldv1.Resources) error {
+	if r.GetCpuMillis() < 0 {
+		return errdefs.InvalidField(field+".cpu_millis", "must not be negative")
+	}
+	if m := r.GetMemoryBytes(); m < 0 || (m > 0 && m < 64<<20) {
+		return errdefs.InvalidField(field+".memory_bytes", "must be 0 (no limit) or at least 64 MiB, got %d", m)
+	}
+	return nil
+}
+
+func validTTL(field string, d *durationpb.Duration) error {
+	if d == nil {
+		return nil
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return errdefs.InvalidField(field, "must be a positive duration")
+	}
+	return nil
+}
+
+func requireID(field, id string) error {
+	if id == "" {
+		return errdefs.InvalidField(field, "is required")
+	}
+	return nil
+}
+
+func notFound(kind, reason, id string) error {
+	return errdefs.WithReason(errdefs.ErrNotFound, reason, "%s %q not found", kind, id)
+}
+
+// rpcErr converts at the service boundary, as controld does.
+func rpcErr(err error) error { return errdefs.ToGRPC(err) }
+
+// ---- sandboxes
+
+func (f *Fake) endpointFor(sb *controldv1.Sandbox) *controldv1.Endpoint {
+	if f.endpoint != nil {
+		if ep := f.endpoint(sb); ep != nil {
+			return proto.CloneOf(ep)
+		}
+	}
+	return &controldv1.Endpoint{
+		Url:   "ws://controld.invalid:7480/v1/sandboxes/" + sb.GetId() + "/aci",
+		Token: "aci-" + sb.GetId(),
+	}
+}
+
+func bootPhases(total time.Duration) []*controldv1.BootPhase {
+	names := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "usable"}
+	out := make([]*controldv1.BootPhase, len(names))
+	for i, n := range names {
+		out[i] = &controldv1.BootPhase{Name: n, At: durationpb.New(total * time.Duration(i+1) / time.Duration(len(names)))}
+	}
+	return out
+}
+
+// newSandbox records a sandbox; the caller holds f.mu.
+func (f *Fake) newSandbox(image string, res *controldv1.Resources, scr *controldv1.Screen, labels map[string]string,
+	ttl *durationpb.Duration, ready bool, mod func(*controldv1.Sandbox)) *controldv1.Sandbox {
+	now := time.Now()
+	if scr == nil {
+		scr = &controldv1.Screen{Width: 1280, Height: 800, Depth: 24}
+	} else if scr.GetDepth() == 0 {
+		scr = &controldv1.Screen{Width: scr.GetWidth(), Height: scr.GetHeight(), Depth: 24}
+	}
+	sb := &controldv1.Sandbox{
+		Id: f.newID("sb"), State: controldv1.SandboxState_SANDBOX_STATE_BOOTING, Image: image,
+		Resources: proto.CloneOf(res), Screen: proto.CloneOf(scr), Labels: maps.Clone(labels),
+		CreatedAt: timestamppb.New(now), Host: "fake",
+	}
+	if sb.Resources == nil {
+		sb.Resources = &controldv1.Resources{}
+	}
+	if ttl != nil {
+		sb.ExpiresAt = timestamppb.New(now.Add(ttl.AsDuration()))
+		id := sb.Id
+		f.after(ttl.AsDuration(), func() { f.deleteSandbox(id) })
+	}
+	if mod != nil {
+		mod(sb)
+	}
+	f.sandboxes[sb.Id] = sb
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, sb, nil)
+	if ready {
+		f.markReady(sb, 0)
+	} else {
+		f.readyCh[sb.Id] = make(chan struct{})
+		id := sb.Id
+		f.after(f.BootDelay, func() {
+			if sb, ok := f.sandboxes[id]; ok && sb.State == controldv1.SandboxState_SANDBOX_STATE_BOOTING {
+				f.markReady(sb, f.BootDelay)
+			}
+		})
+	}
+	return sb
+}
+
+func (f *Fake) markReady(sb *controldv1.Sandbox, took time.Duration) {
+	sb.State = controldv1.SandboxState_SANDBOX_STATE_READY
+	sb.ReadyAt = timestamppb.Now()
+	sb.Boot = bootPhases(max(took, time.Millisecond))
+	for _, ph := range sb.Boot {
+		f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_PHASE, sb, ph)
+	}
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	f.leaveBooting(sb.Id)
+}
+
+func (f *Fake) leaveBooting(id string) {
+	if ch, ok := f.readyCh[id]; ok {
+		close(ch)
+		delete(f.readyCh, id)
+	}
+}
+
+func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
+	if err := validResources("resources", req.GetResources()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validScreen("screen", req.GetScreen()); err != nil {
+		return nil, rpcErr(err)
+	}
+	for k := range req.GetEnv() {
+		if k == "" || badEnvName.MatchString(k) {
+			return nil, rpcErr(errdefs.InvalidField("env", "invalid variable name %q", k))
+		}
+	}
+	if err := validLabels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validTTL("ttl", req.GetTtl()); err != nil {
+		return nil, rpcErr(err)
+	}
+	image := req.GetImage()
+	if image == "" {
+		image = DefaultImage
+	}
+	f.mu.Lock()
+	if !f.images[image] {
+		f.mu.Unlock()
+		return nil, rpcErr(notFound("image", "IMAGE_NOT_FOUND", image))
+	}
+	sb := f.newSandbox(image, req.GetResources(), req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0, nil)
+	resp := &controldv1.CreateSandboxResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb)}
+	f.mu.Unlock()
+	return resp, nil
+}
+
+func (f *Fake) getSandbox(id string) (*controldv1.Sandbox, error) {
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return nil, notFound("sandbox", "SANDBOX_NOT_FOUND", id)
+	}
+	return sb, nil
+}
+
+func (f *Fake) GetSandbox(ctx context.Context, req *controldv1.GetSandboxRequest) (*controldv1.GetSandboxResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.GetSandboxResponse{Sandbox: proto.CloneOf(sb)}, nil
+}
+
+func labelsMatch(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *Fake) ListSandboxes(ctx context.Context, req *controldv1.ListSandboxesRequest) (*controldv1.ListSandboxesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &controldv1.ListSandboxesResponse{}
+	for _, sb := range f.sandboxes {
+		if !labelsMatch(sb.GetLabels(), req.GetLabels()) {
+			continue
+		}
+		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), sb.GetState()) {
+			continue
+		}
+		out.Sandboxes = append(out.Sandboxes, proto.CloneOf(sb))
+	}
+	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].GetId() < out.Sandboxes[j].GetId() })
+	return out, nil
+}
+
+// deleteSandbox removes a sandbox; the caller holds f.mu.
+func (f *Fake) deleteSandbox(id string) bool {
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return false
+	}
+	delete(f.sandboxes, id)
+	f.leaveBooting(id)
+	if ck, ok := f.checkpoints[sb.GetCheckpointId()]; ok && ck.LiveForks > 0 {
+		ck.LiveForks--
+	}
+	sb.State = controldv1.SandboxState_SANDBOX_STATE_DELETED
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_DELETED, sb, nil)
+	return true
+}
+
+func (f *Fake) DeleteSandbox(ctx context.Context, req *controldv1.DeleteSandboxRequest) (*controldv1.DeleteSandboxResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.getSandbox(req.GetId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.deleteSandbox(req.GetId())
+	return &controldv1.DeleteSandboxResponse{}, nil
+}
+
+func (f *Fake) WaitSandboxReady(ctx context.Context, req *controldv1.WaitSandboxReadyRequest) (*controldv1.WaitSandboxReadyResponse, error) {
+	timeout := 60 * time.Second
+	if t := req.GetTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
+			return nil, rpcErr(errdefs.InvalidField("timeout", "must be a positive duration"))
+		}
+		timeout = t.AsDuration()
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		f.mu.Lock()
+		sb, err := f.getSandbox(req.GetId())
+		if err != nil {
+			f.mu.Unlock()
+			return nil, rpcErr(err)
+		}
+		switch sb.GetState() {
+		case controldv1.SandboxState_SANDBOX_STATE_READY:
+			resp := &controldv1.WaitSandboxReadyResponse{Sandbox: proto.CloneOf(sb)}
+			f.mu.Unlock()
+			return resp, nil
+		case controldv1.SandboxState_SANDBOX_STATE_CREATING, controldv1.SandboxState_SANDBOX_STATE_BOOTING:
+		default:
+			st := sb.GetState()
+			f.mu.Unlock()
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_RUNNING",
+				"sandbox %q is %s and cannot become ready", req.GetId(), st))
+		}
+		ch := f.readyCh[req.GetId()]
+		f.mu.Unlock()
+		if ch == nil {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrDeadlineExceeded, "SANDBOX_NOT_READY",
+				"sandbox %q not ready after %v", req.GetId(), timeout))
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+func (f *Fake) GetSandboxEndpoint(ctx context.Context, req *controldv1.GetSandboxEndpointRequest) (*controldv1.GetSandboxEndpointResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.GetSandboxEndpointResponse{Endpoint: f.endpointFor(sb)}, nil
+}
+
+func (f *Fake) transition(id string, from, to controldv1.SandboxState, verb string) (*controldv1.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.GetState() != from {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_STATE",
+			"cannot %s sandbox %q: it is %s, not %s", verb, id, sb.GetState(), from)
+	}
+	sb.State = to
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	return proto.CloneOf(sb), nil
+}
+
+func (f *Fake) SuspendSandbox(ctx context.Context, req *controldv1.SuspendSandboxRequest) (*controldv1.SuspendSandboxResponse, error) {
+	sb, err := f.transition(req.GetId(), controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED, "suspend")
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.SuspendSandboxResponse{Sandbox: sb}, nil
+}
+
+func (f *Fake) ResumeSandbox(ctx context.Context, req *controldv1.ResumeSandboxRequest) (*controldv1.ResumeSandboxResponse, error) {
+	sb, err := f.transition(req.GetId(), controldv1.SandboxState_SANDBOX_STATE_SUSPENDED, controldv1.SandboxState_SANDBOX_STATE_READY, "resume")
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.ResumeSandboxResponse{Sandbox: sb}, nil
+}
+
+func (f *Fake) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) (*controldv1.VerifySandboxResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	ck, ok := f.checkpoints[sb.GetCheckpointId()]
+	if !ok {
+		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_FORKED",
+			"sandbox %q was not forked from a checkpoint (or it is gone)", req.GetId()))
+	}
+	levels := req.GetLevels()
+	if len(levels) == 0 {
+		levels = ck.GetVerifyLevels()
+	}
+	results, err := verifyResults(ck, levels, "levels")
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.VerifySandboxResponse{Results: results}, nil
+}
+
+func verifyResults(ck *controldv1.Checkpoint, levels []controldv1.VerifyLevel, field string) ([]*controldv1.VerifyResult, error) {
+	var out []*controldv1.VerifyResult
+	for i, l := range levels {
+		if l == controldv1.VerifyLevel_VERIFY_LEVEL_NONE {
+			continue
+		}
+		if !slices.Contains(ck.GetVerifyLevels(), l) {
+			return nil, errdefs.InvalidField(fmt.Sprintf("%s[%d]", field, i), "checkpoint %q cannot prove %s", ck.GetId(), l)
+		}
+		out = append(out, &controldv1.VerifyResult{Level: l, Ok: true, Detail: "fake: verified", Took: durationpb.New(time.Millisecond)})
+	}
+	return out, nil
+}
+
+// ---- checkpoints
+
+func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.CreateCheckpointResponse, error) {
+	if err := requireID("sandbox_id", req.GetSandboxId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validLabels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	tier := req.GetTier()
+	switch tier {
+	case controldv1.CheckpointTier_CHECKPOINT_TIER_UNSPECIFIED:
+		tier = controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY
+	case controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, controldv1.CheckpointTier_CHECKPOINT_TIER_DISK:
+	default:
+		return nil, rpcErr(errdefs.InvalidField("tier", "unknown tier %d", tier))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetSandboxId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if sb.GetState() != controldv1.SandboxState_SANDBOX_STATE_READY {
+		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_STATE",
+			"cannot checkpoint sandbox %q: it is %s, not READY", sb.GetId(), sb.GetState()))
+	}
+	if name := req.GetName(); name != "" {
+		for _, ck := range f.checkpoints {
+			if ck.GetName() == name {
+				return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "checkpoint name %q is taken by %s", name, ck.GetId()))
+			}
+		}
+	}
+	levels := []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
+	var memBytes int64
+	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
+		levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS)
+		memBytes = 180 << 20
+	}
+	ck := &controldv1.Checkpoint{
+		Id: f.newID("ck"), Name: req.GetName(), Tier: tier, State: controldv1.CheckpointState_CHECKPOINT_STATE_READY,
+		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(),
+		Screen: proto.CloneOf(sb.GetScreen()), Resources: proto.CloneOf(sb.GetResources()), Labels: maps.Clone(req.GetLabels()),
+		CreatedAt: timestamppb.Now(), MemoryBytes: memBytes, LayerBytes: 4 << 20, VerifyLevels: levels,
+		Timing: &controldv1.CheckpointTiming{Frozen: durationpb.New(40 * time.Millisecond), Dump: durationpb.New(30 * time.Millisecond),
+			Layer: durationpb.New(10 * time.Millisecond), Total: durationpb.New(60 * time.Millisecond)},
+	}
+	if parent, ok := f.checkpoints[ck.ParentCheckpointId]; ok {
+		parent.ChildIds = append(parent.ChildIds, ck.Id)
+	}
+	f.checkpoints[ck.Id] = ck
+	if req.GetStop() {
+		sb.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+		sb.StatusMessage = "stopped after checkpoint " + ck.Id
+		f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	}
+	return &controldv1.CreateCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
+}
+
+func (f *Fake) getCheckpoint(field, idOrName string) (*controldv1.Checkpoint, error) {
+	if err := requireID(field, idOrName); err != nil {
+		return nil, err
+	}
+	if ck, ok := f.checkpoints[idOrName]; ok {
+		return ck, nil
+	}
+	for _, ck := range f.checkpoints {
+		if ck.GetName() == idOrName {
+			return ck, nil
+		}
+	}
+	return nil, notFound("checkpoint", "CHECKPOINT_NOT_FOUND", idOrName)
+}
+
+func (f *Fake) GetCheckpoint(ctx context.Context, req *controldv1.GetCheckpointRequest) (*controldv1.GetCheckpointResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ck, err := f.getCheckpoint("id", req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.GetCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
+}
+
+// descendants returns id and every checkpoint below it, parents first.
+func (f *Fake) descendants(id string) []string {
+	out := []string{id}
+	for i := 0; i < len(out); i++ {
+		if ck, ok := f.checkpoints[out[i]]; ok {
+			out = append(out, ck.GetChildIds()...)
+		}
+	}
+	return out
+}
+
+func (f *Fake) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpointsRequest) (*controldv1.ListCheckpointsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	if root := req.GetRootId(); root != "" {
+		ck, err := f.getCheckpoint("root_id", root)
+		if err != nil {
+			return nil, rpcErr(err)
+		}
+		ids = f.descendants(ck.GetId())
+	} else {
+		for id := range f.checkpoints {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	out := &controldv1.ListCheckpointsResponse{}
+	for _, id := range ids {
+		if ck := f.checkpoints[id]; ck != nil && labelsMatch(ck.GetLabels(), req.GetLabels()) {
+			out.Checkpoints = append(out.Checkpoints, proto.CloneOf(ck))
+		}
+	}
+	return out, nil
+}
+
+func (f *Fake) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheckpointRequest) (*controldv1.DeleteCheckpointResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ck, err := f.getCheckpoint("id", req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if len(ck.GetChildIds()) > 0 && !req.GetCascade() {
+		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_HAS_CHILDREN",
+			"checkpoint %q has %d child checkpoints; delete them first or cascade", ck.GetId(), len(ck.GetChildIds())))
+	}
+	for _, p := range f.pools {
+		if p.GetCheckpointId() == ck.GetId() {
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",
+				"checkpoint %q feeds pool %q", ck.GetId(), p.GetId()))
+		}
+	}
+	ids := f.descendants(ck.GetId())
+	if parent, ok := f.checkpoints[ck.GetParentCheckpointId()]; ok {
+		parent.ChildIds = slices.DeleteFunc(parent.ChildIds, func(c string) bool { return c == ck.GetId() })
+	}
+	for _, id := range ids {
+		delete(f.checkpoints, id)
+	}
+	return &controldv1.DeleteCheckpointResponse{DeletedIds: ids}, nil
+}
+
+func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
+	if n := req.GetCount(); n < 1 || n > 64 {
+		return nil, rpcErr(errdefs.InvalidField("count", "must be 1..64, got %d", n))
+	}
+	if err := validLabels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validTTL("ttl", req.GetTtl()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ck, err := f.getCheckpoint("checkpoint_id", req.GetCheckpointId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	levels := req.GetVerify()
+	if len(levels) == 0 {
+		levels = ck.GetVerifyLevels()
+	}
+	if _, err := verifyResults(ck, levels, "verify"); err != nil {
+		return nil, rpcErr(err)
+	}
+	resp := &controldv1.ForkCheckpointResponse{}
+	for i := range int(req.GetCount()) {
+		if f.FailReplica != nil {
+			if err := f.FailReplica(ck.GetId(), i); err != nil {
+				resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
+					ErrorCode: int32(errdefs.Code(err)), ErrorMessage: err.Error(), Took: durationpb.New(5 * time.Millisecond)})
+				continue
+			}
+		}
+		sb := f.newSandbox(ck.GetImage(), ck.GetResources(), ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,
+			func(sb *controldv1.Sandbox) { sb.CheckpointId, sb.Generation = ck.GetId(), 1 })
+		ck.LiveForks++
+		results, _ := verifyResults(ck, levels, "verify")
+		resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
+			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: results, Took: durationpb.New(20 * time.Millisecond)})
+	}
+	return resp, nil
+}
+
+func (f *Fake) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+	if err := requireID("reference", req.GetReference()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ck, err := f.getCheckpoint("id", req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	f.exported[req.GetReference()] = ck.GetId()
+	sum := sha256.Sum256([]byte(ck.GetId() + req.GetReference()))
+	return &controldv1.ExportCheckpointResponse{Reference: req.GetReference(), Digest: "sha256:" + hex.EncodeToString(sum[:]),
+		SizeBytes: ck.GetMemoryBytes() + ck.GetLayerBytes()}, nil
+}
+
+func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
+	if err := requireID("reference", req.GetReference()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	src, ok := f.checkpoints[f.exported[req.GetReference()]]
+	if !ok {
+		return nil, rpcErr(notFound("checkpoint image", "IMAGE_NOT_FOUND", req.GetReference()))
+	}
+	ck := proto.CloneOf(src)
+	ck.Id, ck.Name, ck.ChildIds, ck.LiveForks, ck.CreatedAt = f.newID("ck"), "", nil, 0, timestamppb.Now()
+	f.checkpoints[ck.Id] = ck
+	return &controldv1.ImportCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
+}
+
+// ---- pools
+
+func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest) (*controldv1.CreatePoolResponse, error) {
+	if err := requireID("name", req.GetName()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if n := req.GetSize(); n < 1 || n > 64 {
+		return nil, rpcErr(errdefs.InvalidField("size", "must be 1..64, got %d", n))
+	}
+	if err := validScreen("screen", req.GetScreen()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validResources("resources", req.GetResources()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validLabels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.pools {
+		if p.GetName() == req.GetName() {
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "POOL_NAME_TAKEN", "pool name %q is taken by %s", req.GetName(), p.GetId()))
+		}
+	}
+	p := &controldv1.Pool{Id: f.newID("pl"), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
+		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: proto.CloneOf(req.GetResources())}
+	switch src := req.GetSource().(type) {
+	case *controldv1.CreatePoolRequest_Image:
+		if !f.images[src.Image] {
+			return nil, rpcErr(notFound("image", "IMAGE_NOT_FOUND", src.Image))
+		}
+		p.Image = src.Image
+	case *controldv1.CreatePoolRequest_CheckpointId:
+		ck, err := f.getCheckpoint("checkpoint_id", src.CheckpointId)
+		if err != nil {
+			return nil, rpcErr(err)
+		}
+		p.CheckpointId, p.Frozen = ck.GetId(), true
+	default:
+		return nil, rpcErr(errdefs.InvalidField("source", "exactly one of image or checkpoint_id is required"))
+	}
+	f.pools[p.Id] = p
+	return &controldv1.CreatePoolResponse{Pool: proto.CloneOf(p)}, nil
+}
+
+func (f *Fake) getPool(id string) (*controldv1.Pool, error) {
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	if p, ok := f.pools[id]; ok {
+		return p, nil
+	}
+	for _, p := range f.pools {
+		if p.GetName() == id {
+			return p, nil
+		}
+	}
+	return nil, notFound("pool", "POOL_NOT_FOUND", id)
+}
+
+func (f *Fake) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*controldv1.GetPoolResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, err := f.getPool(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.GetPoolResponse{Pool: proto.CloneOf(p)}, nil
+}
+
+func (f *Fake) ListPools(ctx context.Context, req *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &controldv1.ListPoolsResponse{}
+	for _, p := range f.pools {
+		out.Pools = append(out.Pools, proto.CloneOf(p))
+	}
+	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].GetId() < out.Pools[j].GetId() })
+	return out, nil
+}
+
+func (f *Fake) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest) (*controldv1.DeletePoolResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, err := f.getPool(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	delete(f.pools, p.GetId())
+	return &controldv1.DeletePoolResponse{}, nil
+}
+
+func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
+	if err := requireID("pool_id", req.GetPoolId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validLabels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := validTTL("ttl", req.GetTtl()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, err := f.getPool(req.GetPoolId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	hit := p.Available > 0
+	took := 2 * time.Millisecond
+	if hit {
+		p.Hits++
+		p.Available--
+		if f.RefillDelay >= 0 {
+			id := p.GetId()
+			f.after(f.RefillDelay, func() {
+				if p, ok := f.pools[id]; ok && p.Available < p.Size {
+					p.Available++
+				}
+			})
+		}
+	} else {
+		p.Misses++
+		took = 300 * time.Millisecond
+	}
+	labels := maps.Clone(p.GetLabels())
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, req.GetLabels())
+	image := p.GetImage()
+	if ck, ok := f.checkpoints[p.GetCheckpointId()]; ok {
+		image = ck.GetImage()
+	}
+	ck := f.checkpoints[p.GetCheckpointId()]
+	sb := f.newSandbox(image, p.GetResources(), p.GetScreen(), labels, req.GetTtl(), true, func(sb *controldv1.Sandbox) {
+		sb.PoolId = p.GetId()
+		if ck != nil {
+			sb.CheckpointId, sb.Generation = ck.GetId(), 1
+		}
+	})
+	if ck != nil {
+		ck.LiveForks++
+	}
+	return &controldv1.ClaimPoolResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Hit: hit, Took: durationpb.New(took)}, nil
+}

@@ -1,0 +1,144 @@
+package controldfake_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/forkfleet/forkfleet/api/client"
+	"github.com/forkfleet/forkfleet/api/controldfake"
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func dial(t *testing.T, target string) (*client.Client, context.Context) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, target, client.WithToken(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, ctx
+}
+
+func TestTTLAndRefill(t *testing.T) {
+	srv := controldfake.Start(t)
+	srv.RefillDelay = 20 * time.Millisecond
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithTTL(30*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := sb.Get(ctx)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sandbox outlived its TTL")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p, err := c.CreatePool(ctx, "p", 1, client.WithImage(controldfake.DefaultImage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := c.ClaimPool(ctx, p.GetId()); err != nil || !cl.Hit {
+		t.Fatalf("first claim: %v %v", cl, err)
+	}
+	for {
+		p, _ = c.GetPool(ctx, p.GetId())
+		if p.GetAvailable() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pool never refilled")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestStartContextAndDefaultEndpoint(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sock := filepath.Join(shortTempDir(t), "c.sock")
+	srv, err := controldfake.StartContext(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(cctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := sb.Endpoint(cctx)
+	if err != nil || ep.GetUrl() == "" || ep.GetToken() == "" {
+		t.Fatalf("endpoint = %v, %v", ep, err)
+	}
+	if err := srv.SetState(sb.ID(), controldv1.SandboxState_SANDBOX_STATE_FAILED, "boom"); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := sb.Get(cctx); info.GetStatusMessage() != "boom" {
+		t.Errorf("status message = %q", info.GetStatusMessage())
+	}
+	cancel() // stops the server
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.ListSandboxes(cctx)
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server still answering after ctx cancel: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWatchEndsOnClose(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		var last error
+		first := true
+		for _, err := range c.Watch(ctx) {
+			if first {
+				close(started)
+				first = false
+			}
+			last = err
+		}
+		done <- last
+	}()
+	if _, err := c.CreateSandbox(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	srv.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("watch ended with %v, want ErrUnavailable", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch did not end when the server closed")
+	}
+}
+
+func shortTempDir(t *testing.T) string {
+	dir := filepath.Join("/tmp", "cf-"+time.Now().Format("150405.000000"))
+	if err := mkdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeAll(dir) })
+	return dir
+}

@@ -1,0 +1,347 @@
+// Package screencast is the client side of the ACI screencast: a Compositor
+// that applies ScreencastFrame events (keyframes and delta tiles in PNG,
+// JPEG or zlib) onto a framebuffer, detects lost frames and asks the server
+// for a keyframe.
+//
+//	comp := screencast.NewCompositor(screencast.RGBA,
+//		screencast.WithKeyframeRequester(screencast.SessionKeyframes(ctx, sess)))
+//	id, _ := sess.ScreencastStart(ctx, &aciv1.ScreencastStartRequest{Delta: true})
+//	for ev := range sess.Events(ctx) {
+//		if f := ev.GetFrame(); f != nil && f.GetStreamId() == id {
+//			if err := comp.Apply(f); err != nil { ... }
+//		}
+//	}
+//
+// Offer the "screencast.zlib" capability (aci.WithCapabilities) to receive
+// zlib delta tiles from a lossless stream: typing then costs a few tens of
+// bytes per update instead of a PNG per tile.
+package screencast
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"image"
+	"image/draw"
+	"image/jpeg"
+	"image/png"
+	"sync"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+)
+
+// FormatZlib is the image format value of zlib delta tiles (the proposed
+// IMAGE_FORMAT_ZLIB_BGR = 4 of aci.proto).
+const FormatZlib aciv1.ImageFormat = 4
+
+// CapabilityZlib is the session capability that enables zlib delta tiles.
+const CapabilityZlib = "screencast.zlib"
+
+// PixelFormat is the memory layout of the Compositor's framebuffer.
+type PixelFormat int
+
+const (
+	// RGBA stores R, G, B, 0xff per pixel (image.RGBA's layout).
+	RGBA PixelFormat = iota
+	// BGRX stores B, G, R, 0xff per pixel (the X server's layout).
+	BGRX
+)
+
+// Errors returned by Apply.
+var (
+	// ErrGap: frames were lost (or the stream's compression context broke);
+	// the frame was dropped and a keyframe was requested. Frames are then
+	// ignored until the keyframe arrives.
+	ErrGap = errors.New("screencast: sequence gap")
+	// ErrAwaitingKeyframe: a delta frame arrived before any keyframe (or
+	// while a requested keyframe is pending) and was ignored.
+	ErrAwaitingKeyframe = errors.New("screencast: awaiting keyframe")
+	// ErrCorrupt: a tile could not be decoded or lies outside the frame.
+	ErrCorrupt = errors.New("screencast: corrupt frame")
+)
+
+// Option configures a Compositor.
+type Option func(*Compositor)
+
+// WithKeyframeRequester sets the function called (once per gap) when the
+// compositor needs a keyframe. It runs on the caller of Apply; it should
+// not block for long (SessionKeyframes returns one that does not).
+func WithKeyframeRequester(fn func(streamID uint32)) Option {
+	return func(c *Compositor) { c.requestKey = fn }
+}
+
+// SessionKeyframes returns a keyframe requester that sends a
+// ScreencastKeyframeRequest on s without blocking the caller. Errors are
+// dropped: a lost request is retried on the next gap, and the periodic
+// keyframe (keyframe_interval_ms) is the backstop.
+func SessionKeyframes(ctx context.Context, s *aci.Session) func(streamID uint32) {
+	return func(id uint32) {
+		go func() { _ = s.ScreencastKeyframe(ctx, id) }()
+	}
+}
+
+// Stats counts what a Compositor applied.
+type Stats struct {
+	Frames    uint64 // frames applied
+	Keyframes uint64
+	Tiles     uint64
+	Bytes     uint64 // tile payload bytes of applied frames
+	Gaps      uint64 // sequence gaps detected
+	Dropped   uint64 // frames ignored while awaiting a keyframe
+}
+
+// Compositor reconstructs one stream's frames. Safe for concurrent use.
+type Compositor struct {
+	pf         PixelFormat
+	requestKey func(uint32)
+
+	mu       sync.Mutex
+	pix      []byte
+	width    int
+	height   int
+	stream   uint32
+	seq      uint64
+	synced   bool // a keyframe was applied and no gap since
+	hash     []byte
+	zl       zlibDecoder
+	stats    Stats
+	scratchR *image.RGBA
+}
+
+// NewCompositor returns a Compositor whose framebuffer has layout pf.
+func NewCompositor(pf PixelFormat, opts ...Option) *Compositor {
+	c := &Compositor{pf: pf}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Apply applies f. A frame that does not follow the previous one (seq gap)
+// and is not a keyframe is dropped, a keyframe is requested once and
+// ErrGap is returned; later delta frames return ErrAwaitingKeyframe until a
+// keyframe arrives. On ErrCorrupt the framebuffer may be partly updated and
+// a keyframe is requested as for a gap.
+func (c *Compositor) Apply(f *aciv1.ScreencastFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("%w: nil frame", ErrCorrupt)
+	}
+	if f.GetKeyframe() {
+		if err := c.applyKeyframe(f); err != nil {
+			c.lose(f.GetStreamId())
+			return err
+		}
+		return nil
+	}
+	if !c.synced {
+		c.stats.Dropped++
+		return ErrAwaitingKeyframe
+	}
+	if f.GetStreamId() != c.stream || f.GetSeq() != c.seq+1 {
+		c.stats.Gaps++
+		c.stats.Dropped++
+		c.lose(f.GetStreamId())
+		return fmt.Errorf("%w: stream %d seq %d after %d", ErrGap, f.GetStreamId(), f.GetSeq(), c.seq)
+	}
+	if int(f.GetWidth()) != c.width || int(f.GetHeight()) != c.height {
+		c.lose(f.GetStreamId())
+		return fmt.Errorf("%w: delta frame %dx%d on a %dx%d framebuffer", ErrCorrupt, f.GetWidth(), f.GetHeight(), c.width, c.height)
+	}
+	if err := c.applyTiles(f); err != nil {
+		c.lose(f.GetStreamId())
+		return err
+	}
+	c.seq = f.GetSeq()
+	c.hash = append(c.hash[:0], f.GetFrameHash()...)
+	c.stats.Frames++
+	return nil
+}
+
+// lose marks the compositor out of sync and asks for a keyframe.
+func (c *Compositor) lose(stream uint32) {
+	if !c.synced {
+		return
+	}
+	c.synced = false
+	if c.requestKey != nil {
+		c.requestKey(stream)
+	}
+}
+
+func (c *Compositor) applyKeyframe(f *aciv1.ScreencastFrame) error {
+	w, h := int(f.GetWidth()), int(f.GetHeight())
+	if w <= 0 || h <= 0 || w > 1<<15 || h > 1<<15 {
+		return fmt.Errorf("%w: keyframe size %dx%d", ErrCorrupt, w, h)
+	}
+	if w != c.width || h != c.height {
+		c.pix = make([]byte, w*h*4)
+		c.width, c.height = w, h
+	}
+	c.zl.reset()
+	if err := c.applyTiles(f); err != nil {
+		return err
+	}
+	c.stream = f.GetStreamId()
+	c.seq = f.GetSeq()
+	c.synced = true
+	c.hash = append(c.hash[:0], f.GetFrameHash()...)
+	c.stats.Frames++
+	c.stats.Keyframes++
+	return nil
+}
+
+func (c *Compositor) applyTiles(f *aciv1.ScreencastFrame) error {
+	bounds := image.Rect(0, 0, c.width, c.height)
+	tiles := f.GetTiles()
+	rects := make([]image.Rectangle, len(tiles))
+	for i, t := range tiles {
+		r := t.GetRect()
+		rects[i] = image.Rect(int(r.GetX()), int(r.GetY()), int(r.GetX())+int(r.GetWidth()), int(r.GetY())+int(r.GetHeight()))
+		if rects[i].Empty() || !rects[i].In(bounds) {
+			return fmt.Errorf("%w: tile %d rect %v outside the %dx%d frame", ErrCorrupt, i, rects[i], c.width, c.height)
+		}
+		c.stats.Bytes += uint64(len(t.GetData()))
+	}
+	c.stats.Tiles += uint64(len(tiles))
+	switch f.GetFormat() {
+	case FormatZlib:
+		if f.GetKeyframe() {
+			return fmt.Errorf("%w: a keyframe cannot use zlib tiles", ErrCorrupt)
+		}
+		return c.zl.apply(c, tiles, rects)
+	case aciv1.ImageFormat_IMAGE_FORMAT_NONE:
+		return nil
+	case aciv1.ImageFormat_IMAGE_FORMAT_UNSPECIFIED, aciv1.ImageFormat_IMAGE_FORMAT_PNG, aciv1.ImageFormat_IMAGE_FORMAT_JPEG:
+		for i, t := range tiles {
+			img, err := decodeImage(t.GetData())
+			if err != nil {
+				return fmt.Errorf("%w: tile %d: %v", ErrCorrupt, i, err)
+			}
+			if img.Bounds().Dx() != rects[i].Dx() || img.Bounds().Dy() != rects[i].Dy() {
+				return fmt.Errorf("%w: tile %d is %v, rect %v", ErrCorrupt, i, img.Bounds().Size(), rects[i].Size())
+			}
+			c.blit(rects[i], img)
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: unknown tile format %d", ErrCorrupt, int32(f.GetFormat()))
+	}
+}
+
+func decodeImage(data []byte) (image.Image, error) {
+	if bytes.HasPrefix(data, []byte("\x89PNG")) {
+		return png.Decode(bytes.NewReader(data))
+	}
+	return jpeg.Decode(bytes.NewReader(data))
+}
+
+// blit draws img at r.Min.
+func (c *Compositor) blit(r image.Rectangle, img image.Image) {
+	src, ok := img.(*image.RGBA)
+	if !ok {
+		if c.scratchR == nil || c.scratchR.Rect.Dx() < r.Dx() || c.scratchR.Rect.Dy() < r.Dy() {
+			c.scratchR = image.NewRGBA(image.Rect(0, 0, max(r.Dx(), 64), max(r.Dy(), 64)))
+		}
+		dst := c.scratchR.SubImage(image.Rect(0, 0, r.Dx(), r.Dy())).(*image.RGBA)
+		draw.Draw(dst, dst.Rect, img, img.Bounds().Min, draw.Src)
+		src = dst
+	}
+	for y := 0; y < r.Dy(); y++ {
+		s := src.Pix[src.PixOffset(src.Rect.Min.X, src.Rect.Min.Y+y):][:r.Dx()*4]
+		d := c.row(r, y)
+		if c.pf == RGBA {
+			copy(d, s)
+			continue
+		}
+		for x := 0; x < len(s); x += 4 {
+			d[x], d[x+1], d[x+2], d[x+3] = s[x+2], s[x+1], s[x], 0xff
+		}
+	}
+}
+
+// row is the framebuffer bytes of rect r's row y (relative to r).
+func (c *Compositor) row(r image.Rectangle, y int) []byte {
+	o := ((r.Min.Y+y)*c.width + r.Min.X) * 4
+	return c.pix[o : o+r.Dx()*4 : o+r.Dx()*4]
+}
+
+// putBGR stores one pixel given as B, G, R.
+func (c *Compositor) putBGR(d []byte, b, g, r byte) {
+	if c.pf == RGBA {
+		d[0], d[1], d[2], d[3] = r, g, b, 0xff
+		return
+	}
+	d[0], d[1], d[2], d[3] = b, g, r, 0xff
+}
+
+// Synced reports whether the framebuffer holds a complete frame of the
+// stream (a keyframe was applied and no frame was lost since).
+func (c *Compositor) Synced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.synced
+}
+
+// Seq is the sequence number of the last applied frame.
+func (c *Compositor) Seq() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seq
+}
+
+// FrameHash is the server's frame_hash of the last applied frame.
+func (c *Compositor) FrameHash() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.hash)
+}
+
+// Stats returns the counters.
+func (c *Compositor) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// Size is the framebuffer size (0x0 before the first keyframe).
+func (c *Compositor) Size() (w, h int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.width, c.height
+}
+
+// Snapshot copies the framebuffer into dst (reused when large enough) and
+// returns it with its size; rows are packed (stride 4*w) in the
+// compositor's PixelFormat.
+func (c *Compositor) Snapshot(dst []byte) (pix []byte, w, h int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cap(dst) < len(c.pix) {
+		dst = make([]byte, len(c.pix))
+	}
+	dst = dst[:len(c.pix)]
+	copy(dst, c.pix)
+	return dst, c.width, c.height
+}
+
+// Image returns a copy of the current frame as an *image.RGBA (nil before
+// the first keyframe).
+func (c *Compositor) Image() *image.RGBA {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.width == 0 {
+		return nil
+	}
+	img := image.NewRGBA(image.Rect(0, 0, c.width, c.height))
+	copy(img.Pix, c.pix)
+	if c.pf == BGRX {
+		for i := 0; i < len(img.Pix); i += 4 {
+			img.Pix[i], img.Pix[i+2] = img.Pix[i+2], img.Pix[i]
+		}
+	}
+	return img
+}

@@ -1,0 +1,58 @@
+// Command controld is forkfleet's host daemon: the gRPC API for sandboxes,
+// checkpoints/forks and warm pools, the ACI gateway, metrics and traces.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/forkfleet/forkfleet/controld/internal/app"
+	"github.com/forkfleet/forkfleet/controld/internal/config"
+	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
+)
+
+func main() {
+	if err := run(); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "controld:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	cfg, flags, err := config.LoadArgs(os.Args[1:], os.Getenv)
+	if err != nil {
+		return err
+	}
+	if flags.PrintConfig {
+		b, err := cfg.Marshal()
+		if err != nil {
+			return err
+		}
+		_, err = os.Stdout.Write(b)
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	rt, err := containerdrt.New(ctx, containerdrt.Config{
+		Address:        cfg.Containerd.Address,
+		Namespace:      cfg.Containerd.Namespace,
+		CheckpointRoot: cfg.CheckpointDir,
+	})
+	if err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	defer rt.Close()
+	return app.Run(ctx, cfg, app.Deps{Runtime: rt, Logger: log})
+}

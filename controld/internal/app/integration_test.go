@@ -1,0 +1,258 @@
+package app_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/app"
+	"github.com/forkfleet/forkfleet/controld/internal/config"
+	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// TestRealStack runs controld on the real containerd + runc + CRIU with the
+// desktop image and real guestd: boot, ACI through the gateway, a memory
+// checkpoint, a verified fork, a frozen pool claim. Opt in with
+// FORKFLEET_INTEGRATION=1. It uses its own containerd namespace
+// (FORKFLEET_IT_NAMESPACE, default forkfleet-controld-it) holding the image
+// (FORKFLEET_IT_IMAGE, default the desktop), because reconciliation deletes
+// unknown sandboxes of its namespace.
+func TestRealStack(t *testing.T) {
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd")
+	}
+	getenv := func(k, def string) string {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	address := getenv("FORKFLEET_CONTAINERD_ADDRESS", "/run/forkfleet/containerd/containerd.sock")
+	ns := getenv("FORKFLEET_IT_NAMESPACE", "forkfleet-controld-it")
+	image := getenv("FORKFLEET_IT_IMAGE", "localhost/forkfleet/desktop:latest")
+	if _, err := os.Stat(address); err != nil {
+		t.Fatalf("FORKFLEET_INTEGRATION=1 but containerd is not at %s: %v", address, err)
+	}
+	cfg := testConfig(t)
+	cfg.Containerd.Address, cfg.Containerd.Namespace, cfg.DefaultImage = address, ns, image
+	cfg.BootTimeout = config.Duration(60 * time.Second)
+	cfg.ShutdownTimeout = config.Duration(30 * time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rt, err := containerdrt.New(ctx, containerdrt.Config{
+		Address: address, Namespace: ns, CheckpointRoot: cfg.CheckpointDir,
+		StateDir: filepath.Join(cfg.StateDir, "runtime"),
+	})
+	if err != nil {
+		t.Fatalf("runtime: %v", err)
+	}
+	defer rt.Close()
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	// launch runs controld and returns a client connection and its stop.
+	launch := func() (*grpc.ClientConn, func()) {
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		ready := make(chan app.Addrs, 1)
+		go func() {
+			done <- app.Run(runCtx, cfg, app.Deps{Runtime: rt, Logger: log, OnReady: func(a app.Addrs) { ready <- a }})
+		}()
+		var addrs app.Addrs
+		select {
+		case addrs = <-ready:
+		case err := <-done:
+			t.Fatalf("controld: %v", err)
+		}
+		conn, err := grpc.NewClient("unix://"+addrs.GRPCUnix, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return conn, func() {
+			conn.Close()
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		}
+	}
+	conn, stopControld := launch()
+	defer func() { stopControld() }()
+	var (
+		sbc controldv1.SandboxServiceClient
+		ckc controldv1.CheckpointServiceClient
+		plc controldv1.PoolServiceClient
+	)
+	clients := func(conn *grpc.ClientConn) {
+		sbc = controldv1.NewSandboxServiceClient(conn)
+		ckc = controldv1.NewCheckpointServiceClient(conn)
+		plc = controldv1.NewPoolServiceClient(conn)
+	}
+	clients(conn)
+	// Cleanup in dependency order: pool (its warm replicas), sandboxes
+	// (forks pin their checkpoint), then the checkpoint.
+	var created []string
+	var poolID, ckID, diskCk string
+	defer func() {
+		bg := context.Background()
+		if poolID != "" {
+			if _, err := plc.DeletePool(bg, &controldv1.DeletePoolRequest{Id: poolID}); err != nil {
+				t.Errorf("delete pool: %v", err)
+			}
+		}
+		for _, id := range created {
+			if _, err := sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		if diskCk != "" {
+			if _, err := ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: diskCk}); err != nil {
+				t.Errorf("delete disk checkpoint: %v", err)
+			}
+		}
+		if ckID != "" {
+			if _, err := ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID, Cascade: true}); err != nil {
+				t.Errorf("delete checkpoint: %v", err)
+			}
+		}
+	}()
+
+	start := time.Now()
+	cr, err := sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatalf("create: %v (is %s in containerd namespace %s? ctr -a %s -n %s images import <oci-archive>)",
+			err, image, ns, address, ns)
+	}
+	created = append(created, cr.Sandbox.Id)
+	t.Logf("cold boot to usable: %v", time.Since(start))
+	for _, p := range cr.Sandbox.Boot {
+		t.Logf("  %-16s %v", p.Name, p.At.AsDuration())
+	}
+	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
+	if err != nil {
+		t.Fatalf("ACI through the gateway: %v", err)
+	}
+	if rtt, err := sess.RTT(ctx); err != nil {
+		t.Fatalf("ping: %v", err)
+	} else {
+		t.Logf("ACI ping through the gateway: %v", rtt)
+	}
+	// Keep the session open across the checkpoint: controld must drop it.
+	start = time.Now()
+	ck, err := ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id, Name: "it-golden"})
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	sess.Close()
+	ckID = ck.Checkpoint.Id
+	t.Logf("checkpoint: %v (frozen %v, dump %v, layer %v; %d B memory, %d B layer)", time.Since(start),
+		ck.Checkpoint.Timing.GetFrozen().AsDuration(), ck.Checkpoint.Timing.GetDump().AsDuration(),
+		ck.Checkpoint.Timing.GetLayer().AsDuration(), ck.Checkpoint.MemoryBytes, ck.Checkpoint.LayerBytes)
+
+	start = time.Now()
+	fr, err := ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Checkpoint.Id, Count: 2})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	t.Logf("fork x2 verified: %v", time.Since(start))
+	for _, r := range fr.Replicas {
+		if r.Sandbox != nil {
+			created = append(created, r.Sandbox.Id)
+		}
+		if r.ErrorCode != 0 {
+			t.Fatalf("replica failed (%d): %s", r.ErrorCode, r.ErrorMessage)
+		}
+		for _, v := range r.Verification {
+			t.Logf("  %s %s ok=%v %s (%v)", r.Sandbox.Id, v.Level, v.Ok, v.Detail, v.Took.AsDuration())
+		}
+		rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
+		if err != nil {
+			t.Fatalf("replica ACI: %v", err)
+		}
+		if rs.Generation() != 1 {
+			t.Errorf("replica generation %d, want 1", rs.Generation())
+		}
+		rs.Close()
+	}
+
+	// Disk tier: the fork boots fresh from the captured layer (marker only).
+	start = time.Now()
+	dck, err := ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id, Tier: controldv1.CheckpointTier_CHECKPOINT_TIER_DISK})
+	if err != nil {
+		t.Fatalf("disk checkpoint: %v", err)
+	}
+	diskCk = dck.Checkpoint.Id
+	t.Logf("disk checkpoint: %v", time.Since(start))
+	start = time.Now()
+	dfr, err := ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: dck.Checkpoint.Id, Count: 1})
+	if err != nil {
+		t.Fatalf("disk fork: %v", err)
+	}
+	if r := dfr.Replicas[0]; r.ErrorCode != 0 {
+		t.Fatalf("disk replica failed (%d): %s", r.ErrorCode, r.ErrorMessage)
+	} else {
+		created = append(created, r.Sandbox.Id)
+		t.Logf("disk fork verified: %v (%s ok=%v)", time.Since(start), r.Verification[0].Level, r.Verification[0].Ok)
+	}
+
+	pl, err := plc.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Checkpoint.Id}, Size: 1})
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	poolID = pl.Pool.Id
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		g, err := plc.GetPool(ctx, &controldv1.GetPoolRequest{Id: pl.Pool.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Pool.Available == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pool never warmed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cl, err := plc.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: pl.Pool.Id})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	created = append(created, cl.Sandbox.Id)
+	t.Logf("frozen pool claim: hit=%v took=%v", cl.Hit, cl.Took.AsDuration())
+	if !cl.Hit {
+		t.Error("claim of a warm pool missed")
+	}
+
+	// A controld restart leaves sandboxes running and adopts them.
+	stopControld()
+	conn, stopControld = launch()
+	clients(conn)
+	g, err := sbc.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: cr.Sandbox.Id})
+	if err != nil || g.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+		t.Fatalf("after restart: %v %v", g, err)
+	}
+	ep, err := sbc.GetSandboxEndpoint(ctx, &controldv1.GetSandboxEndpointRequest{Id: cr.Sandbox.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err = aci.Dial(ctx, ep.Endpoint.Url, ep.Endpoint.Token)
+	if err != nil {
+		t.Fatalf("ACI after restart: %v", err)
+	}
+	if _, err := sess.Ping(ctx, nil); err != nil {
+		t.Fatalf("ping after restart: %v", err)
+	}
+	sess.Close()
+}

@@ -1,0 +1,297 @@
+// Package config holds controld's configuration: built-in defaults (an
+// embedded TOML file), overridden by an optional file, then by flags.
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	toml "github.com/pelletier/go-toml/v2"
+)
+
+//go:embed default.toml
+var defaultTOML []byte
+
+// Config is controld's effective configuration.
+type Config struct {
+	Host            string   `toml:"host"`
+	StateDir        string   `toml:"state_dir"`
+	CheckpointDir   string   `toml:"checkpoint_dir"`
+	DefaultImage    string   `toml:"default_image"`
+	BootTimeout     Duration `toml:"boot_timeout"`
+	ShutdownTimeout Duration `toml:"shutdown_timeout"`
+	FrameSettle     Duration `toml:"frame_settle"`
+	DefaultScreen   Screen   `toml:"default_screen"`
+
+	GRPC       GRPC       `toml:"grpc"`
+	Gateway    Gateway    `toml:"gateway"`
+	Metrics    Metrics    `toml:"metrics"`
+	Containerd Containerd `toml:"containerd"`
+	Tracing    Tracing    `toml:"tracing"`
+}
+
+// Screen is a default display geometry.
+type Screen struct {
+	Width  uint32 `toml:"width"`
+	Height uint32 `toml:"height"`
+	Depth  uint32 `toml:"depth"`
+}
+
+// GRPC configures the API listeners.
+type GRPC struct {
+	UnixSocket string `toml:"unix_socket"`
+	TCPAddress string `toml:"tcp_address"`
+	TokenFile  string `toml:"token_file"`
+}
+
+// Gateway configures the ACI WebSocket gateway.
+type Gateway struct {
+	Listen    string `toml:"listen"`
+	Advertise string `toml:"advertise"`
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	Listen string `toml:"listen"`
+}
+
+// Containerd says where the runtime's containerd is.
+type Containerd struct {
+	Address   string `toml:"address"`
+	Namespace string `toml:"namespace"`
+}
+
+// Tracing configures OpenTelemetry export.
+type Tracing struct {
+	OTLPEndpoint string `toml:"otlp_endpoint"`
+	OTLPInsecure bool   `toml:"otlp_insecure"`
+	ServiceName  string `toml:"service_name"`
+}
+
+// Duration is a time.Duration written as "1.5s" in TOML.
+type Duration time.Duration
+
+// D returns the duration as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Default returns the built-in configuration.
+func Default() *Config {
+	var c Config
+	if err := decode(defaultTOML, &c); err != nil {
+		// The embedded file is part of the binary; a broken one is a build bug.
+		panic(fmt.Sprintf("config: embedded default.toml: %v", err))
+	}
+	return &c
+}
+
+func decode(b []byte, c *Config) error {
+	d := toml.NewDecoder(strings.NewReader(string(b)))
+	d.DisallowUnknownFields()
+	return d.Decode(c)
+}
+
+// LoadFile overlays the TOML file at path onto c: keys absent from the file
+// keep their current values.
+func (c *Config) LoadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if err := decode(b, c); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+// ApplyEnv applies the environment variables controld honours.
+func (c *Config) ApplyEnv(getenv func(string) string) {
+	if c.Tracing.OTLPEndpoint == "" {
+		if v := getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"); v != "" {
+			c.Tracing.OTLPEndpoint = v
+		} else if v := getenv("OTEL_EXPORTER_OTLP_ENDPOINT"); v != "" {
+			c.Tracing.OTLPEndpoint = v
+		}
+	}
+	if v := getenv("FORKFLEET_CONTAINERD_NAMESPACE"); v != "" {
+		c.Containerd.Namespace = v
+	}
+	if v := getenv("FORKFLEET_CONTAINERD_ADDRESS"); v != "" {
+		c.Containerd.Address = v
+	}
+}
+
+// Marshal renders c as TOML.
+func (c *Config) Marshal() ([]byte, error) { return toml.Marshal(c) }
+
+// Validate checks the configuration for values controld cannot run with.
+func (c *Config) Validate() error {
+	var errs []error
+	if !filepath.IsAbs(c.StateDir) {
+		errs = append(errs, fmt.Errorf("state_dir %q: must be an absolute path", c.StateDir))
+	}
+	if !filepath.IsAbs(c.CheckpointDir) {
+		errs = append(errs, fmt.Errorf("checkpoint_dir %q: must be an absolute path", c.CheckpointDir))
+	}
+	if c.DefaultImage == "" {
+		errs = append(errs, errors.New("default_image: must be set"))
+	}
+	if c.BootTimeout.D() <= 0 {
+		errs = append(errs, errors.New("boot_timeout: must be positive"))
+	}
+	if c.ShutdownTimeout.D() <= 0 {
+		errs = append(errs, errors.New("shutdown_timeout: must be positive"))
+	}
+	if c.FrameSettle.D() <= 0 || c.FrameSettle.D() > 3*time.Second {
+		errs = append(errs, errors.New("frame_settle: must be positive and at most 3s"))
+	}
+	if c.DefaultScreen.Width == 0 || c.DefaultScreen.Height == 0 {
+		errs = append(errs, errors.New("default_screen: width and height must be positive"))
+	}
+	if c.GRPC.UnixSocket == "" && c.GRPC.TCPAddress == "" {
+		errs = append(errs, errors.New("grpc: at least one of unix_socket and tcp_address must be set"))
+	}
+	for name, addr := range map[string]string{
+		"grpc.tcp_address": c.GRPC.TCPAddress, "gateway.listen": c.Gateway.Listen,
+		"metrics.listen": c.Metrics.Listen, "gateway.advertise": c.Gateway.Advertise,
+	} {
+		if addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %v", name, addr, err))
+		}
+	}
+	if c.Gateway.Listen == "" {
+		errs = append(errs, errors.New("gateway.listen: must be set (endpoints point at it)"))
+	}
+	if c.Containerd.Namespace == "" {
+		errs = append(errs, errors.New("containerd.namespace: must be set"))
+	}
+	return errors.Join(errs...)
+}
+
+// GatewayHost returns the host:port that endpoint URLs name.
+func (c *Config) GatewayHost() string {
+	if c.Gateway.Advertise != "" {
+		return c.Gateway.Advertise
+	}
+	return c.Gateway.Listen
+}
+
+// TokenPath returns where the generated API token lives.
+func (c *Config) TokenPath() string { return filepath.Join(c.StateDir, "api.token") }
+
+// Flags binds command-line overrides for c to fs. Parse fs after loading the
+// file; use LoadArgs for the whole sequence.
+type Flags struct {
+	ConfigFile  string
+	PrintConfig bool
+}
+
+// LoadArgs builds the effective configuration from defaults, the file named
+// by --config, the environment and flags, in that order.
+func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error) {
+	c := Default()
+	var f Flags
+	fs := flag.NewFlagSet("controld", flag.ContinueOnError)
+	fs.StringVar(&f.ConfigFile, "config", "", "TOML config file overriding the built-in defaults")
+	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration and exit")
+	// Overrides are collected first and applied after the file, so a flag
+	// beats the file whatever the argument order.
+	overrides := map[string]*string{}
+	for _, name := range []string{
+		"host", "state-dir", "checkpoint-dir", "default-image", "boot-timeout", "shutdown-timeout",
+		"grpc-unix", "grpc-tcp", "token-file", "gateway-listen", "gateway-advertise", "metrics-listen",
+		"containerd-address", "containerd-namespace", "otlp-endpoint",
+	} {
+		overrides[name] = new(string)
+		fs.Func(name, flagUsage[name], func(v string) error { *overrides[name] = v; return nil })
+	}
+	// fs.Func closes over name per iteration (Go >= 1.22 loop semantics).
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if f.ConfigFile != "" {
+		if err := c.LoadFile(f.ConfigFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	c.ApplyEnv(getenv)
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	str := func(name string, dst *string) {
+		if set[name] {
+			*dst = *overrides[name]
+		}
+	}
+	dur := func(name string, dst *Duration) error {
+		if !set[name] {
+			return nil
+		}
+		return dst.UnmarshalText([]byte(*overrides[name]))
+	}
+	str("host", &c.Host)
+	str("state-dir", &c.StateDir)
+	str("checkpoint-dir", &c.CheckpointDir)
+	str("default-image", &c.DefaultImage)
+	str("grpc-unix", &c.GRPC.UnixSocket)
+	str("grpc-tcp", &c.GRPC.TCPAddress)
+	str("token-file", &c.GRPC.TokenFile)
+	str("gateway-listen", &c.Gateway.Listen)
+	str("gateway-advertise", &c.Gateway.Advertise)
+	str("metrics-listen", &c.Metrics.Listen)
+	str("containerd-address", &c.Containerd.Address)
+	str("containerd-namespace", &c.Containerd.Namespace)
+	str("otlp-endpoint", &c.Tracing.OTLPEndpoint)
+	if err := dur("boot-timeout", &c.BootTimeout); err != nil {
+		return nil, nil, fmt.Errorf("-boot-timeout: %w", err)
+	}
+	if err := dur("shutdown-timeout", &c.ShutdownTimeout); err != nil {
+		return nil, nil, fmt.Errorf("-shutdown-timeout: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	return c, &f, nil
+}
+
+var flagUsage = map[string]string{
+	"host":                 "host name reported in Sandbox.host (default: kernel hostname)",
+	"state-dir":            "directory of controld's state (store, generated token)",
+	"checkpoint-dir":       "directory of checkpoint images",
+	"default-image":        "image of sandboxes created without one",
+	"boot-timeout":         "request-to-usable limit of a boot, e.g. 60s",
+	"shutdown-timeout":     "how long shutdown waits for in-flight calls",
+	"grpc-unix":            "gRPC unix socket path (empty: none)",
+	"grpc-tcp":             "gRPC TCP address, bearer-token protected (empty: none)",
+	"token-file":           "API token file read when present",
+	"gateway-listen":       "ACI gateway listen address",
+	"gateway-advertise":    "host:port of the gateway in endpoint URLs",
+	"metrics-listen":       "Prometheus /metrics listen address (empty: none)",
+	"containerd-address":   "containerd socket",
+	"containerd-namespace": "containerd namespace",
+	"otlp-endpoint":        "OTLP/gRPC traces endpoint (empty: traces off)",
+}

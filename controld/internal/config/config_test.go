@@ -1,0 +1,63 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaults(t *testing.T) {
+	c := Default()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.GRPC.UnixSocket != "/run/forkfleet/controld.sock" || c.GRPC.TCPAddress != "127.0.0.1:7443" ||
+		c.Gateway.Listen != "127.0.0.1:7480" || c.Metrics.Listen != "127.0.0.1:7490" ||
+		c.StateDir != "/var/lib/forkfleet/controld" || c.CheckpointDir != "/var/lib/forkfleet/checkpoints" ||
+		c.Containerd.Address != "/run/forkfleet/containerd/containerd.sock" || c.Containerd.Namespace != "forkfleet" ||
+		c.DefaultImage != "localhost/forkfleet/desktop:latest" || c.DefaultScreen != (Screen{1280, 800, 24}) ||
+		c.Tracing.OTLPEndpoint != "" || c.BootTimeout.D() != time.Minute {
+		t.Fatalf("defaults %+v", c)
+	}
+	if c.TokenPath() != "/var/lib/forkfleet/controld/api.token" {
+		t.Fatal(c.TokenPath())
+	}
+}
+
+func TestFileEnvFlagsOrder(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(f, []byte("default_image = \"from-file\"\nboot_timeout = \"9s\"\n[gateway]\nlisten = \"127.0.0.1:1\"\n"), 0o600)
+	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "FORKFLEET_CONTAINERD_NAMESPACE": "ns2"}
+	c, fl, err := LoadArgs([]string{"--gateway-listen", "127.0.0.1:2", "--config", f}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fl.ConfigFile != f || c.DefaultImage != "from-file" || c.BootTimeout.D() != 9*time.Second ||
+		c.Gateway.Listen != "127.0.0.1:2" || c.Tracing.OTLPEndpoint != "collector:4317" || c.Containerd.Namespace != "ns2" ||
+		c.Metrics.Listen != "127.0.0.1:7490" {
+		t.Fatalf("effective %+v", c)
+	}
+	out, err := c.Marshal()
+	if err != nil || !strings.Contains(string(out), `default_image = 'from-file'`) || !strings.Contains(string(out), `boot_timeout = '9s'`) {
+		t.Fatalf("marshal: %s %v", out, err)
+	}
+}
+
+func TestRejects(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(f, []byte("no_such_key = 1\n"), 0o600)
+	if _, _, err := LoadArgs([]string{"--config", f}, func(string) string { return "" }); err == nil {
+		t.Fatal("unknown key accepted")
+	}
+	if _, _, err := LoadArgs([]string{"--state-dir", "relative"}, func(string) string { return "" }); err == nil {
+		t.Fatal("relative state dir accepted")
+	}
+	if _, _, err := LoadArgs([]string{"--boot-timeout", "soon"}, func(string) string { return "" }); err == nil {
+		t.Fatal("bad duration accepted")
+	}
+	if _, _, err := LoadArgs([]string{"--grpc-unix", "", "--grpc-tcp", ""}, func(string) string { return "" }); err == nil {
+		t.Fatal("no gRPC listener accepted")
+	}
+}

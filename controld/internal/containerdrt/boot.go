@@ -1,0 +1,492 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// cleanupTimeout bounds the cleanup of a failed Boot/Restore, which runs
+// even when the caller's ctx is done.
+const cleanupTimeout = 30 * time.Second
+
+// sandbox is a container whose task is created (runc create or, for a
+// restore, the shim holding the restore options) but maybe not started.
+type sandbox struct {
+	id        string
+	container client.Container
+	task      client.Task
+	// fingerprint identifies the request a precreated sandbox serves.
+	fingerprint string
+}
+
+// Boot creates and starts a sandbox from an image.
+func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance, error) {
+	if err := validateBootSpec(spec); err != nil {
+		return fleet.Instance{}, err
+	}
+	if spec.Image == "" {
+		return fleet.Instance{}, errdefs.InvalidField("image", "required")
+	}
+	ctx = r.ctx(ctx)
+	if sb := r.takePrecreated(ctx, spec.ID, bootFingerprint(spec)); sb != nil {
+		return r.start(ctx, sb)
+	}
+	sb, err := r.createBoot(ctx, spec)
+	if err != nil {
+		return fleet.Instance{}, err
+	}
+	return r.start(ctx, sb)
+}
+
+// createBoot creates the container and its task without starting it.
+func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox, error) {
+	img, err := r.image(ctx, spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	c, err := r.client.NewContainer(ctx, spec.ID,
+		client.WithImage(img),
+		client.WithSnapshotter(r.cfg.Snapshotter),
+		client.WithNewSnapshot(spec.ID, img),
+		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
+		client.WithNewSpec(r.bootSpecOpts(img, spec)...),
+		client.WithContainerLabels(sandboxLabels(spec)),
+	)
+	if err != nil {
+		if !cerrdefs.IsAlreadyExists(err) {
+			r.cleanup(ctx, spec.ID, nil, nil, true)
+		}
+		if cerrdefs.IsNotFound(err) {
+			// The image's layers were collected since they were unpacked:
+			// check again next time.
+			r.unpacked.Delete(unpackKey(img))
+		}
+		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
+	}
+	return r.createTask(ctx, spec.ID, c, nil)
+}
+
+// createTask creates the task of a new container; restore carries the CRIU
+// paths of a memory-tier fork. On error the container is removed.
+func (r *Runtime) createTask(ctx context.Context, id string, c client.Container, restore *restorePaths) (*sandbox, error) {
+	opts := r.runcOptions()
+	if restore != nil {
+		opts.CriuImagePath = restore.image
+		opts.CriuWorkPath = restore.work
+	}
+	logPath := r.logPath(id)
+	// A stale log of an earlier sandbox with this id must not be appended to.
+	if err := os.Remove(logPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		r.cleanup(ctx, id, c, nil, true)
+		return nil, fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	// stdio goes to a file: runc re-plumbs files (not terminals) on restore.
+	t, err := c.NewTask(ctx, cio.LogFile(logPath), withTaskOptions(opts))
+	if err != nil {
+		r.cleanup(ctx, id, c, nil, true)
+		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))
+	}
+	return &sandbox{id: id, container: c, task: t}, nil
+}
+
+// start starts a created task; on error the sandbox is removed.
+func (r *Runtime) start(ctx context.Context, sb *sandbox) (fleet.Instance, error) {
+	if err := sb.task.Start(ctx); err != nil {
+		tail := r.logTail(sb.id) // before cleanup removes the log
+		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: start: %w%s", sb.id, convertErr(err), tail)
+	}
+	started := time.Now()
+	info, err := sb.container.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", sb.id, convertErr(err))
+	}
+	pid := sb.task.Pid()
+	return fleet.Instance{
+		ID:            sb.id,
+		PID:           pid,
+		Status:        fleet.StatusRunning,
+		ACISocket:     aciSocket(pid),
+		Labels:        userLabels(info.Labels),
+		CreatedAt:     info.CreatedAt,
+		TaskStartedAt: started,
+	}, nil
+}
+
+func aciSocket(pid uint32) string {
+	if pid == 0 {
+		return ""
+	}
+	return "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/root" + ACISocketInSandbox
+}
+
+// image returns an image unpacked into the runtime's snapshotter.
+func (r *Runtime) image(ctx context.Context, name string) (client.Image, error) {
+	img, err := r.client.GetImage(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("image %q: %w", name, convertErr(err))
+	}
+	key := unpackKey(img)
+	if _, ok := r.unpacked.Load(key); ok {
+		return img, nil
+	}
+	ok, err := img.IsUnpacked(ctx, r.cfg.Snapshotter)
+	if err != nil {
+		return nil, fmt.Errorf("image %q: %w", name, convertErr(err))
+	}
+	if !ok {
+		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+			return nil, fmt.Errorf("image %q: unpack: %w", name, convertErr(err))
+		}
+	}
+	r.unpacked.Store(key, struct{}{})
+	return img, nil
+}
+
+func unpackKey(img client.Image) string {
+	return img.Name() + "@" + img.Target().Digest.String()
+}
+
+// cleanup removes what a failed or deleted sandbox left: task, container,
+// snapshot (key id), cgroups, log. It runs past the caller's ctx.
+func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t client.Task, removeLog bool) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var errs []error
+	r.setQuiet(id)
+	if t != nil {
+		if err := r.killAndDeleteTask(ctx, id, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c != nil {
+		if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete container: %w", err))
+		}
+	} else if err := r.sn.Remove(ctx, id); err != nil && !cerrdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("remove snapshot: %w", err))
+	}
+	if err := r.removeCgroups(id); err != nil {
+		errs = append(errs, err)
+	}
+	if removeLog {
+		if err := os.Remove(r.logPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killAndDeleteTask kills every process of the task and deletes it. A frozen
+// cgroup holds SIGKILL pending, so the freezer is thawed after the kill.
+func (r *Runtime) killAndDeleteTask(ctx context.Context, id string, t client.Task) error {
+	st, err := t.Status(ctx)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("task status: %w", err)
+	}
+	if st.Status != client.Stopped {
+		exitCh, err := t.Wait(ctx)
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("task wait: %w", err)
+		}
+		if err := t.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+			// A created (never started) task has only runc init: kill
+			// without --all is what runc accepts in every state.
+			if err2 := t.Kill(ctx, syscall.SIGKILL); err2 != nil && !cerrdefs.IsNotFound(err2) {
+				return fmt.Errorf("task kill: %w", err)
+			}
+		}
+		if st.Status == client.Paused {
+			_ = t.Resume(ctx)
+		}
+		if err := r.setFreezer(ctx, id, freezerThawed); err != nil && !errors.Is(err, errNoFreezer) {
+			return fmt.Errorf("thaw for kill: %w", err)
+		}
+		if exitCh != nil {
+			select {
+			case <-exitCh:
+			case <-ctx.Done():
+				return fmt.Errorf("task %s did not exit after SIGKILL: %w", id, ctx.Err())
+			}
+		}
+	}
+	if _, err := t.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("task delete: %w", err)
+	}
+	return nil
+}
+
+// Delete kills the sandbox and removes its task, container, snapshot,
+// cgroups and log.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	ctx = r.ctx(ctx)
+	r.dropPrecreated(id)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	if info.Labels[labelSandbox] != "true" {
+		return fmt.Errorf("sandbox %s: %w (container is not a forkfleet sandbox)", id, errdefs.ErrNotFound)
+	}
+	t, err := c.Task(ctx, nil)
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	if err := r.cleanup(ctx, id, c, t, true); err != nil {
+		return fmt.Errorf("sandbox %s: delete: %w", id, convertErr(err))
+	}
+	return nil
+}
+
+// List returns every forkfleet sandbox in the namespace.
+func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
+	ctx = r.ctx(ctx)
+	cs, err := r.client.ContainerService().List(ctx, sandboxFilter)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", convertErr(err))
+	}
+	out := make([]fleet.Instance, 0, len(cs))
+	for _, c := range cs {
+		inst, err := r.instance(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, inst)
+	}
+	return out, nil
+}
+
+// Get returns one sandbox as List would.
+func (r *Runtime) Get(ctx context.Context, id string) (fleet.Instance, error) {
+	if err := validateID(id); err != nil {
+		return fleet.Instance{}, err
+	}
+	ctx = r.ctx(ctx)
+	c, err := r.client.ContainerService().Get(ctx, id)
+	if err != nil {
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	if c.Labels[labelSandbox] != "true" {
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return r.instance(ctx, c)
+}
+
+func (r *Runtime) instance(ctx context.Context, c containers.Container) (fleet.Instance, error) {
+	inst := fleet.Instance{
+		ID:        c.ID,
+		Status:    fleet.StatusStopped,
+		Labels:    userLabels(c.Labels),
+		CreatedAt: c.CreatedAt,
+	}
+	st, err := r.client.TaskService().Get(ctx, taskGetRequest(c.ID))
+	if err != nil {
+		err = errgrpc.ToNative(err)
+		if cerrdefs.IsNotFound(err) {
+			return inst, nil
+		}
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: task: %w", c.ID, convertErr(err))
+	}
+	p := st.GetProcess()
+	inst.PID = p.GetPid()
+	inst.Status = taskStatus(p.GetStatus())
+	if inst.Status == fleet.StatusRunning {
+		if fst, err := r.freezerState(c.ID); err == nil && fst != freezerThawed {
+			inst.Status = fleet.StatusFrozen
+		}
+	}
+	if inst.Status == fleet.StatusRunning || inst.Status == fleet.StatusFrozen {
+		inst.ACISocket = aciSocket(inst.PID)
+		inst.TaskStartedAt = processStartTime(inst.PID)
+	}
+	return inst, nil
+}
+
+// processStartTime derives a process's start time from /proc (containerd
+// does not keep it); zero when unknown.
+func processStartTime(pid uint32) time.Time {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	if err != nil {
+		return time.Time{}
+	}
+	// Fields after the command (which may contain spaces) start after ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return time.Time{}
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	const startTimeField = 19 // field 22 overall, counted from field 3
+	if len(fields) <= startTimeField {
+		return time.Time{}
+	}
+	ticks, err := strconv.ParseUint(fields[startTimeField], 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}
+	}
+	const clkTck = 100 // USER_HZ on Linux
+	sinceBoot := time.Duration(ticks) * time.Second / clkTck
+	return time.Now().Add(-(time.Duration(ts.Nano()) - sinceBoot)).Truncate(10 * time.Millisecond)
+}
+
+// Freeze stops every process of the sandbox (cgroup freezer). Idempotent.
+func (r *Runtime) Freeze(ctx context.Context, id string) error {
+	return r.freezeThaw(ctx, id, freezerFrozen)
+}
+
+// Thaw continues a frozen sandbox. Idempotent.
+func (r *Runtime) Thaw(ctx context.Context, id string) error {
+	return r.freezeThaw(ctx, id, freezerThawed)
+}
+
+func (r *Runtime) freezeThaw(ctx context.Context, id, want string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	ctx = r.ctx(ctx)
+	err := r.setFreezer(ctx, id, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, errNoFreezer) {
+		return fmt.Errorf("sandbox %s: freezer: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	// No v1 freezer at the expected path: let containerd do it.
+	t, terr := r.loadTask(ctx, id)
+	if terr != nil {
+		return terr
+	}
+	st, terr := t.Status(ctx)
+	if terr != nil {
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(terr))
+	}
+	switch {
+	case want == freezerFrozen && st.Status == client.Running:
+		terr = t.Pause(ctx)
+	case want == freezerThawed && st.Status == client.Paused:
+		terr = t.Resume(ctx)
+	case st.Status == client.Running || st.Status == client.Paused:
+		return nil
+	default:
+		return fmt.Errorf("sandbox %s: task is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	if terr != nil {
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(terr))
+	}
+	return nil
+}
+
+// loadTask loads a forkfleet sandbox's task.
+func (r *Runtime) loadTask(ctx context.Context, id string) (client.Task, error) {
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	t, err := c.Task(ctx, nil)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("sandbox %s: no task: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	return t, nil
+}
+
+// logTail returns the end of a sandbox's log for error messages.
+func (r *Runtime) logTail(id string) string {
+	return fileTail(r.logPath(id), "sandbox log", 2048)
+}
+
+func fileTail(path, what string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return ""
+	}
+	off := max(st.Size()-n, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("\n--- %s (%s) ---\n%s", what, path, strings.TrimSpace(string(buf)))
+}
+
+func taskGetRequest(id string) *tasks.GetRequest {
+	return &tasks.GetRequest{ContainerID: id}
+}
+
+func taskStatus(s tasktypes.Status) fleet.InstanceStatus {
+	switch s {
+	case tasktypes.Status_CREATED:
+		return fleet.StatusCreated
+	case tasktypes.Status_RUNNING:
+		return fleet.StatusRunning
+	case tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
+		return fleet.StatusFrozen
+	case tasktypes.Status_STOPPED:
+		return fleet.StatusStopped
+	}
+	return fleet.StatusUnknown
+}
+
+// criuLogErrors returns CRIU's error lines from a dump or restore log (the
+// last lines of a failed run are usually cleanup noise), or its tail.
+func criuLogErrors(path, what string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		// CRIU cannot raise its own RLIMIT_NOFILE under runc; harmless.
+		if strings.Contains(l, "Error (") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) == 0 {
+		return fileTail(path, what, 2048)
+	}
+	if len(lines) > 12 {
+		lines = lines[:12]
+	}
+	return fmt.Sprintf("\n--- %s errors (%s) ---\n%s", what, path, strings.Join(lines, "\n"))
+}

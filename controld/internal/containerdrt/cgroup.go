@@ -1,0 +1,145 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Freezer states (cgroup v1).
+const (
+	freezerFrozen   = "FROZEN"
+	freezerFreezing = "FREEZING"
+	freezerThawed   = "THAWED"
+)
+
+// errNoFreezer means the sandbox has no v1 freezer cgroup at the expected
+// path (cgroup v2 host, a different driver): callers fall back to
+// containerd's task.Pause/Resume.
+var errNoFreezer = errors.New("no cgroup v1 freezer for the sandbox")
+
+func (r *Runtime) freezerStateFile(id string) string {
+	return filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id), "freezer.state")
+}
+
+// procsFile lists the sandbox's processes (the freezer hierarchy holds
+// every process of the sandbox, as the freezer must).
+func (r *Runtime) procsFile(id string) string {
+	return filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id), "cgroup.procs")
+}
+
+// freezerState reads the sandbox's freezer state.
+func (r *Runtime) freezerState(id string) (string, error) {
+	b, err := os.ReadFile(r.freezerStateFile(id))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", errNoFreezer
+		}
+		return "", err
+	}
+	return string(bytes.TrimSpace(b)), nil
+}
+
+// setFreezer writes the freezer state directly (about 0.5 ms, against 10 to
+// 13 ms through containerd's Pause/Resume) and waits until the kernel
+// reports it reached. Writing FROZEN again while FREEZING retries tasks that
+// were in uninterruptible sleep.
+func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
+	path := r.freezerStateFile(id)
+	write := func() error {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return errNoFreezer
+			}
+			return err
+		}
+		_, werr := f.WriteString(want)
+		cerr := f.Close()
+		if werr != nil {
+			return werr
+		}
+		return cerr
+	}
+	if err := write(); err != nil {
+		return err
+	}
+	delay := 50 * time.Microsecond
+	for i := 0; ; i++ {
+		st, err := r.freezerState(id)
+		if err != nil {
+			return err
+		}
+		if st == want {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("cgroup freezer of %s stuck in %s: %w", id, st, err)
+		}
+		time.Sleep(delay)
+		if delay < 5*time.Millisecond {
+			delay *= 2
+		}
+		if i%8 == 7 {
+			if err := write(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// removeCgroups removes the sandbox's cgroup directories left in any v1
+// hierarchy (runc removes them on delete; a crash can leave them).
+func (r *Runtime) removeCgroups(id string) error {
+	entries, err := os.ReadDir(r.cfg.CgroupRoot)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() { // cpu and cpuacct are symlinks to cpu,cpuacct
+			continue
+		}
+		dir := filepath.Join(r.cfg.CgroupRoot, e.Name(), r.cgroupsPath(id))
+		if err := removeCgroupTree(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupTree removes dir and its child cgroups, deepest first. cgroup
+// directories are removed with rmdir only (their files cannot be unlinked).
+func removeCgroupTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	// A cgroup whose last task just died can report EBUSY for a moment.
+	var rmErr error
+	for range 50 {
+		rmErr = os.Remove(dir)
+		if rmErr == nil || errors.Is(rmErr, fs.ErrNotExist) {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("remove cgroup %s: %w", dir, rmErr)
+}

@@ -1,0 +1,521 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Files in a checkpoint directory.
+const (
+	metaFile     = "checkpoint.json"
+	specFile     = "spec.json"
+	criuImageDir = "criu"
+	metaVersion  = 1
+)
+
+// checkpointMeta is checkpoint.json: what Restore needs besides the CRIU
+// images and the source's spec.
+type checkpointMeta struct {
+	Version     int       `json:"version"`
+	Source      string    `json:"source"`
+	Image       string    `json:"image"`
+	Snapshotter string    `json:"snapshotter"`
+	Snapshot    string    `json:"snapshot"`
+	Tier        string    `json:"tier"`
+	EnvKeys     []string  `json:"env_keys,omitempty"`
+	Screen      string    `json:"screen,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	LayerBytes  int64     `json:"layer_bytes"`
+}
+
+func (r *Runtime) validateCheckpointDir(field, dir string) error {
+	if dir == "" || !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+		return errdefs.InvalidField(field, "%q is not a clean absolute path", dir)
+	}
+	if root := r.cfg.CheckpointRoot; root != "" {
+		rel, err := filepath.Rel(root, dir)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			return errdefs.InvalidField(field, "%q is not under the checkpoint root %s", dir, root)
+		}
+	}
+	return nil
+}
+
+// Checkpoint captures a running sandbox. The writable layer is copied while
+// the sandbox runs, then the sandbox is frozen (raw cgroup freezer), CRIU
+// dumps it (memory tier) through runc checkpoint --leave-running, the layer
+// changes made since the first copy are copied, and the sandbox is thawed
+// (or killed, with spec.Stop). The frozen window holds only the dump and
+// the small second copy.
+func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.CheckpointSpec) (res fleet.CheckpointResult, retErr error) {
+	begin := time.Now()
+	if err := validateID(id); err != nil {
+		return res, err
+	}
+	if err := r.validateCheckpointDir("dir", spec.Dir); err != nil {
+		return res, err
+	}
+	if spec.Tier != fleet.TierMemory && spec.Tier != fleet.TierDisk {
+		return res, errdefs.InvalidField("tier", "unknown tier %d", spec.Tier)
+	}
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	if info.Labels[labelSandbox] != "true" {
+		return res, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	st, err := r.client.TaskService().Get(ctx, taskGetRequest(id))
+	if err != nil {
+		err = errgrpc.ToNative(err)
+		if cerrdefs.IsNotFound(err) {
+			return res, fmt.Errorf("sandbox %s has no task: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+	}
+	if s := taskStatus(st.GetProcess().GetStatus()); s != fleet.StatusRunning && s != fleet.StatusFrozen {
+		return res, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	fst, ferr := r.freezerState(id)
+	if ferr != nil && !errors.Is(ferr, errNoFreezer) {
+		return res, fmt.Errorf("sandbox %s: freezer: %w: %w", id, errdefs.ErrInternal, ferr)
+	}
+	rawFreezer := ferr == nil
+	wasFrozen := rawFreezer && fst != freezerThawed
+
+	if err := os.MkdirAll(filepath.Dir(spec.Dir), 0o700); err != nil {
+		return res, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := os.Mkdir(spec.Dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return res, fmt.Errorf("checkpoint dir %s: %w", spec.Dir, errdefs.ErrAlreadyExists)
+		}
+		return res, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	cleanCtx := context.WithoutCancel(ctx)
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(spec.Dir)
+		}
+	}()
+
+	// The target layer: a new snapshot on the same parent as the source's.
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return res, fmt.Errorf("lease: %w", convertErr(err))
+	}
+	defer done(cleanCtx)
+	srcInfo, err := r.sn.Stat(ctx, info.SnapshotKey)
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: snapshot: %w", id, convertErr(err))
+	}
+	suffix := randomHex(8)
+	prepKey := "forkfleet-checkpoint-prepare-" + suffix
+	committed := "forkfleet-checkpoint-" + suffix
+	dstMounts, err := r.sn.Prepare(ctx, prepKey, srcInfo.Parent)
+	if err != nil {
+		return res, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
+	}
+	committedOK := false
+	defer func() {
+		if !committedOK {
+			r.sn.Remove(cleanCtx, prepKey)
+		}
+	}()
+	srcMounts, err := r.sn.Mounts(ctx, info.SnapshotKey)
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: snapshot mounts: %w", id, convertErr(err))
+	}
+	srcUpper, err := upperDir(srcMounts)
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrFailedPrecondition, err)
+	}
+	dstUpper, err := upperDir(dstMounts)
+	if err != nil {
+		return res, fmt.Errorf("checkpoint layer: %w: %w", errdefs.ErrInternal, err)
+	}
+
+	copier := newLayerCopier(srcUpper, dstUpper)
+	t := time.Now()
+	if err := copier.First(ctx); err != nil {
+		return res, fmt.Errorf("copy writable layer: %w: %w", errdefs.ErrInternal, err)
+	}
+	res.Layer = time.Since(t)
+
+	if spec.BeforeFreeze != nil {
+		if err := spec.BeforeFreeze(ctx); err != nil {
+			return res, fmt.Errorf("before freeze: %w", err)
+		}
+	}
+
+	// Freeze and dump. From the first freeze on every path thaws (unless
+	// the caller had frozen the sandbox). CRIU refuses unix connections
+	// whose peer is outside the sandbox, which linger for a moment after
+	// the caller closes its sessions (in BeforeFreeze): wait for them to
+	// settle first, and if one slips in anyway, thaw, let the sandbox close
+	// it and dump again (the hooks do not run again).
+	var (
+		task         client.Task
+		frozenAt     time.Time
+		frozenBefore time.Duration // frozen windows of failed dump attempts
+		thawed       = true
+	)
+	defer func() {
+		if !thawed && !wasFrozen {
+			r.thaw(cleanCtx, id, task, rawFreezer)
+		}
+	}()
+	pid := st.GetProcess().GetPid()
+	for attempt := 1; ; attempt++ {
+		if spec.Tier == fleet.TierMemory && !wasFrozen {
+			n, err := waitUnixSettled(ctx, pid, r.procsFile(id), r.cfg.SettleTimeout)
+			switch {
+			case ctx.Err() != nil:
+				return res, fmt.Errorf("sandbox %s: %w", id, ctx.Err())
+			case err != nil:
+				// Only an optimisation: the dump decides.
+				r.log.WarnContext(ctx, "checkpoint: cannot inspect unix sockets", "sandbox", id, "err", err)
+			case n > 0:
+				return res, fmt.Errorf("sandbox %s: %d unix connection(s) from outside the sandbox still open after %v (CRIU cannot dump them; close sessions before checkpointing): %w",
+					id, n, r.cfg.SettleTimeout, errdefs.ErrFailedPrecondition)
+			}
+		}
+		frozenAt = time.Now()
+		thawed = false
+		if !rawFreezer {
+			if task, err = c.Task(ctx, nil); err == nil {
+				err = task.Pause(ctx)
+			}
+		} else if !wasFrozen {
+			err = r.setFreezer(ctx, id, freezerFrozen)
+		}
+		if err != nil {
+			return res, fmt.Errorf("sandbox %s: freeze: %w", id, convertErr(err))
+		}
+		if attempt == 1 && spec.AfterFreeze != nil {
+			if err := spec.AfterFreeze(ctx); err != nil {
+				return res, fmt.Errorf("after freeze: %w", err)
+			}
+		}
+		if spec.Tier != fleet.TierMemory {
+			break
+		}
+		t = time.Now()
+		imageDir := filepath.Join(spec.Dir, criuImageDir)
+		err = r.dump(ctx, id, imageDir)
+		res.Dump = time.Since(t)
+		if err == nil {
+			break
+		}
+		if attempt >= r.cfg.DumpAttempts || wasFrozen || !retryableDump(err) {
+			return res, err
+		}
+		if err := r.thaw(ctx, id, task, rawFreezer); err != nil {
+			return res, err
+		}
+		thawed = true
+		frozenBefore += time.Since(frozenAt)
+		if err := os.RemoveAll(imageDir); err != nil {
+			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
+		}
+	}
+
+	t = time.Now()
+	if err := copier.Sync(ctx); err != nil {
+		return res, fmt.Errorf("copy writable layer changes: %w: %w", errdefs.ErrInternal, err)
+	}
+	res.Layer += time.Since(t)
+
+	var exited <-chan client.ExitStatus
+	if spec.Stop {
+		// Killed while frozen: nothing runs after the dump. The kill takes
+		// effect at the thaw.
+		r.setQuiet(id)
+		if task == nil {
+			if task, err = c.Task(ctx, nil); err != nil {
+				return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+			}
+		}
+		if exited, err = task.Wait(ctx); err != nil {
+			return res, fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
+		}
+		if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+			return res, fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
+		}
+	}
+	if !wasFrozen || spec.Stop {
+		if err := r.thaw(ctx, id, task, rawFreezer); err != nil {
+			return res, err
+		}
+	}
+	thawed = true
+	res.Frozen = frozenBefore + time.Since(frozenAt)
+	if exited != nil {
+		select {
+		case <-exited:
+		case <-ctx.Done():
+			return res, fmt.Errorf("sandbox %s: stop: %w", id, ctx.Err())
+		}
+	}
+
+	meta := checkpointMeta{
+		Version:     metaVersion,
+		Source:      id,
+		Image:       info.Image,
+		Snapshotter: r.cfg.Snapshotter,
+		Snapshot:    committed,
+		Tier:        tierName(spec.Tier),
+		Screen:      info.Labels[labelScreen],
+		CreatedAt:   time.Now().UTC(),
+		LayerBytes:  copier.Bytes(),
+	}
+	if keys := info.Labels[labelEnvKeys]; keys != "" {
+		meta.EnvKeys = strings.Split(keys, ",")
+	}
+	if spec.Tier == fleet.TierMemory {
+		if meta.MemoryBytes, err = dirSize(filepath.Join(spec.Dir, criuImageDir)); err != nil {
+			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
+		}
+	}
+	if info.Spec == nil {
+		return res, fmt.Errorf("sandbox %s has no spec: %w", id, errdefs.ErrInternal)
+	}
+	if err := writeFileAtomic(filepath.Join(spec.Dir, specFile), info.Spec.GetValue(), 0o600); err != nil {
+		return res, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
+	}
+	mb, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return res, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := writeFileAtomic(filepath.Join(spec.Dir, metaFile), mb, 0o600); err != nil {
+		return res, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{
+		snapshotLabelGCRoot:     meta.CreatedAt.Format(time.RFC3339),
+		snapshotLabelCheckpoint: id, // the source; the caller may move the directory
+	})); err != nil {
+		return res, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
+	}
+	committedOK = true
+
+	res.Ref = fleet.CheckpointRef{Dir: spec.Dir, Snapshot: committed, Image: info.Image, Tier: spec.Tier}
+	res.MemoryBytes = meta.MemoryBytes
+	res.LayerBytes = meta.LayerBytes
+	res.Total = time.Since(begin)
+	return res, nil
+}
+
+// thaw undoes the checkpoint's freeze.
+func (r *Runtime) thaw(ctx context.Context, id string, task client.Task, rawFreezer bool) error {
+	if rawFreezer {
+		if err := r.setFreezer(ctx, id, freezerThawed); err != nil && !errors.Is(err, errNoFreezer) {
+			return fmt.Errorf("sandbox %s: thaw: %w: %w", id, errdefs.ErrInternal, err)
+		}
+		return nil
+	}
+	if task == nil {
+		return nil
+	}
+	if err := task.Resume(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: resume: %w", id, convertErr(err))
+	}
+	return nil
+}
+
+// dump runs runc checkpoint --leave-running through the task service
+// directly: client.Task.Checkpoint would pause and resume the task around
+// it through the shim, which does not see the raw freezer and would thaw
+// the sandbox before the layer is consistent.
+func (r *Runtime) dump(ctx context.Context, id, imageDir string) error {
+	work := r.workDir(id + "-dump-" + randomHex(4))
+	defer os.RemoveAll(work)
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
+		Exit:      false,
+		ImagePath: imageDir,
+		WorkPath:  work,
+	})
+	if err != nil {
+		return fmt.Errorf("checkpoint options: %w: %w", errdefs.ErrInternal, err)
+	}
+	if _, err := r.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{
+		ContainerID: id,
+		Options:     opts,
+	}); err != nil {
+		return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log"))
+	}
+	return nil
+}
+
+// retryableDump tells dump failures caused by unix connections in flight
+// (they go away once the sandbox runs a moment) from the others.
+func retryableDump(err error) bool {
+	msg := err.Error()
+	for _, sig := range []string{
+		"closed in-flight socket",
+		"unix: Unix socket",
+		"External socket is used",
+		"Can't dump half of stream unix connection",
+	} {
+		if strings.Contains(msg, sig) {
+			return true
+		}
+	}
+	return false
+}
+
+// upperDir finds the writable directory of a snapshot's mounts.
+func upperDir(ms []mount.Mount) (string, error) {
+	if len(ms) != 1 {
+		return "", fmt.Errorf("snapshot has %d mounts, want 1", len(ms))
+	}
+	m := ms[0]
+	switch m.Type {
+	case "overlay":
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				return v, nil
+			}
+		}
+		return "", fmt.Errorf("overlay mount without upperdir (read-only snapshot)")
+	case "bind":
+		return m.Source, nil // a snapshot without parent is a plain directory
+	}
+	return "", fmt.Errorf("snapshotter mount type %q is not overlay", m.Type)
+}
+
+func readMeta(dir string) (checkpointMeta, *oci.Spec, error) {
+	var meta checkpointMeta
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return meta, nil, fmt.Errorf("checkpoint %s: %w", dir, errdefs.ErrNotFound)
+		}
+		return meta, nil, fmt.Errorf("checkpoint %s: %w: %w", dir, errdefs.ErrInternal, err)
+	}
+	if err := json.Unmarshal(b, &meta); err != nil {
+		return meta, nil, fmt.Errorf("checkpoint %s: metadata: %w: %w", dir, errdefs.ErrInternal, err)
+	}
+	if meta.Version != metaVersion {
+		return meta, nil, fmt.Errorf("checkpoint %s: metadata version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
+	}
+	b, err = os.ReadFile(filepath.Join(dir, specFile))
+	if err != nil {
+		return meta, nil, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+	}
+	var s oci.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return meta, nil, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+	}
+	return meta, &s, nil
+}
+
+// DeleteCheckpoint releases a checkpoint: its directory goes, and its
+// committed layer loses its GC root. The layer itself is removed now when
+// no fork still uses it, otherwise by containerd's GC after the last fork.
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref fleet.CheckpointRef) error {
+	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
+		return err
+	}
+	ctx = r.ctx(ctx)
+	_, statErr := os.Stat(filepath.Join(ref.Dir, metaFile))
+	dirExists := statErr == nil
+	if statErr != nil && !errors.Is(statErr, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint %s: %w: %w", ref.Dir, errdefs.ErrInternal, statErr)
+	}
+	snapExists := false
+	if ref.Snapshot != "" {
+		info, err := r.sn.Stat(ctx, ref.Snapshot)
+		switch {
+		case err == nil:
+			// A layer without the label is not a checkpoint's, or belongs
+			// to an already deleted one that forks still use.
+			snapExists = info.Labels[snapshotLabelCheckpoint] != ""
+		case !cerrdefs.IsNotFound(err):
+			return fmt.Errorf("checkpoint layer %s: %w", ref.Snapshot, convertErr(err))
+		}
+	}
+	if !dirExists && !snapExists {
+		return fmt.Errorf("checkpoint %s: %w", ref.Dir, errdefs.ErrNotFound)
+	}
+	if dirExists && ref.Snapshot != "" {
+		// Never release a layer another checkpoint's directory names.
+		if meta, _, err := readMeta(ref.Dir); err == nil && meta.Snapshot != ref.Snapshot {
+			return fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", ref.Dir, meta.Snapshot, ref.Snapshot, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if snapExists {
+		if _, err := r.sn.Update(ctx, snapshots.Info{Name: ref.Snapshot, Labels: map[string]string{}},
+			"labels."+snapshotLabelGCRoot, "labels."+snapshotLabelCheckpoint); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("checkpoint layer %s: %w", ref.Snapshot, convertErr(err))
+		}
+		// Forks are children of the layer; with forks alive removal fails
+		// and the (now unrooted) layer goes with the last of them.
+		if err := r.sn.Remove(ctx, ref.Snapshot); err != nil && !cerrdefs.IsNotFound(err) &&
+			!cerrdefs.IsFailedPrecondition(err) && !cerrdefs.IsConflict(err) {
+			return fmt.Errorf("checkpoint layer %s: %w", ref.Snapshot, convertErr(err))
+		}
+	}
+	if dirExists {
+		if err := os.RemoveAll(ref.Dir); err != nil {
+			return fmt.Errorf("checkpoint %s: %w: %w", ref.Dir, errdefs.ErrInternal, err)
+		}
+	}
+	return nil
+}
+
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,1124 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/ocilayout"
+)
+
+// Integration tests run against a real containerd + runc + CRIU:
+//
+//	FORKFLEET_INTEGRATION=1 go test ./internal/containerdrt/ -run Integration -v
+//
+// FORKFLEET_CONTAINERD_ADDRESS overrides the socket (default: the project's
+// containerd). The tiny-image tests use their own namespace and cgroup
+// parent; the desktop test uses FORKFLEET_DESKTOP_IMAGE (default
+// localhost/forkfleet/desktop:latest) in FORKFLEET_DESKTOP_NAMESPACE
+// (default forkfleet); FORKFLEET_DESKTOP_IMAGE=none skips it.
+
+const (
+	testNamespace    = "forkfleet-test-containerdrt"
+	testCgroupParent = "/forkfleet-test-containerdrt"
+	testImage        = "localhost/forkfleet/containerdrt-testinit:latest"
+)
+
+func integration(t *testing.T) {
+	t.Helper()
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd, runc and CRIU")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("FORKFLEET_INTEGRATION=1 needs root (containerd, cgroups, CRIU)")
+	}
+}
+
+func containerdAddress() string {
+	if a := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS"); a != "" {
+		return a
+	}
+	return "/run/forkfleet/containerd/containerd.sock"
+}
+
+func newTestRuntime(t *testing.T, namespace string) *Runtime {
+	t.Helper()
+	state := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := New(ctx, Config{
+		Address:        containerdAddress(),
+		Namespace:      namespace,
+		StateDir:       state,
+		CheckpointRoot: filepath.Join(state, "checkpoints"),
+		CgroupParent:   testCgroupParent,
+	})
+	if err != nil {
+		t.Fatalf("New: %v (is containerd up at %s?)", err, containerdAddress())
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+var (
+	testImageOnce sync.Once
+	testImageErr  error
+)
+
+// importTestImage builds testdata/testinit statically and imports a
+// one-layer image with it as entrypoint.
+func importTestImage(t *testing.T, r *Runtime) {
+	t.Helper()
+	testImageOnce.Do(func() { testImageErr = buildAndImport(r) })
+	if testImageErr != nil {
+		t.Fatalf("test image: %v", testImageErr)
+	}
+}
+
+func buildAndImport(r *Runtime) error {
+	ctx := r.ctx(context.Background())
+	work, err := os.MkdirTemp("", "containerdrt-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	root := filepath.Join(work, "root")
+	for _, d := range []string{"run", "tmp", "var/lib", "var/log", "etc/forkfleet", "proc", "sys", "dev"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(gobin, "build", "-o", filepath.Join(root, "testinit"), "./testdata/testinit")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build testinit: %v\n%s", err, out)
+	}
+	layout := filepath.Join(work, "layout")
+	w, err := ocilayout.Create(layout)
+	if err != nil {
+		return err
+	}
+	layer, err := w.LayerFromTree(ctx, []ocilayout.TarEntry{{Source: root, Dest: "/"}}, ocilayout.TarOptions{})
+	if err != nil {
+		return err
+	}
+	desc, err := w.WriteImage(ctx, ocilayout.Image{
+		Config: ocispec.Image{
+			Platform: ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH},
+			Config: ocispec.ImageConfig{
+				Entrypoint: []string{"/testinit"},
+				Env:        []string{"PATH=/"},
+			},
+		},
+		Layers: []ocilayout.Layer{layer},
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Tag(desc, testImage, nil); err != nil {
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarDir(pw, layout)) }()
+	if _, err := r.client.Import(ctx, pr); err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	_, err = r.image(ctx, testImage)
+	return err
+}
+
+func tarDir(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(fi, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(tw, f)
+			f.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// call sends one command to a sandbox's testinit and returns the reply.
+func call(sock, cmd string, timeout time.Duration) (string, error) {
+	c, err := net.DialTimeout("unix", sock, timeout)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintln(c, cmd); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(line, "\n"), nil
+}
+
+func mustCall(t *testing.T, inst fleet.Instance, cmd string) string {
+	t.Helper()
+	reply, err := call(inst.ACISocket, cmd, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %q: %v", inst.ID, cmd, err)
+	}
+	return reply
+}
+
+// waitSocket waits until the sandbox's guest socket accepts a connection.
+func waitSocket(t *testing.T, inst fleet.Instance, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		c, err := net.DialTimeout("unix", inst.ACISocket, time.Second)
+		if err == nil {
+			c.Close()
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: guest socket %s not answering after %v: %v", inst.ID, inst.ACISocket, timeout, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func testSpec(id string) fleet.BootSpec {
+	return fleet.BootSpec{
+		ID:          id,
+		Image:       testImage,
+		CPUMillis:   1000,
+		MemoryBytes: 256 << 20,
+		Env:         map[string]string{"TEST_VAR": "v-" + id},
+		ACIToken:    "aci-" + id,
+		AdminToken:  "admin-" + id,
+		Labels:      map[string]string{"owner": "test", "sandbox": id},
+	}
+}
+
+func uniqueID(prefix string) string {
+	return fmt.Sprintf("%s-%s", prefix, randomHex(4))
+}
+
+func bootT(t *testing.T, r *Runtime, spec fleet.BootSpec) fleet.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	inst, err := r.Boot(ctx, spec)
+	if err != nil {
+		t.Fatalf("Boot %s: %v", spec.ID, err)
+	}
+	boot := time.Since(start)
+	ready := waitSocket(t, inst, 10*time.Second)
+	t.Logf("boot %s: Boot %v, socket answering %v later (total %v)", spec.ID, boot, ready, boot+ready)
+	t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+	return inst
+}
+
+func deleteQuiet(r *Runtime, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r.Delete(ctx, id)
+}
+
+// assertGone checks Delete left nothing of the sandbox behind.
+func assertGone(t *testing.T, r *Runtime, id string) {
+	t.Helper()
+	ctx := r.ctx(context.Background())
+	if _, err := r.client.ContainerService().Get(ctx, id); !cerrdefs.IsNotFound(err) {
+		t.Errorf("%s: container still there (err %v)", id, err)
+	}
+	if _, err := r.client.TaskService().Get(ctx, taskGetRequest(id)); !cerrdefs.IsNotFound(errgrpc.ToNative(err)) {
+		t.Errorf("%s: task still there (err %v)", id, err)
+	}
+	if _, err := r.sn.Stat(ctx, id); !cerrdefs.IsNotFound(err) {
+		t.Errorf("%s: snapshot still there (err %v)", id, err)
+	}
+	if left := r.cgroupsExist(id); len(left) > 0 {
+		t.Errorf("%s: cgroups left: %v", id, left)
+	}
+	if _, err := os.Stat(r.logPath(id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s: log file left (err %v)", id, err)
+	}
+}
+
+func leaseCount(t *testing.T, r *Runtime) int {
+	t.Helper()
+	ls, err := r.client.LeasesService().List(r.ctx(context.Background()))
+	if err != nil {
+		t.Fatalf("leases: %v", err)
+	}
+	return len(ls)
+}
+
+func TestIntegrationBootListFreezeDelete(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+	leasesBefore := leaseCount(t, r)
+
+	spec := testSpec(uniqueID("boot"))
+	inst := bootT(t, r, spec)
+	if inst.PID == 0 || inst.Status != fleet.StatusRunning {
+		t.Fatalf("instance %+v", inst)
+	}
+	if got := mustCall(t, inst, "env FORKFLEET_SANDBOX_ID"); got != spec.ID {
+		t.Errorf("FORKFLEET_SANDBOX_ID = %q, want %q", got, spec.ID)
+	}
+	if got := mustCall(t, inst, "env FORKFLEET_ACI_TOKEN"); got != spec.ACIToken {
+		t.Errorf("FORKFLEET_ACI_TOKEN = %q", got)
+	}
+	if got := mustCall(t, inst, "env FORKFLEET_SCREEN"); got != "1280x800x24" {
+		t.Errorf("FORKFLEET_SCREEN = %q", got)
+	}
+	if got := mustCall(t, inst, "env TEST_VAR"); got != "v-"+spec.ID {
+		t.Errorf("TEST_VAR = %q", got)
+	}
+	// Limits landed in the sandbox's own cgroup.
+	memLimit, err := os.ReadFile(filepath.Join(r.cfg.CgroupRoot, "memory", r.cgroupsPath(spec.ID), "memory.limit_in_bytes"))
+	if err != nil || strings.TrimSpace(string(memLimit)) != fmt.Sprint(256<<20) {
+		t.Errorf("memory limit %q (%v)", memLimit, err)
+	}
+	// Only lo in the network namespace.
+	netdev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", inst.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ifs := strings.Count(string(netdev), ":"); ifs != 1 || !strings.Contains(string(netdev), "lo:") {
+		t.Errorf("network interfaces in the sandbox:\n%s", netdev)
+	}
+
+	list, err := r.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *fleet.Instance
+	for i := range list {
+		if list[i].ID == spec.ID {
+			found = &list[i]
+		}
+	}
+	if found == nil || found.Status != fleet.StatusRunning || found.PID != inst.PID ||
+		found.Labels["owner"] != "test" || found.ACISocket != inst.ACISocket || found.TaskStartedAt.IsZero() {
+		t.Fatalf("List: %+v", found)
+	}
+
+	start := time.Now()
+	if err := r.Freeze(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("freeze %v", time.Since(start))
+	if err := r.Freeze(ctx, spec.ID); err != nil {
+		t.Fatalf("second Freeze: %v", err)
+	}
+	if got, _ := r.Get(ctx, spec.ID); got.Status != fleet.StatusFrozen {
+		t.Errorf("status after Freeze = %v", got.Status)
+	}
+	if _, err := call(inst.ACISocket, "get", 200*time.Millisecond); err == nil {
+		t.Error("a frozen sandbox answered")
+	}
+	start = time.Now()
+	if err := r.Thaw(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("thaw %v", time.Since(start))
+	if err := r.Thaw(ctx, spec.ID); err != nil {
+		t.Fatalf("second Thaw: %v", err)
+	}
+	if got := mustCall(t, inst, "get"); got != "initial" {
+		t.Errorf("get after thaw = %q", got)
+	}
+
+	// Delete a frozen sandbox: the kill must not hang on the freezer.
+	if err := r.Freeze(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if err := r.Delete(ctx, spec.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	t.Logf("delete %v", time.Since(start))
+	assertGone(t, r, spec.ID)
+	if err := r.Delete(ctx, spec.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second Delete: %v, want ErrNotFound", err)
+	}
+	if err := r.Freeze(ctx, "no-such-sandbox"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Freeze unknown: %v, want ErrNotFound", err)
+	}
+	if n := leaseCount(t, r); n != leasesBefore {
+		t.Errorf("leases: %d before, %d after", leasesBefore, n)
+	}
+
+	// Boot errors leave nothing behind: an unknown image, a taken id.
+	bad := testSpec(uniqueID("bad"))
+	bad.Image = "localhost/forkfleet/no-such-image:latest"
+	if _, err := r.Boot(ctx, bad); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Boot with unknown image: %v, want ErrNotFound", err)
+	}
+	assertGone(t, r, bad.ID)
+	dup := testSpec(uniqueID("dup"))
+	bootT(t, r, dup)
+	if _, err := r.Boot(ctx, dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Boot of a taken id: %v, want ErrAlreadyExists", err)
+	}
+	if _, err := r.Get(ctx, dup.ID); err != nil {
+		t.Errorf("the first sandbox with a taken id was harmed: %v", err)
+	}
+}
+
+func checkpointT(t *testing.T, r *Runtime, id string, tier fleet.CheckpointTier, stop bool) fleet.CheckpointResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("ckpt"))
+	var hooks []string
+	res, err := r.Checkpoint(ctx, id, fleet.CheckpointSpec{
+		Dir:  dir,
+		Tier: tier,
+		Stop: stop,
+		BeforeFreeze: func(context.Context) error {
+			hooks = append(hooks, "before")
+			return nil
+		},
+		AfterFreeze: func(context.Context) error {
+			st, err := r.freezerState(id)
+			if err != nil || st != freezerFrozen {
+				return fmt.Errorf("AfterFreeze: freezer %q (%v)", st, err)
+			}
+			hooks = append(hooks, "after")
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("Checkpoint %s: %v", id, err)
+	}
+	if strings.Join(hooks, ",") != "before,after" {
+		t.Errorf("hooks ran %v", hooks)
+	}
+	t.Logf("checkpoint %s tier %d: frozen %v (dump %v), layer copy %v, total %v; memory %d B, layer %d B",
+		id, tier, res.Frozen, res.Dump, res.Layer, res.Total, res.MemoryBytes, res.LayerBytes)
+	t.Cleanup(func() { r.DeleteCheckpoint(context.Background(), res.Ref) })
+	return res
+}
+
+func restoreT(t *testing.T, r *Runtime, spec fleet.BootSpec, ref fleet.CheckpointRef) fleet.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	inst, err := r.Restore(ctx, spec, ref)
+	if err != nil {
+		t.Fatalf("Restore %s: %v", spec.ID, err)
+	}
+	d := time.Since(start)
+	ready := waitSocket(t, inst, 10*time.Second)
+	t.Logf("restore %s: Restore %v, socket answering %v later", spec.ID, d, ready)
+	t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+	return inst
+}
+
+func TestIntegrationCheckpointFork(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	memValue := "mem-" + randomHex(8)
+	if got := mustCall(t, src, "set "+memValue); got != "ok" {
+		t.Fatal(got)
+	}
+	fileValue := "file-" + randomHex(8)
+	if got := mustCall(t, src, "write /var/lib/state/value "+fileValue); got != "ok" {
+		t.Fatal(got)
+	}
+	// A bigger file, written before the checkpoint, exercises the copier.
+	if got := mustCall(t, src, "write /var/lib/state/big "+strings.Repeat("x", 1<<20)); got != "ok" {
+		t.Fatal(got)
+	}
+
+	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	if res.MemoryBytes == 0 || res.LayerBytes < 1<<20 || res.Ref.Snapshot == "" || res.Ref.Tier != fleet.TierMemory {
+		t.Errorf("result %+v", res)
+	}
+	// The source keeps running, thawed, with its state.
+	if got, _ := r.Get(ctx, src.ID); got.Status != fleet.StatusRunning {
+		t.Errorf("source status after checkpoint = %v", got.Status)
+	}
+	if got := mustCall(t, src, "get"); got != memValue {
+		t.Errorf("source value after checkpoint = %q", got)
+	}
+	mustCall(t, src, "set changed-after-checkpoint")
+
+	// Fork 2 concurrently.
+	var wg sync.WaitGroup
+	forks := make([]fleet.Instance, 2)
+	errs := make([]error, 2)
+	start := time.Now()
+	for i := range forks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			spec := testSpec(uniqueID(fmt.Sprintf("fork%d", i)))
+			t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+			forks[i], errs[i] = r.Restore(ctx, spec, res.Ref)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+	}
+	for _, f := range forks {
+		waitSocket(t, f, 10*time.Second)
+	}
+	t.Logf("fork N=2 wall (restored and answering): %v", time.Since(start))
+	for _, f := range forks {
+		if got := mustCall(t, f, "get"); got != memValue {
+			t.Errorf("%s: memory value %q, want %q", f.ID, got, memValue)
+		}
+		if got := mustCall(t, f, "read /var/lib/state/value"); got != fileValue {
+			t.Errorf("%s: file value %q, want %q", f.ID, got, fileValue)
+		}
+		if f.PID == src.PID {
+			t.Errorf("%s shares the source's pid", f.ID)
+		}
+		if cg := r.cgroupsExist(f.ID); len(cg) == 0 {
+			t.Errorf("%s has no cgroup of its own", f.ID)
+		}
+		// A fork writes its own layer.
+		mustCall(t, f, "write /var/lib/state/value fork-"+f.ID)
+	}
+	if got := mustCall(t, src, "read /var/lib/state/value"); got != fileValue {
+		t.Errorf("a fork's write reached the source: %q", got)
+	}
+
+	// A fork can itself be checkpointed and forked (its layer stacks on the
+	// checkpoint's).
+	mustCall(t, forks[1], "set grandchild-value")
+	res2 := checkpointT(t, r, forks[1].ID, fleet.TierMemory, false)
+	grand := restoreT(t, r, testSpec(uniqueID("grand")), res2.Ref)
+	if got := mustCall(t, grand, "get"); got != "grandchild-value" {
+		t.Errorf("fork of a fork: memory %q", got)
+	}
+	if got := mustCall(t, grand, "read /var/lib/state/value"); got != "fork-"+forks[1].ID {
+		t.Errorf("fork of a fork: file %q", got)
+	}
+	mustCall(t, forks[1], "set "+memValue)
+
+	// Deleting a fork leaves the source and the other fork running.
+	if err := r.Delete(ctx, forks[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, forks[0].ID)
+	if got := mustCall(t, src, "get"); got != "changed-after-checkpoint" {
+		t.Errorf("source after deleting a fork: %q", got)
+	}
+	if got := mustCall(t, forks[1], "get"); got != memValue {
+		t.Errorf("second fork after deleting the first: %q", got)
+	}
+
+	// Fork after the source is gone.
+	if err := r.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, src.ID)
+	late := restoreT(t, r, testSpec(uniqueID("late")), res.Ref)
+	if got := mustCall(t, late, "get"); got != memValue {
+		t.Errorf("fork after source deletion: %q", got)
+	}
+
+	// N=4 fan-out wall.
+	start = time.Now()
+	fan := make([]fleet.Instance, 4)
+	errs = make([]error, 4)
+	for i := range fan {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			spec := testSpec(uniqueID(fmt.Sprintf("fan%d", i)))
+			t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+			fan[i], errs[i] = r.Restore(ctx, spec, res.Ref)
+			if errs[i] == nil {
+				_, errs[i] = waitDial(fan[i].ACISocket, 10*time.Second)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("fork N=4 wall (restored and answering): %v", time.Since(start))
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fan-out fork %d: %v", i, err)
+		}
+		if got := mustCall(t, fan[i], "get"); got != memValue {
+			t.Errorf("fan-out fork %d: %q", i, got)
+		}
+	}
+
+	// DeleteCheckpoint with forks alive: the directory goes, the forks live.
+	if err := r.DeleteCheckpoint(ctx, res.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(res.Ref.Dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("checkpoint dir left: %v", err)
+	}
+	if got := mustCall(t, late, "read /var/lib/state/value"); got != fileValue {
+		t.Errorf("fork after DeleteCheckpoint: %q", got)
+	}
+	if err := r.DeleteCheckpoint(ctx, res.Ref); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second DeleteCheckpoint: %v, want ErrNotFound", err)
+	}
+	if _, err := r.Restore(ctx, testSpec(uniqueID("gone")), res.Ref); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Restore from a deleted checkpoint: %v, want ErrNotFound", err)
+	}
+}
+
+// waitX waits until the sandbox's X server (display :0) completes an X11
+// connection setup.
+func waitX(inst fleet.Instance, timeout time.Duration) error {
+	sock := fmt.Sprintf("/proc/%d/root/tmp/.X11-unix/X0", inst.PID)
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		last = xHandshake(sock)
+		if last == nil {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("X server at %s: %w", sock, last)
+}
+
+func xHandshake(sock string) error {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	// Little-endian setup request, protocol 11.0, no authorization.
+	if _, err := c.Write([]byte{'l', 0, 11, 0, 0, 0, 0, 0, 0, 0, 0, 0}); err != nil {
+		return err
+	}
+	reply := make([]byte, 8)
+	if _, err := io.ReadFull(c, reply); err != nil {
+		return err
+	}
+	if reply[0] != 1 {
+		return fmt.Errorf("X setup refused (status %d)", reply[0])
+	}
+	return nil
+}
+
+// sandboxProcs lists the command names of a sandbox's processes (sorted).
+func sandboxProcs(t *testing.T, r *Runtime, id string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(r.cfg.CgroupRoot, "pids", r.cgroupsPath(id), "cgroup.procs"))
+	if err != nil {
+		t.Errorf("%s: processes: %v", id, err)
+		return nil
+	}
+	var names []string
+	for _, pid := range strings.Fields(string(b)) {
+		comm, err := os.ReadFile("/proc/" + pid + "/comm")
+		if err == nil {
+			names = append(names, strings.TrimSpace(string(comm)))
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+func waitDial(sock string, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err == nil {
+			c.Close()
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return 0, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestIntegrationDiskTierAndStop(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	src := bootT(t, r, testSpec(uniqueID("disk")))
+	mustCall(t, src, "set in-memory-only")
+	fileValue := "disk-" + randomHex(8)
+	mustCall(t, src, "write /var/lib/state/value "+fileValue)
+
+	res := checkpointT(t, r, src.ID, fleet.TierDisk, true)
+	// controld writes a checkpoint to a temporary directory and renames it.
+	moved := filepath.Join(r.cfg.CheckpointRoot, uniqueID("moved"))
+	if err := os.Rename(res.Ref.Dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	res.Ref.Dir = moved
+	t.Cleanup(func() {
+		if err := r.DeleteCheckpoint(context.Background(), res.Ref); err != nil {
+			t.Errorf("DeleteCheckpoint of a moved checkpoint: %v", err)
+		}
+		if _, err := r.sn.Stat(r.ctx(context.Background()), res.Ref.Snapshot); !cerrdefs.IsNotFound(err) {
+			t.Errorf("layer of a moved checkpoint still there after DeleteCheckpoint and fork deletion: %v", err)
+		}
+	})
+	if res.MemoryBytes != 0 || res.Dump != 0 {
+		t.Errorf("disk tier dumped memory: %+v", res)
+	}
+	// Stop: the source is stopped, not reported as an exit, not deleted.
+	got, err := r.Get(ctx, src.ID)
+	if err != nil || got.Status != fleet.StatusStopped {
+		t.Errorf("source after Stop: %+v, %v", got, err)
+	}
+	spec := testSpec(uniqueID("diskfork"))
+	fork := restoreT(t, r, spec, res.Ref)
+	if got := mustCall(t, fork, "get"); got != "initial" {
+		t.Errorf("disk-tier fork memory = %q, want a fresh process", got)
+	}
+	if got := mustCall(t, fork, "read /var/lib/state/value"); got != fileValue {
+		t.Errorf("disk-tier fork file = %q", got)
+	}
+	if got := mustCall(t, fork, "env FORKFLEET_SANDBOX_ID"); got != spec.ID {
+		t.Errorf("disk-tier fork identity = %q", got)
+	}
+	if got := mustCall(t, fork, "env TEST_VAR"); got != "v-"+spec.ID {
+		t.Errorf("disk-tier fork TEST_VAR = %q", got)
+	}
+	// A memory-tier ref to a disk checkpoint is refused.
+	bad := res.Ref
+	bad.Tier = fleet.TierMemory
+	if _, err := r.Restore(ctx, testSpec(uniqueID("x")), bad); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Restore with the wrong tier: %v", err)
+	}
+	if err := r.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, src.ID)
+}
+
+func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("fail")))
+	mustCall(t, src, "set still-here")
+
+	snapsBefore := countSnapshots(t, r)
+	// An open connection from outside into the sandbox's unix socket makes
+	// the dump impossible (CRIU cannot dump an external stream peer).
+	held, err := net.Dial("unix", src.ACISocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let testinit accept it
+	if n, err := waitUnixSettled(ctx, src.PID, r.procsFile(src.ID), 20*time.Millisecond); err != nil || n != 1 {
+		t.Errorf("unsettled unix connections with one held: %d (%v), want 1", n, err)
+	}
+	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("failed"))
+	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory})
+	held.Close()
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Checkpoint with an external unix connection: %v, want ErrFailedPrecondition", err)
+	}
+	t.Logf("expected failure: %v", err)
+	if st, err := r.freezerState(src.ID); err != nil || st != freezerThawed {
+		t.Errorf("source freezer after a failed checkpoint: %q (%v)", st, err)
+	}
+	if got := mustCall(t, src, "get"); got != "still-here" {
+		t.Errorf("source after failed checkpoint: %q", got)
+	}
+	if n, err := waitUnixSettled(ctx, src.PID, r.procsFile(src.ID), time.Second); err != nil || n != 0 {
+		t.Errorf("unsettled unix connections after closing: %d (%v), want 0", n, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("failed checkpoint left its dir: %v", err)
+	}
+	if n := countSnapshots(t, r); n != snapsBefore {
+		t.Errorf("snapshots: %d before, %d after a failed checkpoint", snapsBefore, n)
+	}
+
+	// A connection made while frozen waits in the listener's queue, where
+	// CRIU refuses it (a closed in-flight socket). With one attempt the
+	// dump fails inside CRIU; the source must stay running and thawed.
+	connectWhileFrozen := func(context.Context) error {
+		c, err := net.Dial("unix", src.ACISocket)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}
+	r.cfg.DumpAttempts = 1
+	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory, AfterFreeze: connectWhileFrozen})
+	r.cfg.DumpAttempts = 3
+	if err == nil || !strings.Contains(err.Error(), "criu dump") {
+		t.Fatalf("Checkpoint with a connection queued during the freeze: %v, want a CRIU failure", err)
+	}
+	t.Logf("expected dump failure: %.700s", err)
+	if st, err := r.freezerState(src.ID); err != nil || st != freezerThawed {
+		t.Errorf("source freezer after a failed dump: %q (%v)", st, err)
+	}
+	if got := mustCall(t, src, "get"); got != "still-here" {
+		t.Errorf("source after failed dump: %q", got)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("failed dump left its dir: %v", err)
+	}
+	if n := countSnapshots(t, r); n != snapsBefore {
+		t.Errorf("snapshots: %d before, %d after a failed dump", snapsBefore, n)
+	}
+
+	// With retries the same race is absorbed: thaw, let the sandbox accept
+	// and close it, dump again.
+	res, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory, AfterFreeze: connectWhileFrozen})
+	if err != nil {
+		t.Fatalf("Checkpoint with a retried dump: %v", err)
+	}
+	t.Logf("checkpoint after a retried dump: frozen %v (last dump %v), total %v", res.Frozen, res.Dump, res.Total)
+	if err := r.DeleteCheckpoint(ctx, res.Ref); err != nil {
+		t.Fatal(err)
+	}
+
+	// A failing hook aborts too, and thaws.
+	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory,
+		AfterFreeze: func(context.Context) error { return errors.New("hook says no") }})
+	if err == nil || !strings.Contains(err.Error(), "hook says no") {
+		t.Errorf("Checkpoint with failing hook: %v", err)
+	}
+	if got := mustCall(t, src, "get"); got != "still-here" {
+		t.Errorf("source after failed hook: %q", got)
+	}
+	// The checkpoint dir must not exist beforehand.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Checkpoint into an existing dir: %v", err)
+	}
+	if _, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: "/etc/ckpt", Tier: fleet.TierMemory}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Checkpoint outside the checkpoint root: %v", err)
+	}
+}
+
+// TestIntegrationCheckpointRacingConnections checkpoints right after
+// connections from outside were closed (as controld closes its guestd
+// sessions in BeforeFreeze): the checkpoint waits for the sandbox to close
+// its ends instead of failing.
+func TestIntegrationCheckpointRacingConnections(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	src := bootT(t, r, testSpec(uniqueID("race")))
+	for i := range 5 {
+		var conns []net.Conn
+		for range 4 {
+			c, err := net.Dial("unix", src.ACISocket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		res, err := r.Checkpoint(context.Background(), src.ID, fleet.CheckpointSpec{
+			Dir:  filepath.Join(r.cfg.CheckpointRoot, uniqueID("race")),
+			Tier: fleet.TierMemory,
+			BeforeFreeze: func(context.Context) error {
+				for _, c := range conns {
+					c.Close()
+				}
+				return nil
+			},
+		})
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		t.Logf("round %d: frozen %v (dump %v), total %v", i, res.Frozen, res.Dump, res.Total)
+		r.DeleteCheckpoint(context.Background(), res.Ref)
+	}
+}
+
+func countSnapshots(t *testing.T, r *Runtime) int {
+	t.Helper()
+	n := 0
+	if err := r.sn.Walk(r.ctx(context.Background()), func(context.Context, snapshots.Info) error {
+		n++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestIntegrationExits(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exits, err := r.Exits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := bootT(t, r, testSpec(uniqueID("deleted")))
+	dying := bootT(t, r, testSpec(uniqueID("dying")))
+	if err := r.Delete(ctx, deleted.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := call(dying.ACISocket, "exit 3", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-exits:
+		if e.ID != dying.ID || e.Status != 3 || e.ExitedAt.IsZero() {
+			t.Errorf("exit %+v, want %s status 3", e, dying.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit reported")
+	}
+	if got, _ := r.Get(ctx, dying.ID); got.Status != fleet.StatusStopped {
+		t.Errorf("status after exit: %v", got.Status)
+	}
+	cancel()
+	for range exits { // the channel closes with ctx
+	}
+}
+
+func TestIntegrationPrecreate(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	spec := testSpec(uniqueID("pre"))
+	start := time.Now()
+	if err := r.Precreate(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+	t.Logf("precreate %v", time.Since(start))
+	if got, _ := r.Get(ctx, spec.ID); got.Status != fleet.StatusCreated {
+		t.Errorf("precreated status %v", got.Status)
+	}
+	if err := r.Precreate(ctx, spec); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("second Precreate: %v", err)
+	}
+	src := bootT(t, r, spec) // logs the Start-only boot time
+	mustCall(t, src, "set precreated-value")
+	mustCall(t, src, "write /var/lib/state/value pre")
+
+	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	fork := testSpec(uniqueID("prefork"))
+	start = time.Now()
+	if err := r.PrecreateRestore(ctx, fork, res.Ref); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQuiet(r, fork.ID) })
+	t.Logf("precreate restore %v", time.Since(start))
+	f := restoreT(t, r, fork, res.Ref)
+	if got := mustCall(t, f, "get"); got != "precreated-value" {
+		t.Errorf("precreated fork value %q", got)
+	}
+
+	// A precreated sandbox that is deleted instead of booted leaves nothing.
+	other := testSpec(uniqueID("predel"))
+	if err := r.Precreate(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, other.ID)
+	// Close removes what was precreated and never booted.
+	r2 := newTestRuntime(t, testNamespace)
+	orphan := testSpec(uniqueID("preclose"))
+	if err := r2.Precreate(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, orphan.ID)
+	// Boot with a different spec than precreated discards the precreated one.
+	mismatch := testSpec(uniqueID("premis"))
+	if err := r.Precreate(ctx, mismatch); err != nil {
+		t.Fatal(err)
+	}
+	mismatch.Env = map[string]string{"TEST_VAR": "changed"}
+	inst := bootT(t, r, mismatch)
+	if got := mustCall(t, inst, "env TEST_VAR"); got != "changed" {
+		t.Errorf("boot after a mismatching precreate got env %q", got)
+	}
+}
+
+// TestIntegrationDesktop runs the real desktop image: boot, guestd socket,
+// checkpoint, fork.
+func TestIntegrationDesktop(t *testing.T) {
+	integration(t)
+	image := os.Getenv("FORKFLEET_DESKTOP_IMAGE")
+	if image == "none" {
+		t.Skip("FORKFLEET_DESKTOP_IMAGE=none")
+	}
+	if image == "" {
+		image = "localhost/forkfleet/desktop:latest"
+	}
+	ns := os.Getenv("FORKFLEET_DESKTOP_NAMESPACE")
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	r := newTestRuntime(t, ns)
+	ctx := context.Background()
+	if _, err := r.client.GetImage(r.ctx(ctx), image); err != nil {
+		t.Fatalf("desktop image %s in namespace %s: %v (import it, or set FORKFLEET_DESKTOP_IMAGE=none)", image, ns, err)
+	}
+	spec := fleet.BootSpec{
+		ID: uniqueID("desktop"), Image: image, MemoryBytes: 1 << 30,
+		Width: 1280, Height: 800, Depth: 24,
+		ACIToken: "aci-" + randomHex(8), AdminToken: "admin-" + randomHex(8),
+	}
+	// Boot twice: the first run unpacks the image.
+	for i := range 2 {
+		s := spec
+		s.ID = fmt.Sprintf("%s-%d", spec.ID, i)
+		bootStart := time.Now()
+		inst := bootT(t, r, s)
+		if err := waitX(inst, 10*time.Second); err != nil {
+			t.Fatalf("%s: %v", s.ID, err)
+		}
+		t.Logf("boot %s: Xvfb answering %v after Boot began", s.ID, time.Since(bootStart))
+		if i == 0 {
+			deleteQuiet(r, s.ID)
+			continue
+		}
+		time.Sleep(time.Second) // let the desktop settle before the checkpoint
+		srcProcs := sandboxProcs(t, r, inst.ID)
+		t.Logf("source processes: %v", srcProcs)
+		for _, want := range []string{"Xvfb", "openbox", "xterm"} {
+			if !slices.Contains(srcProcs, want) {
+				t.Errorf("source runs no %s: %v", want, srcProcs)
+			}
+		}
+		res := checkpointT(t, r, inst.ID, fleet.TierMemory, false)
+		if _, err := waitDial(inst.ACISocket, 5*time.Second); err != nil {
+			t.Errorf("source guestd after checkpoint: %v", err)
+		}
+		var wg sync.WaitGroup
+		start := time.Now()
+		errs := make([]error, 2)
+		for j := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fs := spec
+				fs.ID = uniqueID(fmt.Sprintf("dfork%d", j))
+				t.Cleanup(func() { deleteQuiet(r, fs.ID) })
+				fi, err := r.Restore(ctx, fs, res.Ref)
+				if err == nil {
+					_, err = waitDial(fi.ACISocket, 10*time.Second)
+				}
+				if err == nil {
+					err = waitX(fi, 10*time.Second)
+				}
+				if err == nil {
+					if procs := sandboxProcs(t, r, fi.ID); !slices.Equal(procs, srcProcs) {
+						err = fmt.Errorf("fork runs %v, source ran %v", procs, srcProcs)
+					}
+				}
+				errs[j] = err
+			}()
+		}
+		wg.Wait()
+		for j, err := range errs {
+			if err != nil {
+				t.Errorf("desktop fork %d: %v", j, err)
+			}
+		}
+		t.Logf("desktop fork N=2 wall (guestd socket and Xvfb answering): %v", time.Since(start))
+	}
+}
+
+// cgroupsExist returns the sandbox's cgroup directories still present in
+// any v1 hierarchy.
+func (r *Runtime) cgroupsExist(id string) []string {
+	entries, err := os.ReadDir(r.cfg.CgroupRoot)
+	if err != nil {
+		return nil
+	}
+	var left []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(r.cfg.CgroupRoot, e.Name(), r.cgroupsPath(id))
+		if _, err := os.Stat(dir); err == nil {
+			left = append(left, dir)
+		}
+	}
+	return left
+}

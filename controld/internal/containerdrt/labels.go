@@ -1,0 +1,71 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"strings"
+
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Container labels. Every forkfleet sandbox carries labelSandbox; List and
+// Exits only look at containers that do.
+const (
+	labelSandbox = "forkfleet.sandbox" // "true"
+	labelImage   = "forkfleet.image"
+	labelScreen  = "forkfleet.screen"
+	// labelEnvKeys lists the caller's env keys (comma separated) so a
+	// disk-tier fork can strip the source's variables from its spec.
+	labelEnvKeys = "forkfleet.env-keys"
+	// labelCheckpoint is the checkpoint directory a fork was restored from;
+	// labelTier its tier ("memory" or "disk").
+	labelCheckpoint = "forkfleet.from-checkpoint"
+	labelTier       = "forkfleet.tier"
+	// labelUserPrefix prefixes the caller's BootSpec.Labels.
+	labelUserPrefix = "forkfleet.label/"
+
+	// snapshotLabelGCRoot keeps a committed checkpoint layer from
+	// containerd's garbage collector.
+	snapshotLabelGCRoot = "containerd.io/gc.root"
+	// snapshotLabelCheckpoint marks committed checkpoint layers.
+	snapshotLabelCheckpoint = "forkfleet.checkpoint"
+
+	// sandboxFilter selects forkfleet's containers.
+	sandboxFilter = `labels."` + labelSandbox + `"==true`
+)
+
+func sandboxLabels(spec fleet.BootSpec) map[string]string {
+	l := map[string]string{
+		labelSandbox: "true",
+		labelImage:   spec.Image,
+		labelScreen:  screenOf(spec),
+	}
+	if len(spec.Env) > 0 {
+		l[labelEnvKeys] = userEnvKeys(spec.Env)
+	}
+	for k, v := range spec.Labels {
+		l[labelUserPrefix+k] = v
+	}
+	return l
+}
+
+// userLabels extracts the caller's labels from a container's labels.
+func userLabels(l map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range l {
+		if u, ok := strings.CutPrefix(k, labelUserPrefix); ok {
+			out[u] = v
+		}
+	}
+	return out
+}
+
+func tierName(t fleet.CheckpointTier) string {
+	switch t {
+	case fleet.TierMemory:
+		return "memory"
+	case fleet.TierDisk:
+		return "disk"
+	}
+	return ""
+}

@@ -1,0 +1,132 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	cerrdefs "github.com/containerd/errdefs"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// restorePaths are the CRIU directories of a memory-tier fork.
+type restorePaths struct {
+	image string // the checkpoint's images (shared, read-only)
+	work  string // this fork's own work dir: parallel restores must not share restore.log
+}
+
+func (r *Runtime) validateRestore(spec fleet.BootSpec, from fleet.CheckpointRef) error {
+	if err := validateBootSpec(spec); err != nil {
+		return err
+	}
+	if err := r.validateCheckpointDir("from.dir", from.Dir); err != nil {
+		return err
+	}
+	if from.Tier != fleet.TierMemory && from.Tier != fleet.TierDisk {
+		return errdefs.InvalidField("from.tier", "unknown tier %d", from.Tier)
+	}
+	return nil
+}
+
+// Restore starts a fork of a checkpoint: its own snapshot on top of the
+// committed layer (an O(1) overlay prepare), its own cgroup and network
+// namespace; memory tier: runc restore of the CRIU images; disk tier: a
+// fresh boot of the source's spec with the fork's identity.
+func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) (fleet.Instance, error) {
+	if err := r.validateRestore(spec, from); err != nil {
+		return fleet.Instance{}, err
+	}
+	ctx = r.ctx(ctx)
+	sb := r.takePrecreated(ctx, spec.ID, restoreFingerprint(spec, from))
+	if sb == nil {
+		var err error
+		if sb, err = r.createRestore(ctx, spec, from); err != nil {
+			return fleet.Instance{}, err
+		}
+	}
+	work := r.restoreWorkDir(spec.ID)
+	inst, err := r.start(ctx, sb)
+	if err != nil && from.Tier == fleet.TierMemory {
+		err = fmt.Errorf("%w%s", err, criuLogErrors(filepath.Join(work, "restore.log"), "criu restore.log"))
+	}
+	os.RemoveAll(work)
+	return inst, err
+}
+
+func (r *Runtime) restoreWorkDir(id string) string { return r.workDir(id + "-restore") }
+
+// createRestore creates the fork's container and task (the shim holds the
+// restore options; runc restore runs at Start).
+func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) (*sandbox, error) {
+	meta, s, err := readMeta(from.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if from.Snapshot != "" && from.Snapshot != meta.Snapshot {
+		return nil, fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", from.Dir, meta.Snapshot, from.Snapshot, errdefs.ErrFailedPrecondition)
+	}
+	if tierName(from.Tier) != meta.Tier {
+		return nil, fmt.Errorf("checkpoint %s is a %s checkpoint: %w", from.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
+	}
+	if meta.Snapshotter != r.cfg.Snapshotter {
+		return nil, fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", from.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	// The source's spec (same mounts, same process) with the fork's own
+	// cgroup, limits, network namespace and identity.
+	if s.Process != nil {
+		s.Process.Env = mergeEnv(stripSandboxEnv(s.Process.Env, meta.EnvKeys), sandboxEnv(spec))
+	}
+	if err := r.withSandbox(spec)(ctx, r.client, nil, s); err != nil {
+		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
+	}
+	labels := sandboxLabels(spec)
+	labels[labelImage] = meta.Image // what the fork really runs
+	labels[labelCheckpoint] = from.Dir
+	labels[labelTier] = meta.Tier
+
+	var restore *restorePaths
+	if from.Tier == fleet.TierMemory {
+		restore = &restorePaths{image: filepath.Join(from.Dir, criuImageDir), work: r.restoreWorkDir(spec.ID)}
+		if err := os.RemoveAll(restore.work); err != nil {
+			return nil, fmt.Errorf("restore work dir: %w: %w", errdefs.ErrInternal, err)
+		}
+	}
+	opts := []client.NewContainerOpts{
+		withForkSnapshot(r.cfg.Snapshotter, spec.ID, meta.Snapshot),
+		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
+		client.WithSpec(s),
+		client.WithContainerLabels(labels),
+	}
+	if meta.Image != "" {
+		opts = append(opts, client.WithImageName(meta.Image))
+	}
+	c, err := r.client.NewContainer(ctx, spec.ID, opts...)
+	if err != nil {
+		if !cerrdefs.IsAlreadyExists(err) {
+			r.cleanup(ctx, spec.ID, nil, nil, true)
+		}
+		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
+	}
+	return r.createTask(ctx, spec.ID, c, restore)
+}
+
+// withForkSnapshot prepares the fork's writable snapshot on top of the
+// committed checkpoint layer inside NewContainer, so NewContainer's lease
+// covers it until the container record references it.
+func withForkSnapshot(snapshotter, key, parent string) client.NewContainerOpts {
+	return func(ctx context.Context, c *client.Client, ctr *containers.Container) error {
+		if _, err := c.SnapshotService(snapshotter).Prepare(ctx, key, parent); err != nil {
+			return err
+		}
+		ctr.Snapshotter = snapshotter
+		ctr.SnapshotKey = key
+		return nil
+	}
+}

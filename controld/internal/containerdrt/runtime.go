@@ -1,0 +1,414 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Defaults for Config fields left empty.
+const (
+	DefaultNamespace     = "forkfleet"
+	DefaultSnapshotter   = "overlayfs"
+	DefaultRuntime       = "io.containerd.runc.v2"
+	DefaultRuncBinary    = "runc"
+	DefaultCgroupParent  = "/forkfleet"
+	DefaultCgroupRoot    = "/sys/fs/cgroup"
+	DefaultStateDir      = "/var/lib/forkfleet/runtime"
+	DefaultRunTmpfsBytes = 16 << 20
+	DefaultDevShmBytes   = 64 << 20
+	DefaultHostname      = "sandbox"
+)
+
+// DefaultCRIUOptions are the CRIU configuration lines every dump and restore
+// uses (runc hands the file to CRIU through the org.criu.config annotation):
+// established TCP connections are dumped closed instead of failing the dump
+// (they cannot live in N forks at once), file locks are carried, and the
+// network is locked with nftables (iptables-restore is absent on the hosts).
+var DefaultCRIUOptions = []string{
+	"tcp-close",
+	"file-locks",
+	"network-lock nftables",
+}
+
+// Config configures a Runtime. Only Address is required.
+type Config struct {
+	// Address is containerd's socket, e.g. /run/forkfleet/containerd/containerd.sock.
+	Address string
+	// Namespace is the containerd namespace (default "forkfleet").
+	Namespace string
+	// CheckpointRoot, when set, is the only directory checkpoints may be
+	// written under; DeleteCheckpoint refuses to remove anything else.
+	CheckpointRoot string
+	// StateDir holds per-sandbox logs, CRIU work directories and the CRIU
+	// config (default /var/lib/forkfleet/runtime).
+	StateDir string
+	// Snapshotter must be overlayfs-like (the checkpoint copies upperdirs).
+	Snapshotter string
+	// Runtime is the containerd runtime (shim) name.
+	Runtime string
+	// RuncBinary and RuncRoot are handed to the shim in every task's options
+	// (task options replace runtime options, so they are repeated there).
+	RuncBinary string
+	RuncRoot   string
+	// CgroupParent is the cgroup (v1, cgroupfs driver) under which every
+	// sandbox gets <CgroupParent>/<id>; CgroupRoot is where the v1
+	// hierarchies are mounted.
+	CgroupParent string
+	CgroupRoot   string
+	// CRIUOptions replaces DefaultCRIUOptions when non-nil.
+	CRIUOptions []string
+	// RunTmpfsBytes sizes the tmpfs on /run; DevShmBytes the one on /dev/shm
+	// (negative: no /dev/shm mount at all, one tmpfs fewer for CRIU to tar).
+	RunTmpfsBytes int64
+	DevShmBytes   int64
+	// Hostname inside every sandbox (the same for forks: CRIU restores the
+	// UTS namespace of the source).
+	Hostname string
+	// DialTimeout bounds the connection to containerd in New.
+	DialTimeout time.Duration
+	// DumpAttempts bounds the CRIU dumps Checkpoint tries when a dump fails
+	// on a unix connection still being closed (default 3).
+	DumpAttempts int
+	// SettleTimeout bounds the wait, before freezing for a memory-tier
+	// checkpoint, for unix connections from outside the sandbox to be
+	// closed by the sandbox (default 250 ms).
+	SettleTimeout time.Duration
+	// Logger receives debug and warning messages (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = DefaultSnapshotter
+	}
+	if c.Runtime == "" {
+		c.Runtime = DefaultRuntime
+	}
+	if c.RuncBinary == "" {
+		c.RuncBinary = DefaultRuncBinary
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = DefaultCgroupParent
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = DefaultCgroupRoot
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.CRIUOptions == nil {
+		c.CRIUOptions = DefaultCRIUOptions
+	}
+	if c.RunTmpfsBytes == 0 {
+		c.RunTmpfsBytes = DefaultRunTmpfsBytes
+	}
+	if c.DevShmBytes == 0 {
+		c.DevShmBytes = DefaultDevShmBytes
+	}
+	if c.Hostname == "" {
+		c.Hostname = DefaultHostname
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.DumpAttempts <= 0 {
+		c.DumpAttempts = 3
+	}
+	if c.SettleTimeout <= 0 {
+		c.SettleTimeout = 250 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Address == "" {
+		return errdefs.InvalidField("address", "containerd address is required")
+	}
+	if err := identifiers.Validate(c.Namespace); err != nil {
+		return errdefs.InvalidField("namespace", "%v", err)
+	}
+	for name, p := range map[string]string{"state_dir": c.StateDir, "cgroup_root": c.CgroupRoot, "cgroup_parent": c.CgroupParent} {
+		if !filepath.IsAbs(p) {
+			return errdefs.InvalidField(name, "%q is not an absolute path", p)
+		}
+	}
+	if c.CheckpointRoot != "" && !filepath.IsAbs(c.CheckpointRoot) {
+		return errdefs.InvalidField("checkpoint_root", "%q is not an absolute path", c.CheckpointRoot)
+	}
+	for _, o := range c.CRIUOptions {
+		if strings.ContainsAny(o, "\n\r") {
+			return errdefs.InvalidField("criu_options", "option %q spans lines", o)
+		}
+	}
+	return nil
+}
+
+// Runtime is fleet.Runtime on containerd + runc + CRIU. It is safe for
+// concurrent use.
+type Runtime struct {
+	cfg    Config
+	log    *slog.Logger
+	client *client.Client
+	sn     snapshots.Snapshotter
+
+	criuConfig string // path of the CRIU config file handed to runc
+	// emptyDir is an empty read-only directory bind-mounted over masked
+	// directories (maskDirs: those that exist on this kernel).
+	emptyDir string
+	maskDirs map[string]bool
+
+	unpacked sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
+
+	mu sync.Mutex
+	// quiet holds sandboxes whose exit the runtime causes (Delete, Stop) so
+	// Exits does not report it; entries expire.
+	quiet map[string]time.Time
+	// precreated holds sandboxes created ahead (Precreate*) awaiting their
+	// Boot or Restore.
+	precreated map[string]*precreated
+}
+
+var _ fleet.Runtime = (*Runtime)(nil)
+
+// New connects to containerd and prepares the runtime's state directory.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "logs"), filepath.Join(cfg.StateDir, "work")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("containerdrt: state dir: %w", err)
+		}
+	}
+	criuConfig := filepath.Join(cfg.StateDir, "criu.conf")
+	if err := writeFileAtomic(criuConfig, []byte(strings.Join(cfg.CRIUOptions, "\n")+"\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("containerdrt: criu config: %w", err)
+	}
+	emptyDir := filepath.Join(cfg.StateDir, "empty")
+	if err := os.MkdirAll(emptyDir, 0o555); err != nil {
+		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
+	}
+	if err := os.Chmod(emptyDir, 0o555); err != nil {
+		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
+	}
+	c, err := client.New(cfg.Address,
+		client.WithDefaultNamespace(cfg.Namespace),
+		client.WithTimeout(cfg.DialTimeout),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
+	}
+	r := &Runtime{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		client:     c,
+		sn:         c.SnapshotService(cfg.Snapshotter),
+		criuConfig: criuConfig,
+		emptyDir:   emptyDir,
+		maskDirs:   existingDirs(maskedDirCandidates),
+		quiet:      map[string]time.Time{},
+		precreated: map[string]*precreated{},
+	}
+	if _, err := c.Version(r.ctx(ctx)); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("containerdrt: containerd at %s: %w", cfg.Address, convertErr(err))
+	}
+	return r, nil
+}
+
+// Close removes the sandboxes precreated but never booted (they are the
+// runtime's own) and closes the connection to containerd. Booted sandboxes
+// keep running.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	pending := r.precreated
+	r.precreated = map[string]*precreated{}
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(r.ctx(context.Background()), cleanupTimeout)
+	defer cancel()
+	var errs []error
+	for id, sb := range pending {
+		if sb == nil {
+			continue
+		}
+		if err := r.cleanup(ctx, id, sb.container, sb.task, true); err != nil {
+			errs = append(errs, fmt.Errorf("precreated sandbox %s: %w", id, err))
+		}
+	}
+	if err := r.client.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Client is the underlying containerd client (for tests and tools).
+func (r *Runtime) Client() *client.Client { return r.client }
+
+// Config returns the effective configuration (defaults filled in).
+func (r *Runtime) Config() Config { return r.cfg }
+
+// ctx puts the runtime's namespace on ctx.
+func (r *Runtime) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
+}
+
+func (r *Runtime) logPath(id string) string {
+	return filepath.Join(r.cfg.StateDir, "logs", id+".log")
+}
+
+func (r *Runtime) workDir(name string) string {
+	return filepath.Join(r.cfg.StateDir, "work", name)
+}
+
+// cgroupsPath is the OCI linux.cgroupsPath of sandbox id.
+func (r *Runtime) cgroupsPath(id string) string {
+	return filepath.Join(r.cfg.CgroupParent, id)
+}
+
+// runcOptions are the shim options for every container and task. Task
+// options replace the container's runtime options entirely, so callers start
+// from this full set and add the CRIU paths.
+func (r *Runtime) runcOptions() *options.Options {
+	return &options.Options{
+		BinaryName:    r.cfg.RuncBinary,
+		Root:          r.cfg.RuncRoot,
+		SystemdCgroup: false,
+	}
+}
+
+func withTaskOptions(o *options.Options) client.NewTaskOpts {
+	return func(_ context.Context, _ *client.Client, ti *client.TaskInfo) error {
+		ti.Options = o
+		return nil
+	}
+}
+
+// setQuiet marks id's next exit as caused by the runtime.
+func (r *Runtime) setQuiet(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for k, until := range r.quiet {
+		if now.After(until) {
+			delete(r.quiet, k)
+		}
+	}
+	r.quiet[id] = now.Add(time.Minute)
+}
+
+func (r *Runtime) isQuiet(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	until, ok := r.quiet[id]
+	return ok && time.Now().Before(until)
+}
+
+func validateID(id string) error {
+	if err := identifiers.Validate(id); err != nil {
+		return errdefs.InvalidField("id", "%v", err)
+	}
+	return nil
+}
+
+// convertErr maps containerd and gRPC errors onto forkfleet's classes; the
+// original error stays in the chain.
+func convertErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		err = errgrpc.ToNative(err) // raw service clients return gRPC status errors
+	}
+	var class error
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case cerrdefs.IsNotFound(err):
+		class = errdefs.ErrNotFound
+	case cerrdefs.IsAlreadyExists(err):
+		class = errdefs.ErrAlreadyExists
+	case cerrdefs.IsFailedPrecondition(err), cerrdefs.IsConflict(err):
+		class = errdefs.ErrFailedPrecondition
+	case cerrdefs.IsInvalidArgument(err):
+		class = errdefs.ErrInvalidArgument
+	case cerrdefs.IsUnavailable(err):
+		class = errdefs.ErrUnavailable
+	case cerrdefs.IsCanceled(err):
+		class = errdefs.ErrCanceled
+	case cerrdefs.IsDeadlineExceeded(err):
+		class = errdefs.ErrDeadlineExceeded
+	default:
+		if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
+			class = errdefs.ErrUnavailable
+		} else {
+			class = errdefs.ErrInternal
+		}
+	}
+	if errors.Is(err, class) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", class, err)
+}
+
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// maskedDirCandidates are the directories among containerd's default masked
+// paths that may be masked with a bind mount (runc refuses mounts inside
+// /proc, so /proc/acpi and friends keep runc's tmpfs).
+var maskedDirCandidates = []string{"/sys/firmware", "/sys/devices/virtual/powercap"}
+
+func existingDirs(paths []string) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			out[p] = true
+		}
+	}
+	return out
+}

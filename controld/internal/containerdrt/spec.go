@@ -1,0 +1,285 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Environment variables guestd reads.
+const (
+	EnvACIToken   = "FORKFLEET_ACI_TOKEN"
+	EnvAdminToken = "FORKFLEET_ADMIN_TOKEN"
+	EnvSandboxID  = "FORKFLEET_SANDBOX_ID"
+	EnvScreen     = "FORKFLEET_SCREEN"
+)
+
+// ACISocketInSandbox is where guestd listens inside the sandbox (on the
+// tmpfs /run).
+const ACISocketInSandbox = "/run/forkfleet/aci.sock"
+
+// criuConfigAnnotation makes runc hand a CRIU config file to CRIU on
+// checkpoint and restore.
+const criuConfigAnnotation = "org.criu.config"
+
+// droppedCaps are removed from containerd's default set: a desktop sandbox
+// needs neither raw sockets, device nodes, chroot, file capabilities, audit
+// nor privileged ports.
+var droppedCaps = []string{
+	"CAP_MKNOD",
+	"CAP_NET_RAW",
+	"CAP_SETFCAP",
+	"CAP_SYS_CHROOT",
+	"CAP_AUDIT_WRITE",
+	"CAP_NET_BIND_SERVICE",
+}
+
+const cpuPeriod = 100_000 // µs
+
+func validateBootSpec(spec fleet.BootSpec) error {
+	if err := validateID(spec.ID); err != nil {
+		return err
+	}
+	if spec.CPUMillis < 0 {
+		return errdefs.InvalidField("cpu_millis", "must not be negative")
+	}
+	if spec.MemoryBytes < 0 {
+		return errdefs.InvalidField("memory_bytes", "must not be negative")
+	}
+	if spec.MemoryBytes > 0 && spec.MemoryBytes < 16<<20 {
+		return errdefs.InvalidField("memory_bytes", "%d is below the 16 MiB floor", spec.MemoryBytes)
+	}
+	for k := range spec.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return errdefs.InvalidField("env", "invalid variable name %q", k)
+		}
+		if strings.HasPrefix(k, "FORKFLEET_") {
+			return errdefs.InvalidField("env", "%q: FORKFLEET_* variables are set by the runtime", k)
+		}
+	}
+	for k, v := range spec.Labels {
+		if k == "" || len(labelUserPrefix)+len(k)+len(v) > 4096 {
+			return errdefs.InvalidField("labels", "label %q is empty or too long", k)
+		}
+	}
+	return nil
+}
+
+func screenOf(spec fleet.BootSpec) string {
+	w, h, d := spec.Width, spec.Height, spec.Depth
+	if w == 0 || h == 0 {
+		w, h = 1280, 800
+	}
+	if d == 0 {
+		d = 24
+	}
+	return fmt.Sprintf("%dx%dx%d", w, h, d)
+}
+
+// sandboxEnv is what the runtime adds to the image's environment.
+func sandboxEnv(spec fleet.BootSpec) []string {
+	env := []string{
+		EnvACIToken + "=" + spec.ACIToken,
+		EnvAdminToken + "=" + spec.AdminToken,
+		EnvSandboxID + "=" + spec.ID,
+		EnvScreen + "=" + screenOf(spec),
+	}
+	keys := slices.Sorted(maps.Keys(spec.Env))
+	for _, k := range keys {
+		env = append(env, k+"="+spec.Env[k])
+	}
+	return env
+}
+
+// mergeEnv sets every KEY=value of add on base (replacing same keys).
+func mergeEnv(base, add []string) []string {
+	out := make([]string, 0, len(base)+len(add))
+	set := map[string]bool{}
+	for _, kv := range add {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, add...)
+}
+
+// stripSandboxEnv removes what sandboxEnv added from a spec's environment,
+// leaving the image's own variables (used when a disk-tier fork boots
+// fresh with its own identity).
+func stripSandboxEnv(env []string, userKeys []string) []string {
+	drop := map[string]bool{}
+	for _, k := range userKeys {
+		drop[k] = true
+	}
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "FORKFLEET_") || drop[k] {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// withSandbox applies what every sandbox (booted or forked) gets: its own
+// cgroup, limits, tmpfs sizes, capabilities, the CRIU config annotation and
+// a private network namespace.
+func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		s.Hostname = r.cfg.Hostname
+		// Each sandbox gets its own cgroup. A fork built from its source's
+		// spec would otherwise join the source's cgroup (and deleting the
+		// fork would kill the source).
+		s.Linux.CgroupsPath = r.cgroupsPath(spec.ID)
+		res := &specs.LinuxResources{}
+		if spec.MemoryBytes > 0 {
+			limit := spec.MemoryBytes
+			res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+		}
+		if spec.CPUMillis > 0 {
+			quota := spec.CPUMillis * cpuPeriod / 1000
+			period := uint64(cpuPeriod)
+			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+		}
+		// Keep the device cgroup rules of the default spec.
+		if s.Linux.Resources != nil {
+			res.Devices = s.Linux.Resources.Devices
+		}
+		s.Linux.Resources = res
+
+		// A private network namespace with only lo: no path means runc
+		// creates a new one. Replace any path a source spec carried.
+		nss := s.Linux.Namespaces[:0]
+		for _, ns := range s.Linux.Namespaces {
+			if ns.Type != specs.NetworkNamespace {
+				nss = append(nss, ns)
+			}
+		}
+		s.Linux.Namespaces = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace})
+
+		mounts := s.Mounts[:0]
+		for _, m := range s.Mounts {
+			switch m.Destination {
+			case "/run":
+				m.Options = setSizeOption(m.Options, r.cfg.RunTmpfsBytes)
+			case "/dev/shm":
+				if r.cfg.DevShmBytes < 0 {
+					continue // CRIU tars every tmpfs: one fewer is faster
+				}
+				m.Options = setSizeOption(m.Options, r.cfg.DevShmBytes)
+			}
+			mounts = append(mounts, m)
+		}
+		s.Mounts = mounts
+		if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" }) {
+			s.Mounts = append(s.Mounts, specs.Mount{
+				Destination: "/run", Type: "tmpfs", Source: "tmpfs",
+				Options: setSizeOption([]string{"nosuid", "nodev", "mode=755"}, r.cfg.RunTmpfsBytes),
+			})
+		}
+
+		// runc masks directories with a read-only tmpfs each, and CRIU tars
+		// every tmpfs on dump and restore (5 to 10 ms each). A read-only bind
+		// of an empty directory masks as well and is an external mount to
+		// CRIU: nothing to tar.
+		if r.emptyDir != "" {
+			masked := s.Linux.MaskedPaths[:0]
+			for _, p := range s.Linux.MaskedPaths {
+				if !r.maskDirs[p] {
+					masked = append(masked, p)
+					continue
+				}
+				if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == p }) {
+					s.Mounts = append(s.Mounts, specs.Mount{
+						Destination: p, Type: "bind", Source: r.emptyDir,
+						Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+					})
+				}
+			}
+			s.Linux.MaskedPaths = masked
+			// A source spec may come from a runtime with another state dir.
+			for i, m := range s.Mounts {
+				if m.Type == "bind" && r.maskDirs[m.Destination] {
+					s.Mounts[i].Source = r.emptyDir
+				}
+			}
+		}
+
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[criuConfigAnnotation] = r.criuConfig
+		return nil
+	}
+}
+
+func setSizeOption(opts []string, size int64) []string {
+	out := make([]string, 0, len(opts)+1)
+	for _, o := range opts {
+		if !strings.HasPrefix(o, "size=") {
+			out = append(out, o)
+		}
+	}
+	return append(out, "size="+strconv.FormatInt(size, 10))
+}
+
+// bootSpecOpts builds the OCI spec of a fresh sandbox. The seccomp profile
+// comes last: containerd's default profile depends on the capabilities.
+func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, extra ...oci.SpecOpts) []oci.SpecOpts {
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(img),
+		withMergedEnv(sandboxEnv(spec)),
+		oci.WithDroppedCapabilities(droppedCaps),
+		oci.WithNoNewPrivileges,
+		r.withSandbox(spec),
+	}
+	opts = append(opts, extra...)
+	return append(opts, seccomp.WithDefaultProfile())
+}
+
+func withMergedEnv(env []string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		s.Process.Env = mergeEnv(s.Process.Env, env)
+		return nil
+	}
+}
+
+// userEnvKeys returns the sorted keys of the caller's env, stored so a
+// disk-tier fork can strip the source's variables.
+func userEnvKeys(env map[string]string) string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, ",")
+}

@@ -1,0 +1,378 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	cerrdefs "github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+func testRuntimeConfig(t *testing.T) *Runtime {
+	cfg := Config{Address: "/nonexistent.sock", StateDir: t.TempDir(), CheckpointRoot: "/var/lib/ck"}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	return &Runtime{cfg: cfg, criuConfig: filepath.Join(cfg.StateDir, "criu.conf")}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"no address":        {},
+		"relative state":    {Address: "/a", StateDir: "state"},
+		"bad namespace":     {Address: "/a", Namespace: "no spaces"},
+		"relative ckpt":     {Address: "/a", CheckpointRoot: "ck"},
+		"multiline options": {Address: "/a", CRIUOptions: []string{"tcp-close\nshell-job"}},
+	} {
+		cfg.setDefaults()
+		if err := cfg.validate(); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+func TestValidateBootSpec(t *testing.T) {
+	good := fleet.BootSpec{ID: "sb-1", Image: "img", MemoryBytes: 64 << 20, Env: map[string]string{"A": "b"}}
+	if err := validateBootSpec(good); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*fleet.BootSpec){
+		"bad id":        func(s *fleet.BootSpec) { s.ID = "no/slash" },
+		"empty id":      func(s *fleet.BootSpec) { s.ID = "" },
+		"negative cpu":  func(s *fleet.BootSpec) { s.CPUMillis = -1 },
+		"tiny memory":   func(s *fleet.BootSpec) { s.MemoryBytes = 1 << 20 },
+		"reserved env":  func(s *fleet.BootSpec) { s.Env = map[string]string{"FORKFLEET_ACI_TOKEN": "x"} },
+		"bad env name":  func(s *fleet.BootSpec) { s.Env = map[string]string{"A=B": "x"} },
+		"huge label":    func(s *fleet.BootSpec) { s.Labels = map[string]string{"k": strings.Repeat("v", 5000)} },
+		"empty label k": func(s *fleet.BootSpec) { s.Labels = map[string]string{"": "v"} },
+	} {
+		s := good
+		mut(&s)
+		if err := validateBootSpec(s); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+func TestEnv(t *testing.T) {
+	spec := fleet.BootSpec{ID: "sb", ACIToken: "a", AdminToken: "b", Width: 1920, Height: 1080,
+		Env: map[string]string{"Z": "1", "PATH": "/custom"}}
+	env := mergeEnv([]string{"PATH=/usr/bin", "HOME=/root"}, sandboxEnv(spec))
+	want := []string{"HOME=/root", "FORKFLEET_ACI_TOKEN=a", "FORKFLEET_ADMIN_TOKEN=b", "FORKFLEET_SANDBOX_ID=sb",
+		"FORKFLEET_SCREEN=1920x1080x24", "PATH=/custom", "Z=1"}
+	if !slices.Equal(env, want) {
+		t.Errorf("env\n got %q\nwant %q", env, want)
+	}
+	// A disk-tier fork strips the source's identity and variables; the
+	// image's own variables stay (PATH was overridden by the caller, so it
+	// goes too and the fork's own spec decides).
+	stripped := stripSandboxEnv(env, strings.Split(userEnvKeys(spec.Env), ","))
+	if !slices.Equal(stripped, []string{"HOME=/root"}) {
+		t.Errorf("stripped %q", stripped)
+	}
+}
+
+func TestWithSandboxSpec(t *testing.T) {
+	r := testRuntimeConfig(t)
+	ctx := context.Background()
+	s := &oci.Spec{
+		Process: &specs.Process{},
+		Linux: &specs.Linux{
+			CgroupsPath: "/forkfleet/source",
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace, Path: "/proc/1/ns/net"},
+			},
+			Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/dev/shm", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
+			{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
+		},
+	}
+	spec := fleet.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20}
+	if err := r.withSandbox(spec)(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Linux.CgroupsPath != "/forkfleet/fork-1" {
+		t.Errorf("cgroups path %q: a fork must not share its source's cgroup", s.Linux.CgroupsPath)
+	}
+	if *s.Linux.Resources.Memory.Limit != 128<<20 || *s.Linux.Resources.CPU.Quota != 50000 || *s.Linux.Resources.CPU.Period != 100000 {
+		t.Errorf("resources %+v %+v", s.Linux.Resources.Memory, s.Linux.Resources.CPU)
+	}
+	if len(s.Linux.Resources.Devices) != 1 {
+		t.Errorf("device rules lost: %+v", s.Linux.Resources.Devices)
+	}
+	var netns []specs.LinuxNamespace
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			netns = append(netns, ns)
+		}
+	}
+	if len(netns) != 1 || netns[0].Path != "" {
+		t.Errorf("network namespaces %+v, want one new private namespace", netns)
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == "/run" && !slices.Contains(m.Options, fmt.Sprintf("size=%d", DefaultRunTmpfsBytes)) {
+			t.Errorf("/run options %v", m.Options)
+		}
+		if slices.Contains(m.Options, "size=65536k") {
+			t.Errorf("%s kept its old size: %v", m.Destination, m.Options)
+		}
+	}
+	if s.Annotations[criuConfigAnnotation] != r.criuConfig || s.Hostname != DefaultHostname {
+		t.Errorf("annotations %v hostname %q", s.Annotations, s.Hostname)
+	}
+
+	// Masked directories become read-only binds of the empty directory (no
+	// tmpfs for CRIU to tar); files stay masked by runc.
+	r.emptyDir = "/state/empty"
+	r.maskDirs = map[string]bool{"/sys/firmware": true}
+	s3 := &oci.Spec{Linux: &specs.Linux{MaskedPaths: []string{"/proc/kcore", "/sys/firmware"}}}
+	if err := r.withSandbox(spec)(ctx, nil, nil, s3); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s3.Linux.MaskedPaths, []string{"/proc/kcore"}) {
+		t.Errorf("masked paths %v", s3.Linux.MaskedPaths)
+	}
+	i := slices.IndexFunc(s3.Mounts, func(m specs.Mount) bool { return m.Destination == "/sys/firmware" })
+	if i < 0 || s3.Mounts[i].Type != "bind" || s3.Mounts[i].Source != "/state/empty" || !slices.Contains(s3.Mounts[i].Options, "ro") {
+		t.Fatalf("mounts %+v", s3.Mounts)
+	}
+	// A spec saved by a runtime with another state dir gets this one's.
+	s3.Mounts[i].Source = "/elsewhere/empty"
+	if err := r.withSandbox(spec)(ctx, nil, nil, s3); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(slices.DeleteFunc(slices.Clone(s3.Mounts), func(m specs.Mount) bool { return m.Destination != "/sys/firmware" })); n != 1 || s3.Mounts[i].Source != "/state/empty" {
+		t.Errorf("after re-applying: %d /sys/firmware mounts, source %q", n, s3.Mounts[i].Source)
+	}
+	r.emptyDir, r.maskDirs = "", nil
+
+	// No /dev/shm when asked; /run is added when missing.
+	r.cfg.DevShmBytes = -1
+	s2 := &oci.Spec{Mounts: []specs.Mount{{Destination: "/dev/shm", Type: "tmpfs"}}}
+	if err := r.withSandbox(spec)(ctx, nil, nil, s2); err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.Mounts) != 1 || s2.Mounts[0].Destination != "/run" {
+		t.Errorf("mounts %+v", s2.Mounts)
+	}
+}
+
+func TestLabels(t *testing.T) {
+	spec := fleet.BootSpec{ID: "x", Image: "img", Labels: map[string]string{"owner": "me"}, Env: map[string]string{"B": "", "A": ""}}
+	l := sandboxLabels(spec)
+	if l[labelSandbox] != "true" || l[labelImage] != "img" || l[labelEnvKeys] != "A,B" || l[labelScreen] != "1280x800x24" {
+		t.Errorf("labels %v", l)
+	}
+	if u := userLabels(l); len(u) != 1 || u["owner"] != "me" {
+		t.Errorf("user labels %v", u)
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	a := fleet.BootSpec{ID: "x", Image: "img", Env: map[string]string{"A": "1", "B": "2"}}
+	b := fleet.BootSpec{ID: "x", Image: "img", Env: map[string]string{"B": "2", "A": "1"}}
+	if bootFingerprint(a) != bootFingerprint(b) {
+		t.Error("fingerprint depends on map order")
+	}
+	b.ACIToken = "t"
+	if bootFingerprint(a) == bootFingerprint(b) {
+		t.Error("fingerprint ignores the token")
+	}
+	if bootFingerprint(a) == restoreFingerprint(a, fleet.CheckpointRef{}) {
+		t.Error("boot and restore fingerprints collide")
+	}
+}
+
+func TestConvertErr(t *testing.T) {
+	for _, c := range []struct {
+		in   error
+		want error
+	}{
+		{fmt.Errorf("x: %w", cerrdefs.ErrNotFound), errdefs.ErrNotFound},
+		{status.Error(codes.NotFound, "container x: not found"), errdefs.ErrNotFound},
+		{status.Error(codes.AlreadyExists, "exists"), errdefs.ErrAlreadyExists},
+		{status.Error(codes.Unavailable, "connection refused"), errdefs.ErrUnavailable},
+		{cerrdefs.ErrFailedPrecondition, errdefs.ErrFailedPrecondition},
+		{errors.New("boom"), errdefs.ErrInternal},
+	} {
+		if got := convertErr(c.in); !errors.Is(got, c.want) {
+			t.Errorf("convertErr(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+	if convertErr(nil) != nil {
+		t.Error("nil")
+	}
+	if got := convertErr(context.Canceled); got != context.Canceled {
+		t.Errorf("canceled: %v", got)
+	}
+}
+
+func TestUpperDir(t *testing.T) {
+	up, err := upperDir([]mount.Mount{{Type: "overlay", Options: []string{"workdir=/w", "upperdir=/u", "lowerdir=/l"}}})
+	if err != nil || up != "/u" {
+		t.Errorf("overlay: %q %v", up, err)
+	}
+	up, err = upperDir([]mount.Mount{{Type: "bind", Source: "/fs", Options: []string{"rw", "rbind"}}})
+	if err != nil || up != "/fs" {
+		t.Errorf("bind: %q %v", up, err)
+	}
+	if _, err := upperDir([]mount.Mount{{Type: "overlay", Options: []string{"lowerdir=/a:/b"}}}); err == nil {
+		t.Error("read-only overlay accepted")
+	}
+	if _, err := upperDir(nil); err == nil {
+		t.Error("no mounts accepted")
+	}
+}
+
+func TestValidateCheckpointDir(t *testing.T) {
+	r := testRuntimeConfig(t)
+	for _, d := range []string{"", "rel", "/var/lib/ck", "/var/lib/ck/../x", "/etc/x", "/var/lib/ck/a/"} {
+		if err := r.validateCheckpointDir("dir", d); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%q: %v", d, err)
+		}
+	}
+	if err := r.validateCheckpointDir("dir", "/var/lib/ck/a/b"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestLayerCopier mirrors a tree in two passes with changes in between, as
+// Checkpoint does around the freeze.
+func TestLayerCopier(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	write := func(rel, content string) {
+		t.Helper()
+		p := filepath.Join(src, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("etc/keep", "keep")
+	write("root/.cache/log", "line1\n")
+	write("tmp/gone", "bye")
+	write("big", strings.Repeat("z", 3<<20))
+	if err := os.Symlink("etc/keep", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(src, "etc/keep"), filepath.Join(src, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A unix socket file is skipped.
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sock)
+	if err := unix.Bind(sock, &unix.SockaddrUnix{Name: filepath.Join(src, "sock")}); err != nil {
+		t.Fatal(err)
+	}
+	root := os.Geteuid() == 0
+	if root {
+		// An overlay whiteout and an opaque directory.
+		if err := unix.Mknod(filepath.Join(src, "etc/deleted"), unix.S_IFCHR, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(src, "opaque"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Setxattr(filepath.Join(src, "opaque"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	lc := newLayerCopier(src, dst)
+	if err := lc.First(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Changes while "running": append to an open log, delete, create.
+	f, err := os.OpenFile(filepath.Join(src, "root/.cache/log"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("line2\n")
+	f.Close()
+	os.Remove(filepath.Join(src, "tmp/gone"))
+	write("tmp/new", "new")
+	if err := os.Chmod(filepath.Join(src, "etc"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := lc.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	checkSame := func(rel string) {
+		t.Helper()
+		var a, b unix.Stat_t
+		if err := unix.Lstat(filepath.Join(src, rel), &a); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Lstat(filepath.Join(dst, rel), &b); err != nil {
+			t.Errorf("%s missing in copy: %v", rel, err)
+			return
+		}
+		if a.Mode != b.Mode || a.Uid != b.Uid || a.Size != b.Size || a.Rdev != b.Rdev || a.Mtim != b.Mtim {
+			t.Errorf("%s differs: mode %o/%o size %d/%d mtime %v/%v", rel, a.Mode, b.Mode, a.Size, b.Size, a.Mtim, b.Mtim)
+		}
+		if a.Mode&unix.S_IFMT == unix.S_IFREG {
+			x, _ := os.ReadFile(filepath.Join(src, rel))
+			y, _ := os.ReadFile(filepath.Join(dst, rel))
+			if !bytes.Equal(x, y) {
+				t.Errorf("%s content differs", rel)
+			}
+		}
+	}
+	for _, rel := range []string{"etc", "etc/keep", "root/.cache/log", "tmp/new", "big", "link", "hard", "fifo", "tmp"} {
+		checkSame(rel)
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "tmp/gone")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("deleted file still in copy: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket copied: %v", err)
+	}
+	var a, b unix.Stat_t
+	unix.Lstat(filepath.Join(dst, "etc/keep"), &a)
+	unix.Lstat(filepath.Join(dst, "hard"), &b)
+	if a.Ino != b.Ino {
+		t.Error("hard link not kept")
+	}
+	if root {
+		checkSame("etc/deleted")
+		v := make([]byte, 8)
+		n, err := unix.Lgetxattr(filepath.Join(dst, "opaque"), "trusted.overlay.opaque", v)
+		if err != nil || string(v[:n]) != "y" {
+			t.Errorf("opaque xattr: %q %v", v[:n], err)
+		}
+	}
+	if got, want := lc.Bytes(), int64(3<<20+len("keep")+len("line1\nline2\n")+len("new")); got != want {
+		t.Errorf("Bytes = %d, want %d", got, want)
+	}
+}

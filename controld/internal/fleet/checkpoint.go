@@ -1,0 +1,700 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// markerDir is where checkpoint marker files go inside a sandbox: on the
+// writable layer (not a tmpfs), so both tiers carry it into their forks.
+const markerDir = "/var/lib/forkfleet/markers/"
+
+func levelsForTier(t controldv1.CheckpointTier) []controldv1.VerifyLevel {
+	if t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		// A disk-tier fork boots fresh: only files survive.
+		return []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
+	}
+	return []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER,
+		controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS}
+}
+
+func tierToRuntime(t controldv1.CheckpointTier) CheckpointTier {
+	if t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		return TierDisk
+	}
+	return TierMemory
+}
+
+func refToStore(r CheckpointRef) store.CheckpointRef {
+	return store.CheckpointRef{Dir: r.Dir, Snapshot: r.Snapshot, Image: r.Image, Tier: int(r.Tier)}
+}
+
+func refFromStore(r store.CheckpointRef) CheckpointRef {
+	return CheckpointRef{Dir: r.Dir, Snapshot: r.Snapshot, Image: r.Image, Tier: CheckpointTier(r.Tier)}
+}
+
+// CreateCheckpoint captures a READY sandbox. The record is written only
+// after the runtime finished and the directory is in place under its final
+// name.
+func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.Checkpoint, error) {
+	start := time.Now()
+	if err := validateSandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	tier := req.GetTier()
+	switch tier {
+	case controldv1.CheckpointTier_CHECKPOINT_TIER_UNSPECIFIED:
+		tier = controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY
+	case controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, controldv1.CheckpointTier_CHECKPOINT_TIER_DISK:
+	default:
+		return nil, errdefs.InvalidField("tier", "unknown tier %d", tier)
+	}
+	if err := validateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := validateLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	m.mu.Lock()
+	src := cloneRecord(sb.rec)
+	deleting := sb.deleting
+	m.mu.Unlock()
+	switch {
+	case deleting:
+		return nil, sandboxNotFound(req.GetSandboxId())
+	case src.Pooled:
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED", "sandbox %s is held by its pool; claim it first", src.Sandbox.Id)
+	case src.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY:
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE",
+			"sandbox %s is %s; only a READY sandbox can be checkpointed", src.Sandbox.Id, src.Sandbox.State)
+	}
+	if req.GetName() != "" {
+		if _, err := m.findCheckpoint(req.GetName()); err == nil {
+			return nil, errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", req.GetName())
+		}
+	}
+
+	id := newID(prefixCheckpoint)
+	ctx, span := m.tracer.Start(ctx, "checkpoint.create", trace.WithAttributes(
+		attribute.String("checkpoint.id", id), attribute.String("sandbox.id", src.Sandbox.Id), attribute.String("tier", tier.String())))
+	defer span.End()
+	fail := func(err error) (*controldv1.Checkpoint, error) {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+
+	// Proofs, recorded before the freeze over one admin session that is
+	// closed before the processes are dumped (an open connection from outside
+	// the sandbox would be part of the dump).
+	gctx, gspan := m.tracer.Start(ctx, "checkpoint.proofs")
+	g, err := m.dialGuest(gctx, src.ACISocket, src.AdminToken)
+	if err != nil {
+		gspan.End()
+		return fail(fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err))
+	}
+	defer g.Close()
+	rec := &store.CheckpointRecord{
+		Env:         copyMap(src.Env),
+		AdminToken:  src.AdminToken,
+		Generation:  src.Sandbox.Generation,
+		MarkerPath:  markerDir + id,
+		MarkerValue: []byte(newToken()),
+	}
+	if err := g.PutFile(gctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {
+		gspan.End()
+		return fail(fmt.Errorf("checkpoint %s: write marker: %w", src.Sandbox.Id, err))
+	}
+	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
+		rec.MemoryValue = randomBytes(32)
+		if err := g.MemoryMark(gctx, rec.MemoryValue); err != nil {
+			gspan.End()
+			return fail(fmt.Errorf("checkpoint %s: memory mark: %w", src.Sandbox.Id, err))
+		}
+	}
+	gspan.End()
+
+	tmp := m.tmpCheckpointDir(id)
+	spec := CheckpointSpec{
+		Dir:  tmp,
+		Tier: tierToRuntime(tier),
+		Stop: req.GetStop(),
+		BeforeFreeze: func(ctx context.Context) error {
+			ctx, s := m.tracer.Start(ctx, "checkpoint.before_freeze")
+			defer s.End()
+			if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
+				h, err := g.FrameHash(ctx, m.opts.FrameSettle)
+				if err != nil {
+					return fmt.Errorf("frame hash: %w", err)
+				}
+				rec.FrameHash = h
+			}
+			// No connection from outside may be open at the dump: ours, and
+			// agents' through the gateway (they reconnect afterwards).
+			m.setCheckpointing(sb, true)
+			if m.opts.DropConnections != nil {
+				m.opts.DropConnections(src.Sandbox.Id)
+			}
+			return g.Close()
+		},
+	}
+	rctx, rspan := m.tracer.Start(ctx, "checkpoint.runtime")
+	res, err := m.rt.Checkpoint(rctx, src.Sandbox.Id, spec)
+	rspan.End()
+	m.setCheckpointing(sb, false)
+	if err != nil {
+		os.RemoveAll(tmp) // the runtime removes it on failure; make sure
+		return fail(fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err))
+	}
+	final := m.checkpointDirFor(id)
+	if err := os.Rename(tmp, final); err != nil {
+		m.dropRuntimeCheckpoint(res.Ref, tmp)
+		return fail(fmt.Errorf("checkpoint %s: publish dir: %w", id, err))
+	}
+	if err := syncDir(m.opts.CheckpointDir); err != nil {
+		m.dropRuntimeCheckpoint(res.Ref, final)
+		return fail(fmt.Errorf("checkpoint %s: sync dir: %w", id, err))
+	}
+	if res.Ref.Dir == "" || res.Ref.Dir == tmp {
+		res.Ref.Dir = final
+	}
+	if res.Ref.Tier == 0 {
+		res.Ref.Tier = tierToRuntime(tier)
+	}
+	if res.Ref.Image == "" {
+		res.Ref.Image = src.Sandbox.Image
+	}
+	rec.Ref = refToStore(res.Ref)
+	rec.Checkpoint = &controldv1.Checkpoint{
+		Id:                 id,
+		Name:               req.GetName(),
+		Tier:               tier,
+		State:              controldv1.CheckpointState_CHECKPOINT_STATE_READY,
+		SourceSandboxId:    src.Sandbox.Id,
+		ParentCheckpointId: src.Sandbox.CheckpointId,
+		Image:              src.Sandbox.Image,
+		Screen:             proto.Clone(src.Sandbox.Screen).(*controldv1.Screen),
+		Resources:          proto.Clone(src.Sandbox.Resources).(*controldv1.Resources),
+		Labels:             copyMap(req.GetLabels()),
+		CreatedAt:          timestamppb.New(start),
+		MemoryBytes:        res.MemoryBytes,
+		LayerBytes:         res.LayerBytes,
+		Timing: &controldv1.CheckpointTiming{
+			Frozen: durationpb.New(res.Frozen), Dump: durationpb.New(res.Dump),
+			Layer: durationpb.New(res.Layer), Total: durationpb.New(time.Since(start)),
+		},
+		VerifyLevels: levelsForTier(tier),
+	}
+	if err := m.commitCheckpoint(rec); err != nil {
+		m.dropRuntimeCheckpoint(res.Ref, final)
+		return fail(err)
+	}
+	tl := tier.String()
+	m.metrics.CheckpointStep.WithLabelValues("frozen", tl).Observe(res.Frozen.Seconds())
+	m.metrics.CheckpointStep.WithLabelValues("dump", tl).Observe(res.Dump.Seconds())
+	m.metrics.CheckpointStep.WithLabelValues("layer", tl).Observe(res.Layer.Seconds())
+	m.metrics.CheckpointStep.WithLabelValues("total", tl).Observe(time.Since(start).Seconds())
+	if req.GetStop() {
+		if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+			r.Sandbox.StatusMessage = "stopped by checkpoint " + id
+		}); err != nil {
+			m.log.Error("persist stopped source", "sandbox", src.Sandbox.Id, "err", err)
+		}
+	}
+	return m.checkpointView(id)
+}
+
+func (m *Manager) setCheckpointing(sb *sandbox, v bool) {
+	m.mu.Lock()
+	sb.checkpointing = v
+	m.mu.Unlock()
+}
+
+// commitCheckpoint writes a new checkpoint record together with its
+// parent's child list, in one transaction.
+func (m *Manager) commitCheckpoint(rec *store.CheckpointRecord) error {
+	m.ckMu.Lock()
+	defer m.ckMu.Unlock()
+	m.mu.Lock()
+	if n := rec.Checkpoint.Name; n != "" {
+		for _, c := range m.checkpoints {
+			if c.Checkpoint.Name == n {
+				m.mu.Unlock()
+				return errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", n)
+			}
+		}
+	}
+	var parent *store.CheckpointRecord
+	if p, ok := m.checkpoints[rec.Checkpoint.ParentCheckpointId]; ok {
+		parent = cloneCheckpoint(p)
+		parent.Checkpoint.ChildIds = append(parent.Checkpoint.ChildIds, rec.Checkpoint.Id)
+	}
+	m.mu.Unlock()
+	err := m.st.Update(func(tx *store.Tx) error {
+		if parent != nil {
+			if err := tx.PutCheckpoint(parent); err != nil {
+				return err
+			}
+		}
+		return tx.PutCheckpoint(rec)
+	})
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: persist: %w", rec.Checkpoint.Id, err)
+	}
+	m.mu.Lock()
+	m.checkpoints[rec.Checkpoint.Id] = rec
+	if parent != nil {
+		m.checkpoints[parent.Checkpoint.Id] = parent
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+func cloneCheckpoint(r *store.CheckpointRecord) *store.CheckpointRecord {
+	c := *r
+	c.Checkpoint = proto.Clone(r.Checkpoint).(*controldv1.Checkpoint)
+	return &c
+}
+
+// dropRuntimeCheckpoint undoes a runtime checkpoint that never got a record.
+func (m *Manager) dropRuntimeCheckpoint(ref CheckpointRef, dir string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), time.Minute)
+	defer cancel()
+	ref.Dir = dir
+	if err := m.rt.DeleteCheckpoint(ctx, ref); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.log.Error("release unrecorded checkpoint", "dir", dir, "err", err)
+	}
+	os.RemoveAll(dir)
+}
+
+// findCheckpoint resolves an id or a name.
+func (m *Manager) findCheckpoint(idOrName string) (*store.CheckpointRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.checkpoints[idOrName]; ok {
+		return c, nil
+	}
+	for _, c := range m.checkpoints {
+		if c.Checkpoint.Name == idOrName {
+			return c, nil
+		}
+	}
+	return nil, checkpointNotFound(idOrName)
+}
+
+// checkpointView returns the public record with its live fork count.
+func (m *Manager) checkpointView(id string) (*controldv1.Checkpoint, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.checkpoints[id]
+	if !ok {
+		return nil, checkpointNotFound(id)
+	}
+	return m.checkpointViewLocked(c), nil
+}
+
+func (m *Manager) checkpointViewLocked(c *store.CheckpointRecord) *controldv1.Checkpoint {
+	v := proto.Clone(c.Checkpoint).(*controldv1.Checkpoint)
+	v.LiveForks = uint32(m.liveForksLocked(c.Checkpoint.Id))
+	return v
+}
+
+func (m *Manager) liveForksLocked(ckID string) int {
+	n := 0
+	for _, sb := range m.sandboxes {
+		if sb.rec.Sandbox.CheckpointId == ckID && !sb.deleting {
+			n++
+		}
+	}
+	return n
+}
+
+// GetCheckpoint returns a checkpoint by id or name.
+func (m *Manager) GetCheckpoint(_ context.Context, idOrName string) (*controldv1.Checkpoint, error) {
+	if err := validateCheckpointRef("id", idOrName); err != nil {
+		return nil, err
+	}
+	c, err := m.findCheckpoint(idOrName)
+	if err != nil {
+		return nil, err
+	}
+	return m.checkpointView(c.Checkpoint.Id)
+}
+
+// ListCheckpoints returns checkpoints matching every label, limited to the
+// tree under root_id when set, oldest first.
+func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpointsRequest) ([]*controldv1.Checkpoint, error) {
+	if err := validateLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	var within map[string]bool
+	if root := req.GetRootId(); root != "" {
+		if err := validateCheckpointRef("root_id", root); err != nil {
+			return nil, err
+		}
+		c, err := m.findCheckpoint(root)
+		if err != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		within = m.subtreeLocked(c.Checkpoint.Id)
+		m.mu.Unlock()
+	}
+	m.mu.Lock()
+	var out []*controldv1.Checkpoint
+	for id, c := range m.checkpoints {
+		if within != nil && !within[id] {
+			continue
+		}
+		if !matchLabels(c.Checkpoint.Labels, req.GetLabels()) {
+			continue
+		}
+		out = append(out, m.checkpointViewLocked(c))
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		ti, tj := out[i].GetCreatedAt().AsTime(), out[j].GetCreatedAt().AsTime()
+		if !ti.Equal(tj) {
+			return ti.Before(tj)
+		}
+		return out[i].Id < out[j].Id
+	})
+	return out, nil
+}
+
+// subtreeLocked returns root and its descendants.
+func (m *Manager) subtreeLocked(root string) map[string]bool {
+	seen := map[string]bool{}
+	queue := []string{root}
+	for len(queue) > 0 {
+		id := queue[0]
+		queue = queue[1:]
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if c, ok := m.checkpoints[id]; ok {
+			queue = append(queue, c.Checkpoint.ChildIds...)
+		}
+	}
+	return seen
+}
+
+// DeleteCheckpoint removes a checkpoint (and with cascade its descendants,
+// deepest first). Refused while children exist without cascade, while a
+// pool forks from it, or while forks of it run.
+func (m *Manager) DeleteCheckpoint(ctx context.Context, idOrName string, cascade bool) ([]string, error) {
+	if err := validateCheckpointRef("id", idOrName); err != nil {
+		return nil, err
+	}
+	m.ckMu.Lock()
+	defer m.ckMu.Unlock()
+	c, err := m.findCheckpoint(idOrName)
+	if err != nil {
+		return nil, err
+	}
+	id := c.Checkpoint.Id
+	m.mu.Lock()
+	if n := len(c.Checkpoint.ChildIds); n > 0 && !cascade {
+		m.mu.Unlock()
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_HAS_CHILDREN",
+			"checkpoint %s has %d child checkpoints; delete them first or set cascade", id, n)
+	}
+	// Post-order: children before parents.
+	var order []string
+	var walk func(string)
+	walk = func(x string) {
+		if cc, ok := m.checkpoints[x]; ok {
+			for _, ch := range cc.Checkpoint.ChildIds {
+				walk(ch)
+			}
+		}
+		order = append(order, x)
+	}
+	walk(id)
+	for _, x := range order {
+		if n := m.liveForksLocked(x); n > 0 {
+			m.mu.Unlock()
+			return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",
+				"checkpoint %s has %d live forks; delete them first", x, n)
+		}
+		for _, p := range m.pools {
+			if p.rec.Pool.CheckpointId == x {
+				m.mu.Unlock()
+				return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",
+					"checkpoint %s feeds pool %s; delete the pool first", x, p.rec.Pool.Id)
+			}
+		}
+	}
+	m.mu.Unlock()
+	var deleted []string
+	for _, x := range order {
+		if err := m.deleteOneCheckpoint(ctx, x); err != nil {
+			return deleted, err
+		}
+		deleted = append(deleted, x)
+	}
+	return deleted, nil
+}
+
+func (m *Manager) deleteOneCheckpoint(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	m.mu.Lock()
+	c, ok := m.checkpoints[id]
+	var parent *store.CheckpointRecord
+	if ok {
+		if p, pok := m.checkpoints[c.Checkpoint.ParentCheckpointId]; pok {
+			parent = cloneCheckpoint(p)
+			kids := parent.Checkpoint.ChildIds[:0:0]
+			for _, k := range parent.Checkpoint.ChildIds {
+				if k != id {
+					kids = append(kids, k)
+				}
+			}
+			parent.Checkpoint.ChildIds = kids
+		}
+	}
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := m.rt.DeleteCheckpoint(ctx, refFromStore(c.Ref)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if err := os.RemoveAll(c.Ref.Dir); err != nil {
+		return fmt.Errorf("checkpoint %s: remove dir: %w", id, err)
+	}
+	if err := m.st.Update(func(tx *store.Tx) error {
+		if parent != nil {
+			if err := tx.PutCheckpoint(parent); err != nil {
+				return err
+			}
+		}
+		return tx.DeleteCheckpoint(id)
+	}); err != nil {
+		return fmt.Errorf("checkpoint %s: remove record: %w", id, err)
+	}
+	m.mu.Lock()
+	delete(m.checkpoints, id)
+	if parent != nil {
+		m.checkpoints[parent.Checkpoint.Id] = parent
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// VerifySandbox runs the verifiers of the sandbox's checkpoint against it.
+func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) ([]*controldv1.VerifyResult, error) {
+	if err := validateSandboxID("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	rec := cloneRecord(sb.rec)
+	m.mu.Unlock()
+	if rec.Sandbox.CheckpointId == "" {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_A_FORK", "sandbox %s was not forked from a checkpoint", rec.Sandbox.Id)
+	}
+	ck, err := m.findCheckpoint(rec.Sandbox.CheckpointId)
+	if err != nil {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_GONE", "checkpoint %s of sandbox %s no longer exists", rec.Sandbox.CheckpointId, rec.Sandbox.Id)
+	}
+	levels, err := verifyLevels("levels", req.GetLevels(), ck.Checkpoint.VerifyLevels)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE", "sandbox %s is %s, must be READY", rec.Sandbox.Id, rec.Sandbox.State)
+	}
+	g, err := m.dialGuest(ctx, rec.ACISocket, rec.AdminToken)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	return m.verify(ctx, g, ck, levels), nil
+}
+
+// verify runs the requested verifiers; each reports its own outcome.
+func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel) []*controldv1.VerifyResult {
+	out := make([]*controldv1.VerifyResult, 0, len(levels))
+	for _, l := range levels {
+		start := time.Now()
+		ok, detail := m.verifyOne(ctx, g, ck, l)
+		out = append(out, &controldv1.VerifyResult{Level: l, Ok: ok, Detail: detail, Took: durationpb.New(time.Since(start))})
+	}
+	return out
+}
+
+func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRecord, l controldv1.VerifyLevel) (bool, string) {
+	ctx, span := m.tracer.Start(ctx, "verify."+l.String())
+	defer span.End()
+	switch l {
+	case controldv1.VerifyLevel_VERIFY_LEVEL_MARKER:
+		got, err := g.GetFile(ctx, ck.MarkerPath)
+		if err != nil {
+			return false, fmt.Sprintf("read %s: %v", ck.MarkerPath, err)
+		}
+		if !bytes.Equal(got, ck.MarkerValue) {
+			return false, fmt.Sprintf("%s holds %d bytes that differ from the marker written at checkpoint", ck.MarkerPath, len(got))
+		}
+		return true, "marker file reads back"
+	case controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY:
+		nonce := randomBytes(32)
+		got, err := g.MemoryChallenge(ctx, nonce)
+		if err != nil {
+			return false, fmt.Sprintf("memory challenge: %v", err)
+		}
+		mac := hmac.New(sha256.New, ck.MemoryValue)
+		mac.Write(nonce)
+		if !hmac.Equal(got, mac.Sum(nil)) {
+			return false, "memory challenge answer does not match the value marked before the checkpoint"
+		}
+		return true, "in-memory value answers a fresh challenge"
+	case controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS:
+		// A fresh memory-tier replica shows the checkpoint's frame right
+		// away: try without settling first, and only settle (150 ms or so)
+		// when the screen is still moving.
+		got, err := g.FrameHash(ctx, 0)
+		if err == nil && bytes.Equal(got, ck.FrameHash) {
+			return true, "frame hash equals the checkpoint's"
+		}
+		got, err = g.FrameHash(ctx, m.opts.FrameSettle)
+		if err != nil {
+			return false, fmt.Sprintf("frame hash: %v", err)
+		}
+		if !bytes.Equal(got, ck.FrameHash) {
+			return false, fmt.Sprintf("settled frame hash %x differs from %x recorded at checkpoint", got, ck.FrameHash)
+		}
+		return true, "settled frame hash equals the checkpoint's"
+	}
+	return false, fmt.Sprintf("unknown level %s", l)
+}
+
+// exportedCheckpoint is the metadata an exported checkpoint image carries.
+type exportedCheckpoint struct {
+	Version int                     `json:"version"`
+	Record  *store.CheckpointRecord `json:"record"`
+}
+
+// ExportCheckpoint writes a checkpoint as an OCI image (runtime permitting).
+func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+	if err := validateCheckpointRef("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	if req.GetReference() == "" {
+		return nil, errdefs.InvalidField("reference", "required")
+	}
+	if err := validateImage("reference", req.GetReference()); err != nil {
+		return nil, err
+	}
+	c, err := m.findCheckpoint(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	ex, err := exporterOf(m.rt)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	rec := cloneCheckpoint(c)
+	m.mu.Unlock()
+	rec.Checkpoint.ChildIds = nil
+	meta, err := json.Marshal(exportedCheckpoint{Version: 1, Record: rec})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: encode metadata: %w", rec.Checkpoint.Id, err)
+	}
+	ctx, span := m.tracer.Start(ctx, "checkpoint.export")
+	defer span.End()
+	res, err := ex.ExportCheckpoint(ctx, refFromStore(rec.Ref), meta, req.GetReference())
+	if err != nil {
+		return nil, fmt.Errorf("export checkpoint %s: %w", rec.Checkpoint.Id, err)
+	}
+	return &controldv1.ExportCheckpointResponse{Reference: res.Reference, Digest: res.Digest, SizeBytes: res.SizeBytes}, nil
+}
+
+// ImportCheckpoint materialises an exported checkpoint image as a new local
+// checkpoint (a new id; proofs, labels and name kept).
+func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.Checkpoint, error) {
+	if req.GetReference() == "" {
+		return nil, errdefs.InvalidField("reference", "required")
+	}
+	if err := validateImage("reference", req.GetReference()); err != nil {
+		return nil, err
+	}
+	ex, err := exporterOf(m.rt)
+	if err != nil {
+		return nil, err
+	}
+	ctx, span := m.tracer.Start(ctx, "checkpoint.import")
+	defer span.End()
+	id := newID(prefixCheckpoint)
+	tmp := m.tmpCheckpointDir(id)
+	ref, meta, err := ex.ImportCheckpoint(ctx, req.GetReference(), tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("import %s: %w", req.GetReference(), err)
+	}
+	var ec exportedCheckpoint
+	if err := json.Unmarshal(meta, &ec); err != nil || ec.Record == nil || ec.Record.Checkpoint == nil {
+		m.dropRuntimeCheckpoint(ref, tmp)
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_A_CHECKPOINT_IMAGE",
+			"%s carries no forkfleet checkpoint metadata", req.GetReference())
+	}
+	final := m.checkpointDirFor(id)
+	if err := os.Rename(tmp, final); err != nil {
+		m.dropRuntimeCheckpoint(ref, tmp)
+		return nil, fmt.Errorf("import %s: publish dir: %w", req.GetReference(), err)
+	}
+	if err := syncDir(m.opts.CheckpointDir); err != nil {
+		m.dropRuntimeCheckpoint(ref, final)
+		return nil, fmt.Errorf("import %s: %w", req.GetReference(), err)
+	}
+	if ref.Dir == "" || ref.Dir == tmp {
+		ref.Dir = final
+	}
+	rec := ec.Record
+	rec.Ref = refToStore(ref)
+	rec.Checkpoint.Id = id
+	rec.Checkpoint.ChildIds = nil
+	rec.Checkpoint.LiveForks = 0
+	rec.Checkpoint.State = controldv1.CheckpointState_CHECKPOINT_STATE_READY
+	m.mu.Lock()
+	if _, ok := m.checkpoints[rec.Checkpoint.ParentCheckpointId]; !ok {
+		rec.Checkpoint.ParentCheckpointId = ""
+	}
+	m.mu.Unlock()
+	if err := m.commitCheckpoint(rec); err != nil {
+		m.dropRuntimeCheckpoint(ref, final)
+		return nil, err
+	}
+	return m.checkpointView(id)
+}

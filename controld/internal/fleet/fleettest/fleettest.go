@@ -1,0 +1,712 @@
+// Package fleettest provides fakes of fleet.Runtime and fleet.GuestDialer
+// for tests: an in-memory runtime whose sandboxes each own a fake guestd
+// (readiness, memory mark, files, frame hash, tokens), with checkpoints
+// written to real directories so the manager's rename and crash-recovery
+// logic runs for real. With Runtime.SocketDir set, every guestd also serves
+// the real ACI (api/aci/acitest) on a unix socket, for gateway tests.
+package fleettest
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/aci/acitest"
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Runtime is a fake fleet.Runtime. Set the hook fields before use.
+type Runtime struct {
+	// SocketDir, when set, makes every guestd listen on a real unix socket
+	// there (speaking the ACI through acitest). Otherwise sockets are
+	// virtual paths only the fake Dialer knows.
+	SocketDir string
+	// ListenAfter and ReadyAfter delay when guestd accepts sessions and
+	// reports the desktop ready, counted from task start.
+	ListenAfter, ReadyAfter time.Duration
+	// BootErr / RestoreErr / CheckpointErr fail those calls when they return
+	// an error.
+	BootErr       func(spec fleet.BootSpec) error
+	RestoreErr    func(spec fleet.BootSpec, ref fleet.CheckpointRef) error
+	CheckpointErr func(id string) error
+	// NeverReady makes guestds never report ready.
+	NeverReady bool
+	// OnRestore, when set, may alter a restored guestd before it starts.
+	OnRestore func(spec fleet.BootSpec, g *Guestd)
+
+	mu        sync.Mutex
+	instances map[string]*instance
+	guests    map[string]*Guestd // by socket path
+	exits     chan fleet.Exit
+	deleted   map[string]int
+	calls     map[string]int
+	ckDeleted []fleet.CheckpointRef
+}
+
+type instance struct {
+	inst  fleet.Instance
+	guest *Guestd
+}
+
+// NewRuntime returns an empty fake runtime.
+func NewRuntime() *Runtime {
+	return &Runtime{
+		instances: map[string]*instance{},
+		guests:    map[string]*Guestd{},
+		exits:     make(chan fleet.Exit, 64),
+		deleted:   map[string]int{},
+		calls:     map[string]int{},
+	}
+}
+
+var _ fleet.Runtime = (*Runtime)(nil)
+
+func (r *Runtime) count(op string) {
+	r.mu.Lock()
+	r.calls[op]++
+	r.mu.Unlock()
+}
+
+// Calls returns how often op ("boot", "restore", "delete", ...) was called.
+func (r *Runtime) Calls(op string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls[op]
+}
+
+// Guest returns the fake guestd of a sandbox (nil when unknown).
+func (r *Runtime) Guest(id string) *Guestd {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in, ok := r.instances[id]; ok {
+		return in.guest
+	}
+	return nil
+}
+
+// IDs returns the ids of every instance.
+func (r *Runtime) IDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id := range r.instances {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Has reports whether the runtime holds a sandbox.
+func (r *Runtime) Has(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.instances[id]
+	return ok
+}
+
+// Adopt adds an instance that no controld created (an orphan).
+func (r *Runtime) Adopt(in fleet.Instance) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.instances[in.ID] = &instance{inst: in}
+}
+
+// Vanish drops an instance behind controld's back.
+func (r *Runtime) Vanish(id string) {
+	r.mu.Lock()
+	in := r.instances[id]
+	delete(r.instances, id)
+	r.mu.Unlock()
+	if in != nil && in.guest != nil {
+		in.guest.stop()
+	}
+}
+
+// Exit makes a sandbox's task exit on its own.
+func (r *Runtime) Exit(id string, status uint32) {
+	r.mu.Lock()
+	if in, ok := r.instances[id]; ok {
+		in.inst.Status = fleet.StatusStopped
+	}
+	r.mu.Unlock()
+	r.exits <- fleet.Exit{ID: id, Status: status, ExitedAt: time.Now()}
+}
+
+// DeletedCheckpoints returns the refs DeleteCheckpoint was called with.
+func (r *Runtime) DeletedCheckpoints() []fleet.CheckpointRef {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]fleet.CheckpointRef(nil), r.ckDeleted...)
+}
+
+// Close stops every guestd socket server.
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	var gs []*Guestd
+	for _, in := range r.instances {
+		if in.guest != nil {
+			gs = append(gs, in.guest)
+		}
+	}
+	r.mu.Unlock()
+	for _, g := range gs {
+		g.stop()
+	}
+}
+
+func (r *Runtime) socketPath(id string) string {
+	if r.SocketDir != "" {
+		return filepath.Join(r.SocketDir, id+".sock")
+	}
+	return "/fake/" + id + "/aci.sock"
+}
+
+func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fleet.Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return fleet.Instance{}, err
+	}
+	r.mu.Lock()
+	if _, dup := r.instances[spec.ID]; dup {
+		r.mu.Unlock()
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	r.mu.Unlock()
+	now := time.Now()
+	g.socket = r.socketPath(spec.ID)
+	g.listenAt = now.Add(r.ListenAfter)
+	g.readyAt = now.Add(r.ReadyAfter)
+	g.neverReady = r.NeverReady
+	g.startedAt = now
+	if r.SocketDir != "" {
+		if err := g.serve(); err != nil {
+			return fleet.Instance{}, err
+		}
+	}
+	labels := map[string]string{}
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	in := fleet.Instance{ID: spec.ID, PID: 4242, Status: fleet.StatusRunning, ACISocket: g.socket, Labels: labels,
+		CreatedAt: now, TaskStartedAt: now}
+	r.mu.Lock()
+	r.instances[spec.ID] = &instance{inst: in, guest: g}
+	r.guests[g.socket] = g
+	r.mu.Unlock()
+	return in, nil
+}
+
+// Boot implements fleet.Runtime.
+func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance, error) {
+	r.count("boot")
+	if r.BootErr != nil {
+		if err := r.BootErr(spec); err != nil {
+			return fleet.Instance{}, err
+		}
+	}
+	g := newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
+	return r.start(ctx, spec, g)
+}
+
+// ckState is what the fake writes into a checkpoint directory.
+type ckState struct {
+	AdminToken string            `json:"admin_token"`
+	Generation uint64            `json:"generation"`
+	Mark       []byte            `json:"mark"`
+	Files      map[string][]byte `json:"files"`
+	FrameHash  []byte            `json:"frame_hash"`
+	Tier       fleet.CheckpointTier
+	Snapshot   string
+	Image      string
+}
+
+const stateFile = "fake-checkpoint.json"
+
+// Restore implements fleet.Runtime.
+func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) (fleet.Instance, error) {
+	r.count("restore")
+	if r.RestoreErr != nil {
+		if err := r.RestoreErr(spec, ref); err != nil {
+			return fleet.Instance{}, err
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(ref.Dir, stateFile))
+	if err != nil {
+		return fleet.Instance{}, fmt.Errorf("checkpoint %s: %w", ref.Dir, errdefs.ErrNotFound)
+	}
+	var st ckState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fleet.Instance{}, err
+	}
+	var g *Guestd
+	if st.Tier == fleet.TierDisk {
+		// Boots fresh from the layer: files survive, memory does not.
+		g = newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
+	} else {
+		// The restored guestd is the source's: its tokens, mark, screen.
+		g = newGuestd("source", st.AdminToken, "source-token-until-restored")
+		g.mark = st.Mark
+		g.frameHash = st.FrameHash
+		g.generation = st.Generation
+	}
+	for k, v := range st.Files {
+		g.files[k] = v
+	}
+	if r.OnRestore != nil {
+		r.OnRestore(spec, g)
+	}
+	return r.start(ctx, spec, g)
+}
+
+// Delete implements fleet.Runtime.
+func (r *Runtime) Delete(_ context.Context, id string) error {
+	r.count("delete")
+	r.mu.Lock()
+	in, ok := r.instances[id]
+	if ok {
+		delete(r.instances, id)
+		if in.guest != nil {
+			delete(r.guests, in.guest.socket)
+		}
+		r.deleted[id]++
+	}
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if in.guest != nil {
+		in.guest.stop()
+	}
+	return nil
+}
+
+// List implements fleet.Runtime.
+func (r *Runtime) List(context.Context) ([]fleet.Instance, error) {
+	r.count("list")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]fleet.Instance, 0, len(r.instances))
+	for _, in := range r.instances {
+		out = append(out, in.inst)
+	}
+	return out, nil
+}
+
+func (r *Runtime) setStatus(id string, s fleet.InstanceStatus) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in, ok := r.instances[id]
+	if !ok {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	in.inst.Status = s
+	if in.guest != nil {
+		in.guest.setFrozen(s == fleet.StatusFrozen)
+	}
+	return nil
+}
+
+// Freeze implements fleet.Runtime.
+func (r *Runtime) Freeze(_ context.Context, id string) error {
+	r.count("freeze")
+	return r.setStatus(id, fleet.StatusFrozen)
+}
+
+// Thaw implements fleet.Runtime.
+func (r *Runtime) Thaw(_ context.Context, id string) error {
+	r.count("thaw")
+	return r.setStatus(id, fleet.StatusRunning)
+}
+
+// Status returns an instance's status.
+func (r *Runtime) Status(id string) fleet.InstanceStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in, ok := r.instances[id]; ok {
+		return in.inst.Status
+	}
+	return fleet.StatusUnknown
+}
+
+// Checkpoint implements fleet.Runtime: BeforeFreeze, freeze, write the
+// directory, AfterFreeze, thaw (or stop).
+func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.CheckpointSpec) (fleet.CheckpointResult, error) {
+	r.count("checkpoint")
+	start := time.Now()
+	r.mu.Lock()
+	in, ok := r.instances[id]
+	r.mu.Unlock()
+	if !ok {
+		return fleet.CheckpointResult{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if _, err := os.Stat(spec.Dir); err == nil {
+		return fleet.CheckpointResult{}, fmt.Errorf("checkpoint dir %s: %w", spec.Dir, errdefs.ErrAlreadyExists)
+	}
+	if spec.BeforeFreeze != nil {
+		if err := spec.BeforeFreeze(ctx); err != nil {
+			return fleet.CheckpointResult{}, err
+		}
+	}
+	if r.CheckpointErr != nil {
+		if err := r.CheckpointErr(id); err != nil {
+			return fleet.CheckpointResult{}, err
+		}
+	}
+	frozeAt := time.Now()
+	g := in.guest
+	st := g.snapshot()
+	st.Tier, st.Snapshot, st.Image = spec.Tier, "snap-"+filepath.Base(spec.Dir), "image"
+	if spec.Tier == fleet.TierDisk {
+		st.Mark, st.FrameHash = nil, nil
+	}
+	b, _ := json.Marshal(st)
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return fleet.CheckpointResult{}, err
+	}
+	if err := os.WriteFile(filepath.Join(spec.Dir, stateFile), b, 0o600); err != nil {
+		os.RemoveAll(spec.Dir)
+		return fleet.CheckpointResult{}, err
+	}
+	if spec.AfterFreeze != nil {
+		if err := spec.AfterFreeze(ctx); err != nil {
+			os.RemoveAll(spec.Dir)
+			return fleet.CheckpointResult{}, err
+		}
+	}
+	frozen := time.Since(frozeAt)
+	if spec.Stop {
+		r.setStatus(id, fleet.StatusStopped)
+	}
+	return fleet.CheckpointResult{
+		Ref:         fleet.CheckpointRef{Dir: spec.Dir, Snapshot: st.Snapshot, Image: st.Image, Tier: spec.Tier},
+		MemoryBytes: int64(len(b)), LayerBytes: 4096,
+		Frozen: frozen, Dump: frozen, Layer: time.Microsecond, Total: time.Since(start),
+	}, nil
+}
+
+// DeleteCheckpoint implements fleet.Runtime.
+func (r *Runtime) DeleteCheckpoint(_ context.Context, ref fleet.CheckpointRef) error {
+	r.count("delete_checkpoint")
+	r.mu.Lock()
+	r.ckDeleted = append(r.ckDeleted, ref)
+	r.mu.Unlock()
+	return nil
+}
+
+// Exits implements fleet.Runtime.
+func (r *Runtime) Exits(ctx context.Context) (<-chan fleet.Exit, error) {
+	out := make(chan fleet.Exit)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ex := <-r.exits:
+				select {
+				case out <- ex:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Guestd is one fake guestd.
+type Guestd struct {
+	mu         sync.Mutex
+	sandboxID  string
+	adminToken string
+	aciToken   string
+	generation uint64
+	mark       []byte
+	files      map[string][]byte
+	frameHash  []byte
+	socket     string
+	listenAt   time.Time
+	readyAt    time.Time
+	startedAt  time.Time
+	neverReady bool
+	frozen     bool
+	stopped    bool
+	restored   int
+	entropy    []byte
+
+	srv *acitest.Server
+	hs  *http.Server
+	ln  net.Listener
+}
+
+func newGuestd(id, admin, aci string) *Guestd {
+	h := sha256.Sum256([]byte("desktop-" + id))
+	return &Guestd{sandboxID: id, adminToken: admin, aciToken: aci, files: map[string][]byte{}, frameHash: h[:16]}
+}
+
+func (g *Guestd) snapshot() ckState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	files := map[string][]byte{}
+	for k, v := range g.files {
+		files[k] = v
+	}
+	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, Files: files, FrameHash: g.frameHash}
+}
+
+// SandboxID is who guestd believes it is.
+func (g *Guestd) SandboxID() string { g.mu.Lock(); defer g.mu.Unlock(); return g.sandboxID }
+
+// ACIToken is the token agents must present.
+func (g *Guestd) ACIToken() string { g.mu.Lock(); defer g.mu.Unlock(); return g.aciToken }
+
+// Generation is the restore generation.
+func (g *Guestd) Generation() uint64 { g.mu.Lock(); defer g.mu.Unlock(); return g.generation }
+
+// Restored counts Restored notifications.
+func (g *Guestd) Restored() int { g.mu.Lock(); defer g.mu.Unlock(); return g.restored }
+
+// Entropy is the last entropy received.
+func (g *Guestd) Entropy() []byte { g.mu.Lock(); defer g.mu.Unlock(); return g.entropy }
+
+// SetFrameHash changes the screen.
+func (g *Guestd) SetFrameHash(h []byte) { g.mu.Lock(); g.frameHash = h; g.mu.Unlock() }
+
+// SetFile changes a file.
+func (g *Guestd) SetFile(p string, b []byte) { g.mu.Lock(); g.files[p] = b; g.mu.Unlock() }
+
+// SetMark changes the memory mark.
+func (g *Guestd) SetMark(b []byte) { g.mu.Lock(); g.mark = b; g.mu.Unlock() }
+
+// SetReadyAt changes when the desktop reports ready.
+func (g *Guestd) SetReadyAt(t time.Time) { g.mu.Lock(); g.readyAt = t; g.mu.Unlock() }
+
+func (g *Guestd) setFrozen(f bool) { g.mu.Lock(); g.frozen = f; g.mu.Unlock() }
+
+// serve starts the real ACI listener: auth against the current admin or
+// ACI token, then acitest's handler.
+func (g *Guestd) serve() error {
+	os.Remove(g.socket)
+	ln, err := net.Listen("unix", g.socket)
+	if err != nil {
+		return err
+	}
+	g.srv = acitest.NewServer()
+	g.srv.SandboxID = g.sandboxID
+	g.ln = ln
+	g.hs = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		got := req.Header.Get("Authorization")
+		g.mu.Lock()
+		okAdmin := subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+g.adminToken)) == 1
+		okACI := subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+g.aciToken)) == 1
+		g.mu.Unlock()
+		if !okAdmin && !okACI {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		g.srv.ServeHTTP(w, req)
+	})}
+	go g.hs.Serve(ln)
+	return nil
+}
+
+func (g *Guestd) stop() {
+	g.mu.Lock()
+	g.stopped = true
+	hs, srv := g.hs, g.srv
+	g.hs, g.srv = nil, nil
+	g.mu.Unlock()
+	if hs != nil {
+		hs.Close()
+		srv.Close()
+		os.Remove(g.socket)
+	}
+}
+
+// Dialer is the fake fleet.GuestDialer over the Runtime's guestds.
+type Dialer struct{ R *Runtime }
+
+var _ fleet.GuestDialer = Dialer{}
+
+// DialGuest implements fleet.GuestDialer.
+func (d Dialer) DialGuest(ctx context.Context, path, token string) (fleet.Guest, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d.R.mu.Lock()
+	g, ok := d.R.guests[path]
+	d.R.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("dial %s: no such socket: %w", path, errdefs.ErrUnavailable)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.stopped:
+		return nil, fmt.Errorf("dial %s: connection refused: %w", path, errdefs.ErrUnavailable)
+	case time.Now().Before(g.listenAt):
+		return nil, fmt.Errorf("dial %s: no such file: %w", path, errdefs.ErrUnavailable)
+	case g.frozen:
+		// A frozen guestd accepts the connection but never answers.
+		return nil, fmt.Errorf("dial %s: %w", path, context.DeadlineExceeded)
+	case subtle.ConstantTimeCompare([]byte(token), []byte(g.adminToken)) != 1:
+		return nil, fmt.Errorf("dial %s: bad token: %w", path, errdefs.ErrPermissionDenied)
+	}
+	return &guest{g: g, hello: fleet.GuestHello{SandboxID: g.sandboxID, Generation: g.generation}}, nil
+}
+
+type guest struct {
+	g      *Guestd
+	hello  fleet.GuestHello
+	mu     sync.Mutex
+	closed bool
+}
+
+var _ fleet.Guest = (*guest)(nil)
+
+var errClosed = errors.New("fake guest: session closed")
+
+func (s *guest) check(ctx context.Context) error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if s.g.stopped {
+		return fmt.Errorf("fake guest: %w", errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (s *guest) state(now time.Time) fleet.ReadyState {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if s.g.neverReady || now.Before(s.g.readyAt) {
+		return fleet.ReadyState{}
+	}
+	ms := uint64(s.g.readyAt.Sub(s.g.startedAt)/time.Millisecond) + 1
+	return fleet.ReadyState{Ready: true, XUp: true, WMUp: true, Painted: true, XUpMs: ms, WMUpMs: ms, PaintedMs: ms}
+}
+
+func (s *guest) WaitReady(ctx context.Context, onState func(fleet.ReadyState)) (fleet.ReadyState, error) {
+	if err := s.check(ctx); err != nil {
+		return fleet.ReadyState{}, err
+	}
+	st := s.state(time.Now())
+	if onState != nil {
+		onState(st)
+	}
+	for !st.Ready {
+		s.g.mu.Lock()
+		wait := time.Until(s.g.readyAt)
+		never := s.g.neverReady
+		s.g.mu.Unlock()
+		if never {
+			<-ctx.Done()
+			return st, ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(max(wait, 0)):
+		}
+		if err := s.check(ctx); err != nil {
+			return st, err
+		}
+		st = s.state(time.Now())
+		if onState != nil {
+			onState(st)
+		}
+	}
+	return st, nil
+}
+
+func (s *guest) MemoryMark(ctx context.Context, value []byte) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	s.g.SetMark(append([]byte(nil), value...))
+	return nil
+}
+
+func (s *guest) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if s.g.mark == nil {
+		return nil, fmt.Errorf("no memory mark: %w", errdefs.ErrFailedPrecondition)
+	}
+	mac := hmac.New(sha256.New, s.g.mark)
+	mac.Write(nonce)
+	return mac.Sum(nil), nil
+}
+
+func (s *guest) FrameHash(ctx context.Context, _ time.Duration) ([]byte, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	return append([]byte(nil), s.g.frameHash...), nil
+}
+
+func (s *guest) PutFile(ctx context.Context, path string, data []byte, _ uint32) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	s.g.SetFile(path, append([]byte(nil), data...))
+	return nil
+}
+
+func (s *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	b, ok := s.g.files[path]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", path, errdefs.ErrNotFound)
+	}
+	return b, nil
+}
+
+func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	s.g.sandboxID, s.g.aciToken, s.g.generation = r.SandboxID, r.Token, r.Generation
+	s.g.entropy = r.Entropy
+	s.g.restored++
+	return nil
+}
+
+func (s *guest) Ping(ctx context.Context) error { return s.check(ctx) }
+
+func (s *guest) Hello() fleet.GuestHello { return s.hello }
+
+func (s *guest) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return nil
+}

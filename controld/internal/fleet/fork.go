@@ -1,0 +1,211 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// entropyBytes is how much fresh randomness a replica gets on Restored.
+const entropyBytes = 64
+
+// ForkCheckpoint starts count replicas of a checkpoint concurrently and
+// reports each one's outcome; a replica that fails is removed completely.
+func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) ([]*controldv1.ForkReplica, error) {
+	t0 := time.Now()
+	if err := validateCheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
+		return nil, err
+	}
+	if c := req.GetCount(); c < 1 || c > maxForkCount {
+		return nil, errdefs.InvalidField("count", "%d out of range 1..%d", c, maxForkCount)
+	}
+	if err := validateLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	ttl, err := durationField("ttl", req.GetTtl(), maxTTL)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := m.findCheckpoint(req.GetCheckpointId())
+	if err != nil {
+		return nil, err
+	}
+	levels, err := verifyLevels("verify", req.GetVerify(), ck.Checkpoint.VerifyLevels)
+	if err != nil {
+		return nil, err
+	}
+	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
+		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
+	defer span.End()
+	n := int(req.GetCount())
+	out := make([]*controldv1.ForkReplica, n)
+	done := make(chan struct{}, n)
+	for i := range n {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels})
+		}()
+	}
+	for range n {
+		<-done
+	}
+	return out, nil
+}
+
+type forkParams struct {
+	labels map[string]string
+	ttl    time.Duration
+	levels []controldv1.VerifyLevel
+	poolID string
+	pooled bool
+	freeze bool // pools: freeze after verifying
+}
+
+// forkReplica restores one replica, tells it who it is, verifies it and
+// marks it READY (SUSPENDED when p.freeze). On any failure it is deleted.
+func (m *Manager) forkReplica(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) *controldv1.ForkReplica {
+	sb, rep, err := m.forkStart(ctx, t0, ck, p)
+	if err != nil {
+		code := errdefs.Code(err)
+		if code == codes.Unknown {
+			code = codes.Internal
+		}
+		m.metrics.Forks.WithLabelValues(code.String()).Inc()
+		if sb != nil {
+			if derr := m.deleteSandbox(ctx, sb, "fork failed: "+err.Error()); derr != nil {
+				m.log.Error("remove failed replica", "sandbox", sb.rec.Sandbox.GetId(), "err", derr)
+			}
+		}
+		rep.Sandbox, rep.Endpoint = nil, nil
+		rep.ErrorCode = int32(code)
+		rep.ErrorMessage = err.Error()
+		rep.Took = durationpb.New(time.Since(t0))
+		return rep
+	}
+	m.metrics.Forks.WithLabelValues(codes.OK.String()).Inc()
+	m.metrics.ForkReplica.Observe(time.Since(t0).Seconds())
+	rep.Took = durationpb.New(time.Since(t0))
+	rep.Sandbox = m.snapshot(sb)
+	rep.Endpoint = m.endpoint(sb)
+	return rep
+}
+
+func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
+	rep := &controldv1.ForkReplica{}
+	memTier := ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK
+	sp := sandboxParams{
+		image: ck.Checkpoint.Image, resources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
+		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
+		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
+	}
+	if memTier {
+		// The restored guestd only knows the source's admin token.
+		sp.adminToken = ck.AdminToken
+	}
+	sb, err := m.newSandbox(sp, t0)
+	if err != nil {
+		return nil, rep, err
+	}
+	// The fork's work is cancelable by a concurrent delete, like a boot.
+	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), t0.Add(m.opts.BootTimeout))
+	defer cancel()
+	m.mu.Lock()
+	sb.cancelWork = cancel
+	m.mu.Unlock()
+	defer close(sb.workDone)
+	// Request cancellation also stops the fork.
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+
+	spec := m.bootSpec(sb)
+	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
+		attribute.String("sandbox.id", spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id)))
+	wf := &waterfall{m: m, sb: sb, t0: t0, kind: "fork", span: span}
+	if p.pooled {
+		wf.kind = "pool"
+	}
+	rctx, rcancel := uncancelable(wctx)
+	inst, err := m.rt.Restore(rctx, spec, refFromStore(ck.Ref))
+	rcancel()
+	sb.startErr = err
+	close(sb.started)
+	if err != nil {
+		wf.end(err)
+		return sb, rep, fmt.Errorf("restore: %w", err)
+	}
+	wf.runtimePhases(inst)
+	m.touch(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.ACISocket = inst.ACISocket
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
+	})
+	g, err := m.dialGuest(wctx, inst.ACISocket, spec.AdminToken)
+	if err != nil {
+		wf.end(err)
+		return sb, rep, err
+	}
+	defer g.Close()
+	wf.phase(PhaseGuestdListening, time.Now())
+	if !memTier {
+		// A disk-tier fork boots its desktop fresh.
+		if _, err := g.WaitReady(wctx, nil); err != nil {
+			wf.end(err)
+			return sb, rep, fmt.Errorf("desktop not ready: %w", err)
+		}
+	}
+	rctx, rs := m.tracer.Start(wctx, "fork.restored")
+	err = g.Restored(rctx, RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)})
+	rs.End()
+	if err != nil {
+		wf.end(err)
+		return sb, rep, fmt.Errorf("restored notification: %w", err)
+	}
+	if len(p.levels) > 0 {
+		rep.Verification = m.verify(wctx, g, ck, p.levels)
+		var failed []string
+		for _, v := range rep.Verification {
+			if !v.Ok {
+				failed = append(failed, fmt.Sprintf("%s: %s", v.Level, v.Detail))
+			}
+		}
+		if len(failed) > 0 {
+			err := errdefs.WithReason(errdefs.ErrFailedPrecondition, "VERIFY_FAILED", "replica failed verification: %s", strings.Join(failed, "; "))
+			wf.end(err)
+			return sb, rep, err
+		}
+	}
+	if err := g.Close(); err != nil {
+		m.log.Debug("close replica session", "sandbox", spec.ID, "err", err)
+	}
+	if p.freeze {
+		if err := m.rt.Freeze(wctx, spec.ID); err != nil {
+			wf.end(err)
+			return sb, rep, fmt.Errorf("freeze: %w", err)
+		}
+	}
+	now := time.Now()
+	wf.phase(PhaseUsable, now)
+	state := controldv1.SandboxState_SANDBOX_STATE_READY
+	if p.freeze {
+		state = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+	}
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = state
+		r.Sandbox.ReadyAt = timestampNow(now)
+	}); err != nil {
+		wf.end(err)
+		return sb, rep, err
+	}
+	wf.end(nil)
+	closeOnce(sb.settled)
+	return sb, rep, nil
+}

@@ -1,0 +1,66 @@
+package fleet
+
+import (
+	"context"
+	"time"
+)
+
+// Guest is an admin session with one sandbox's guestd, as the manager needs
+// it. internal/guestconn implements it over the ACI; tests use fakes.
+// Methods may be called concurrently; Close ends the session (idempotent).
+type Guest interface {
+	// WaitReady returns once guestd reports the desktop ready. It asks once
+	// and then follows guestd's pushed ReadyEvents (never polls); onState, when
+	// not nil, sees every state received, in order.
+	WaitReady(ctx context.Context, onState func(ReadyState)) (ReadyState, error)
+	// MemoryMark stores value in guestd's heap only (admin).
+	MemoryMark(ctx context.Context, value []byte) error
+	// MemoryChallenge returns HMAC-SHA256(key = the marked value, nonce).
+	MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, error)
+	// FrameHash returns the frame hash of a capture without pixels (format
+	// NONE), after the screen has been still for settle (0: no settling).
+	FrameHash(ctx context.Context, settle time.Duration) ([]byte, error)
+	// PutFile writes a file atomically, creating parent directories.
+	PutFile(ctx context.Context, path string, data []byte, mode uint32) error
+	// GetFile reads a whole (small) file.
+	GetFile(ctx context.Context, path string) ([]byte, error)
+	// Restored tells a freshly restored replica who it is now (admin).
+	Restored(ctx context.Context, r RestoredInfo) error
+	// Ping round-trips one small message.
+	Ping(ctx context.Context) error
+	// Hello is what guestd announced when the session opened.
+	Hello() GuestHello
+	Close() error
+}
+
+// GuestDialer opens admin sessions to guestd.
+type GuestDialer interface {
+	// DialGuest connects to guestd's ACI unix socket at path and
+	// authenticates with token. A socket that does not exist (yet) or refuses
+	// the connection fails with an error wrapping errdefs.ErrUnavailable, so
+	// the caller can retry; a rejected token wraps errdefs.ErrUnauthenticated
+	// or errdefs.ErrPermissionDenied.
+	DialGuest(ctx context.Context, path, token string) (Guest, error)
+}
+
+// ReadyState is guestd's readiness report. The *Ms fields count
+// milliseconds since guestd started (0: not reached yet).
+type ReadyState struct {
+	Ready, XUp, WMUp, Painted bool
+	XUpMs, WMUpMs, PaintedMs  uint64
+}
+
+// GuestHello is the session's HelloResponse, as far as controld uses it.
+type GuestHello struct {
+	SandboxID  string
+	Generation uint64
+	BootID     string
+}
+
+// RestoredInfo is what a replica learns right after a restore.
+type RestoredInfo struct {
+	SandboxID  string
+	Token      string // the replica's own ACI token
+	Generation uint64
+	Entropy    []byte
+}

@@ -1,0 +1,416 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// Labels controld puts on every container it creates, so reconciliation can
+// tell its own containers from anything else in the namespace.
+const (
+	LabelManaged   = "forkfleet.dev/managed"
+	LabelSandboxID = "forkfleet.dev/sandbox-id"
+	managedValue   = "controld"
+)
+
+// Options configure a Manager.
+type Options struct {
+	Runtime Runtime     // required
+	Dialer  GuestDialer // required
+	Store   *store.Store
+	Metrics *Metrics     // nil: fresh, unregistered instruments
+	Tracer  trace.Tracer // nil: no traces
+	Logger  *slog.Logger // nil: slog.Default()
+
+	Host          string // reported in Sandbox.host
+	GatewayHost   string // host:port of the ACI gateway, for endpoint URLs
+	DefaultImage  string
+	DefaultScreen *controldv1.Screen
+	CheckpointDir string
+	BootTimeout   time.Duration // request to usable; 60 s when 0
+
+	ReapInterval time.Duration // TTL reaper period; 1 s when 0
+	WatchBuffer  int           // events buffered per watcher; 1024 when 0
+	PoolRetry    time.Duration // first pool refill retry delay; 500 ms when 0
+	// DropConnections, when set, closes controld's own connections into a
+	// sandbox (the ACI gateway's) right before it is frozen for a
+	// checkpoint.
+	DropConnections func(sandboxID string)
+	// FrameSettle is how long the screen must be still for a pixel proof;
+	// 150 ms when 0.
+	FrameSettle time.Duration
+}
+
+// Manager owns sandboxes, checkpoints and pools: their records, their
+// lifecycle and the background work (readiness waits, TTL reaper, exit
+// watcher, pool replenishers). Safe for concurrent use.
+type Manager struct {
+	opts    Options
+	rt      Runtime
+	dialer  GuestDialer
+	st      *store.Store
+	metrics *Metrics
+	tracer  trace.Tracer
+	log     *slog.Logger
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	closed      bool
+	sandboxes   map[string]*sandbox
+	checkpoints map[string]*store.CheckpointRecord
+	pools       map[string]*pool
+	// tombstones remember recently deleted sandbox ids, so a retried delete
+	// (say, after a lost response) succeeds instead of failing NotFound.
+	tombstones map[string]time.Time
+	ckMu       sync.Mutex // serializes checkpoint tree edits (create, delete, import)
+
+	wmu           sync.Mutex
+	watchers      map[*Watch]struct{}
+	watchesClosed bool
+}
+
+// sandbox is the manager's in-memory view of one sandbox.
+type sandbox struct {
+	rec *store.SandboxRecord // guarded by Manager.mu
+
+	// op serializes whole-sandbox operations (delete, suspend, resume,
+	// checkpoint, claim).
+	op sync.Mutex
+	// persist orders record writes of this sandbox.
+	persist sync.Mutex
+
+	// started is closed once the runtime call that creates the sandbox has
+	// returned (success or not); settled once it is READY or failed.
+	started, settled chan struct{}
+	// workDone is closed when the goroutine booting it has exited.
+	workDone   chan struct{}
+	cancelWork context.CancelFunc
+	startErr   error // set before started closes
+	deleting   bool  // guarded by Manager.mu
+	claimed    bool  // guarded by Manager.mu: taken by a claim in progress
+	// checkpointing: guarded by Manager.mu; the gateway refuses new
+	// connections meanwhile (they would break the dump).
+	checkpointing bool
+}
+
+// New loads the store, reconciles it with the runtime and starts the
+// background loops. Close stops them; sandboxes keep running.
+func New(ctx context.Context, opts Options) (*Manager, error) {
+	if opts.Runtime == nil || opts.Dialer == nil || opts.Store == nil {
+		return nil, errors.New("fleet: Runtime, Dialer and Store are required")
+	}
+	if opts.CheckpointDir == "" || opts.DefaultImage == "" || opts.GatewayHost == "" {
+		return nil, errors.New("fleet: CheckpointDir, DefaultImage and GatewayHost are required")
+	}
+	if opts.DefaultScreen == nil {
+		opts.DefaultScreen = &controldv1.Screen{Width: 1280, Height: 800, Depth: 24}
+	}
+	if opts.BootTimeout <= 0 {
+		opts.BootTimeout = 60 * time.Second
+	}
+	if opts.ReapInterval <= 0 {
+		opts.ReapInterval = time.Second
+	}
+	if opts.WatchBuffer <= 0 {
+		opts.WatchBuffer = 1024
+	}
+	if opts.PoolRetry <= 0 {
+		opts.PoolRetry = 500 * time.Millisecond
+	}
+	if opts.FrameSettle <= 0 {
+		opts.FrameSettle = 150 * time.Millisecond
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(nil)
+	}
+	if opts.Tracer == nil {
+		opts.Tracer = noop.NewTracerProvider().Tracer("controld")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Host == "" {
+		opts.Host, _ = os.Hostname()
+	}
+	if err := os.MkdirAll(opts.CheckpointDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fleet: checkpoint dir: %w", err)
+	}
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m := &Manager{
+		opts: opts, rt: opts.Runtime, dialer: opts.Dialer, st: opts.Store,
+		metrics: opts.Metrics, tracer: opts.Tracer, log: opts.Logger,
+		ctx: mctx, cancel: cancel,
+		sandboxes:   map[string]*sandbox{},
+		checkpoints: map[string]*store.CheckpointRecord{},
+		pools:       map[string]*pool{},
+		tombstones:  map[string]time.Time{},
+		watchers:    map[*Watch]struct{}{},
+	}
+	// Subscribe to exits before reconciling so none is lost in between.
+	exits, err := m.rt.Exits(mctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("fleet: runtime exits: %w", err)
+	}
+	if err := m.reconcile(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
+	m.goBackground(func() { m.watchExits(exits) })
+	m.goBackground(m.reapLoop)
+	m.mu.Lock()
+	for _, p := range m.pools {
+		m.startPoolLocked(p)
+	}
+	m.mu.Unlock()
+	return m, nil
+}
+
+// goBackground runs fn as tracked background work; after Close it refuses
+// (false), so Close's wait is never raced by a late Add.
+func (m *Manager) goBackground(fn func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.goBackgroundLocked(fn)
+}
+
+func (m *Manager) goBackgroundLocked(fn func()) bool {
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// Close stops background work (replenishers, reaper, readiness waits) and
+// ends every watch. It does not touch running sandboxes: a restarted
+// controld reconciles and adopts them. Close waits for in-flight work until
+// ctx ends.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	m.CloseWatches()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fleet: background work still running at shutdown deadline: %w", ctx.Err())
+	}
+}
+
+func (m *Manager) checkOpenErr() error {
+	return errdefs.WithReason(errdefs.ErrUnavailable, "SHUTTING_DOWN", "controld is shutting down")
+}
+
+func (m *Manager) checkOpen() error {
+	if m.closed {
+		return errdefs.WithReason(errdefs.ErrUnavailable, "SHUTTING_DOWN", "controld is shutting down")
+	}
+	return nil
+}
+
+// sandboxNotFound is the error for an unknown sandbox id.
+func sandboxNotFound(id string) error {
+	return errdefs.WithReason(errdefs.ErrNotFound, "SANDBOX_NOT_FOUND", "sandbox %s not found", id)
+}
+
+func checkpointNotFound(id string) error {
+	return errdefs.WithReason(errdefs.ErrNotFound, "CHECKPOINT_NOT_FOUND", "checkpoint %s not found", id)
+}
+
+func poolNotFound(id string) error {
+	return errdefs.WithReason(errdefs.ErrNotFound, "POOL_NOT_FOUND", "pool %s not found", id)
+}
+
+// lookup returns a live sandbox (not being deleted).
+func (m *Manager) lookup(id string) (*sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok || sb.deleting {
+		return nil, sandboxNotFound(id)
+	}
+	return sb, nil
+}
+
+// snapshot returns a copy of sb's public record.
+func (m *Manager) snapshot(sb *sandbox) *controldv1.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return proto.Clone(sb.rec.Sandbox).(*controldv1.Sandbox)
+}
+
+// update mutates sb's record under the lock, writes it durably and then
+// publishes ev (when not UNSPECIFIED). Writes of one sandbox land in order.
+func (m *Manager) update(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
+	return m.change(sb, true, ev, phase, fn)
+}
+
+// touch is update without the durable write, for changes the next state
+// change persists anyway (boot phases): each write is an fsync on the boot
+// path.
+func (m *Manager) touch(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) {
+	m.change(sb, false, ev, phase, fn)
+}
+
+func (m *Manager) change(sb *sandbox, durable bool, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
+	sb.persist.Lock()
+	defer sb.persist.Unlock()
+	m.mu.Lock()
+	if fn != nil {
+		fn(sb.rec)
+	}
+	snap := cloneRecord(sb.rec)
+	m.refreshStateGaugeLocked()
+	m.mu.Unlock()
+	if durable {
+		if err := m.st.PutSandbox(snap); err != nil {
+			return nil, fmt.Errorf("sandbox %s: persist: %w", snap.Sandbox.GetId(), err)
+		}
+	}
+	if ev != controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_UNSPECIFIED {
+		m.publish(&controldv1.WatchSandboxesResponse{Type: ev, Sandbox: snap.Sandbox, Phase: phase})
+	}
+	return proto.Clone(snap.Sandbox).(*controldv1.Sandbox), nil
+}
+
+func cloneRecord(r *store.SandboxRecord) *store.SandboxRecord {
+	c := *r
+	c.Sandbox = proto.Clone(r.Sandbox).(*controldv1.Sandbox)
+	return &c
+}
+
+func (m *Manager) refreshStateGaugeLocked() {
+	counts := map[controldv1.SandboxState]int{}
+	for _, sb := range m.sandboxes {
+		counts[sb.rec.Sandbox.GetState()]++
+	}
+	for v, name := range controldv1.SandboxState_name {
+		if v == 0 {
+			continue
+		}
+		m.metrics.SandboxesByState.WithLabelValues(name).Set(float64(counts[controldv1.SandboxState(v)]))
+	}
+}
+
+func (m *Manager) endpoint(sb *sandbox) *controldv1.Endpoint {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.endpointLocked(sb)
+}
+
+func (m *Manager) endpointLocked(sb *sandbox) *controldv1.Endpoint {
+	return &controldv1.Endpoint{
+		Url:      fmt.Sprintf("ws://%s/v1/sandboxes/%s/aci", m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
+		Token:    sb.rec.ACIToken,
+		UnixPath: sb.rec.ACISocket,
+	}
+}
+
+// Route is what the ACI gateway needs to forward a connection.
+type Route struct {
+	Token     string
+	ACISocket string
+}
+
+// Route returns the current ACI token and guestd socket of a sandbox, for
+// the gateway. Only sandboxes whose guestd may be reachable are routed.
+func (m *Manager) Route(id string) (Route, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok || sb.deleting || sb.rec.Pooled {
+		return Route{}, sandboxNotFound(id)
+	}
+	if sb.checkpointing {
+		return Route{}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_CHECKPOINTING",
+			"sandbox %s is being checkpointed; retry shortly", id)
+	}
+	switch sb.rec.Sandbox.GetState() {
+	case controldv1.SandboxState_SANDBOX_STATE_BOOTING, controldv1.SandboxState_SANDBOX_STATE_READY,
+		controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
+	default:
+		return Route{}, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_RUNNING",
+			"sandbox %s is %s", id, sb.rec.Sandbox.GetState())
+	}
+	if sb.rec.ACISocket == "" {
+		return Route{}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_STARTING", "sandbox %s has no guestd socket yet", id)
+	}
+	return Route{Token: sb.rec.ACIToken, ACISocket: sb.rec.ACISocket}, nil
+}
+
+// dialGuest connects to guestd, retrying every 2 ms while its socket is not
+// there yet, until ctx ends.
+func (m *Manager) dialGuest(ctx context.Context, path, token string) (Guest, error) {
+	if path == "" {
+		return nil, errdefs.WithReason(errdefs.ErrUnavailable, "GUEST_UNREACHABLE", "no guestd socket known")
+	}
+	var t *time.Timer
+	for {
+		g, err := m.dialer.DialGuest(ctx, path, token)
+		if err == nil {
+			return g, nil
+		}
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, fmt.Errorf("guestd at %s: %w", path, err)
+		}
+		if t == nil {
+			t = time.NewTimer(2 * time.Millisecond)
+			defer t.Stop()
+		} else {
+			t.Reset(2 * time.Millisecond)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errdefs.WithReason(errdefs.ErrDeadlineExceeded, "GUEST_UNREACHABLE",
+				"guestd at %s did not accept a session in time: %v", path, err)
+		case <-t.C:
+		}
+	}
+}
+
+// checkpointDirFor and tmpCheckpointDir name a checkpoint's directories: the
+// runtime writes into the temporary one, which is renamed into place only
+// once complete, so a crash never leaves a half checkpoint under a real name.
+func (m *Manager) checkpointDirFor(id string) string { return filepath.Join(m.opts.CheckpointDir, id) }
+
+func (m *Manager) tmpCheckpointDir(id string) string {
+	return filepath.Join(m.opts.CheckpointDir, tmpPrefix+id)
+}
+
+const tmpPrefix = ".tmp-"
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

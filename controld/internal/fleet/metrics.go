@@ -1,0 +1,149 @@
+package fleet
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+)
+
+// Metrics are the manager's Prometheus instruments.
+type Metrics struct {
+	SandboxesByState *prometheus.GaugeVec
+	BootPhase        *prometheus.HistogramVec
+	RuntimeCall      *prometheus.HistogramVec
+	CheckpointStep   *prometheus.HistogramVec
+	Forks            *prometheus.CounterVec
+	ForkReplica      prometheus.Histogram
+	PoolSize         *prometheus.GaugeVec
+	PoolAvailable    *prometheus.GaugeVec
+	PoolClaims       *prometheus.CounterVec
+	ClaimLatency     *prometheus.HistogramVec
+	WatchDropped     prometheus.Counter
+}
+
+// Millisecond-resolution buckets from 1 ms to about 65 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+
+// NewMetrics creates the instruments and registers them with reg (nil: not
+// registered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		SandboxesByState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "sandboxes",
+			Help: "Sandboxes by state.",
+		}, []string{"state"}),
+		BootPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "boot_phase_seconds",
+			Help: "Time from the create request to each boot milestone.", Buckets: latencyBuckets,
+		}, []string{"phase", "kind"}),
+		RuntimeCall: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "runtime_call_seconds",
+			Help: "Runtime (containerd) call latency.", Buckets: latencyBuckets,
+		}, []string{"op", "code"}),
+		CheckpointStep: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "checkpoint_step_seconds",
+			Help: "Checkpoint durations by step (frozen, dump, layer, total) and tier.", Buckets: latencyBuckets,
+		}, []string{"step", "tier"}),
+		Forks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "fork_replicas_total",
+			Help: "Fork replicas by outcome (a gRPC code name).",
+		}, []string{"code"}),
+		ForkReplica: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "fork_replica_seconds",
+			Help: "Fork request to usable, verified replica.", Buckets: latencyBuckets,
+		}),
+		PoolSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_size",
+			Help: "Target size of each pool.",
+		}, []string{"pool"}),
+		PoolAvailable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_available",
+			Help: "Warm sandboxes ready to claim.",
+		}, []string{"pool"}),
+		PoolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_claims_total",
+			Help: "Pool claims by result (hit, miss, error).",
+		}, []string{"pool", "result"}),
+		ClaimLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_claim_seconds",
+			Help: "Claim request to usable sandbox.", Buckets: latencyBuckets,
+		}, []string{"result"}),
+		WatchDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "watch_dropped_total",
+			Help: "Watch streams closed because the client fell behind.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.Forks,
+			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped)
+	}
+	return m
+}
+
+// InstrumentRuntime wraps rt so every call's latency lands in
+// m.RuntimeCall. The wrapper forwards CheckpointExporter when rt has it.
+func InstrumentRuntime(rt Runtime, m *Metrics) Runtime {
+	return &instrumented{rt: rt, m: m}
+}
+
+type instrumented struct {
+	rt Runtime
+	m  *Metrics
+}
+
+// Unwrap returns the wrapped runtime (the manager looks through it for
+// optional interfaces).
+func (r *instrumented) Unwrap() Runtime { return r.rt }
+
+// track starts timing op; call the result with the call's error at the end.
+func (r *instrumented) track(op string) func(*error) {
+	start := time.Now()
+	return func(err *error) {
+		r.m.RuntimeCall.WithLabelValues(op, errdefs.Code(*err).String()).Observe(time.Since(start).Seconds())
+	}
+}
+
+func (r *instrumented) Boot(ctx context.Context, spec BootSpec) (inst Instance, err error) {
+	defer r.track("boot")(&err)
+	return r.rt.Boot(ctx, spec)
+}
+
+func (r *instrumented) Restore(ctx context.Context, spec BootSpec, from CheckpointRef) (inst Instance, err error) {
+	defer r.track("restore")(&err)
+	return r.rt.Restore(ctx, spec, from)
+}
+
+func (r *instrumented) Delete(ctx context.Context, id string) (err error) {
+	defer r.track("delete")(&err)
+	return r.rt.Delete(ctx, id)
+}
+
+func (r *instrumented) List(ctx context.Context) (out []Instance, err error) {
+	defer r.track("list")(&err)
+	return r.rt.List(ctx)
+}
+
+func (r *instrumented) Freeze(ctx context.Context, id string) (err error) {
+	defer r.track("freeze")(&err)
+	return r.rt.Freeze(ctx, id)
+}
+
+func (r *instrumented) Thaw(ctx context.Context, id string) (err error) {
+	defer r.track("thaw")(&err)
+	return r.rt.Thaw(ctx, id)
+}
+
+func (r *instrumented) Checkpoint(ctx context.Context, id string, spec CheckpointSpec) (res CheckpointResult, err error) {
+	defer r.track("checkpoint")(&err)
+	return r.rt.Checkpoint(ctx, id, spec)
+}
+
+func (r *instrumented) DeleteCheckpoint(ctx context.Context, ref CheckpointRef) (err error) {
+	defer r.track("delete_checkpoint")(&err)
+	return r.rt.DeleteCheckpoint(ctx, ref)
+}
+
+func (r *instrumented) Exits(ctx context.Context) (<-chan Exit, error) { return r.rt.Exits(ctx) }

@@ -1,0 +1,255 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// reconcile loads the store and makes it agree with the runtime and the
+// checkpoint directory: nothing orphaned (containers and checkpoint dirs
+// without records are removed), nothing forgotten (records whose container
+// vanished are failed or dropped), interrupted boots resumed.
+func (m *Manager) reconcile(ctx context.Context) error {
+	if err := m.reconcileCheckpoints(ctx); err != nil {
+		return err
+	}
+	pools, err := m.st.Pools()
+	if err != nil {
+		return fmt.Errorf("fleet: load pools: %w", err)
+	}
+	for _, r := range pools {
+		m.pools[r.Pool.Id] = newPool(r)
+	}
+	recs, err := m.st.Sandboxes()
+	if err != nil {
+		return fmt.Errorf("fleet: load sandboxes: %w", err)
+	}
+	insts, err := m.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("fleet: list runtime sandboxes: %w", err)
+	}
+	byID := make(map[string]Instance, len(insts))
+	for _, in := range insts {
+		byID[in.ID] = in
+	}
+	known := map[string]bool{}
+	for _, r := range recs {
+		known[r.Sandbox.Id] = true
+		if err := m.adopt(ctx, r, byID); err != nil {
+			return err
+		}
+	}
+	for _, in := range insts {
+		if known[in.ID] || !isOurs(in) {
+			continue
+		}
+		m.log.Warn("removing orphaned sandbox container (no record)", "sandbox", in.ID)
+		if err := m.rt.Delete(ctx, in.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("fleet: remove orphan %s: %w", in.ID, err)
+		}
+	}
+	m.mu.Lock()
+	m.refreshStateGaugeLocked()
+	m.mu.Unlock()
+	return nil
+}
+
+func isOurs(in Instance) bool {
+	if in.Labels[LabelManaged] == managedValue {
+		return true
+	}
+	for k := range in.Labels {
+		if strings.HasPrefix(k, "forkfleet.dev/") {
+			return true
+		}
+	}
+	return strings.HasPrefix(in.ID, prefixSandbox)
+}
+
+// adopt brings one stored sandbox back under management.
+func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]Instance) error {
+	id := r.Sandbox.Id
+	in, present := byID[id]
+	sb := &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
+	close(sb.started)
+	state := r.Sandbox.State
+	drop := func(why string) error {
+		m.log.Warn("dropping sandbox at reconciliation", "sandbox", id, "reason", why)
+		if present {
+			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("fleet: remove %s: %w", id, err)
+			}
+		}
+		return m.st.DeleteSandbox(id)
+	}
+	fail := func(why string) error {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_FAILED
+		r.Sandbox.StatusMessage = why
+		if present {
+			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("fleet: remove %s: %w", id, err)
+			}
+		}
+		closeOnce(sb.settled)
+		m.sandboxes[id] = sb
+		return m.st.PutSandbox(r)
+	}
+	switch {
+	case state == controldv1.SandboxState_SANDBOX_STATE_STOPPING || state == controldv1.SandboxState_SANDBOX_STATE_DELETED:
+		return drop("delete was interrupted")
+	case r.Pooled && (!present || state != controldv1.SandboxState_SANDBOX_STATE_READY && state != controldv1.SandboxState_SANDBOX_STATE_SUSPENDED):
+		// A half-warmed or vanished pool member: its pool makes another.
+		return drop("pooled sandbox not warm")
+	case r.Sandbox.CheckpointId != "" && (state == controldv1.SandboxState_SANDBOX_STATE_CREATING || state == controldv1.SandboxState_SANDBOX_STATE_BOOTING):
+		// A replica that was never told who it is must not run half-restored.
+		if !present {
+			return drop("fork interrupted")
+		}
+		return fail("fork interrupted by a controld restart")
+	case state == controldv1.SandboxState_SANDBOX_STATE_FAILED || state == controldv1.SandboxState_SANDBOX_STATE_STOPPED:
+		if present && in.Status != StatusStopped {
+			// A failed sandbox keeps only its record.
+			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("fleet: remove %s: %w", id, err)
+			}
+		}
+		closeOnce(sb.settled)
+		m.sandboxes[id] = sb
+		return nil
+	case !present:
+		return fail("container vanished while controld was down")
+	case in.Status == StatusStopped:
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+		r.Sandbox.StatusMessage = "task exited while controld was down"
+		closeOnce(sb.settled)
+		m.sandboxes[id] = sb
+		return m.st.PutSandbox(r)
+	}
+	if in.ACISocket != "" {
+		r.ACISocket = in.ACISocket
+	}
+	m.sandboxes[id] = sb
+	switch state {
+	case controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
+		// Trust the runtime about frozen-ness.
+		if in.Status == StatusFrozen {
+			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+		} else if in.Status == StatusRunning {
+			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
+		}
+		closeOnce(sb.settled)
+		return m.st.PutSandbox(r)
+	default: // CREATING or BOOTING a cold boot: resume waiting for guestd.
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
+		if err := m.st.PutSandbox(r); err != nil {
+			return err
+		}
+		t0 := r.Sandbox.GetCreatedAt().AsTime()
+		deadline := t0.Add(m.opts.BootTimeout)
+		if d := time.Until(deadline); d < 5*time.Second {
+			// Give a resumed wait at least a few seconds.
+			deadline = time.Now().Add(5 * time.Second)
+		}
+		wctx, cancel := context.WithDeadline(m.ctx, deadline)
+		sb.cancelWork = cancel
+		m.goBackground(func() {
+			defer close(sb.workDone)
+			defer cancel()
+			_, span := m.tracer.Start(wctx, "sandbox.boot.resume")
+			wf := &waterfall{m: m, sb: sb, t0: t0, kind: "boot", span: span}
+			for _, p := range r.Sandbox.Boot {
+				wf.lastAt = t0.Add(p.GetAt().AsDuration())
+			}
+			m.awaitReady(wctx, sb, wf, in.ACISocket, r.AdminToken, in.TaskStartedAt)
+		})
+		return nil
+	}
+}
+
+// reconcileCheckpoints removes what an interrupted checkpoint left: temp
+// dirs, records without a complete directory, directories without a record.
+func (m *Manager) reconcileCheckpoints(ctx context.Context) error {
+	recs, err := m.st.Checkpoints()
+	if err != nil {
+		return fmt.Errorf("fleet: load checkpoints: %w", err)
+	}
+	entries, err := os.ReadDir(m.opts.CheckpointDir)
+	if err != nil {
+		return fmt.Errorf("fleet: read checkpoint dir: %w", err)
+	}
+	byDir := map[string]bool{}
+	var gone []string
+	for _, r := range recs {
+		if _, err := os.Stat(r.Ref.Dir); err != nil {
+			m.log.Warn("dropping checkpoint whose directory is missing", "checkpoint", r.Checkpoint.Id, "dir", r.Ref.Dir)
+			if err := m.rt.DeleteCheckpoint(ctx, refFromStore(r.Ref)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				m.log.Error("release checkpoint", "checkpoint", r.Checkpoint.Id, "err", err)
+			}
+			gone = append(gone, r.Checkpoint.Id)
+			continue
+		}
+		byDir[filepath.Clean(r.Ref.Dir)] = true
+		m.checkpoints[r.Checkpoint.Id] = r
+	}
+	// Drop references to vanished checkpoints from the survivors' lineage.
+	if len(gone) > 0 {
+		goneSet := map[string]bool{}
+		for _, id := range gone {
+			goneSet[id] = true
+		}
+		err := m.st.Update(func(tx *store.Tx) error {
+			for _, id := range gone {
+				if err := tx.DeleteCheckpoint(id); err != nil {
+					return err
+				}
+			}
+			for _, c := range m.checkpoints {
+				kids := c.Checkpoint.ChildIds[:0:0]
+				for _, k := range c.Checkpoint.ChildIds {
+					if !goneSet[k] {
+						kids = append(kids, k)
+					}
+				}
+				if len(kids) != len(c.Checkpoint.ChildIds) {
+					c.Checkpoint.ChildIds = kids
+					if err := tx.PutCheckpoint(c); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("fleet: drop incomplete checkpoints: %w", err)
+		}
+	}
+	for _, e := range entries {
+		path := filepath.Join(m.opts.CheckpointDir, e.Name())
+		if byDir[path] {
+			continue
+		}
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			m.log.Warn("removing interrupted checkpoint", "dir", path)
+		} else {
+			m.log.Warn("removing unreferenced checkpoint directory", "dir", path)
+		}
+		// The runtime may hold a committed snapshot for it; let it release
+		// what it can find from the directory.
+		if err := m.rt.DeleteCheckpoint(ctx, CheckpointRef{Dir: path}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Error("release unreferenced checkpoint", "dir", path, "err", err)
+		}
+		if err := os.RemoveAll(path); err != nil {
+			return fmt.Errorf("fleet: remove %s: %w", path, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,773 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// Boot phase names (BootPhase.name).
+const (
+	PhaseCreate          = "create"
+	PhaseTaskStart       = "task_start"
+	PhaseGuestdListening = "guestd_listening"
+	PhaseXUp             = "x_up"
+	PhasePainted         = "painted"
+	PhaseUsable          = "usable"
+)
+
+const defaultWaitTimeout = 60 * time.Second
+
+// CreateSandbox validates req, records the sandbox and boots it. It returns
+// once the task runs (or, with wait_ready, once the desktop is usable).
+func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+	t0 := time.Now()
+	if err := validateImage("image", req.GetImage()); err != nil {
+		return nil, nil, err
+	}
+	if err := validateResources("resources", req.GetResources()); err != nil {
+		return nil, nil, err
+	}
+	if err := validateScreen("screen", req.GetScreen()); err != nil {
+		return nil, nil, err
+	}
+	if err := validateEnv("env", req.GetEnv()); err != nil {
+		return nil, nil, err
+	}
+	if err := validateLabels("labels", req.GetLabels()); err != nil {
+		return nil, nil, err
+	}
+	ttl, err := durationField("ttl", req.GetTtl(), maxTTL)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := m.newSandbox(sandboxParams{
+		image: req.GetImage(), resources: req.GetResources(), screen: req.GetScreen(),
+		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl,
+	}, t0)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.startBoot(sb, t0, "boot")
+	if req.GetWaitReady() {
+		s, err := m.waitSettled(ctx, sb)
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, m.endpoint(sb), nil
+	}
+	if err := m.waitStarted(ctx, sb); err != nil {
+		return nil, nil, err
+	}
+	return m.snapshot(sb), m.endpoint(sb), nil
+}
+
+type sandboxParams struct {
+	image        string
+	resources    *controldv1.Resources
+	screen       *controldv1.Screen
+	env          map[string]string
+	labels       map[string]string
+	ttl          time.Duration
+	checkpointID string
+	generation   uint64
+	poolID       string
+	pooled       bool
+	adminToken   string // reuse (memory-tier fork); fresh when empty
+	// lazyRecord: do not write the record until the sandbox is usable. For
+	// forks: a replica interrupted before that is deleted at the next start
+	// anyway (as a container without a record), so the early fsyncs would
+	// only slow every replica down.
+	lazyRecord bool
+}
+
+// newSandbox writes a CREATING record and registers it.
+func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
+	if p.image == "" {
+		p.image = m.opts.DefaultImage
+	}
+	screen := proto.Clone(m.opts.DefaultScreen).(*controldv1.Screen)
+	if p.screen != nil {
+		screen = proto.Clone(p.screen).(*controldv1.Screen)
+	}
+	if screen.Depth == 0 {
+		screen.Depth = 24
+	}
+	res := &controldv1.Resources{}
+	if p.resources != nil {
+		res = proto.Clone(p.resources).(*controldv1.Resources)
+	}
+	admin := p.adminToken
+	if admin == "" {
+		admin = newToken()
+	}
+	pb := &controldv1.Sandbox{
+		Id:           newID(prefixSandbox),
+		State:        controldv1.SandboxState_SANDBOX_STATE_CREATING,
+		Image:        p.image,
+		Resources:    res,
+		Screen:       screen,
+		Labels:       copyMap(p.labels),
+		CreatedAt:    timestamppb.New(t0),
+		CheckpointId: p.checkpointID,
+		Generation:   p.generation,
+		PoolId:       p.poolID,
+		Host:         m.opts.Host,
+	}
+	if p.ttl > 0 {
+		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
+	}
+	rec := &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}
+	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
+	m.mu.Lock()
+	if err := m.checkOpen(); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.sandboxes[pb.Id] = sb
+	m.mu.Unlock()
+	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, pb.Id)
+		m.refreshStateGaugeLocked()
+		m.mu.Unlock()
+		return nil, err
+	}
+	return sb, nil
+}
+
+func copyMap(in map[string]string) map[string]string {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+func (m *Manager) bootSpec(sb *sandbox) BootSpec {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := sb.rec
+	return BootSpec{
+		ID:          r.Sandbox.Id,
+		Image:       r.Sandbox.Image,
+		CPUMillis:   r.Sandbox.GetResources().GetCpuMillis(),
+		MemoryBytes: r.Sandbox.GetResources().GetMemoryBytes(),
+		Width:       r.Sandbox.GetScreen().GetWidth(),
+		Height:      r.Sandbox.GetScreen().GetHeight(),
+		Depth:       r.Sandbox.GetScreen().GetDepth(),
+		Env:         copyMap(r.Env),
+		ACIToken:    r.ACIToken,
+		AdminToken:  r.AdminToken,
+		Labels:      map[string]string{LabelManaged: managedValue, LabelSandboxID: r.Sandbox.Id},
+	}
+}
+
+// startBoot boots sb in the background, bounded by the boot timeout.
+func (m *Manager) startBoot(sb *sandbox, t0 time.Time, kind string) {
+	ctx, cancel := context.WithDeadline(m.ctx, t0.Add(m.opts.BootTimeout))
+	m.mu.Lock()
+	sb.cancelWork = cancel
+	m.mu.Unlock()
+	if !m.goBackground(func() {
+		defer close(sb.workDone)
+		defer cancel()
+		m.boot(ctx, sb, t0, kind)
+	}) {
+		// Shutting down between record and boot: nothing was started; the
+		// CREATING record without a container fails at the next start.
+		cancel()
+		sb.startErr = m.checkOpenErr()
+		close(sb.started)
+		close(sb.workDone)
+	}
+}
+
+// boot runs a cold boot to usable.
+func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind string) {
+	spec := m.bootSpec(sb)
+	ctx, span := m.tracer.Start(ctx, "sandbox.boot", trace.WithTimestamp(t0),
+		trace.WithAttributes(attribute.String("sandbox.id", spec.ID), attribute.String("sandbox.image", spec.Image), attribute.String("kind", kind)))
+	wf := &waterfall{m: m, sb: sb, t0: t0, kind: kind, span: span}
+	rctx, rcancel := uncancelable(ctx)
+	inst, err := m.rt.Boot(rctx, spec)
+	rcancel()
+	if err != nil {
+		// The create call reports this error, and the runtime left nothing:
+		// drop the record too rather than keep a FAILED ghost.
+		wf.end(err)
+		if ferr := m.forget(sb); ferr != nil {
+			m.log.Error("drop record of failed boot", "sandbox", spec.ID, "err", ferr)
+		}
+		sb.startErr = err
+		close(sb.started)
+		return
+	}
+	wf.runtimePhases(inst)
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.ACISocket = inst.ACISocket
+		if r.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_CREATING {
+			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
+		}
+	}); err != nil {
+		m.log.Error("persist booting sandbox", "sandbox", spec.ID, "err", err)
+	}
+	// Create returns from here: the record names guestd's socket now.
+	close(sb.started)
+	m.awaitReady(ctx, sb, wf, inst.ACISocket, spec.AdminToken, inst.TaskStartedAt)
+}
+
+// awaitReady follows guestd's readiness pushes until the desktop is usable,
+// then marks the sandbox READY; on failure FAILED (unless controld is
+// shutting down: the next start resumes the wait).
+func (m *Manager) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, sock, token string, guestStart time.Time) {
+	g, err := m.dialGuest(ctx, sock, token)
+	if err != nil {
+		m.bootFailed(sb, wf, err)
+		return
+	}
+	defer g.Close()
+	wf.phase(PhaseGuestdListening, time.Now())
+	// A recycled pid could put another sandbox's guestd behind the path.
+	if h := g.Hello(); h.SandboxID != "" && h.SandboxID != sb.rec.Sandbox.GetId() {
+		m.bootFailed(sb, wf, errdefs.WithReason(errdefs.ErrFailedPrecondition, "GUEST_MISMATCH",
+			"guestd at %s serves sandbox %s", sock, h.SandboxID))
+		return
+	}
+	var sawX, sawPaint bool
+	_, err = g.WaitReady(ctx, func(s ReadyState) {
+		now := time.Now()
+		if s.XUp && !sawX {
+			sawX = true
+			wf.phase(PhaseXUp, guestTime(guestStart, s.XUpMs, wf.lastAt, now))
+		}
+		if s.Painted && !sawPaint {
+			sawPaint = true
+			wf.phase(PhasePainted, guestTime(guestStart, s.PaintedMs, wf.lastAt, now))
+		}
+	})
+	if err != nil {
+		m.bootFailed(sb, wf, err)
+		return
+	}
+	m.markReady(sb, wf)
+}
+
+// guestTime converts a guestd milestone (ms since guestd started, which is
+// when its task started: guestd is the sandbox's init) to wall time, clamped
+// between the previous milestone and now so the waterfall stays ordered.
+func guestTime(start time.Time, ms uint64, floor, now time.Time) time.Time {
+	if start.IsZero() || ms == 0 {
+		return now
+	}
+	t := start.Add(time.Duration(ms) * time.Millisecond)
+	if t.Before(floor) {
+		t = floor
+	}
+	if t.After(now) {
+		t = now
+	}
+	return t
+}
+
+func (m *Manager) markReady(sb *sandbox, wf *waterfall) {
+	now := time.Now()
+	wf.phase(PhaseUsable, now)
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		if r.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_BOOTING || r.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_CREATING {
+			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
+			r.Sandbox.ReadyAt = timestamppb.New(now)
+		}
+	}); err != nil {
+		m.log.Error("persist ready sandbox", "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+	}
+	wf.end(nil)
+	closeOnce(sb.settled)
+}
+
+func (m *Manager) bootFailed(sb *sandbox, wf *waterfall, err error) {
+	wf.end(err)
+	if m.ctx.Err() != nil {
+		// Shutting down: leave the sandbox BOOTING; reconciliation at the next
+		// start resumes the wait.
+		return
+	}
+	m.mu.Lock()
+	deleting := sb.deleting
+	m.mu.Unlock()
+	if deleting {
+		return
+	}
+	m.failSandbox(sb, fmt.Sprintf("not usable: %v", err), true)
+}
+
+// failSandbox marks sb FAILED; with cleanup its runtime instance is removed
+// (the record stays until deleted or expired, for inspection).
+func (m *Manager) failSandbox(sb *sandbox, msg string, cleanup bool) {
+	id := sb.rec.Sandbox.GetId()
+	m.log.Warn("sandbox failed", "sandbox", id, "reason", msg)
+	if cleanup {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), time.Minute)
+		if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Error("remove failed sandbox", "sandbox", id, "err", err)
+		}
+		cancel()
+	}
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_FAILED
+		r.Sandbox.StatusMessage = msg
+	}); err != nil {
+		m.log.Error("persist failed sandbox", "sandbox", id, "err", err)
+	}
+	closeOnce(sb.settled)
+}
+
+// uncancelable returns a context for a runtime call that creates a sandbox:
+// it keeps ctx's deadline and values but not its cancellation. A create cut
+// short by a delete, a client going away or a shutdown then completes, and
+// the caller removes (or, at shutdown, adopts) a whole sandbox, rather than
+// relying on the runtime to unwind a half-made one.
+func uncancelable(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithCancel(context.WithoutCancel(ctx))
+}
+
+func timestampNow(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+func closeOnce(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// waitStarted waits until the runtime created sb's task.
+func (m *Manager) waitStarted(ctx context.Context, sb *sandbox) error {
+	select {
+	case <-sb.started:
+		return sb.startErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitSettled waits until sb is READY or failed.
+func (m *Manager) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.Sandbox, error) {
+	select {
+	case <-sb.settled:
+	case <-ctx.Done():
+		return nil, errdefs.WithReason(errdefs.ErrDeadlineExceeded, "NOT_READY", "sandbox %s not ready: %v", sb.rec.Sandbox.GetId(), ctx.Err())
+	}
+	s := m.snapshot(sb)
+	switch s.State {
+	case controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
+		return s, nil
+	default:
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_USABLE", "sandbox %s is %s: %s", s.Id, s.State, s.StatusMessage)
+	}
+}
+
+// GetSandbox returns one sandbox.
+func (m *Manager) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox, error) {
+	if err := validateSandboxID("id", id); err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return m.snapshot(sb), nil
+}
+
+// SandboxEndpoint returns how to reach a sandbox's ACI.
+func (m *Manager) SandboxEndpoint(_ context.Context, id string) (*controldv1.Endpoint, error) {
+	if err := validateSandboxID("id", id); err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if sb.rec.Pooled {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED",
+			"sandbox %s is held by pool %s; claim it", id, sb.rec.Sandbox.GetPoolId())
+	}
+	return m.endpointLocked(sb), nil
+}
+
+// ListSandboxes returns the sandboxes matching every label and any state,
+// oldest first.
+func (m *Manager) ListSandboxes(_ context.Context, req *controldv1.ListSandboxesRequest) ([]*controldv1.Sandbox, error) {
+	if err := validateLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if err := validateStates("states", req.GetStates()); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	var out []*controldv1.Sandbox
+	for _, sb := range m.sandboxes {
+		s := sb.rec.Sandbox
+		if sb.deleting || !matchLabels(s.Labels, req.GetLabels()) {
+			continue
+		}
+		if len(req.GetStates()) > 0 && !containsState(req.GetStates(), s.State) {
+			continue
+		}
+		out = append(out, proto.Clone(s).(*controldv1.Sandbox))
+	}
+	m.mu.Unlock()
+	sortSandboxes(out)
+	return out, nil
+}
+
+func sortSandboxes(s []*controldv1.Sandbox) {
+	sort.Slice(s, func(i, j int) bool {
+		ti, tj := s[i].GetCreatedAt().AsTime(), s[j].GetCreatedAt().AsTime()
+		if !ti.Equal(tj) {
+			return ti.Before(tj)
+		}
+		return s[i].Id < s[j].Id
+	})
+}
+
+func containsState(states []controldv1.SandboxState, s controldv1.SandboxState) bool {
+	for _, x := range states {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// WaitSandboxReady waits until the sandbox is usable.
+func (m *Manager) WaitSandboxReady(ctx context.Context, id string, timeout *durationpb.Duration) (*controldv1.Sandbox, error) {
+	if err := validateSandboxID("id", id); err != nil {
+		return nil, err
+	}
+	d, err := durationField("timeout", timeout, maxWaitTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if d == 0 {
+		d = defaultWaitTimeout
+	}
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return m.waitSettled(ctx, sb)
+}
+
+// DeleteSandbox removes a sandbox completely (task, container, snapshot,
+// cgroup, record). It is idempotent: concurrent deletes coalesce, and
+// deleting an id deleted in the last 10 minutes (by this controld process)
+// succeeds; an id never seen is NotFound.
+func (m *Manager) DeleteSandbox(ctx context.Context, id string) error {
+	if err := validateSandboxID("id", id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	_, recent := m.tombstones[id]
+	m.mu.Unlock()
+	if !ok {
+		if recent {
+			return nil
+		}
+		return sandboxNotFound(id)
+	}
+	return m.deleteSandbox(ctx, sb, "")
+}
+
+// deleteSandbox tears sb down. The work runs to completion even when ctx is
+// canceled (a half-deleted sandbox helps nobody).
+func (m *Manager) deleteSandbox(ctx context.Context, sb *sandbox, why string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	id := sb.rec.Sandbox.GetId()
+	m.mu.Lock()
+	if _, still := m.sandboxes[id]; !still {
+		m.mu.Unlock()
+		return nil // deleted by a concurrent call
+	}
+	sb.deleting = true
+	cancelWork := sb.cancelWork
+	m.mu.Unlock()
+	if cancelWork != nil {
+		cancelWork()
+		<-sb.workDone
+	}
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPING
+		if why != "" {
+			r.Sandbox.StatusMessage = why
+		}
+	}); err != nil {
+		m.log.Error("persist stopping sandbox", "sandbox", id, "err", err)
+	}
+	if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.mu.Lock()
+		sb.deleting = false
+		m.mu.Unlock()
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return m.forget(sb)
+}
+
+// forget drops sb's record after its runtime instance is gone.
+func (m *Manager) forget(sb *sandbox) error {
+	id := sb.rec.Sandbox.GetId()
+	sb.persist.Lock()
+	defer sb.persist.Unlock()
+	m.mu.Lock()
+	_, present := m.sandboxes[id]
+	m.mu.Unlock()
+	if !present {
+		return nil // forgotten by a concurrent path
+	}
+	if err := m.st.DeleteSandbox(id); err != nil {
+		return fmt.Errorf("sandbox %s: remove record: %w", id, err)
+	}
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	m.tombstones[id] = time.Now()
+	sb.rec.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_DELETED
+	snap := proto.Clone(sb.rec.Sandbox).(*controldv1.Sandbox)
+	m.refreshStateGaugeLocked()
+	poolID, pooled := sb.rec.Sandbox.GetPoolId(), sb.rec.Pooled
+	m.mu.Unlock()
+	closeOnce(sb.settled)
+	m.publish(&controldv1.WatchSandboxesResponse{Type: controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_DELETED, Sandbox: snap})
+	if pooled {
+		m.kickPool(poolID)
+	}
+	return nil
+}
+
+// SuspendSandbox freezes a READY sandbox (idempotent when SUSPENDED).
+func (m *Manager) SuspendSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
+	return m.freezeThaw(ctx, id, true)
+}
+
+// ResumeSandbox thaws a SUSPENDED sandbox (idempotent when READY).
+func (m *Manager) ResumeSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
+	return m.freezeThaw(ctx, id, false)
+}
+
+func (m *Manager) freezeThaw(ctx context.Context, id string, freeze bool) (*controldv1.Sandbox, error) {
+	if err := validateSandboxID("id", id); err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	from, to := controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+	if !freeze {
+		from, to = to, from
+	}
+	m.mu.Lock()
+	state, pooled, deleting := sb.rec.Sandbox.State, sb.rec.Pooled, sb.deleting
+	m.mu.Unlock()
+	switch {
+	case deleting:
+		return nil, sandboxNotFound(id)
+	case pooled:
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED", "sandbox %s is held by its pool; claim it first", id)
+	case state == to:
+		return m.snapshot(sb), nil
+	case state != from:
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE", "sandbox %s is %s, must be %s", id, state, from)
+	}
+	if freeze {
+		err = m.rt.Freeze(ctx, id)
+	} else {
+		err = m.rt.Thaw(ctx, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = to
+	})
+}
+
+// watchExits marks sandboxes whose task ended on its own.
+func (m *Manager) watchExits(exits <-chan Exit) {
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case ex, ok := <-exits:
+			if !ok {
+				return
+			}
+			m.handleExit(ex)
+		}
+	}
+}
+
+func (m *Manager) handleExit(ex Exit) {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[ex.ID]
+	if !ok || sb.deleting {
+		m.mu.Unlock()
+		return
+	}
+	state, pooled, cancelWork := sb.rec.Sandbox.State, sb.rec.Pooled, sb.cancelWork
+	m.mu.Unlock()
+	msg := fmt.Sprintf("task exited with status %d at %s", ex.Status, ex.ExitedAt.UTC().Format(time.RFC3339Nano))
+	if pooled {
+		// A warm sandbox that died is worthless: remove it and refill.
+		m.goBackground(func() {
+			if err := m.deleteSandbox(m.ctx, sb, msg); err != nil {
+				m.log.Error("remove exited pooled sandbox", "sandbox", ex.ID, "err", err)
+			}
+		})
+		return
+	}
+	if cancelWork != nil {
+		cancelWork()
+	}
+	newState := controldv1.SandboxState_SANDBOX_STATE_STOPPED
+	if state == controldv1.SandboxState_SANDBOX_STATE_CREATING || state == controldv1.SandboxState_SANDBOX_STATE_BOOTING {
+		newState = controldv1.SandboxState_SANDBOX_STATE_FAILED
+		msg = "during boot: " + msg
+	}
+	if state == controldv1.SandboxState_SANDBOX_STATE_STOPPED || state == controldv1.SandboxState_SANDBOX_STATE_FAILED {
+		return
+	}
+	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = newState
+		r.Sandbox.StatusMessage = msg
+	}); err != nil {
+		m.log.Error("persist exited sandbox", "sandbox", ex.ID, "err", err)
+	}
+	closeOnce(sb.settled)
+}
+
+// reapLoop deletes sandboxes past their TTL.
+func (m *Manager) reapLoop() {
+	t := time.NewTicker(m.opts.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case now := <-t.C:
+			m.reapOnce(now)
+		}
+	}
+}
+
+// tombstoneTTL is how long a deleted id still deletes successfully.
+const tombstoneTTL = 10 * time.Minute
+
+func (m *Manager) reapOnce(now time.Time) {
+	m.mu.Lock()
+	for id, at := range m.tombstones {
+		if now.Sub(at) > tombstoneTTL {
+			delete(m.tombstones, id)
+		}
+	}
+	var expired []*sandbox
+	for _, sb := range m.sandboxes {
+		if e := sb.rec.Sandbox.GetExpiresAt(); e != nil && !sb.deleting && !e.AsTime().After(now) {
+			expired = append(expired, sb)
+		}
+	}
+	m.mu.Unlock()
+	for _, sb := range expired {
+		if m.ctx.Err() != nil {
+			return
+		}
+		if err := m.deleteSandbox(m.ctx, sb, "ttl expired"); err != nil {
+			m.log.Error("reap expired sandbox", "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+		} else {
+			m.log.Info("sandbox expired", "sandbox", sb.rec.Sandbox.GetId())
+		}
+	}
+}
+
+// waterfall records a sandbox's boot milestones: in its record (and watch
+// events), as spans under the boot span, and in the phase histogram.
+type waterfall struct {
+	m      *Manager
+	sb     *sandbox
+	t0     time.Time
+	kind   string
+	span   trace.Span
+	lastAt time.Time
+	ended  bool
+}
+
+func (w *waterfall) runtimePhases(inst Instance) {
+	now := time.Now()
+	created, started := inst.CreatedAt, inst.TaskStartedAt
+	if created.IsZero() || created.Before(w.t0) || created.After(now) {
+		created = now
+	}
+	if started.IsZero() || started.Before(created) || started.After(now) {
+		started = now
+	}
+	w.phase(PhaseCreate, created)
+	w.phase(PhaseTaskStart, started)
+}
+
+func (w *waterfall) phase(name string, at time.Time) {
+	if w.lastAt.IsZero() {
+		w.lastAt = w.t0
+	}
+	if at.Before(w.lastAt) {
+		at = w.lastAt
+	}
+	_, ps := w.m.tracer.Start(trace.ContextWithSpan(context.Background(), w.span), "boot."+name, trace.WithTimestamp(w.lastAt))
+	ps.End(trace.WithTimestamp(at))
+	w.lastAt = at
+	d := at.Sub(w.t0)
+	w.m.metrics.BootPhase.WithLabelValues(name, w.kind).Observe(d.Seconds())
+	p := &controldv1.BootPhase{Name: name, At: durationpb.New(d)}
+	w.m.touch(w.sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_PHASE, p, func(r *store.SandboxRecord) {
+		r.Sandbox.Boot = append(r.Sandbox.Boot, p)
+	})
+}
+
+func (w *waterfall) end(err error) {
+	if w.ended {
+		return
+	}
+	w.ended = true
+	if err != nil {
+		w.span.RecordError(err)
+		w.span.SetStatus(codes.Error, err.Error())
+	}
+	w.span.End()
+}

@@ -1,0 +1,149 @@
+// Package guestconn implements fleet.Guest, controld's admin session with a
+// sandbox's guestd, on top of the Go ACI client (api/aci) over guestd's unix
+// socket.
+package guestconn
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"sync"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// settleTimeout bounds how long guestd waits for a still screen.
+const settleTimeout = 3 * time.Second
+
+// Dialer opens admin sessions; the zero value is ready to use.
+type Dialer struct {
+	// ClientName is announced in the Hello; "controld" when empty.
+	ClientName string
+}
+
+var _ fleet.GuestDialer = Dialer{}
+
+// DialGuest implements fleet.GuestDialer. aci classifies a socket that is
+// absent or refusing as ErrUnavailable and a rejected token as
+// ErrPermissionDenied, which is the contract fleet retries on.
+func (d Dialer) DialGuest(ctx context.Context, path, token string) (fleet.Guest, error) {
+	name := d.ClientName
+	if name == "" {
+		name = "controld"
+	}
+	s, err := aci.DialUnix(ctx, path, token, aci.WithClientName(name))
+	if err != nil {
+		return nil, err
+	}
+	return &guest{s: s}, nil
+}
+
+type guest struct {
+	s    *aci.Session
+	once sync.Once
+	err  error
+}
+
+func readyState(r *aciv1.ReadyResponse) fleet.ReadyState {
+	return fleet.ReadyState{
+		Ready: r.GetReady(), XUp: r.GetXUp(), WMUp: r.GetWmUp(), Painted: r.GetRootPainted(),
+		XUpMs: r.GetXUpMs(), WMUpMs: r.GetWmUpMs(), PaintedMs: r.GetPaintedMs(),
+	}
+}
+
+// WaitReady asks once, then follows guestd's pushed ReadyEvents.
+func (g *guest) WaitReady(ctx context.Context, onState func(fleet.ReadyState)) (fleet.ReadyState, error) {
+	evctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Subscribe before asking, so a push between the two is not lost.
+	events := g.s.Events(evctx)
+	r, err := g.s.Ready(ctx)
+	if err != nil {
+		return fleet.ReadyState{}, fmt.Errorf("ready: %w", err)
+	}
+	st := readyState(r)
+	if onState != nil {
+		onState(st)
+	}
+	for !st.Ready {
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-g.s.Done():
+			return st, fmt.Errorf("guestd closed the session before the desktop was ready: %w", aci.ErrConnectionLost)
+		case ev, ok := <-events:
+			if !ok {
+				if ctx.Err() != nil {
+					return st, ctx.Err()
+				}
+				return st, fmt.Errorf("guestd session ended before the desktop was ready: %w", aci.ErrConnectionLost)
+			}
+			r := ev.GetReady().GetState()
+			if r == nil {
+				continue
+			}
+			st = readyState(r)
+			if onState != nil {
+				onState(st)
+			}
+		}
+	}
+	return st, nil
+}
+
+func (g *guest) MemoryMark(ctx context.Context, value []byte) error {
+	return g.s.MemoryMark(ctx, value)
+}
+
+func (g *guest) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, error) {
+	return g.s.MemoryChallenge(ctx, nonce)
+}
+
+func (g *guest) FrameHash(ctx context.Context, settle time.Duration) ([]byte, error) {
+	req := &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}
+	if settle > 0 {
+		req.SettleMs = uint32(settle / time.Millisecond)
+		req.SettleTimeoutMs = uint32(settleTimeout / time.Millisecond)
+	}
+	// Through Do, not Screenshot: the session's frame cache must not turn
+	// the answer into not_modified.
+	m, err := g.s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Screenshot{Screenshot: req}})
+	if err != nil {
+		return nil, err
+	}
+	r := m.GetScreenshot()
+	if r == nil || len(r.GetFrameHash()) == 0 {
+		return nil, fmt.Errorf("screenshot reply without a frame hash: %w", aci.ErrProtocol)
+	}
+	return r.GetFrameHash(), nil
+}
+
+func (g *guest) PutFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	return g.s.PutFile(ctx, path, data, aci.FileMode(fs.FileMode(mode)), aci.MakeParents())
+}
+
+func (g *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
+	return g.s.GetFile(ctx, path)
+}
+
+func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
+	return g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
+}
+
+func (g *guest) Ping(ctx context.Context) error {
+	_, err := g.s.Ping(ctx, nil)
+	return err
+}
+
+func (g *guest) Hello() fleet.GuestHello {
+	h := g.s.Welcome()
+	return fleet.GuestHello{SandboxID: h.GetSandboxId(), Generation: h.GetGeneration(), BootID: h.GetBootId()}
+}
+
+func (g *guest) Close() error {
+	g.once.Do(func() { g.err = g.s.Close() })
+	return g.err
+}

@@ -1,0 +1,111 @@
+package guestconn_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/forkfleet/forkfleet/api/aci/acitest"
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
+)
+
+func TestGuestOverACI(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	dir, err := os.MkdirTemp("", "gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "aci.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Before guestd listens: Unavailable, so the manager retries.
+	_, err = guestconn.Dialer{}.DialGuest(ctx, sock, "admin")
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("absent socket: %v", err)
+	}
+	srv, err := acitest.NewUnixServer(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	srv.Token = "admin"
+	srv.SandboxID = "sb-x"
+	srv.SetReady(false)
+
+	if _, err := (guestconn.Dialer{}).DialGuest(ctx, sock, "wrong"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("wrong token: %v", err)
+	}
+	g, err := guestconn.Dialer{}.DialGuest(ctx, sock, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if g.Hello().SandboxID != "sb-x" {
+		t.Fatalf("hello %+v", g.Hello())
+	}
+	// Readiness arrives as a push while WaitReady waits.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		srv.SetReady(true)
+	}()
+	var states []fleet.ReadyState
+	st, err := g.WaitReady(ctx, func(s fleet.ReadyState) { states = append(states, s) })
+	if err != nil || !st.Ready {
+		t.Fatalf("wait ready: %+v %v", st, err)
+	}
+	if len(states) < 2 || states[0].Ready {
+		t.Fatalf("states seen %+v: want a not-ready answer, then the pushed ready", states)
+	}
+	if err := g.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	value := []byte("secret value")
+	if err := g.MemoryMark(ctx, value); err != nil {
+		t.Fatal(err)
+	}
+	nonce := []byte("nonce")
+	mac, err := g.MemoryChallenge(ctx, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hmac.New(sha256.New, value)
+	h.Write(nonce)
+	if !hmac.Equal(mac, h.Sum(nil)) {
+		t.Fatal("memory challenge mismatch")
+	}
+	fh, err := g.FrameHash(ctx, 10*time.Millisecond)
+	if err != nil || len(fh) == 0 {
+		t.Fatalf("frame hash %x %v", fh, err)
+	}
+	fh2, err := g.FrameHash(ctx, 0)
+	if err != nil || string(fh) != string(fh2) {
+		t.Fatalf("second frame hash differs or fails (not_modified leak?): %x %v", fh2, err)
+	}
+	if err := g.PutFile(ctx, "/var/lib/forkfleet/markers/ck-x", []byte("marker"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := g.GetFile(ctx, "/var/lib/forkfleet/markers/ck-x")
+	if err != nil || string(b) != "marker" {
+		t.Fatalf("get file %q %v", b, err)
+	}
+	if err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-y", Token: "new", Generation: 2, Entropy: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}

@@ -1,0 +1,354 @@
+// Package server exposes the fleet Manager as controld's three gRPC
+// services. Errors are converted to gRPC status (with BadRequest/ErrorInfo
+// details) exactly once, in an interceptor; handlers return domain errors.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Options configure the gRPC server.
+type Options struct {
+	// Token is required as "authorization: Bearer <token>" from TCP peers.
+	// Unix-socket peers are trusted (the socket's permissions guard it).
+	Token          string
+	TracerProvider trace.TracerProvider // nil: global
+	Registerer     prometheus.Registerer
+}
+
+// New returns a gRPC server with the three services registered.
+func New(m *fleet.Manager, opts Options) *grpc.Server {
+	met := newMetrics(opts.Registerer)
+	var otelOpts []otelgrpc.Option
+	if opts.TracerProvider != nil {
+		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(opts.TracerProvider))
+	}
+	a := auth{token: opts.Token}
+	s := grpc.NewServer(
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
+		// Outermost first: metrics see the final code, errors are converted
+		// once, auth runs before any handler.
+		grpc.ChainUnaryInterceptor(met.unary, errorsUnary, a.unary),
+		grpc.ChainStreamInterceptor(met.stream, errorsStream, a.stream),
+	)
+	h := &handlers{m: m}
+	controldv1.RegisterSandboxServiceServer(s, h)
+	controldv1.RegisterCheckpointServiceServer(s, checkpoints{h: h})
+	controldv1.RegisterPoolServiceServer(s, pools{h: h})
+	return s
+}
+
+// --- errors ---
+
+func errorsUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	return resp, errdefs.ToGRPC(err)
+}
+
+func errorsStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return errdefs.ToGRPC(handler(srv, ss))
+}
+
+// --- auth ---
+
+type auth struct{ token string }
+
+func (a auth) check(ctx context.Context) error {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && p.Addr.Network() == "unix" {
+		return nil
+	}
+	if a.token == "" {
+		return errdefs.WithReason(errdefs.ErrUnauthenticated, "NO_TOKEN_CONFIGURED", "TCP access needs a configured API token")
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		scheme, tok, found := strings.Cut(v, " ")
+		if found && strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) == 1 {
+			return nil
+		}
+	}
+	return errdefs.WithReason(errdefs.ErrUnauthenticated, "BAD_TOKEN", "missing or invalid bearer token")
+}
+
+func (a auth) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := a.check(ctx); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (a auth) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := a.check(ss.Context()); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
+
+// --- metrics ---
+
+type metrics struct {
+	latency *prometheus.HistogramVec
+	errors  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "api_request_seconds",
+			Help:    "gRPC API latency by method and code.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
+		}, []string{"method", "code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "api_errors_total",
+			Help: "gRPC API errors by method and code.",
+		}, []string{"method", "code"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.latency, m.errors)
+	}
+	return m
+}
+
+func (m *metrics) observe(method string, start time.Time, err error) {
+	code := errdefs.Code(err).String()
+	m.latency.WithLabelValues(method, code).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.errors.WithLabelValues(method, code).Inc()
+	}
+}
+
+func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	m.observe(info.FullMethod, start, err)
+	return resp, err
+}
+
+func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	start := time.Now()
+	err := handler(srv, ss)
+	m.observe(info.FullMethod, start, err)
+	return err
+}
+
+// --- handlers ---
+
+// handlers implements SandboxService; checkpoints and pools wrap it for
+// the other two services (their method sets differ).
+type handlers struct {
+	controldv1.UnimplementedSandboxServiceServer
+	m *fleet.Manager
+}
+
+func (h *handlers) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
+	s, ep, err := h.m.CreateSandbox(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.CreateSandboxResponse{Sandbox: s, Endpoint: ep}, nil
+}
+
+func (h *handlers) GetSandbox(ctx context.Context, req *controldv1.GetSandboxRequest) (*controldv1.GetSandboxResponse, error) {
+	s, err := h.m.GetSandbox(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.GetSandboxResponse{Sandbox: s}, nil
+}
+
+func (h *handlers) ListSandboxes(ctx context.Context, req *controldv1.ListSandboxesRequest) (*controldv1.ListSandboxesResponse, error) {
+	ss, err := h.m.ListSandboxes(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ListSandboxesResponse{Sandboxes: ss}, nil
+}
+
+func (h *handlers) DeleteSandbox(ctx context.Context, req *controldv1.DeleteSandboxRequest) (*controldv1.DeleteSandboxResponse, error) {
+	if err := h.m.DeleteSandbox(ctx, req.GetId()); err != nil {
+		return nil, err
+	}
+	return &controldv1.DeleteSandboxResponse{}, nil
+}
+
+func (h *handlers) WaitSandboxReady(ctx context.Context, req *controldv1.WaitSandboxReadyRequest) (*controldv1.WaitSandboxReadyResponse, error) {
+	s, err := h.m.WaitSandboxReady(ctx, req.GetId(), req.GetTimeout())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.WaitSandboxReadyResponse{Sandbox: s}, nil
+}
+
+func (h *handlers) WatchSandboxes(req *controldv1.WatchSandboxesRequest, stream grpc.ServerStreamingServer[controldv1.WatchSandboxesResponse]) error {
+	w, err := h.m.WatchSandboxes(stream.Context(), req)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	// Headers mark the watch as established: a client that waits for them
+	// (stream.Header()) misses no event of what it does next.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	for ev := range w.C {
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+	}
+	if err := stream.Context().Err(); err != nil {
+		return err
+	}
+	return w.Err()
+}
+
+func (h *handlers) GetSandboxEndpoint(ctx context.Context, req *controldv1.GetSandboxEndpointRequest) (*controldv1.GetSandboxEndpointResponse, error) {
+	ep, err := h.m.SandboxEndpoint(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.GetSandboxEndpointResponse{Endpoint: ep}, nil
+}
+
+func (h *handlers) SuspendSandbox(ctx context.Context, req *controldv1.SuspendSandboxRequest) (*controldv1.SuspendSandboxResponse, error) {
+	s, err := h.m.SuspendSandbox(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.SuspendSandboxResponse{Sandbox: s}, nil
+}
+
+func (h *handlers) ResumeSandbox(ctx context.Context, req *controldv1.ResumeSandboxRequest) (*controldv1.ResumeSandboxResponse, error) {
+	s, err := h.m.ResumeSandbox(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ResumeSandboxResponse{Sandbox: s}, nil
+}
+
+func (h *handlers) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) (*controldv1.VerifySandboxResponse, error) {
+	res, err := h.m.VerifySandbox(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.VerifySandboxResponse{Results: res}, nil
+}
+
+type checkpoints struct {
+	controldv1.UnimplementedCheckpointServiceServer
+	h *handlers
+}
+
+var _ controldv1.CheckpointServiceServer = checkpoints{}
+
+func (c checkpoints) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.CreateCheckpointResponse, error) {
+	ck, err := c.h.m.CreateCheckpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.CreateCheckpointResponse{Checkpoint: ck}, nil
+}
+
+func (c checkpoints) GetCheckpoint(ctx context.Context, req *controldv1.GetCheckpointRequest) (*controldv1.GetCheckpointResponse, error) {
+	ck, err := c.h.m.GetCheckpoint(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.GetCheckpointResponse{Checkpoint: ck}, nil
+}
+
+func (c checkpoints) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpointsRequest) (*controldv1.ListCheckpointsResponse, error) {
+	cks, err := c.h.m.ListCheckpoints(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ListCheckpointsResponse{Checkpoints: cks}, nil
+}
+
+func (c checkpoints) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheckpointRequest) (*controldv1.DeleteCheckpointResponse, error) {
+	ids, err := c.h.m.DeleteCheckpoint(ctx, req.GetId(), req.GetCascade())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.DeleteCheckpointResponse{DeletedIds: ids}, nil
+}
+
+func (c checkpoints) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
+	reps, err := c.h.m.ForkCheckpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ForkCheckpointResponse{Replicas: reps}, nil
+}
+
+func (c checkpoints) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+	return c.h.m.ExportCheckpoint(ctx, req)
+}
+
+func (c checkpoints) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
+	ck, err := c.h.m.ImportCheckpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ImportCheckpointResponse{Checkpoint: ck}, nil
+}
+
+type pools struct {
+	controldv1.UnimplementedPoolServiceServer
+	h *handlers
+}
+
+var _ controldv1.PoolServiceServer = pools{}
+
+func (p pools) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest) (*controldv1.CreatePoolResponse, error) {
+	pl, err := p.h.m.CreatePool(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.CreatePoolResponse{Pool: pl}, nil
+}
+
+func (p pools) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*controldv1.GetPoolResponse, error) {
+	pl, err := p.h.m.GetPool(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.GetPoolResponse{Pool: pl}, nil
+}
+
+func (p pools) ListPools(ctx context.Context, _ *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
+	pls, err := p.h.m.ListPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ListPoolsResponse{Pools: pls}, nil
+}
+
+func (p pools) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest) (*controldv1.DeletePoolResponse, error) {
+	if err := p.h.m.DeletePool(ctx, req.GetId()); err != nil {
+		return nil, err
+	}
+	return &controldv1.DeletePoolResponse{}, nil
+}
+
+func (p pools) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
+	s, ep, hit, took, err := p.h.m.ClaimPool(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: ep, Hit: hit, Took: durationpb.New(took)}, nil
+}

@@ -1,0 +1,131 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/server"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+func TestServerErrorsAuthMetrics(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	dir, err := os.MkdirTemp("", "srv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	st, err := store.Open(filepath.Join(dir, "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rt := fleettest.NewRuntime()
+	m, err := fleet.New(context.Background(), fleet.Options{
+		Runtime: rt, Dialer: fleettest.Dialer{R: rt}, Store: st, GatewayHost: "127.0.0.1:7480",
+		DefaultImage: "img", CheckpointDir: filepath.Join(dir, "ck"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	reg := prometheus.NewRegistry()
+	srv := server.New(m, server.Options{Token: "tok", Registerer: reg})
+	uln, err := net.Listen("unix", filepath.Join(dir, "c.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(uln)
+	go srv.Serve(tln)
+	defer srv.GracefulStop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	uc, err := grpc.NewClient("unix://"+uln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	sb := controldv1.NewSandboxServiceClient(uc)
+
+	_, err = sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Resources: &controldv1.Resources{MemoryBytes: 5}})
+	st1 := status.Convert(err)
+	if st1.Code() != codes.InvalidArgument {
+		t.Fatalf("code %v", st1.Code())
+	}
+	var br *errdetails.BadRequest
+	for _, d := range st1.Details() {
+		if x, ok := d.(*errdetails.BadRequest); ok {
+			br = x
+		}
+	}
+	if br == nil || br.FieldViolations[0].Field != "resources.memory_bytes" {
+		t.Fatalf("BadRequest detail: %v", st1.Details())
+	}
+	_, err = sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: "sb-aaaaaaaaaaaaaaaa"})
+	st2 := status.Convert(err)
+	var info *errdetails.ErrorInfo
+	for _, d := range st2.Details() {
+		if x, ok := d.(*errdetails.ErrorInfo); ok {
+			info = x
+		}
+	}
+	if st2.Code() != codes.NotFound || info == nil || info.Reason != "SANDBOX_NOT_FOUND" || info.Domain != "forkfleet.dev" {
+		t.Fatalf("not found: %v %v", st2, st2.Details())
+	}
+
+	tc, err := grpc.NewClient(tln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	tsb := controldv1.NewSandboxServiceClient(tc)
+	if _, err := tsb.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("TCP without token: %v", err)
+	}
+	bad := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer nope")
+	if _, err := tsb.ListSandboxes(bad, &controldv1.ListSandboxesRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("TCP with a bad token: %v", err)
+	}
+	good := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer tok")
+	if _, err := tsb.ListSandboxes(good, &controldv1.ListSandboxesRequest{}); err != nil {
+		t.Fatalf("TCP with the token: %v", err)
+	}
+	// A watch stream through the stream interceptors.
+	ws, err := sb.WatchSandboxes(ctx, &controldv1.WatchSandboxesRequest{Ids: []string{"bad"}})
+	if err == nil {
+		_, err = ws.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("watch with a bad id: %v", err)
+	}
+
+	n, err := testutil.GatherAndCount(reg, "forkfleet_controld_api_errors_total")
+	if err != nil || n < 3 {
+		t.Fatalf("api error series %d %v", n, err)
+	}
+}

@@ -1,0 +1,302 @@
+// Package store keeps controld's durable records (sandboxes, checkpoints,
+// pools) in one bbolt file. Every write is committed (fsync) before the call
+// returns, so a record an RPC reported is never lost to a crash.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+)
+
+var (
+	bucketSandboxes   = []byte("sandboxes")
+	bucketCheckpoints = []byte("checkpoints")
+	bucketPools       = []byte("pools")
+	bucketMeta        = []byte("meta")
+)
+
+// schemaVersion is bumped on incompatible record changes.
+const schemaVersion = "1"
+
+// SandboxRecord is a sandbox: its public API view plus what only controld
+// may know (tokens, where guestd listens).
+type SandboxRecord struct {
+	Sandbox    *controldv1.Sandbox
+	Env        map[string]string
+	ACIToken   string
+	AdminToken string
+	ACISocket  string
+	// Pooled: warm in its pool (Sandbox.PoolId), not claimed yet.
+	Pooled bool
+}
+
+// CheckpointRef mirrors fleet.CheckpointRef (the store does not import fleet).
+type CheckpointRef struct {
+	Dir      string
+	Snapshot string
+	Image    string
+	Tier     int
+}
+
+// CheckpointRecord is a checkpoint with the proofs its forks are verified
+// against and the admin token its memory image holds.
+type CheckpointRecord struct {
+	Checkpoint *controldv1.Checkpoint
+	Ref        CheckpointRef
+	Env        map[string]string
+	// AdminToken is the source's: a memory-tier replica runs the source's
+	// guestd, which only knows that token until it is told otherwise.
+	AdminToken  string
+	Generation  uint64
+	FrameHash   []byte
+	MarkerPath  string
+	MarkerValue []byte
+	MemoryValue []byte
+}
+
+// PoolRecord is a warm pool.
+type PoolRecord struct {
+	Pool *controldv1.Pool
+	Env  map[string]string
+}
+
+// lockTimeout bounds the wait for the file lock another process holds.
+var lockTimeout = 5 * time.Second
+
+// Store is the bbolt-backed record store. Safe for concurrent use.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating when needed) the store file at path.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("store %s: locked by another process (is another controld running?)", path)
+		}
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketCheckpoints, bucketPools, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch v := meta.Get([]byte("schema")); {
+		case v == nil:
+			return meta.Put([]byte("schema"), []byte(schemaVersion))
+		case string(v) != schemaVersion:
+			return fmt.Errorf("schema version %q, this controld reads %q", v, schemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Tx is a write transaction spanning several records, committed at once.
+type Tx struct{ tx *bolt.Tx }
+
+// Update runs fn in one durable write transaction.
+func (s *Store) Update(fn func(*Tx) error) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+}
+
+func (t *Tx) put(bucket []byte, id string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("store: encode %s/%s: %w", bucket, id, err)
+	}
+	return t.tx.Bucket(bucket).Put([]byte(id), b)
+}
+
+// PutSandbox writes a sandbox record.
+func (t *Tx) PutSandbox(r *SandboxRecord) error {
+	return t.put(bucketSandboxes, r.Sandbox.GetId(), r)
+}
+
+// DeleteSandbox removes a sandbox record (absent is fine).
+func (t *Tx) DeleteSandbox(id string) error { return t.tx.Bucket(bucketSandboxes).Delete([]byte(id)) }
+
+// PutCheckpoint writes a checkpoint record.
+func (t *Tx) PutCheckpoint(r *CheckpointRecord) error {
+	return t.put(bucketCheckpoints, r.Checkpoint.GetId(), r)
+}
+
+// DeleteCheckpoint removes a checkpoint record.
+func (t *Tx) DeleteCheckpoint(id string) error {
+	return t.tx.Bucket(bucketCheckpoints).Delete([]byte(id))
+}
+
+// PutPool writes a pool record.
+func (t *Tx) PutPool(r *PoolRecord) error { return t.put(bucketPools, r.Pool.GetId(), r) }
+
+// DeletePool removes a pool record.
+func (t *Tx) DeletePool(id string) error { return t.tx.Bucket(bucketPools).Delete([]byte(id)) }
+
+// PutSandbox writes one sandbox record durably.
+func (s *Store) PutSandbox(r *SandboxRecord) error {
+	return s.Update(func(t *Tx) error { return t.PutSandbox(r) })
+}
+
+// DeleteSandbox removes one sandbox record durably.
+func (s *Store) DeleteSandbox(id string) error {
+	return s.Update(func(t *Tx) error { return t.DeleteSandbox(id) })
+}
+
+// PutPool writes one pool record durably.
+func (s *Store) PutPool(r *PoolRecord) error {
+	return s.Update(func(t *Tx) error { return t.PutPool(r) })
+}
+
+// Sandboxes returns every sandbox record.
+func (s *Store) Sandboxes() ([]*SandboxRecord, error) {
+	return loadAll[SandboxRecord](s, bucketSandboxes)
+}
+
+// Checkpoints returns every checkpoint record.
+func (s *Store) Checkpoints() ([]*CheckpointRecord, error) {
+	return loadAll[CheckpointRecord](s, bucketCheckpoints)
+}
+
+// Pools returns every pool record.
+func (s *Store) Pools() ([]*PoolRecord, error) { return loadAll[PoolRecord](s, bucketPools) }
+
+func loadAll[T any](s *Store, bucket []byte) ([]*T, error) {
+	var out []*T
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			r := new(T)
+			if err := json.Unmarshal(v, r); err != nil {
+				return fmt.Errorf("store: decode %s/%s: %w", bucket, k, err)
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// The API messages are stored in their protojson form, so field names stay
+// stable across regenerations of the Go code.
+
+var (
+	pjMarshal   = protojson.MarshalOptions{UseProtoNames: true}
+	pjUnmarshal = protojson.UnmarshalOptions{DiscardUnknown: true}
+)
+
+type sandboxJSON struct {
+	Sandbox    json.RawMessage   `json:"sandbox"`
+	Env        map[string]string `json:"env,omitempty"`
+	ACIToken   string            `json:"aci_token"`
+	AdminToken string            `json:"admin_token"`
+	ACISocket  string            `json:"aci_socket,omitempty"`
+	Pooled     bool              `json:"pooled,omitempty"`
+}
+
+// MarshalJSON implements json.Marshaler.
+func (r *SandboxRecord) MarshalJSON() ([]byte, error) {
+	pb, err := pjMarshal.Marshal(r.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(sandboxJSON{pb, r.Env, r.ACIToken, r.AdminToken, r.ACISocket, r.Pooled})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (r *SandboxRecord) UnmarshalJSON(b []byte) error {
+	var j sandboxJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	r.Sandbox = new(controldv1.Sandbox)
+	if err := pjUnmarshal.Unmarshal(j.Sandbox, r.Sandbox); err != nil {
+		return err
+	}
+	r.Env, r.ACIToken, r.AdminToken, r.ACISocket, r.Pooled = j.Env, j.ACIToken, j.AdminToken, j.ACISocket, j.Pooled
+	return nil
+}
+
+type checkpointJSON struct {
+	Checkpoint  json.RawMessage   `json:"checkpoint"`
+	Ref         CheckpointRef     `json:"ref"`
+	Env         map[string]string `json:"env,omitempty"`
+	AdminToken  string            `json:"admin_token"`
+	Generation  uint64            `json:"generation"`
+	FrameHash   []byte            `json:"frame_hash,omitempty"`
+	MarkerPath  string            `json:"marker_path,omitempty"`
+	MarkerValue []byte            `json:"marker_value,omitempty"`
+	MemoryValue []byte            `json:"memory_value,omitempty"`
+}
+
+// MarshalJSON implements json.Marshaler.
+func (r *CheckpointRecord) MarshalJSON() ([]byte, error) {
+	pb, err := pjMarshal.Marshal(r.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (r *CheckpointRecord) UnmarshalJSON(b []byte) error {
+	var j checkpointJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	r.Checkpoint = new(controldv1.Checkpoint)
+	if err := pjUnmarshal.Unmarshal(j.Checkpoint, r.Checkpoint); err != nil {
+		return err
+	}
+	r.Ref, r.Env, r.AdminToken, r.Generation = j.Ref, j.Env, j.AdminToken, j.Generation
+	r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue = j.FrameHash, j.MarkerPath, j.MarkerValue, j.MemoryValue
+	return nil
+}
+
+type poolJSON struct {
+	Pool json.RawMessage   `json:"pool"`
+	Env  map[string]string `json:"env,omitempty"`
+}
+
+// MarshalJSON implements json.Marshaler.
+func (r *PoolRecord) MarshalJSON() ([]byte, error) {
+	pb, err := pjMarshal.Marshal(r.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(poolJSON{pb, r.Env})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (r *PoolRecord) UnmarshalJSON(b []byte) error {
+	var j poolJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	r.Pool = new(controldv1.Pool)
+	if err := pjUnmarshal.Unmarshal(j.Pool, r.Pool); err != nil {
+		return err
+	}
+	r.Env = j.Env
+	return nil
+}
