@@ -1,0 +1,5 @@
+package suites
+
+import "os/exec"
+
+func lookPath(bin string) (string, error) { return exec.LookPath(bin) }

@@ -1,0 +1,17 @@
+//go:build linux
+
+package suites
+
+import "github.com/forkfleet/forkfleet/benchd/internal/suite"
+
+// The order of `benchd run --suite all` and `benchd list`: cheap host-only
+// suites first, then the controld lifecycle, then streaming.
+func init() {
+	for _, s := range []suite.Suite{
+		&actionSuite{}, &codecSuite{}, &stepSuite{}, &dedupSuite{}, &clientScale{},
+		&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{},
+		&screencastSuite{}, &guestCPUSuite{},
+	} {
+		suite.Register(s)
+	}
+}
