@@ -335,18 +335,12 @@ func demo(ctx context.Context, c *client.Client, out io.Writer) (err error) {
 		welcome.GetProtocolVersion(), strings.Join(welcome.GetCapabilities(), ","))
 
 	step("act and observe in one round trip: focus the terminal, type, take a PNG")
-	wins, err := s.ListWindows(ctx)
+	term, err := waitWindow(ctx, s, "xterm", 5*time.Second)
 	if err != nil {
-		return fmt.Errorf("list windows: %w", err)
+		return err
 	}
-	var actions []*aciv1.Action
-	for _, w := range wins {
-		if strings.EqualFold(w.GetClass(), "xterm") {
-			g := w.GetGeometry()
-			actions = append(actions, aci.Click(int(g.GetX()+g.GetWidth()/2), int(g.GetY()+g.GetHeight()/2)))
-			break
-		}
-	}
+	g := term.GetGeometry()
+	actions := []*aciv1.Action{aci.Click(int(g.GetX()+g.GetWidth()/2), int(g.GetY()+g.GetHeight()/2))}
 	actions = append(actions, aci.Type("echo hello from forkfleet > /root/demo.txt"), aci.Key("Return"))
 	obs := aci.PNG()
 	obs.SettleMs = 100
@@ -435,6 +429,31 @@ func demo(ctx context.Context, c *client.Client, out io.Writer) (err error) {
 	}
 	fmt.Fprintf(out, "==> done in %s; cleaning up\n", ms(time.Since(t0)))
 	return nil
+}
+
+// waitWindow waits for a window of class (the session's apps map a moment
+// after the desktop is ready).
+func waitWindow(ctx context.Context, s *aci.Session, class string, timeout time.Duration) (*aciv1.Window, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		wins, err := s.ListWindows(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list windows: %w", err)
+		}
+		for _, w := range wins {
+			if strings.EqualFold(w.GetClass(), class) {
+				return w, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no %s window after %s", class, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 func printSandbox(out io.Writer, sb *controldv1.Sandbox) {

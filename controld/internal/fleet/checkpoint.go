@@ -155,10 +155,16 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 				rec.FrameHash = h
 			}
 			// No connection from outside may be open at the dump: ours, and
-			// agents' through the gateway (they reconnect afterwards).
+			// agents' through the gateway or guestd's socket (they reconnect
+			// afterwards).
 			m.setCheckpointing(sb, true)
 			if m.opts.DropConnections != nil {
 				m.opts.DropConnections(src.Sandbox.Id)
+			}
+			if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
+				if err := g.CheckpointPrepare(ctx, checkpointHold); err != nil {
+					return fmt.Errorf("prepare guest: %w", err)
+				}
 			}
 			return g.Close()
 		},
@@ -167,6 +173,9 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	res, err := m.rt.Checkpoint(rctx, src.Sandbox.Id, spec)
 	rspan.End()
 	m.setCheckpointing(sb, false)
+	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY && !req.GetStop() {
+		m.liftCheckpointHold(ctx, src.ACISocket, src.AdminToken, src.Sandbox.Id)
+	}
 	if err != nil {
 		os.RemoveAll(tmp) // the runtime removes it on failure; make sure
 		return fail(fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err))
@@ -228,6 +237,25 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		}
 	}
 	return m.checkpointView(id)
+}
+
+// checkpointHold bounds how long guestd refuses agent sessions around a dump
+// should controld fail to lift the hold.
+const checkpointHold = 10 * time.Second
+
+// liftCheckpointHold lets agents reconnect to a source that runs on. Best
+// effort: the hold expires by itself.
+func (m *Manager) liftCheckpointHold(ctx context.Context, socket, token, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	g, err := m.dialGuest(ctx, socket, token)
+	if err == nil {
+		err = g.CheckpointDone(ctx)
+		g.Close()
+	}
+	if err != nil {
+		m.log.Warn("lift checkpoint hold", "sandbox", id, "err", err)
+	}
 }
 
 func (m *Manager) setCheckpointing(sb *sandbox, v bool) {

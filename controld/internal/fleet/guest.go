@@ -26,6 +26,12 @@ type Guest interface {
 	GetFile(ctx context.Context, path string) ([]byte, error)
 	// Restored tells a freshly restored replica who it is now (admin).
 	Restored(ctx context.Context, r RestoredInfo) error
+	// CheckpointPrepare closes guestd's other sessions and holds off new
+	// agent sessions for hold (until CheckpointDone or Restored), so the dump
+	// finds no connection from outside the sandbox (admin).
+	CheckpointPrepare(ctx context.Context, hold time.Duration) error
+	// CheckpointDone lifts the hold on a source that runs on (admin).
+	CheckpointDone(ctx context.Context) error
 	// Ping round-trips one small message.
 	Ping(ctx context.Context) error
 	// Hello is what guestd announced when the session opened.

@@ -133,6 +133,13 @@ func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
 	return g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
 }
 
+func (g *guest) CheckpointPrepare(ctx context.Context, hold time.Duration) error {
+	_, err := g.s.CheckpointPrepare(ctx, hold)
+	return err
+}
+
+func (g *guest) CheckpointDone(ctx context.Context) error { return g.s.CheckpointDone(ctx) }
+
 func (g *guest) Ping(ctx context.Context) error {
 	_, err := g.s.Ping(ctx, nil)
 	return err

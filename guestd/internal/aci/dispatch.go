@@ -128,6 +128,20 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		if v, err = ss.srv.restored(r.Restored); err == nil {
 			out.Reply = &aciv1.ServerMessage_Restored{Restored: v}
 		}
+	case *aciv1.ClientMessage_CheckpointPrepare:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("checkpoint_prepare"))
+		}
+		var v *aciv1.CheckpointPrepareResponse
+		if v, err = ss.srv.checkpointPrepare(ss, r.CheckpointPrepare); err == nil {
+			out.Reply = &aciv1.ServerMessage_CheckpointPrepare{CheckpointPrepare: v}
+		}
+	case *aciv1.ClientMessage_CheckpointDone:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("checkpoint_done"))
+		}
+		ss.srv.liftHold()
+		out.Reply = &aciv1.ServerMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneResponse{}}
 	case *aciv1.ClientMessage_ScreencastStart, *aciv1.ClientMessage_ScreencastStop, *aciv1.ClientMessage_ScreencastKeyframe:
 		// Not advertised ("screencast" is absent from the capabilities), so a
 		// conforming client never sends these; one that does learns why.

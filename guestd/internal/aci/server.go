@@ -82,6 +82,9 @@ type Server struct {
 		value []byte
 	}
 
+	// holdUntil (unix ns, 0: none) refuses agent sessions during a checkpoint.
+	holdUntil atomic.Int64
+
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	ready    *aciv1.ReadyResponse // non-nil once the desktop became ready
@@ -132,7 +135,7 @@ func New(opts Options) (*Server, error) {
 	sid := opts.SandboxID
 	s.sandboxID.Store(&sid)
 	s.caps = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
-		"input", "windows", "clipboard", "events.ready", "cancel", "memory"}
+		"input", "windows", "clipboard", "events.ready", "cancel", "memory", "checkpoint"}
 	if opts.Runner != nil {
 		s.caps = append(s.caps, "exec", "launch")
 	}
@@ -262,6 +265,7 @@ func (s *Server) broadcast(m *aciv1.ServerMessage) {
 func (s *Server) Serve(l net.Listener) error {
 	hs := &http.Server{
 		Handler:           s,
+		ConnContext:       WithRawConn,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
@@ -273,6 +277,15 @@ func (s *Server) Serve(l net.Listener) error {
 	s.servers = append(s.servers, hs)
 	s.mu.Unlock()
 	return hs.Serve(l)
+}
+
+type rawConnKey struct{}
+
+// WithRawConn is an http.Server ConnContext that lets sessions reach their
+// net.Conn, so a checkpoint can cut connections at once instead of waiting
+// out a close handshake.
+func WithRawConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, rawConnKey{}, c)
 }
 
 // Listen opens a listener suitable for checkpointing: multipath TCP off
@@ -296,6 +309,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if role != RoleAdmin && s.held() {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "a checkpoint is in progress; reconnect", http.StatusServiceUnavailable)
+		return
+	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:    []string{SubprotocolBinary, SubprotocolJSON},
 		CompressionMode: websocket.CompressionDisabled,
@@ -308,6 +326,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.SetReadLimit(s.opts.MaxMessageBytes)
 	ss := s.newSession(conn, role, conn.Subprotocol() == SubprotocolJSON)
+	if ss != nil {
+		ss.raw, _ = r.Context().Value(rawConnKey{}).(net.Conn)
+	}
 	if ss == nil {
 		conn.Close(websocket.StatusGoingAway, "guestd is shutting down")
 		return

@@ -74,7 +74,9 @@ func newHarness(t *testing.T, opts ...hopt) *harness {
 	}
 	h := &harness{t: t, srv: srv, desk: newFakeDesktop(64, 48)}
 	srv.SetDesktop(h.desk)
-	h.hs = httptest.NewServer(srv)
+	h.hs = httptest.NewUnstartedServer(srv)
+	h.hs.Config.ConnContext = WithRawConn
+	h.hs.Start()
 	h.url = "ws" + strings.TrimPrefix(h.hs.URL, "http")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -28,6 +29,9 @@ const (
 // handler's goroutine) decodes and queues, the executor runs requests in
 // order, the writer sends replies and events.
 type session struct {
+	// raw is the connection under conn when the server knows it (see
+	// WithRawConn).
+	raw  net.Conn
 	srv  *Server
 	conn *websocket.Conn
 	role Role

@@ -188,6 +188,7 @@ func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, 
 	nt.admin, nt.hasAdmin = old.admin, old.hasAdmin
 	s.tokens.Store(nt)
 	s.generation.Store(req.GetGeneration())
+	s.liftHold()
 	if id := req.GetSandboxId(); id != "" {
 		s.sandboxID.Store(&id)
 	}

@@ -334,7 +334,7 @@ func (m *desktopManager) run(ctx context.Context) {
 		m.srv.SetDesktop(d)
 		if m.supervising && !m.started {
 			m.started = true
-			m.startSession()
+			m.startSession(ctx, d)
 		}
 		select {
 		case <-d.Done():
@@ -375,7 +375,10 @@ func (m *desktopManager) open(ctx context.Context) *x11.Desktop {
 	}
 }
 
-func (m *desktopManager) startSession() {
+// startSession starts the window manager, waits until it manages the
+// screen, then starts the apps: an app that maps its window before the
+// window manager took over the root is never adopted and stays invisible.
+func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
 	wm := m.cfg.WindowManager
 	if wm.Path != "" {
 		name := wm.Name
@@ -383,6 +386,9 @@ func (m *desktopManager) startSession() {
 			name = filepath.Base(wm.Path)
 		}
 		m.sup.Start(supervise.Spec{Name: name, Path: wm.Path, Args: wm.Args, Env: wm.Env, Restart: config.RestartAlways})
+		if err := waitWM(ctx, d, wmStartTimeout); err != nil {
+			m.log.Warn("window manager did not come up; starting apps anyway", "wm", name, "err", err)
+		}
 	}
 	for _, a := range m.cfg.Apps {
 		restart := a.Restart
@@ -390,6 +396,28 @@ func (m *desktopManager) startSession() {
 			restart = config.RestartOnFailure
 		}
 		m.sup.Start(supervise.Spec{Name: a.Name, Path: a.Path, Args: a.Args, Env: a.Env, Restart: restart})
+	}
+}
+
+const wmStartTimeout = 5 * time.Second
+
+// waitWM waits for the window manager's EWMH check window, probing the way
+// the ready query does (0.1 ms a probe; the window manager needs about 10 ms).
+func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		st, err := d.Ready(ctx)
+		if err == nil && st.WMUp {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 }
 

@@ -700,6 +700,10 @@ func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
 	return nil
 }
 
+func (s *guest) CheckpointPrepare(ctx context.Context, hold time.Duration) error { return s.check(ctx) }
+
+func (s *guest) CheckpointDone(ctx context.Context) error { return s.check(ctx) }
+
 func (s *guest) Ping(ctx context.Context) error { return s.check(ctx) }
 
 func (s *guest) Hello() fleet.GuestHello { return s.hello }

@@ -379,6 +379,8 @@ type ClientMessage struct {
 	//	*ClientMessage_MemoryMark
 	//	*ClientMessage_MemoryChallenge
 	//	*ClientMessage_Restored
+	//	*ClientMessage_CheckpointPrepare
+	//	*ClientMessage_CheckpointDone
 	Request       isClientMessage_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -662,6 +664,24 @@ func (x *ClientMessage) GetRestored() *RestoredRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetCheckpointPrepare() *CheckpointPrepareRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_CheckpointPrepare); ok {
+			return x.CheckpointPrepare
+		}
+	}
+	return nil
+}
+
+func (x *ClientMessage) GetCheckpointDone() *CheckpointDoneRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_CheckpointDone); ok {
+			return x.CheckpointDone
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Request interface {
 	isClientMessage_Request()
 }
@@ -770,6 +790,14 @@ type ClientMessage_Restored struct {
 	Restored *RestoredRequest `protobuf:"bytes,27,opt,name=restored,proto3,oneof"`
 }
 
+type ClientMessage_CheckpointPrepare struct {
+	CheckpointPrepare *CheckpointPrepareRequest `protobuf:"bytes,28,opt,name=checkpoint_prepare,json=checkpointPrepare,proto3,oneof"`
+}
+
+type ClientMessage_CheckpointDone struct {
+	CheckpointDone *CheckpointDoneRequest `protobuf:"bytes,29,opt,name=checkpoint_done,json=checkpointDone,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Request() {}
 
 func (*ClientMessage_Ping) isClientMessage_Request() {}
@@ -822,6 +850,10 @@ func (*ClientMessage_MemoryChallenge) isClientMessage_Request() {}
 
 func (*ClientMessage_Restored) isClientMessage_Request() {}
 
+func (*ClientMessage_CheckpointPrepare) isClientMessage_Request() {}
+
+func (*ClientMessage_CheckpointDone) isClientMessage_Request() {}
+
 // ServerMessage is the only message a server sends.
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -856,6 +888,8 @@ type ServerMessage struct {
 	//	*ServerMessage_MemoryMark
 	//	*ServerMessage_MemoryChallenge
 	//	*ServerMessage_Restored
+	//	*ServerMessage_CheckpointPrepare
+	//	*ServerMessage_CheckpointDone
 	//	*ServerMessage_Event
 	Reply         isServerMessage_Reply `protobuf_oneof:"reply"`
 	unknownFields protoimpl.UnknownFields
@@ -1149,6 +1183,24 @@ func (x *ServerMessage) GetRestored() *RestoredResponse {
 	return nil
 }
 
+func (x *ServerMessage) GetCheckpointPrepare() *CheckpointPrepareResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_CheckpointPrepare); ok {
+			return x.CheckpointPrepare
+		}
+	}
+	return nil
+}
+
+func (x *ServerMessage) GetCheckpointDone() *CheckpointDoneResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_CheckpointDone); ok {
+			return x.CheckpointDone
+		}
+	}
+	return nil
+}
+
 func (x *ServerMessage) GetEvent() *Event {
 	if x != nil {
 		if x, ok := x.Reply.(*ServerMessage_Event); ok {
@@ -1272,6 +1324,14 @@ type ServerMessage_Restored struct {
 	Restored *RestoredResponse `protobuf:"bytes,28,opt,name=restored,proto3,oneof"`
 }
 
+type ServerMessage_CheckpointPrepare struct {
+	CheckpointPrepare *CheckpointPrepareResponse `protobuf:"bytes,29,opt,name=checkpoint_prepare,json=checkpointPrepare,proto3,oneof"`
+}
+
+type ServerMessage_CheckpointDone struct {
+	CheckpointDone *CheckpointDoneResponse `protobuf:"bytes,30,opt,name=checkpoint_done,json=checkpointDone,proto3,oneof"`
+}
+
 type ServerMessage_Event struct {
 	// Pushed without a request (id 0).
 	Event *Event `protobuf:"bytes,40,opt,name=event,proto3,oneof"`
@@ -1330,6 +1390,10 @@ func (*ServerMessage_MemoryMark) isServerMessage_Reply() {}
 func (*ServerMessage_MemoryChallenge) isServerMessage_Reply() {}
 
 func (*ServerMessage_Restored) isServerMessage_Reply() {}
+
+func (*ServerMessage_CheckpointPrepare) isServerMessage_Reply() {}
+
+func (*ServerMessage_CheckpointDone) isServerMessage_Reply() {}
 
 func (*ServerMessage_Event) isServerMessage_Reply() {}
 
@@ -5704,11 +5768,179 @@ func (*RestoredResponse) Descriptor() ([]byte, []int) {
 	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{74}
 }
 
+// CheckpointPrepareRequest readies guestd for a CRIU dump: every other
+// session is closed (WebSocket close 1012 "checkpoint"; established
+// connections cannot be carried into forks) and new agent sessions are refused
+// with HTTP 503 until CheckpointDone, Restored, or hold_ms elapses. Admin
+// sessions are still accepted. Admin only.
+type CheckpointPrepareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 5000 when 0, at most 60000.
+	HoldMs        uint32 `protobuf:"varint,1,opt,name=hold_ms,json=holdMs,proto3" json:"hold_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointPrepareRequest) Reset() {
+	*x = CheckpointPrepareRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointPrepareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointPrepareRequest) ProtoMessage() {}
+
+func (x *CheckpointPrepareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointPrepareRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointPrepareRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *CheckpointPrepareRequest) GetHoldMs() uint32 {
+	if x != nil {
+		return x.HoldMs
+	}
+	return 0
+}
+
+type CheckpointPrepareResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sessions closed.
+	ClosedSessions uint32 `protobuf:"varint,1,opt,name=closed_sessions,json=closedSessions,proto3" json:"closed_sessions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CheckpointPrepareResponse) Reset() {
+	*x = CheckpointPrepareResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointPrepareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointPrepareResponse) ProtoMessage() {}
+
+func (x *CheckpointPrepareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointPrepareResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointPrepareResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *CheckpointPrepareResponse) GetClosedSessions() uint32 {
+	if x != nil {
+		return x.ClosedSessions
+	}
+	return 0
+}
+
+// CheckpointDoneRequest lifts a checkpoint hold on the source. Admin only.
+type CheckpointDoneRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointDoneRequest) Reset() {
+	*x = CheckpointDoneRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointDoneRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointDoneRequest) ProtoMessage() {}
+
+func (x *CheckpointDoneRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointDoneRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointDoneRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{77}
+}
+
+type CheckpointDoneResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointDoneResponse) Reset() {
+	*x = CheckpointDoneResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointDoneResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointDoneResponse) ProtoMessage() {}
+
+func (x *CheckpointDoneResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointDoneResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointDoneResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{78}
+}
+
 var File_forkfleet_aci_v1_aci_proto protoreflect.FileDescriptor
 
 const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
-	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xc1\x0e\n" +
+	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xf2\x0f\n" +
 	"\rClientMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
 	"\x05hello\x18\x02 \x01(\v2\x1e.forkfleet.aci.v1.HelloRequestH\x00R\x05hello\x123\n" +
@@ -5743,8 +5975,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\vmemory_mark\x18\x19 \x01(\v2#.forkfleet.aci.v1.MemoryMarkRequestH\x00R\n" +
 	"memoryMark\x12U\n" +
 	"\x10memory_challenge\x18\x1a \x01(\v2(.forkfleet.aci.v1.MemoryChallengeRequestH\x00R\x0fmemoryChallenge\x12?\n" +
-	"\brestored\x18\x1b \x01(\v2!.forkfleet.aci.v1.RestoredRequestH\x00R\brestoredB\t\n" +
-	"\arequest\"\xbb\x0f\n" +
+	"\brestored\x18\x1b \x01(\v2!.forkfleet.aci.v1.RestoredRequestH\x00R\brestored\x12[\n" +
+	"\x12checkpoint_prepare\x18\x1c \x01(\v2*.forkfleet.aci.v1.CheckpointPrepareRequestH\x00R\x11checkpointPrepare\x12R\n" +
+	"\x0fcheckpoint_done\x18\x1d \x01(\v2'.forkfleet.aci.v1.CheckpointDoneRequestH\x00R\x0echeckpointDoneB\t\n" +
+	"\arequest\"\xee\x10\n" +
 	"\rServerMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.forkfleet.aci.v1.ErrorH\x00R\x05error\x127\n" +
@@ -5780,7 +6014,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\vmemory_mark\x18\x1a \x01(\v2$.forkfleet.aci.v1.MemoryMarkResponseH\x00R\n" +
 	"memoryMark\x12V\n" +
 	"\x10memory_challenge\x18\x1b \x01(\v2).forkfleet.aci.v1.MemoryChallengeResponseH\x00R\x0fmemoryChallenge\x12@\n" +
-	"\brestored\x18\x1c \x01(\v2\".forkfleet.aci.v1.RestoredResponseH\x00R\brestored\x12/\n" +
+	"\brestored\x18\x1c \x01(\v2\".forkfleet.aci.v1.RestoredResponseH\x00R\brestored\x12\\\n" +
+	"\x12checkpoint_prepare\x18\x1d \x01(\v2+.forkfleet.aci.v1.CheckpointPrepareResponseH\x00R\x11checkpointPrepare\x12S\n" +
+	"\x0fcheckpoint_done\x18\x1e \x01(\v2(.forkfleet.aci.v1.CheckpointDoneResponseH\x00R\x0echeckpointDone\x12/\n" +
 	"\x05event\x18( \x01(\v2\x17.forkfleet.aci.v1.EventH\x00R\x05eventB\a\n" +
 	"\x05reply\"h\n" +
 	"\x05Error\x12/\n" +
@@ -6077,7 +6313,13 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
 	"\aentropy\x18\x04 \x01(\fR\aentropy\"\x12\n" +
-	"\x10RestoredResponse*\xee\x02\n" +
+	"\x10RestoredResponse\"3\n" +
+	"\x18CheckpointPrepareRequest\x12\x17\n" +
+	"\ahold_ms\x18\x01 \x01(\rR\x06holdMs\"D\n" +
+	"\x19CheckpointPrepareResponse\x12'\n" +
+	"\x0fclosed_sessions\x18\x01 \x01(\rR\x0eclosedSessions\"\x17\n" +
+	"\x15CheckpointDoneRequest\"\x18\n" +
+	"\x16CheckpointDoneResponse*\xee\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n" +
@@ -6133,7 +6375,7 @@ func file_forkfleet_aci_v1_aci_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
 var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(ErrorCode)(0),                     // 0: forkfleet.aci.v1.ErrorCode
 	(MouseButton)(0),                   // 1: forkfleet.aci.v1.MouseButton
@@ -6215,8 +6457,12 @@ var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(*MemoryChallengeResponse)(nil),    // 77: forkfleet.aci.v1.MemoryChallengeResponse
 	(*RestoredRequest)(nil),            // 78: forkfleet.aci.v1.RestoredRequest
 	(*RestoredResponse)(nil),           // 79: forkfleet.aci.v1.RestoredResponse
-	nil,                                // 80: forkfleet.aci.v1.LaunchRequest.EnvEntry
-	nil,                                // 81: forkfleet.aci.v1.ExecRequest.EnvEntry
+	(*CheckpointPrepareRequest)(nil),   // 80: forkfleet.aci.v1.CheckpointPrepareRequest
+	(*CheckpointPrepareResponse)(nil),  // 81: forkfleet.aci.v1.CheckpointPrepareResponse
+	(*CheckpointDoneRequest)(nil),      // 82: forkfleet.aci.v1.CheckpointDoneRequest
+	(*CheckpointDoneResponse)(nil),     // 83: forkfleet.aci.v1.CheckpointDoneResponse
+	nil,                                // 84: forkfleet.aci.v1.LaunchRequest.EnvEntry
+	nil,                                // 85: forkfleet.aci.v1.ExecRequest.EnvEntry
 }
 var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	8,   // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
@@ -6245,92 +6491,96 @@ var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	74,  // 23: forkfleet.aci.v1.ClientMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkRequest
 	76,  // 24: forkfleet.aci.v1.ClientMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeRequest
 	78,  // 25: forkfleet.aci.v1.ClientMessage.restored:type_name -> forkfleet.aci.v1.RestoredRequest
-	7,   // 26: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
-	9,   // 27: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
-	11,  // 28: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
-	26,  // 29: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
-	28,  // 30: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	30,  // 31: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
-	32,  // 32: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
-	34,  // 33: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	37,  // 34: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
-	39,  // 35: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
-	41,  // 36: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
-	43,  // 37: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
-	45,  // 38: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
-	47,  // 39: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
-	49,  // 40: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
-	51,  // 41: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
-	54,  // 42: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
-	56,  // 43: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
-	58,  // 44: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
-	60,  // 45: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
-	62,  // 46: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
-	64,  // 47: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
-	66,  // 48: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
-	68,  // 49: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
-	75,  // 50: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
-	77,  // 51: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
-	79,  // 52: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
-	73,  // 53: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
-	0,   // 54: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
-	34,  // 55: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	12,  // 56: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
-	12,  // 57: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
-	1,   // 58: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	1,   // 59: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 60: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
-	12,  // 61: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
-	12,  // 62: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
-	1,   // 63: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 64: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
-	14,  // 65: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
-	15,  // 66: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
-	16,  // 67: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
-	16,  // 68: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
-	17,  // 69: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
-	18,  // 70: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
-	19,  // 71: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 72: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 73: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
-	20,  // 74: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
-	21,  // 75: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
-	22,  // 76: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
-	23,  // 77: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
-	27,  // 78: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	7,   // 79: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
-	25,  // 80: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
-	28,  // 81: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	7,   // 82: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
-	2,   // 83: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 84: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
-	2,   // 85: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 86: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
-	12,  // 87: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
-	13,  // 88: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
-	35,  // 89: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
-	3,   // 90: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
-	13,  // 91: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
-	80,  // 92: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
-	81,  // 93: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
-	52,  // 94: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
-	52,  // 95: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
-	2,   // 96: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 97: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
-	4,   // 98: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
-	13,  // 99: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
-	2,   // 100: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
-	69,  // 101: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
-	12,  // 102: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
-	30,  // 103: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
-	72,  // 104: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
-	70,  // 105: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
-	71,  // 106: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
-	107, // [107:107] is the sub-list for method output_type
-	107, // [107:107] is the sub-list for method input_type
-	107, // [107:107] is the sub-list for extension type_name
-	107, // [107:107] is the sub-list for extension extendee
-	0,   // [0:107] is the sub-list for field type_name
+	80,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
+	82,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
+	7,   // 28: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
+	9,   // 29: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
+	11,  // 30: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
+	26,  // 31: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
+	28,  // 32: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	30,  // 33: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
+	32,  // 34: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
+	34,  // 35: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	37,  // 36: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
+	39,  // 37: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
+	41,  // 38: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
+	43,  // 39: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
+	45,  // 40: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
+	47,  // 41: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
+	49,  // 42: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
+	51,  // 43: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
+	54,  // 44: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
+	56,  // 45: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
+	58,  // 46: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
+	60,  // 47: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
+	62,  // 48: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
+	64,  // 49: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
+	66,  // 50: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
+	68,  // 51: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
+	75,  // 52: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
+	77,  // 53: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
+	79,  // 54: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
+	81,  // 55: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
+	83,  // 56: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
+	73,  // 57: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
+	0,   // 58: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
+	34,  // 59: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	12,  // 60: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
+	12,  // 61: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
+	1,   // 62: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	1,   // 63: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 64: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
+	12,  // 65: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
+	12,  // 66: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
+	1,   // 67: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 68: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
+	14,  // 69: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
+	15,  // 70: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
+	16,  // 71: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
+	16,  // 72: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
+	17,  // 73: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
+	18,  // 74: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
+	19,  // 75: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 76: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 77: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
+	20,  // 78: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
+	21,  // 79: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
+	22,  // 80: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
+	23,  // 81: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
+	27,  // 82: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	7,   // 83: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
+	25,  // 84: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
+	28,  // 85: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	7,   // 86: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
+	2,   // 87: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 88: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
+	2,   // 89: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 90: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
+	12,  // 91: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
+	13,  // 92: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
+	35,  // 93: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
+	3,   // 94: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
+	13,  // 95: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
+	84,  // 96: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
+	85,  // 97: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
+	52,  // 98: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
+	52,  // 99: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
+	2,   // 100: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 101: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
+	4,   // 102: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
+	13,  // 103: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
+	2,   // 104: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
+	69,  // 105: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
+	12,  // 106: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
+	30,  // 107: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
+	72,  // 108: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
+	70,  // 109: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
+	71,  // 110: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
+	111, // [111:111] is the sub-list for method output_type
+	111, // [111:111] is the sub-list for method input_type
+	111, // [111:111] is the sub-list for extension type_name
+	111, // [111:111] is the sub-list for extension extendee
+	0,   // [0:111] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_aci_v1_aci_proto_init() }
@@ -6365,6 +6615,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ClientMessage_MemoryMark)(nil),
 		(*ClientMessage_MemoryChallenge)(nil),
 		(*ClientMessage_Restored)(nil),
+		(*ClientMessage_CheckpointPrepare)(nil),
+		(*ClientMessage_CheckpointDone)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[1].OneofWrappers = []any{
 		(*ServerMessage_Error)(nil),
@@ -6394,6 +6646,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ServerMessage_MemoryMark)(nil),
 		(*ServerMessage_MemoryChallenge)(nil),
 		(*ServerMessage_Restored)(nil),
+		(*ServerMessage_CheckpointPrepare)(nil),
+		(*ServerMessage_CheckpointDone)(nil),
 		(*ServerMessage_Event)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[18].OneofWrappers = []any{
@@ -6421,7 +6675,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_aci_v1_aci_proto_rawDesc), len(file_forkfleet_aci_v1_aci_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   77,
+			NumMessages:   81,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
