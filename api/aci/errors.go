@@ -32,7 +32,7 @@ var (
 	// ErrConnectionLost fails calls that were in flight when the connection
 	// dropped: the request may or may not have run. It is also an
 	// errdefs.ErrUnavailable.
-	ErrConnectionLost = &classedError{msg: "aci: connection lost", class: errdefs.ErrUnavailable}
+	ErrConnectionLost error = &classedError{msg: "aci: connection lost", class: errdefs.ErrUnavailable}
 	// ErrClosed is returned by calls on a session after Close.
 	ErrClosed = errors.New("aci: session closed")
 	// ErrProtocol reports a peer that broke the ACI framing rules (a reply

@@ -79,6 +79,10 @@ func (s *Session) PutFile(ctx context.Context, path string, data []byte, opts ..
 		req.Data = data
 		return s.putOne(ctx, req)
 	}
+	if !s.HasCapability("files.chunked") {
+		return fmt.Errorf("aci: put file %s: %w: %d bytes need a chunked upload and the server does not offer files.chunked (limit %d bytes per message)",
+			path, ErrFailedPrecondition, len(data), chunk)
+	}
 	var idb [16]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return fmt.Errorf("aci: put file: upload id: %w", err)

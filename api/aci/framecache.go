@@ -19,6 +19,10 @@ const DefaultFrameCacheBytes = 256 << 20
 // forked fleet, it makes N replicas showing the same screen cost one full
 // frame per round instead of N. It is bounded (LRU by bytes) and safe for
 // concurrent use.
+//
+// Image bytes of a response served from (or stored in) the cache are shared
+// with every other session using it: treat ScreenshotResponse.Data as
+// read-only.
 type FrameCache struct {
 	mu      sync.Mutex
 	max     int64

@@ -44,6 +44,7 @@ func buildGuestd(t *testing.T) string {
 			guestdErr = err
 			return
 		}
+		cleanups = append(cleanups, func() { os.RemoveAll(dir) })
 		bin := filepath.Join(dir, "guestd")
 		cmd := exec.Command("go", "build", "-o", bin, "./cmd/guestd")
 		cmd.Dir = filepath.Join("..", "..", "guestd")

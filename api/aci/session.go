@@ -191,7 +191,7 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrUnavailable, err)
 	}
 	if ws.Subprotocol() != sub {
-		ws.Close(websocket.StatusProtocolError, "subprotocol")
+		ws.CloseNow()
 		return nil, fmt.Errorf("aci: dial %s: %w: server chose subprotocol %q, want %q", s.url, ErrProtocol, ws.Subprotocol(), sub)
 	}
 	ws.SetReadLimit(s.cfg.readLimit)
@@ -369,8 +369,9 @@ func (s *Session) HasCapability(name string) bool {
 // Do sends one request and waits for its reply. The id of msg is assigned
 // by the session (any value set is overwritten). An ACI Error reply is
 // returned as an *Error; a canceled ctx returns ctx.Err() at once and, for
-// requests the server can cut short (exec, step, screenshot), sends a
-// CancelRequest; the late reply is discarded.
+// requests the server can cut short (exec, step, screenshot) on a server
+// with the "cancel" capability, sends a CancelRequest; the late reply is
+// discarded.
 func (s *Session) Do(ctx context.Context, msg *aciv1.ClientMessage) (*aciv1.ServerMessage, error) {
 	call, err := s.Start(ctx, msg)
 	if err != nil {
@@ -430,7 +431,7 @@ func (call *Call) Wait(ctx context.Context) (*aciv1.ServerMessage, error) {
 		return replyErr(reply)
 	case <-ctx.Done():
 		if c.unregister(call.id) {
-			if call.cancelable {
+			if call.cancelable && c.caps["cancel"] {
 				c.sendCancel(call.id)
 			}
 			return nil, ctx.Err()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -19,11 +20,24 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
+// cleanups run once after all tests (the guestd build directory).
+var cleanups []func()
+
 func TestMain(m *testing.M) {
 	if maybeRunPeer() {
 		return
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	for _, fn := range cleanups {
+		fn()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -19,8 +20,10 @@ type Server struct {
 	// SocketPath is the socket's file system path.
 	SocketPath string
 
-	grpc *grpc.Server
-	done chan error
+	grpc      *grpc.Server
+	done      chan error
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Listen serves a new Fake on a unix socket at socketPath (replacing a stale
@@ -47,14 +50,16 @@ func ListenFake(f *Fake, socketPath string) (*Server, error) {
 
 // Close stops the server (ending open streams) and the fake's timers.
 func (s *Server) Close() error {
-	s.Fake.Close()
-	s.grpc.Stop()
-	err := <-s.done
-	os.Remove(s.SocketPath)
-	if err == grpc.ErrServerStopped {
-		return nil
-	}
-	return err
+	s.closeOnce.Do(func() {
+		s.Fake.Close()
+		s.grpc.Stop()
+		err := <-s.done
+		os.Remove(s.SocketPath)
+		if err != grpc.ErrServerStopped {
+			s.closeErr = err
+		}
+	})
+	return s.closeErr
 }
 
 // Start serves a new Fake on a unix socket in a temporary directory for the
