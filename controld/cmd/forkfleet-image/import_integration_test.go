@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/platforms"
+	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 )
 
 // testContainerd connects to FORKFLEET_CONTAINERD_ADDRESS, or, when that is
@@ -115,7 +116,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 }
 
 func TestImportIntegration(t *testing.T) {
-	c, addr := testContainerd(t)
+	c, _ := testContainerd(t)
 	ns := fmt.Sprintf("forkfleet-imgtest-%d", os.Getpid())
 	ctx := namespaces.WithNamespace(context.Background(), ns)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -137,12 +138,12 @@ func TestImportIntegration(t *testing.T) {
 		c.NamespaceService().Delete(cctx, ns)
 	})
 
-	opts := importOpts{address: addr, namespace: ns, snapshotter: defaultSnapshotter, unpack: true, layout: out}
-	res, err := importLayout(ctx, c, opts)
+	opts := imageimport.Options{Namespace: ns, Snapshotter: defaultSnapshotter, Unpack: true, Layout: out}
+	res, err := imageimport.Import(ctx, c, opts)
 	if err != nil {
 		t.Fatalf("import: %v", err)
 	}
-	if len(res) != 1 || !strings.HasPrefix(res[0].action, "imported+unpacked") || res[0].manifest != built.manifest.Digest.String() {
+	if len(res) != 1 || !strings.HasPrefix(res[0].Action, "imported+unpacked") || res[0].Manifest != built.manifest.Digest.String() {
 		t.Fatalf("first import: %+v", res)
 	}
 	t.Logf("first import: %s", res[0])
@@ -154,8 +155,8 @@ func TestImportIntegration(t *testing.T) {
 	if img.Target().Digest != built.manifest.Digest {
 		t.Fatalf("image target %s, built %s", img.Target().Digest, built.manifest.Digest)
 	}
-	if _, ok := img.Labels()[gcExpireLabel]; ok {
-		t.Fatalf("image has %s: %v", gcExpireLabel, img.Labels())
+	if _, ok := img.Labels()[imageimport.GCExpireLabel]; ok {
+		t.Fatalf("image has %s: %v", imageimport.GCExpireLabel, img.Labels())
 	}
 
 	// Force a synchronous garbage collection: the image and its snapshot
@@ -184,11 +185,11 @@ func TestImportIntegration(t *testing.T) {
 	}, "usr/local/bin/guestd")
 
 	// Same layout again: skipped without touching containerd's content.
-	res, err = importLayout(ctx, c, opts)
+	res, err = imageimport.Import(ctx, c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 1 || !strings.HasPrefix(res[0].action, "skipped") {
+	if len(res) != 1 || !strings.HasPrefix(res[0].Action, "skipped") {
 		t.Fatalf("second import not skipped: %+v", res)
 	}
 	t.Logf("second import: %s", res[0])

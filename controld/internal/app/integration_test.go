@@ -14,6 +14,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
+	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -56,6 +57,15 @@ func TestRealStack(t *testing.T) {
 		t.Fatalf("runtime: %v", err)
 	}
 	defer rt.Close()
+	// The namespace is the test's own: bring the desktop image in from the
+	// layout images/desktop/build.sh leaves in its cache (a no-op when the
+	// namespace already has that manifest).
+	layout := getenv("FORKFLEET_DESKTOP_LAYOUT", imageimport.DefaultDesktopLayout)
+	if _, err := imageimport.Import(ctx, rt.Client(), imageimport.Options{
+		Namespace: ns, Snapshotter: "overlayfs", Unpack: true, Layout: layout,
+	}); err != nil {
+		t.Fatalf("import the desktop image into %s from %s (run make image): %v", ns, layout, err)
+	}
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {

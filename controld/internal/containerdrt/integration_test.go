@@ -28,6 +28,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 	"github.com/forkfleet/forkfleet/controld/internal/ocilayout"
 )
 
@@ -1017,6 +1018,33 @@ func TestIntegrationPrecreate(t *testing.T) {
 	}
 }
 
+// desktopRuntime returns a runtime on the test's own namespace
+// (FORKFLEET_DESKTOP_NAMESPACE, default forkfleet-containerdrt-desktop: never
+// the namespace a running controld reconciles) holding the desktop image,
+// imported from the layout images/desktop/build.sh caches.
+func desktopRuntime(t *testing.T, image string) (*Runtime, context.Context) {
+	t.Helper()
+	ns := os.Getenv("FORKFLEET_DESKTOP_NAMESPACE")
+	if ns == "" {
+		ns = "forkfleet-containerdrt-desktop"
+	}
+	r := newTestRuntime(t, ns)
+	ctx := context.Background()
+	layout := os.Getenv("FORKFLEET_DESKTOP_LAYOUT")
+	if layout == "" {
+		layout = imageimport.DefaultDesktopLayout
+	}
+	if _, err := imageimport.Import(r.ctx(ctx), r.client, imageimport.Options{
+		Namespace: ns, Snapshotter: r.cfg.Snapshotter, Unpack: true, Layout: layout,
+	}); err != nil {
+		t.Fatalf("import the desktop image into %s from %s (run make image, or set FORKFLEET_DESKTOP_IMAGE=none): %v", ns, layout, err)
+	}
+	if _, err := r.client.GetImage(r.ctx(ctx), image); err != nil {
+		t.Fatalf("desktop image %s in namespace %s: %v", image, ns, err)
+	}
+	return r, ctx
+}
+
 // TestIntegrationDesktop runs the real desktop image: boot, guestd socket,
 // checkpoint, fork.
 func TestIntegrationDesktop(t *testing.T) {
@@ -1028,15 +1056,7 @@ func TestIntegrationDesktop(t *testing.T) {
 	if image == "" {
 		image = "localhost/forkfleet/desktop:latest"
 	}
-	ns := os.Getenv("FORKFLEET_DESKTOP_NAMESPACE")
-	if ns == "" {
-		ns = DefaultNamespace
-	}
-	r := newTestRuntime(t, ns)
-	ctx := context.Background()
-	if _, err := r.client.GetImage(r.ctx(ctx), image); err != nil {
-		t.Fatalf("desktop image %s in namespace %s: %v (import it, or set FORKFLEET_DESKTOP_IMAGE=none)", image, ns, err)
-	}
+	r, ctx := desktopRuntime(t, image)
 	spec := fleet.BootSpec{
 		ID: uniqueID("desktop"), Image: image, MemoryBytes: 1 << 30,
 		Width: 1280, Height: 800, Depth: 24,

@@ -3,7 +3,6 @@
 package containerdrt
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -31,8 +30,7 @@ func TestIntegrationTimings(t *testing.T) {
 	if image == "" || image == "none" {
 		image = "localhost/forkfleet/desktop:latest"
 	}
-	r := newTestRuntime(t, DefaultNamespace)
-	ctx := context.Background()
+	r, ctx := desktopRuntime(t, image)
 	spec := func(prefix string) fleet.BootSpec {
 		return fleet.BootSpec{ID: uniqueID(prefix), Image: image, MemoryBytes: 1 << 30,
 			ACIToken: "a-" + randomHex(8), AdminToken: "b-" + randomHex(8)}
