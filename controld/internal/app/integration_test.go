@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/forkfleet/forkfleet/api/aci"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
@@ -113,7 +116,8 @@ func TestRealStack(t *testing.T) {
 	// Cleanup in dependency order: pool (its warm replicas), sandboxes
 	// (forks pin their checkpoint), then the checkpoint.
 	var created []string
-	var poolID, ckID, diskCk string
+	var poolID, ckID, diskCk, exportRef string
+	var exportCks []string
 	defer func() {
 		bg := context.Background()
 		if poolID != "" {
@@ -124,6 +128,16 @@ func TestRealStack(t *testing.T) {
 		for _, id := range created {
 			if _, err := sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
 				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		for _, id := range exportCks {
+			if _, err := ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: id}); err != nil {
+				t.Errorf("delete checkpoint %s: %v", id, err)
+			}
+		}
+		if exportRef != "" {
+			if err := rt.Client().ImageService().Delete(namespaces.WithNamespace(bg, ns), exportRef, images.SynchronousDelete()); err != nil {
+				t.Errorf("delete image %s: %v", exportRef, err)
 			}
 		}
 		if diskCk != "" {
@@ -214,6 +228,48 @@ func TestRealStack(t *testing.T) {
 	} else {
 		created = append(created, r.Sandbox.Id)
 		t.Logf("disk fork verified: %v (%s ok=%v)", time.Since(start), r.Verification[0].Level, r.Verification[0].Ok)
+	}
+
+	// Export and import through containerd's content store: a fork of the
+	// imported checkpoint verifies like one of the original.
+	xck, err := ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id})
+	if err != nil {
+		t.Fatalf("checkpoint to export: %v", err)
+	}
+	exportCks = append(exportCks, xck.Checkpoint.Id)
+	exportRef = "localhost/forkfleet/controld-it-ck:" + xck.Checkpoint.Id
+	start = time.Now()
+	ex, err := ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: xck.Checkpoint.Id, Reference: exportRef})
+	if err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	t.Logf("export: %v (%s, %d B)", time.Since(start), ex.Digest, ex.SizeBytes)
+	start = time.Now()
+	im, err := ckc.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Reference: exportRef})
+	if err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	exportCks = append([]string{im.Checkpoint.Id}, exportCks...)
+	t.Logf("import: %v", time.Since(start))
+	if im.Checkpoint.Id == xck.Checkpoint.Id || im.Checkpoint.Tier != xck.Checkpoint.Tier || im.Checkpoint.MemoryBytes != xck.Checkpoint.MemoryBytes {
+		t.Errorf("imported %v, exported %v", im.Checkpoint, xck.Checkpoint)
+	}
+	ifr, err := ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: im.Checkpoint.Id, Count: 1})
+	if err != nil {
+		t.Fatalf("fork of the imported checkpoint: %v", err)
+	}
+	if r := ifr.Replicas[0]; r.ErrorCode != 0 {
+		t.Fatalf("fork of the imported checkpoint failed (%d): %s", r.ErrorCode, r.ErrorMessage)
+	} else {
+		created = append(created, r.Sandbox.Id)
+		for _, v := range r.Verification {
+			if !v.Ok {
+				t.Errorf("fork of the imported checkpoint: %s: %s", v.Level, v.Detail)
+			}
+		}
+		if len(r.Verification) != 3 {
+			t.Errorf("fork of the imported checkpoint verified %d levels, want 3", len(r.Verification))
+		}
 	}
 
 	pl, err := plc.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Checkpoint.Id}, Size: 1})

@@ -1,0 +1,858 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/archive"
+	cfs "github.com/containerd/continuity/fs"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Checkpoint images. An exported checkpoint is an OCI image manifest with
+// artifactType ArtifactTypeCheckpoint and the empty config, whose layers
+// are, in this order:
+//
+//   - MediaTypeCheckpointCRIU (memory tier only): the CRIU image directory
+//     as an uncompressed tar;
+//   - one or more ocispec.MediaTypeImageLayer: the checkpoint's writable
+//     layer as standard OCI layer diffs (whiteouts as .wh. entries), bottom
+//     first, to be stacked on the base image's layers. A checkpoint of a
+//     fork sits on its parent checkpoint's layer, so it carries one diff per
+//     layer between the base image and itself;
+//   - MediaTypeCheckpointMeta: checkpoint.json, spec.json and the caller's
+//     opaque metadata (exportedMeta).
+//
+// The manifest's annotations name the base image (the standard
+// org.opencontainers.image.base.* keys, plus its layer chain id so the
+// importer can check it stacks the diffs on the same layers), the tier, the
+// CRIU version that dumped the images, the source sandbox and the
+// checkpoint's creation time (not the export's: exporting the same
+// checkpoint twice yields the same digest).
+//
+// Blobs are uncompressed: the CRIU pages and the layer are produced and
+// consumed at disk speed, while gzip or zstd would make the two cores the
+// bottleneck of every export and import. The whole image is written
+// straight into containerd's content store under a lease, the manifest
+// carrying containerd.io/gc.ref.content labels so the image record alone
+// keeps every blob once the lease is gone.
+const (
+	ArtifactTypeCheckpoint  = "application/vnd.forkfleet.checkpoint.v1"
+	MediaTypeCheckpointCRIU = "application/vnd.forkfleet.checkpoint.criu.v1.tar"
+	MediaTypeCheckpointMeta = "application/vnd.forkfleet.checkpoint.meta.v1+json"
+
+	AnnotationTier        = "vnd.forkfleet.checkpoint.tier"
+	AnnotationCRIUVersion = "vnd.forkfleet.checkpoint.criu-version"
+	AnnotationSource      = "vnd.forkfleet.checkpoint.source"
+	AnnotationBaseChainID = "vnd.forkfleet.checkpoint.base.chain-id"
+
+	exportMetaVersion = 1
+	// maxManifestBytes and maxMetaBytes bound what import reads into memory.
+	maxManifestBytes = 4 << 20
+	maxMetaBytes     = 64 << 20
+	// maxLayerChain bounds the checkpoint layers between a checkpoint and its
+	// base image (forks of forks of ...); beyond it the chain is corrupt.
+	maxLayerChain = 256
+	// blobBufferBytes sizes the writes into the content store (one gRPC
+	// message each).
+	blobBufferBytes = 1 << 20
+
+	gcRefContentPrefix = "containerd.io/gc.ref.content."
+)
+
+// exportedMeta is the MediaTypeCheckpointMeta blob.
+type exportedMeta struct {
+	Version    int             `json:"version"`
+	Checkpoint json.RawMessage `json:"checkpoint"` // checkpoint.json as written by Checkpoint
+	Spec       json.RawMessage `json:"spec"`       // spec.json: the source's OCI runtime spec
+	Metadata   []byte          `json:"metadata,omitempty"`
+}
+
+var _ fleet.CheckpointExporter = (*Runtime)(nil)
+
+func validateReference(field, ref string) error {
+	if ref == "" {
+		return errdefs.InvalidField(field, "required")
+	}
+	// Canonical names only (what containerd stores and a push resolves):
+	// "ck:1" would silently mean docker.io/library/ck:1 elsewhere.
+	if _, err := reference.ParseNamed(ref); err != nil {
+		return errdefs.InvalidField(field, "%q is not a fully qualified image reference (host/path[:tag]): %v", ref, err)
+	}
+	return nil
+}
+
+// ExportCheckpoint writes the checkpoint held by ref as the OCI image
+// reference in the runtime's namespace (see ArtifactTypeCheckpoint),
+// replacing what the name pointed to before. Exporting the same checkpoint
+// again writes nothing new and yields the same digest.
+func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef, metadata []byte, name string) (res fleet.ExportResult, err error) {
+	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
+		return res, err
+	}
+	if err := validateReference("reference", name); err != nil {
+		return res, err
+	}
+	ctx = r.ctx(ctx)
+	meta, _, err := readMeta(ref.Dir)
+	if err != nil {
+		return res, err
+	}
+	if ref.Snapshot != "" && ref.Snapshot != meta.Snapshot {
+		return res, fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", ref.Dir, meta.Snapshot, ref.Snapshot, errdefs.ErrFailedPrecondition)
+	}
+	if ref.Tier != 0 && tierName(ref.Tier) != meta.Tier {
+		return res, fmt.Errorf("checkpoint %s is a %s checkpoint: %w", ref.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
+	}
+	if meta.Snapshotter != r.cfg.Snapshotter {
+		return res, fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", ref.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	rawMeta, err := os.ReadFile(filepath.Join(ref.Dir, metaFile))
+	if err != nil {
+		return res, fmt.Errorf("checkpoint %s: %w: %w", ref.Dir, errdefs.ErrInternal, err)
+	}
+	rawSpec, err := os.ReadFile(filepath.Join(ref.Dir, specFile))
+	if err != nil {
+		return res, fmt.Errorf("checkpoint %s: spec: %w: %w", ref.Dir, errdefs.ErrInternal, err)
+	}
+	memory := meta.Tier == tierName(fleet.TierMemory)
+	criuDir := filepath.Join(ref.Dir, criuImageDir)
+	if memory {
+		if fi, err := os.Stat(criuDir); err != nil || !fi.IsDir() {
+			return res, fmt.Errorf("checkpoint %s has no CRIU images: %w", ref.Dir, errdefs.ErrFailedPrecondition)
+		}
+	}
+
+	base, chainID, err := r.baseImage(ctx, meta.Image)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return res, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
+				"base image %q of checkpoint %s is gone from namespace %s: %v", meta.Image, ref.Dir, r.cfg.Namespace, err)
+		}
+		return res, err
+	}
+	chain, err := r.layerChain(ctx, meta.Snapshot, chainID)
+	if err != nil {
+		return res, fmt.Errorf("checkpoint %s: %w", ref.Dir, err)
+	}
+
+	cleanCtx := context.WithoutCancel(ctx)
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return res, fmt.Errorf("lease: %w", convertErr(err))
+	}
+	defer done(cleanCtx)
+	cs := r.client.ContentStore()
+
+	// The CRIU tar and the layer diffs are independent streams: produce
+	// them side by side.
+	var criuDesc ocispec.Descriptor
+	diffs := make([]ocispec.Descriptor, len(chain))
+	g, gctx := errgroup.WithContext(ctx)
+	if memory {
+		g.Go(func() error {
+			d, err := writeStreamBlob(gctx, cs, MediaTypeCheckpointCRIU, func(w io.Writer) error {
+				return writeTreeTar(gctx, w, criuDir)
+			})
+			if err != nil {
+				return fmt.Errorf("export CRIU images: %w", err)
+			}
+			criuDesc = d
+			return nil
+		})
+	}
+	g.Go(func() error {
+		for i, layer := range chain {
+			d, err := r.exportLayer(gctx, cs, layer)
+			if err != nil {
+				return fmt.Errorf("export layer %s: %w", layer, err)
+			}
+			diffs[i] = d
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return res, err
+	}
+
+	mb, err := json.Marshal(exportedMeta{Version: exportMetaVersion, Checkpoint: rawMeta, Spec: rawSpec, Metadata: metadata})
+	if err != nil {
+		return res, fmt.Errorf("export metadata: %w: %w", errdefs.ErrInternal, err)
+	}
+	metaDesc, err := writeBytesBlob(ctx, cs, MediaTypeCheckpointMeta, mb, nil)
+	if err != nil {
+		return res, fmt.Errorf("export metadata: %w", err)
+	}
+	empty := ocispec.DescriptorEmptyJSON
+	if _, err := writeBytesBlob(ctx, cs, empty.MediaType, empty.Data, nil); err != nil {
+		return res, fmt.Errorf("export config: %w", err)
+	}
+
+	var layers []ocispec.Descriptor
+	if memory {
+		criuDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "criu.tar"}
+		layers = append(layers, criuDesc)
+	}
+	for i, d := range diffs {
+		d.Annotations = map[string]string{ocispec.AnnotationTitle: "rootfs-" + strconv.Itoa(i) + ".tar"}
+		layers = append(layers, d)
+	}
+	metaDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "checkpoint.json"}
+	layers = append(layers, metaDesc)
+
+	ann := map[string]string{
+		ocispec.AnnotationCreated:         meta.CreatedAt.UTC().Format(time.RFC3339Nano),
+		ocispec.AnnotationBaseImageName:   meta.Image,
+		ocispec.AnnotationBaseImageDigest: base.Target.Digest.String(),
+		AnnotationBaseChainID:             chainID,
+		AnnotationTier:                    meta.Tier,
+		AnnotationSource:                  meta.Source,
+	}
+	if memory {
+		if v := criuVersion(); v != "" {
+			ann[AnnotationCRIUVersion] = v
+		}
+	}
+	manifest := ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactTypeCheckpoint,
+		Config:       empty,
+		Layers:       layers,
+		Annotations:  ann,
+	}
+	manb, err := json.Marshal(manifest)
+	if err != nil {
+		return res, fmt.Errorf("export manifest: %w: %w", errdefs.ErrInternal, err)
+	}
+	// The manifest's gc references keep its blobs once the lease is gone.
+	gcLabels := map[string]string{gcRefContentPrefix + "config": empty.Digest.String()}
+	for i, l := range layers {
+		gcLabels[gcRefContentPrefix+"l."+strconv.Itoa(i)] = l.Digest.String()
+	}
+	manDesc, err := writeBytesBlob(ctx, cs, ocispec.MediaTypeImageManifest, manb, gcLabels)
+	if err != nil {
+		return res, fmt.Errorf("export manifest: %w", err)
+	}
+
+	is := r.client.ImageService()
+	img := images.Image{Name: name, Target: manDesc}
+	if _, err := is.Create(ctx, img); err != nil {
+		if !cerrdefs.IsAlreadyExists(err) {
+			return res, fmt.Errorf("image %s: %w", name, convertErr(err))
+		}
+		// The name now denotes this image: its old labels (an expiry
+		// among them) go with the old target.
+		if _, err := is.Update(ctx, img, "target", "labels"); err != nil {
+			return res, fmt.Errorf("image %s: %w", name, convertErr(err))
+		}
+	}
+
+	size := manDesc.Size + empty.Size
+	for _, l := range layers {
+		size += l.Size
+	}
+	return fleet.ExportResult{Reference: name, Digest: manDesc.Digest.String(), SizeBytes: size}, nil
+}
+
+// ImportCheckpoint materialises the checkpoint image reference (written by
+// ExportCheckpoint, here or on another host and moved through a registry)
+// as a checkpoint directory dir plus a committed snapshot stacked on the
+// base image's layers. The base image must be present in the namespace
+// under the name the checkpoint was taken from.
+func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref fleet.CheckpointRef, metadata []byte, retErr error) {
+	if err := validateReference("reference", name); err != nil {
+		return ref, nil, err
+	}
+	if err := r.validateCheckpointDir("dir", dir); err != nil {
+		return ref, nil, err
+	}
+	ctx = r.ctx(ctx)
+	img, err := r.client.ImageService().Get(ctx, name)
+	if err != nil {
+		return ref, nil, fmt.Errorf("image %s: %w", name, convertErr(err))
+	}
+	cs := r.client.ContentStore()
+	ck, err := readCheckpointImage(ctx, cs, name, img.Target)
+	if err != nil {
+		return ref, nil, err
+	}
+	meta := ck.ckMeta
+
+	baseName := ck.manifest.Annotations[ocispec.AnnotationBaseImageName]
+	baseDigest := ck.manifest.Annotations[ocispec.AnnotationBaseImageDigest]
+	wantChain := ck.manifest.Annotations[AnnotationBaseChainID]
+	base, chainID, err := r.baseImage(ctx, baseName)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return ref, nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
+				"checkpoint image %s needs base image %s (%s) in namespace %s; import or pull it first",
+				name, baseName, baseDigest, r.cfg.Namespace)
+		}
+		return ref, nil, err
+	}
+	if chainID != wantChain {
+		return ref, nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
+			"checkpoint image %s was taken on base image %s (%s, layers %s); here %s is %s with layers %s",
+			name, baseName, baseDigest, wantChain, baseName, base.Target.Digest, chainID)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return ref, nil, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ref, nil, fmt.Errorf("checkpoint dir %s: %w", dir, errdefs.ErrAlreadyExists)
+		}
+		return ref, nil, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+
+	cleanCtx := context.WithoutCancel(ctx)
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return ref, nil, fmt.Errorf("lease: %w", convertErr(err))
+	}
+	defer done(cleanCtx)
+	suffix := randomHex(8)
+	prepKey := "forkfleet-checkpoint-prepare-" + suffix
+	committed := "forkfleet-checkpoint-" + suffix
+	mounts, err := r.sn.Prepare(ctx, prepKey, chainID)
+	if err != nil {
+		return ref, nil, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
+	}
+	committedOK := false
+	defer func() {
+		if !committedOK {
+			r.sn.Remove(cleanCtx, prepKey)
+		}
+	}()
+
+	// The layer diffs go through containerd's applier (straight into the
+	// overlay upperdir) while the CRIU images unpack here.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		ds := r.client.DiffService()
+		for _, d := range ck.diffs {
+			if _, err := ds.Apply(gctx, d, mounts); err != nil {
+				return blobErr(name, "layer "+d.Digest.String(), err)
+			}
+		}
+		return nil
+	})
+	if ck.criu != nil {
+		g.Go(func() error {
+			return unpackBlob(gctx, cs, name, *ck.criu, filepath.Join(dir, criuImageDir))
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return ref, nil, err
+	}
+
+	meta.Snapshot = committed
+	meta.Snapshotter = r.cfg.Snapshotter
+	mb, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return ref, nil, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, specFile), ck.exported.Spec, 0o600); err != nil {
+		return ref, nil, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, metaFile), mb, 0o600); err != nil {
+		return ref, nil, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{
+		snapshotLabelGCRoot:     time.Now().UTC().Format(time.RFC3339),
+		snapshotLabelCheckpoint: meta.Source,
+	})); err != nil {
+		return ref, nil, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
+	}
+	committedOK = true
+	return fleet.CheckpointRef{Dir: dir, Snapshot: committed, Image: meta.Image, Tier: ck.tier}, ck.exported.Metadata, nil
+}
+
+// checkpointImage is a parsed checkpoint image.
+type checkpointImage struct {
+	manifest ocispec.Manifest
+	criu     *ocispec.Descriptor // memory tier only
+	diffs    []ocispec.Descriptor
+	exported exportedMeta
+	ckMeta   checkpointMeta
+	tier     fleet.CheckpointTier
+}
+
+func notCheckpointImage(name, format string, args ...any) error {
+	return errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_A_CHECKPOINT_IMAGE",
+		"%s is not a forkfleet checkpoint image: %s", name, fmt.Sprintf(format, args...))
+}
+
+// readCheckpointImage reads and checks the manifest and metadata blob of a
+// checkpoint image.
+func readCheckpointImage(ctx context.Context, cs content.Provider, name string, target ocispec.Descriptor) (*checkpointImage, error) {
+	if target.MediaType != ocispec.MediaTypeImageManifest {
+		return nil, notCheckpointImage(name, "media type %s", target.MediaType)
+	}
+	if target.Size > maxManifestBytes {
+		return nil, notCheckpointImage(name, "manifest of %d bytes", target.Size)
+	}
+	b, err := content.ReadBlob(ctx, cs, target)
+	if err != nil {
+		return nil, blobErr(name, "manifest", err)
+	}
+	ck, err := parseCheckpointManifest(name, b)
+	if err != nil {
+		return nil, err
+	}
+	md := ck.manifest.Layers[len(ck.manifest.Layers)-1]
+	if md.Size > maxMetaBytes {
+		return nil, notCheckpointImage(name, "metadata of %d bytes", md.Size)
+	}
+	mb, err := content.ReadBlob(ctx, cs, md)
+	if err != nil {
+		return nil, blobErr(name, "metadata", err)
+	}
+	if err := ck.parseMeta(name, mb); err != nil {
+		return nil, err
+	}
+	return ck, nil
+}
+
+// parseCheckpointManifest checks a manifest's shape: artifact type, layer
+// media types and order, annotations.
+func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
+	ck := &checkpointImage{}
+	if err := json.Unmarshal(b, &ck.manifest); err != nil {
+		return nil, notCheckpointImage(name, "manifest: %v", err)
+	}
+	m := &ck.manifest
+	if m.ArtifactType != ArtifactTypeCheckpoint {
+		return nil, notCheckpointImage(name, "artifact type %q, want %q", m.ArtifactType, ArtifactTypeCheckpoint)
+	}
+	switch m.Annotations[AnnotationTier] {
+	case tierName(fleet.TierMemory):
+		ck.tier = fleet.TierMemory
+	case tierName(fleet.TierDisk):
+		ck.tier = fleet.TierDisk
+	default:
+		return nil, notCheckpointImage(name, "tier %q", m.Annotations[AnnotationTier])
+	}
+	for _, k := range []string{ocispec.AnnotationBaseImageName, AnnotationBaseChainID} {
+		if m.Annotations[k] == "" {
+			return nil, notCheckpointImage(name, "annotation %s missing", k)
+		}
+	}
+	ls := m.Layers
+	if len(ls) == 0 || ls[len(ls)-1].MediaType != MediaTypeCheckpointMeta {
+		return nil, notCheckpointImage(name, "last layer is not %s", MediaTypeCheckpointMeta)
+	}
+	ls = ls[:len(ls)-1]
+	if ck.tier == fleet.TierMemory {
+		if len(ls) == 0 || ls[0].MediaType != MediaTypeCheckpointCRIU {
+			return nil, notCheckpointImage(name, "memory tier without %s layer", MediaTypeCheckpointCRIU)
+		}
+		ck.criu = &ls[0]
+		ls = ls[1:]
+	}
+	if len(ls) == 0 {
+		return nil, notCheckpointImage(name, "no writable layer")
+	}
+	for _, l := range ls {
+		if l.MediaType != ocispec.MediaTypeImageLayer {
+			return nil, notCheckpointImage(name, "layer %s has media type %s, want %s", l.Digest, l.MediaType, ocispec.MediaTypeImageLayer)
+		}
+	}
+	ck.diffs = ls
+	return ck, nil
+}
+
+func (ck *checkpointImage) parseMeta(name string, b []byte) error {
+	if err := json.Unmarshal(b, &ck.exported); err != nil {
+		return notCheckpointImage(name, "metadata: %v", err)
+	}
+	if ck.exported.Version != exportMetaVersion {
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IMAGE_VERSION",
+			"%s: checkpoint image metadata version %d, this runtime reads %d", name, ck.exported.Version, exportMetaVersion)
+	}
+	if err := json.Unmarshal(ck.exported.Checkpoint, &ck.ckMeta); err != nil {
+		return notCheckpointImage(name, "checkpoint.json: %v", err)
+	}
+	if ck.ckMeta.Version != metaVersion {
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IMAGE_VERSION",
+			"%s: checkpoint.json version %d, this runtime reads %d", name, ck.ckMeta.Version, metaVersion)
+	}
+	var spec map[string]json.RawMessage
+	if err := json.Unmarshal(ck.exported.Spec, &spec); err != nil || spec == nil {
+		return notCheckpointImage(name, "no valid spec.json")
+	}
+	if ck.ckMeta.Tier != tierName(ck.tier) {
+		return notCheckpointImage(name, "checkpoint.json says tier %q, the manifest %q", ck.ckMeta.Tier, tierName(ck.tier))
+	}
+	if ck.ckMeta.Image != ck.manifest.Annotations[ocispec.AnnotationBaseImageName] {
+		return notCheckpointImage(name, "checkpoint.json names image %q, the manifest %q",
+			ck.ckMeta.Image, ck.manifest.Annotations[ocispec.AnnotationBaseImageName])
+	}
+	return nil
+}
+
+// baseImage returns an image unpacked into the snapshotter and the chain id
+// of its top layer (the name of its top committed snapshot).
+func (r *Runtime) baseImage(ctx context.Context, name string) (images.Image, string, error) {
+	if name == "" {
+		return images.Image{}, "", fmt.Errorf("no base image recorded: %w", errdefs.ErrNotFound)
+	}
+	img, err := r.image(ctx, name)
+	if err != nil {
+		return images.Image{}, "", err
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return images.Image{}, "", fmt.Errorf("image %q: layers: %w", name, convertErr(err))
+	}
+	if len(diffIDs) == 0 {
+		return images.Image{}, "", fmt.Errorf("image %q has no layers: %w", name, errdefs.ErrFailedPrecondition)
+	}
+	return img.Metadata(), identity.ChainID(diffIDs).String(), nil
+}
+
+// layerChain returns the committed snapshots from just above base up to top,
+// bottom first.
+func (r *Runtime) layerChain(ctx context.Context, top, base string) ([]string, error) {
+	var chain []string
+	for name := top; name != base; {
+		if name == "" {
+			return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
+				"layer %s does not sit on the base image's layers %s (was the image replaced?)", top, base)
+		}
+		if len(chain) >= maxLayerChain {
+			return nil, fmt.Errorf("layer %s: more than %d layers above the base image: %w", top, maxLayerChain, errdefs.ErrFailedPrecondition)
+		}
+		info, err := r.sn.Stat(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("layer %s: %w", name, convertErr(err))
+		}
+		if info.Kind != snapshots.KindCommitted {
+			return nil, fmt.Errorf("layer %s is not committed: %w", name, errdefs.ErrFailedPrecondition)
+		}
+		chain = append(chain, name)
+		name = info.Parent
+	}
+	slices.Reverse(chain)
+	return chain, nil
+}
+
+// exportLayer writes the OCI layer diff of one committed layer against its
+// parent. With overlayfs the layer's own directory is the diff: it is read
+// through a view (whose topmost lower directory it is), no lower mount or
+// tree comparison needed.
+func (r *Runtime) exportLayer(ctx context.Context, cs content.Store, layer string) (ocispec.Descriptor, error) {
+	key := "forkfleet-export-view-" + randomHex(8)
+	ms, err := r.sn.View(ctx, key, layer)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("view: %w", convertErr(err))
+	}
+	defer r.sn.Remove(context.WithoutCancel(ctx), key)
+	dir, err := topLowerDir(ms)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
+	}
+	return writeStreamBlob(ctx, cs, ocispec.MediaTypeImageLayer, func(w io.Writer) error {
+		return writeOverlayDiff(ctx, w, dir)
+	})
+}
+
+// topLowerDir finds the directory of the layer a read-only view shows on
+// top: its only directory (bind) or its first lowerdir (overlay).
+func topLowerDir(ms []mount.Mount) (string, error) {
+	if len(ms) != 1 {
+		return "", fmt.Errorf("view has %d mounts, want 1", len(ms))
+	}
+	m := ms[0]
+	switch m.Type {
+	case "bind", "rbind":
+		return m.Source, nil
+	case "overlay":
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				top, _, _ := strings.Cut(v, ":")
+				if top == "" {
+					break
+				}
+				return top, nil
+			}
+		}
+		return "", fmt.Errorf("overlay view without lowerdir")
+	}
+	return "", fmt.Errorf("snapshotter mount type %q is not overlay", m.Type)
+}
+
+// writeOverlayDiff writes an overlay layer directory as an OCI layer tar:
+// whiteouts (0/0 character devices) become .wh.<name> entries and opaque
+// directories (overlay.opaque=y) get .wh..wh..opq. Only
+// security.capability survives of the xattrs (as in containerd's own
+// diffs). Redirected directories and metacopy files have no OCI form: the
+// export fails on them rather than write a wrong layer.
+func writeOverlayDiff(ctx context.Context, w io.Writer, dir string) error {
+	cw := archive.NewChangeWriter(w, dir)
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		if rel == "." {
+			return nil
+		}
+		p := "/" + filepath.ToSlash(rel)
+		if isWhiteout(fi) {
+			return cw.HandleChange(cfs.ChangeKindDelete, p, nil, nil)
+		}
+		switch {
+		case fi.IsDir():
+			if _, ok, err := overlayXattr(path, "redirect"); err != nil {
+				return err
+			} else if ok {
+				return fmt.Errorf("%s: redirected overlay directory (redirect_dir) cannot be exported", p)
+			}
+			if err := cw.HandleChange(cfs.ChangeKindAdd, p, fi, nil); err != nil {
+				return err
+			}
+			v, ok, err := overlayXattr(path, "opaque")
+			if err != nil {
+				return err
+			}
+			if ok && v == "y" {
+				return cw.HandleChange(cfs.ChangeKindDelete, p+"/.wh..opq", nil, nil)
+			}
+			return nil
+		case fi.Mode().IsRegular():
+			if _, ok, err := overlayXattr(path, "metacopy"); err != nil {
+				return err
+			} else if ok {
+				return fmt.Errorf("%s: metacopy overlay file cannot be exported", p)
+			}
+		}
+		return cw.HandleChange(cfs.ChangeKindAdd, p, fi, nil)
+	})
+	if err != nil {
+		return err
+	}
+	return cw.Close()
+}
+
+func isWhiteout(fi os.FileInfo) bool {
+	if fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Rdev == 0
+}
+
+// overlayXattr reads overlay's marker xattr name (trusted.overlay.* as
+// containerd mounts it, user.overlay.* for userxattr mounts).
+func overlayXattr(path, name string) (string, bool, error) {
+	for _, prefix := range []string{"trusted.overlay.", "user.overlay."} {
+		v, err := getXattr(path, prefix+name)
+		switch {
+		case err == nil:
+			return string(v), true, nil
+		case errors.Is(err, unix.ENODATA), errors.Is(err, unix.ENOTSUP):
+		default:
+			return "", false, fmt.Errorf("xattr %s%s of %s: %w", prefix, name, path, err)
+		}
+	}
+	return "", false, nil
+}
+
+// writeTreeTar writes a directory tree (the CRIU images) as a tar.
+func writeTreeTar(ctx context.Context, w io.Writer, dir string) error {
+	cw := archive.NewChangeWriter(w, dir)
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		return cw.HandleChange(cfs.ChangeKindAdd, "/"+filepath.ToSlash(rel), fi, nil)
+	})
+	if err != nil {
+		return err
+	}
+	return cw.Close()
+}
+
+// unpackBlob extracts the tar blob desc of image name into dir (created),
+// refusing entries that escape it.
+func unpackBlob(ctx context.Context, cs content.Provider, name string, desc ocispec.Descriptor, dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("unpack %s: %w: %w", desc.Digest, errdefs.ErrInternal, err)
+	}
+	ra, err := cs.ReaderAt(ctx, desc)
+	if err != nil {
+		return blobErr(name, "layer "+desc.Digest.String(), err)
+	}
+	defer ra.Close()
+	rd := bufio.NewReaderSize(content.NewReader(ra), blobBufferBytes)
+	if _, err := archive.Apply(ctx, dir, rd); err != nil {
+		return fmt.Errorf("unpack %s: %w", desc.Digest, convertWriteErr(err))
+	}
+	return nil
+}
+
+// blobErr classifies a failure to read a blob of image name: a blob missing
+// from the content store means an image fetched incompletely, not an
+// unknown reference.
+func blobErr(name, what string, err error) error {
+	err = convertErr(err)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IMAGE_INCOMPLETE",
+			"image %s: %s is not in the content store (fetch every blob of the image): %v", name, what, err)
+	}
+	return fmt.Errorf("image %s: %s: %w", name, what, err)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// writeStreamBlob streams produce's output into the content store and
+// commits it under its digest. Content already present is kept as is.
+func writeStreamBlob(ctx context.Context, cs content.Store, mediaType string, produce func(io.Writer) error) (ocispec.Descriptor, error) {
+	ref := "forkfleet-export-" + randomHex(8)
+	w, err := content.OpenWriter(ctx, cs, content.WithRef(ref))
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("content writer: %w", convertErr(err))
+	}
+	open := true
+	defer func() {
+		if open {
+			w.Close()
+			cs.Abort(context.WithoutCancel(ctx), ref)
+		}
+	}()
+	dg := digest.Canonical.Digester()
+	cnt := &countingWriter{w: io.MultiWriter(w, dg.Hash())}
+	bw := bufio.NewWriterSize(cnt, blobBufferBytes)
+	if err := produce(bw); err != nil {
+		return ocispec.Descriptor{}, convertWriteErr(err)
+	}
+	if err := bw.Flush(); err != nil {
+		return ocispec.Descriptor{}, convertWriteErr(err)
+	}
+	desc := ocispec.Descriptor{MediaType: mediaType, Digest: dg.Digest(), Size: cnt.n}
+	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil && !cerrdefs.IsAlreadyExists(err) {
+		return ocispec.Descriptor{}, fmt.Errorf("commit blob: %w", convertErr(err))
+	}
+	open = false
+	w.Close()
+	return desc, nil
+}
+
+// convertWriteErr classifies a produce error: containerd's through
+// convertErr, the rest (local files) as internal.
+func convertWriteErr(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	for _, class := range []error{errdefs.ErrFailedPrecondition, errdefs.ErrNotFound, errdefs.ErrInternal, errdefs.ErrUnavailable} {
+		if errors.Is(err, class) {
+			return err
+		}
+	}
+	if c := convertErr(err); !errors.Is(c, errdefs.ErrInternal) {
+		return c
+	}
+	return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+}
+
+// writeBytesBlob writes a small blob; labels (gc references) are set on it
+// whether it was new or not.
+func writeBytesBlob(ctx context.Context, cs content.Store, mediaType string, b []byte, labels map[string]string) (ocispec.Descriptor, error) {
+	desc := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	var opts []content.Opt
+	if len(labels) > 0 {
+		opts = append(opts, content.WithLabels(labels))
+	}
+	if err := content.WriteBlob(ctx, cs, "forkfleet-export-"+desc.Digest.Encoded(), bytes.NewReader(b), desc, opts...); err != nil {
+		return desc, fmt.Errorf("write blob: %w", convertErr(err))
+	}
+	if len(labels) > 0 {
+		info := content.Info{Digest: desc.Digest, Labels: labels}
+		paths := make([]string, 0, len(labels))
+		for k := range labels {
+			paths = append(paths, "labels."+k)
+		}
+		if _, err := cs.Update(ctx, info, paths...); err != nil {
+			return desc, fmt.Errorf("label blob: %w", convertErr(err))
+		}
+	}
+	return desc, nil
+}
+
+// criuVersion is the version of the criu binary runc runs ("" when unknown),
+// recorded for whoever restores the images elsewhere.
+var criuVersion = sync.OnceValue(func() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "criu", "--version").Output()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+})
