@@ -28,7 +28,7 @@ const DefaultUnixPath = "/aci"
 var DefaultCapabilities = []string{
 	"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
 	"input", "windows", "clipboard", "events.ready", "cancel", "memory", "exec", "launch",
-	"files", "files.chunked", "screencast", "screencast.delta",
+	"files", "files.chunked", "screencast", "screencast.delta", "screencast.zlib", "checkpoint",
 }
 
 // DialOption configures Dial and DialUnix.

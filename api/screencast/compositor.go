@@ -32,9 +32,8 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
-// FormatZlib is the image format value of zlib delta tiles (the proposed
-// IMAGE_FORMAT_ZLIB_BGR = 4 of aci.proto).
-const FormatZlib aciv1.ImageFormat = 4
+// FormatZlib is the image format of zlib delta frames.
+const FormatZlib = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_BGR
 
 // CapabilityZlib is the session capability that enables zlib delta tiles.
 const CapabilityZlib = "screencast.zlib"

@@ -8,6 +8,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
 )
 
 const clipboardTimeout = 2 * time.Second
@@ -142,10 +143,18 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		}
 		ss.srv.liftHold()
 		out.Reply = &aciv1.ServerMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneResponse{}}
-	case *aciv1.ClientMessage_ScreencastStart, *aciv1.ClientMessage_ScreencastStop, *aciv1.ClientMessage_ScreencastKeyframe:
-		// Not advertised ("screencast" is absent from the capabilities), so a
-		// conforming client never sends these; one that does learns why.
-		return unimplemented(id, "screencast")
+	case *aciv1.ClientMessage_ScreencastStart:
+		return ss.screencastStart(id, r.ScreencastStart)
+	case *aciv1.ClientMessage_ScreencastStop:
+		err = ss.screencastStop(r.ScreencastStop.GetStreamId())
+		if err == nil {
+			out.Reply = &aciv1.ServerMessage_ScreencastStop{ScreencastStop: &aciv1.ScreencastStopResponse{}}
+		}
+	case *aciv1.ClientMessage_ScreencastKeyframe:
+		err = ss.screencastKeyframe(r.ScreencastKeyframe.GetStreamId())
+		if err == nil {
+			out.Reply = &aciv1.ServerMessage_ScreencastKeyframe{ScreencastKeyframe: &aciv1.ScreencastKeyframeResponse{}}
+		}
 	case *aciv1.ClientMessage_Cancel:
 		// The read loop answers cancels; reaching here means a bug.
 		return errReply(id, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "cancel reached the executor").Proto())
@@ -186,6 +195,7 @@ func (ss *session) hello(r *aciv1.HelloRequest) (*aciv1.HelloResponse, error) {
 	// sides list is used.
 	caps := r.GetCapabilities()
 	ss.exec.wantsReady = len(caps) == 0 || slices.Contains(caps, "events.ready")
+	ss.exec.zlibTiles = slices.Contains(caps, screencast.CapabilityZlib)
 	ss.exec.hello = true
 	s := ss.srv
 	resp := &aciv1.HelloResponse{

@@ -25,6 +25,7 @@ const (
 type executorState struct {
 	hello      bool
 	wantsReady bool
+	zlibTiles  bool // the client takes zlib screencast tiles
 
 	frame  desktop.Frame // captured BGRX pixels
 	scaled []byte        // downscale output

@@ -21,6 +21,7 @@ import (
 	"github.com/coder/websocket"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
@@ -97,7 +98,16 @@ type Server struct {
 
 type deskBox struct {
 	d      Desktop
+	caster *screencast.Caster
 	cancel context.CancelFunc
+}
+
+// close stops the box's watchers and screencast streams.
+func (b *deskBox) close() {
+	b.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	b.caster.Close(ctx)
 }
 
 type milestones struct{ xUp, wmUp, painted time.Duration }
@@ -135,7 +145,8 @@ func New(opts Options) (*Server, error) {
 	sid := opts.SandboxID
 	s.sandboxID.Store(&sid)
 	s.caps = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
-		"input", "windows", "clipboard", "events.ready", "cancel", "memory", "checkpoint"}
+		"input", "windows", "clipboard", "events.ready", "cancel", "memory", "checkpoint",
+		"screencast", "screencast.delta", screencast.CapabilityZlib}
 	if opts.Runner != nil {
 		s.caps = append(s.caps, "exec", "launch")
 	}
@@ -155,7 +166,7 @@ func (s *Server) SetDesktop(d Desktop) {
 	var box *deskBox
 	if d != nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		box = &deskBox{d: d, cancel: cancel}
+		box = &deskBox{d: d, cancel: cancel, caster: screencast.New(d, screencast.Options{Logger: s.log})}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -168,7 +179,7 @@ func (s *Server) SetDesktop(d Desktop) {
 		go func() { defer s.bg.Done(); s.watchReady(ctx, d) }()
 	}
 	if old := s.desk.Swap(box); old != nil {
-		old.cancel()
+		old.close()
 	}
 }
 
@@ -357,7 +368,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		ss.closeWith(websocket.StatusGoingAway, "guestd is shutting down")
 	}
 	if b := s.desk.Swap(nil); b != nil {
-		b.cancel()
+		b.close()
 	}
 	done := make(chan struct{})
 	go func() { s.bg.Wait(); close(done) }()

@@ -42,7 +42,10 @@ type session struct {
 	cancel context.CancelFunc
 
 	queue chan *job
-	out   chan *[]byte
+	out   chan outMsg
+
+	// streams are this session's screencast streams (the executor's only).
+	streams map[uint32]struct{}
 
 	// Guarded by srv.mu.
 	welcomed         bool
@@ -54,6 +57,14 @@ type session struct {
 	closeOnce sync.Once
 	closeDone chan struct{} // closed when closeWith's handshake finished
 	exec      executorState
+}
+
+// outMsg is one marshaled message for the writer. done, when set, is closed
+// once the message was written (or the session ended): screencast frames wait
+// on it so a slow client holds one frame per stream, not a queue of them.
+type outMsg struct {
+	b    *[]byte
+	done chan struct{}
 }
 
 // job is one request on its way through the executor.
@@ -75,7 +86,8 @@ func (s *Server) newSession(conn *websocket.Conn, role Role, json bool) *session
 		ctx:       ctx,
 		cancel:    cancel,
 		queue:     make(chan *job, requestQueue),
-		out:       make(chan *[]byte, replyQueue),
+		out:       make(chan outMsg, replyQueue),
+		streams:   make(map[uint32]struct{}),
 		inflight:  make(map[uint64]*job),
 		closeDone: make(chan struct{}),
 	}
@@ -274,6 +286,11 @@ func (ss *session) executor() {
 			reply = ss.handle(j)
 		}
 		ss.untrack(j)
+		if reply == nil {
+			// The handler emitted its reply itself (screencast start:
+			// the reply must precede the stream's first frame).
+			continue
+		}
 		ss.emit(reply)
 		if reply.GetHello() != nil {
 			ss.afterHello()
@@ -300,7 +317,7 @@ func (ss *session) emit(m *aciv1.ServerMessage) {
 		*bp, _ = proto.Marshal(errReply(m.GetId(), &aciv1.Error{Code: aciv1.ErrorCode_ERROR_CODE_INTERNAL, Message: "reply could not be encoded: " + err.Error()}))
 	}
 	select {
-	case ss.out <- bp:
+	case ss.out <- outMsg{b: bp}:
 	case <-ss.ctx.Done():
 		outBufPool.Put(bp)
 	}
@@ -320,8 +337,35 @@ func (ss *session) send(m *aciv1.ServerMessage) {
 		return
 	}
 	select {
-	case ss.out <- &b:
+	case ss.out <- outMsg{b: &b}:
 	case <-ss.ctx.Done():
+	}
+}
+
+// sendWait queues a server-initiated message and waits until the writer has
+// written it. It fails once the session is gone.
+func (ss *session) sendWait(m *aciv1.ServerMessage) error {
+	var b []byte
+	var err error
+	if ss.json {
+		b, err = protojson.Marshal(m)
+	} else {
+		b, err = proto.Marshal(m)
+	}
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	select {
+	case ss.out <- outMsg{b: &b, done: done}:
+	case <-ss.ctx.Done():
+		return ss.ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ss.ctx.Done():
+		return ss.ctx.Err()
 	}
 }
 
@@ -331,15 +375,17 @@ func (ss *session) writer() {
 		typ = websocket.MessageText
 	}
 	for {
-		var bp *[]byte
+		var m outMsg
 		select {
-		case bp = <-ss.out:
+		case m = <-ss.out:
 		case <-ss.ctx.Done():
 			return
 		}
-		err := ss.conn.Write(ss.ctx, typ, *bp)
-		if cap(*bp) <= keepReadBuf {
-			outBufPool.Put(bp)
+		err := ss.conn.Write(ss.ctx, typ, *m.b)
+		if m.done != nil {
+			close(m.done)
+		} else if cap(*m.b) <= keepReadBuf {
+			outBufPool.Put(m.b)
 		}
 		if err != nil {
 			// The executor and senders select on ctx, so nobody blocks on

@@ -185,6 +185,14 @@ const (
 	ImageFormat_IMAGE_FORMAT_JPEG        ImageFormat = 2
 	// No pixels: only the frame hash and geometry (cheap identity check).
 	ImageFormat_IMAGE_FORMAT_NONE ImageFormat = 3
+	// Screencast delta frames only (capability "screencast.zlib"): the tiles'
+	// data, concatenated in order, is the next chunk of the stream's raw DEFLATE
+	// stream (RFC 1951, no header; restarted after every keyframe; each frame
+	// ends with a sync flush). Inflated, one record per tile, applied in order:
+	// 0x00 + width*height pixels B,G,R row-major (raw) | 0x01 + int32 LE
+	// src_x, src_y (copy of the same-size rect of the frame as applied so far)
+	// | 0x02 + B,G,R (solid fill). A lossless stream mixes PNG and ZLIB frames.
+	ImageFormat_IMAGE_FORMAT_ZLIB_BGR ImageFormat = 4
 )
 
 // Enum value maps for ImageFormat.
@@ -194,12 +202,14 @@ var (
 		1: "IMAGE_FORMAT_PNG",
 		2: "IMAGE_FORMAT_JPEG",
 		3: "IMAGE_FORMAT_NONE",
+		4: "IMAGE_FORMAT_ZLIB_BGR",
 	}
 	ImageFormat_value = map[string]int32{
 		"IMAGE_FORMAT_UNSPECIFIED": 0,
 		"IMAGE_FORMAT_PNG":         1,
 		"IMAGE_FORMAT_JPEG":        2,
 		"IMAGE_FORMAT_NONE":        3,
+		"IMAGE_FORMAT_ZLIB_BGR":    4,
 	}
 )
 
@@ -5303,8 +5313,10 @@ func (x *ScreencastFrame) GetFrameHash() []byte {
 }
 
 type CursorEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Position      *Point                 `protobuf:"bytes,1,opt,name=position,proto3" json:"position,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Position *Point                 `protobuf:"bytes,1,opt,name=position,proto3" json:"position,omitempty"`
+	// The screencast stream (cursor mode EVENTS) this belongs to.
+	StreamId      uint32 `protobuf:"varint,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5344,6 +5356,13 @@ func (x *CursorEvent) GetPosition() *Point {
 		return x.Position
 	}
 	return nil
+}
+
+func (x *CursorEvent) GetStreamId() uint32 {
+	if x != nil {
+		return x.StreamId
+	}
+	return 0
 }
 
 type ReadyEvent struct {
@@ -6287,9 +6306,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\tcoalesced\x18\t \x01(\rR\tcoalesced\x12\x1d\n" +
 	"\n" +
 	"frame_hash\x18\n" +
-	" \x01(\fR\tframeHash\"B\n" +
+	" \x01(\fR\tframeHash\"_\n" +
 	"\vCursorEvent\x123\n" +
-	"\bposition\x18\x01 \x01(\v2\x17.forkfleet.aci.v1.PointR\bposition\"C\n" +
+	"\bposition\x18\x01 \x01(\v2\x17.forkfleet.aci.v1.PointR\bposition\x12\x1b\n" +
+	"\tstream_id\x18\x02 \x01(\rR\bstreamId\"C\n" +
 	"\n" +
 	"ReadyEvent\x125\n" +
 	"\x05state\x18\x01 \x01(\v2\x1f.forkfleet.aci.v1.ReadyResponseR\x05state\"\xba\x01\n" +
@@ -6340,12 +6360,13 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x13MOUSE_BUTTON_MIDDLE\x10\x02\x12\x16\n" +
 	"\x12MOUSE_BUTTON_RIGHT\x10\x03\x12\x15\n" +
 	"\x11MOUSE_BUTTON_BACK\x10\b\x12\x18\n" +
-	"\x14MOUSE_BUTTON_FORWARD\x10\t*o\n" +
+	"\x14MOUSE_BUTTON_FORWARD\x10\t*\x8a\x01\n" +
 	"\vImageFormat\x12\x1c\n" +
 	"\x18IMAGE_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10IMAGE_FORMAT_PNG\x10\x01\x12\x15\n" +
 	"\x11IMAGE_FORMAT_JPEG\x10\x02\x12\x15\n" +
-	"\x11IMAGE_FORMAT_NONE\x10\x03*\xce\x01\n" +
+	"\x11IMAGE_FORMAT_NONE\x10\x03\x12\x19\n" +
+	"\x15IMAGE_FORMAT_ZLIB_BGR\x10\x04*\xce\x01\n" +
 	"\bWindowOp\x12\x19\n" +
 	"\x15WINDOW_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12WINDOW_OP_ACTIVATE\x10\x01\x12\x13\n" +
