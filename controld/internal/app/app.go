@@ -161,6 +161,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		CheckpointDir: cfg.CheckpointDir,
 		BootTimeout:   cfg.BootTimeout.D(),
 		FrameSettle:   cfg.FrameSettle.D(),
+		WarmSlots:     cfg.Boot.Precreate,
 		DropConnections: func(id string) {
 			if n := gwRef.DropSandbox(id); n > 0 {
 				log.Info("closed gateway connections for a checkpoint", "sandbox", id, "connections", n)

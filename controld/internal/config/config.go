@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ type Config struct {
 	ShutdownTimeout Duration `toml:"shutdown_timeout"`
 	FrameSettle     Duration `toml:"frame_settle"`
 	DefaultScreen   Screen   `toml:"default_screen"`
+	Boot            Boot     `toml:"boot"`
 
 	GRPC       GRPC       `toml:"grpc"`
 	Gateway    Gateway    `toml:"gateway"`
@@ -43,6 +45,18 @@ type Screen struct {
 	Height uint32 `toml:"height"`
 	Depth  uint32 `toml:"depth"`
 }
+
+// Boot configures how sandboxes boot.
+type Boot struct {
+	// Precreate is how many sandboxes of the default image, screen and
+	// resources are kept created but not started (warm slots), so a
+	// matching create only starts one; 0 disables.
+	Precreate int `toml:"precreate"`
+}
+
+// MaxPrecreate bounds boot.precreate: each slot holds a shim, a runc init
+// and a snapshot.
+const MaxPrecreate = 16
 
 // GRPC configures the API listeners.
 type GRPC struct {
@@ -164,6 +178,9 @@ func (c *Config) Validate() error {
 	if c.FrameSettle.D() <= 0 || c.FrameSettle.D() > 3*time.Second {
 		errs = append(errs, errors.New("frame_settle: must be positive and at most 3s"))
 	}
+	if c.Boot.Precreate < 0 || c.Boot.Precreate > MaxPrecreate {
+		errs = append(errs, fmt.Errorf("boot.precreate %d: must be in 0..%d", c.Boot.Precreate, MaxPrecreate))
+	}
 	if c.DefaultScreen.Width == 0 || c.DefaultScreen.Height == 0 {
 		errs = append(errs, errors.New("default_screen: width and height must be positive"))
 	}
@@ -222,7 +239,7 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	for _, name := range []string{
 		"host", "state-dir", "checkpoint-dir", "default-image", "boot-timeout", "shutdown-timeout",
 		"grpc-unix", "grpc-tcp", "token-file", "gateway-listen", "gateway-advertise", "metrics-listen",
-		"containerd-address", "containerd-namespace", "otlp-endpoint",
+		"containerd-address", "containerd-namespace", "otlp-endpoint", "boot-precreate",
 	} {
 		overrides[name] = new(string)
 		fs.Func(name, flagUsage[name], func(v string) error { *overrides[name] = v; return nil })
@@ -266,6 +283,13 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	str("containerd-address", &c.Containerd.Address)
 	str("containerd-namespace", &c.Containerd.Namespace)
 	str("otlp-endpoint", &c.Tracing.OTLPEndpoint)
+	if set["boot-precreate"] {
+		n, err := strconv.Atoi(*overrides["boot-precreate"])
+		if err != nil {
+			return nil, nil, fmt.Errorf("-boot-precreate: %w", err)
+		}
+		c.Boot.Precreate = n
+	}
 	if err := dur("boot-timeout", &c.BootTimeout); err != nil {
 		return nil, nil, fmt.Errorf("-boot-timeout: %w", err)
 	}
@@ -294,4 +318,5 @@ var flagUsage = map[string]string{
 	"containerd-address":   "containerd socket",
 	"containerd-namespace": "containerd namespace",
 	"otlp-endpoint":        "OTLP/gRPC traces endpoint (empty: traces off)",
+	"boot-precreate":       "sandboxes of the default spec kept precreated (warm slots; 0: off)",
 }

@@ -18,7 +18,7 @@ func TestDefaults(t *testing.T) {
 		c.StateDir != "/var/lib/forkfleet/controld" || c.CheckpointDir != "/var/lib/forkfleet/checkpoints" ||
 		c.Containerd.Address != "/run/forkfleet/containerd/containerd.sock" || c.Containerd.Namespace != "forkfleet" ||
 		c.DefaultImage != "localhost/forkfleet/desktop:latest" || c.DefaultScreen != (Screen{1280, 800, 24}) ||
-		c.Tracing.OTLPEndpoint != "" || c.BootTimeout.D() != time.Minute {
+		c.Tracing.OTLPEndpoint != "" || c.BootTimeout.D() != time.Minute || c.Boot.Precreate != 1 {
 		t.Fatalf("defaults %+v", c)
 	}
 	if c.TokenPath() != "/var/lib/forkfleet/controld/api.token" {
@@ -57,7 +57,25 @@ func TestRejects(t *testing.T) {
 	if _, _, err := LoadArgs([]string{"--boot-timeout", "soon"}, func(string) string { return "" }); err == nil {
 		t.Fatal("bad duration accepted")
 	}
+	for _, v := range []string{"-1", "17", "x"} {
+		if _, _, err := LoadArgs([]string{"--boot-precreate", v}, func(string) string { return "" }); err == nil {
+			t.Fatalf("boot.precreate %s accepted", v)
+		}
+	}
 	if _, _, err := LoadArgs([]string{"--grpc-unix", "", "--grpc-tcp", ""}, func(string) string { return "" }); err == nil {
 		t.Fatal("no gRPC listener accepted")
+	}
+}
+
+func TestBootPrecreate(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(f, []byte("[boot]\nprecreate = 3\n"), 0o600)
+	c, _, err := LoadArgs([]string{"--config", f}, func(string) string { return "" })
+	if err != nil || c.Boot.Precreate != 3 {
+		t.Fatalf("file: %v %v", c, err)
+	}
+	c, _, err = LoadArgs([]string{"--config", f, "--boot-precreate", "0"}, func(string) string { return "" })
+	if err != nil || c.Boot.Precreate != 0 {
+		t.Fatalf("flag over file: %v %v", c, err)
 	}
 }

@@ -15,6 +15,8 @@ import (
 
 type precreated = sandbox
 
+var _ fleet.Precreator = (*Runtime)(nil)
+
 // Precreate does everything Boot(spec) does except starting: the snapshot,
 // the container and the task (shim started, runc create done) exist
 // afterwards, in state Created. A later Boot with an identical spec only
@@ -90,6 +92,33 @@ func (r *Runtime) takePrecreated(ctx context.Context, id, fp string) *sandbox {
 		return sb
 	}
 	r.cleanup(ctx, id, sb.container, sb.task, true)
+	return nil
+}
+
+// Discard removes a sandbox precreated and never booted: task, container,
+// snapshot, cgroups, log. An id that is not precreated (unknown, or booted
+// since) is ErrNotFound, so Discard never touches a running sandbox; one
+// still being precreated is ErrFailedPrecondition.
+func (r *Runtime) Discard(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	ctx = r.ctx(ctx)
+	r.mu.Lock()
+	sb, ok := r.precreated[id]
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return fmt.Errorf("sandbox %s: %w (not precreated)", id, errdefs.ErrNotFound)
+	case sb == nil:
+		r.mu.Unlock()
+		return fmt.Errorf("sandbox %s: %w (still being precreated)", id, errdefs.ErrFailedPrecondition)
+	}
+	delete(r.precreated, id)
+	r.mu.Unlock()
+	if err := r.cleanup(ctx, id, sb.container, sb.task, true); err != nil {
+		return fmt.Errorf("sandbox %s: discard: %w", id, convertErr(err))
+	}
 	return nil
 }
 

@@ -53,6 +53,14 @@ type Options struct {
 	// FrameSettle is how long the screen must be still for a pixel proof;
 	// 150 ms when 0.
 	FrameSettle time.Duration
+	// WarmSlots is how many sandboxes of the default image, screen and
+	// resources are kept precreated (created, not started) so a matching
+	// create only starts one; 0 disables. Needs a runtime implementing
+	// Precreator.
+	WarmSlots int
+	// WarmSlotMaxAge is how long a slot waits before it is recycled; 10 min
+	// when 0.
+	WarmSlotMaxAge time.Duration
 }
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
@@ -80,6 +88,7 @@ type Manager struct {
 	// (say, after a lost response) succeeds instead of failing NotFound.
 	tombstones map[string]time.Time
 	ckMu       sync.Mutex // serializes checkpoint tree edits (create, delete, import)
+	slots      *warmSlots // nil: warm slots off
 
 	wmu           sync.Mutex
 	watchers      map[*Watch]struct{}
@@ -105,6 +114,9 @@ type sandbox struct {
 	startErr   error // set before started closes
 	deleting   bool  // guarded by Manager.mu
 	claimed    bool  // guarded by Manager.mu: taken by a claim in progress
+	// fromSlot: the sandbox took a warm slot (set at registration, before
+	// its boot starts; never changed after).
+	fromSlot bool
 	// checkpointing: guarded by Manager.mu; the gateway refuses new
 	// connections meanwhile (they would break the dump).
 	checkpointing bool
@@ -136,6 +148,12 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	if opts.FrameSettle <= 0 {
 		opts.FrameSettle = 150 * time.Millisecond
+	}
+	if opts.WarmSlots < 0 {
+		return nil, errors.New("fleet: WarmSlots must not be negative")
+	}
+	if opts.WarmSlotMaxAge <= 0 {
+		opts.WarmSlotMaxAge = defaultSlotMaxAge
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
@@ -175,6 +193,9 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m.goBackground(func() { m.watchExits(exits) })
 	m.goBackground(m.reapLoop)
+	// After reconciliation: it deletes a crashed controld's slots (containers
+	// without records), which must not include the new ones.
+	m.startSlots()
 	m.mu.Lock()
 	for _, p := range m.pools {
 		m.startPoolLocked(p)

@@ -22,6 +22,8 @@ type Metrics struct {
 	PoolClaims       *prometheus.CounterVec
 	ClaimLatency     *prometheus.HistogramVec
 	WatchDropped     prometheus.Counter
+	BootSlots        *prometheus.CounterVec
+	WarmSlots        prometheus.Gauge
 }
 
 // Millisecond-resolution buckets from 1 ms to about 65 s.
@@ -75,10 +77,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "forkfleet", Subsystem: "controld", Name: "watch_dropped_total",
 			Help: "Watch streams closed because the client fell behind.",
 		}),
+		BootSlots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "boot_warm_slot_total",
+			Help: "Cold boots by warm-slot outcome (hit, empty: none ready, mismatch: spec differs from the slots').",
+		}, []string{"result"}),
+		WarmSlots: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "warm_slots",
+			Help: "Precreated sandboxes ready to be started by a matching create.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.Forks,
-			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped)
+			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped,
+			m.BootSlots, m.WarmSlots)
 	}
 	return m
 }

@@ -479,7 +479,7 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		}
 		return rep.Sandbox, rep.Endpoint, nil
 	}
-	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id}, t0)
+	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true}, t0)
 	if err != nil {
 		return nil, nil, err
 	}

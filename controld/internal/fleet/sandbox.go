@@ -56,7 +56,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 	}
 	sb, err := m.newSandbox(sandboxParams{
 		image: req.GetImage(), resources: req.GetResources(), screen: req.GetScreen(),
-		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl,
+		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true,
 	}, t0)
 	if err != nil {
 		return nil, nil, err
@@ -92,10 +92,48 @@ type sandboxParams struct {
 	// anyway (as a container without a record), so the early fsyncs would
 	// only slow every replica down.
 	lazyRecord bool
+	// warmSlot: a cold boot that may take a warm slot (a sandbox
+	// precreated for the same spec) and then only start it.
+	warmSlot bool
 }
 
 // newSandbox writes a CREATING record and registers it.
 func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
+	rec := m.newRecord(p, t0)
+	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
+	m.mu.Lock()
+	if err := m.checkOpen(); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	// Taken under the same lock as the open check, so a slot is either
+	// handed to a registered sandbox or discarded at Close, never lost.
+	if p.warmSlot {
+		if s := m.takeSlotLocked(specOf(rec)); s != nil {
+			rec.Sandbox.Id, rec.ACIToken, rec.AdminToken = s.spec.ID, s.spec.ACIToken, s.spec.AdminToken
+			sb.fromSlot = true
+		}
+	}
+	id := rec.Sandbox.Id
+	m.sandboxes[id] = sb
+	m.mu.Unlock()
+	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.refreshStateGaugeLocked()
+		m.mu.Unlock()
+		if sb.fromSlot {
+			m.discardSlot(id)
+			m.slotBootDone()
+		}
+		return nil, err
+	}
+	return sb, nil
+}
+
+// newRecord builds the record of a new sandbox (fresh id and tokens) with
+// the defaults applied; it registers nothing.
+func (m *Manager) newRecord(p sandboxParams, t0 time.Time) *store.SandboxRecord {
 	if p.image == "" {
 		p.image = m.opts.DefaultImage
 	}
@@ -130,23 +168,7 @@ func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 	if p.ttl > 0 {
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
 	}
-	rec := &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}
-	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
-	m.mu.Lock()
-	if err := m.checkOpen(); err != nil {
-		m.mu.Unlock()
-		return nil, err
-	}
-	m.sandboxes[pb.Id] = sb
-	m.mu.Unlock()
-	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
-		m.mu.Lock()
-		delete(m.sandboxes, pb.Id)
-		m.refreshStateGaugeLocked()
-		m.mu.Unlock()
-		return nil, err
-	}
-	return sb, nil
+	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}
 }
 
 func copyMap(in map[string]string) map[string]string {
@@ -163,7 +185,12 @@ func copyMap(in map[string]string) map[string]string {
 func (m *Manager) bootSpec(sb *sandbox) BootSpec {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r := sb.rec
+	return specOf(sb.rec)
+}
+
+// specOf is the runtime spec of a record. Warm slots are precreated from
+// it too: the runtime starts a precreated sandbox only for an identical spec.
+func specOf(r *store.SandboxRecord) BootSpec {
 	return BootSpec{
 		ID:          r.Sandbox.Id,
 		Image:       r.Sandbox.Image,
@@ -185,14 +212,22 @@ func (m *Manager) startBoot(sb *sandbox, t0 time.Time, kind string) {
 	m.mu.Lock()
 	sb.cancelWork = cancel
 	m.mu.Unlock()
+	fromSlot := sb.fromSlot
 	if !m.goBackground(func() {
 		defer close(sb.workDone)
 		defer cancel()
 		m.boot(ctx, sb, t0, kind)
+		if fromSlot {
+			m.slotBootDone()
+		}
 	}) {
 		// Shutting down between record and boot: nothing was started; the
 		// CREATING record without a container fails at the next start.
 		cancel()
+		if fromSlot {
+			m.discardSlot(sb.rec.Sandbox.GetId())
+			m.slotBootDone()
+		}
 		sb.startErr = m.checkOpenErr()
 		close(sb.started)
 		close(sb.workDone)
@@ -204,10 +239,23 @@ func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind stri
 	spec := m.bootSpec(sb)
 	ctx, span := m.tracer.Start(ctx, "sandbox.boot", trace.WithTimestamp(t0),
 		trace.WithAttributes(attribute.String("sandbox.id", spec.ID), attribute.String("sandbox.image", spec.Image), attribute.String("kind", kind)))
+	slot := sb.fromSlot
+	span.SetAttributes(attribute.Bool("warm_slot", slot))
 	wf := &waterfall{m: m, sb: sb, t0: t0, kind: kind, span: span}
 	rctx, rcancel := uncancelable(ctx)
 	inst, err := m.rt.Boot(rctx, spec)
+	if err != nil && slot && rctx.Err() == nil {
+		// The precreated sandbox did not start (the runtime removed it): a
+		// slot must never make a boot fail that a cold boot would pass.
+		m.log.Warn("warm slot did not start; booting cold", "sandbox", spec.ID, "err", err)
+		slot = false
+		inst, err = m.rt.Boot(rctx, spec)
+	}
 	rcancel()
+	if err == nil && slot {
+		// Created ahead of the request: the create phase took no time of it.
+		inst.CreatedAt = t0
+	}
 	if err != nil {
 		// The create call reports this error, and the runtime left nothing:
 		// drop the record too rather than keep a FAILED ghost.

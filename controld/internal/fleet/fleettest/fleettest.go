@@ -18,6 +18,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"sort"
 	"sync"
 	"time"
 
@@ -44,14 +46,22 @@ type Runtime struct {
 	NeverReady bool
 	// OnRestore, when set, may alter a restored guestd before it starts.
 	OnRestore func(spec fleet.BootSpec, g *Guestd)
+	// PrecreateErr fails Precreate when it returns an error; StartErr fails
+	// the Boot of a precreated sandbox (which is then removed, as the real
+	// runtime does when Start fails).
+	PrecreateErr func(spec fleet.BootSpec) error
+	StartErr     func(id string) error
 
 	mu        sync.Mutex
 	instances map[string]*instance
-	guests    map[string]*Guestd // by socket path
-	exits     chan fleet.Exit
-	deleted   map[string]int
-	calls     map[string]int
-	ckDeleted []fleet.CheckpointRef
+	// precreated are sandboxes created but not started (Precreate): List
+	// shows them as StatusCreated; IDs and Has do not count them.
+	precreated map[string]fleet.BootSpec
+	guests     map[string]*Guestd // by socket path
+	exits      chan fleet.Exit
+	deleted    map[string]int
+	calls      map[string]int
+	ckDeleted  []fleet.CheckpointRef
 }
 
 type instance struct {
@@ -62,15 +72,19 @@ type instance struct {
 // NewRuntime returns an empty fake runtime.
 func NewRuntime() *Runtime {
 	return &Runtime{
-		instances: map[string]*instance{},
-		guests:    map[string]*Guestd{},
-		exits:     make(chan fleet.Exit, 64),
-		deleted:   map[string]int{},
-		calls:     map[string]int{},
+		instances:  map[string]*instance{},
+		precreated: map[string]fleet.BootSpec{},
+		guests:     map[string]*Guestd{},
+		exits:      make(chan fleet.Exit, 64),
+		deleted:    map[string]int{},
+		calls:      map[string]int{},
 	}
 }
 
-var _ fleet.Runtime = (*Runtime)(nil)
+var (
+	_ fleet.Runtime    = (*Runtime)(nil)
+	_ fleet.Precreator = (*Runtime)(nil)
+)
 
 func (r *Runtime) count(op string) {
 	r.mu.Lock()
@@ -205,16 +219,76 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 	return in, nil
 }
 
-// Boot implements fleet.Runtime.
+// Boot implements fleet.Runtime. A sandbox precreated with an identical
+// spec is only started ("boot_precreated"); one precreated with another
+// spec is removed first, as the real runtime does.
 func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance, error) {
 	r.count("boot")
-	if r.BootErr != nil {
+	r.mu.Lock()
+	pre, wasPrecreated := r.precreated[spec.ID]
+	delete(r.precreated, spec.ID)
+	r.mu.Unlock()
+	if wasPrecreated && reflect.DeepEqual(pre, spec) {
+		r.count("boot_precreated")
+		if r.StartErr != nil {
+			if err := r.StartErr(spec.ID); err != nil {
+				return fleet.Instance{}, fmt.Errorf("sandbox %s: start: %w", spec.ID, err)
+			}
+		}
+	} else if r.BootErr != nil {
 		if err := r.BootErr(spec); err != nil {
 			return fleet.Instance{}, err
 		}
 	}
 	g := newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
 	return r.start(ctx, spec, g)
+}
+
+// Precreate implements fleet.Precreator.
+func (r *Runtime) Precreate(ctx context.Context, spec fleet.BootSpec) error {
+	r.count("precreate")
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if r.PrecreateErr != nil {
+		if err := r.PrecreateErr(spec); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.instances[spec.ID]; dup {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	if _, dup := r.precreated[spec.ID]; dup {
+		return fmt.Errorf("sandbox %s: %w (already precreated)", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	r.precreated[spec.ID] = spec
+	return nil
+}
+
+// Discard implements fleet.Precreator.
+func (r *Runtime) Discard(_ context.Context, id string) error {
+	r.count("discard")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.precreated[id]; !ok {
+		return fmt.Errorf("sandbox %s: %w (not precreated)", id, errdefs.ErrNotFound)
+	}
+	delete(r.precreated, id)
+	return nil
+}
+
+// Precreated returns the ids of the sandboxes precreated and not booted.
+func (r *Runtime) Precreated() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id := range r.precreated {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // ckState is what the fake writes into a checkpoint directory.
@@ -271,6 +345,12 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.Ch
 func (r *Runtime) Delete(_ context.Context, id string) error {
 	r.count("delete")
 	r.mu.Lock()
+	if _, ok := r.precreated[id]; ok {
+		delete(r.precreated, id)
+		r.deleted[id]++
+		r.mu.Unlock()
+		return nil
+	}
 	in, ok := r.instances[id]
 	if ok {
 		delete(r.instances, id)
@@ -294,9 +374,16 @@ func (r *Runtime) List(context.Context) ([]fleet.Instance, error) {
 	r.count("list")
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]fleet.Instance, 0, len(r.instances))
+	out := make([]fleet.Instance, 0, len(r.instances)+len(r.precreated))
 	for _, in := range r.instances {
 		out = append(out, in.inst)
+	}
+	for id, spec := range r.precreated {
+		labels := map[string]string{}
+		for k, v := range spec.Labels {
+			labels[k] = v
+		}
+		out = append(out, fleet.Instance{ID: id, Status: fleet.StatusCreated, Labels: labels})
 	}
 	return out, nil
 }
