@@ -301,7 +301,8 @@ func TestControldEndToEnd(t *testing.T) {
 	}
 	eventually(t, "ttl expiry", func() bool {
 		_, err := d.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: short.Sandbox.Id})
-		return errdefs.Code(errdefs.FromGRPC(err)) == codes.NotFound
+		// The reaper drops the record, then the container: wait for both.
+		return errdefs.Code(errdefs.FromGRPC(err)) == codes.NotFound && !rt.Has(short.Sandbox.Id)
 	})
 
 	// Metrics.
@@ -323,8 +324,10 @@ func TestControldEndToEnd(t *testing.T) {
 		}
 	}
 
-	// Graceful shutdown ends the watch with Unavailable; sandboxes survive.
-	before := len(rt.IDs())
+	// Graceful shutdown ends the watch with Unavailable; sandboxes survive
+	// (warm slots, not sandboxes yet, are discarded).
+	beforeIDs := rt.StartedIDs()
+	before := len(beforeIDs)
 	keep := s.Id
 	d.stop()
 	for i := 0; ; i++ {
@@ -337,8 +340,8 @@ func TestControldEndToEnd(t *testing.T) {
 		}
 	}
 	wcancel()
-	if len(rt.IDs()) != before {
-		t.Fatalf("shutdown touched sandboxes: %d -> %d", before, len(rt.IDs()))
+	if len(rt.StartedIDs()) != before {
+		t.Fatalf("shutdown touched sandboxes: %v -> %v", beforeIDs, rt.StartedIDs())
 	}
 
 	// Restart on the same store: reconciliation adopts, fails the vanished

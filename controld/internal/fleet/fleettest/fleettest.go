@@ -109,6 +109,20 @@ func (r *Runtime) Guest(id string) *Guestd {
 	return nil
 }
 
+// StartedIDs returns the ids of the instances that were started: sandboxes,
+// not precreated warm slots.
+func (r *Runtime) StartedIDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id := range r.instances {
+		if _, pre := r.precreated[id]; !pre {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // IDs returns the ids of every instance.
 func (r *Runtime) IDs() []string {
 	r.mu.Lock()
