@@ -64,3 +64,36 @@ type Desktop interface {
 	// waits and the screencast.
 	WatchDamage(ctx context.Context, ch chan<- image.Rectangle) error
 }
+
+// DamageSequencer is implemented by a Desktop that can prove the screen
+// unchanged without capturing it (x11.Desktop does, through DAMAGE). The
+// screenshot path then answers repeated requests from a cache.
+type DamageSequencer interface {
+	// DamageSeqSync returns a counter of screen changes once every change
+	// made before the call has been counted: equal results of two calls
+	// mean nothing was drawn between the first and the second, so a frame
+	// captured after the first returned is still current. Values of
+	// different Desktops are unrelated.
+	DamageSeqSync(ctx context.Context) (uint64, error)
+}
+
+// FrameViewer is implemented by a Desktop that can lend its capture buffer
+// instead of copying a frame out.
+type FrameViewer interface {
+	// CaptureView captures r (clipped to the screen by the caller) and
+	// calls fn with a BGRX frame aliasing the capture buffer, valid only
+	// until fn returns. fn may draw into it. Other captures wait for fn.
+	CaptureView(r image.Rectangle, fn func(f *desktop.Frame) error) error
+}
+
+// ScreenMirror is implemented by a Desktop that keeps a whole-screen copy
+// refreshed from damage reports, so a full-screen frame after a small
+// repaint reads only the repainted rows.
+type ScreenMirror interface {
+	// CaptureScreenSynced calls fn with the whole screen as of the
+	// caller's most recent DamageSeqSync (or later). The frame is valid
+	// only until fn returns and must not be modified. An error wrapping
+	// desktop.ErrUnavailable before fn runs means no mirror: capture
+	// another way.
+	CaptureScreenSynced(fn func(f *desktop.Frame) error) error
+}

@@ -244,3 +244,45 @@ func BenchmarkStdPNGDenseBestSpeed(b *testing.B) {
 	}
 	b.ReportMetric(float64(buf.Len()), "bytes/frame")
 }
+
+func TestAdlerSizes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	a := make([]byte, 3*65536+100)
+	for i := range a {
+		a[i] = byte(rng.Uint32())
+	}
+	ff := make([]byte, 2*65536+7)
+	for i := range ff {
+		ff[i] = 0xff
+	}
+	for _, buf := range [][]byte{a, ff} {
+		for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 31, 33, 5552, 5553, 65535, 65536, 65536 + 17, len(buf)} {
+			for _, start := range []uint32{1, 0xfff0fff0, 0x12345678 % (65521 << 16)} {
+				if got, want := adler32Update(start, buf[:n]), adler32Ref(start, buf[:n]); got != want {
+					t.Fatalf("n=%d start=%08x: %08x want %08x", n, start, got, want)
+				}
+			}
+		}
+	}
+}
+
+// adler32Ref is the RFC 1950 definition, byte by byte.
+func adler32Ref(adler uint32, p []byte) uint32 {
+	s1, s2 := adler&0xffff, adler>>16
+	for _, c := range p {
+		s1 = (s1 + uint32(c)) % 65521
+		s2 = (s2 + s1) % 65521
+	}
+	return s2<<16 | s1
+}
+
+func BenchmarkAdler32(b *testing.B) {
+	a := make([]byte, 1<<20)
+	for i := range a {
+		a[i] = byte(i * 7)
+	}
+	b.SetBytes(int64(len(a)))
+	for i := 0; i < b.N; i++ {
+		adler32Update(1, a)
+	}
+}

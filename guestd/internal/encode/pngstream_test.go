@@ -12,7 +12,7 @@ func TestPNGStream(t *testing.T) {
 	b := sparseDesktop(1281, 801, 8)
 	b.fill(700, 300, 760, 316, 10, 20, 30) // inside one band
 	c := sparseDesktop(1281, 801, 8)
-	c.fill(0, 63, 5, 64, 1, 1, 1) // last row of band 0: band 1 filters read it
+	c.fill(0, 63, 5, 64, 1, 1, 1) // last row of a band: the next band's filters read it
 	for i, img := range []Image{a, b, b, c, a, sparseDesktop(300, 200, 0), denseText(1281, 801, 0)} {
 		out, err := s.Encode(nil, img)
 		if err != nil {

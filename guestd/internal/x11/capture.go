@@ -28,6 +28,8 @@ type capturer struct {
 	shmBuf []byte
 	// shmErr records why SHM is off (for diagnostics).
 	shmErr error
+
+	mir mirror
 }
 
 func (c *capturer) init(d *Desktop, setup *xproto.SetupInfo, scr *xproto.ScreenInfo) {
@@ -68,36 +70,47 @@ func (c *capturer) attachSHM(d *Desktop) error {
 	if err := initExtension(d.conn, "MIT-SHM"); err != nil {
 		return fmt.Errorf("MIT-SHM extension: %w", err)
 	}
+	seg, buf, err := d.newSegment()
+	if err != nil {
+		return err
+	}
+	c.shmOn, c.shmSeg, c.shmBuf = true, seg, buf
+	return nil
+}
+
+// newSegment creates a SysV segment for the full screen and attaches it
+// on both sides.
+func (d *Desktop) newSegment() (shm.Seg, []byte, error) {
 	size := d.width * d.height * 4
 	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, size, unix.IPC_CREAT|0o600)
 	if err != nil {
-		return fmt.Errorf("shmget %d bytes: %w", size, err)
+		return 0, nil, fmt.Errorf("shmget %d bytes: %w", size, err)
 	}
 	// Whatever happens next, the segment must not outlive this process:
 	// IPC_RMID destroys it once the last attachment goes away.
 	defer unix.SysvShmCtl(id, unix.IPC_RMID, nil)
 	buf, err := unix.SysvShmAttach(id, 0, 0)
 	if err != nil {
-		return fmt.Errorf("shmat: %w", err)
+		return 0, nil, fmt.Errorf("shmat: %w", err)
 	}
 	seg, err := shm.NewSegId(d.conn)
 	if err != nil {
 		unix.SysvShmDetach(buf)
-		return xerr("allocate shm segment id", err)
+		return 0, nil, xerr("allocate shm segment id", err)
 	}
 	if err := shm.AttachChecked(d.conn, seg, uint32(id), false).Check(); err != nil {
 		// Typically a server in another IPC namespace or on another host.
 		unix.SysvShmDetach(buf)
-		return fmt.Errorf("server could not attach the segment: %w", err)
+		return 0, nil, fmt.Errorf("server could not attach the segment: %w", err)
 	}
-	c.shmOn, c.shmSeg, c.shmBuf = true, seg, buf
-	return nil
+	return seg, buf, nil
 }
 
 // release unmaps the segment once the connection is closed. A capture
 // still holding the lock (stuck on a frozen server) keeps the mapping; the
 // segment is already marked for removal, so it goes with the process.
 func (c *capturer) release() {
+	c.mir.release()
 	if !c.mu.TryLock() {
 		return
 	}
@@ -146,40 +159,98 @@ func (d *Desktop) Capture(r image.Rectangle, dst *desktop.Frame) error {
 	return d.captureGetImage(r, dst)
 }
 
+// CaptureView captures r like Capture but, instead of copying the pixels
+// out, calls fn with a frame that aliases the capture buffer (the MIT-SHM
+// segment, or the GetImage reply). The frame is valid only until fn
+// returns; fn may modify it (the next capture overwrites it anyway). Other
+// captures wait until fn returns, so fn should not block. fn's error is
+// returned as is.
+func (d *Desktop) CaptureView(r image.Rectangle, fn func(f *desktop.Frame) error) error {
+	if fn == nil {
+		return fmt.Errorf("x11: capture: nil callback: %w", desktop.ErrInvalid)
+	}
+	if r.Empty() || !r.In(image.Rect(0, 0, d.width, d.height)) {
+		return fmt.Errorf("x11: capture: rectangle %v not inside the %dx%d screen: %w", r, d.width, d.height, desktop.ErrInvalid)
+	}
+	if d.cap.formatErr != nil {
+		return d.cap.formatErr
+	}
+	d.cap.mu.Lock()
+	defer d.cap.mu.Unlock()
+	var f desktop.Frame
+	if d.cap.shmOn {
+		pix, err := d.shmView(r)
+		if err == nil {
+			f = desktop.Frame{Pix: pix, Stride: r.Dx() * 4, Rect: r}
+			return fn(&f)
+		}
+		if !d.alive() {
+			return err
+		}
+		d.cap.shmOn, d.cap.shmErr = false, err
+		unix.SysvShmDetach(d.cap.shmBuf)
+		d.cap.shmBuf = nil
+	}
+	pix, err := d.getImageView(r)
+	if err != nil {
+		return err
+	}
+	f = desktop.Frame{Pix: pix, Stride: r.Dx() * 4, Rect: r}
+	return fn(&f)
+}
+
 func (d *Desktop) captureSHM(r image.Rectangle, dst *desktop.Frame) error {
+	pix, err := d.shmView(r)
+	if err != nil {
+		return err
+	}
+	setFrame(dst, r, pix)
+	return nil
+}
+
+// shmView has the server write r into the segment and returns its bytes.
+func (d *Desktop) shmView(r image.Rectangle) ([]byte, error) {
 	w, h := r.Dx(), r.Dy()
 	rep, err := shm.GetImage(d.conn, xproto.Drawable(d.root), int16(r.Min.X), int16(r.Min.Y),
 		uint16(w), uint16(h), 0xffffffff, xproto.ImageFormatZPixmap, d.cap.shmSeg, 0).Reply()
 	if err != nil {
-		return xerr("shm GetImage", err)
+		return nil, xerr("shm GetImage", err)
 	}
 	if rep == nil {
-		return errNilReply("shm GetImage")
+		return nil, errNilReply("shm GetImage")
 	}
 	n := w * h * 4
 	if int(rep.Size) != n {
-		return fmt.Errorf("x11: shm GetImage returned %d bytes for %dx%d", rep.Size, w, h)
+		return nil, fmt.Errorf("x11: shm GetImage returned %d bytes for %dx%d", rep.Size, w, h)
 	}
-	setFrame(dst, r, d.cap.shmBuf[:n])
-	return nil
+	return d.cap.shmBuf[:n:n], nil
 }
 
 func (d *Desktop) captureGetImage(r image.Rectangle, dst *desktop.Frame) error {
+	pix, err := d.getImageView(r)
+	if err != nil {
+		return err
+	}
+	setFrame(dst, r, pix)
+	return nil
+}
+
+// getImageView fetches r with core GetImage and returns the reply's bytes.
+func (d *Desktop) getImageView(r image.Rectangle) ([]byte, error) {
 	w, h := r.Dx(), r.Dy()
 	rep, err := xproto.GetImage(d.conn, xproto.ImageFormatZPixmap, xproto.Drawable(d.root),
 		int16(r.Min.X), int16(r.Min.Y), uint16(w), uint16(h), 0xffffffff).Reply()
 	if err != nil {
-		return xerr("GetImage", err)
+		return nil, xerr("GetImage", err)
 	}
 	if rep == nil {
-		return errNilReply("GetImage")
+		return nil, errNilReply("GetImage")
 	}
 	n := w * h * 4
 	if len(rep.Data) < n {
-		return fmt.Errorf("x11: GetImage returned %d bytes for %dx%d", len(rep.Data), w, h)
+		return nil, fmt.Errorf("x11: GetImage returned %d bytes for %dx%d", len(rep.Data), w, h)
 	}
-	setFrame(dst, r, rep.Data[:n])
-	return nil
+	return rep.Data[:n:n], nil
 }
 
 func setFrame(dst *desktop.Frame, r image.Rectangle, pix []byte) {

@@ -50,6 +50,7 @@ type Desktop struct {
 	cap   capturer
 	clip  clipboard
 	dmg   damager
+	seq   damageSeq
 	sel   chan xproto.SelectionNotifyEvent
 	props chan xproto.PropertyNotifyEvent
 }
@@ -141,6 +142,7 @@ func newDesktop(conn *xgb.Conn) (*Desktop, error) {
 	if err := d.dmg.init(d); err != nil {
 		return nil, err
 	}
+	d.seq.init(d)
 	go d.eventLoop()
 	go d.dmg.loop(d)
 	return d, nil
@@ -199,7 +201,13 @@ func (d *Desktop) eventLoop() {
 		}
 		switch e := ev.(type) {
 		case damage.NotifyEvent:
-			d.dmg.kick()
+			if !d.seq.damaged(e) {
+				d.dmg.kick()
+			}
+		case xproto.ClientMessageEvent:
+			if e.Window == d.win {
+				d.seq.marker(e)
+			}
 		case xproto.MappingNotifyEvent:
 			if e.Request == xproto.MappingKeyboard {
 				d.in.stale.Store(true)

@@ -8,3 +8,10 @@ import (
 )
 
 var _ aci.Desktop = (*x11.Desktop)(nil)
+
+var (
+	_ aci.DamageSequencer = (*x11.Desktop)(nil)
+	_ aci.FrameViewer     = (*x11.Desktop)(nil)
+)
+
+var _ aci.ScreenMirror = (*x11.Desktop)(nil)
