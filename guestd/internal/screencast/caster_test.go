@@ -181,8 +181,10 @@ func TestReconstructTyping(t *testing.T) {
 				}
 				formats[f.GetFormat()]++
 			}
-			if tc.zlib && (formats[FormatZlib] == 0 || formats[aciv1.ImageFormat_IMAGE_FORMAT_PNG] != 1) {
-				t.Fatalf("delta frame formats %v: want zlib ones and one PNG (the large repaint)", formats)
+			// Typing goes as zlib; the large repaint as PNG (scheduling may
+			// split it across two frames, so at least one).
+			if tc.zlib && (formats[FormatZlib] == 0 || formats[aciv1.ImageFormat_IMAGE_FORMAT_PNG] == 0) {
+				t.Fatalf("delta frame formats %v: want zlib frames and PNG for the large repaint", formats)
 			}
 			t.Logf("%s: %d frames, %d delta frames, %.0f tile bytes per delta frame", tc.name, len(frames), deltas, float64(deltaBytes)/float64(max(deltas, 1)))
 		})
