@@ -182,6 +182,46 @@ func sandboxPids(id string) []int {
 	return out
 }
 
+// cgroupHierarchies are the cgroup v1 controllers (and the v2 root) where
+// controld places a sandbox at <parent>/<sandbox-id>.
+var cgroupHierarchies = []string{"memory", "pids", "freezer", "cpu,cpuacct", "unified", ""}
+
+// cgroupPids lists the processes of the sandbox's cgroup: controld gives
+// every sandbox and every fork its own (/sys/fs/cgroup/memory/forkfleet/<id>).
+func cgroupPids(id string) []int {
+	if id == "" || strings.ContainsAny(id, "/\x00") {
+		return nil
+	}
+	for _, h := range cgroupHierarchies {
+		for _, parent := range []string{"forkfleet", ""} {
+			data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", h, parent, id, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			var pids []int
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+			if len(pids) > 0 {
+				return pids
+			}
+		}
+	}
+	return nil
+}
+
+// sandboxProcs finds a sandbox's processes: its cgroup first, since a
+// memory-tier fork's guestd carries the SOURCE's FORKFLEET_SANDBOX_ID (CRIU
+// restores the environment with the memory), else the environment walk.
+func sandboxProcs(id string) []int {
+	if pids := cgroupPids(id); len(pids) > 0 {
+		return pids
+	}
+	return sandboxPids(id)
+}
+
 // memoryOf sums RSS and PSS (MB) over pids.
 func memoryOf(pids []int) (rss, pss float64, ok bool) {
 	for _, pid := range pids {

@@ -36,8 +36,8 @@ func TestControldSuitesAgainstFake(t *testing.T) {
 		{&bootSuite{}, []string{"--boot-floor=false"}, []string{"boot.milestone"}},
 		{&fanoutSuite{}, []string{"--fanout-ns=1,3"}, []string{"fanout.wall", "fanout.per_sandbox"}},
 		{&checkpointSuite{}, []string{"--checkpoint-podman=false"}, []string{"checkpoint.client_total", "checkpoint.total"}},
-		{&forkSuite{}, []string{"--fork-ns=1,4"}, []string{"fork.fanout.wall", "fork.replica_usable"}},
-		{&poolSuite{}, []string{"--pool-size=2", "--pool-bursts=1,4"}, []string{"pool.hit_rate"}},
+		{&forkSuite{}, []string{"--fork-ns=1,4", "--fork-settle=0", "--fork-ksm-wait=0", "--fork-podman=false"}, []string{"fork.fanout.wall", "fork.replica_usable"}},
+		{&poolSuite{}, []string{"--pool-size=2", "--pool-bursts=1,4", "--pool-ksm-wait=0"}, []string{"pool.hit_rate", "pool.claim_rpc", "pool.claim_usable"}},
 		{&dedupSuite{}, []string{"--dedup-ns=3", "--dedup-rounds=3"}, []string{"dedup.bytes_per_round"}},
 	}
 	for _, c := range cases {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,33 +76,54 @@ func (s *checkpointSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 		rows = append(rows, r...)
 	}
 	if s.peer {
-		r, err := podmanCheckpointPeer(ctx, env, image, n)
-		if err != nil {
-			env.Notef("podman peer not measured: %v", err)
-		} else {
-			rows = append(rows, r...)
-			rows = append(rows, checkpointRatios(rows)...)
-		}
+		rows = append(rows, s.podmanRows(ctx, env, image, n, warm)...)
+		rows = append(rows, checkpointRatios(rows)...)
 	}
 	return rows, nil
 }
 
-// checkpointRatios compares our bare-desktop checkpoint with podman's on
-// the same image in the same run.
-func checkpointRatios(rows []result.Row) []result.Row {
-	var ours, peer *float64
-	for _, r := range rows {
-		switch {
-		case r.Metric == "checkpoint.client_total" && r.Labels["shape"] == "bare-desktop":
-			ours = r.P50
-		case r.Metric == "peer.podman_checkpoint_leave_running":
-			peer = r.P50
-		}
-	}
-	if ours == nil || peer == nil || *ours <= 0 {
+// podmanRows runs podman's checkpoint --leave-running and restore --import
+// of the same image as baseline rows, and our bare-desktop checkpoint as
+// ratios against them. A peer that cannot run is a note, not a failure.
+func (s *checkpointSuite) podmanRows(ctx context.Context, env *suite.Env, image string, n, warm int) []result.Row {
+	peer, err := newPodmanPeer(ctx, env, image)
+	if err != nil {
+		env.Notef("podman peer not measured: %v", err)
 		return nil
 	}
-	return []result.Row{result.Single("checkpoint.speedup_vs_podman", "x", labels("shape", "bare-desktop"), *peer / *ours)}
+	defer peer.Close(ctx)
+	rows := peer.checkpointRows(ctx, n, warm)
+	archive, err := peer.exportCheckpoint(ctx)
+	if err != nil {
+		env.Notef("podman restore not measured: export: %v", err)
+	} else {
+		rows = append(rows, peer.restoreRows(ctx, archive, []int{1}, n)...)
+		rows = append(rows, peer.restoreRows(ctx, archive, []int{4}, max(3, n/3))...)
+	}
+	return rows
+}
+
+// checkpointRatios compares our bare-desktop checkpoint with podman's on
+// the same image in the same run, per podman archive compression (podman
+// always writes an archive; ours stays in the memory tier).
+func checkpointRatios(rows []result.Row) []result.Row {
+	var ours *float64
+	for _, r := range rows {
+		if r.Metric == "checkpoint.client_total" && r.Labels["shape"] == "bare-desktop" && !r.Baseline {
+			ours = r.P50
+		}
+	}
+	if ours == nil || *ours <= 0 {
+		return nil
+	}
+	var out []result.Row
+	for _, r := range rows {
+		if r.Metric == "peer.podman_checkpoint_leave_running" && r.Baseline && r.P50 != nil {
+			out = append(out, result.Single("checkpoint.speedup_vs_podman", "x",
+				labels("shape", "bare-desktop", "tier", "memory", "podman_compress", r.Labels["compress"]), *r.P50 / *ours))
+		}
+	}
+	return out
 }
 
 // ballast makes the sandbox hold ballMB of random bytes in one process's
@@ -204,8 +227,11 @@ func golden(ctx context.Context, c *controld, tier controldv1.CheckpointTier) (s
 
 // forkSuite measures fork to usable, verified replicas.
 type forkSuite struct {
-	ns   intList
-	reps int
+	ns      intList
+	reps    int
+	settle  time.Duration
+	ksmWait time.Duration
+	peer    bool
 }
 
 func (*forkSuite) Name() string { return "fork" }
@@ -216,6 +242,9 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	f.ns = intList{1, 2, 4, 8, 16}
 	fs.Var(&f.ns, "fork-ns", "replica counts")
 	fs.IntVar(&f.reps, "fork-reps", 3, "repetitions per N (--n overrides)")
+	fs.DurationVar(&f.settle, "fork-settle", time.Second, "wait after a fork before reading replica memory")
+	fs.DurationVar(&f.ksmWait, "fork-ksm-wait", 15*time.Second, "on the last repetition per N, read replica memory again this long after the fork (KSM merges over time; 0 disables)")
+	fs.BoolVar(&f.peer, "fork-podman", true, "also measure podman restore --import of the same image, N=1 and N=4, as the fork's peer")
 }
 func (f *forkSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
 
@@ -227,11 +256,17 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	defer c.Close()
 	reps := env.Samples(f.reps)
 	var rows []result.Row
+	image := ""
 	for _, tier := range []struct {
 		name string
 		t    controldv1.CheckpointTier
 	}{{"memory", controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY}, {"disk", controldv1.CheckpointTier_CHECKPOINT_TIER_DISK}} {
 		src, ck, err := golden(ctx, c, tier.t)
+		if image == "" && src != "" {
+			if g, gerr := c.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: src}); gerr == nil {
+				image = g.GetSandbox().GetImage()
+			}
+		}
 		c.remove(ctx, src)
 		if err != nil {
 			env.Notef("fork tier %s not measured: %v", tier.name, err)
@@ -244,6 +279,9 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 			amort := result.NewSeries("fork.wall_per_replica", "ms", lbl)
 			pss := result.NewSeries("fork.replica_pss", "MB", lbl)
 			rss := result.NewSeries("fork.replica_rss", "MB", lbl)
+			klbl := labels("tier", tier.name, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds())))
+			pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
+			rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
 			for r := 0; r < reps; r++ {
 				fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier.name), attribute.Int("n", n)))
 				t0 := time.Now()
@@ -260,6 +298,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 					continue
 				}
 				good := 0
+				var ok []string
 				for _, rep := range resp.GetReplicas() {
 					switch {
 					case rep.GetErrorCode() != 0 || rep.GetSandbox() == nil:
@@ -269,10 +308,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 					default:
 						good++
 						per.Add(dur(rep.GetTook()))
-						if r, p, ok := memoryOf(sandboxPids(rep.GetSandbox().GetId())); ok {
-							pss.Add(p)
-							rss.Add(r)
-						}
+						ok = append(ok, rep.GetSandbox().GetId())
 					}
 				}
 				// A wall clock counts only when every replica is verified.
@@ -282,14 +318,27 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 				} else {
 					wall.Unverified()
 				}
+				// Memory per verified replica once the fleet settled, and on
+				// the last repetition again after KSM had time to merge.
+				sleepCtx(ctx, f.settle-time.Since(t0))
+				missing := replicaMemory(ok, pss, rss)
+				if r == reps-1 && f.ksmWait > 0 {
+					sleepCtx(ctx, f.ksmWait-time.Since(t0))
+					missing += replicaMemory(ok, pssKSM, rssKSM)
+				}
+				if missing > 0 {
+					env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier.name, n, missing)
+				}
 				for _, rep := range resp.GetReplicas() {
 					c.remove(ctx, rep.GetSandbox().GetId())
 				}
 				env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier.name, n, r+1, good, n, suite.Ms(w))
 			}
 			rows = append(rows, wall.Row(), per.Row(), amort.Row())
-			if pss.Len() > 0 {
-				rows = append(rows, pss.Row(), rss.Row())
+			for _, s := range []*result.Series{pss, rss, pssKSM, rssKSM} {
+				if s.Len() > 0 {
+					rows = append(rows, s.Row())
+				}
 			}
 		}
 		c.removeCheckpoint(ctx, ck.GetId())
@@ -297,27 +346,200 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	if len(rows) == 0 {
 		return nil, errors.New("no fork tier could be measured")
 	}
+	if f.peer {
+		rows = append(rows, f.podmanRows(ctx, env, image, reps)...)
+		rows = append(rows, forkRatios(rows)...)
+	}
 	return rows, nil
 }
 
-// poolSuite measures claims from a warm pool under bursts larger than it.
-type poolSuite struct {
-	size   int
-	bursts intList
-	image  string
+// podmanRows measures podman restore --import of the same image, N=1 and
+// N=4 at once, and our fork's wall clocks as ratios against it: both count
+// a replica once its guestd answers.
+func (f *forkSuite) podmanRows(ctx context.Context, env *suite.Env, image string, reps int) []result.Row {
+	if image == "" {
+		env.Notef("podman peer not measured: no golden sandbox named the image")
+		return nil
+	}
+	peer, err := newPodmanPeer(ctx, env, image)
+	if err != nil {
+		env.Notef("podman peer not measured: %v", err)
+		return nil
+	}
+	defer peer.Close(ctx)
+	archive, err := peer.exportCheckpoint(ctx)
+	if err != nil {
+		env.Notef("podman peer not measured: export: %v", err)
+		return nil
+	}
+	var ns []int
+	for _, n := range []int{1, 4} {
+		if contains(intStrings(f.ns), itoa(n)) {
+			ns = append(ns, n)
+		}
+	}
+	return peer.restoreRows(ctx, archive, ns, max(reps, 5))
 }
+
+// forkRatios divides podman's restore wall clock (all N verified) by ours
+// for the same N, per tier.
+func forkRatios(rows []result.Row) []result.Row {
+	peer := map[string]float64{}
+	for _, r := range rows {
+		if r.Baseline && r.Metric == "peer.podman_restore.wall" && r.P50 != nil {
+			peer[r.Labels["n"]] = *r.P50
+		}
+	}
+	var out []result.Row
+	for _, r := range rows {
+		if r.Baseline || r.Metric != "fork.fanout.wall" || r.P50 == nil || *r.P50 <= 0 {
+			continue
+		}
+		if p, ok := peer[r.Labels["n"]]; ok {
+			out = append(out, result.Single("fork.speedup_vs_podman", "x", labels("tier", r.Labels["tier"], "n", r.Labels["n"]), p / *r.P50))
+		}
+	}
+	return out
+}
+
+// replicaMemory adds each replica's PSS and RSS (MB, summed over its
+// processes) and returns how many replicas' processes were not found.
+func replicaMemory(ids []string, pss, rss *result.Series) (missing int) {
+	for _, id := range ids {
+		r, p, ok := memoryOf(sandboxProcs(id))
+		if !ok {
+			missing++
+			continue
+		}
+		pss.Add(p)
+		rss.Add(r)
+	}
+	return missing
+}
+
+// sleepCtx waits d (nothing when d <= 0) or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func intStrings(l intList) []string {
+	out := make([]string, len(l))
+	for i, v := range l {
+		out[i] = itoa(v)
+	}
+	return out
+}
+
+// poolSuite measures claims from warm pools under bursts larger than them:
+// an image pool (booted, running desktops) and a checkpoint pool (replicas
+// forked from a memory-tier checkpoint and kept frozen; a claim thaws one).
+type poolSuite struct {
+	size    int
+	bursts  intList
+	image   string
+	kinds   string
+	ksmWait time.Duration
+}
+
+// poolKindLabel keys the pool's sandboxes, so its idle replicas can be
+// listed apart from everything else benchd runs.
+const poolKindLabel = "forkfleet.dev/benchd-pool"
 
 func (*poolSuite) Name() string { return "pool" }
 func (*poolSuite) Description() string {
-	return "claim to usable from a warm pool, hits vs misses, and hit rate under bursts up to 2x the pool size"
+	return "image and frozen-checkpoint pools: claim RPC and claim to first ACI answer (hit vs miss), hit rate under bursts up to 2x the pool, PSS per idle pooled replica"
 }
 func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	p.bursts = intList{2, 4, 8}
 	fs.IntVar(&p.size, "pool-size", 4, "warm pool size")
 	fs.Var(&p.bursts, "pool-bursts", "concurrent claims per burst")
 	fs.StringVar(&p.image, "pool-image", "", "image of the pool (empty: the image controld boots by default)")
+	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
+	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 }
 func (p *poolSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+
+// claimTimes are the milestones of one claim, from the client's side.
+type claimTimes struct {
+	rpc, usable, screenshot time.Duration
+}
+
+// usableAfter completes a claim or create at t0: the sandbox's endpoint
+// answers a first ACI request (ping), then a first screenshot.
+func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
+	s, err := dialEndpoint(ctx, ep)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if _, err := s.Ping(ctx, []byte("benchd")); err != nil {
+		return err
+	}
+	ct.usable = time.Since(t0)
+	r, err := s.Screenshot(ctx, aci.PNG())
+	if err != nil {
+		return err
+	}
+	if !validImage("png", r) {
+		return suite.ErrUnverified
+	}
+	ct.screenshot = time.Since(t0)
+	return nil
+}
+
+// claimSeries are one cell's series: served hit or miss.
+type claimSeries struct{ rpc, server, usable, screenshot *result.Series }
+
+func newClaimSeries(lbl map[string]string) *claimSeries {
+	return &claimSeries{
+		rpc:        result.NewSeries("pool.claim_rpc", "ms", lbl),
+		server:     result.NewSeries("pool.claim_server", "ms", lbl),
+		usable:     result.NewSeries("pool.claim_usable", "ms", lbl),
+		screenshot: result.NewSeries("pool.claim_first_screenshot", "ms", lbl),
+	}
+}
+
+func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, err error) {
+	switch {
+	case !rpcOK:
+		for _, s := range cs.all() {
+			s.Fail()
+		}
+		return
+	case err == nil:
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Add(suite.Ms(ct.screenshot))
+	case errors.Is(err, suite.ErrUnverified):
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Unverified()
+	case ct.usable > 0:
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Fail()
+	default:
+		cs.usable.Fail()
+		cs.screenshot.Fail()
+	}
+	if ct.usable > 0 {
+		// The RPC counts once the sandbox it returned proved usable.
+		cs.rpc.Add(suite.Ms(ct.rpc))
+		cs.server.Add(suite.Ms(server))
+	} else {
+		cs.rpc.Unverified()
+		cs.server.Unverified()
+	}
+}
+
+func (cs *claimSeries) all() []*result.Series {
+	return []*result.Series{cs.rpc, cs.server, cs.usable, cs.screenshot}
+}
 
 func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
@@ -328,41 +550,81 @@ func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	reps := env.Samples(3)
 	// The path a claim saves: a cold create to usable, in the same run. It
 	// also names the image the pool is built from (controld's default).
-	cold := result.NewSeries("pool.claim_usable", "ms", labels("served", "cold-create-no-pool"))
+	cold := newClaimSeries(labels("served", "cold-create-no-pool"))
 	image := p.image
 	for i := 0; i < reps; i++ {
 		t0 := time.Now()
 		resp, err := c.create(ctx)
+		ct := claimTimes{rpc: time.Since(t0)}
 		if err == nil {
-			err = firstScreenshot(ctx, resp.GetEndpoint())
+			err = usableAfter(ctx, t0, resp.GetEndpoint(), &ct)
 			if image == "" {
 				image = resp.GetSandbox().GetImage()
 			}
 			c.remove(ctx, resp.GetSandbox().GetId())
 		}
-		switch {
-		case err == nil:
-			cold.Add(suite.Ms(time.Since(t0)))
-		case errors.Is(err, suite.ErrUnverified):
-			cold.Unverified()
-		default:
-			cold.Fail()
-		}
+		cold.record(ct, ct.rpc, resp != nil, err)
 	}
 	if image == "" {
 		return nil, errors.New("no cold boot succeeded, so the pool image is unknown (pass --pool-image)")
 	}
-	pr, err := c.pl.CreatePool(ctx, &controldv1.CreatePoolRequest{Name: fmt.Sprintf("benchd-%d", time.Now().UnixNano()),
-		Size: uint32(p.size), Source: &controldv1.CreatePoolRequest_Image{Image: image}, Labels: map[string]string{benchLabel: "1"}})
+	rows := []result.Row{cold.usable.Row(), cold.screenshot.Row()}
+	measured := 0
+	for _, kind := range strings.Split(p.kinds, ",") {
+		var src controldv1.CreatePoolRequest
+		switch strings.TrimSpace(kind) {
+		case "image":
+			src.Source = &controldv1.CreatePoolRequest_Image{Image: image}
+		case "checkpoint":
+			gsrc, ck, err := golden(ctx, c, controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY)
+			c.remove(ctx, gsrc)
+			if err != nil {
+				env.Notef("checkpoint pool not measured: %v", err)
+				continue
+			}
+			defer c.removeCheckpoint(ctx, ck.GetId())
+			src.Source = &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.GetId()}
+		case "":
+			continue
+		default:
+			return nil, fmt.Errorf("--pool-kinds: unknown pool kind %q (image, checkpoint)", kind)
+		}
+		r, err := p.measure(ctx, env, c, strings.TrimSpace(kind), &src, reps)
+		if err != nil {
+			env.Notef("%s pool: %v", kind, err)
+			continue
+		}
+		rows = append(rows, r...)
+		measured++
+	}
+	if measured == 0 {
+		return nil, errors.New("no pool could be measured")
+	}
+	return rows, nil
+}
+
+// measure creates one pool from req's source, reads its idle replicas'
+// memory, then claims in bursts; the pool is deleted afterwards.
+func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, kind string, req *controldv1.CreatePoolRequest, reps int) ([]result.Row, error) {
+	name := fmt.Sprintf("benchd-%s-%d", kind, time.Now().UnixNano())
+	req.Name, req.Size = name, uint32(p.size)
+	req.Labels = map[string]string{benchLabel: "1", poolKindLabel: name}
+	pr, err := c.pl.CreatePool(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
 	}
 	poolID := pr.GetPool().GetId()
 	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 		defer cancel()
-		c.pl.DeletePool(dctx, &controldv1.DeletePoolRequest{Id: poolID})
+		if _, err := c.pl.DeletePool(dctx, &controldv1.DeletePoolRequest{Id: poolID}); err != nil {
+			env.Progressf("delete pool %s: %v", poolID, err)
+		}
 	}()
+	idle := controldv1.SandboxState_SANDBOX_STATE_READY
+	if pr.GetPool().GetFrozen() {
+		idle = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+	}
 	waitFull := func() error {
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
@@ -376,14 +638,53 @@ func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 			if time.Now().After(deadline) {
 				return fmt.Errorf("pool refilled to %d of %d in 3 minutes", g.GetPool().GetAvailable(), p.size)
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	rows := []result.Row{cold.Row()}
+	t0 := time.Now()
+	if err := waitFull(); err != nil {
+		return nil, err
+	}
+	poolLbl := func(kv ...string) map[string]string {
+		return labels(append([]string{"pool", kind, "pool_size", itoa(p.size)}, kv...)...)
+	}
+	fill := result.Single("pool.fill", "ms", poolLbl(), suite.Ms(time.Since(t0)))
+	rows := []result.Row{fill}
+	// Memory of the idle replicas: right after warm-up, and for the frozen
+	// pool again once KSM had time to merge their identical pages.
+	waits := []time.Duration{0}
+	if idle == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED && p.ksmWait > 0 {
+		waits = append(waits, p.ksmWait)
+	}
+	filled := time.Now()
+	for _, w := range waits {
+		sleepCtx(ctx, w-time.Since(filled))
+		after := strconv.Itoa(int(time.Since(filled).Round(time.Second).Seconds()))
+		pss := result.NewSeries("pool.idle_replica_pss", "MB", poolLbl("after_s", after))
+		rss := result.NewSeries("pool.idle_replica_rss", "MB", poolLbl("after_s", after))
+		ls, err := c.sb.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{poolKindLabel: name},
+			States: []controldv1.SandboxState{idle}})
+		if err != nil {
+			return nil, fmt.Errorf("list pool replicas: %w", err)
+		}
+		var ids []string
+		for _, sb := range ls.GetSandboxes() {
+			if sb.GetPoolId() == poolID {
+				ids = append(ids, sb.GetId())
+			}
+		}
+		if missing := replicaMemory(ids, pss, rss); missing > 0 || len(ids) == 0 {
+			env.Notef("%s pool: processes of %d of %d idle replicas not found: PSS/RSS rows cover only those found", kind, missing, len(ids))
+		}
+		if pss.Len() > 0 {
+			rows = append(rows, pss.Row(), rss.Row())
+			env.Progressf("%s pool: idle replica PSS p50 %.1f MB after %s s", kind, *pss.Row().P50, after)
+		}
+	}
 	for _, b := range p.bursts {
-		hit := result.NewSeries("pool.claim_usable", "ms", labels("burst", itoa(b), "pool_size", itoa(p.size), "served", "hit"))
-		miss := result.NewSeries("pool.claim_usable", "ms", labels("burst", itoa(b), "pool_size", itoa(p.size), "served", "miss"))
-		rate := result.NewSeries("pool.hit_rate", "percent", labels("burst", itoa(b), "pool_size", itoa(p.size)))
+		hit := newClaimSeries(poolLbl("burst", itoa(b), "served", "hit"))
+		miss := newClaimSeries(poolLbl("burst", itoa(b), "served", "miss"))
+		rate := result.NewSeries("pool.hit_rate", "percent", poolLbl("burst", itoa(b)))
 		rate.Better = result.BetterHigher
 		for r := 0; r < reps; r++ {
 			if err := waitFull(); err != nil {
@@ -400,28 +701,23 @@ func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 					t0 := time.Now()
 					cr, err := c.pl.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: poolID, Labels: map[string]string{benchLabel: "1"},
 						Ttl: durationpb.New(benchTTL)})
+					ct := claimTimes{rpc: time.Since(t0)}
 					if err == nil {
-						err = firstScreenshot(ctx, cr.GetEndpoint())
+						err = usableAfter(ctx, t0, cr.GetEndpoint(), &ct)
+					} else {
+						env.Progressf("%s pool claim: %v", kind, err)
 					}
-					d := time.Since(t0)
 					mu.Lock()
 					defer mu.Unlock()
+					s := miss
 					if cr != nil {
 						ids = append(ids, cr.GetSandbox().GetId())
+						if cr.GetHit() {
+							s = hit
+							hits++
+						}
 					}
-					s := miss
-					if cr.GetHit() {
-						s = hit
-						hits++
-					}
-					switch {
-					case err == nil:
-						s.Add(suite.Ms(d))
-					case errors.Is(err, suite.ErrUnverified):
-						s.Unverified()
-					default:
-						s.Fail()
-					}
+					s.record(ct, cr.GetTook().AsDuration(), cr != nil, err)
 				}()
 			}
 			wg.Wait()
@@ -429,11 +725,13 @@ func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 			for _, id := range ids {
 				c.remove(ctx, id)
 			}
-			env.Progressf("pool: burst %d rep %d: %d hits", b, r+1, hits)
+			env.Progressf("%s pool: burst %d rep %d: %d hits", kind, b, r+1, hits)
 		}
-		for _, s := range []*result.Series{hit, miss} {
-			if s.Len() > 0 || s.Row().Failed > 0 {
-				rows = append(rows, s.Row())
+		for _, cs := range []*claimSeries{hit, miss} {
+			for _, s := range cs.all() {
+				if row := s.Row(); row.N > 0 || row.Failed > 0 || row.Unverified > 0 {
+					rows = append(rows, row)
+				}
 			}
 		}
 		rows = append(rows, rate.Row())

@@ -4,19 +4,36 @@ package suites
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
 
 // podmanGlobal makes podman work on this host (no systemd, cgroup v1) with
-// runc as its runtime.
+// runc as its runtime: Debian 12's crun is built without CRIU.
 var podmanGlobal = []string{"--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime=runc"}
+
+// podmanRunFlags are what `podman run` needs here besides the image: the
+// default ulimits exceed this VM's, and a sandbox has no network.
+var podmanRunFlags = []string{"--network", "none", "--ulimit", "nproc=4096:4096", "--ulimit", "nofile=1024:1024"}
+
+// guestdSocketInContainer is where guestd listens in the desktop image (the
+// same path controld reaches through the sandbox's rootfs).
+const guestdSocketInContainer = "/run/forkfleet/aci.sock"
 
 // podmanEnv puts criu 4.2 (/usr/local/sbin) first on PATH, as the project's
 // own checkpoints use it.
@@ -29,61 +46,410 @@ func podman(ctx context.Context, args ...string) (string, time.Duration, error) 
 	return strings.TrimSpace(string(out)), d, err
 }
 
-// podmanCheckpointPeer measures podman checkpoint --leave-running (exported
-// to a file) and restore --import of the same image controld runs, n times
-// each, as baseline rows.
-func podmanCheckpointPeer(ctx context.Context, env *suite.Env, image string, n int) ([]result.Row, error) {
+// podmanLabels are the labels every podman peer row carries.
+func podmanLabels(kv ...string) map[string]string {
+	return labels(append([]string{"system", "podman", "tool", "podman+runc+criu", "shape", "bare-desktop"}, kv...)...)
+}
+
+// podmanPeer is the desktop image controld boots, run by podman with the
+// environment guestd needs, as the peer of our checkpoint and fork.
+type podmanPeer struct {
+	env    *suite.Env
+	ref    string
+	source string
+	// aciToken authenticates benchd to guestd in every peer container (the
+	// restored ones inherit the source's environment).
+	aciToken   string
+	adminToken string
+
+	mu      sync.Mutex
+	created []string
+}
+
+// newPodmanPeer checks that podman holds the same image as containerd
+// (loading it from containerd when not), starts the source desktop and
+// waits until its guestd answers.
+func newPodmanPeer(ctx context.Context, env *suite.Env, image string) (*podmanPeer, error) {
 	if _, err := lookPath("podman"); err != nil {
-		return nil, fmt.Errorf("podman not installed")
+		return nil, errors.New("podman not installed (apt-get install -y podman)")
 	}
-	tar := filepath.Join(env.WorkDir, "image.tar")
-	if _, _, err := runTimed(ctx, nil, "ctr", "-a", containerdSocket, "-n", containerdNS, "images", "export", tar, image); err != nil {
-		return nil, fmt.Errorf("export %s from containerd: %w", image, err)
+	if _, err := lookPath("runc"); err != nil {
+		return nil, errors.New("runc not installed: podman's crun on Debian 12 has no CRIU support")
 	}
-	out, _, err := podman(ctx, "load", "-q", "-i", tar)
+	id, err := samePodmanImage(ctx, env, image)
 	if err != nil {
 		return nil, err
 	}
-	ref := image
-	if i := strings.LastIndex(out, "Loaded image:"); i >= 0 {
-		ref = strings.TrimSpace(strings.SplitN(out[i+len("Loaded image:"):], "\n", 2)[0])
-	}
-	name := fmt.Sprintf("benchd-peer-%d", time.Now().UnixNano())
-	if _, _, err := podman(ctx, "run", "-d", "--name", name, "--ulimit", "nproc=4096:4096", "--ulimit", "nofile=1024:1024", ref); err != nil {
+	env.Notef("podman peer runs %s (image config %.19s, the one controld boots) with runc, --network none and criu from /usr/local/sbin", image, id)
+	p := &podmanPeer{env: env, ref: image, aciToken: randomToken(), adminToken: randomToken(),
+		source: fmt.Sprintf("benchd-peer-%d", time.Now().UnixNano())}
+	if err := p.run(ctx, p.source); err != nil {
+		p.Close(ctx)
 		return nil, err
 	}
-	defer podman(context.WithoutCancel(ctx), "rm", "-f", "-t", "0", name)
-	// Let the desktop come up as it does in a sandbox before checkpointing.
-	time.Sleep(5 * time.Second)
-	if st, _, err := podman(ctx, "inspect", "-f", "{{.State.Status}}", name); err != nil || st != "running" {
-		return nil, fmt.Errorf("podman container not running (%q): %v", st, err)
+	if err := p.waitGuest(ctx, p.source, 30*time.Second); err != nil {
+		p.Close(ctx)
+		return nil, err
 	}
-	lbl := labels("shape", "bare-desktop", "tool", "podman+runc+criu")
-	ck := result.NewSeries("peer.podman_checkpoint_leave_running", "ms", lbl)
-	rs := result.NewSeries("peer.podman_restore_import", "ms", lbl)
-	size := result.NewSeries("peer.podman_checkpoint_size", "MB", lbl)
-	ck.Baseline, rs.Baseline, size.Baseline = true, true, true
-	for i := 0; i < n; i++ {
-		file := filepath.Join(env.WorkDir, fmt.Sprintf("ck-%d.tar.gz", i))
-		_, d, err := podman(ctx, "container", "checkpoint", "--leave-running", "--export", file, name)
-		if err != nil {
-			ck.Fail()
-			env.Progressf("podman checkpoint: %v", err)
-			continue
-		}
-		ck.Add(suite.Ms(d))
-		if st, err := os.Stat(file); err == nil {
-			size.Add(float64(st.Size()) / 1e6)
-		}
-		restored := fmt.Sprintf("%s-r%d", name, i)
-		_, d, err = podman(ctx, "container", "restore", "--import", file, "--name", restored)
-		if err != nil {
-			rs.Fail()
-		} else {
-			rs.Add(suite.Ms(d))
-		}
-		podman(context.WithoutCancel(ctx), "rm", "-f", "-t", "0", restored)
-		os.Remove(file)
+	// Let the window manager and xterm map, as a sandbox is checkpointed
+	// only once its desktop is ready.
+	time.Sleep(2 * time.Second)
+	return p, nil
+}
+
+func randomToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b) // never fails on Linux
+	return hex.EncodeToString(b)
+}
+
+// samePodmanImage returns the image config digest podman and containerd
+// share for ref, loading the image from containerd into podman when podman
+// lacks it or holds a different build.
+func samePodmanImage(ctx context.Context, env *suite.Env, ref string) (string, error) {
+	want, err := containerdConfigDigest(ctx, ref)
+	if err != nil {
+		return "", fmt.Errorf("image %s in containerd: %w", ref, err)
 	}
-	return []result.Row{ck.Row(), rs.Row(), size.Row()}, nil
+	have, _, _ := podman(ctx, "image", "inspect", "--format", "{{.Id}}", ref)
+	if "sha256:"+have == want {
+		return want, nil
+	}
+	tar := filepath.Join(env.WorkDir, "podman-image.tar")
+	defer os.Remove(tar)
+	if _, _, err := runTimed(ctx, nil, "ctr", "-a", containerdSocket, "-n", containerdNS, "images", "export", tar, ref); err != nil {
+		return "", fmt.Errorf("export %s from containerd: %w", ref, err)
+	}
+	if _, _, err := podman(ctx, "load", "-q", "-i", tar); err != nil {
+		return "", err
+	}
+	have, _, err = podman(ctx, "image", "inspect", "--format", "{{.Id}}", ref)
+	if err != nil {
+		return "", err
+	}
+	if "sha256:"+have != want {
+		return "", fmt.Errorf("podman's %s is config sha256:%s, containerd's is %s: not the same image", ref, have, want)
+	}
+	return want, nil
+}
+
+// containerdConfigDigest reads ref's manifest from containerd's content
+// store and returns its config digest (podman's image id).
+func containerdConfigDigest(ctx context.Context, ref string) (string, error) {
+	ctr := []string{"ctr", "-a", containerdSocket, "-n", containerdNS}
+	out, _, err := runTimed(ctx, nil, append(ctr, "images", "ls", "name=="+ref)...)
+	if err != nil {
+		return "", err
+	}
+	var digest string
+	for _, line := range strings.Split(string(out), "\n")[1:] {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == ref {
+			digest = f[2]
+		}
+	}
+	if digest == "" {
+		return "", errors.New("not found")
+	}
+	for range 2 { // an index names the platform's manifest
+		b, _, err := runTimed(ctx, nil, append(ctr, "content", "get", digest)...)
+		if err != nil {
+			return "", err
+		}
+		var m struct {
+			Config    struct{ Digest string }
+			Manifests []struct {
+				Digest   string
+				Platform struct{ Architecture, OS string }
+			}
+		}
+		if err := json.Unmarshal(b, &m); err != nil {
+			return "", fmt.Errorf("manifest %s: %w", digest, err)
+		}
+		if m.Config.Digest != "" {
+			return m.Config.Digest, nil
+		}
+		digest = ""
+		for _, d := range m.Manifests {
+			if d.Platform.OS == "linux" && d.Platform.Architecture == runtime.GOARCH {
+				digest = d.Digest
+				break
+			}
+		}
+		if digest == "" {
+			return "", fmt.Errorf("index has no linux/%s manifest", runtime.GOARCH)
+		}
+	}
+	return "", errors.New("nested index")
+}
+
+func (p *podmanPeer) track(name string) {
+	p.mu.Lock()
+	p.created = append(p.created, name)
+	p.mu.Unlock()
+}
+
+// run starts a desktop container: guestd as PID 1 with the sandbox
+// environment controld gives it.
+func (p *podmanPeer) run(ctx context.Context, name string) error {
+	p.track(name)
+	args := append([]string{"run", "-d", "--name", name}, podmanRunFlags...)
+	args = append(args,
+		"-e", "FORKFLEET_ACI_TOKEN="+p.aciToken,
+		"-e", "FORKFLEET_ADMIN_TOKEN="+p.adminToken,
+		"-e", "FORKFLEET_SANDBOX_ID="+name,
+		"-e", "FORKFLEET_SCREEN=1280x800x24",
+		p.ref)
+	_, _, err := podman(ctx, args...)
+	return err
+}
+
+// remove deletes containers, also after ctx ended.
+func (p *podmanPeer) remove(ctx context.Context, names ...string) {
+	if len(names) == 0 {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	defer cancel()
+	if _, _, err := podman(dctx, append([]string{"rm", "-f", "-t", "0"}, names...)...); err != nil {
+		p.env.Progressf("podman rm: %v", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kept := p.created[:0]
+	for _, c := range p.created {
+		if !contains(names, c) {
+			kept = append(kept, c)
+		}
+	}
+	p.created = kept
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Close removes every container the peer created.
+func (p *podmanPeer) Close(ctx context.Context) {
+	p.mu.Lock()
+	names := append([]string(nil), p.created...)
+	p.mu.Unlock()
+	p.remove(ctx, names...)
+}
+
+// guestSocket is the container's guestd socket seen from the host through
+// its init's root.
+func (p *podmanPeer) guestSocket(ctx context.Context, name string) (string, error) {
+	out, _, err := podman(ctx, "inspect", "--format", "{{.State.Status}} {{.State.Pid}}", name)
+	if err != nil {
+		return "", err
+	}
+	f := strings.Fields(out)
+	if len(f) != 2 || f[0] != "running" {
+		return "", &notRunningError{name: name, state: out}
+	}
+	pid, err := strconv.Atoi(f[1])
+	if err != nil || pid <= 0 {
+		return "", &notRunningError{name: name, state: out}
+	}
+	return fmt.Sprintf("/proc/%d/root%s", pid, guestdSocketInContainer), nil
+}
+
+type notRunningError struct{ name, state string }
+
+func (e *notRunningError) Error() string {
+	return fmt.Sprintf("podman container %s is not running (state %q)", e.name, e.state)
+}
+
+// ping proves the container's guestd answers an ACI request.
+func (p *podmanPeer) ping(ctx context.Context, name string) error {
+	sock, err := p.guestSocket(ctx, name)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := aci.DialUnix(dctx, sock, p.aciToken, aci.WithClientName("benchd"))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.Ping(dctx, []byte(name))
+	return err
+}
+
+// waitGuest polls until guestd answers; on failure the error carries the
+// tail of the container's log, which says why it exited.
+func (p *podmanPeer) waitGuest(ctx context.Context, name string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := p.ping(ctx, name)
+		if err == nil {
+			return nil
+		}
+		var nr *notRunningError
+		if errors.As(err, &nr) || time.Now().After(deadline) || ctx.Err() != nil {
+			logs, _, _ := podman(context.WithoutCancel(ctx), "logs", "--tail", "15", name)
+			return fmt.Errorf("guestd in podman container %s does not answer: %w; log tail: %s", name, err, logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkpointCompressions lists the archive compressions to measure: the
+// default (named from podman's help) and none, when --compress exists.
+func checkpointCompressions(ctx context.Context) (def string, flag bool) {
+	help, _, err := podman(ctx, "container", "checkpoint", "--help")
+	if err != nil || !strings.Contains(help, "--compress") {
+		return "gzip", false // podman < 4.0: gzip, no choice
+	}
+	if m := regexp.MustCompile(`--compress string.*\(default "([a-z]+)"\)`).FindStringSubmatch(help); m != nil {
+		return m[1], true
+	}
+	return "default", true
+}
+
+// checkpointRows measures `podman container checkpoint --leave-running
+// --export` of the running source desktop, with the default compression and
+// with none.
+func (p *podmanPeer) checkpointRows(ctx context.Context, n, warm int) []result.Row {
+	def, canChoose := checkpointCompressions(ctx)
+	modes := []string{def}
+	if canChoose && def != "none" {
+		modes = append(modes, "none")
+	}
+	var rows []result.Row
+	for _, mode := range modes {
+		lbl := podmanLabels("compress", mode)
+		ck := result.NewSeries("peer.podman_checkpoint_leave_running", "ms", lbl)
+		size := result.NewSeries("peer.podman_checkpoint_size", "MB", lbl)
+		ck.Baseline, size.Baseline = true, true
+		for i := 0; i < warm+n; i++ {
+			file := filepath.Join(p.env.WorkDir, fmt.Sprintf("podman-ck-%s-%d.tar", mode, i))
+			args := []string{"container", "checkpoint", "--leave-running", "--export", file}
+			if mode == "none" {
+				args = append(args, "--compress", "none")
+			}
+			_, d, err := podman(ctx, append(args, p.source)...)
+			st, serr := os.Stat(file)
+			os.Remove(file)
+			switch {
+			case i < warm:
+				ck.Warmup()
+			case err != nil:
+				ck.Fail()
+				p.env.Progressf("podman checkpoint (%s): %v", mode, err)
+			case serr != nil:
+				ck.Unverified()
+			default:
+				ck.Add(suite.Ms(d))
+				size.Add(float64(st.Size()) / 1e6)
+			}
+		}
+		p.env.Progressf("podman checkpoint --leave-running (%s): %d ok, p50 %s", mode, ck.Len(), p50String(ck))
+		rows = append(rows, ck.Row(), size.Row())
+	}
+	// --leave-running must leave a working desktop behind.
+	if err := p.ping(ctx, p.source); err != nil {
+		p.env.Notef("podman source desktop does not answer after its checkpoints: %v", err)
+	}
+	return rows
+}
+
+func p50String(s *result.Series) string {
+	if r := s.Row(); r.P50 != nil {
+		return fmt.Sprintf("%.0f ms", *r.P50)
+	}
+	return "-"
+}
+
+// exportCheckpoint writes one checkpoint archive of the source (default
+// compression) to restore from.
+func (p *podmanPeer) exportCheckpoint(ctx context.Context) (string, error) {
+	file := filepath.Join(p.env.WorkDir, "podman-restore-source.tar")
+	if _, _, err := podman(ctx, "container", "checkpoint", "--leave-running", "--export", file, p.source); err != nil {
+		return "", err
+	}
+	return file, nil
+}
+
+// restoreRows measures `podman container restore --import` of archive, n
+// replicas at once (each with its own --name), reps times per n. A replica
+// counts only when its guestd answers an ACI ping afterwards.
+func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, reps int) []result.Row {
+	var rows []result.Row
+	for _, n := range ns {
+		lbl := podmanLabels("n", itoa(n))
+		cmd := result.NewSeries("peer.podman_restore_import", "ms", lbl)
+		usable := result.NewSeries("peer.podman_restore_verified", "ms", lbl)
+		wall := result.NewSeries("peer.podman_restore.wall", "ms", lbl)
+		for _, s := range []*result.Series{cmd, usable, wall} {
+			s.Baseline = true
+		}
+		for r := 0; r < reps; r++ {
+			names := make([]string, n)
+			type outcome struct {
+				cmd, usable time.Duration
+				restored    bool
+				err         error
+			}
+			out := make([]outcome, n)
+			var wg sync.WaitGroup
+			t0 := time.Now()
+			for i := range n {
+				names[i] = fmt.Sprintf("%s-r%d-%d", p.source, r, i)
+				p.track(names[i])
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					s0 := time.Now()
+					_, d, err := podman(ctx, "container", "restore", "--import", archive, "--name", names[i])
+					if err != nil {
+						out[i].err = err
+						return
+					}
+					out[i].cmd, out[i].restored = d, true
+					if err := p.waitGuest(ctx, names[i], 10*time.Second); err != nil {
+						out[i].err = err
+						return
+					}
+					out[i].usable = time.Since(s0)
+				}(i)
+			}
+			wg.Wait()
+			w := time.Since(t0)
+			ok := 0
+			for _, o := range out {
+				switch {
+				case !o.restored:
+					cmd.Fail()
+					usable.Fail()
+				case o.err != nil:
+					// Restored by podman's account, but no desktop answers.
+					cmd.Unverified()
+					usable.Unverified()
+				default:
+					ok++
+					cmd.Add(suite.Ms(o.cmd))
+					usable.Add(suite.Ms(o.usable))
+				}
+				if o.err != nil {
+					p.env.Progressf("podman restore N=%d: %v", n, o.err)
+				}
+			}
+			if ok == n {
+				wall.Add(suite.Ms(w))
+			} else {
+				wall.Fail()
+			}
+			p.remove(ctx, names...)
+			p.env.Progressf("podman restore --import N=%d rep %d: %d/%d verified in %.0f ms", n, r+1, ok, n, suite.Ms(w))
+		}
+		rows = append(rows, cmd.Row(), usable.Row(), wall.Row())
+	}
+	return rows
 }
