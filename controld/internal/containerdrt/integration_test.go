@@ -115,7 +115,11 @@ func buildAndImport(r *Runtime) error {
 	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
 		return err
 	}
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// The go on PATH: runtime.GOROOT() is empty in -trimpath test binaries.
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("go toolchain for the test image: %w", err)
+	}
 	cmd := exec.Command(gobin, "build", "-o", filepath.Join(root, "testinit"), "./testdata/testinit")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
