@@ -196,6 +196,7 @@ func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			before := hostUsedMB()
 			ids := make([]string, n)
 			errs := make([]error, n)
+			took := make([]time.Duration, n)
 			var wg sync.WaitGroup
 			t0 := time.Now()
 			for i := 0; i < n; i++ {
@@ -208,18 +209,22 @@ func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 						ids[i] = resp.GetSandbox().GetId()
 						err = firstScreenshot(ctx, resp.GetEndpoint())
 					}
-					errs[i] = err
-					if err == nil {
-						per.Add(suite.Ms(time.Since(s0)))
-					} else if errors.Is(err, suite.ErrUnverified) {
-						per.Unverified()
-					} else {
-						per.Fail()
-					}
+					errs[i], took[i] = err, time.Since(s0)
 				}(i)
 			}
 			wg.Wait()
 			w := time.Since(t0)
+			// Series are not safe for concurrent use: record after the wait.
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					per.Add(suite.Ms(took[i]))
+				case errors.Is(err, suite.ErrUnverified):
+					per.Unverified()
+				default:
+					per.Fail()
+				}
+			}
 			ok := 0
 			for _, e := range errs {
 				if e == nil {
