@@ -31,17 +31,21 @@ type Conn struct {
 	Width  int
 	Height int
 	Name   string
-	read   int64 // bytes read from the server so far
+	read   int64     // bytes read from the server so far
+	lastRx time.Time // when the latest read from the socket returned data
 }
 
-type countingReader struct {
-	r io.Reader
-	n *int64
-}
+// countingReader sits under the bufio.Reader: it counts bytes and stamps
+// the time each socket read returned data, so a message's first byte can be
+// dated even when the buffer already held it.
+type countingReader struct{ rc *Conn }
 
 func (c countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	*c.n += int64(n)
+	n, err := c.rc.c.Read(p)
+	if n > 0 {
+		c.rc.read += int64(n)
+		c.rc.lastRx = time.Now()
+	}
 	return n, err
 }
 
@@ -57,7 +61,7 @@ func Dial(addr string, timeout time.Duration, encodings ...int32) (*Conn, error)
 		tc.SetNoDelay(true)
 	}
 	rc := &Conn{c: c}
-	rc.r = bufio.NewReaderSize(countingReader{c, &rc.read}, 1<<16)
+	rc.r = bufio.NewReaderSize(countingReader{rc}, 1<<16)
 	c.SetDeadline(time.Now().Add(timeout))
 	if err := rc.handshake(encodings); err != nil {
 		c.Close()
@@ -165,10 +169,13 @@ func (rc *Conn) Request(incremental bool) error {
 
 // Update is one FramebufferUpdate as accounted.
 type Update struct {
-	Bytes    int64 // wire bytes of the whole message
-	Rects    int
-	Pixels   int64 // area covered by rectangles
-	Received time.Time
+	Bytes  int64 // wire bytes of the whole message
+	Rects  int
+	Pixels int64 // area covered by rectangles
+	// FirstByte is when the socket read that delivered the message's first
+	// byte returned; Received is when the whole message had been read.
+	FirstByte time.Time
+	Received  time.Time
 }
 
 // ReadUpdate reads server messages until a FramebufferUpdate has been read
@@ -181,6 +188,9 @@ func (rc *Conn) ReadUpdate(deadline time.Time) (Update, error) {
 		if err != nil {
 			return Update{}, err
 		}
+		// The type byte came with the latest socket read: either the one
+		// ReadByte just made or the earlier one that left it buffered.
+		first := rc.lastRx
 		switch t {
 		case 0:
 			u, err := rc.readUpdateBody()
@@ -188,7 +198,7 @@ func (rc *Conn) ReadUpdate(deadline time.Time) (Update, error) {
 				return Update{}, err
 			}
 			u.Bytes = rc.read - int64(rc.r.Buffered()) - start
-			u.Received = time.Now()
+			u.FirstByte, u.Received = first, time.Now()
 			return u, nil
 		case 1: // SetColourMapEntries
 			var h struct {

@@ -77,4 +77,64 @@ func TestHandshakeAndUpdateAccounting(t *testing.T) {
 	if u.Bytes != int64(want) || u.Rects != 3 || u.Pixels != 4+100+4096 {
 		t.Fatalf("update %+v, want %d bytes", u, want)
 	}
+	if u.FirstByte.IsZero() || u.FirstByte.After(u.Received) {
+		t.Fatalf("first byte at %v, received at %v", u.FirstByte, u.Received)
+	}
+}
+
+// TestFirstByteOfBufferedUpdate: an update that was already buffered when
+// ReadUpdate started is dated by the socket read that brought it, not by
+// the moment it was parsed.
+func TestFirstByteOfBufferedUpdate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	be := binary.BigEndian
+	empty := []byte{0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0} // one 1x1 CopyRect
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte("RFB 003.008\n"))
+		io.ReadFull(c, make([]byte, 12))
+		c.Write([]byte{1, 1})
+		io.ReadFull(c, make([]byte, 1))
+		c.Write([]byte{0, 0, 0, 0})
+		io.ReadFull(c, make([]byte, 1))
+		si := make([]byte, 24)
+		be.PutUint16(si[0:], 16)
+		be.PutUint16(si[2:], 16)
+		c.Write(si)
+		io.ReadFull(c, make([]byte, 20+4+4))
+		c.Write(append(append([]byte(nil), empty...), empty...)) // two updates, one write
+		time.Sleep(200 * time.Millisecond)
+	}()
+	c, err := Dial(ln.Addr().String(), 2*time.Second, EncCopyRect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	u1, err := c.ReadUpdate(time.Now().Add(2 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	buffered := c.r.Buffered()
+	u2, err := c.ReadUpdate(time.Now().Add(2 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u1.Bytes != int64(len(empty)) || u2.Bytes != int64(len(empty)) || u2.Rects != 1 {
+		t.Fatalf("updates %+v %+v", u1, u2)
+	}
+	if buffered == len(empty) && !u2.FirstByte.Equal(u1.FirstByte) {
+		t.Fatalf("buffered update dated %v, its read returned at %v", u2.FirstByte, u1.FirstByte)
+	}
+	if u2.Received.Sub(u2.FirstByte) < 20*time.Millisecond && buffered == len(empty) {
+		t.Fatalf("buffered update: first byte %v not before the parse at %v", u2.FirstByte, u2.Received)
+	}
 }
