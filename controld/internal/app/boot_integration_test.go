@@ -51,25 +51,7 @@ type bootStack struct {
 
 func newBootStack(t *testing.T) *bootStack {
 	t.Helper()
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd")
-	}
-	getenv := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	address := getenv("FORKFLEET_CONTAINERD_ADDRESS", "/run/forkfleet/containerd/containerd.sock")
-	ns := getenv("FORKFLEET_BOOT_IT_NAMESPACE", "forkfleet-boot-it")
-	image := getenv("FORKFLEET_IT_IMAGE", "localhost/forkfleet/desktop:latest")
-	if _, err := os.Stat(address); err != nil {
-		t.Fatalf("FORKFLEET_INTEGRATION=1 but containerd is not at %s: %v", address, err)
-	}
-	cfg := testConfig(t)
-	cfg.Containerd.Address, cfg.Containerd.Namespace, cfg.DefaultImage = address, ns, image
-	cfg.BootTimeout = config.Duration(60 * time.Second)
-	cfg.ShutdownTimeout = config.Duration(30 * time.Second)
+	cfg, address, ns := realStackConfig(t, "FORKFLEET_BOOT_IT_NAMESPACE", "forkfleet-boot-it")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
@@ -84,7 +66,7 @@ func newBootStack(t *testing.T) *bootStack {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	return &bootStack{t: t, ctx: ctx, cfg: cfg, rt: rt, image: image, log: log}
+	return &bootStack{t: t, ctx: ctx, cfg: cfg, rt: rt, image: cfg.DefaultImage, log: log}
 }
 
 // launch runs controld with precreate warm slots.

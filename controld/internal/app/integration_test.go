@@ -30,25 +30,7 @@ import (
 // (FORKFLEET_IT_IMAGE, default the desktop), because reconciliation deletes
 // unknown sandboxes of its namespace.
 func TestRealStack(t *testing.T) {
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd")
-	}
-	getenv := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	address := getenv("FORKFLEET_CONTAINERD_ADDRESS", "/run/forkfleet/containerd/containerd.sock")
-	ns := getenv("FORKFLEET_IT_NAMESPACE", "forkfleet-controld-it")
-	image := getenv("FORKFLEET_IT_IMAGE", "localhost/forkfleet/desktop:latest")
-	if _, err := os.Stat(address); err != nil {
-		t.Fatalf("FORKFLEET_INTEGRATION=1 but containerd is not at %s: %v", address, err)
-	}
-	cfg := testConfig(t)
-	cfg.Containerd.Address, cfg.Containerd.Namespace, cfg.DefaultImage = address, ns, image
-	cfg.BootTimeout = config.Duration(60 * time.Second)
-	cfg.ShutdownTimeout = config.Duration(30 * time.Second)
+	cfg, address, ns := realStackConfig(t, "FORKFLEET_IT_NAMESPACE", "forkfleet-controld-it")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -156,7 +138,7 @@ func TestRealStack(t *testing.T) {
 	cr, err := sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
 	if err != nil {
 		t.Fatalf("create: %v (is %s in containerd namespace %s? ctr -a %s -n %s images import <oci-archive>)",
-			err, image, ns, address, ns)
+			err, cfg.DefaultImage, ns, address, ns)
 	}
 	created = append(created, cr.Sandbox.Id)
 	t.Logf("cold boot to usable: %v", time.Since(start))
@@ -321,4 +303,32 @@ func TestRealStack(t *testing.T) {
 		t.Fatalf("ping after restart: %v", err)
 	}
 	sess.Close()
+}
+
+func getenv(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// realStackConfig skips unless FORKFLEET_INTEGRATION=1, fails when containerd
+// is missing, and returns a test config on the namespace named by nsEnv
+// (default nsDefault): the real-stack tests' shared setup.
+func realStackConfig(t *testing.T, nsEnv, nsDefault string) (cfg *config.Config, address, ns string) {
+	t.Helper()
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd")
+	}
+	address = getenv("FORKFLEET_CONTAINERD_ADDRESS", "/run/forkfleet/containerd/containerd.sock")
+	ns = getenv(nsEnv, nsDefault)
+	image := getenv("FORKFLEET_IT_IMAGE", "localhost/forkfleet/desktop:latest")
+	if _, err := os.Stat(address); err != nil {
+		t.Fatalf("FORKFLEET_INTEGRATION=1 but containerd is not at %s: %v", address, err)
+	}
+	cfg = testConfig(t)
+	cfg.Containerd.Address, cfg.Containerd.Namespace, cfg.DefaultImage = address, ns, image
+	cfg.BootTimeout = config.Duration(60 * time.Second)
+	cfg.ShutdownTimeout = config.Duration(30 * time.Second)
+	return cfg, address, ns
 }
