@@ -646,7 +646,8 @@ func TestIntegrationExportDesktop(t *testing.T) {
 	if err := waitX(src, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // let the desktop settle
+	waitProcs(t, r, src.ID, []string{"Xvfb", "openbox", "xterm", "bash"}, 30*time.Second)
+	time.Sleep(500 * time.Millisecond) // let the desktop settle
 	marker := "/var/lib/forkfleet/markers/export-" + randomHex(4)
 	value := "desktop-" + randomHex(8)
 	hostPath := func(pid uint32, p string) string { return "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/root" + p }

@@ -694,6 +694,25 @@ func sandboxProcs(t *testing.T, r *Runtime, id string) []string {
 	return names
 }
 
+// waitProcs waits until the sandbox runs every process in want and returns
+// its process names; it fails the test on timeout.
+func waitProcs(t *testing.T, r *Runtime, id string, want []string, timeout time.Duration) []string {
+	t.Helper()
+	start := time.Now()
+	for {
+		procs := sandboxProcs(t, r, id)
+		missing := slices.DeleteFunc(slices.Clone(want), func(w string) bool { return slices.Contains(procs, w) })
+		if len(missing) == 0 {
+			t.Logf("%s: %v running %v after the check began", id, want, time.Since(start))
+			return procs
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s runs no %v after %v: %v", id, missing, timeout, procs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func waitDial(sock string, timeout time.Duration) (time.Duration, error) {
 	start := time.Now()
 	for {
@@ -1080,14 +1099,16 @@ func TestIntegrationDesktop(t *testing.T) {
 			deleteQuiet(r, s.ID)
 			continue
 		}
-		time.Sleep(time.Second) // let the desktop settle before the checkpoint
-		srcProcs := sandboxProcs(t, r, inst.ID)
-		t.Logf("source processes: %v", srcProcs)
-		for _, want := range []string{"Xvfb", "openbox", "xterm"} {
-			if !slices.Contains(srcProcs, want) {
-				t.Errorf("source runs no %s: %v", want, srcProcs)
-			}
+		// guestd starts xterm only once openbox manages the screen, which on a
+		// cold, loaded machine takes well over a second: wait for the whole
+		// session, then let it settle before the checkpoint.
+		// xterm's shell (bash) is the last process of the session to appear.
+		srcProcs := waitProcs(t, r, inst.ID, []string{"Xvfb", "openbox", "xterm", "bash"}, 30*time.Second)
+		time.Sleep(500 * time.Millisecond)
+		if now := sandboxProcs(t, r, inst.ID); !slices.Equal(now, srcProcs) {
+			t.Fatalf("source processes changed while settling: %v, then %v", srcProcs, now)
 		}
+		t.Logf("source processes: %v", srcProcs)
 		res := checkpointT(t, r, inst.ID, fleet.TierMemory, false)
 		if _, err := waitDial(inst.ACISocket, 5*time.Second); err != nil {
 			t.Errorf("source guestd after checkpoint: %v", err)
