@@ -13,8 +13,10 @@
 //	}
 //
 // Offer the "screencast.zlib" capability (aci.WithCapabilities) to receive
-// zlib delta tiles from a lossless stream: typing then costs a few tens of
-// bytes per update instead of a PNG per tile.
+// zlib delta frames from a lossless stream: typing then costs a few tens of
+// bytes per update instead of a PNG per tile. Delta frames carry no hash
+// unless the stream was started with frame_hashes (FrameHash is nil after
+// one that carried none); CapturedAt rebuilds every frame's capture time.
 package screencast
 
 import (
@@ -27,13 +29,18 @@ import (
 	"image/jpeg"
 	"image/png"
 	"sync"
+	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
 // FormatZlib is the image format of zlib delta frames.
-const FormatZlib = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_BGR
+const FormatZlib = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS
+
+// FormatZlibTiles is the zlib delta format of older servers (records
+// spread over tiles); Apply still decodes it.
+const FormatZlibTiles = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_BGR
 
 // CapabilityZlib is the session capability that enables zlib delta tiles.
 const CapabilityZlib = "screencast.zlib"
@@ -85,8 +92,8 @@ func SessionKeyframes(ctx context.Context, s *aci.Session) func(streamID uint32)
 type Stats struct {
 	Frames    uint64 // frames applied
 	Keyframes uint64
-	Tiles     uint64
-	Bytes     uint64 // tile payload bytes of applied frames
+	Tiles     uint64 // tiles and zlib records
+	Bytes     uint64 // tile data and zlib chunk bytes of applied frames
 	Gaps      uint64 // sequence gaps detected
 	Dropped   uint64 // frames ignored while awaiting a keyframe
 }
@@ -96,17 +103,20 @@ type Compositor struct {
 	pf         PixelFormat
 	requestKey func(uint32)
 
-	mu       sync.Mutex
-	pix      []byte
-	width    int
-	height   int
-	stream   uint32
-	seq      uint64
-	synced   bool // a keyframe was applied and no gap since
-	hash     []byte
-	zl       zlibDecoder
-	stats    Stats
-	scratchR *image.RGBA
+	mu     sync.Mutex
+	pix    []byte
+	width  int
+	height int
+	stream uint32
+	seq    uint64
+	synced bool // a keyframe was applied and no gap since
+	hash   []byte
+	// capturedUs is the last applied frame's capture time (Unix
+	// microseconds): a keyframe's captured_at_ns, plus the deltas since.
+	capturedUs int64
+	zl         zlibDecoder
+	stats      Stats
+	scratchR   *image.RGBA
 }
 
 // NewCompositor returns a Compositor whose framebuffer has layout pf.
@@ -146,7 +156,9 @@ func (c *Compositor) Apply(f *aciv1.ScreencastFrame) error {
 		c.lose(f.GetStreamId())
 		return fmt.Errorf("%w: stream %d seq %d after %d", ErrGap, f.GetStreamId(), f.GetSeq(), c.seq)
 	}
-	if int(f.GetWidth()) != c.width || int(f.GetHeight()) != c.height {
+	// Delta frames omit their geometry (it is the keyframe's); a server
+	// that sends it anyway must agree with the framebuffer.
+	if (f.GetWidth() != 0 || f.GetHeight() != 0) && (int(f.GetWidth()) != c.width || int(f.GetHeight()) != c.height) {
 		c.lose(f.GetStreamId())
 		return fmt.Errorf("%w: delta frame %dx%d on a %dx%d framebuffer", ErrCorrupt, f.GetWidth(), f.GetHeight(), c.width, c.height)
 	}
@@ -155,7 +167,14 @@ func (c *Compositor) Apply(f *aciv1.ScreencastFrame) error {
 		return err
 	}
 	c.seq = f.GetSeq()
+	// Without a hash on this frame the previous one no longer describes
+	// the framebuffer.
 	c.hash = append(c.hash[:0], f.GetFrameHash()...)
+	if ns := f.GetCapturedAtNs(); ns != 0 {
+		c.capturedUs = int64(ns / 1e3)
+	} else {
+		c.capturedUs += int64(f.GetCapturedAtDeltaUs())
+	}
 	c.stats.Frames++
 	return nil
 }
@@ -188,6 +207,7 @@ func (c *Compositor) applyKeyframe(f *aciv1.ScreencastFrame) error {
 	c.seq = f.GetSeq()
 	c.synced = true
 	c.hash = append(c.hash[:0], f.GetFrameHash()...)
+	c.capturedUs = int64(f.GetCapturedAtNs() / 1e3)
 	c.stats.Frames++
 	c.stats.Keyframes++
 	return nil
@@ -208,10 +228,18 @@ func (c *Compositor) applyTiles(f *aciv1.ScreencastFrame) error {
 	c.stats.Tiles += uint64(len(tiles))
 	switch f.GetFormat() {
 	case FormatZlib:
+		if f.GetKeyframe() || len(tiles) != 0 {
+			return fmt.Errorf("%w: a zlib records frame must be a delta frame without tiles", ErrCorrupt)
+		}
+		c.stats.Bytes += uint64(len(f.GetZlibChunk()))
+		n, err := c.zl.applyRecords(c, f.GetZlibChunk())
+		c.stats.Tiles += uint64(n)
+		return err
+	case FormatZlibTiles:
 		if f.GetKeyframe() {
 			return fmt.Errorf("%w: a keyframe cannot use zlib tiles", ErrCorrupt)
 		}
-		return c.zl.apply(c, tiles, rects)
+		return c.zl.applyTiles(c, tiles, rects)
 	case aciv1.ImageFormat_IMAGE_FORMAT_NONE:
 		return nil
 	case aciv1.ImageFormat_IMAGE_FORMAT_UNSPECIFIED, aciv1.ImageFormat_IMAGE_FORMAT_PNG, aciv1.ImageFormat_IMAGE_FORMAT_JPEG:
@@ -292,11 +320,28 @@ func (c *Compositor) Seq() uint64 {
 	return c.seq
 }
 
-// FrameHash is the server's frame_hash of the last applied frame.
+// FrameHash is the server's frame_hash of the last applied frame: nil when
+// that frame carried none (delta frames carry one only on a stream started
+// with frame_hashes).
 func (c *Compositor) FrameHash() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.hash) == 0 {
+		return nil
+	}
 	return bytes.Clone(c.hash)
+}
+
+// CapturedAt is when the server captured the last applied frame (zero
+// before the first keyframe), reconstructed from the keyframe's
+// captured_at_ns and the delta frames' captured_at_delta_us.
+func (c *Compositor) CapturedAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.capturedUs == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(c.capturedUs)
 }
 
 // Stats returns the counters.

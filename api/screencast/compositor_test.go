@@ -9,6 +9,7 @@ import (
 	"image/color"
 	"image/png"
 	"testing"
+	"time"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
@@ -37,10 +38,12 @@ func keyframe(t *testing.T, seq uint64, w, h int, fn func(x, y int) color.RGBA) 
 		Width: uint32(w), Height: uint32(h), Tiles: []*aciv1.Tile{{Rect: rect(0, 0, w, h), Data: pngOf(t, w, h, fn)}}}
 }
 
-// zlibStream plays the server side of the zlib tile framing.
+// zlibStream plays the server side of the zlib framing: ZLIB_RECORDS, or
+// the older ZLIB_BGR tiles when legacy is set.
 type zlibStream struct {
-	buf bytes.Buffer
-	zw  *flate.Writer
+	buf    bytes.Buffer
+	zw     *flate.Writer
+	legacy bool
 }
 
 func newZlibStream(t *testing.T) *zlibStream {
@@ -54,11 +57,14 @@ func newZlibStream(t *testing.T) *zlibStream {
 
 type rec struct {
 	r    *aciv1.Rect
-	body []byte // op byte + payload
+	body []byte // op byte + payload (copy sources as int32, the legacy layout)
 }
 
 func (z *zlibStream) frame(t *testing.T, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
-	f := &aciv1.ScreencastFrame{StreamId: 1, Seq: seq, Format: FormatZlib, Width: uint32(w), Height: uint32(h)}
+	if !z.legacy {
+		return z.records(t, seq, w, h, recs...)
+	}
+	f := &aciv1.ScreencastFrame{StreamId: 1, Seq: seq, Format: FormatZlibTiles, Width: uint32(w), Height: uint32(h)}
 	for i, r := range recs {
 		if _, err := z.zw.Write(r.body); err != nil {
 			t.Fatal(err)
@@ -72,6 +78,35 @@ func (z *zlibStream) frame(t *testing.T, seq uint64, w, h int, recs ...rec) *aci
 		z.buf.Reset()
 	}
 	return f
+}
+
+func (z *zlibStream) records(t *testing.T, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
+	var in []byte
+	for _, r := range recs {
+		in = append(in, r.body[0])
+		for _, v := range []int32{r.r.GetX(), r.r.GetY(), r.r.GetWidth(), r.r.GetHeight()} {
+			in = binary.LittleEndian.AppendUint16(in, uint16(v))
+		}
+		if r.body[0] == zlibOpCopy {
+			in = binary.LittleEndian.AppendUint16(in, uint16(binary.LittleEndian.Uint32(r.body[1:])))
+			in = binary.LittleEndian.AppendUint16(in, uint16(binary.LittleEndian.Uint32(r.body[5:])))
+			continue
+		}
+		in = append(in, r.body[1:]...)
+	}
+	in = append(in, zlibOpEnd)
+	if _, err := z.zw.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.zw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	chunk, ok := bytes.CutSuffix(z.buf.Bytes(), syncFlushTail)
+	if !ok {
+		t.Fatalf("sync flush without its tail: %x", z.buf.Bytes())
+	}
+	z.buf.Reset()
+	return &aciv1.ScreencastFrame{StreamId: 1, Seq: seq, Format: FormatZlib, Width: uint32(w), Height: uint32(h), ZlibChunk: bytes.Clone(chunk)}
 }
 
 func raw(w, h int, b, g, r byte) []byte {
@@ -99,7 +134,8 @@ func pixelAt(c *Compositor, x, y int) [3]byte {
 }
 
 func TestZlibTilesBothLayouts(t *testing.T) {
-	for _, pf := range []PixelFormat{RGBA, BGRX} {
+	for i := range 4 {
+		pf, legacy := []PixelFormat{RGBA, BGRX}[i%2], i >= 2
 		c := NewCompositor(pf)
 		gradient := func(x, y int) color.RGBA { return color.RGBA{uint8(x), uint8(y), 7, 255} }
 		if err := c.Apply(keyframe(t, 1, 64, 48, gradient)); err != nil {
@@ -109,6 +145,7 @@ func TestZlibTilesBothLayouts(t *testing.T) {
 			t.Fatalf("keyframe pixel %v", got)
 		}
 		z := newZlibStream(t)
+		z.legacy = legacy
 		// raw 4x2 of (r=1,g=2,b=3), solid 3x3 of (r=9,g=8,b=7)
 		if err := c.Apply(z.frame(t, 2, 64, 48,
 			rec{rect(0, 0, 4, 2), raw(4, 2, 3, 2, 1)},
@@ -192,9 +229,17 @@ func TestCorruptFrames(t *testing.T) {
 		// tile image size differs from its rect
 		{StreamId: 1, Seq: 2, Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG, Width: 8, Height: 8,
 			Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 2, 2), Data: pngOf(t, 4, 4, white)}}},
-		// garbage zlib
-		{StreamId: 1, Seq: 2, Format: FormatZlib, Width: 8, Height: 8,
+		// garbage zlib, both framings
+		{StreamId: 1, Seq: 2, Format: FormatZlib, ZlibChunk: []byte{0xff, 0x00, 0x12}},
+		{StreamId: 1, Seq: 2, Format: FormatZlibTiles, Width: 8, Height: 8,
 			Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 2, 2), Data: []byte{0xff, 0x00, 0x12}}}},
+		// a zlib record outside the frame
+		newZlibStream(t).records(t, 2, 0, 0, rec{rect(6, 6, 4, 4), raw(4, 4, 1, 2, 3)}),
+		// a zlib copy from outside the frame
+		newZlibStream(t).records(t, 2, 0, 0, rec{rect(0, 0, 4, 4), copyOp(6, 6)}),
+		// zlib records with tiles
+		{StreamId: 1, Seq: 2, Format: FormatZlib, ZlibChunk: newZlibStream(t).records(t, 2, 0, 0).GetZlibChunk(),
+			Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 2, 2), Data: []byte{1}}}},
 		// unknown format
 		{StreamId: 1, Seq: 2, Format: 42, Width: 8, Height: 8,
 			Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 2, 2), Data: []byte{1}}}},
@@ -208,5 +253,49 @@ func TestCorruptFrames(t *testing.T) {
 		if asked != i+1 {
 			t.Fatalf("case %d: %d keyframe requests", i, asked)
 		}
+	}
+}
+
+// TestCompactDeltaFrames: delta frames without geometry, absolute time or
+// hash (what a server sends by default) apply onto the keyframe's
+// framebuffer, and the capture time is rebuilt from the deltas.
+func TestCompactDeltaFrames(t *testing.T) {
+	c := NewCompositor(RGBA)
+	white := func(x, y int) color.RGBA { return color.RGBA{255, 255, 255, 255} }
+	key := keyframe(t, 1, 16, 8, white)
+	const keyNs = 1_700_000_000_123_456_789
+	key.CapturedAtNs, key.FrameHash = keyNs, bytes.Repeat([]byte{7}, 16)
+	if err := c.Apply(key); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CapturedAt(); got != time.UnixMicro(keyNs/1000) {
+		t.Fatalf("keyframe time %v", got)
+	}
+	if len(c.FrameHash()) != 16 {
+		t.Fatalf("keyframe hash %x", c.FrameHash())
+	}
+	z := newZlibStream(t)
+	f2 := z.frame(t, 2, 0, 0, rec{rect(1, 1, 2, 2), raw(2, 2, 0, 0, 0)})
+	f2.CapturedAtDeltaUs = 1500
+	if err := c.Apply(f2); err != nil {
+		t.Fatal(err)
+	}
+	f3 := z.frame(t, 3, 0, 0, rec{rect(4, 1, 1, 1), []byte{zlibOpSolid, 1, 2, 3}})
+	f3.CapturedAtDeltaUs = 250
+	if err := c.Apply(f3); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.CapturedAt(), time.UnixMicro(keyNs/1000+1750); got != want {
+		t.Fatalf("delta time %v, want %v", got, want)
+	}
+	if c.FrameHash() != nil {
+		t.Fatalf("a hashless delta left the keyframe's hash %x", c.FrameHash())
+	}
+	if w, h := c.Size(); w != 16 || h != 8 || pixelAt(c, 2, 2) != [3]byte{} || pixelAt(c, 4, 1) != [3]byte{3, 2, 1} {
+		t.Fatalf("size %dx%d, pixels %v %v", w, h, pixelAt(c, 2, 2), pixelAt(c, 4, 1))
+	}
+	// Geometry on a delta frame is still checked when present.
+	if err := c.Apply(z.frame(t, 4, 32, 8, rec{rect(0, 0, 1, 1), raw(1, 1, 0, 0, 0)})); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("delta frame with another size: %v", err)
 	}
 }

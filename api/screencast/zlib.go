@@ -11,17 +11,26 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
-// Zlib tile framing (see guestd/internal/screencast/zlib.go, the encoder):
-// the tiles' data of a frame, concatenated, is the next chunk of one raw
-// DEFLATE stream per stream that restarts after each keyframe and ends each
-// frame with a sync flush. Inflated, it holds one record per tile:
-// 0x00 + w*h*3 bytes B,G,R (raw), 0x01 + int32 LE src x, y (copy from the
-// framebuffer as it is at that point), 0x02 + B,G,R (solid fill).
+// Zlib framing (see guestd/internal/screencast/zlib.go, the encoder, and
+// the ImageFormat comments in the proto): one raw DEFLATE stream per stream
+// that restarts after each keyframe; each frame is the next chunk, ending
+// with a sync flush. IMAGE_FORMAT_ZLIB_RECORDS frames carry the chunk in
+// zlib_chunk without the flush's 00 00 ff ff tail, and each record carries
+// its rect (uint16 LE x, y, w, h) up to an end record. The older
+// IMAGE_FORMAT_ZLIB_BGR frames spread the chunk over their tiles' data, one
+// record per tile without a rect. Records: 0x00 raw B,G,R pixels, 0x01
+// copy from src x, y of the framebuffer as it is at that point, 0x02 solid
+// fill, 0x03 end.
 const (
 	zlibOpRaw   = 0
 	zlibOpCopy  = 1
 	zlibOpSolid = 2
+	zlibOpEnd   = 3
 )
+
+// syncFlushTail is the constant end of a sync flush that ZLIB_RECORDS
+// frames leave off.
+var syncFlushTail = []byte{0x00, 0x00, 0xff, 0xff}
 
 // errChunkEnd is what the chunk feeder returns once the frame's bytes are
 // used up: more input was needed than the frame carried.
@@ -69,6 +78,8 @@ type zlibDecoder struct {
 	in  chunkReader
 	fr  io.ReadCloser
 	buf []byte
+	// legacy: the stream is IMAGE_FORMAT_ZLIB_BGR (int32 copy sources).
+	legacy bool
 }
 
 // reset forgets the stream (a keyframe starts a new one).
@@ -88,79 +99,138 @@ func (z *zlibDecoder) read(n int) ([]byte, error) {
 	return b, nil
 }
 
-func (z *zlibDecoder) apply(c *Compositor, tiles []*aciv1.Tile, rects []image.Rectangle) error {
-	// Keep the previous frame's unread tail (the sync flush's empty stored
-	// block, consumed only when the next block is needed).
+// feed queues the frame's compressed bytes behind the previous frame's
+// unread tail (the sync flush's empty stored block, consumed only when the
+// next block is needed).
+func (z *zlibDecoder) feed(parts ...[]byte) {
 	tail := z.in.parts[:0]
 	for _, p := range z.in.parts {
 		if len(p) > 0 {
 			tail = append(tail, p)
 		}
 	}
-	z.in.parts = tail
-	for _, t := range tiles {
-		z.in.parts = append(z.in.parts, t.GetData())
-	}
+	z.in.parts = append(tail, parts...)
 	if z.fr == nil {
 		z.fr = flate.NewReader(&z.in)
 	}
-	fail := func(i int, err error) error {
-		// The inflater's state is gone with the error: only a keyframe
-		// (which resets it) can resynchronize.
-		z.reset()
-		return fmt.Errorf("%w: zlib tile %d: %v", ErrCorrupt, i, err)
+}
+
+// fail forgets the stream: the inflater's state is gone with the error, so
+// only a keyframe (which resets it) can resynchronize.
+func (z *zlibDecoder) fail(i int, err error) error {
+	z.reset()
+	return fmt.Errorf("%w: zlib record %d: %v", ErrCorrupt, i, err)
+}
+
+// done checks that only the sync flush is left: its empty stored block is
+// consumed by the next frame's first read, so up to its 5 bytes (plus a
+// partial byte) may remain.
+func (z *zlibDecoder) done(i int) error {
+	if n := z.in.remaining(); n > 6 {
+		return z.fail(i, fmt.Errorf("%d bytes left after the last record", n))
 	}
+	return nil
+}
+
+// applyTiles applies an IMAGE_FORMAT_ZLIB_BGR frame: one record per tile.
+func (z *zlibDecoder) applyTiles(c *Compositor, tiles []*aciv1.Tile, rects []image.Rectangle) error {
+	parts := make([][]byte, 0, len(tiles))
+	for _, t := range tiles {
+		parts = append(parts, t.GetData())
+	}
+	z.legacy = true
+	z.feed(parts...)
 	for i, r := range rects {
 		op, err := z.read(1)
 		if err != nil {
-			return fail(i, err)
+			return z.fail(i, err)
 		}
-		switch op[0] {
-		case zlibOpRaw:
-			w := r.Dx()
-			for y := 0; y < r.Dy(); y++ {
-				src, err := z.read(3 * w)
-				if err != nil {
-					return fail(i, err)
-				}
-				d := c.row(r, y)
-				for x := 0; x < w; x++ {
-					c.putBGR(d[4*x:4*x+4:4*x+4], src[3*x], src[3*x+1], src[3*x+2])
-				}
-			}
-		case zlibOpSolid:
-			px, err := z.read(3)
-			if err != nil {
-				return fail(i, err)
-			}
-			b, g, rr := px[0], px[1], px[2]
-			for y := 0; y < r.Dy(); y++ {
-				d := c.row(r, y)
-				for x := 0; x < len(d); x += 4 {
-					c.putBGR(d[x:x+4:x+4], b, g, rr)
-				}
-			}
-		case zlibOpCopy:
-			p, err := z.read(8)
-			if err != nil {
-				return fail(i, err)
-			}
-			sx := int(int32(binary.LittleEndian.Uint32(p)))
-			sy := int(int32(binary.LittleEndian.Uint32(p[4:])))
-			src := image.Rect(sx, sy, sx+r.Dx(), sy+r.Dy())
-			if !src.In(image.Rect(0, 0, c.width, c.height)) {
-				return fail(i, fmt.Errorf("copy source %v outside the frame", src))
-			}
-			c.copyWithin(r, src.Min)
-		default:
-			return fail(i, fmt.Errorf("unknown op %d", op[0]))
+		if err := z.record(c, op[0], r); err != nil {
+			return z.fail(i, err)
 		}
 	}
-	// The frame's chunk ends with a sync flush: the empty stored block is
-	// consumed by the next frame's first read, so up to its 5 bytes (plus a
-	// partial byte) may remain here.
-	if n := z.in.remaining(); n > 6 {
-		return fail(len(rects)-1, fmt.Errorf("%d bytes left after the last tile", n))
+	return z.done(len(rects) - 1)
+}
+
+// applyRecords applies an IMAGE_FORMAT_ZLIB_RECORDS frame.
+func (z *zlibDecoder) applyRecords(c *Compositor, chunk []byte) (records int, err error) {
+	z.legacy = false
+	z.feed(chunk, syncFlushTail)
+	bounds := image.Rect(0, 0, c.width, c.height)
+	for i := 0; ; i++ {
+		op, err := z.read(1)
+		if err != nil {
+			return i, z.fail(i, err)
+		}
+		if op[0] == zlibOpEnd {
+			return i, z.done(i)
+		}
+		op0 := op[0]
+		h, err := z.read(8)
+		if err != nil {
+			return i, z.fail(i, err)
+		}
+		x, y := int(binary.LittleEndian.Uint16(h)), int(binary.LittleEndian.Uint16(h[2:]))
+		r := image.Rect(x, y, x+int(binary.LittleEndian.Uint16(h[4:])), y+int(binary.LittleEndian.Uint16(h[6:])))
+		if r.Empty() || !r.In(bounds) {
+			return i, z.fail(i, fmt.Errorf("rect %v outside the %dx%d frame", r, c.width, c.height))
+		}
+		if err := z.record(c, op0, r); err != nil {
+			return i, z.fail(i, err)
+		}
+	}
+}
+
+// record applies one record's body (after its op byte and, for
+// ZLIB_RECORDS, its rect) to r.
+func (z *zlibDecoder) record(c *Compositor, op byte, r image.Rectangle) error {
+	switch op {
+	case zlibOpRaw:
+		w := r.Dx()
+		for y := 0; y < r.Dy(); y++ {
+			src, err := z.read(3 * w)
+			if err != nil {
+				return err
+			}
+			d := c.row(r, y)
+			for x := 0; x < w; x++ {
+				c.putBGR(d[4*x:4*x+4:4*x+4], src[3*x], src[3*x+1], src[3*x+2])
+			}
+		}
+	case zlibOpSolid:
+		px, err := z.read(3)
+		if err != nil {
+			return err
+		}
+		b, g, rr := px[0], px[1], px[2]
+		for y := 0; y < r.Dy(); y++ {
+			d := c.row(r, y)
+			for x := 0; x < len(d); x += 4 {
+				c.putBGR(d[x:x+4:x+4], b, g, rr)
+			}
+		}
+	case zlibOpCopy:
+		var sx, sy int
+		if z.legacy {
+			p, err := z.read(8)
+			if err != nil {
+				return err
+			}
+			sx, sy = int(int32(binary.LittleEndian.Uint32(p))), int(int32(binary.LittleEndian.Uint32(p[4:])))
+		} else {
+			p, err := z.read(4)
+			if err != nil {
+				return err
+			}
+			sx, sy = int(binary.LittleEndian.Uint16(p)), int(binary.LittleEndian.Uint16(p[2:]))
+		}
+		src := image.Rect(sx, sy, sx+r.Dx(), sy+r.Dy())
+		if !src.In(image.Rect(0, 0, c.width, c.height)) {
+			return fmt.Errorf("copy source %v outside the frame", src)
+		}
+		c.copyWithin(r, src.Min)
+	default:
+		return fmt.Errorf("unknown op %d", op)
 	}
 	return nil
 }

@@ -169,9 +169,14 @@ func (rc *Conn) Request(incremental bool) error {
 
 // Update is one FramebufferUpdate as accounted.
 type Update struct {
-	Bytes  int64 // wire bytes of the whole message
-	Rects  int
-	Pixels int64 // area covered by rectangles
+	Bytes int64 // wire bytes of the whole message
+	// Payload is the encoded pixel data: Bytes less the message header
+	// (4 bytes), the rectangle headers (12 bytes each) and ZRLE's 4-byte
+	// length prefixes. A Tight rectangle counts whole (its control byte
+	// and compact lengths are part of the encoding).
+	Payload int64
+	Rects   int
+	Pixels  int64 // area covered by rectangles
 	// FirstByte is when the socket read that delivered the message's first
 	// byte returned; Received is when the whole message had been read.
 	FirstByte time.Time
@@ -252,9 +257,15 @@ func (rc *Conn) readUpdateBody() (Update, error) {
 		}
 		u.Rects++
 		u.Pixels += int64(rh.W) * int64(rh.H)
+		start := rc.read - int64(rc.r.Buffered())
 		if err := rc.skipRect(int(rh.W), int(rh.H), rh.Enc); err != nil {
 			return u, fmt.Errorf("rect %d (encoding %d): %w", i, rh.Enc, err)
 		}
+		body := rc.read - int64(rc.r.Buffered()) - start
+		if rh.Enc == EncZRLE {
+			body -= 4
+		}
+		u.Payload += body
 	}
 	return u, nil
 }

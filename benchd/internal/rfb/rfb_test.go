@@ -77,6 +77,10 @@ func TestHandshakeAndUpdateAccounting(t *testing.T) {
 	if u.Bytes != int64(want) || u.Rects != 3 || u.Pixels != 4+100+4096 {
 		t.Fatalf("update %+v, want %d bytes", u, want)
 	}
+	// Raw 16 + ZRLE 5 (its length prefix is framing) + Tight 4.
+	if u.Payload != 16+5+4 {
+		t.Fatalf("payload %d bytes, want %d", u.Payload, 16+5+4)
+	}
 	if u.FirstByte.IsZero() || u.FirstByte.After(u.Received) {
 		t.Fatalf("first byte at %v, received at %v", u.FirstByte, u.Received)
 	}

@@ -282,6 +282,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 			klbl := labels("tier", tier.name, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds())))
 			pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
 			rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
+			breakdown := newForkBreakdown(tier.name, itoa(n))
 			for r := 0; r < reps; r++ {
 				fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier.name), attribute.Int("n", n)))
 				t0 := time.Now()
@@ -308,6 +309,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 					default:
 						good++
 						per.Add(dur(rep.GetTook()))
+						breakdown.add(rep)
 						ok = append(ok, rep.GetSandbox().GetId())
 					}
 				}
@@ -335,6 +337,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 				env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier.name, n, r+1, good, n, suite.Ms(w))
 			}
 			rows = append(rows, wall.Row(), per.Row(), amort.Row())
+			rows = append(rows, breakdown.rows()...)
 			for _, s := range []*result.Series{pss, rss, pssKSM, rssKSM} {
 				if s.Len() > 0 {
 					rows = append(rows, s.Row())

@@ -43,6 +43,15 @@ func TestFrameWireBytes(t *testing.T) {
 			t.Errorf("payload %d: got %d", size, got)
 		}
 	}
+	// A compact zlib delta frame: the chunk is the payload.
+	f := &aciv1.ScreencastFrame{StreamId: 3, Seq: 1234, Format: screencast.FormatZlib, CapturedAtDeltaUs: 83000, ZlibChunk: make([]byte, 15)}
+	ev := &aciv1.Event{Event: &aciv1.Event_Frame{Frame: f}}
+	if got := framePayloadBytes(f); got != 15 {
+		t.Errorf("zlib chunk payload %d, want 15", got)
+	}
+	if got := frameWireBytes(ev); got > 40 {
+		t.Errorf("a 15-byte zlib delta frame costs %d wire bytes", got)
+	}
 }
 
 func TestRxLogFirstByte(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/forkfleet/forkfleet/controld/internal/app"
@@ -49,6 +50,8 @@ func run() error {
 		Address:        cfg.Containerd.Address,
 		Namespace:      cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir,
+		// Per controld: its CRIU config, logs and work dirs are its own.
+		StateDir: filepath.Join(cfg.StateDir, "runtime"),
 	})
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)

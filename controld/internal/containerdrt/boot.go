@@ -209,7 +209,10 @@ func (r *Runtime) killAndDeleteTask(ctx context.Context, id string, t client.Tas
 		}
 		return fmt.Errorf("task status: %w", err)
 	}
-	if st.Status != client.Stopped {
+	// A fork created for a restore has no process until Start (runc restore
+	// runs there): nothing to kill, and no exit would ever come.
+	noProcess := st.Status == client.Created && t.Pid() == 0
+	if st.Status != client.Stopped && !noProcess {
 		exitCh, err := t.Wait(ctx)
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("task wait: %w", err)

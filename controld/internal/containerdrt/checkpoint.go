@@ -372,9 +372,35 @@ func (r *Runtime) dump(ctx context.Context, id, imageDir string) error {
 		ContainerID: id,
 		Options:     opts,
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log"))
+		logErrs := criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log")
+		if what := undumpable(logErrs); what != "" {
+			// The sandbox holds something CRIU refuses: the caller can fix
+			// that (close it, shrink it), retrying as is cannot.
+			return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
+				"sandbox %s: criu dump: the sandbox holds %s, which CRIU cannot checkpoint%s", id, what, logErrs)
+		}
+		return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), logErrs)
 	}
 	return nil
+}
+
+// undumpable names what in CRIU's errors is the sandbox's state rather
+// than a fault of the host or of CRIU ("" when nothing is).
+func undumpable(logErrs string) string {
+	for _, sig := range []struct{ match, what string }{
+		{"ghost file", "a deleted file larger than CRIU's ghost limit"},
+		{"External socket is used", "a unix socket connected outside the sandbox"},
+		{"unix: Unix socket", "a unix socket connected outside the sandbox"},
+		{"Can't dump half of stream unix connection", "a unix socket connected outside the sandbox"},
+		{"closed in-flight socket", "a unix socket connected outside the sandbox"},
+		{"Unsupported", "an unsupported kind of file or resource"},
+		{"unsupported", "an unsupported kind of file or resource"},
+	} {
+		if strings.Contains(logErrs, sig.match) {
+			return sig.what
+		}
+	}
+	return ""
 }
 
 // retryableDump tells dump failures caused by unix connections in flight

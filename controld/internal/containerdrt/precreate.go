@@ -15,7 +15,10 @@ import (
 
 type precreated = sandbox
 
-var _ fleet.Precreator = (*Runtime)(nil)
+var (
+	_ fleet.Precreator        = (*Runtime)(nil)
+	_ fleet.RestorePrecreator = (*Runtime)(nil)
+)
 
 // Precreate does everything Boot(spec) does except starting: the snapshot,
 // the container and the task (shim started, runc create done) exist

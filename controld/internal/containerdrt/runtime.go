@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,11 +46,15 @@ const (
 // uses (runc hands the file to CRIU through the org.criu.config annotation):
 // established TCP connections are dumped closed instead of failing the dump
 // (they cannot live in N forks at once), file locks are carried, and the
-// network is locked with nftables (iptables-restore is absent on the hosts).
+// network is not locked: a sandbox's network namespace holds only a
+// loopback, so nothing outside can send to it and nothing inside runs while
+// it is frozen. Locking (nftables; iptables-restore is absent on the hosts)
+// would only add a table to create and delete, 15 ms of every dump's frozen
+// window measured here.
 var DefaultCRIUOptions = []string{
 	"tcp-close",
 	"file-locks",
-	"network-lock nftables",
+	"network-lock skip",
 }
 
 // Config configures a Runtime. Only Address is required.
@@ -208,8 +213,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("containerdrt: state dir: %w", err)
 		}
 	}
+	criuOpts := cfg.CRIUOptions
+	if yard, ok := cgroupV1Yard(cfg.CgroupRoot); ok && !slices.ContainsFunc(criuOpts, func(o string) bool { return strings.HasPrefix(o, "cgroup-yard") }) {
+		criuOpts = append(slices.Clip(criuOpts), "cgroup-yard "+yard)
+	}
 	criuConfig := filepath.Join(cfg.StateDir, "criu.conf")
-	if err := writeFileAtomic(criuConfig, []byte(strings.Join(cfg.CRIUOptions, "\n")+"\n"), 0o644); err != nil {
+	if err := writeFileAtomic(criuConfig, []byte(strings.Join(criuOpts, "\n")+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("containerdrt: criu config: %w", err)
 	}
 	emptyDir := filepath.Join(cfg.StateDir, "empty")
@@ -411,4 +420,20 @@ func existingDirs(paths []string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// cgroupV1Yard returns root when it is a cgroup v1 tree with one directory
+// per hierarchy, which CRIU can use as its cgroup yard: otherwise every dump
+// and restore mounts all the hierarchies into a yard of its own first
+// (10 to 14 ms of each dump's frozen window measured here).
+func cgroupV1Yard(root string) (string, bool) {
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return "", false // cgroup v2
+	}
+	for _, c := range []string{"freezer", "memory", "pids", "cpu", "devices"} {
+		if st, err := os.Stat(filepath.Join(root, c)); err != nil || !st.IsDir() {
+			return "", false
+		}
+	}
+	return root, true
 }

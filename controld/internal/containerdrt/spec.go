@@ -28,13 +28,24 @@ const (
 	EnvScreen     = "FORKFLEET_SCREEN"
 )
 
-// ACISocketInSandbox is where guestd listens inside the sandbox (on the
-// tmpfs /run).
+// ACISocketInSandbox is where guestd listens inside the sandbox (guestd
+// creates the directory and removes a stale socket at start).
 const ACISocketInSandbox = "/run/forkfleet/aci.sock"
 
 // criuConfigAnnotation makes runc hand a CRIU config file to CRIU on
 // checkpoint and restore.
 const criuConfigAnnotation = "org.criu.config"
+
+// runLayoutAnnotation records in a sandbox's spec where its /run lives.
+// runLayoutRootfs: on the writable layer, no mount. CRIU tars every tmpfs
+// of a container on dump and again on every restore (3 to 8 ms each), and
+// /run holds a few small files (guestd's socket), so new sandboxes keep it
+// on the overlay like /tmp. A spec without the annotation (a checkpoint
+// taken before) keeps a tmpfs /run: its CRIU images hold that mount.
+const (
+	runLayoutAnnotation = "forkfleet.dev/run"
+	runLayoutRootfs     = "rootfs"
+)
 
 // droppedCaps are removed from containerd's default set: a desktop sandbox
 // needs neither raw sockets, device nodes, chroot, file capabilities, audit
@@ -197,7 +208,8 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 			mounts = append(mounts, m)
 		}
 		s.Mounts = mounts
-		if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" }) {
+		if s.Annotations[runLayoutAnnotation] != runLayoutRootfs &&
+			!slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" }) {
 			s.Mounts = append(s.Mounts, specs.Mount{
 				Destination: "/run", Type: "tmpfs", Source: "tmpfs",
 				Options: setSizeOption([]string{"nosuid", "nodev", "mode=755"}, r.cfg.RunTmpfsBytes),
@@ -257,10 +269,23 @@ func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, extra ...oci.
 		withMergedEnv(sandboxEnv(spec)),
 		oci.WithDroppedCapabilities(droppedCaps),
 		oci.WithNoNewPrivileges,
+		withRunOnRootfs,
 		r.withSandbox(spec),
 	}
 	opts = append(opts, extra...)
 	return append(opts, seccomp.WithDefaultProfile())
+}
+
+// withRunOnRootfs drops the default tmpfs on /run (see runLayoutAnnotation)
+// and records that in the spec, so forks and disk-tier boots built from it
+// keep the same layout.
+func withRunOnRootfs(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	s.Mounts = slices.DeleteFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" })
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[runLayoutAnnotation] = runLayoutRootfs
+	return nil
 }
 
 func withMergedEnv(env []string) oci.SpecOpts {

@@ -376,3 +376,17 @@ func TestLayerCopier(t *testing.T) {
 		t.Errorf("Bytes = %d, want %d", got, want)
 	}
 }
+
+func TestUndumpable(t *testing.T) {
+	for _, tc := range []struct{ log, want string }{
+		{"Error (criu/files-reg.c:1100): Can't dump ghost file /tmp/x of 16777216 size, increase limit", "deleted file"},
+		{"Error (criu/sk-unix.c:900): unix: Unix socket 0x1 without peer 0x2", "unix socket"},
+		{"Error (criu/cr-dump.c:1): Dumping FAILED.", ""},
+		{"", ""},
+	} {
+		got := undumpable(tc.log)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("undumpable(%q) = %q, want something naming %q", tc.log, got, tc.want)
+		}
+	}
+}

@@ -147,13 +147,6 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		BeforeFreeze: func(ctx context.Context) error {
 			ctx, s := m.tracer.Start(ctx, "checkpoint.before_freeze")
 			defer s.End()
-			if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
-				h, err := g.FrameHash(ctx, m.opts.FrameSettle)
-				if err != nil {
-					return fmt.Errorf("frame hash: %w", err)
-				}
-				rec.FrameHash = h
-			}
 			// No connection from outside may be open at the dump: ours, and
 			// agents' through the gateway or guestd's socket (they reconnect
 			// afterwards).
@@ -162,9 +155,14 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 				m.opts.DropConnections(src.Sandbox.Id)
 			}
 			if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
-				if err := g.CheckpointPrepare(ctx, checkpointHold); err != nil {
+				// With every agent gone only the apps can still draw: the
+				// hash of a settled screen here is the frame the freeze
+				// captures, the pixel proof of every replica.
+				h, err := g.CheckpointPrepare(ctx, checkpointHold, m.opts.FrameSettle)
+				if err != nil {
 					return fmt.Errorf("prepare guest: %w", err)
 				}
+				rec.FrameHash = h
 			}
 			return g.Close()
 		},
@@ -571,13 +569,23 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 	return m.verify(ctx, g, ck, levels), nil
 }
 
-// verify runs the requested verifiers; each reports its own outcome.
+// verify runs the requested verifiers; each reports its own outcome, in
+// the order of levels. They are independent reads over one session (Guest
+// methods may be called concurrently), so they run at once: a fork is
+// usable after the slowest proof, not after their sum.
 func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel) []*controldv1.VerifyResult {
-	out := make([]*controldv1.VerifyResult, 0, len(levels))
-	for _, l := range levels {
-		start := time.Now()
-		ok, detail := m.verifyOne(ctx, g, ck, l)
-		out = append(out, &controldv1.VerifyResult{Level: l, Ok: ok, Detail: detail, Took: durationpb.New(time.Since(start))})
+	out := make([]*controldv1.VerifyResult, len(levels))
+	done := make(chan struct{}, len(levels))
+	for i, l := range levels {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			start := time.Now()
+			ok, detail := m.verifyOne(ctx, g, ck, l)
+			out[i] = &controldv1.VerifyResult{Level: l, Ok: ok, Detail: detail, Took: durationpb.New(time.Since(start))}
+		}()
+	}
+	for range levels {
+		<-done
 	}
 	return out
 }

@@ -47,6 +47,8 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
 		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
 	defer span.End()
+	m.forkSlotsBegin(ck.Checkpoint.Id)
+	defer m.forkSlotsEnd()
 	n := int(req.GetCount())
 	out := make([]*controldv1.ForkReplica, n)
 	done := make(chan struct{}, n)
@@ -100,19 +102,62 @@ func (m *Manager) forkReplica(ctx context.Context, t0 time.Time, ck *store.Check
 	return rep
 }
 
-func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
-	rep := &controldv1.ForkReplica{}
-	memTier := ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK
+// forkSandboxParams are the parameters of a replica of ck (and of a fork
+// slot precreated for ck: its spec must come out the same).
+func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 	sp := sandboxParams{
 		image: ck.Checkpoint.Image, resources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
 	}
-	if memTier {
+	if ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
 		// The restored guestd only knows the source's admin token.
 		sp.adminToken = ck.AdminToken
 	}
-	sb, err := m.newSandbox(sp, t0)
+	return sp
+}
+
+// newForkSandbox is newSandbox for a replica of checkpoint ckID: with
+// useSlot it takes a fork slot of ckID when one is ready and adopts its id
+// and tokens (the runtime then only starts the precreated fork). The slot
+// is taken under the same lock as the open check, so it is either handed to
+// a registered sandbox or discarded at Close, never lost.
+func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
+	rec := m.newRecord(p, t0)
+	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
+	m.mu.Lock()
+	if err := m.checkOpen(); err != nil {
+		m.mu.Unlock()
+		return nil, false, err
+	}
+	fromSlot := false
+	if useSlot {
+		if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
+			rec.Sandbox.Id, rec.ACIToken, rec.AdminToken = s.spec.ID, s.spec.ACIToken, s.spec.AdminToken
+			fromSlot = true
+		}
+	}
+	id := rec.Sandbox.Id
+	m.sandboxes[id] = sb
+	m.mu.Unlock()
+	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, id)
+		m.refreshStateGaugeLocked()
+		m.mu.Unlock()
+		if fromSlot {
+			m.discardSlot(id)
+		}
+		return nil, false, err
+	}
+	return sb, fromSlot, nil
+}
+
+func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
+	rep := &controldv1.ForkReplica{}
+	memTier := ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK
+	// Pool refills run in the background: fork slots serve requests.
+	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled)
 	if err != nil {
 		return nil, rep, err
 	}
@@ -129,7 +174,8 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 
 	spec := m.bootSpec(sb)
 	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
-		attribute.String("sandbox.id", spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id)))
+		attribute.String("sandbox.id", spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
+		attribute.Bool("fork.slot", fromSlot)))
 	wf := &waterfall{m: m, sb: sb, t0: t0, kind: "fork", span: span}
 	if p.pooled {
 		wf.kind = "pool"
@@ -143,7 +189,12 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 		wf.end(err)
 		return sb, rep, fmt.Errorf("restore: %w", err)
 	}
-	wf.runtimePhases(inst)
+	phases := inst
+	if fromSlot {
+		// The container was created ahead: no create phase on this path.
+		phases.CreatedAt = t0
+	}
+	wf.runtimePhases(phases)
 	m.touch(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.ACISocket = inst.ACISocket
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
@@ -162,15 +213,24 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 			return sb, rep, fmt.Errorf("desktop not ready: %w", err)
 		}
 	}
+	// Restored (the replica's identity, entropy) and the proofs are
+	// independent requests on one session: run them at once. The replica is
+	// usable only when both are done.
+	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
+	restored := make(chan error, 1)
 	rctx, rs := m.tracer.Start(wctx, "fork.restored")
-	err = g.Restored(rctx, RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)})
-	rs.End()
-	if err != nil {
+	go func() {
+		defer rs.End()
+		restored <- g.Restored(rctx, info)
+	}()
+	if len(p.levels) > 0 {
+		rep.Verification = m.verify(wctx, g, ck, p.levels)
+	}
+	if err := <-restored; err != nil {
 		wf.end(err)
 		return sb, rep, fmt.Errorf("restored notification: %w", err)
 	}
 	if len(p.levels) > 0 {
-		rep.Verification = m.verify(wctx, g, ck, p.levels)
 		var failed []string
 		for _, v := range rep.Verification {
 			if !v.Ok {

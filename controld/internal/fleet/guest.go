@@ -28,10 +28,16 @@ type Guest interface {
 	Restored(ctx context.Context, r RestoredInfo) error
 	// CheckpointPrepare closes guestd's other sessions and holds off new
 	// agent sessions for hold (until CheckpointDone or Restored), so the dump
-	// finds no connection from outside the sandbox (admin).
-	CheckpointPrepare(ctx context.Context, hold time.Duration) error
+	// finds no connection from outside the sandbox (admin). It then waits
+	// until the screen has been still for settle (counting from the last
+	// damage or input: a still desktop costs no wait) and returns the frame
+	// hash a memory-tier replica is born with.
+	CheckpointPrepare(ctx context.Context, hold, settle time.Duration) ([]byte, error)
 	// CheckpointDone lifts the hold on a source that runs on (admin).
 	CheckpointDone(ctx context.Context) error
+	// ReleaseScratch gives guestd's idle scratch memory back to the kernel
+	// before a replica is frozen (admin).
+	ReleaseScratch(ctx context.Context) error
 	// Ping round-trips one small message.
 	Ping(ctx context.Context) error
 	// Hello is what guestd announced when the session opened.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -22,12 +23,24 @@ const poolParallel = 2
 
 // pool is a warm pool and its replenisher.
 type pool struct {
-	rec    *store.PoolRecord // guarded by Manager.mu
+	rec    *store.PoolRecord // guarded by Manager.mu; Hits and Misses live in hits and misses
 	kick   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
-	// persist orders record writes (hit/miss counters).
-	persist chan struct{}
+	// hits and misses are the claim counters. Atomic because a claim's
+	// transaction reads them on the store's committer goroutine, which must
+	// not take Manager.mu (see store.Update).
+	hits, misses atomic.Uint64
+	// claiming counts claims in flight and lastClaim is when the last one
+	// ended (unix ns): refills wait for claims to go quiet (waitClaimsQuiet).
+	claiming  atomic.Int32
+	lastClaim atomic.Int64
+	// thawing holds the hits being handed out; a miss lets them finish
+	// before it starts its fork or boot (see claimMiss).
+	thawing gate
+	// held are admin sessions kept open across the freeze of the frozen
+	// members (see freezeWarm).
+	held heldSessions
 }
 
 // CreatePool records a pool and starts filling it.
@@ -114,7 +127,17 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 }
 
 func newPool(rec *store.PoolRecord) *pool {
-	return &pool{rec: rec, kick: make(chan struct{}, 1), done: make(chan struct{}), persist: make(chan struct{}, 1)}
+	p := &pool{rec: rec, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	p.hits.Store(rec.Pool.GetHits())
+	p.misses.Store(rec.Pool.GetMisses())
+	return p
+}
+
+// recordLocked is p's durable record with the current counters.
+func (p *pool) recordLocked() *store.PoolRecord {
+	pb := proto.Clone(p.rec.Pool).(*controldv1.Pool)
+	pb.Hits, pb.Misses = p.hits.Load(), p.misses.Load()
+	return &store.PoolRecord{Pool: pb, Env: p.rec.Env}
 }
 
 func (m *Manager) startPoolLocked(p *pool) {
@@ -163,7 +186,7 @@ func (m *Manager) poolMembersLocked(p *pool) (warm, warming []*sandbox) {
 }
 
 func (m *Manager) poolViewLocked(p *pool) *controldv1.Pool {
-	v := proto.Clone(p.rec.Pool).(*controldv1.Pool)
+	v := p.recordLocked().Pool
 	warm, _ := m.poolMembersLocked(p)
 	v.Available = uint32(len(warm))
 	m.metrics.PoolAvailable.WithLabelValues(v.Id).Set(float64(v.Available))
@@ -175,13 +198,30 @@ func (m *Manager) replenish(ctx context.Context, p *pool) {
 	retry := m.opts.PoolRetry
 	resync := time.NewTicker(5 * time.Second)
 	defer resync.Stop()
+	var deferring time.Time // since when a needed refill waits for claims to go quiet
+	defer p.held.closeAll()
 	for {
+		m.removeStrays(ctx, p)
 		m.mu.Lock()
 		warm, warming := m.poolMembersLocked(p)
+		p.held.keepOnly(m.pooledLocked(p))
 		need := int(p.rec.Pool.Size) - len(warm) - len(warming)
 		m.poolViewLocked(p)
 		m.mu.Unlock()
 		if need > 0 {
+			// A warm-up (a CRIU restore or a desktop boot) takes the CPU
+			// a claim burst and its first requests need.
+			if deferring.IsZero() {
+				deferring = time.Now()
+			}
+			waited, ok := m.waitClaimsQuiet(ctx, p, deferring)
+			if !ok {
+				return
+			}
+			if waited {
+				continue // more may have been claimed meanwhile
+			}
+			deferring = time.Time{}
 			n := min(need, poolParallel)
 			errs := make(chan error, n)
 			for range n {
@@ -233,11 +273,13 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 			return checkpointNotFound(pb.CheckpointId)
 		}
 		levels := ck.Checkpoint.VerifyLevels
-		rep := m.forkReplica(ctx, t0, ck, forkParams{labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true, freeze: true})
+		// Not frozen by the fork: freezeWarm opens the session a claim
+		// pings over first.
+		rep := m.forkReplica(ctx, t0, ck, forkParams{labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true})
 		if rep.ErrorCode != 0 {
 			return fmt.Errorf("warm fork: %s", rep.ErrorMessage)
 		}
-		return nil
+		return m.freezeWarm(ctx, p, rep.Sandbox.GetId())
 	}
 	sb, err := m.newSandbox(sandboxParams{
 		image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: pb.Labels, poolID: pb.Id, pooled: true,
@@ -328,7 +370,7 @@ func (m *Manager) DeletePool(ctx context.Context, id string) error {
 		// Leave the record so a retry finishes the job.
 		m.mu.Lock()
 		if _, still := m.pools[id]; still {
-			np := newPool(p.rec)
+			np := newPool(p.recordLocked())
 			m.pools[id] = np
 			m.startPoolLocked(np)
 		}
@@ -372,14 +414,25 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 		labels[k] = v
 	}
 	labels[PoolIDLabel] = p.rec.Pool.Id
+	p.claiming.Add(1)
+	defer func() {
+		p.lastClaim.Store(time.Now().UnixNano())
+		p.claiming.Add(-1)
+		// Refill behind the claim (the replenisher waits for claims to go
+		// quiet before it starts).
+		m.kickPool(p.rec.Pool.Id)
+	}()
 	// Try warm sandboxes until one works; a broken one is removed.
 	for {
 		sb := m.takeWarm(p)
 		if sb == nil {
 			break
 		}
+		p.thawing.enter()
 		s, err := m.claimWarm(ctx, p, sb, labels, ttl, t0)
+		p.thawing.leave()
 		if err == nil {
+			// claimWarm persisted the hit with the sandbox.
 			m.recordClaim(p, "hit", t0)
 			return s, m.endpoint(sb), true, time.Since(t0), nil
 		}
@@ -392,7 +445,6 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 			return nil, nil, false, 0, ctx.Err()
 		}
 	}
-	m.kickPool(p.rec.Pool.Id)
 	s, ep, err := m.claimMiss(ctx, p, labels, ttl, t0)
 	if err != nil {
 		m.recordClaim(p, "error", t0)
@@ -418,50 +470,13 @@ func (m *Manager) takeWarm(p *pool) *sandbox {
 	return warm[0]
 }
 
-func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, t0 time.Time) (*controldv1.Sandbox, error) {
-	sb.op.Lock()
-	defer sb.op.Unlock()
-	m.mu.Lock()
-	if sb.deleting {
-		m.mu.Unlock()
-		return nil, sandboxNotFound(sb.rec.Sandbox.GetId())
-	}
-	id, sock, admin := sb.rec.Sandbox.Id, sb.rec.ACISocket, sb.rec.AdminToken
-	m.mu.Unlock()
-	if p.rec.Pool.Frozen {
-		if err := m.rt.Thaw(ctx, id); err != nil {
-			return nil, fmt.Errorf("thaw: %w", err)
-		}
-		// One quick round trip proves guestd runs again after the thaw.
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := m.pingGuest(pctx, sock, admin)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("ping after thaw: %w", err)
-		}
-	}
-	m.kickPool(p.rec.Pool.Id)
-	return m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
-		r.Pooled = false
-		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
-		r.Sandbox.Labels = copyMap(labels)
-		if ttl > 0 {
-			r.Sandbox.ExpiresAt = timestampNow(t0.Add(ttl))
-		}
-	})
-}
-
-func (m *Manager) pingGuest(ctx context.Context, sock, token string) error {
-	g, err := m.dialGuest(ctx, sock, token)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	return g.Ping(ctx)
-}
-
 // claimMiss serves a claim without a warm sandbox.
 func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, t0 time.Time) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+	// In a burst larger than the pool, the hits of the same burst are still
+	// being handed out and used for the first time: a few ms that a restore
+	// or boot started now would stretch, while waiting for them delays this
+	// miss (hundreds of ms) by as little.
+	p.thawing.wait(ctx, missGrace, missYield)
 	m.mu.Lock()
 	pb := proto.Clone(p.rec.Pool).(*controldv1.Pool)
 	var ck *store.CheckpointRecord
@@ -491,29 +506,19 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 	return s, m.endpoint(sb), nil
 }
 
+// recordClaim counts a claim in the metrics and, for a miss, in the pool's
+// durable record (a hit is persisted by claimWarm, in the claim's own
+// transaction).
 func (m *Manager) recordClaim(p *pool, result string, t0 time.Time) {
 	d := time.Since(t0)
 	id := p.rec.Pool.Id
 	m.metrics.PoolClaims.WithLabelValues(id, result).Inc()
 	m.metrics.ClaimLatency.WithLabelValues(result).Observe(d.Seconds())
-	if result == "error" {
+	if result != "miss" {
 		return
 	}
-	p.persist <- struct{}{}
-	defer func() { <-p.persist }()
-	m.mu.Lock()
-	if result == "hit" {
-		p.rec.Pool.Hits++
-	} else {
-		p.rec.Pool.Misses++
-	}
-	rec := &store.PoolRecord{Pool: proto.Clone(p.rec.Pool).(*controldv1.Pool), Env: p.rec.Env}
-	_, live := m.pools[id]
-	m.mu.Unlock()
-	if !live {
-		return
-	}
-	if err := m.st.PutPool(rec); err != nil {
+	p.misses.Add(1)
+	if err := m.persistPool(p); err != nil {
 		m.log.Error("persist pool counters", "pool", id, "err", err)
 	}
 }

@@ -17,8 +17,26 @@ import (
 // reconcile loads the store and makes it agree with the runtime and the
 // checkpoint directory: nothing orphaned (containers and checkpoint dirs
 // without records are removed), nothing forgotten (records whose container
-// vanished are failed or dropped), interrupted boots resumed.
+// vanished are failed or dropped), interrupted boots resumed, and sources
+// of interrupted checkpoints running again.
 func (m *Manager) reconcile(ctx context.Context) error {
+	// First let the runtime finish what a killed controld's checkpoint left
+	// running (a dump still writing into a temporary directory, or about to
+	// restore the freezer state it found) and release what it held.
+	if rc, ok := recovererOf(m.rt); ok {
+		recs, err := m.st.Checkpoints()
+		if err != nil {
+			return fmt.Errorf("fleet: load checkpoints: %w", err)
+		}
+		keep := make([]CheckpointRef, 0, len(recs))
+		for _, r := range recs {
+			keep = append(keep, refFromStore(r.Ref))
+		}
+		if err := rc.RecoverCheckpoints(ctx, keep); err != nil {
+			// Leftovers cost space, not correctness: start anyway.
+			m.log.Error("release what interrupted checkpoints left in the runtime", "err", err)
+		}
+	}
 	if err := m.reconcileCheckpoints(ctx); err != nil {
 		return err
 	}
@@ -140,7 +158,20 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 	m.sandboxes[id] = sb
 	switch state {
 	case controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
-		// Trust the runtime about frozen-ness.
+		if state == controldv1.SandboxState_SANDBOX_STATE_READY && in.Status == StatusFrozen {
+			// Frozen without a record saying so: a checkpoint (or a Suspend)
+			// that never returned. Its caller got no checkpoint, so the
+			// source runs on; guestd's checkpoint hold is lifted too.
+			if err := m.rt.Thaw(ctx, id); err != nil {
+				m.log.Error("thaw a sandbox an interrupted checkpoint left frozen; keeping it SUSPENDED", "sandbox", id, "err", err)
+			} else {
+				m.log.Warn("thawed a sandbox an interrupted checkpoint left frozen", "sandbox", id)
+				in.Status = StatusRunning
+				sock, token := r.ACISocket, r.AdminToken
+				m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) })
+			}
+		}
+		// Otherwise trust the runtime about frozen-ness.
 		if in.Status == StatusFrozen {
 			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
 		} else if in.Status == StatusRunning {

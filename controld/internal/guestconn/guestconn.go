@@ -133,12 +133,27 @@ func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
 	return g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
 }
 
-func (g *guest) CheckpointPrepare(ctx context.Context, hold time.Duration) error {
-	_, err := g.s.CheckpointPrepare(ctx, hold)
-	return err
+func (g *guest) CheckpointPrepare(ctx context.Context, hold, settle time.Duration) ([]byte, error) {
+	var opts []aci.PrepareOption
+	if settle > 0 {
+		opts = append(opts, aci.WithSettle(settle, settleTimeout))
+	}
+	r, err := g.s.CheckpointPrepare(ctx, hold, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.GetFrameHash()) == 0 {
+		return nil, fmt.Errorf("checkpoint_prepare reply without a frame hash (no display attached): %w", aci.ErrProtocol)
+	}
+	return r.GetFrameHash(), nil
 }
 
 func (g *guest) CheckpointDone(ctx context.Context) error { return g.s.CheckpointDone(ctx) }
+
+func (g *guest) ReleaseScratch(ctx context.Context) error {
+	_, err := g.s.ReleaseScratch(ctx)
+	return err
+}
 
 func (g *guest) Ping(ctx context.Context) error {
 	_, err := g.s.Ping(ctx, nil)

@@ -1,6 +1,8 @@
 package aci
 
 import (
+	"context"
+	"runtime/debug"
 	"time"
 
 	"github.com/coder/websocket"
@@ -21,13 +23,26 @@ const (
 // sessions until the hold lifts: CRIU cannot carry an established
 // connection from outside the sandbox into a dump, and a client reconnecting
 // in the window before the freeze would fail the checkpoint.
-func (s *Server) checkpointPrepare(keep *session, req *aciv1.CheckpointPrepareRequest) (*aciv1.CheckpointPrepareResponse, error) {
+//
+// It then reports the frame a memory-tier replica is born with: after the
+// sessions are gone nothing but the apps themselves can draw, so once the
+// screen has been still for settle_ms the hash taken here is the frame the
+// freeze captures.
+func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv1.CheckpointPrepareRequest) (*aciv1.CheckpointPrepareResponse, error) {
 	hold := time.Duration(req.GetHoldMs()) * time.Millisecond
 	switch {
 	case hold == 0:
 		hold = defaultCheckpointHold
 	case hold > maxCheckpointHold:
 		return nil, errInvalid("checkpoint_prepare.hold_ms", "at most %d", maxCheckpointHold.Milliseconds())
+	}
+	settle := time.Duration(req.GetSettleMs()) * time.Millisecond
+	bound := time.Duration(req.GetSettleTimeoutMs()) * time.Millisecond
+	if bound == 0 {
+		bound = defaultSettleTimeout
+	}
+	if settle > maxSettle || bound > maxSettle {
+		return nil, errInvalid("checkpoint_prepare.settle_ms", "settle_ms and settle_timeout_ms are capped at %s", maxSettle)
 	}
 	s.holdUntil.Store(time.Now().Add(hold).UnixNano())
 	s.mu.Lock()
@@ -57,8 +72,24 @@ func (s *Server) checkpointPrepare(keep *session, req *aciv1.CheckpointPrepareRe
 			ss.cancel()
 		}
 	}
-	s.log.Info("checkpoint prepare", "closed_sessions", len(victims), "hold", hold)
-	return &aciv1.CheckpointPrepareResponse{ClosedSessions: uint32(len(victims))}, nil
+	resp := &aciv1.CheckpointPrepareResponse{ClosedSessions: uint32(len(victims))}
+	if _, err := s.desktop(); err == nil {
+		settled := true
+		if settle > 0 {
+			var err error
+			if settled, err = s.damage.stillFor(ctx, settle, bound, s.opts.SandboxCPU); err != nil {
+				return nil, err
+			}
+		}
+		shot, err := keep.screenshot(ctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}, "checkpoint_prepare")
+		if err != nil {
+			return nil, err
+		}
+		resp.FrameHash, resp.Settled = shot.GetFrameHash(), settled
+		s.releaseScratch()
+	}
+	s.log.Info("checkpoint prepare", "closed_sessions", len(victims), "hold", hold, "settled", resp.Settled)
+	return resp, nil
 }
 
 // liftHold ends a checkpoint hold (CheckpointDone on the source, Restored on
@@ -69,4 +100,17 @@ func (s *Server) liftHold() { s.holdUntil.Store(0) }
 func (s *Server) held() bool {
 	until := s.holdUntil.Load()
 	return until != 0 && time.Now().UnixNano() < until
+}
+
+// releaseScratch gives idle capture buffers and freed heap back to the
+// kernel: a frozen replica should hold only state, not scratch.
+func (s *Server) releaseScratch() int {
+	n := 0
+	if d, err := s.desktop(); err == nil {
+		if r, ok := d.(ScratchReleaser); ok {
+			n = r.ReleaseScratch()
+		}
+	}
+	debug.FreeOSMemory()
+	return n
 }

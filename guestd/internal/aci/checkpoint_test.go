@@ -1,6 +1,8 @@
 package aci
 
 import (
+	"bytes"
+	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -46,4 +48,80 @@ func TestCheckpointHold(t *testing.T) {
 
 	big := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{HoldMs: 61000}}}
 	wantCode(t, call(t, admin2, big), aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT)
+}
+
+// TestCheckpointPrepareFrameHash checks that prepare reports the frame a
+// replica is born with: the hash a screenshot of the same screen reports.
+func TestCheckpointPrepareFrameHash(t *testing.T) {
+	h := newHarness(t)
+	admin := h.session(adminToken)
+	shot := call(t, admin, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Screenshot{Screenshot: &aciv1.ScreenshotRequest{
+		Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}}}).GetScreenshot()
+	if len(shot.GetFrameHash()) == 0 {
+		t.Fatalf("screenshot: no frame hash: %v", shot)
+	}
+	r := call(t, admin, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{
+		SettleMs: 20, SettleTimeoutMs: 5000}}}).GetCheckpointPrepare()
+	if r == nil || !r.GetSettled() || !bytes.Equal(r.GetFrameHash(), shot.GetFrameHash()) {
+		t.Fatalf("prepare: %v, want settled with frame hash %x", r, shot.GetFrameHash())
+	}
+	over := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{SettleMs: 61000}}}
+	wantCode(t, call(t, admin, over), aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT)
+}
+
+// TestStillFor checks the quiet period counts from the last damage or
+// drawing request, not from the call.
+func TestStillFor(t *testing.T) {
+	tr := &damageTracker{base: time.Now().Add(-time.Hour)}
+	tr.active.Store(true)
+	tr.last.Store(tr.now() - int64(time.Minute))
+	// Still for a minute: a 30 s quiet period is already over, so this
+	// returns at once rather than when ctx ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ok, err := tr.stillFor(ctx, 30*time.Second, time.Minute, nil); !ok || err != nil {
+		t.Fatalf("still desktop: settled %v, err %v", ok, err)
+	}
+	// A drawing request just now restarts the quiet period: the bound ends
+	// the wait unsettled.
+	tr.touch()
+	if ok, err := tr.stillFor(ctx, 30*time.Second, 10*time.Millisecond, nil); ok || err != nil {
+		t.Fatalf("after input: settled %v, err %v; want the bound to end it", ok, err)
+	}
+	// So does damage.
+	tr.lastInput.Store(0)
+	tr.last.Store(tr.now())
+	if ok, err := tr.stillFor(ctx, 30*time.Second, 10*time.Millisecond, nil); ok || err != nil {
+		t.Fatalf("after damage: settled %v, err %v; want the bound to end it", ok, err)
+	}
+	if ok, err := tr.stillFor(ctx, 5*time.Millisecond, time.Second, nil); !ok || err != nil {
+		t.Fatalf("short quiet after damage: settled %v, err %v", ok, err)
+	}
+}
+
+// TestStillForCPU checks that a busy sandbox is not still, whatever the
+// damage says, and an idle one is.
+func TestStillForCPU(t *testing.T) {
+	tr := &damageTracker{base: time.Now().Add(-time.Hour)}
+	tr.active.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var used time.Duration
+	busy := func() (time.Duration, error) { used += time.Millisecond; return used, nil }
+	if ok, err := tr.stillFor(ctx, time.Millisecond, 50*time.Millisecond, busy); ok || err != nil {
+		t.Fatalf("busy sandbox: settled %v, err %v; want the bound to end it", ok, err)
+	}
+	idle := func() (time.Duration, error) { return time.Second, nil }
+	if ok, err := tr.stillFor(ctx, time.Millisecond, time.Minute, idle); !ok || err != nil {
+		t.Fatalf("idle sandbox: settled %v, err %v", ok, err)
+	}
+}
+
+func TestReleaseScratchAdminOnly(t *testing.T) {
+	h := newHarness(t)
+	rel := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchRequest{}}}
+	wantCode(t, call(t, h.session(aciToken), rel), aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED)
+	if r := call(t, h.session(adminToken), rel); r.GetReleaseScratch() == nil {
+		t.Fatalf("release_scratch: %v", r)
+	}
 }

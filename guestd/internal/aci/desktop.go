@@ -65,6 +65,14 @@ type Desktop interface {
 	WatchDamage(ctx context.Context, ch chan<- image.Rectangle) error
 }
 
+// ScratchReleaser is implemented by a Desktop whose capture buffers can be
+// given back to the kernel while idle (x11.Desktop's MIT-SHM segments):
+// before a checkpoint, so neither the dump nor every replica carries them.
+type ScratchReleaser interface {
+	// ReleaseScratch returns the bytes given back.
+	ReleaseScratch() int
+}
+
 // DamageSequencer is implemented by a Desktop that can prove the screen
 // unchanged without capturing it (x11.Desktop does, through DAMAGE). The
 // screenshot path then answers repeated requests from a cache.

@@ -23,6 +23,9 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 	if _, hello := m.GetRequest().(*aciv1.ClientMessage_Hello); !hello && !ss.helloDone() {
 		return errReply(id, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "", "the first request of a session must be hello").Proto())
 	}
+	if drawsOnScreen(m) {
+		ss.srv.damage.touch()
+	}
 	out := &aciv1.ServerMessage{Id: id}
 	var err error
 	switch r := m.GetRequest().(type) {
@@ -134,7 +137,7 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 			return errReply(id, denied("checkpoint_prepare"))
 		}
 		var v *aciv1.CheckpointPrepareResponse
-		if v, err = ss.srv.checkpointPrepare(ss, r.CheckpointPrepare); err == nil {
+		if v, err = ss.srv.checkpointPrepare(j.ctx, ss, r.CheckpointPrepare); err == nil {
 			out.Reply = &aciv1.ServerMessage_CheckpointPrepare{CheckpointPrepare: v}
 		}
 	case *aciv1.ClientMessage_CheckpointDone:
@@ -143,6 +146,12 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		}
 		ss.srv.liftHold()
 		out.Reply = &aciv1.ServerMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneResponse{}}
+	case *aciv1.ClientMessage_ReleaseScratch:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("release_scratch"))
+		}
+		out.Reply = &aciv1.ServerMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchResponse{
+			ReleasedBytes: uint64(ss.srv.releaseScratch())}}
 	case *aciv1.ClientMessage_ScreencastStart:
 		return ss.screencastStart(id, r.ScreencastStart)
 	case *aciv1.ClientMessage_ScreencastStop:
@@ -167,6 +176,17 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		return errReply(id, toError(err, ""))
 	}
 	return out
+}
+
+// drawsOnScreen reports requests whose effect may reach the screen after
+// they return (an app repaints in its own time).
+func drawsOnScreen(m *aciv1.ClientMessage) bool {
+	switch m.GetRequest().(type) {
+	case *aciv1.ClientMessage_Step, *aciv1.ClientMessage_WindowAction, *aciv1.ClientMessage_ClipboardSet,
+		*aciv1.ClientMessage_Launch, *aciv1.ClientMessage_Exec:
+		return true
+	}
+	return false
 }
 
 func unimplemented(id uint64, what string) *aciv1.ServerMessage {

@@ -57,6 +57,12 @@ type Options struct {
 	// EntropySink receives RestoredRequest.entropy; /dev/urandom when empty.
 	EntropySink string
 
+	// SandboxCPU returns the CPU time the sandbox's other processes have
+	// used so far. Checkpoint settling then also waits until nothing in the
+	// sandbox runs (a shell about to print its prompt draws no damage yet).
+	// nil: damage and drawing requests only (guestd not the sandbox's init).
+	SandboxCPU func() (time.Duration, error)
+
 	Log *slog.Logger
 }
 

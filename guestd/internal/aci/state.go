@@ -59,10 +59,16 @@ func (r *rng) id() string {
 // damageTracker keeps the time of the last X damage so settle waits need no
 // capture. One watcher per desktop, shared by all sessions.
 type damageTracker struct {
-	base   time.Time
-	last   atomic.Int64 // ns since base of the last damage event
-	active atomic.Bool  // a watch is running (DAMAGE available)
+	base        time.Time
+	last        atomic.Int64 // ns since base of the last damage event
+	lastInput   atomic.Int64 // ns since base of the last request that may draw
+	activeSince atomic.Int64 // ns since base when the running watch started
+	active      atomic.Bool  // a watch is running (DAMAGE available)
 }
+
+// touch records a request that may make something draw (input, window
+// operations, launches): its repaint may still be on its way.
+func (t *damageTracker) touch() { t.lastInput.Store(t.now()) }
 
 func (t *damageTracker) now() int64 { return int64(time.Since(t.base)) }
 
@@ -70,6 +76,7 @@ func (t *damageTracker) run(ctx context.Context, d Desktop, log *slog.Logger) {
 	ch := make(chan image.Rectangle, 256)
 	errc := make(chan error, 1)
 	go func() { errc <- d.WatchDamage(ctx, ch) }()
+	t.activeSince.Store(t.now())
 	t.active.Store(true)
 	defer t.active.Store(false)
 	for {
@@ -129,6 +136,66 @@ func (t *damageTracker) settle(ctx context.Context, quiet, bound time.Duration) 
 		tm.Reset(time.Duration(min(quietUntil, deadline) - now))
 	}
 }
+
+// stillFor waits until the screen has been still for quiet: no damage and
+// no drawing request for quiet, counting from the last of them rather than
+// from the call, so a desktop that has been still costs no wait. With cpu,
+// it then also waits for a probe window in which nothing in the sandbox
+// ran: an app that is busy (a shell starting) may draw next. Bounded by
+// bound; reports whether it settled. Without DAMAGE it waits quiet (capped
+// by bound) from the call.
+func (t *damageTracker) stillFor(ctx context.Context, quiet, bound time.Duration, cpu func() (time.Duration, error)) (bool, error) {
+	if !t.active.Load() {
+		return t.settle(ctx, quiet, bound)
+	}
+	deadline := t.now() + int64(bound)
+	sleep := func(until int64) error {
+		tm := time.NewTimer(time.Duration(until - t.now()))
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for {
+		quietUntil := max(t.last.Load(), t.lastInput.Load(), t.activeSince.Load()) + int64(quiet)
+		now := t.now()
+		if now >= deadline {
+			return false, nil
+		}
+		if now < quietUntil {
+			if err := sleep(min(quietUntil, deadline)); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if cpu == nil {
+			return true, nil
+		}
+		before, err := cpu()
+		if err != nil {
+			return true, nil // the probe is a refinement; damage already says still
+		}
+		if err := sleep(min(now+int64(cpuProbe), deadline)); err != nil {
+			return false, err
+		}
+		after, err := cpu()
+		ran := after - before
+		if err == nil && ran < cpuIdle && ran > -cpuIdle && t.last.Load() < now {
+			return true, nil
+		}
+	}
+}
+
+// cpuProbe is the window in which the sandbox's processes must not run for
+// the screen to count as settled, and cpuIdle what still counts as not
+// running (timer wakeups). A process exiting in the window lowers the sum.
+const (
+	cpuProbe = 10 * time.Millisecond
+	cpuIdle  = 300 * time.Microsecond
+)
 
 // memoryMark stores the verifier value in the heap only.
 func (s *Server) memoryMark(req *aciv1.MemoryMarkRequest) (*aciv1.MemoryMarkResponse, error) {

@@ -10,12 +10,9 @@ import (
 	"image/png"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +23,7 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
+	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
 )
 
 // These tests run the ACI server on a real x11.Desktop over a private Xvfb.
@@ -33,74 +31,18 @@ import (
 // missing.
 
 const (
-	xvfbBin         = "/usr/bin/Xvfb"
 	realW, realH    = 1280, 800
 	firstDisplayNum = 160 // x11's tests use :97.., guestd's e2e :71..
 )
 
-func needRealX(tb testing.TB) {
-	tb.Helper()
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		tb.Skip("set FORKFLEET_INTEGRATION=1 to run against real Xvfb")
-	}
-	if _, err := os.Stat(xvfbBin); err != nil {
-		tb.Fatalf("FORKFLEET_INTEGRATION=1 but %s is missing: %v", xvfbBin, err)
-	}
-}
+func needRealX(tb testing.TB) { tb.Helper(); xvfbtest.Need(tb, true) }
 
 // startXvfb starts a private Xvfb and returns its display name.
 func startXvfb(tb testing.TB) string {
 	tb.Helper()
 	needRealX(tb)
-	for n := firstDisplayNum; n < firstDisplayNum+40; n++ {
-		cmd := exec.Command(xvfbBin, fmt.Sprintf(":%d", n), "-screen", "0", fmt.Sprintf("%dx%dx24", realW, realH),
-			"-noreset", "-nolisten", "tcp", "+extension", "DAMAGE", "+extension", "XFIXES", "+extension", "XTEST")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("start Xvfb: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
-		deadline := time.Now().Add(15 * time.Second)
-		up := false
-		for !up {
-			select {
-			case <-exited:
-			default:
-				if c, err := net.Dial("unix", sock); err == nil {
-					c.Close()
-					up = true
-					continue
-				}
-				if time.Now().After(deadline) {
-					cmd.Process.Kill()
-					<-exited
-					tb.Fatalf("Xvfb :%d did not come up: %s", n, stderr.String())
-				}
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-			break // lost a race for the display: try the next one
-		}
-		if !up {
-			continue
-		}
-		tb.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(5 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		})
-		return fmt.Sprintf(":%d", n)
-	}
-	tb.Fatalf("no free X display in :%d..:%d", firstDisplayNum, firstDisplayNum+39)
-	return ""
+	return xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: firstDisplayNum, Width: realW, Height: realH,
+		Args: []string{"+extension", "DAMAGE", "+extension", "XFIXES", "+extension", "XTEST"}}).Display
 }
 
 // realServer is an ACI server on a real desktop with one client session.
@@ -392,5 +334,32 @@ func TestRealScreenshotCursorAndCache(t *testing.T) {
 	plain := rs.shot(t, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE})
 	if !bytes.Equal(plain.GetFrameHash(), hashOf(t, p.truth())) {
 		t.Fatal("plain frame differs from the screen")
+	}
+}
+
+// TestRealReleaseScratch gives the capture segment back and checks the next
+// capture is still exact.
+func TestRealReleaseScratch(t *testing.T) {
+	display := startXvfb(t)
+	rs := newRealServer(t, display)
+	p := newPainter(t, display)
+	p.fill(xproto.Drawable(p.root), 0x336699, image.Rect(100, 100, 400, 300))
+	p.sync()
+	before := rs.shot(t, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := rs.c.Call(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchRequest{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.GetReleaseScratch().GetReleasedBytes(); got < realW*realH*4 {
+		t.Fatalf("released %d bytes, want at least the capture segment (%d): %v", got, realW*realH*4, r)
+	}
+	// Draw, so the answer cannot come from the unchanged-frame cache.
+	p.fill(xproto.Drawable(p.root), 0x996633, image.Rect(500, 100, 600, 200))
+	p.sync()
+	after := rs.shot(t, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE})
+	if want := hashOf(t, p.truth()); !bytes.Equal(after.GetFrameHash(), want) || bytes.Equal(after.GetFrameHash(), before.GetFrameHash()) {
+		t.Fatalf("frame after release %x, want %x (screen read back)", after.GetFrameHash(), want)
 	}
 }

@@ -141,11 +141,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		MaxUploads:   cfg.Limits.MaxUploads,
 		UploadIdle:   time.Duration(cfg.Limits.UploadIdleSeconds) * time.Second,
 	})
-	srv, err := aci.New(aci.Options{
+	opts := aci.Options{
 		ACIToken: cfg.ACIToken, AdminToken: cfg.AdminToken, InsecureNoAuth: o.insecureNoAuth,
 		SandboxID: cfg.SandboxID, ServerVersion: Version, MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		Runner: runner, Files: files, Log: log,
-	})
+	}
+	if os.Getpid() == 1 {
+		// As the sandbox's init, /proc shows the sandbox only.
+		opts.SandboxCPU = sysops.OthersCPUTime
+	}
+	srv, err := aci.New(opts)
 	if err != nil {
 		rp.Close()
 		return err

@@ -118,7 +118,7 @@ type startConfig struct {
 	gate   <-chan struct{}
 }
 
-// WithZlib enables zlib delta tiles for a lossless (PNG) stream: the session
+// WithZlib enables zlib delta frames for a lossless (PNG) stream: the session
 // negotiated CapabilityZlib. Keyframes stay PNG. A request whose format is
 // FormatZlib is only accepted with this option.
 func WithZlib() StartOption { return func(c *startConfig) { c.zlib = true } }
@@ -335,6 +335,7 @@ type params struct {
 	maxLongEdge int
 	region      image.Rectangle // root coordinates
 	cursor      aciv1.CursorMode
+	frameHashes bool // frame_hash on delta frames too
 }
 
 func parseRequest(req *aciv1.ScreencastStartRequest, sw, sh int, sc startConfig) (params, error) {
@@ -358,12 +359,14 @@ func parseRequest(req *aciv1.ScreencastStartRequest, sw, sh int, sc startConfig)
 		p.format = aciv1.ImageFormat_IMAGE_FORMAT_PNG
 		p.zlib = sc.zlib && p.delta
 	case aciv1.ImageFormat_IMAGE_FORMAT_JPEG, aciv1.ImageFormat_IMAGE_FORMAT_NONE:
-	case FormatZlib:
+	case FormatZlib, aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_BGR:
+		// ZLIB_BGR names the zlib deltas of older clients; they are sent
+		// as FormatZlib either way.
 		if !sc.zlib {
 			return p, acierr.Invalid(f+"format", "format %d needs the %q capability", int32(p.format), CapabilityZlib)
 		}
 		if !p.delta {
-			return p, acierr.Invalid(f+"format", "zlib tiles need delta=true (keyframes are PNG)")
+			return p, acierr.Invalid(f+"format", "zlib frames need delta=true (keyframes are PNG)")
 		}
 		p.format, p.zlib = aciv1.ImageFormat_IMAGE_FORMAT_PNG, true
 	default:
@@ -394,6 +397,7 @@ func parseRequest(req *aciv1.ScreencastStartRequest, sw, sh int, sc startConfig)
 		}
 		p.region = rr
 	}
+	p.frameHashes = req.GetFrameHashes()
 	p.cursor = req.GetCursor()
 	switch p.cursor {
 	case aciv1.CursorMode_CURSOR_MODE_UNSPECIFIED, aciv1.CursorMode_CURSOR_MODE_HIDDEN:

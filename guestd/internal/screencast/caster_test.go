@@ -66,8 +66,35 @@ func (k *sink) snapshot() ([]*aciv1.ScreencastFrame, []error) {
 	return append([]*aciv1.ScreencastFrame(nil), k.frames...), append([]error(nil), k.errs...)
 }
 
+// waitScreen waits until the compositor is in sync and holds want's pixels
+// (B, G, R). It compares pixels, not hashes: delta frames carry no hash
+// unless the stream asked for them.
+func (k *sink) waitScreen(t *testing.T, want encode.Image, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	var pix []byte
+	for {
+		if k.comp.Synced() {
+			var w, h int
+			pix, w, h = k.comp.Snapshot(pix)
+			if w == want.Width && h == want.Height && equalRGB(pix, want) {
+				return
+			}
+		}
+		select {
+		case <-k.signal:
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			fr, errs := k.snapshot()
+			t.Fatalf("compositor never reached the screen's pixels (%d frames, errors %v)", len(fr), errs)
+		}
+	}
+}
+
 // waitHash waits until the compositor holds a frame whose server hash is
-// want.
+// want: for lossy streams, whose pixels never match the screen exactly.
+// Only frames that carry a hash (keyframes, or every frame of a stream
+// started with frame_hashes) can satisfy it.
 func (k *sink) waitHash(t *testing.T, want [16]byte, timeout time.Duration) {
 	t.Helper()
 	deadline := time.After(timeout)
@@ -83,6 +110,29 @@ func (k *sink) waitHash(t *testing.T, want [16]byte, timeout time.Duration) {
 			t.Fatalf("compositor never reached the screen's hash (%d frames, errors %v)", len(fr), errs)
 		}
 	}
+}
+
+// equalRGB reports whether the BGRX framebuffer got holds want's pixels.
+func equalRGB(got []byte, want encode.Image) bool {
+	for y := 0; y < want.Height; y++ {
+		row := want.Row(y)
+		g := got[y*want.Width*4 : (y+1)*want.Width*4]
+		for x := 0; x < want.Width; x++ {
+			if g[4*x] != row[4*x] || g[4*x+1] != row[4*x+1] || g[4*x+2] != row[4*x+2] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// payloadBytes is the frame's encoded pixel data: tiles and zlib chunk.
+func payloadBytes(f *aciv1.ScreencastFrame) int {
+	n := len(f.GetZlibChunk())
+	for _, tl := range f.GetTiles() {
+		n += len(tl.GetData())
+	}
+	return n
 }
 
 func imageOf(pix []byte, w, h int) encode.Image {
@@ -162,7 +212,7 @@ func TestReconstructTyping(t *testing.T) {
 			// A large repaint (a window opening).
 			d.draw(image.Rect(300, 150, 620, 390), func(x, y int) (byte, byte, byte) { return byte(x * y), byte(x), byte(y) })
 			want := imageOf(d.snapshot(), 640, 400)
-			k.waitHash(t, hashOf(t, want), 5*time.Second)
+			k.waitScreen(t, want, 5*time.Second)
 			pix, _, _ := k.comp.Snapshot(nil)
 			sameRGB(t, pix, want)
 			frames, errs := k.snapshot()
@@ -176,9 +226,7 @@ func TestReconstructTyping(t *testing.T) {
 					continue
 				}
 				deltas++
-				for _, tl := range f.GetTiles() {
-					deltaBytes += len(tl.GetData())
-				}
+				deltaBytes += payloadBytes(f)
 				formats[f.GetFormat()]++
 			}
 			// Typing goes as zlib; the large repaint as PNG (scheduling may
@@ -231,7 +279,7 @@ func TestGapRequestsKeyframe(t *testing.T) {
 	id.Store(startStream(t, c, &aciv1.ScreencastStartRequest{Fps: 60, Delta: true}, k, WithZlib()))
 	typeText(d, 5, 5, sample, 3*time.Millisecond)
 	want := imageOf(d.snapshot(), 320, 200)
-	k.waitHash(t, hashOf(t, want), 5*time.Second)
+	k.waitScreen(t, want, 5*time.Second)
 	pix, _, _ := k.comp.Snapshot(nil)
 	sameRGB(t, pix, want)
 	if asked.Load() != 1 {
@@ -301,7 +349,7 @@ func TestSlowClientBoundedAndCoalesced(t *testing.T) {
 	}
 	close(gate)
 	want := imageOf(d.snapshot(), 640, 400)
-	k.waitHash(t, hashOf(t, want), 5*time.Second)
+	k.waitScreen(t, want, 5*time.Second)
 	pix, _, _ := k.comp.Snapshot(nil)
 	sameRGB(t, pix, want)
 	if maxInFlight.Load() != 1 {
@@ -356,7 +404,7 @@ func TestScaledRegionAndCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kScaled.waitHash(t, hashOf(t, scaled), 5*time.Second)
+	kScaled.waitScreen(t, scaled, 5*time.Second)
 	pix, w, h := kScaled.comp.Snapshot(nil)
 	if w != scaled.Width || h != scaled.Height {
 		t.Fatalf("scaled stream %dx%d, want %dx%d", w, h, scaled.Width, scaled.Height)
@@ -372,7 +420,7 @@ func TestScaledRegionAndCursor(t *testing.T) {
 	if err := encode.CompositeARGB(withCursor, 300-1-region.Min.X, 200-1-region.Min.Y, arrow, 8, 8); err != nil {
 		t.Fatal(err)
 	}
-	kRegion.waitHash(t, hashOf(t, withCursor), 5*time.Second)
+	kRegion.waitScreen(t, withCursor, 5*time.Second)
 	pix, _, _ = kRegion.comp.Snapshot(nil)
 	sameRGB(t, pix, withCursor)
 
@@ -449,7 +497,7 @@ func TestScrollSentAsCopy(t *testing.T) {
 			c := New(d, Options{})
 			k := newSink()
 			startStream(t, c, &aciv1.ScreencastStartRequest{Fps: 60, Delta: true}, k, tc.opts...)
-			k.waitHash(t, hashOf(t, imageOf(d.snapshot(), 640, 400)), 5*time.Second)
+			k.waitScreen(t, imageOf(d.snapshot(), 640, 400), 5*time.Second)
 			before := k.count()
 			// One line scrolls out at the top and a new one is typed at the
 			// bottom, like a terminal after Return.
@@ -458,7 +506,7 @@ func TestScrollSentAsCopy(t *testing.T) {
 				d.glyph(0, 0, col, 28, byte('A'+col%26))
 			}
 			want := imageOf(d.snapshot(), 640, 400)
-			k.waitHash(t, hashOf(t, want), 5*time.Second)
+			k.waitScreen(t, want, 5*time.Second)
 			pix, _, _ := k.comp.Snapshot(nil)
 			sameRGB(t, pix, want)
 			frames, errs := k.snapshot()
@@ -467,9 +515,7 @@ func TestScrollSentAsCopy(t *testing.T) {
 			}
 			total := 0
 			for _, f := range frames[before:] {
-				for _, tl := range f.GetTiles() {
-					total += len(tl.GetData())
-				}
+				total += payloadBytes(f)
 			}
 			t.Logf("%s: scroll of a dense 640x377 area: %d frames, %d tile bytes", tc.name, len(frames)-before, total)
 			if tc.name == "zlib" && total > 4096 {
@@ -492,7 +538,7 @@ func TestKeyframeIntervalAndFullFrames(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	want := imageOf(d.snapshot(), 320, 200)
-	kInt.waitHash(t, hashOf(t, want), 5*time.Second)
+	kInt.waitScreen(t, want, 5*time.Second)
 	kFull.waitHash(t, hashOf(t, want), 5*time.Second)
 	frames, _ := kInt.snapshot()
 	keys := 0
@@ -530,5 +576,5 @@ func TestGateHoldsFirstFrame(t *testing.T) {
 		t.Fatalf("%d frames before the gate opened", n)
 	}
 	close(gate)
-	k.waitHash(t, hashOf(t, imageOf(d.snapshot(), 64, 64)), 2*time.Second)
+	k.waitScreen(t, imageOf(d.snapshot(), 64, 64), 2*time.Second)
 }

@@ -1,6 +1,7 @@
 package screencast
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"image"
@@ -43,6 +44,12 @@ type stream struct {
 	lastSent time.Time
 	lastKey  time.Time
 	forceKey bool
+
+	// Frame times: the last keyframe's capture (monotonic) and the last
+	// frame's time in microseconds after it. Delta frames carry the
+	// difference to the previous frame, which stays a few bytes.
+	keyAt  time.Time
+	lastUs int64
 
 	cur    encode.Image // region pixels as captured
 	disp   encode.Image // cur with the cursor composited (== cur without overlay)
@@ -294,17 +301,28 @@ func (s *stream) frame(now time.Time) error {
 		out = sc
 	}
 
-	f := &aciv1.ScreencastFrame{
-		StreamId:     s.id,
-		Seq:          s.seq + 1,
-		CapturedAtNs: uint64(capturedAt.UnixNano()),
-		Keyframe:     key,
-		Format:       s.p.format,
-		Width:        uint32(out.Width),
-		Height:       uint32(out.Height),
-		Coalesced:    coalesced,
+	forced := s.forceKey || keyReq
+	if key && !forced && sameImage(out, s.ref) {
+		// A keyframe due only to damage (delta=false, or the keyframe
+		// interval) whose pixels the client already holds: a damage event
+		// without a visible change, or the watch-start re-check. Idle
+		// stays one keyframe and then nothing, in every mode.
+		return nil
 	}
+
+	// Delta frames carry neither geometry nor absolute time (see the proto):
+	// only what the client cannot know.
+	f := &aciv1.ScreencastFrame{
+		StreamId:  s.id,
+		Seq:       s.seq + 1,
+		Keyframe:  key,
+		Format:    s.p.format,
+		Coalesced: coalesced,
+	}
+	var frameUs int64 // microseconds after the keyframe's capture
 	if key {
+		f.CapturedAtNs = uint64(capturedAt.UnixNano())
+		f.Width, f.Height = uint32(out.Width), uint32(out.Height)
 		copy(s.ref.Pix, out.Pix)
 		if s.p.format != aciv1.ImageFormat_IMAGE_FORMAT_NONE {
 			data, err := s.encodeImage(out)
@@ -319,6 +337,8 @@ func (s *stream) frame(now time.Time) error {
 			}
 		}
 	} else {
+		frameUs = max(capturedAt.Sub(s.keyAt).Microseconds(), s.lastUs)
+		f.CapturedAtDeltaUs = uint64(frameUs - s.lastUs)
 		// Scrolls first: a copy is only expressible in zlib frames. The
 		// copies are applied to ref (as the client will) before the diff,
 		// which then only finds the rows that scrolled in.
@@ -350,16 +370,18 @@ func (s *stream) frame(now time.Time) error {
 			return err
 		}
 	}
-	sum, err := encode.Hash128(out)
-	if err != nil {
-		return fmt.Errorf("screencast: hash: %w", err)
+	if key || s.p.frameHashes {
+		sum, err := encode.Hash128(out)
+		if err != nil {
+			return fmt.Errorf("screencast: hash: %w", err)
+		}
+		f.FrameHash = sum[:]
 	}
-	f.FrameHash = sum[:]
 
 	s.mu.Lock()
 	s.sending = true
 	s.mu.Unlock()
-	err = s.send(f)
+	err := s.send(f)
 	s.mu.Lock()
 	s.sending = false
 	s.mu.Unlock()
@@ -368,11 +390,26 @@ func (s *stream) frame(now time.Time) error {
 	}
 	s.seq++
 	s.lastSent = now
+	s.lastUs = frameUs
 	if key {
 		s.lastKey = now
 		s.forceKey = false
+		s.keyAt = capturedAt
 	}
 	return nil
+}
+
+// sameImage reports whether a and b (same size) hold the same pixels.
+func sameImage(a, b encode.Image) bool {
+	if a.Width != b.Width || a.Height != b.Height {
+		return false
+	}
+	for y := 0; y < a.Height; y++ {
+		if !bytes.Equal(a.Row(y)[:4*a.Width], b.Row(y)[:4*b.Width]) {
+			return false
+		}
+	}
+	return true
 }
 
 // overlayCursor refreshes disp from cur over rects, moves the sprite, and
@@ -448,15 +485,15 @@ func (s *stream) encodeTiles(f *aciv1.ScreencastFrame, out encode.Image, copies 
 		for _, t := range tiles {
 			zt = append(zt, zlibTile{rect: t})
 		}
-		pt, err := s.zl.encode(out, zt)
+		chunk, err := s.zl.encode(out, zt)
 		if err != nil {
 			// The DEFLATE context is now unknown to the client: the next
 			// frame must be a keyframe.
 			s.forceKey = true
-			return fmt.Errorf("screencast: zlib tiles: %w", err)
+			return fmt.Errorf("screencast: zlib records: %w", err)
 		}
 		f.Format = FormatZlib
-		f.Tiles = pt
+		f.ZlibChunk = chunk
 		return nil
 	}
 	if s.p.zlib {

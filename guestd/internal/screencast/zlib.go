@@ -3,8 +3,10 @@ package screencast
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"image"
+	"math"
 
 	"github.com/klauspost/compress/flate"
 
@@ -12,38 +14,46 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 )
 
-// Zlib tiles: the lossless delta encoding whose compression context persists
-// across the frames of a stream (what makes VNC's ZRLE cheap for typing: a
-// glyph typed before costs a back-reference).
+// Zlib records: the lossless delta encoding whose compression context
+// persists across the frames of a stream (what makes VNC's ZRLE cheap for
+// typing: a glyph typed before costs a back-reference).
 //
-// Framing of a frame with format FormatZlib: the data of its tiles,
-// concatenated in tile order, is the next chunk of one raw DEFLATE stream
-// (RFC 1951, no zlib header) per stream, ending with a sync flush
-// (00 00 ff ff). The DEFLATE stream starts afresh after every keyframe (which
-// is itself PNG or JPEG). Inflated, the chunk holds one record per tile, in
-// tile order:
+// A frame with format FormatZlib carries no tiles: its zlib_chunk is the
+// next chunk of one raw DEFLATE stream (RFC 1951, no zlib header) per
+// stream, ending with a sync flush whose constant tail 00 00 ff ff is left
+// off (as in RFC 7692; the client appends it). The DEFLATE stream starts
+// afresh after every keyframe (which is itself PNG or JPEG). Inflated, the
+// chunk is records applied in order; integers are uint16 little-endian and
+// a rect is x, y, width, height:
 //
-//	op 0 (raw):   0x00, then width*height pixels row-major, 3 bytes each: B, G, R
-//	op 1 (copy):  0x01, int32 LE src_x, int32 LE src_y: the tile's rect is a
-//	              copy of the same-size rect at (src_x, src_y) of the client's
-//	              frame as it is at this point of applying the frame
-//	op 2 (solid): 0x02, B, G, R: the whole rect has this colour
+//	op 0 (raw):   0x00, rect, then width*height pixels row-major, 3 bytes
+//	              each: B, G, R
+//	op 1 (copy):  0x01, rect, src_x, src_y: the rect is a copy of the
+//	              same-size rect at (src_x, src_y) of the client's frame as it
+//	              is at this point of applying the frame
+//	op 2 (solid): 0x02, rect, B, G, R: the whole rect has this colour
+//	op 3 (end):   0x03: the frame's last record
 //
-// Tiles are applied in order. How the chunk's bytes are spread over the
-// tiles' data fields carries no meaning (the server puts the bytes the
-// compressor emitted while writing a tile on that tile, and the flush on the
-// last one).
+// The rects travel inside the compressed stream rather than as protobuf
+// Tile messages: a typing update's rect repeats most bytes of the previous
+// one (same row, same glyph size), so it costs a few bits instead of the
+// 16 bytes of a Tile with its Rect.
 const (
 	// FormatZlib is the format of zlib delta frames.
-	FormatZlib = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_BGR
+	FormatZlib = aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS
 	// CapabilityZlib is the HelloRequest/HelloResponse capability that
-	// enables zlib tiles on a session.
+	// enables zlib delta frames on a session.
 	CapabilityZlib = "screencast.zlib"
 
 	zlibOpRaw   = 0
 	zlibOpCopy  = 1
 	zlibOpSolid = 2
+	zlibOpEnd   = 3
 )
+
+// syncFlushTail ends every sync flush (the empty stored block's LEN and
+// NLEN); frames leave it off.
+var syncFlushTail = []byte{0x00, 0x00, 0xff, 0xff}
 
 // zlibLevel trades guest CPU for bytes. Typing updates are a few hundred
 // raw bytes, where the exhaustive match search of level 9 costs
@@ -82,44 +92,46 @@ func (z *zlibEncoder) reset() error {
 	return nil
 }
 
-// zlibTile is one tile to encode: raw pixels of rect from img, or a copy
-// from src.
+// zlibTile is one record to encode: raw (or solid) pixels of rect from
+// img, or a copy from src.
 type zlibTile struct {
 	rect image.Rectangle
 	copy bool
 	src  image.Point
 }
 
-// encode appends the tiles to the stream and returns one proto tile each.
+// encode appends the records to the stream and returns the frame's chunk.
 // On error the stream is unusable; the caller must send a keyframe next.
-func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]*aciv1.Tile, error) {
-	out := make([]*aciv1.Tile, 0, len(tiles))
-	taken := 0
-	take := func() []byte {
-		b := bytes.Clone(z.out.Bytes()[taken:])
-		taken = z.out.Len()
-		return b
+func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]byte, error) {
+	var hdr [16]byte
+	rect := func(op byte, r image.Rectangle) []byte {
+		hdr[0] = op
+		binary.LittleEndian.PutUint16(hdr[1:], uint16(r.Min.X))
+		binary.LittleEndian.PutUint16(hdr[3:], uint16(r.Min.Y))
+		binary.LittleEndian.PutUint16(hdr[5:], uint16(r.Dx()))
+		binary.LittleEndian.PutUint16(hdr[7:], uint16(r.Dy()))
+		return hdr[:9]
 	}
-	var hdr [9]byte
-	for i, t := range tiles {
+	for _, t := range tiles {
+		if t.rect.Empty() || t.rect.Max.X > math.MaxUint16 || t.rect.Max.Y > math.MaxUint16 || t.rect.Min.X < 0 || t.rect.Min.Y < 0 {
+			return nil, fmt.Errorf("screencast: zlib record rect %v out of range", t.rect)
+		}
 		switch {
 		case t.copy:
-			hdr[0] = zlibOpCopy
-			binary.LittleEndian.PutUint32(hdr[1:], uint32(int32(t.src.X)))
-			binary.LittleEndian.PutUint32(hdr[5:], uint32(int32(t.src.Y)))
-			if _, err := z.zw.Write(hdr[:9]); err != nil {
+			b := rect(zlibOpCopy, t.rect)
+			b = binary.LittleEndian.AppendUint16(b, uint16(t.src.X))
+			b = binary.LittleEndian.AppendUint16(b, uint16(t.src.Y))
+			if _, err := z.zw.Write(b); err != nil {
 				return nil, err
 			}
 		default:
 			if c, ok := solid(img, t.rect); ok {
-				hdr[0], hdr[1], hdr[2], hdr[3] = zlibOpSolid, c[0], c[1], c[2]
-				if _, err := z.zw.Write(hdr[:4]); err != nil {
+				if _, err := z.zw.Write(append(rect(zlibOpSolid, t.rect), c[0], c[1], c[2])); err != nil {
 					return nil, err
 				}
 				break
 			}
-			hdr[0] = zlibOpRaw
-			if _, err := z.zw.Write(hdr[:1]); err != nil {
+			if _, err := z.zw.Write(rect(zlibOpRaw, t.rect)); err != nil {
 				return nil, err
 			}
 			w := t.rect.Dx()
@@ -137,13 +149,18 @@ func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]*aciv1.Tile,
 				}
 			}
 		}
-		if i == len(tiles)-1 {
-			if err := z.zw.Flush(); err != nil {
-				return nil, err
-			}
-		}
-		out = append(out, &aciv1.Tile{Rect: protoRect(t.rect), Data: take()})
 	}
+	if _, err := z.zw.Write([]byte{zlibOpEnd}); err != nil {
+		return nil, err
+	}
+	if err := z.zw.Flush(); err != nil {
+		return nil, err
+	}
+	chunk, ok := bytes.CutSuffix(z.out.Bytes(), syncFlushTail)
+	if !ok {
+		return nil, errors.New("screencast: zlib sync flush without its 00 00 ff ff tail")
+	}
+	out := bytes.Clone(chunk)
 	// Keep the buffer from growing without bound over a long stream.
 	z.out.Reset()
 	return out, nil

@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -382,5 +383,26 @@ func TestFileGetStatListMkdirDelete(t *testing.T) {
 	}
 	if _, err := f.Delete(&aciv1.FileDeleteRequest{Path: "/", Recursive: true}); code(err) != aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED {
 		t.Fatalf("delete /: %v", err)
+	}
+}
+
+func TestOthersCPUTime(t *testing.T) {
+	// A child that spins makes the sum grow by about its run time.
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	a, err := OthersCPUTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	b, err := OthersCPUTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a <= 0 || b-a < 10*time.Millisecond {
+		t.Fatalf("others' CPU time %v then %v: want the spinning child's run time added", a, b)
 	}
 }

@@ -263,3 +263,24 @@ func setFrame(dst *desktop.Frame, r image.Rectangle, pix []byte) {
 	dst.Stride = r.Dx() * 4
 	dst.Rect = r
 }
+
+// ReleaseScratch gives the pages of the capture segments back to the kernel
+// (MADV_REMOVE) and returns how many bytes that was. They are scratch the
+// next capture rewrites, but SysV shared memory is not merged by KSM: every
+// replica of a checkpoint would keep its own copy, and CRIU would dump it.
+func (d *Desktop) ReleaseScratch() int {
+	n := 0
+	d.cap.mu.Lock()
+	if d.cap.shmOn && unix.Madvise(d.cap.shmBuf, unix.MADV_REMOVE) == nil {
+		n += len(d.cap.shmBuf)
+	}
+	d.cap.mu.Unlock()
+	m := &d.cap.mir
+	m.mu.Lock()
+	if m.on && unix.Madvise(m.buf, unix.MADV_REMOVE) == nil {
+		n += len(m.buf)
+		m.valid = false // the mirror is refreshed in full next time
+	}
+	m.mu.Unlock()
+	return n
+}

@@ -257,3 +257,26 @@ func BenchmarkReady(b *testing.B) {
 		}
 	}
 }
+
+// TestReleaseScratch checks that captures after the segments' pages were
+// given back are still exact.
+func TestReleaseScratch(t *testing.T) {
+	x := startX(t)
+	d := openDesktop(t, x)
+	c := newClient(t, x)
+	scene := paintScene(c)
+	full := image.Rect(0, 0, screenW, screenH)
+	var f desktop.Frame
+	if err := d.Capture(full, &f); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.ReleaseScratch(); n < screenW*screenH*4 {
+		t.Fatalf("released %d bytes, want at least the capture segment (%d)", n, screenW*screenH*4)
+	}
+	for _, r := range []image.Rectangle{full, image.Rect(295, 195, 705, 505)} {
+		if err := d.Capture(r, &f); err != nil {
+			t.Fatalf("capture %v after release: %v", r, err)
+		}
+		checkFrame(t, &f, r, scene)
+	}
+}

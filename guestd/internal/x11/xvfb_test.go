@@ -5,24 +5,21 @@ package x11
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
 )
 
 const (
-	xvfbPath    = "/usr/bin/Xvfb"
 	openboxPath = "/usr/bin/openbox"
 	screenW     = 1280
 	screenH     = 800
@@ -31,8 +28,7 @@ const (
 // testX is a private Xvfb (and optionally openbox) for one test.
 type testX struct {
 	display string
-	xvfb    *exec.Cmd
-	exited  chan struct{}
+	xvfb    *xvfbtest.Server
 	wm      *exec.Cmd
 }
 
@@ -49,64 +45,16 @@ func init() {
 
 // needXvfb skips when Xvfb is missing, unless FORKFLEET_INTEGRATION=1
 // demands the real-X tests, in which case it fails.
-func needXvfb(tb testing.TB) {
-	tb.Helper()
-	if _, err := os.Stat(xvfbPath); err != nil {
-		if os.Getenv("FORKFLEET_INTEGRATION") == "1" {
-			tb.Fatalf("FORKFLEET_INTEGRATION=1 but %s is missing: %v", xvfbPath, err)
-		}
-		tb.Skipf("%s not installed: real-X tests skipped", xvfbPath)
-	}
-}
+func needXvfb(tb testing.TB) { tb.Helper(); xvfbtest.Need(tb, false) }
 
 // startX starts Xvfb on the first free display from :97 and stops it when
 // the test ends.
 func startX(tb testing.TB) *testX {
 	tb.Helper()
-	needXvfb(tb)
-	for n := 97; n < 160; n++ {
-		// A live lock makes Xvfb exit at once; a stale one it replaces.
-		if x := tryXvfb(tb, n); x != nil {
-			return x
-		}
-	}
-	tb.Fatal("no free X display between :97 and :159")
-	return nil
-}
-
-func tryXvfb(tb testing.TB, n int) *testX {
-	tb.Helper()
-	cmd := exec.Command(xvfbPath, fmt.Sprintf(":%d", n), "-screen", "0", fmt.Sprintf("%dx%dx24", screenW, screenH),
-		"-noreset", "-nolisten", "tcp")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start Xvfb: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case <-exited:
-			return nil // lost a race for the display: try the next one
-		default:
-		}
-		if conn, err := net.Dial("unix", sock); err == nil {
-			conn.Close()
-			x := &testX{display: fmt.Sprintf(":%d", n), xvfb: cmd, exited: exited}
-			tb.Cleanup(x.stop)
-			return x
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-exited
-			tb.Fatalf("Xvfb :%d did not come up: %s", n, stderr.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	s := xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: 97, Displays: 63, Width: screenW, Height: screenH})
+	x := &testX{display: s.Display, xvfb: s}
+	tb.Cleanup(x.stop)
+	return x
 }
 
 func (x *testX) stop() {
@@ -115,17 +63,7 @@ func (x *testX) stop() {
 		x.wm.Wait()
 		x.wm = nil
 	}
-	if x.xvfb != nil {
-		// SIGTERM lets Xvfb remove its lock file and socket.
-		x.xvfb.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-x.exited:
-		case <-time.After(3 * time.Second):
-			x.xvfb.Process.Kill()
-			<-x.exited
-		}
-		x.xvfb = nil
-	}
+	x.xvfb.Stop()
 }
 
 // startWM starts openbox, skipping the test when it is not installed, and

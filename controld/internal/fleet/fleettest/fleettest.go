@@ -801,9 +801,13 @@ func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
 	return nil
 }
 
-func (s *guest) CheckpointPrepare(ctx context.Context, hold time.Duration) error { return s.check(ctx) }
+func (s *guest) CheckpointPrepare(ctx context.Context, _, settle time.Duration) ([]byte, error) {
+	return s.FrameHash(ctx, settle)
+}
 
 func (s *guest) CheckpointDone(ctx context.Context) error { return s.check(ctx) }
+
+func (s *guest) ReleaseScratch(ctx context.Context) error { return s.check(ctx) }
 
 func (s *guest) Ping(ctx context.Context) error { return s.check(ctx) }
 

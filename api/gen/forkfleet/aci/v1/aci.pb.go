@@ -185,14 +185,27 @@ const (
 	ImageFormat_IMAGE_FORMAT_JPEG        ImageFormat = 2
 	// No pixels: only the frame hash and geometry (cheap identity check).
 	ImageFormat_IMAGE_FORMAT_NONE ImageFormat = 3
-	// Screencast delta frames only (capability "screencast.zlib"): the tiles'
-	// data, concatenated in order, is the next chunk of the stream's raw DEFLATE
-	// stream (RFC 1951, no header; restarted after every keyframe; each frame
-	// ends with a sync flush). Inflated, one record per tile, applied in order:
-	// 0x00 + width*height pixels B,G,R row-major (raw) | 0x01 + int32 LE
-	// src_x, src_y (copy of the same-size rect of the frame as applied so far)
-	// | 0x02 + B,G,R (solid fill). A lossless stream mixes PNG and ZLIB frames.
+	// Screencast delta frames of servers before ZLIB_RECORDS (clients still
+	// decode it): the tiles' data, concatenated in order, is the next chunk of
+	// the stream's raw DEFLATE stream (RFC 1951, no header; restarted after
+	// every keyframe; each frame ends with a sync flush). Inflated, one record
+	// per tile, applied in order: 0x00 + width*height pixels B,G,R row-major
+	// (raw) | 0x01 + int32 LE src_x, src_y (copy of the same-size rect of the
+	// frame as applied so far) | 0x02 + B,G,R (solid fill).
 	ImageFormat_IMAGE_FORMAT_ZLIB_BGR ImageFormat = 4
+	// Screencast delta frames only (capability "screencast.zlib"): the lossless
+	// delta encoding whose compression context persists across frames. The
+	// frame has no tiles; ScreencastFrame.zlib_chunk is the next chunk of the
+	// stream's raw DEFLATE stream (RFC 1951, no header; restarted after every
+	// keyframe). Each chunk ends with a sync flush whose constant last four
+	// bytes 00 00 ff ff are left off, as in RFC 7692: the client appends them
+	// before inflating. Inflated, the chunk is records applied in order,
+	// integers uint16 little-endian, a rect being x, y, width, height:
+	// 0x00 rect + width*height pixels B,G,R row-major (raw) | 0x01 rect +
+	// src_x, src_y (copy of the same-size rect of the frame as applied so far)
+	// | 0x02 rect + B,G,R (solid fill) | 0x03 (end of the frame's records).
+	// A lossless stream mixes PNG and ZLIB_RECORDS frames.
+	ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS ImageFormat = 5
 )
 
 // Enum value maps for ImageFormat.
@@ -203,13 +216,15 @@ var (
 		2: "IMAGE_FORMAT_JPEG",
 		3: "IMAGE_FORMAT_NONE",
 		4: "IMAGE_FORMAT_ZLIB_BGR",
+		5: "IMAGE_FORMAT_ZLIB_RECORDS",
 	}
 	ImageFormat_value = map[string]int32{
-		"IMAGE_FORMAT_UNSPECIFIED": 0,
-		"IMAGE_FORMAT_PNG":         1,
-		"IMAGE_FORMAT_JPEG":        2,
-		"IMAGE_FORMAT_NONE":        3,
-		"IMAGE_FORMAT_ZLIB_BGR":    4,
+		"IMAGE_FORMAT_UNSPECIFIED":  0,
+		"IMAGE_FORMAT_PNG":          1,
+		"IMAGE_FORMAT_JPEG":         2,
+		"IMAGE_FORMAT_NONE":         3,
+		"IMAGE_FORMAT_ZLIB_BGR":     4,
+		"IMAGE_FORMAT_ZLIB_RECORDS": 5,
 	}
 )
 
@@ -391,6 +406,7 @@ type ClientMessage struct {
 	//	*ClientMessage_Restored
 	//	*ClientMessage_CheckpointPrepare
 	//	*ClientMessage_CheckpointDone
+	//	*ClientMessage_ReleaseScratch
 	Request       isClientMessage_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -692,6 +708,15 @@ func (x *ClientMessage) GetCheckpointDone() *CheckpointDoneRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetReleaseScratch() *ReleaseScratchRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_ReleaseScratch); ok {
+			return x.ReleaseScratch
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Request interface {
 	isClientMessage_Request()
 }
@@ -808,6 +833,10 @@ type ClientMessage_CheckpointDone struct {
 	CheckpointDone *CheckpointDoneRequest `protobuf:"bytes,29,opt,name=checkpoint_done,json=checkpointDone,proto3,oneof"`
 }
 
+type ClientMessage_ReleaseScratch struct {
+	ReleaseScratch *ReleaseScratchRequest `protobuf:"bytes,30,opt,name=release_scratch,json=releaseScratch,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Request() {}
 
 func (*ClientMessage_Ping) isClientMessage_Request() {}
@@ -864,6 +893,8 @@ func (*ClientMessage_CheckpointPrepare) isClientMessage_Request() {}
 
 func (*ClientMessage_CheckpointDone) isClientMessage_Request() {}
 
+func (*ClientMessage_ReleaseScratch) isClientMessage_Request() {}
+
 // ServerMessage is the only message a server sends.
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -900,6 +931,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Restored
 	//	*ServerMessage_CheckpointPrepare
 	//	*ServerMessage_CheckpointDone
+	//	*ServerMessage_ReleaseScratch
 	//	*ServerMessage_Event
 	Reply         isServerMessage_Reply `protobuf_oneof:"reply"`
 	unknownFields protoimpl.UnknownFields
@@ -1211,6 +1243,15 @@ func (x *ServerMessage) GetCheckpointDone() *CheckpointDoneResponse {
 	return nil
 }
 
+func (x *ServerMessage) GetReleaseScratch() *ReleaseScratchResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_ReleaseScratch); ok {
+			return x.ReleaseScratch
+		}
+	}
+	return nil
+}
+
 func (x *ServerMessage) GetEvent() *Event {
 	if x != nil {
 		if x, ok := x.Reply.(*ServerMessage_Event); ok {
@@ -1342,6 +1383,10 @@ type ServerMessage_CheckpointDone struct {
 	CheckpointDone *CheckpointDoneResponse `protobuf:"bytes,30,opt,name=checkpoint_done,json=checkpointDone,proto3,oneof"`
 }
 
+type ServerMessage_ReleaseScratch struct {
+	ReleaseScratch *ReleaseScratchResponse `protobuf:"bytes,31,opt,name=release_scratch,json=releaseScratch,proto3,oneof"`
+}
+
 type ServerMessage_Event struct {
 	// Pushed without a request (id 0).
 	Event *Event `protobuf:"bytes,40,opt,name=event,proto3,oneof"`
@@ -1404,6 +1449,8 @@ func (*ServerMessage_Restored) isServerMessage_Reply() {}
 func (*ServerMessage_CheckpointPrepare) isServerMessage_Reply() {}
 
 func (*ServerMessage_CheckpointDone) isServerMessage_Reply() {}
+
+func (*ServerMessage_ReleaseScratch) isServerMessage_Reply() {}
 
 func (*ServerMessage_Event) isServerMessage_Reply() {}
 
@@ -4846,8 +4893,11 @@ type ScreencastStartRequest struct {
 	MaxLongEdge        uint32     `protobuf:"varint,6,opt,name=max_long_edge,json=maxLongEdge,proto3" json:"max_long_edge,omitempty"`
 	Region             *Rect      `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
 	Cursor             CursorMode `protobuf:"varint,8,opt,name=cursor,proto3,enum=forkfleet.aci.v1.CursorMode" json:"cursor,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Put frame_hash on every frame. By default only keyframes carry one: on a
+	// typing update the 16-byte hash would be a third of the message.
+	FrameHashes   bool `protobuf:"varint,9,opt,name=frame_hashes,json=frameHashes,proto3" json:"frame_hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScreencastStartRequest) Reset() {
@@ -4934,6 +4984,13 @@ func (x *ScreencastStartRequest) GetCursor() CursorMode {
 		return x.Cursor
 	}
 	return CursorMode_CURSOR_MODE_UNSPECIFIED
+}
+
+func (x *ScreencastStartRequest) GetFrameHashes() bool {
+	if x != nil {
+		return x.FrameHashes
+	}
+	return false
 }
 
 type ScreencastStartResponse struct {
@@ -5192,22 +5249,42 @@ func (x *Tile) GetData() []byte {
 	return nil
 }
 
+// ScreencastFrame is one frame of a stream. Delta frames are compact: they
+// omit what the client already knows from the stream's keyframe (geometry,
+// absolute time, and, unless frame_hashes was requested, the hash), so a
+// typing update costs a few tens of bytes on the wire.
 type ScreencastFrame struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	StreamId uint32                 `protobuf:"varint,1,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	// Increments by one per frame sent; a client that sees a gap lost frames
 	// and should ask for a keyframe.
-	Seq          uint64      `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Capture time, Unix nanoseconds. Keyframes only; a delta frame carries
+	// captured_at_delta_us instead.
 	CapturedAtNs uint64      `protobuf:"varint,3,opt,name=captured_at_ns,json=capturedAtNs,proto3" json:"captured_at_ns,omitempty"`
 	Keyframe     bool        `protobuf:"varint,4,opt,name=keyframe,proto3" json:"keyframe,omitempty"`
 	Format       ImageFormat `protobuf:"varint,5,opt,name=format,proto3,enum=forkfleet.aci.v1.ImageFormat" json:"format,omitempty"`
-	Width        uint32      `protobuf:"varint,6,opt,name=width,proto3" json:"width,omitempty"`
-	Height       uint32      `protobuf:"varint,7,opt,name=height,proto3" json:"height,omitempty"`
+	// Frame size in pixels. Keyframes only: a delta frame (0 here) has the
+	// size of the stream's last keyframe; a size change always comes as a
+	// keyframe.
+	Width  uint32 `protobuf:"varint,6,opt,name=width,proto3" json:"width,omitempty"`
+	Height uint32 `protobuf:"varint,7,opt,name=height,proto3" json:"height,omitempty"`
 	// A keyframe has one tile covering the frame.
 	Tiles []*Tile `protobuf:"bytes,8,rep,name=tiles,proto3" json:"tiles,omitempty"`
 	// Frames the server coalesced into this one because the client was slow.
-	Coalesced     uint32 `protobuf:"varint,9,opt,name=coalesced,proto3" json:"coalesced,omitempty"`
-	FrameHash     []byte `protobuf:"bytes,10,opt,name=frame_hash,json=frameHash,proto3" json:"frame_hash,omitempty"`
+	Coalesced uint32 `protobuf:"varint,9,opt,name=coalesced,proto3" json:"coalesced,omitempty"`
+	// 128-bit hash of the frame's pixels as the client holds them after
+	// applying it (computed like ScreenshotResponse.frame_hash). On keyframes
+	// always, on delta frames only when ScreencastStartRequest.frame_hashes was
+	// set.
+	FrameHash []byte `protobuf:"bytes,10,opt,name=frame_hash,json=frameHash,proto3" json:"frame_hash,omitempty"`
+	// Delta frames: capture time in microseconds after the previous frame's.
+	// The previous frame's time is its captured_at_ns truncated to whole
+	// microseconds (keyframe) or its own reconstructed time, so summing the
+	// deltas since the keyframe gives each frame's time without drift.
+	CapturedAtDeltaUs uint64 `protobuf:"varint,11,opt,name=captured_at_delta_us,json=capturedAtDeltaUs,proto3" json:"captured_at_delta_us,omitempty"`
+	// Format IMAGE_FORMAT_ZLIB_RECORDS: the frame's records (see the format).
+	ZlibChunk     []byte `protobuf:"bytes,12,opt,name=zlib_chunk,json=zlibChunk,proto3" json:"zlib_chunk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5308,6 +5385,20 @@ func (x *ScreencastFrame) GetCoalesced() uint32 {
 func (x *ScreencastFrame) GetFrameHash() []byte {
 	if x != nil {
 		return x.FrameHash
+	}
+	return nil
+}
+
+func (x *ScreencastFrame) GetCapturedAtDeltaUs() uint64 {
+	if x != nil {
+		return x.CapturedAtDeltaUs
+	}
+	return 0
+}
+
+func (x *ScreencastFrame) GetZlibChunk() []byte {
+	if x != nil {
+		return x.ZlibChunk
 	}
 	return nil
 }
@@ -5795,9 +5886,15 @@ func (*RestoredResponse) Descriptor() ([]byte, []int) {
 type CheckpointPrepareRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 5000 when 0, at most 60000.
-	HoldMs        uint32 `protobuf:"varint,1,opt,name=hold_ms,json=holdMs,proto3" json:"hold_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HoldMs uint32 `protobuf:"varint,1,opt,name=hold_ms,json=holdMs,proto3" json:"hold_ms,omitempty"`
+	// After closing the sessions, wait until nothing was drawn and no input
+	// was sent for settle_ms, counting from the last damage or input (not from
+	// this request: a desktop that has been still costs no wait), bounded by
+	// settle_timeout_ms (1000 when 0). 0: no wait. At most 60000 each.
+	SettleMs        uint32 `protobuf:"varint,2,opt,name=settle_ms,json=settleMs,proto3" json:"settle_ms,omitempty"`
+	SettleTimeoutMs uint32 `protobuf:"varint,3,opt,name=settle_timeout_ms,json=settleTimeoutMs,proto3" json:"settle_timeout_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckpointPrepareRequest) Reset() {
@@ -5837,12 +5934,32 @@ func (x *CheckpointPrepareRequest) GetHoldMs() uint32 {
 	return 0
 }
 
+func (x *CheckpointPrepareRequest) GetSettleMs() uint32 {
+	if x != nil {
+		return x.SettleMs
+	}
+	return 0
+}
+
+func (x *CheckpointPrepareRequest) GetSettleTimeoutMs() uint32 {
+	if x != nil {
+		return x.SettleTimeoutMs
+	}
+	return 0
+}
+
 type CheckpointPrepareResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sessions closed.
 	ClosedSessions uint32 `protobuf:"varint,1,opt,name=closed_sessions,json=closedSessions,proto3" json:"closed_sessions,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Hash of the screen (as ScreenshotResponse.frame_hash for the full
+	// screen without cursor) after the settle wait: the frame a memory-tier
+	// replica is born with. Empty when no display is attached.
+	FrameHash []byte `protobuf:"bytes,2,opt,name=frame_hash,json=frameHash,proto3" json:"frame_hash,omitempty"`
+	// Whether the screen was still for settle_ms before the hash was taken.
+	Settled       bool `protobuf:"varint,3,opt,name=settled,proto3" json:"settled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointPrepareResponse) Reset() {
@@ -5880,6 +5997,20 @@ func (x *CheckpointPrepareResponse) GetClosedSessions() uint32 {
 		return x.ClosedSessions
 	}
 	return 0
+}
+
+func (x *CheckpointPrepareResponse) GetFrameHash() []byte {
+	if x != nil {
+		return x.FrameHash
+	}
+	return nil
+}
+
+func (x *CheckpointPrepareResponse) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
 }
 
 // CheckpointDoneRequest lifts a checkpoint hold on the source. Admin only.
@@ -5955,11 +6086,97 @@ func (*CheckpointDoneResponse) Descriptor() ([]byte, []int) {
 	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{78}
 }
 
+// ReleaseScratchRequest gives guestd's idle scratch memory back to the
+// kernel: the MIT-SHM capture segments (SysV shared memory, which KSM does
+// not merge) and freed heap. controld sends it before freezing a pooled
+// replica; checkpoint_prepare does the same. The next capture is as exact
+// and a little slower (the segment's pages fault in again). Admin only.
+type ReleaseScratchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseScratchRequest) Reset() {
+	*x = ReleaseScratchRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseScratchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseScratchRequest) ProtoMessage() {}
+
+func (x *ReleaseScratchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseScratchRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseScratchRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{79}
+}
+
+type ReleaseScratchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Capture-segment bytes given back.
+	ReleasedBytes uint64 `protobuf:"varint,1,opt,name=released_bytes,json=releasedBytes,proto3" json:"released_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseScratchResponse) Reset() {
+	*x = ReleaseScratchResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseScratchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseScratchResponse) ProtoMessage() {}
+
+func (x *ReleaseScratchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseScratchResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseScratchResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ReleaseScratchResponse) GetReleasedBytes() uint64 {
+	if x != nil {
+		return x.ReleasedBytes
+	}
+	return 0
+}
+
 var File_forkfleet_aci_v1_aci_proto protoreflect.FileDescriptor
 
 const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
-	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xf2\x0f\n" +
+	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xc6\x10\n" +
 	"\rClientMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
 	"\x05hello\x18\x02 \x01(\v2\x1e.forkfleet.aci.v1.HelloRequestH\x00R\x05hello\x123\n" +
@@ -5996,8 +6213,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x10memory_challenge\x18\x1a \x01(\v2(.forkfleet.aci.v1.MemoryChallengeRequestH\x00R\x0fmemoryChallenge\x12?\n" +
 	"\brestored\x18\x1b \x01(\v2!.forkfleet.aci.v1.RestoredRequestH\x00R\brestored\x12[\n" +
 	"\x12checkpoint_prepare\x18\x1c \x01(\v2*.forkfleet.aci.v1.CheckpointPrepareRequestH\x00R\x11checkpointPrepare\x12R\n" +
-	"\x0fcheckpoint_done\x18\x1d \x01(\v2'.forkfleet.aci.v1.CheckpointDoneRequestH\x00R\x0echeckpointDoneB\t\n" +
-	"\arequest\"\xee\x10\n" +
+	"\x0fcheckpoint_done\x18\x1d \x01(\v2'.forkfleet.aci.v1.CheckpointDoneRequestH\x00R\x0echeckpointDone\x12R\n" +
+	"\x0frelease_scratch\x18\x1e \x01(\v2'.forkfleet.aci.v1.ReleaseScratchRequestH\x00R\x0ereleaseScratchB\t\n" +
+	"\arequest\"\xc3\x11\n" +
 	"\rServerMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.forkfleet.aci.v1.ErrorH\x00R\x05error\x127\n" +
@@ -6035,7 +6253,8 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x10memory_challenge\x18\x1b \x01(\v2).forkfleet.aci.v1.MemoryChallengeResponseH\x00R\x0fmemoryChallenge\x12@\n" +
 	"\brestored\x18\x1c \x01(\v2\".forkfleet.aci.v1.RestoredResponseH\x00R\brestored\x12\\\n" +
 	"\x12checkpoint_prepare\x18\x1d \x01(\v2+.forkfleet.aci.v1.CheckpointPrepareResponseH\x00R\x11checkpointPrepare\x12S\n" +
-	"\x0fcheckpoint_done\x18\x1e \x01(\v2(.forkfleet.aci.v1.CheckpointDoneResponseH\x00R\x0echeckpointDone\x12/\n" +
+	"\x0fcheckpoint_done\x18\x1e \x01(\v2(.forkfleet.aci.v1.CheckpointDoneResponseH\x00R\x0echeckpointDone\x12S\n" +
+	"\x0frelease_scratch\x18\x1f \x01(\v2(.forkfleet.aci.v1.ReleaseScratchResponseH\x00R\x0ereleaseScratch\x12/\n" +
 	"\x05event\x18( \x01(\v2\x17.forkfleet.aci.v1.EventH\x00R\x05eventB\a\n" +
 	"\x05reply\"h\n" +
 	"\x05Error\x12/\n" +
@@ -6273,7 +6492,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\rCancelRequest\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\x04R\btargetId\"&\n" +
 	"\x0eCancelResponse\x12\x14\n" +
-	"\x05found\x18\x01 \x01(\bR\x05found\"\xcd\x02\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\"\xf0\x02\n" +
 	"\x16ScreencastStartRequest\x12\x10\n" +
 	"\x03fps\x18\x01 \x01(\rR\x03fps\x125\n" +
 	"\x06format\x18\x02 \x01(\x0e2\x1d.forkfleet.aci.v1.ImageFormatR\x06format\x12\x18\n" +
@@ -6282,7 +6501,8 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x14keyframe_interval_ms\x18\x05 \x01(\rR\x12keyframeIntervalMs\x12\"\n" +
 	"\rmax_long_edge\x18\x06 \x01(\rR\vmaxLongEdge\x12.\n" +
 	"\x06region\x18\a \x01(\v2\x16.forkfleet.aci.v1.RectR\x06region\x124\n" +
-	"\x06cursor\x18\b \x01(\x0e2\x1c.forkfleet.aci.v1.CursorModeR\x06cursor\"6\n" +
+	"\x06cursor\x18\b \x01(\x0e2\x1c.forkfleet.aci.v1.CursorModeR\x06cursor\x12!\n" +
+	"\fframe_hashes\x18\t \x01(\bR\vframeHashes\"6\n" +
 	"\x17ScreencastStartResponse\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\rR\bstreamId\"4\n" +
 	"\x15ScreencastStopRequest\x12\x1b\n" +
@@ -6293,7 +6513,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x1aScreencastKeyframeResponse\"F\n" +
 	"\x04Tile\x12*\n" +
 	"\x04rect\x18\x01 \x01(\v2\x16.forkfleet.aci.v1.RectR\x04rect\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xd2\x02\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xa2\x03\n" +
 	"\x0fScreencastFrame\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\rR\bstreamId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12$\n" +
@@ -6306,7 +6526,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\tcoalesced\x18\t \x01(\rR\tcoalesced\x12\x1d\n" +
 	"\n" +
 	"frame_hash\x18\n" +
-	" \x01(\fR\tframeHash\"_\n" +
+	" \x01(\fR\tframeHash\x12/\n" +
+	"\x14captured_at_delta_us\x18\v \x01(\x04R\x11capturedAtDeltaUs\x12\x1d\n" +
+	"\n" +
+	"zlib_chunk\x18\f \x01(\fR\tzlibChunk\"_\n" +
 	"\vCursorEvent\x123\n" +
 	"\bposition\x18\x01 \x01(\v2\x17.forkfleet.aci.v1.PointR\bposition\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\rR\bstreamId\"C\n" +
@@ -6333,13 +6556,21 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
 	"\aentropy\x18\x04 \x01(\fR\aentropy\"\x12\n" +
-	"\x10RestoredResponse\"3\n" +
+	"\x10RestoredResponse\"|\n" +
 	"\x18CheckpointPrepareRequest\x12\x17\n" +
-	"\ahold_ms\x18\x01 \x01(\rR\x06holdMs\"D\n" +
+	"\ahold_ms\x18\x01 \x01(\rR\x06holdMs\x12\x1b\n" +
+	"\tsettle_ms\x18\x02 \x01(\rR\bsettleMs\x12*\n" +
+	"\x11settle_timeout_ms\x18\x03 \x01(\rR\x0fsettleTimeoutMs\"}\n" +
 	"\x19CheckpointPrepareResponse\x12'\n" +
-	"\x0fclosed_sessions\x18\x01 \x01(\rR\x0eclosedSessions\"\x17\n" +
+	"\x0fclosed_sessions\x18\x01 \x01(\rR\x0eclosedSessions\x12\x1d\n" +
+	"\n" +
+	"frame_hash\x18\x02 \x01(\fR\tframeHash\x12\x18\n" +
+	"\asettled\x18\x03 \x01(\bR\asettled\"\x17\n" +
 	"\x15CheckpointDoneRequest\"\x18\n" +
-	"\x16CheckpointDoneResponse*\xee\x02\n" +
+	"\x16CheckpointDoneResponse\"\x17\n" +
+	"\x15ReleaseScratchRequest\"?\n" +
+	"\x16ReleaseScratchResponse\x12%\n" +
+	"\x0ereleased_bytes\x18\x01 \x01(\x04R\rreleasedBytes*\xee\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n" +
@@ -6360,13 +6591,14 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x13MOUSE_BUTTON_MIDDLE\x10\x02\x12\x16\n" +
 	"\x12MOUSE_BUTTON_RIGHT\x10\x03\x12\x15\n" +
 	"\x11MOUSE_BUTTON_BACK\x10\b\x12\x18\n" +
-	"\x14MOUSE_BUTTON_FORWARD\x10\t*\x8a\x01\n" +
+	"\x14MOUSE_BUTTON_FORWARD\x10\t*\xa9\x01\n" +
 	"\vImageFormat\x12\x1c\n" +
 	"\x18IMAGE_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10IMAGE_FORMAT_PNG\x10\x01\x12\x15\n" +
 	"\x11IMAGE_FORMAT_JPEG\x10\x02\x12\x15\n" +
 	"\x11IMAGE_FORMAT_NONE\x10\x03\x12\x19\n" +
-	"\x15IMAGE_FORMAT_ZLIB_BGR\x10\x04*\xce\x01\n" +
+	"\x15IMAGE_FORMAT_ZLIB_BGR\x10\x04\x12\x1d\n" +
+	"\x19IMAGE_FORMAT_ZLIB_RECORDS\x10\x05*\xce\x01\n" +
 	"\bWindowOp\x12\x19\n" +
 	"\x15WINDOW_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12WINDOW_OP_ACTIVATE\x10\x01\x12\x13\n" +
@@ -6396,7 +6628,7 @@ func file_forkfleet_aci_v1_aci_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
+var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(ErrorCode)(0),                     // 0: forkfleet.aci.v1.ErrorCode
 	(MouseButton)(0),                   // 1: forkfleet.aci.v1.MouseButton
@@ -6482,8 +6714,10 @@ var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(*CheckpointPrepareResponse)(nil),  // 81: forkfleet.aci.v1.CheckpointPrepareResponse
 	(*CheckpointDoneRequest)(nil),      // 82: forkfleet.aci.v1.CheckpointDoneRequest
 	(*CheckpointDoneResponse)(nil),     // 83: forkfleet.aci.v1.CheckpointDoneResponse
-	nil,                                // 84: forkfleet.aci.v1.LaunchRequest.EnvEntry
-	nil,                                // 85: forkfleet.aci.v1.ExecRequest.EnvEntry
+	(*ReleaseScratchRequest)(nil),      // 84: forkfleet.aci.v1.ReleaseScratchRequest
+	(*ReleaseScratchResponse)(nil),     // 85: forkfleet.aci.v1.ReleaseScratchResponse
+	nil,                                // 86: forkfleet.aci.v1.LaunchRequest.EnvEntry
+	nil,                                // 87: forkfleet.aci.v1.ExecRequest.EnvEntry
 }
 var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	8,   // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
@@ -6514,94 +6748,96 @@ var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	78,  // 25: forkfleet.aci.v1.ClientMessage.restored:type_name -> forkfleet.aci.v1.RestoredRequest
 	80,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
 	82,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
-	7,   // 28: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
-	9,   // 29: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
-	11,  // 30: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
-	26,  // 31: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
-	28,  // 32: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	30,  // 33: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
-	32,  // 34: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
-	34,  // 35: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	37,  // 36: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
-	39,  // 37: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
-	41,  // 38: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
-	43,  // 39: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
-	45,  // 40: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
-	47,  // 41: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
-	49,  // 42: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
-	51,  // 43: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
-	54,  // 44: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
-	56,  // 45: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
-	58,  // 46: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
-	60,  // 47: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
-	62,  // 48: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
-	64,  // 49: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
-	66,  // 50: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
-	68,  // 51: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
-	75,  // 52: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
-	77,  // 53: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
-	79,  // 54: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
-	81,  // 55: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
-	83,  // 56: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
-	73,  // 57: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
-	0,   // 58: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
-	34,  // 59: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	12,  // 60: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
-	12,  // 61: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
-	1,   // 62: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	1,   // 63: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 64: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
-	12,  // 65: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
-	12,  // 66: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
-	1,   // 67: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 68: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
-	14,  // 69: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
-	15,  // 70: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
-	16,  // 71: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
-	16,  // 72: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
-	17,  // 73: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
-	18,  // 74: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
-	19,  // 75: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 76: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 77: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
-	20,  // 78: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
-	21,  // 79: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
-	22,  // 80: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
-	23,  // 81: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
-	27,  // 82: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	7,   // 83: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
-	25,  // 84: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
-	28,  // 85: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	7,   // 86: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
-	2,   // 87: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 88: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
-	2,   // 89: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 90: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
-	12,  // 91: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
-	13,  // 92: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
-	35,  // 93: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
-	3,   // 94: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
-	13,  // 95: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
-	84,  // 96: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
-	85,  // 97: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
-	52,  // 98: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
-	52,  // 99: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
-	2,   // 100: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 101: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
-	4,   // 102: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
-	13,  // 103: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
-	2,   // 104: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
-	69,  // 105: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
-	12,  // 106: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
-	30,  // 107: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
-	72,  // 108: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
-	70,  // 109: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
-	71,  // 110: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
-	111, // [111:111] is the sub-list for method output_type
-	111, // [111:111] is the sub-list for method input_type
-	111, // [111:111] is the sub-list for extension type_name
-	111, // [111:111] is the sub-list for extension extendee
-	0,   // [0:111] is the sub-list for field type_name
+	84,  // 28: forkfleet.aci.v1.ClientMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchRequest
+	7,   // 29: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
+	9,   // 30: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
+	11,  // 31: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
+	26,  // 32: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
+	28,  // 33: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	30,  // 34: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
+	32,  // 35: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
+	34,  // 36: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	37,  // 37: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
+	39,  // 38: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
+	41,  // 39: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
+	43,  // 40: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
+	45,  // 41: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
+	47,  // 42: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
+	49,  // 43: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
+	51,  // 44: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
+	54,  // 45: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
+	56,  // 46: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
+	58,  // 47: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
+	60,  // 48: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
+	62,  // 49: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
+	64,  // 50: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
+	66,  // 51: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
+	68,  // 52: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
+	75,  // 53: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
+	77,  // 54: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
+	79,  // 55: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
+	81,  // 56: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
+	83,  // 57: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
+	85,  // 58: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
+	73,  // 59: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
+	0,   // 60: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
+	34,  // 61: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	12,  // 62: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
+	12,  // 63: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
+	1,   // 64: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	1,   // 65: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 66: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
+	12,  // 67: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
+	12,  // 68: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
+	1,   // 69: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 70: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
+	14,  // 71: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
+	15,  // 72: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
+	16,  // 73: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
+	16,  // 74: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
+	17,  // 75: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
+	18,  // 76: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
+	19,  // 77: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 78: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 79: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
+	20,  // 80: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
+	21,  // 81: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
+	22,  // 82: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
+	23,  // 83: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
+	27,  // 84: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	7,   // 85: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
+	25,  // 86: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
+	28,  // 87: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	7,   // 88: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
+	2,   // 89: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 90: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
+	2,   // 91: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 92: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
+	12,  // 93: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
+	13,  // 94: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
+	35,  // 95: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
+	3,   // 96: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
+	13,  // 97: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
+	86,  // 98: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
+	87,  // 99: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
+	52,  // 100: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
+	52,  // 101: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
+	2,   // 102: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 103: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
+	4,   // 104: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
+	13,  // 105: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
+	2,   // 106: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
+	69,  // 107: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
+	12,  // 108: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
+	30,  // 109: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
+	72,  // 110: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
+	70,  // 111: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
+	71,  // 112: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
+	113, // [113:113] is the sub-list for method output_type
+	113, // [113:113] is the sub-list for method input_type
+	113, // [113:113] is the sub-list for extension type_name
+	113, // [113:113] is the sub-list for extension extendee
+	0,   // [0:113] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_aci_v1_aci_proto_init() }
@@ -6638,6 +6874,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ClientMessage_Restored)(nil),
 		(*ClientMessage_CheckpointPrepare)(nil),
 		(*ClientMessage_CheckpointDone)(nil),
+		(*ClientMessage_ReleaseScratch)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[1].OneofWrappers = []any{
 		(*ServerMessage_Error)(nil),
@@ -6669,6 +6906,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ServerMessage_Restored)(nil),
 		(*ServerMessage_CheckpointPrepare)(nil),
 		(*ServerMessage_CheckpointDone)(nil),
+		(*ServerMessage_ReleaseScratch)(nil),
 		(*ServerMessage_Event)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[18].OneofWrappers = []any{
@@ -6696,7 +6934,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_aci_v1_aci_proto_rawDesc), len(file_forkfleet_aci_v1_aci_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   81,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,126 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// mountPoints returns the mount points of a sandbox's init process.
+func mountPoints(t *testing.T, pid uint32) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{} // mount point -> fs type
+	for _, l := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint options ... - fstype source super
+		pre, post, ok := strings.Cut(l, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 {
+			continue
+		}
+		out[f[4]] = g[0]
+	}
+	return out
+}
+
+// TestIntegrationRunOnRootfs checks that a new sandbox has no tmpfs /run
+// (one tmpfs fewer for CRIU to tar on every dump and restore), that guestd's
+// socket there works, and that memory and disk forks keep the layout.
+func TestIntegrationRunOnRootfs(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+
+	src := bootT(t, r, testSpec(uniqueID("runfs")))
+	if fsType, ok := mountPoints(t, src.PID)["/run"]; ok {
+		t.Fatalf("/run is a %s mount in a new sandbox, want it on the writable layer", fsType)
+	}
+	mustCall(t, src, "set run-on-rootfs")
+	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	_, s, err := readMeta(res.Ref.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := s.Annotations[runLayoutAnnotation]; a != runLayoutRootfs {
+		t.Fatalf("checkpoint spec annotation %s=%q, want %q", runLayoutAnnotation, a, runLayoutRootfs)
+	}
+	f := restoreT(t, r, testSpec(uniqueID("runfsf")), res.Ref)
+	if got := mustCall(t, f, "get"); got != "run-on-rootfs" {
+		t.Errorf("fork value %q", got)
+	}
+	if fsType, ok := mountPoints(t, f.PID)["/run"]; ok {
+		t.Errorf("/run is a %s mount in a fork", fsType)
+	}
+	disk := checkpointT(t, r, src.ID, fleet.TierDisk, false)
+	d := restoreT(t, r, testSpec(uniqueID("runfsd")), disk.Ref)
+	if fsType, ok := mountPoints(t, d.PID)["/run"]; ok {
+		t.Errorf("/run is a %s mount in a disk-tier fork", fsType)
+	}
+}
+
+// TestIntegrationPrecreatedRestoreDiscard checks that a precreated fork (a
+// shim holding restore options, no process yet) is discarded at once and
+// completely, by Discard and by Delete, and that Restore of a precreated
+// fork with another spec replaces it.
+func TestIntegrationPrecreatedRestoreDiscard(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	src := bootT(t, r, testSpec(uniqueID("pdsrc")))
+	mustCall(t, src, "set precreated-discard")
+	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+
+	for _, how := range []string{"discard", "delete"} {
+		f := testSpec(uniqueID("pd" + how))
+		if err := r.PrecreateRestore(ctx, f, res.Ref); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := r.Get(ctx, f.ID); got.Status != fleet.StatusCreated || got.PID != 0 {
+			t.Errorf("precreated fork: status %v pid %d, want created without a process", got.Status, got.PID)
+		}
+		start := time.Now()
+		var err error
+		if how == "discard" {
+			err = r.Discard(ctx, f.ID)
+		} else {
+			err = r.Delete(ctx, f.ID)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		// No process means no exit to wait for: this must not take the
+		// cleanup timeout.
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s of a precreated fork took %v", how, d)
+		}
+		assertGone(t, r, f.ID)
+		if err := r.Discard(ctx, f.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("second discard: %v", err)
+		}
+	}
+
+	// A Restore whose spec differs from the precreated one replaces it.
+	f := testSpec(uniqueID("pdmis"))
+	if err := r.PrecreateRestore(ctx, f, res.Ref); err != nil {
+		t.Fatal(err)
+	}
+	f.ACIToken = "aci-other"
+	inst := restoreT(t, r, f, res.Ref)
+	if got := mustCall(t, inst, "get"); got != "precreated-discard" {
+		t.Errorf("fork value %q", got)
+	}
+}

@@ -1,0 +1,214 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+)
+
+// restorePrecreating adds fleet.RestorePrecreator to the fake runtime: a
+// precreated fork is remembered, and a Restore with the identical spec and
+// checkpoint counts as a start-only restore.
+type restorePrecreating struct {
+	*fleettest.Runtime
+
+	mu   sync.Mutex
+	pre  map[string]precreatedFork
+	hits int
+}
+
+type precreatedFork struct {
+	spec fleet.BootSpec
+	ref  fleet.CheckpointRef
+}
+
+var _ fleet.RestorePrecreator = (*restorePrecreating)(nil)
+
+func (r *restorePrecreating) PrecreateRestore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.pre[spec.ID]; dup {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	r.pre[spec.ID] = precreatedFork{spec: spec, ref: ref}
+	return nil
+}
+
+func (r *restorePrecreating) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) (fleet.Instance, error) {
+	r.mu.Lock()
+	p, ok := r.pre[spec.ID]
+	delete(r.pre, spec.ID)
+	if ok && reflect.DeepEqual(p, precreatedFork{spec: spec, ref: ref}) {
+		r.hits++
+	}
+	r.mu.Unlock()
+	return r.Runtime.Restore(ctx, spec, ref)
+}
+
+func (r *restorePrecreating) Discard(ctx context.Context, id string) error {
+	r.mu.Lock()
+	if _, ok := r.pre[id]; ok {
+		delete(r.pre, id)
+		r.mu.Unlock()
+		return nil
+	}
+	r.mu.Unlock()
+	return r.Runtime.Discard(ctx, id)
+}
+
+// forks returns the precreated forks' ids by checkpoint directory.
+func (r *restorePrecreating) forks() map[string][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]string{}
+	for id, p := range r.pre {
+		out[p.ref.Dir] = append(out[p.ref.Dir], id)
+	}
+	for _, ids := range out {
+		sort.Strings(ids)
+	}
+	return out
+}
+
+func (r *restorePrecreating) hitCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hits
+}
+
+func forkOne(t *testing.T, e *env, ckID string) *controldv1.Sandbox {
+	t.Helper()
+	reps, err := e.m.ForkCheckpoint(context.Background(), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reps[0]
+	if r.ErrorCode != 0 || r.Sandbox == nil {
+		t.Fatalf("replica failed: %s", r.ErrorMessage)
+	}
+	for _, v := range r.Verification {
+		if !v.Ok {
+			t.Fatalf("verify %v: %s", v.Level, v.Detail)
+		}
+	}
+	return r.Sandbox
+}
+
+func TestForkSlots(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	var cks []*controldv1.Checkpoint
+	for range 3 {
+		ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cks = append(cks, ck)
+	}
+	dirOf := func(ck *controldv1.Checkpoint) string { return e.dir + "/checkpoints/" + ck.Id }
+	slotsOf := func(ck *controldv1.Checkpoint) []string { return rp.forks()[dirOf(ck)] }
+
+	// No slot before a checkpoint is forked; the first fork makes one.
+	if f := rp.forks(); len(f) != 0 {
+		t.Fatalf("fork slots before any fork: %v", f)
+	}
+	forkOne(t, e, cks[0].Id)
+	if rp.hitCount() != 0 {
+		t.Fatal("first fork used a slot")
+	}
+	var slot string
+	eventually(t, "fork slot", func() bool {
+		s := slotsOf(cks[0])
+		if len(s) == 1 {
+			slot = s[0]
+		}
+		return len(s) == 1
+	})
+
+	// The next fork takes it: the slot's id, only started, verified, and
+	// with the replica's own token.
+	rep := forkOne(t, e, cks[0].Id)
+	if rep.Id != slot || rp.hitCount() != 1 {
+		t.Fatalf("fork %s (hits %d), want the slot %s", rep.Id, rp.hitCount(), slot)
+	}
+	if len(rep.Boot) == 0 || rep.Boot[0].Name != fleet.PhaseCreate || rep.Boot[0].At.AsDuration() != 0 {
+		t.Fatalf("boot phases %v: a slot fork has no create phase", rep.Boot)
+	}
+	ep, err := e.m.SandboxEndpoint(ctx, rep.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := e.rt.Guest(rep.Id); g == nil || g.ACIToken() != ep.Token {
+		t.Fatal("slot fork does not hold the endpoint's token")
+	}
+	// Replenished with a new identity.
+	eventually(t, "fork slot refill", func() bool {
+		s := slotsOf(cks[0])
+		return len(s) == 1 && s[0] != slot
+	})
+
+	// Pool refills do not take fork slots.
+	before := rp.hitCount()
+	if _, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: cks[0].Id}, Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pool filled", func() bool {
+		l, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
+		n := 0
+		for _, s := range l {
+			if s.PoolId != "" && s.State == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED {
+				n++
+			}
+		}
+		return n == 1
+	})
+	if rp.hitCount() != before {
+		t.Fatal("a pool refill took a fork slot")
+	}
+
+	// Only the two most recently forked checkpoints keep slots.
+	forkOne(t, e, cks[1].Id)
+	forkOne(t, e, cks[2].Id)
+	eventually(t, "slots of the recent checkpoints only", func() bool {
+		return len(slotsOf(cks[0])) == 0 && len(slotsOf(cks[1])) == 1 && len(slotsOf(cks[2])) == 1
+	})
+
+	// A deleted checkpoint's slot is discarded.
+	l, err := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l {
+		if s.CheckpointId == cks[2].Id && s.PoolId == "" {
+			if err := e.m.DeleteSandbox(ctx, s.Id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := e.m.DeleteCheckpoint(ctx, cks[2].Id, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "deleted checkpoint's slot discarded", func() bool { return len(slotsOf(cks[2])) == 0 })
+
+	// Close discards the rest.
+	e.stop()
+	if f := rp.forks(); len(f) != 0 {
+		t.Fatalf("fork slots left after Close: %v", f)
+	}
+}

@@ -1,0 +1,259 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// Refills wait until no claim has ended for poolQuiet (and none is in
+// flight), so a warm-up (hundreds of ms of CPU for a CRIU restore on a
+// 2-core host) does not run while a claim burst thaws its sandboxes and their
+// clients make their first requests. poolMaxDefer bounds the wait so a
+// steady stream of claims still gets its pool refilled.
+const (
+	poolQuiet    = 150 * time.Millisecond
+	poolMaxDefer = 2 * time.Second
+)
+
+// A miss yields to the hits of its burst: it starts its fork or boot once
+// no hit is in flight and the last one ended missGrace ago (the time its
+// client needs for a first request), waiting missYield at most.
+const (
+	missGrace = 10 * time.Millisecond
+	missYield = 50 * time.Millisecond
+)
+
+// gate counts work in flight and lets others wait until there is none.
+type gate struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0
+	last time.Time     // when n last dropped to 0
+}
+
+func (g *gate) enter() {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.idle = make(chan struct{})
+	}
+	g.n++
+	g.mu.Unlock()
+}
+
+func (g *gate) leave() {
+	g.mu.Lock()
+	g.n--
+	if g.n == 0 {
+		g.last = time.Now()
+		close(g.idle)
+	}
+	g.mu.Unlock()
+}
+
+// wait returns once nothing has been in flight for grace, after at most
+// limit, or when ctx ends.
+func (g *gate) wait(ctx context.Context, grace, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	for {
+		g.mu.Lock()
+		n, idle, rest := g.n, g.idle, grace-time.Since(g.last)
+		g.mu.Unlock()
+		if n == 0 && rest <= 0 {
+			return
+		}
+		var quiet <-chan time.Time
+		if n == 0 {
+			idle = nil
+			qt := time.NewTimer(rest)
+			defer qt.Stop()
+			quiet = qt.C
+		}
+		select {
+		case <-idle:
+		case <-quiet:
+			return
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// pingTimeout bounds the round trip that proves a thawed guestd runs.
+const pingTimeout = 5 * time.Second
+
+// waitClaimsQuiet waits until p's claims have been quiet for poolQuiet, or
+// until poolMaxDefer after since. waited reports whether it had to wait; ok
+// is false when ctx ended.
+func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time) (waited, ok bool) {
+	deadline := since.Add(poolMaxDefer)
+	for {
+		wait := poolQuiet - time.Since(time.Unix(0, p.lastClaim.Load()))
+		if p.claiming.Load() > 0 {
+			wait = max(wait, poolQuiet)
+		}
+		if rem := time.Until(deadline); wait > rem {
+			wait = rem
+		}
+		if wait <= 0 {
+			return waited, true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return waited, false
+		case <-t.C:
+		}
+		waited = true
+	}
+}
+
+// claimWarm hands out sb, a warm member of p that takeWarm reserved.
+//
+// For a frozen pool it thaws sb and proves guestd runs with one round trip.
+// The replica's identity (own ACI token, sandbox id, generation, fresh
+// entropy) was installed before it was frozen (forkStart sends Restored
+// ahead of the freeze), so nothing per replica is left for the claim.
+//
+// The claim is made durable in one transaction (sandbox record and the
+// pool's hit counter) that runs while the thaw and the ping do, and Claim
+// returns only after both: a crash after Claim returned finds the sandbox
+// claimed (never back in the pool, never handed out twice). A crash before
+// can leave a claimed record nobody received: its TTL or a delete removes it.
+func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, t0 time.Time) (*controldv1.Sandbox, error) {
+	ctx, span := m.tracer.Start(ctx, "pool.claim")
+	defer span.End()
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	m.mu.Lock()
+	if sb.deleting {
+		m.mu.Unlock()
+		return nil, sandboxNotFound(sb.rec.Sandbox.GetId())
+	}
+	id, sock, admin := sb.rec.Sandbox.Id, sb.rec.ACISocket, sb.rec.AdminToken
+	claimed := cloneRecord(sb.rec)
+	poolRec := p.recordLocked()
+	m.mu.Unlock()
+	claim := func(r *store.SandboxRecord) {
+		r.Pooled = false
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
+		r.Sandbox.Labels = copyMap(labels)
+		if ttl > 0 {
+			r.Sandbox.ExpiresAt = timestampNow(t0.Add(ttl))
+		}
+	}
+	claim(claimed)
+
+	// Count the hit before the write so the transaction carries it; undone
+	// below if the claim fails.
+	p.hits.Add(1)
+	persisted := make(chan error, 1)
+	go func() {
+		_, ps := m.tracer.Start(ctx, "pool.claim.persist")
+		defer ps.End()
+		sb.persist.Lock()
+		defer sb.persist.Unlock()
+		persisted <- m.st.Update(func(tx *store.Tx) error {
+			if err := tx.PutSandbox(claimed); err != nil {
+				return err
+			}
+			if !tx.HasPool(poolRec.Pool.Id) {
+				return nil // deleted meanwhile: do not bring it back
+			}
+			// The counters as of this commit: a later claim's write may be
+			// ordered before this one in a shared commit.
+			poolRec.Pool.Hits, poolRec.Pool.Misses = p.hits.Load(), p.misses.Load()
+			return tx.PutPool(poolRec)
+		})
+	}()
+	err := m.thawAndPing(ctx, p, id, sock, admin)
+	if perr := <-persisted; err == nil && perr != nil {
+		err = fmt.Errorf("sandbox %s: persist claim: %w", id, perr)
+	}
+	if err != nil {
+		p.hits.Add(^uint64(0))
+		return nil, err
+	}
+	// Durable; now the in-memory view and the watchers.
+	m.mu.Lock()
+	claim(sb.rec)
+	snap := cloneRecord(sb.rec)
+	m.refreshStateGaugeLocked()
+	m.mu.Unlock()
+	m.publish(&controldv1.WatchSandboxesResponse{Type: controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, Sandbox: snap.Sandbox})
+	return proto.Clone(snap.Sandbox).(*controldv1.Sandbox), nil
+}
+
+// thawAndPing thaws a frozen pool's sandbox and waits for one round trip
+// with its guestd. An image pool's sandboxes run already: nothing to do.
+func (m *Manager) thawAndPing(ctx context.Context, p *pool, id, sock, admin string) error {
+	if !p.rec.Pool.Frozen {
+		return nil
+	}
+	tctx, ts := m.tracer.Start(ctx, "pool.claim.thaw")
+	err := m.rt.Thaw(tctx, id)
+	ts.End()
+	if err != nil {
+		return fmt.Errorf("thaw: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	pctx, ps := m.tracer.Start(pctx, "pool.claim.ping")
+	defer ps.End()
+	// Over the session opened before the freeze when there is one: one round
+	// trip instead of a connect, WebSocket upgrade and Hello.
+	if g := p.held.take(id); g != nil {
+		err := g.Ping(pctx)
+		closeLater(g)
+		if err == nil {
+			return nil
+		}
+		m.log.Debug("ping over the held session failed; dialing", "sandbox", id, "err", err)
+	}
+	if err := m.pingGuest(pctx, sock, admin); err != nil {
+		return fmt.Errorf("ping after thaw: %w", err)
+	}
+	return nil
+}
+
+// pingGuest proves guestd answers with a fresh session.
+func (m *Manager) pingGuest(ctx context.Context, sock, token string) error {
+	g, err := m.dialGuest(ctx, sock, token)
+	if err != nil {
+		return err
+	}
+	defer closeLater(g)
+	return g.Ping(ctx)
+}
+
+// closeLater closes a claim's admin session once the claimant had time for
+// its first requests: the close handshake is not part of the proof, and
+// guestd would otherwise serve it while the new owner's session opens.
+func closeLater(g Guest) {
+	time.AfterFunc(poolQuiet, func() { g.Close() })
+}
+
+// persistPool writes p's record with its current counters, unless the pool
+// was deleted meanwhile.
+func (m *Manager) persistPool(p *pool) error {
+	m.mu.Lock()
+	rec := p.recordLocked()
+	m.mu.Unlock()
+	return m.st.Update(func(tx *store.Tx) error {
+		if !tx.HasPool(rec.Pool.Id) {
+			return nil
+		}
+		rec.Pool.Hits, rec.Pool.Misses = p.hits.Load(), p.misses.Load()
+		return tx.PutPool(rec)
+	})
+}
