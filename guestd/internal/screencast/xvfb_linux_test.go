@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"image"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -22,13 +21,13 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
+	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
 )
 
 // The real display must satisfy Display.
 var _ Display = (*x11.Desktop)(nil)
 
 const (
-	xvfbBin  = "/usr/bin/Xvfb"
 	xtermBin = "/usr/bin/xterm"
 	xW, xH   = 1280, 800
 )
@@ -37,13 +36,9 @@ const (
 // is set but Xvfb or xterm is missing.
 func needIntegration(tb testing.TB) {
 	tb.Helper()
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		tb.Skip("real-X screencast tests need FORKFLEET_INTEGRATION=1")
-	}
-	for _, p := range []string{xvfbBin, xtermBin} {
-		if _, err := os.Stat(p); err != nil {
-			tb.Fatalf("FORKFLEET_INTEGRATION=1 but %s is missing: %v", p, err)
-		}
+	xvfbtest.Need(tb, true)
+	if _, err := os.Stat(xtermBin); err != nil {
+		tb.Fatalf("FORKFLEET_INTEGRATION=1 but %s is missing: %v", xtermBin, err)
 	}
 }
 
@@ -51,56 +46,8 @@ func needIntegration(tb testing.TB) {
 // returns its name and pid; it is stopped when the test ends.
 func startXvfb(tb testing.TB) (string, int) {
 	tb.Helper()
-	for n := 131; n < 200; n++ {
-		cmd := exec.Command(xvfbBin, fmt.Sprintf(":%d", n), "-screen", "0", fmt.Sprintf("%dx%dx24", xW, xH),
-			"-noreset", "-nolisten", "tcp")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("start Xvfb: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		sock := fmt.Sprintf("/tmp/.X11-unix/X%d", n)
-		deadline := time.Now().Add(15 * time.Second)
-		for up := false; !up; {
-			select {
-			case <-exited:
-			default:
-				if c, err := net.Dial("unix", sock); err == nil {
-					c.Close()
-					up = true
-					continue
-				}
-				if time.Now().After(deadline) {
-					cmd.Process.Kill()
-					<-exited
-					tb.Fatalf("Xvfb :%d did not come up: %s", n, stderr.String())
-				}
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-			break
-		}
-		select {
-		case <-exited:
-			continue // lost the display to someone else
-		default:
-		}
-		tb.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(3 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		})
-		return fmt.Sprintf(":%d", n), cmd.Process.Pid
-	}
-	tb.Fatal("no free X display between :131 and :199")
-	return "", 0
+	s := xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: 131, Displays: 69, Width: xW, Height: xH})
+	return s.Display, s.Pid()
 }
 
 // xtermSession is Xvfb + an xterm running sh at the top left, focused.
