@@ -221,6 +221,8 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		m.dropRuntimeCheckpoint(res.Ref, final)
 		return fail(err)
 	}
+	// Its first fork finds a container precreated too.
+	m.forkSlotsExpect(id)
 	tl := tier.String()
 	m.metrics.CheckpointStep.WithLabelValues("frozen", tl).Observe(res.Frozen.Seconds())
 	m.metrics.CheckpointStep.WithLabelValues("dump", tl).Observe(res.Dump.Seconds())
@@ -510,6 +512,7 @@ func (m *Manager) deleteOneCheckpoint(ctx context.Context, id string) error {
 	if !ok {
 		return nil
 	}
+	m.dropForkSlots(id)
 	if err := m.rt.DeleteCheckpoint(ctx, refFromStore(c.Ref)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}

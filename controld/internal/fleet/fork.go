@@ -117,40 +117,18 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 	return sp
 }
 
-// newForkSandbox is newSandbox for a replica of checkpoint ckID: with
-// useSlot it takes a fork slot of ckID when one is ready and adopts its id
-// and tokens (the runtime then only starts the precreated fork). The slot
-// is taken under the same lock as the open check, so it is either handed to
-// a registered sandbox or discarded at Close, never lost.
+// newForkSandbox registers a fork's sandbox; with useSlot it takes a
+// container pre-created for forks of ckID when one is ready.
 func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
-	rec := m.newRecord(p, t0)
-	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
-	m.mu.Lock()
-	if err := m.checkOpen(); err != nil {
-		m.mu.Unlock()
-		return nil, false, err
-	}
-	fromSlot := false
-	if useSlot {
-		if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
-			rec.Sandbox.Id, rec.ACIToken, rec.AdminToken = s.spec.ID, s.spec.ACIToken, s.spec.AdminToken
-			fromSlot = true
+	take := func(rec *store.SandboxRecord) (BootSpec, bool) {
+		if useSlot {
+			if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
+				return s.spec, true
+			}
 		}
+		return BootSpec{}, false
 	}
-	id := rec.Sandbox.Id
-	m.sandboxes[id] = sb
-	m.mu.Unlock()
-	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
-		m.mu.Lock()
-		delete(m.sandboxes, id)
-		m.refreshStateGaugeLocked()
-		m.mu.Unlock()
-		if fromSlot {
-			m.discardSlot(id)
-		}
-		return nil, false, err
-	}
-	return sb, fromSlot, nil
+	return m.registerSandbox(p, t0, take, m.discardSlot)
 }
 
 func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {

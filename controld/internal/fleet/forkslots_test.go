@@ -124,9 +124,13 @@ func TestForkSlots(t *testing.T) {
 	dirOf := func(ck *controldv1.Checkpoint) string { return e.dir + "/checkpoints/" + ck.Id }
 	slotsOf := func(ck *controldv1.Checkpoint) []string { return rp.forks()[dirOf(ck)] }
 
-	// No slot before a checkpoint is forked; the first fork makes one.
-	if f := rp.forks(); len(f) != 0 {
-		t.Fatalf("fork slots before any fork: %v", f)
+	// A new checkpoint is the most recent one: the two newest get a slot
+	// before any fork, the oldest none; its first fork makes one.
+	eventually(t, "fork slots of the new checkpoints", func() bool {
+		return len(slotsOf(cks[1])) == 1 && len(slotsOf(cks[2])) == 1
+	})
+	if s := slotsOf(cks[0]); len(s) != 0 {
+		t.Fatalf("fork slots of a checkpoint no longer recent: %v", s)
 	}
 	forkOne(t, e, cks[0].Id)
 	if rp.hitCount() != 0 {
@@ -204,7 +208,10 @@ func TestForkSlots(t *testing.T) {
 	if _, err := e.m.DeleteCheckpoint(ctx, cks[2].Id, false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deleted checkpoint's slot discarded", func() bool { return len(slotsOf(cks[2])) == 0 })
+	// At once: a slot's snapshot is a child of the checkpoint's layer.
+	if s := slotsOf(cks[2]); len(s) != 0 {
+		t.Fatalf("deleted checkpoint keeps fork slots %v", s)
+	}
 
 	// Close discards the rest.
 	e.stop()

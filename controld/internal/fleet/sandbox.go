@@ -99,20 +99,42 @@ type sandboxParams struct {
 
 // newSandbox writes a CREATING record and registers it.
 func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
+	take := func(*store.SandboxRecord) (BootSpec, bool) { return BootSpec{}, false }
+	if p.warmSlot {
+		take = func(rec *store.SandboxRecord) (BootSpec, bool) {
+			if s := m.takeSlotLocked(specOf(rec)); s != nil {
+				return s.spec, true
+			}
+			return BootSpec{}, false
+		}
+	}
+	sb, fromSlot, err := m.registerSandbox(p, t0, take, func(id string) {
+		m.discardSlot(id)
+		m.slotBootDone()
+	})
+	if err != nil {
+		return nil, err
+	}
+	sb.fromSlot = fromSlot
+	return sb, nil
+}
+
+// registerSandbox builds a new sandbox's record, registers it and persists
+// its creation. take may hand it a pre-created container (a warm slot): the
+// record then adopts the slot's id and tokens. take runs under the same lock
+// as the open check, so a slot is either handed to a registered sandbox or
+// discarded at Close, never lost; undo gives it up if persisting fails.
+func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
 	rec := m.newRecord(p, t0)
 	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
 	m.mu.Lock()
 	if err := m.checkOpen(); err != nil {
 		m.mu.Unlock()
-		return nil, err
+		return nil, false, err
 	}
-	// Taken under the same lock as the open check, so a slot is either
-	// handed to a registered sandbox or discarded at Close, never lost.
-	if p.warmSlot {
-		if s := m.takeSlotLocked(specOf(rec)); s != nil {
-			rec.Sandbox.Id, rec.ACIToken, rec.AdminToken = s.spec.ID, s.spec.ACIToken, s.spec.AdminToken
-			sb.fromSlot = true
-		}
+	spec, fromSlot := take(rec)
+	if fromSlot {
+		rec.Sandbox.Id, rec.ACIToken, rec.AdminToken = spec.ID, spec.ACIToken, spec.AdminToken
 	}
 	id := rec.Sandbox.Id
 	m.sandboxes[id] = sb
@@ -122,13 +144,12 @@ func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 		delete(m.sandboxes, id)
 		m.refreshStateGaugeLocked()
 		m.mu.Unlock()
-		if sb.fromSlot {
-			m.discardSlot(id)
-			m.slotBootDone()
+		if fromSlot {
+			undo(id)
 		}
-		return nil, err
+		return nil, false, err
 	}
-	return sb, nil
+	return sb, fromSlot, nil
 }
 
 // newRecord builds the record of a new sandbox (fresh id and tokens) with

@@ -353,7 +353,8 @@ func (m *Manager) discardSlot(id string) {
 // restore options: 20 to 40 ms, more under load) does not depend on the
 // request, so for the checkpoints forked most recently the manager keeps
 // Options.WarmSlots forks precreated, and a fork that takes one only starts
-// it (runc restore). The first fork of a checkpoint makes it recent; refills
+// it (runc restore). A new checkpoint, or the first fork of an older one,
+// makes it recent; refills
 // run after the forks that took slots are usable (the same hold and quiet
 // time as boot slots). Only ForkCheckpoint takes fork slots: pool refills
 // run in the background anyway. Slots of a checkpoint that is deleted or no
@@ -574,6 +575,23 @@ func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) e
 		m.discardSlot(spec.ID)
 	}
 	return nil
+}
+
+// dropForkSlots discards the fork slots of checkpoint ckID now, before the
+// checkpoint's layer goes: each slot's snapshot is a child of that layer.
+func (m *Manager) dropForkSlots(ckID string) {
+	m.mu.Lock()
+	fs := m.forkSlotsLocked()
+	var drop []forkSlot
+	if fs != nil {
+		drop = fs.ready[ckID]
+		delete(fs.ready, ckID)
+		fs.recent = slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID })
+	}
+	m.mu.Unlock()
+	for _, s := range drop {
+		m.discardSlot(s.spec.ID)
+	}
 }
 
 // pruneForkSlots discards the fork slots of deleted or no longer recent
