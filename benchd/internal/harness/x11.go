@@ -97,3 +97,57 @@ func waitPainted(ctx context.Context, display string, minColors int, timeout tim
 		}
 	}
 }
+
+// Toucher repaints one pixel in the screen's bottom-right corner with a new
+// colour on every Touch: a change guestd must capture and encode, so a
+// screenshot after it measures the capture and encode path. (A static screen
+// is answered from guestd's cache of the last frame.)
+type Toucher struct {
+	conn *xgb.Conn
+	win  xproto.Window
+	n    uint32
+}
+
+// NewToucher maps a 1x1 override-redirect window over the screen's
+// bottom-right pixel.
+func (dt *Desktop) NewToucher() (*Toucher, error) {
+	conn, err := xgb.NewConnDisplay(dt.Name())
+	if err != nil {
+		return nil, fmt.Errorf("toucher: connect %s: %w", dt.Name(), err)
+	}
+	scr := xproto.Setup(conn).DefaultScreen(conn)
+	win, err := xproto.NewWindowId(conn)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("toucher: %w", err)
+	}
+	err = xproto.CreateWindowChecked(conn, 0, win, scr.Root, int16(scr.WidthInPixels-1), int16(scr.HeightInPixels-1), 1, 1, 0,
+		xproto.WindowClassInputOutput, scr.RootVisual, xproto.CwBackPixel|xproto.CwOverrideRedirect, []uint32{0, 1}).Check()
+	if err == nil {
+		err = xproto.MapWindowChecked(conn, win).Check()
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("toucher: window: %w", err)
+	}
+	return &Toucher{conn: conn, win: win}, nil
+}
+
+// Touch gives the pixel its next colour and returns once the server drew it.
+func (t *Toucher) Touch() error {
+	t.n++
+	rgb := (t.n * 0x9e3779b1) & 0xffffff
+	if err := xproto.ChangeWindowAttributesChecked(t.conn, t.win, xproto.CwBackPixel, []uint32{rgb}).Check(); err != nil {
+		return fmt.Errorf("toucher: %w", err)
+	}
+	if err := xproto.ClearAreaChecked(t.conn, false, t.win, 0, 0, 1, 1).Check(); err != nil {
+		return fmt.Errorf("toucher: %w", err)
+	}
+	return nil
+}
+
+// Close unmaps the window and disconnects.
+func (t *Toucher) Close() {
+	xproto.DestroyWindow(t.conn, t.win)
+	t.conn.Close()
+}
