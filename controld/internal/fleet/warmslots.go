@@ -231,20 +231,8 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 		if m.ctx.Err() != nil {
 			return
 		}
-		if need > 0 && hold > 0 {
-			if holdUntil.IsZero() {
-				holdUntil = now.Add(slotRefillHold)
-			}
-			if wait := min(hold, holdUntil.Sub(now)); wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-m.ctx.Done():
-				case <-ws.kick:
-				case <-t.C:
-				}
-				t.Stop()
-				continue
-			}
+		if need > 0 && m.holdRefill(now, hold, &holdUntil, ws.kick) {
+			continue
 		}
 		holdUntil = time.Time{}
 		if need <= 0 {
@@ -509,20 +497,8 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 		now := time.Now()
 		ck, hold := m.forkSlotNeededLocked(fs), fs.holdLocked(now)
 		m.mu.Unlock()
-		if ck != nil && hold > 0 {
-			if holdUntil.IsZero() {
-				holdUntil = now.Add(slotRefillHold)
-			}
-			if wait := min(hold, holdUntil.Sub(now)); wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-m.ctx.Done():
-				case <-fs.kick:
-				case <-t.C:
-				}
-				t.Stop()
-				continue
-			}
+		if ck != nil && m.holdRefill(now, hold, &holdUntil, fs.kick) {
+			continue
 		}
 		holdUntil = time.Time{}
 		if ck == nil {
@@ -621,4 +597,29 @@ func (m *Manager) pruneForkSlots(ws *warmSlots, fs *forkSlots, all bool) {
 	for _, id := range drop {
 		m.discardSlot(id)
 	}
+}
+
+// holdRefill waits while a refill is held off (hold > 0: requests are in
+// flight or just ended), at most slotRefillHold from the first wait of this
+// refill (*holdUntil), waking early on kick or shutdown. It reports whether
+// it waited, so the filler re-evaluates before precreating.
+func (m *Manager) holdRefill(now time.Time, hold time.Duration, holdUntil *time.Time, kick <-chan struct{}) bool {
+	if hold <= 0 {
+		return false
+	}
+	if holdUntil.IsZero() {
+		*holdUntil = now.Add(slotRefillHold)
+	}
+	wait := min(hold, holdUntil.Sub(now))
+	if wait <= 0 {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-m.ctx.Done():
+	case <-kick:
+	case <-t.C:
+	}
+	return true
 }
