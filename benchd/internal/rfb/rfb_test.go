@@ -38,18 +38,7 @@ func fakeServer(t *testing.T) (string, int) {
 			return
 		}
 		defer c.Close()
-		c.Write([]byte("RFB 003.008\n"))
-		io.ReadFull(c, make([]byte, 12))
-		c.Write([]byte{1, 1})
-		io.ReadFull(c, make([]byte, 1))
-		c.Write([]byte{0, 0, 0, 0})
-		io.ReadFull(c, make([]byte, 1))
-		si := make([]byte, 24)
-		be.PutUint16(si[0:], 1280)
-		be.PutUint16(si[2:], 800)
-		be.PutUint32(si[20:], 2)
-		c.Write(append(si, 'x', 'y'))
-		io.ReadFull(c, make([]byte, 20+4+4*3+10))
+		serverHandshake(c, 1280, 800, "xy", 20+4+4*3+10)
 		c.Write([]byte{2}) // bell
 		c.Write(upd)
 		time.Sleep(200 * time.Millisecond)
@@ -95,7 +84,6 @@ func TestFirstByteOfBufferedUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	be := binary.BigEndian
 	empty := []byte{0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0} // one 1x1 CopyRect
 	go func() {
 		c, err := ln.Accept()
@@ -103,17 +91,7 @@ func TestFirstByteOfBufferedUpdate(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		c.Write([]byte("RFB 003.008\n"))
-		io.ReadFull(c, make([]byte, 12))
-		c.Write([]byte{1, 1})
-		io.ReadFull(c, make([]byte, 1))
-		c.Write([]byte{0, 0, 0, 0})
-		io.ReadFull(c, make([]byte, 1))
-		si := make([]byte, 24)
-		be.PutUint16(si[0:], 16)
-		be.PutUint16(si[2:], 16)
-		c.Write(si)
-		io.ReadFull(c, make([]byte, 20+4+4))
+		serverHandshake(c, 16, 16, "", 20+4+4)
 		c.Write(append(append([]byte(nil), empty...), empty...)) // two updates, one write
 		time.Sleep(200 * time.Millisecond)
 	}()
@@ -141,4 +119,23 @@ func TestFirstByteOfBufferedUpdate(t *testing.T) {
 	if u2.Received.Sub(u2.FirstByte) < 20*time.Millisecond && buffered == len(empty) {
 		t.Fatalf("buffered update: first byte %v not before the parse at %v", u2.FirstByte, u2.Received)
 	}
+}
+
+// serverHandshake plays an RFB 3.8 server up to ServerInit (security type
+// None, a w x h screen called name), then reads the client's first
+// clientMsgBytes (SetPixelFormat and SetEncodings).
+func serverHandshake(c net.Conn, w, h uint16, name string, clientMsgBytes int) {
+	be := binary.BigEndian
+	c.Write([]byte("RFB 003.008\n"))
+	io.ReadFull(c, make([]byte, 12))
+	c.Write([]byte{1, 1})
+	io.ReadFull(c, make([]byte, 1))
+	c.Write([]byte{0, 0, 0, 0})
+	io.ReadFull(c, make([]byte, 1))
+	si := make([]byte, 24)
+	be.PutUint16(si[0:], w)
+	be.PutUint16(si[2:], h)
+	be.PutUint32(si[20:], uint32(len(name)))
+	c.Write(append(si, name...))
+	io.ReadFull(c, make([]byte, clientMsgBytes))
 }

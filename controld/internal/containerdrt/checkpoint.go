@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -387,18 +388,13 @@ func (r *Runtime) dump(ctx context.Context, id, imageDir string) error {
 // undumpable names what in CRIU's errors is the sandbox's state rather
 // than a fault of the host or of CRIU ("" when nothing is).
 func undumpable(logErrs string) string {
-	for _, sig := range []struct{ match, what string }{
-		{"ghost file", "a deleted file larger than CRIU's ghost limit"},
-		{"External socket is used", "a unix socket connected outside the sandbox"},
-		{"unix: Unix socket", "a unix socket connected outside the sandbox"},
-		{"Can't dump half of stream unix connection", "a unix socket connected outside the sandbox"},
-		{"closed in-flight socket", "a unix socket connected outside the sandbox"},
-		{"Unsupported", "an unsupported kind of file or resource"},
-		{"unsupported", "an unsupported kind of file or resource"},
-	} {
-		if strings.Contains(logErrs, sig.match) {
-			return sig.what
-		}
+	switch {
+	case strings.Contains(logErrs, "ghost file"):
+		return "a deleted file larger than CRIU's ghost limit"
+	case slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(logErrs, sig) }):
+		return "a unix socket connected outside the sandbox"
+	case strings.Contains(logErrs, "Unsupported"), strings.Contains(logErrs, "unsupported"):
+		return "an unsupported kind of file or resource"
 	}
 	return ""
 }
@@ -406,18 +402,16 @@ func undumpable(logErrs string) string {
 // retryableDump tells dump failures caused by unix connections in flight
 // (they go away once the sandbox runs a moment) from the others.
 func retryableDump(err error) bool {
-	msg := err.Error()
-	for _, sig := range []string{
-		"closed in-flight socket",
-		"unix: Unix socket",
-		"External socket is used",
-		"Can't dump half of stream unix connection",
-	} {
-		if strings.Contains(msg, sig) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(err.Error(), sig) })
+}
+
+// unixConnErrors are CRIU's errors about a unix connection to outside the
+// sandbox.
+var unixConnErrors = []string{
+	"closed in-flight socket",
+	"unix: Unix socket",
+	"External socket is used",
+	"Can't dump half of stream unix connection",
 }
 
 // upperDir finds the writable directory of a snapshot's mounts.

@@ -323,15 +323,17 @@ func (ss *session) emit(m *aciv1.ServerMessage) {
 	}
 }
 
+// marshal encodes a server-initiated message in the session's encoding.
+func (ss *session) marshal(m *aciv1.ServerMessage) ([]byte, error) {
+	if ss.json {
+		return protojson.Marshal(m)
+	}
+	return proto.Marshal(m)
+}
+
 // send queues a server-initiated message (events) from any goroutine.
 func (ss *session) send(m *aciv1.ServerMessage) {
-	var b []byte
-	var err error
-	if ss.json {
-		b, err = protojson.Marshal(m)
-	} else {
-		b, err = proto.Marshal(m)
-	}
+	b, err := ss.marshal(m)
 	if err != nil {
 		ss.srv.log.Error("marshal event", "err", err)
 		return
@@ -345,13 +347,7 @@ func (ss *session) send(m *aciv1.ServerMessage) {
 // sendWait queues a server-initiated message and waits until the writer has
 // written it. It fails once the session is gone.
 func (ss *session) sendWait(m *aciv1.ServerMessage) error {
-	var b []byte
-	var err error
-	if ss.json {
-		b, err = protojson.Marshal(m)
-	} else {
-		b, err = proto.Marshal(m)
-	}
+	b, err := ss.marshal(m)
 	if err != nil {
 		return err
 	}

@@ -137,26 +137,10 @@ func (d *Desktop) Capture(r image.Rectangle, dst *desktop.Frame) error {
 	if dst == nil {
 		return fmt.Errorf("x11: capture: nil frame: %w", desktop.ErrInvalid)
 	}
-	if r.Empty() || !r.In(image.Rect(0, 0, d.width, d.height)) {
-		return fmt.Errorf("x11: capture: rectangle %v not inside the %dx%d screen: %w", r, d.width, d.height, desktop.ErrInvalid)
-	}
-	if d.cap.formatErr != nil {
-		return d.cap.formatErr
-	}
-	d.cap.mu.Lock()
-	defer d.cap.mu.Unlock()
-	if d.cap.shmOn {
-		err := d.captureSHM(r, dst)
-		if err == nil || !d.alive() {
-			return err
-		}
-		// The server refused the segment (it may have been restarted
-		// behind a proxy, or SHM got disabled): fall back for good.
-		d.cap.shmOn, d.cap.shmErr = false, err
-		unix.SysvShmDetach(d.cap.shmBuf)
-		d.cap.shmBuf = nil
-	}
-	return d.captureGetImage(r, dst)
+	return d.CaptureView(r, func(f *desktop.Frame) error {
+		setFrame(dst, r, f.Pix)
+		return nil
+	})
 }
 
 // CaptureView captures r like Capture but, instead of copying the pixels
@@ -199,15 +183,6 @@ func (d *Desktop) CaptureView(r image.Rectangle, fn func(f *desktop.Frame) error
 	return fn(&f)
 }
 
-func (d *Desktop) captureSHM(r image.Rectangle, dst *desktop.Frame) error {
-	pix, err := d.shmView(r)
-	if err != nil {
-		return err
-	}
-	setFrame(dst, r, pix)
-	return nil
-}
-
 // shmView has the server write r into the segment and returns its bytes.
 func (d *Desktop) shmView(r image.Rectangle) ([]byte, error) {
 	w, h := r.Dx(), r.Dy()
@@ -224,15 +199,6 @@ func (d *Desktop) shmView(r image.Rectangle) ([]byte, error) {
 		return nil, fmt.Errorf("x11: shm GetImage returned %d bytes for %dx%d", rep.Size, w, h)
 	}
 	return d.cap.shmBuf[:n:n], nil
-}
-
-func (d *Desktop) captureGetImage(r image.Rectangle, dst *desktop.Frame) error {
-	pix, err := d.getImageView(r)
-	if err != nil {
-		return err
-	}
-	setFrame(dst, r, pix)
-	return nil
 }
 
 // getImageView fetches r with core GetImage and returns the reply's bytes.
