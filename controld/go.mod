@@ -3,6 +3,7 @@ module github.com/forkfleet/forkfleet/controld
 go 1.26.6
 
 require (
+	github.com/checkpoint-restore/go-criu/v7 v7.2.0
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/continuity v0.5.0

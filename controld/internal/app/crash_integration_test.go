@@ -611,7 +611,7 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 	// has seized its init: the dump is in flight. A dump too quick for the
 	// poll completes; its checkpoint is deleted and the round repeated.
 	var killedAt time.Time
-	var runc int
+	var paused int // the paused process of the dump
 	for attempt := 1; killedAt.IsZero(); attempt++ {
 		if attempt > 8 {
 			t.Fatal("no dump window caught in 8 checkpoints")
@@ -638,7 +638,7 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 				break poll
 			default:
 			}
-			// controld freezes the sandbox before runc starts CRIU; CRIU
+			// controld freezes the sandbox before it starts CRIU; CRIU
 			// seizes every task with ptrace while the cgroup is frozen,
 			// thaws the cgroup (the tasks stay stopped under ptrace),
 			// dumps, and at its end restores the FROZEN state it found.
@@ -646,25 +646,25 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 				frozen = true
 			}
 			if tracer := tracerOf(inst.PID); frozen && tracer != 0 {
-				// Pause runc, CRIU's RPC peer (not CRIU itself, whose
-				// ptrace hold on the sandbox must not be disturbed): CRIU
-				// blocks at its next notification (network lock, post-dump)
-				// with the tasks still seized, so the restart below surely
-				// meets a dump still running, however fast this machine is.
+				// Pause the dump so the restart below surely meets it still
+				// running, however fast this machine is: runc when the dump
+				// goes through runc (CRIU then blocks at its next
+				// notification), else CRIU itself, a child of controld
+				// that outlives it (its tasks stay seized and stopped).
 				pid := runcCheckpointPid(src)
 				if pid == 0 {
-					continue // the dump is ending
+					pid = tracer
 				}
 				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-					t.Logf("attempt %d: pause runc (pid %d): %v; the dump ended", attempt, pid, err)
+					t.Logf("attempt %d: pause the dump (pid %d): %v; it ended", attempt, pid, err)
 					continue
 				}
-				runc = pid
+				paused = pid
 				// Should the test stop before resuming it, never leave the
 				// dump (and the sandbox) hanging.
 				t.Cleanup(func() {
-					if runc != 0 {
-						syscall.Kill(runc, syscall.SIGCONT)
+					if paused != 0 {
+						syscall.Kill(paused, syscall.SIGCONT)
 					}
 				})
 				s.kill()
@@ -672,16 +672,17 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 				if err := <-res; status.Code(err) != codes.Unavailable {
 					t.Logf("checkpoint call at the kill: %v", err)
 				}
-				t.Logf("attempt %d: SIGKILLed controld while CRIU (pid %d) dumps the frozen source (runc pid %d paused)", attempt, tracer, runc)
+				t.Logf("attempt %d: SIGKILLed controld while CRIU (pid %d) dumps the frozen source (pid %d paused)", attempt, tracer, paused)
 				break poll
 			}
 			time.Sleep(200 * time.Microsecond)
 		}
 	}
-	// What the crash left: the source frozen, the dump possibly still
-	// running under containerd's shim, a temporary checkpoint directory.
-	t.Logf("after the kill: freezer %s, runc checkpoint running %v, checkpoint dir %v",
-		s.freezerState(src), runcCheckpointRunning(src), s.checkpointDirEntries())
+	// What the crash left: the source frozen, the dump still running
+	// (paused), a temporary checkpoint directory.
+	dumpRunning := func() bool { return tracerOf(inst.PID) != 0 || runcCheckpointRunning(src) }
+	t.Logf("after the kill: freezer %s, dump running %v, checkpoint dir %v",
+		s.freezerState(src), dumpRunning(), s.checkpointDirEntries())
 
 	// Restart with the dump still running: reconciliation must wait for it
 	// (thawing now would be undone by the FROZEN state CRIU restores at its
@@ -699,14 +700,14 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 	if e := s.checkpointDirEntries(); len(e) != 1 {
 		t.Errorf("checkpoint dir while the interrupted dump runs: %v, want its temporary dir untouched", e)
 	}
-	if err := syscall.Kill(runc, syscall.SIGCONT); err != nil {
-		t.Fatalf("resume runc: %v", err)
+	if err := syscall.Kill(paused, syscall.SIGCONT); err != nil {
+		t.Fatalf("resume the dump: %v", err)
 	}
-	runc = 0
+	paused = 0
 	resumed := time.Now()
 	s.await(ready)
 	t.Logf("controld READY %v after the dump resumed (%v after the restart)", time.Since(resumed), time.Since(restart))
-	if runcCheckpointRunning(src) {
+	if dumpRunning() {
 		t.Error("controld served before the interrupted dump ended")
 	}
 	s.logWarnings()

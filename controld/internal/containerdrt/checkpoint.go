@@ -86,6 +86,21 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		return res, errdefs.InvalidField("tier", "unknown tier %d", spec.Tier)
 	}
 	ctx = r.ctx(ctx)
+	// The caller's hook (proofs, closing sessions, settling the screen) runs
+	// while the target layer is prepared and first copied: neither needs the
+	// other, and the freeze waits for both.
+	var hookDone chan error
+	if spec.BeforeFreeze != nil {
+		hookCtx, cancelHook := context.WithCancel(ctx)
+		hookDone = make(chan error, 1)
+		go func() { hookDone <- spec.BeforeFreeze(hookCtx) }()
+		defer func() {
+			cancelHook()
+			if hookDone != nil { // returning before the freeze
+				<-hookDone
+			}
+		}()
+	}
 	c, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
@@ -131,23 +146,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		}
 	}()
 
-	// The target layer: a new snapshot on the same parent as the source's.
-	ctx, done, err := r.client.WithLease(ctx)
-	if err != nil {
-		return res, fmt.Errorf("lease: %w", convertErr(err))
-	}
-	defer done(cleanCtx)
+	// The target layer: an empty snapshot on the same parent as the
+	// source's, usually prepared ahead.
 	srcInfo, err := r.sn.Stat(ctx, info.SnapshotKey)
 	if err != nil {
 		return res, fmt.Errorf("sandbox %s: snapshot: %w", id, convertErr(err))
 	}
-	suffix := randomHex(8)
-	prepKey := "forkfleet-checkpoint-prepare-" + suffix
-	committed := "forkfleet-checkpoint-" + suffix
-	dstMounts, err := r.sn.Prepare(ctx, prepKey, srcInfo.Parent)
+	layer, err := r.takeLayer(ctx, srcInfo.Parent)
 	if err != nil {
-		return res, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
+		return res, err
 	}
+	prepKey, dstMounts := layer.key, layer.mounts
+	committed := checkpointLayerPrefix + randomHex(8)
 	committedOK := false
 	defer func() {
 		if !committedOK {
@@ -174,8 +184,10 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	}
 	res.Layer = time.Since(t)
 
-	if spec.BeforeFreeze != nil {
-		if err := spec.BeforeFreeze(ctx); err != nil {
+	if hookDone != nil {
+		err := <-hookDone
+		hookDone = nil
+		if err != nil {
 			return res, fmt.Errorf("before freeze: %w", err)
 		}
 	}
@@ -234,7 +246,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		}
 		t = time.Now()
 		imageDir := filepath.Join(spec.Dir, criuImageDir)
-		err = r.dump(ctx, id, imageDir)
+		err = r.dump(ctx, id, pid, imageDir)
 		res.Dump = time.Since(t)
 		if err == nil {
 			break
@@ -329,6 +341,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		return res, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
 	}
 	committedOK = true
+	r.refillLayer(srcInfo.Parent)
 
 	res.Ref = fleet.CheckpointRef{Dir: spec.Dir, Snapshot: committed, Image: info.Image, Tier: spec.Tier}
 	res.MemoryBytes = meta.MemoryBytes
@@ -354,35 +367,53 @@ func (r *Runtime) thaw(ctx context.Context, id string, task client.Task, rawFree
 	return nil
 }
 
-// dump runs runc checkpoint --leave-running through the task service
+// dump dumps the frozen sandbox's processes into imageDir and leaves them
+// frozen: directly through CRIU (see dumpDirect), or through runc
+// checkpoint --leave-running when runc's state is not understood.
+func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string) error {
+	work := r.workDir(id + "-dump-" + randomHex(4))
+	defer os.RemoveAll(work)
+	err := errRuncStateUnknown
+	if !r.dumpViaRunc {
+		err = r.dumpDirect(ctx, id, pid, imageDir, work)
+	}
+	if errors.Is(err, errRuncStateUnknown) {
+		r.runcDumpOnce.Do(func() {
+			r.log.WarnContext(ctx, "checkpoint: dumping through runc (slower)", "sandbox", id, "reason", err)
+		})
+		err = r.dumpRunc(ctx, id, imageDir, work)
+	}
+	if err == nil {
+		return nil
+	}
+	logErrs := criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log")
+	if what := undumpable(logErrs); what != "" {
+		// The sandbox holds something CRIU refuses: the caller can fix
+		// that (close it, shrink it), retrying as is cannot.
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
+			"sandbox %s: criu dump: the sandbox holds %s, which CRIU cannot checkpoint%s", id, what, logErrs)
+	}
+	return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), logErrs)
+}
+
+// dumpRunc runs runc checkpoint --leave-running through the task service
 // directly: client.Task.Checkpoint would pause and resume the task around
 // it through the shim, which does not see the raw freezer and would thaw
 // the sandbox before the layer is consistent.
-func (r *Runtime) dump(ctx context.Context, id, imageDir string) error {
-	work := r.workDir(id + "-dump-" + randomHex(4))
-	defer os.RemoveAll(work)
+func (r *Runtime) dumpRunc(ctx context.Context, id, imageDir, work string) error {
 	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
 		Exit:      false,
 		ImagePath: imageDir,
 		WorkPath:  work,
 	})
 	if err != nil {
-		return fmt.Errorf("checkpoint options: %w: %w", errdefs.ErrInternal, err)
+		return err
 	}
-	if _, err := r.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{
+	_, err = r.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{
 		ContainerID: id,
 		Options:     opts,
-	}); err != nil {
-		logErrs := criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log")
-		if what := undumpable(logErrs); what != "" {
-			// The sandbox holds something CRIU refuses: the caller can fix
-			// that (close it, shrink it), retrying as is cannot.
-			return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
-				"sandbox %s: criu dump: the sandbox holds %s, which CRIU cannot checkpoint%s", id, what, logErrs)
-		}
-		return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), logErrs)
-	}
-	return nil
+	})
+	return err
 }
 
 // undumpable names what in CRIU's errors is the sandbox's state rather
@@ -498,6 +529,9 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref fleet.CheckpointRef)
 		if _, err := r.sn.Update(ctx, snapshots.Info{Name: ref.Snapshot, Labels: map[string]string{}},
 			"labels."+snapshotLabelGCRoot, "labels."+snapshotLabelCheckpoint); err != nil && !cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("checkpoint layer %s: %w", ref.Snapshot, convertErr(err))
+		}
+		if err := r.dropLayerSlot(ctx, ref.Snapshot); err != nil {
+			return err
 		}
 		// Forks are children of the layer; with forks alive removal fails
 		// and the (now unrooted) layer goes with the last of them.

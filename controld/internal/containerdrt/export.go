@@ -350,8 +350,8 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 	}
 	defer done(cleanCtx)
 	suffix := randomHex(8)
-	prepKey := "forkfleet-checkpoint-prepare-" + suffix
-	committed := "forkfleet-checkpoint-" + suffix
+	prepKey := checkpointPreparePrefix + suffix
+	committed := checkpointLayerPrefix + suffix
 	mounts, err := r.sn.Prepare(ctx, prepKey, chainID)
 	if err != nil {
 		return ref, nil, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))

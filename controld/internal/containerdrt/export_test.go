@@ -241,6 +241,10 @@ func TestIntegrationExportImport(t *testing.T) {
 	ckRef2 := "localhost/forkfleet/ck-test:2"
 	t.Cleanup(func() {
 		cctx := r.ctx(context.Background())
+		// The runtime's prepared checkpoint layer pins the image's.
+		if err := r.closeLayerSlots(cctx); err != nil {
+			t.Error(err)
+		}
 		for _, n := range []string{ckRef, ckRef2, base, testImage} {
 			if err := is.Delete(cctx, n, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
 				t.Errorf("delete image %s: %v", n, err)
@@ -505,6 +509,10 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 	ckRef := "localhost/forkfleet/ck-whiteouts:1"
 	t.Cleanup(func() {
 		cctx := r.ctx(context.Background())
+		// The runtime's prepared checkpoint layer pins the image's.
+		if err := r.closeLayerSlots(cctx); err != nil {
+			t.Error(err)
+		}
 		for _, n := range []string{ckRef, testImage} {
 			if err := is.Delete(cctx, n, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
 				t.Errorf("delete image %s: %v", n, err)
@@ -623,6 +631,10 @@ func TestIntegrationExportDesktop(t *testing.T) {
 	ckRef := "localhost/forkfleet/ck-desktop:1"
 	t.Cleanup(func() {
 		cctx := r.ctx(context.Background())
+		// The runtime's prepared checkpoint layer pins the image's.
+		if err := r.closeLayerSlots(cctx); err != nil {
+			t.Error(err)
+		}
 		for _, n := range []string{ckRef, image} {
 			if err := is.Delete(cctx, n, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
 				t.Errorf("delete image %s: %v", n, err)

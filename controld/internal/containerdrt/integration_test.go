@@ -928,11 +928,22 @@ func TestIntegrationCheckpointRacingConnections(t *testing.T) {
 	}
 }
 
+// countSnapshots counts the namespace's snapshots but the empty checkpoint
+// layers the runtime keeps prepared (see layerSlots).
 func countSnapshots(t *testing.T, r *Runtime) int {
 	t.Helper()
+	r.layers.wg.Wait() // a refill in flight
+	slots := map[string]bool{}
+	r.layers.mu.Lock()
+	for _, l := range r.layers.ready {
+		slots[l.key] = true
+	}
+	r.layers.mu.Unlock()
 	n := 0
-	if err := r.sn.Walk(r.ctx(context.Background()), func(context.Context, snapshots.Info) error {
-		n++
+	if err := r.sn.Walk(r.ctx(context.Background()), func(_ context.Context, info snapshots.Info) error {
+		if !slots[info.Name] {
+			n++
+		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -1166,4 +1177,46 @@ func (r *Runtime) cgroupsExist(id string) []string {
 		}
 	}
 	return left
+}
+
+// Checkpoints dumped by CRIU directly and through runc hold the same image
+// files, and runc restores both (forks are runc restores).
+func TestIntegrationDumpPaths(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	images := map[bool][]string{}
+	for _, viaRunc := range []bool{false, true} {
+		value := "mem-" + randomHex(8)
+		if got := mustCall(t, src, "set "+value); got != "ok" {
+			t.Fatal(got)
+		}
+		r.dumpViaRunc = viaRunc
+		res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+		r.dumpViaRunc = false
+		ents, err := os.ReadDir(filepath.Join(res.Ref.Dir, criuImageDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			// Pages and per-process images are named by CRIU's ids.
+			name := strings.TrimRight(strings.TrimSuffix(e.Name(), ".img"), "-0123456789")
+			if !slices.Contains(images[viaRunc], name) {
+				images[viaRunc] = append(images[viaRunc], name)
+			}
+		}
+		f := restoreT(t, r, testSpec(uniqueID("fork")), res.Ref)
+		if got := mustCall(t, f, "get"); got != value {
+			t.Errorf("fork of the dump via runc=%v: memory value %q, want %q", viaRunc, got, value)
+		}
+	}
+	slices.Sort(images[false])
+	slices.Sort(images[true])
+	if !slices.Equal(images[false], images[true]) {
+		t.Errorf("image files differ:\n direct %v\n runc   %v", images[false], images[true])
+	}
+	if !slices.Contains(images[false], "descriptors.json") {
+		t.Errorf("direct dump wrote no descriptors.json: %v", images[false])
+	}
 }

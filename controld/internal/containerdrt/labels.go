@@ -69,3 +69,10 @@ func tierName(t fleet.CheckpointTier) string {
 	}
 	return ""
 }
+
+// Snapshot names of checkpoint layers: prepared (empty, or being filled by
+// a Checkpoint or an ImportCheckpoint), then committed.
+const (
+	checkpointPreparePrefix = "forkfleet-checkpoint-prepare-"
+	checkpointLayerPrefix   = "forkfleet-checkpoint-"
+)

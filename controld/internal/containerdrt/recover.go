@@ -26,7 +26,7 @@ import (
 // a checkpoint is "forkfleet-checkpoint-<hex>" and carries
 // snapshotLabelCheckpoint).
 var transientSnapshotPrefixes = []string{
-	"forkfleet-checkpoint-prepare-",
+	checkpointPreparePrefix,
 	"forkfleet-export-view-",
 }
 
@@ -38,10 +38,11 @@ const DumpWaitTimeout = 2 * time.Minute
 var _ fleet.CheckpointRecoverer = (*Runtime)(nil)
 
 // RecoverCheckpoints implements fleet.CheckpointRecoverer. A controld killed
-// during Checkpoint leaves work that outlives it: runc and CRIU run under
-// containerd's shim and finish the dump (CRIU then restores the freezer
-// state it found, FROZEN, since the runtime froze the sandbox first), the
-// uncommitted layer stays in containerd under a 24 h lease, and the dump's
+// during Checkpoint leaves work that outlives it: its CRIU (or runc and
+// CRIU under containerd's shim) finishes the dump (CRIU then restores the
+// freezer state it found, FROZEN, since the runtime froze the sandbox
+// first), the uncommitted layer stays in containerd (GC-rooted by a label,
+// like the empty layer prepared for the next checkpoint), and the dump's
 // work directory stays in the state dir. A controld killed between the
 // layer's commit and its record leaves a committed, GC-rooted layer nothing
 // names. RecoverCheckpoints waits for those dumps (thawing or deleting the

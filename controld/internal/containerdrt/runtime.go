@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -84,8 +85,8 @@ type Config struct {
 	CgroupRoot   string
 	// CRIUOptions replaces DefaultCRIUOptions when non-nil.
 	CRIUOptions []string
-	// RunTmpfsBytes sizes the tmpfs on /run; DevShmBytes the one on /dev/shm
-	// (negative: no /dev/shm mount at all, one tmpfs fewer for CRIU to tar).
+	// RunTmpfsBytes sizes the tmpfs on /run (when /run is not on the
+	// rootfs); DevShmBytes the one on /dev, which holds /dev/shm.
 	RunTmpfsBytes int64
 	DevShmBytes   int64
 	// Hostname inside every sandbox (the same for forks: CRIU restores the
@@ -188,8 +189,17 @@ type Runtime struct {
 	// directories (maskDirs: those that exist on this kernel).
 	emptyDir string
 	maskDirs map[string]bool
+	// unmaskDirs are masked directories in /proc left unmasked because
+	// they are empty on this kernel (see emptyProcDirs).
+	unmaskDirs map[string]bool
 
 	unpacked sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
+	layers   layerSlots
+
+	criuBinary   string // run by dumps (runc runs "criu" from its PATH too)
+	cgroupV2     bool
+	runcDumpOnce sync.Once // warns once when dumps fall back to runc
+	dumpViaRunc  bool      // tests: dump through runc, as the fallback does
 
 	mu sync.Mutex
 	// quiet holds sandboxes whose exit the runtime causes (Delete, Stop) so
@@ -243,8 +253,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		criuConfig: criuConfig,
 		emptyDir:   emptyDir,
 		maskDirs:   existingDirs(maskedDirCandidates),
+		unmaskDirs: emptyProcDirs(procMaskedDirCandidates),
 		quiet:      map[string]time.Time{},
 		precreated: map[string]*precreated{},
+		criuBinary: "criu",
+		cgroupV2:   isCgroupV2(cfg.CgroupRoot),
+	}
+	if n := conntrackBuckets(); n > maxConntrackBuckets {
+		r.log.Warn("every checkpoint walks the host's whole conntrack table twice (CRIU), about 1 ms per 30000 buckets; deploy/host-setup.sh lowers it",
+			"nf_conntrack_buckets", n, "suggested", maxConntrackBuckets)
 	}
 	if _, err := c.Version(r.ctx(ctx)); err != nil {
 		c.Close()
@@ -264,6 +281,9 @@ func (r *Runtime) Close() error {
 	ctx, cancel := context.WithTimeout(r.ctx(context.Background()), cleanupTimeout)
 	defer cancel()
 	var errs []error
+	if err := r.closeLayerSlots(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for id, sb := range pending {
 		if sb == nil {
 			continue
@@ -412,6 +432,37 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 // /proc, so /proc/acpi and friends keep runc's tmpfs).
 var maskedDirCandidates = []string{"/sys/firmware", "/sys/devices/virtual/powercap"}
 
+// procMaskedDirCandidates are the directories among containerd's default
+// masked paths in /proc: runc masks each with a read-only tmpfs.
+var procMaskedDirCandidates = []string{"/proc/acpi", "/proc/asound", "/proc/scsi"}
+
+// emptyProcDirs returns those of paths that are empty directories on this
+// kernel: masking them hides nothing and costs a tar on every dump and
+// restore (4 ms each here), so they are left unmasked. Their entries are
+// registered by drivers at boot, so empty now stays empty.
+func emptyProcDirs(paths []string) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range paths {
+		if ents, err := os.ReadDir(p); err == nil && len(ents) == 0 {
+			out[p] = true
+		}
+	}
+	return out
+}
+
+// maxConntrackBuckets is the conntrack table size above which controld warns:
+// CRIU walks the whole (host-wide) table twice per dump.
+const maxConntrackBuckets = 65536
+
+func conntrackBuckets() int {
+	b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_buckets")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
 func existingDirs(paths []string) map[string]bool {
 	out := map[string]bool{}
 	for _, p := range paths {
@@ -422,13 +473,18 @@ func existingDirs(paths []string) map[string]bool {
 	return out
 }
 
+func isCgroupV2(root string) bool {
+	_, err := os.Stat(filepath.Join(root, "cgroup.controllers"))
+	return err == nil
+}
+
 // cgroupV1Yard returns root when it is a cgroup v1 tree with one directory
 // per hierarchy, which CRIU can use as its cgroup yard: otherwise every dump
 // and restore mounts all the hierarchies into a yard of its own first
 // (10 to 14 ms of each dump's frozen window measured here).
 func cgroupV1Yard(root string) (string, bool) {
-	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
-		return "", false // cgroup v2
+	if isCgroupV2(root) {
+		return "", false
 	}
 	for _, c := range []string{"freezer", "memory", "pids", "cpu", "devices"} {
 		if st, err := os.Stat(filepath.Join(root, c)); err != nil || !st.IsDir() {

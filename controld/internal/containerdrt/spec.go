@@ -199,11 +199,13 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 			switch m.Destination {
 			case "/run":
 				m.Options = setSizeOption(m.Options, r.cfg.RunTmpfsBytes)
-			case "/dev/shm":
-				if r.cfg.DevShmBytes < 0 {
-					continue // CRIU tars every tmpfs: one fewer is faster
-				}
+			case "/dev":
 				m.Options = setSizeOption(m.Options, r.cfg.DevShmBytes)
+			case "/dev/shm":
+				// CRIU tars every tmpfs on each dump and restore (about 4
+				// ms each): POSIX shared memory lives in /dev's tmpfs, in a
+				// /dev/shm directory guestd makes at start.
+				continue
 			}
 			mounts = append(mounts, m)
 		}
@@ -219,10 +221,14 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 		// runc masks directories with a read-only tmpfs each, and CRIU tars
 		// every tmpfs on dump and restore (5 to 10 ms each). A read-only bind
 		// of an empty directory masks as well and is an external mount to
-		// CRIU: nothing to tar.
+		// CRIU: nothing to tar. runc refuses binds inside /proc; the /proc
+		// directories that are empty on this kernel are not masked at all.
 		if r.emptyDir != "" {
 			masked := s.Linux.MaskedPaths[:0]
 			for _, p := range s.Linux.MaskedPaths {
+				if r.unmaskDirs[p] {
+					continue
+				}
 				if !r.maskDirs[p] {
 					masked = append(masked, p)
 					continue

@@ -25,7 +25,7 @@ func TestRunLayout(t *testing.T) {
 	ctx := context.Background()
 	spec := fleet.BootSpec{ID: "sb-1"}
 	s := &oci.Spec{Mounts: []specs.Mount{
-		{Destination: "/dev/shm", Type: "tmpfs"},
+		{Destination: "/dev", Type: "tmpfs"},
 		{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
 	}}
 	for _, o := range []oci.SpecOpts{withRunOnRootfs, r.withSandbox(spec)} {
@@ -36,8 +36,8 @@ func TestRunLayout(t *testing.T) {
 	if hasMount(s, "/run") || s.Annotations[runLayoutAnnotation] != runLayoutRootfs {
 		t.Fatalf("new sandbox: mounts %+v annotations %v", s.Mounts, s.Annotations)
 	}
-	if !hasMount(s, "/dev/shm") {
-		t.Fatal("/dev/shm dropped")
+	if !hasMount(s, "/dev") {
+		t.Fatal("/dev dropped")
 	}
 	if err := r.withSandbox(fleet.BootSpec{ID: "fork-1"})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)

@@ -143,10 +143,12 @@ func TestWithSandboxSpec(t *testing.T) {
 	}
 
 	// Masked directories become read-only binds of the empty directory (no
-	// tmpfs for CRIU to tar); files stay masked by runc.
+	// tmpfs for CRIU to tar), empty ones in /proc are not masked; files stay
+	// masked by runc.
 	r.emptyDir = "/state/empty"
 	r.maskDirs = map[string]bool{"/sys/firmware": true}
-	s3 := &oci.Spec{Linux: &specs.Linux{MaskedPaths: []string{"/proc/kcore", "/sys/firmware"}}}
+	r.unmaskDirs = map[string]bool{"/proc/acpi": true} // empty on this kernel
+	s3 := &oci.Spec{Linux: &specs.Linux{MaskedPaths: []string{"/proc/kcore", "/proc/acpi", "/sys/firmware"}}}
 	if err := r.withSandbox(spec)(ctx, nil, nil, s3); err != nil {
 		t.Fatal(err)
 	}
@@ -165,15 +167,20 @@ func TestWithSandboxSpec(t *testing.T) {
 	if n := len(slices.DeleteFunc(slices.Clone(s3.Mounts), func(m specs.Mount) bool { return m.Destination != "/sys/firmware" })); n != 1 || s3.Mounts[i].Source != "/state/empty" {
 		t.Errorf("after re-applying: %d /sys/firmware mounts, source %q", n, s3.Mounts[i].Source)
 	}
-	r.emptyDir, r.maskDirs = "", nil
+	r.emptyDir, r.maskDirs, r.unmaskDirs = "", nil, nil
 
-	// No /dev/shm when asked; /run is added when missing.
-	r.cfg.DevShmBytes = -1
-	s2 := &oci.Spec{Mounts: []specs.Mount{{Destination: "/dev/shm", Type: "tmpfs"}}}
+	// No tmpfs on /dev/shm (it lives in /dev's, sized for it); /run is
+	// added when missing.
+	r.cfg.DevShmBytes = 32 << 20
+	s2 := &oci.Spec{Mounts: []specs.Mount{
+		{Destination: "/dev", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
+		{Destination: "/dev/shm", Type: "tmpfs"},
+	}}
 	if err := r.withSandbox(spec)(ctx, nil, nil, s2); err != nil {
 		t.Fatal(err)
 	}
-	if len(s2.Mounts) != 1 || s2.Mounts[0].Destination != "/run" {
+	if len(s2.Mounts) != 2 || s2.Mounts[0].Destination != "/dev" || s2.Mounts[1].Destination != "/run" ||
+		!slices.Equal(s2.Mounts[0].Options, []string{"nosuid", "size=33554432"}) {
 		t.Errorf("mounts %+v", s2.Mounts)
 	}
 }
@@ -388,5 +395,22 @@ func TestUndumpable(t *testing.T) {
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("undumpable(%q) = %q, want something naming %q", tc.log, got, tc.want)
 		}
+	}
+}
+
+func TestEmptyProcDirs(t *testing.T) {
+	dir := t.TempDir()
+	empty, full := filepath.Join(dir, "empty"), filepath.Join(dir, "full")
+	for _, d := range []string{empty, full} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(full, "x"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := emptyProcDirs([]string{empty, full, filepath.Join(dir, "missing")})
+	if len(got) != 1 || !got[empty] {
+		t.Errorf("emptyProcDirs = %v, want only %s", got, empty)
 	}
 }

@@ -109,16 +109,6 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		return nil, err
 	}
 
-	// Proofs, recorded before the freeze over one admin session that is
-	// closed before the processes are dumped (an open connection from outside
-	// the sandbox would be part of the dump).
-	gctx, gspan := m.tracer.Start(ctx, "checkpoint.proofs")
-	g, err := m.dialGuest(gctx, src.ACISocket, src.AdminToken)
-	if err != nil {
-		gspan.End()
-		return fail(fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err))
-	}
-	defer g.Close()
 	rec := &store.CheckpointRecord{
 		Env:         copyMap(src.Env),
 		AdminToken:  src.AdminToken,
@@ -126,45 +116,16 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		MarkerPath:  markerDir + id,
 		MarkerValue: []byte(newToken()),
 	}
-	if err := g.PutFile(gctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {
-		gspan.End()
-		return fail(fmt.Errorf("checkpoint %s: write marker: %w", src.Sandbox.Id, err))
-	}
 	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
 		rec.MemoryValue = randomBytes(32)
-		if err := g.MemoryMark(gctx, rec.MemoryValue); err != nil {
-			gspan.End()
-			return fail(fmt.Errorf("checkpoint %s: memory mark: %w", src.Sandbox.Id, err))
-		}
 	}
-	gspan.End()
-
 	tmp := m.tmpCheckpointDir(id)
 	spec := CheckpointSpec{
 		Dir:  tmp,
 		Tier: tierToRuntime(tier),
 		Stop: req.GetStop(),
 		BeforeFreeze: func(ctx context.Context) error {
-			ctx, s := m.tracer.Start(ctx, "checkpoint.before_freeze")
-			defer s.End()
-			// No connection from outside may be open at the dump: ours, and
-			// agents' through the gateway or guestd's socket (they reconnect
-			// afterwards).
-			m.setCheckpointing(sb, true)
-			if m.opts.DropConnections != nil {
-				m.opts.DropConnections(src.Sandbox.Id)
-			}
-			if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
-				// With every agent gone only the apps can still draw: the
-				// hash of a settled screen here is the frame the freeze
-				// captures, the pixel proof of every replica.
-				h, err := g.CheckpointPrepare(ctx, checkpointHold, m.opts.FrameSettle)
-				if err != nil {
-					return fmt.Errorf("prepare guest: %w", err)
-				}
-				rec.FrameHash = h
-			}
-			return g.Close()
+			return m.prepareCheckpointGuest(ctx, sb, src, rec)
 		},
 	}
 	rctx, rspan := m.tracer.Start(ctx, "checkpoint.runtime")
@@ -237,6 +198,47 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		}
 	}
 	return m.checkpointView(id)
+}
+
+// prepareCheckpointGuest readies a sandbox for its dump, while the runtime
+// prepares the checkpoint's layer: it records the proofs (the marker file,
+// the memory value) over one admin session, closes every connection from
+// outside (CRIU would have to dump them), and records the settled frame. The
+// session is closed before it returns: it would be part of the dump too.
+func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *store.SandboxRecord, rec *store.CheckpointRecord) error {
+	ctx, span := m.tracer.Start(ctx, "checkpoint.before_freeze")
+	defer span.End()
+	g, err := m.dialGuest(ctx, src.ACISocket, src.AdminToken)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	if err := g.PutFile(ctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {
+		return fmt.Errorf("write marker: %w", err)
+	}
+	if rec.MemoryValue != nil {
+		if err := g.MemoryMark(ctx, rec.MemoryValue); err != nil {
+			return fmt.Errorf("memory mark: %w", err)
+		}
+	}
+	// No connection from outside may be open at the dump: ours, and
+	// agents' through the gateway or guestd's socket (they reconnect
+	// afterwards).
+	m.setCheckpointing(sb, true)
+	if m.opts.DropConnections != nil {
+		m.opts.DropConnections(src.Sandbox.Id)
+	}
+	if rec.MemoryValue != nil {
+		// With every agent gone only the apps can still draw: the hash of a
+		// settled screen here is the frame the freeze captures, the pixel
+		// proof of every replica.
+		h, err := g.CheckpointPrepare(ctx, checkpointHold, m.opts.FrameSettle)
+		if err != nil {
+			return fmt.Errorf("prepare guest: %w", err)
+		}
+		rec.FrameHash = h
+	}
+	return g.Close()
 }
 
 // checkpointHold bounds how long guestd refuses agent sessions around a dump

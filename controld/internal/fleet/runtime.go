@@ -38,8 +38,9 @@ type Runtime interface {
 	// Checkpoint captures a running sandbox into spec.Dir (which must not
 	// exist; the runtime creates it and removes it on failure). The source
 	// keeps running unless spec.Stop is set; it is never left frozen.
-	// BeforeFreeze runs right before the processes are frozen (record the
-	// frame hash there), AfterFreeze while they are frozen.
+	// BeforeFreeze runs while the runtime prepares the checkpoint, and the
+	// freeze waits for it (record the frame hash there); AfterFreeze runs
+	// while the processes are frozen.
 	Checkpoint(ctx context.Context, id string, spec CheckpointSpec) (CheckpointResult, error)
 
 	// DeleteCheckpoint releases what a checkpoint holds (its committed

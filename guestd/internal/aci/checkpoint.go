@@ -29,6 +29,7 @@ const (
 // screen has been still for settle_ms the hash taken here is the frame the
 // freeze captures.
 func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv1.CheckpointPrepareRequest) (*aciv1.CheckpointPrepareResponse, error) {
+	start := time.Now()
 	hold := time.Duration(req.GetHoldMs()) * time.Millisecond
 	switch {
 	case hold == 0:
@@ -73,7 +74,19 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 		}
 	}
 	resp := &aciv1.CheckpointPrepareResponse{ClosedSessions: uint32(len(victims))}
+	// Freed heap goes back to the kernel during the settle: the probe there
+	// watches the sandbox's other processes, and the dump should find state,
+	// not scratch.
+	scavenged := make(chan struct{})
+	go func() {
+		defer close(scavenged)
+		debug.FreeOSMemory()
+	}()
+	defer func() { <-scavenged }()
+	closed := time.Since(start)
+	var settleTook, hashTook time.Duration // logged: where a checkpoint's wait goes
 	if _, err := s.desktop(); err == nil {
+		t := time.Now()
 		settled := true
 		if settle > 0 {
 			var err error
@@ -81,14 +94,20 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 				return nil, err
 			}
 		}
+		settleTook, t = time.Since(t), time.Now()
+		// Usually answered from the last capture (no damage since): no
+		// capture, so the segments released at the last prepare stay empty.
 		shot, err := keep.screenshot(ctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}, "checkpoint_prepare")
 		if err != nil {
 			return nil, err
 		}
+		hashTook = time.Since(t)
 		resp.FrameHash, resp.Settled = shot.GetFrameHash(), settled
-		s.releaseScratch()
+		s.releaseCaptureBuffers()
 	}
-	s.log.Info("checkpoint prepare", "closed_sessions", len(victims), "hold", hold, "settled", resp.Settled)
+	<-scavenged
+	s.log.Info("checkpoint prepare", "closed_sessions", len(victims), "hold", hold, "settled", resp.Settled,
+		"close", closed, "settle", settleTook, "hash", hashTook, "total", time.Since(start))
 	return resp, nil
 }
 
@@ -105,12 +124,19 @@ func (s *Server) held() bool {
 // releaseScratch gives idle capture buffers and freed heap back to the
 // kernel: a frozen replica should hold only state, not scratch.
 func (s *Server) releaseScratch() int {
-	n := 0
-	if d, err := s.desktop(); err == nil {
-		if r, ok := d.(ScratchReleaser); ok {
-			n = r.ReleaseScratch()
-		}
-	}
+	n := s.releaseCaptureBuffers()
 	debug.FreeOSMemory()
 	return n
+}
+
+// releaseCaptureBuffers drops the pages of the desktop's capture buffers
+// (the shared-memory segments the X server writes frames into); the next
+// capture faults them back in.
+func (s *Server) releaseCaptureBuffers() int {
+	if d, err := s.desktop(); err == nil {
+		if r, ok := d.(ScratchReleaser); ok {
+			return r.ReleaseScratch()
+		}
+	}
+	return 0
 }

@@ -69,6 +69,17 @@ func cursorKeyOf(c desktop.Cursor) cursorKey {
 	return k
 }
 
+// provedShot is the server's last frame any session captured with a damage
+// sequence: while the sequence stays at seq the screen of key still hashes
+// to hash. Checkpoints (a new admin session each) and hash-only observers
+// answer from it without a capture.
+type provedShot struct {
+	key           shotKey
+	seq           uint64
+	hash          [hashLen]byte
+	width, height int
+}
+
 // shotCache remembers the session's last frame: while the display's damage
 // sequence stays at seq, the screen is provably what it was when the frame
 // of key was captured, so a repeat needs no capture, hash or encode. The
@@ -210,6 +221,15 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 		}
 		// Same pixels in a codec not cached yet: capture them again.
 	}
+	if p := ss.srv.provedShot.Load(); seqOK && format == aciv1.ImageFormat_IMAGE_FORMAT_NONE && p != nil && p.seq == seq && p.key == key {
+		// Another session captured this view and nothing was drawn since:
+		// a hash-only request needs no capture (nor this session's buffers).
+		resp.Width, resp.Height = uint32(p.width), uint32(p.height)
+		resp.FrameHash = append([]byte(nil), p.hash[:]...)
+		resp.CaptureNs = uint64(time.Since(t0))
+		resp.NotModified = len(inm) == hashLen && bytes.Equal(inm, p.hash[:])
+		return resp, nil
+	}
 	c.proved = false
 
 	process := func(f *desktop.Frame) error {
@@ -291,6 +311,7 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 	}
 	if seqOK {
 		c.proved, c.key, c.seq = true, key, seq
+		ss.srv.provedShot.Store(&provedShot{key: key, seq: seq, hash: c.hash, width: c.width, height: c.height})
 	}
 	e.trim()
 	return resp, nil

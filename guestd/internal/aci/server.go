@@ -81,8 +81,10 @@ type Server struct {
 	sandboxID  atomic.Pointer[string]
 	rng        rng
 
-	desk   atomic.Pointer[deskBox]
-	damage damageTracker
+	desk atomic.Pointer[deskBox]
+	// provedShot is the last frame proven current by a damage sequence.
+	provedShot atomic.Pointer[provedShot]
+	damage     damageTracker
 
 	mark struct {
 		sync.Mutex

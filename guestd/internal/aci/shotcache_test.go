@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -242,5 +243,41 @@ func checkPixel(t *testing.T, data []byte, x, y int, r, g, b byte) {
 	rr, gg, bb, _ := img.At(x, y).RGBA()
 	if byte(rr>>8) != r || byte(gg>>8) != g || byte(bb>>8) != b {
 		t.Fatalf("pixel (%d,%d) = %02x%02x%02x, want %02x%02x%02x", x, y, rr>>8, gg>>8, bb>>8, r, g, b)
+	}
+}
+
+// A hash-only request answers from the frame another session captured while
+// nothing was drawn since (a checkpoint's admin session finds the agent's).
+func TestScreenshotHashSharedAcrossSessions(t *testing.T) {
+	h := newHarness(t)
+	sd := newSeqDesktop(64, 48)
+	h.srv.SetDesktop(sd)
+	agent, other := h.session(aciToken), h.session(aciToken)
+	shotOf := func(c *aciclient.Client, req *aciv1.ScreenshotRequest) *aciv1.ScreenshotResponse {
+		t.Helper()
+		r := call(t, c, shot(req))
+		if r.GetError() != nil {
+			t.Fatalf("screenshot: %v", r.GetError())
+		}
+		return r.GetScreenshot()
+	}
+	none := &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}
+	first := shotOf(agent, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG})
+	got := shotOf(other, none)
+	if sd.captures.Load() != 1 || !bytes.Equal(got.GetFrameHash(), first.GetFrameHash()) || got.GetWidth() != 64 || got.GetHeight() != 48 {
+		t.Fatalf("hash-only in another session: %d captures, same hash %v, %dx%d",
+			sd.captures.Load(), bytes.Equal(got.GetFrameHash(), first.GetFrameHash()), got.GetWidth(), got.GetHeight())
+	}
+	if nm := shotOf(other, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE, IfNoneMatch: first.GetFrameHash()}); !nm.GetNotModified() {
+		t.Fatal("if_none_match of the shared hash: not not_modified")
+	}
+	// Pixels are still this session's own capture.
+	if shotOf(other, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG}); sd.captures.Load() != 2 {
+		t.Fatalf("png in the other session: %d captures, want 2", sd.captures.Load())
+	}
+	sd.draw(image.Rect(1, 1, 3, 3), 9, 9, 9)
+	after := shotOf(agent, none)
+	if sd.captures.Load() != 3 || bytes.Equal(after.GetFrameHash(), first.GetFrameHash()) {
+		t.Fatalf("after a draw: %d captures, hash changed %v", sd.captures.Load(), !bytes.Equal(after.GetFrameHash(), first.GetFrameHash()))
 	}
 }

@@ -118,6 +118,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		log.Warn("PR_SET_MEMORY_MERGE failed", "err", err)
 	}
 
+	if os.Getpid() == 1 {
+		if err := sysops.EnsureDevShm("/dev/shm"); err != nil {
+			log.Warn("no /dev/shm: POSIX shared memory will fail in the sandbox", "err", err)
+		}
+	}
+
 	supervising := !o.noSupervise
 	mode := reaper.Own
 	if supervising || os.Getpid() == 1 {

@@ -183,7 +183,10 @@ func (f *Files) createTemp(path string, parents bool) (*os.File, error) {
 	return tmp, nil
 }
 
-// publish makes the temp file durable and renames it over the target.
+// publish renames the temp file over the target: readers see the old file
+// or the whole new one. It does not fsync: a sandbox's files live no longer
+// than the sandbox (a host crash ends both), and checkpoints read the
+// writable layer through the page cache; an fsync cost 5 to 8 ms per put.
 func (u *upload) publish() error {
 	name := u.tmp.Name()
 	fail := func(err error) error {
@@ -194,9 +197,6 @@ func (u *upload) publish() error {
 	if err := u.tmp.Chmod(u.mode); err != nil {
 		return fail(err)
 	}
-	if err := u.tmp.Sync(); err != nil {
-		return fail(err)
-	}
 	if err := u.tmp.Close(); err != nil {
 		os.Remove(name)
 		return acierr.WithField(err, "file_put.path")
@@ -204,11 +204,6 @@ func (u *upload) publish() error {
 	if err := os.Rename(name, u.path); err != nil {
 		os.Remove(name)
 		return acierr.WithField(err, "file_put.path")
-	}
-	// The rename is durable once the directory is synced.
-	if d, err := os.Open(filepath.Dir(u.path)); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

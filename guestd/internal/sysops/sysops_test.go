@@ -5,6 +5,7 @@ package sysops
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -404,5 +405,28 @@ func TestOthersCPUTime(t *testing.T) {
 	}
 	if a <= 0 || b-a < 10*time.Millisecond {
 		t.Fatalf("others' CPU time %v then %v: want the spinning child's run time added", a, b)
+	}
+}
+
+func TestEnsureDevShm(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "shm")
+	for range 2 { // the second call finds it
+		if err := EnsureDevShm(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode() & (fs.ModePerm | fs.ModeSticky); got != 0o777|fs.ModeSticky {
+		t.Errorf("mode %v, want drwxrwxrwt", fi.Mode())
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureDevShm(file); err == nil {
+		t.Error("a file in the way: no error")
 	}
 }

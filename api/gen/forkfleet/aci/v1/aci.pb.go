@@ -4073,7 +4073,7 @@ func (x *ExecResponse) GetDurationNs() uint64 {
 	return 0
 }
 
-// FilePutRequest writes a file atomically (temporary file, fsync, rename).
+// FilePutRequest writes a file atomically (temporary file, rename).
 // Large files go in chunks: every chunk names the same upload_id and its
 // offset; the chunk with last=true publishes the file.
 type FilePutRequest struct {

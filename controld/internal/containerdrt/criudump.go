@@ -1,0 +1,239 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	criurpc "github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// The direct dump runs `criu swrk` itself, with the request runc checkpoint
+// --leave-running builds, and writes runc's descriptors.json beside the
+// images, so `runc restore` (every fork) reads them as its own. It skips
+// what runc adds around CRIU: runc's own start, a second CRIU start to ask
+// CRIU's version, and the containerd and shim hops, 15 to 20 ms of every
+// dump's frozen window here. What it needs comes from runc's state file of
+// the container; a state it does not understand falls back to runc.
+
+// CRIU log levels: warnings and errors, or everything (runc's).
+const (
+	criuLogWarnings = 2
+	criuLogDebug    = 4
+)
+
+// runcDefaultRoot is the shim's runc root when the task options name none;
+// runc's state of container id lives in <root>/<namespace>/<id>.
+const runcDefaultRoot = "/run/containerd/runc"
+
+// runcState is the part of runc's state.json (libcontainer's State and
+// configs.Config) a dump needs.
+type runcState struct {
+	InitPID             int               `json:"init_process_pid"`
+	CgroupPaths         map[string]string `json:"cgroup_paths"`
+	ExternalDescriptors []string          `json:"external_descriptors"`
+	Config              struct {
+		Rootfs string `json:"rootfs"`
+		Mounts []struct {
+			Device      string `json:"device"`
+			Destination string `json:"destination"`
+		} `json:"mounts"`
+		MaskPaths []string `json:"mask_paths"`
+		Devices   []struct {
+			Path string `json:"path"`
+		} `json:"devices"`
+		Labels     []string `json:"labels"`
+		Namespaces []struct {
+			Type string `json:"type"`
+			Path string `json:"path"`
+		} `json:"namespaces"`
+	} `json:"config"`
+}
+
+// errRuncStateUnknown says the dump request cannot be built from runc's
+// state; the caller dumps through runc instead.
+var errRuncStateUnknown = errors.New("runc state not understood")
+
+func (r *Runtime) runcStatePath(id string) string {
+	root := r.cfg.RuncRoot
+	if root == "" {
+		root = runcDefaultRoot
+	}
+	return filepath.Join(root, r.cfg.Namespace, id, "state.json")
+}
+
+func (r *Runtime) readRuncState(id string) (*runcState, error) {
+	b, err := os.ReadFile(r.runcStatePath(id))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errRuncStateUnknown, err)
+	}
+	var st runcState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", errRuncStateUnknown, r.runcStatePath(id), err)
+	}
+	if st.InitPID <= 0 || st.Config.Rootfs == "" || len(st.ExternalDescriptors) == 0 {
+		return nil, fmt.Errorf("%w: %s lacks the init pid, rootfs or stdio", errRuncStateUnknown, r.runcStatePath(id))
+	}
+	return &st, nil
+}
+
+// criuDumpRequest builds the options runc 1.1's checkpoint command gives
+// CRIU for a leave-running dump with containerd's default checkpoint options
+// (the rest comes from the CRIU config file named by the org.criu.config
+// annotation). imageDir and workDir are open directories of this process.
+// logLevel is CRIU's: runc's 4 writes about 9000 lines per desktop dump,
+// 25 ms of its frozen window here; 2 keeps warnings and errors.
+func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, logLevel int32) (*criurpc.CriuOpts, error) {
+	c := &st.Config
+	opts := &criurpc.CriuOpts{
+		ImagesDirFd:     proto.Int32(int32(imageDir.Fd())),
+		WorkDirFd:       proto.Int32(int32(workDir.Fd())),
+		LogLevel:        proto.Int32(logLevel),
+		LogFile:         proto.String("dump.log"),
+		Root:            proto.String(c.Rootfs),
+		ManageCgroups:   proto.Bool(true),
+		Pid:             proto.Int32(int32(st.InitPID)),
+		LeaveRunning:    proto.Bool(true),
+		OrphanPtsMaster: proto.Bool(true),
+		ShellJob:        proto.Bool(false),
+		TcpEstablished:  proto.Bool(false),
+		ExtUnixSk:       proto.Bool(false),
+		FileLocks:       proto.Bool(false),
+		// runc's checkpoint command always leaves the network namespace's
+		// contents out: runc does not manage network devices.
+		EmptyNs: proto.Uint32(unix.CLONE_NEWNET),
+	}
+	configFile, annotated := "/etc/criu/runc.conf", false
+	for _, l := range c.Labels {
+		if v, ok := strings.CutPrefix(l, "org.criu.config="); ok {
+			configFile, annotated = v, true
+		}
+	}
+	if configFile != "" || !annotated {
+		opts.ConfigFile = proto.String(configFile)
+	}
+	// Namespaces joined by path are external to the dump.
+	for _, ns := range c.Namespaces {
+		var name, key string
+		switch ns.Type {
+		case "NEWNET":
+			name, key = "net", "extRootNetNS"
+		case "NEWPID":
+			name, key = "pid", "extRootPidNS"
+		default:
+			continue
+		}
+		if ns.Path == "" {
+			continue
+		}
+		var s unix.Stat_t
+		if err := unix.Stat(ns.Path, &s); err != nil {
+			return nil, fmt.Errorf("%s namespace %s: %w", name, ns.Path, err)
+		}
+		opts.External = append(opts.External, fmt.Sprintf("%s[%d]:%s", name, s.Ino, key))
+	}
+	freezer := st.CgroupPaths["freezer"]
+	if cgroupV2 {
+		freezer = st.CgroupPaths[""]
+	}
+	if freezer != "" {
+		opts.FreezeCgroup = proto.String(freezer)
+	}
+	ext := func(dest, val string) {
+		opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(dest), Val: proto.String(val)})
+	}
+	hasCgroupNS := false
+	for _, ns := range c.Namespaces {
+		hasCgroupNS = hasCgroupNS || ns.Type == "NEWCGROUP"
+	}
+	for _, m := range c.Mounts {
+		switch m.Device {
+		case "bind":
+			dest := strings.TrimPrefix(m.Destination, c.Rootfs)
+			ext(dest, dest)
+		case "cgroup":
+			if !cgroupV2 && !hasCgroupNS {
+				// runc expands a v1 cgroup mount into binds of the host's
+				// hierarchies; sandboxes mount no cgroupfs.
+				return nil, fmt.Errorf("%w: a cgroup v1 mount at %s", errRuncStateUnknown, m.Destination)
+			}
+		}
+	}
+	// Masked files are binds of /dev/null (masked directories are tmpfs).
+	for _, p := range c.MaskPaths {
+		fi, err := os.Stat(fmt.Sprintf("/proc/%d/root/%s", st.InitPID, p))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, fmt.Errorf("masked path %s: %w", p, err)
+		}
+		if !fi.IsDir() {
+			ext(p, "/dev/null")
+		}
+	}
+	for _, d := range c.Devices {
+		dest := strings.TrimPrefix(d.Path, c.Rootfs)
+		ext(dest, dest)
+	}
+	return opts, nil
+}
+
+// dumpDirect dumps sandbox id's processes into imageDir, leaving them
+// running (frozen, when the caller froze them), with CRIU's log in
+// workDir/dump.log: warnings and errors, everything when the runtime's
+// logger is at debug level. It returns an error wrapping errRuncStateUnknown,
+// before touching anything, when runc's state does not say enough.
+func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDir, workDir string) error {
+	st, err := r.readRuncState(id)
+	if err != nil {
+		return err
+	}
+	if uint32(st.InitPID) != pid {
+		return fmt.Errorf("%w: runc's init pid %d is not the task's %d", errRuncStateUnknown, st.InitPID, pid)
+	}
+	for _, d := range []string{imageDir, workDir} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+	}
+	img, err := os.Open(imageDir)
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	work, err := os.Open(workDir)
+	if err != nil {
+		return err
+	}
+	defer work.Close()
+	logLevel := int32(criuLogWarnings)
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		logLevel = criuLogDebug
+	}
+	opts, err := criuDumpRequest(st, img, work, r.cgroupV2, logLevel)
+	if err != nil {
+		return err
+	}
+	// runc restore re-plumbs the init's stdio from this list.
+	fds, err := json.Marshal(st.ExternalDescriptors)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(imageDir, "descriptors.json"), fds, 0o600); err != nil {
+		return err
+	}
+	c := criu.MakeCriu()
+	c.SetCriuPath(r.criuBinary)
+	return c.Dump(opts, nil)
+}

@@ -1,0 +1,134 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestReadRuncState(t *testing.T) {
+	root := t.TempDir()
+	r := &Runtime{cfg: Config{RuncRoot: root, Namespace: "ns"}}
+	if _, err := r.readRuncState("missing"); !errors.Is(err, errRuncStateUnknown) {
+		t.Errorf("missing state: %v", err)
+	}
+	write := func(id, body string) {
+		t.Helper()
+		dir := filepath.Join(root, "ns", id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "state.json"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("garbled", "{")
+	write("partial", `{"init_process_pid": 12, "config": {}}`)
+	write("ok", `{"init_process_pid": 12, "external_descriptors": ["/dev/null", "pipe:[1]", "pipe:[2]"],
+		"cgroup_paths": {"freezer": "/sys/fs/cgroup/freezer/x"}, "config": {"rootfs": "/bundle/rootfs"}}`)
+	for _, id := range []string{"garbled", "partial"} {
+		if _, err := r.readRuncState(id); !errors.Is(err, errRuncStateUnknown) {
+			t.Errorf("%s: %v, want errRuncStateUnknown", id, err)
+		}
+	}
+	st, err := r.readRuncState("ok")
+	if err != nil || st.InitPID != 12 || st.Config.Rootfs != "/bundle/rootfs" || len(st.ExternalDescriptors) != 3 {
+		t.Fatalf("ok: %+v, %v", st, err)
+	}
+}
+
+// The request matches what runc's checkpoint command sends for a
+// leave-running dump (see criuDumpRequest).
+func TestCriuDumpRequest(t *testing.T) {
+	var st runcState
+	st.InitPID = os.Getpid() // masked paths are looked up under /proc/<pid>/root
+	st.CgroupPaths = map[string]string{"freezer": "/sys/fs/cgroup/freezer/fl/sb", "": "/sys/fs/cgroup/fl/sb"}
+	c := &st.Config
+	c.Rootfs = "/bundle/rootfs"
+	c.Mounts = append(c.Mounts,
+		struct {
+			Device      string `json:"device"`
+			Destination string `json:"destination"`
+		}{"proc", "/proc"},
+		struct {
+			Device      string `json:"device"`
+			Destination string `json:"destination"`
+		}{"bind", "/sys/firmware"})
+	c.MaskPaths = []string{"/proc/version", "/proc/self", "/proc/no-such-file"}
+	c.Devices = append(c.Devices, struct {
+		Path string `json:"path"`
+	}{"/dev/null"})
+	c.Labels = []string{"bundle=/bundle", "org.criu.config=/state/criu.conf"}
+	c.Namespaces = append(c.Namespaces, struct {
+		Type string `json:"type"`
+		Path string `json:"path"`
+	}{"NEWNET", "/proc/self/ns/net"}, struct {
+		Type string `json:"type"`
+		Path string `json:"path"`
+	}{"NEWPID", ""})
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+
+	opts, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.GetPid() != int32(st.InitPID) || opts.GetRoot() != c.Rootfs || !opts.GetLeaveRunning() || !opts.GetManageCgroups() ||
+		!opts.GetOrphanPtsMaster() || opts.GetEmptyNs() != unix.CLONE_NEWNET || opts.GetLogFile() != "dump.log" ||
+		opts.GetLogLevel() != criuLogWarnings || opts.GetImagesDirFd() != int32(dir.Fd()) {
+		t.Errorf("options %v", opts)
+	}
+	if opts.GetConfigFile() != "/state/criu.conf" || opts.GetFreezeCgroup() != "/sys/fs/cgroup/freezer/fl/sb" {
+		t.Errorf("config file %q, freezer %q", opts.GetConfigFile(), opts.GetFreezeCgroup())
+	}
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &ns); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{fmt.Sprintf("net[%d]:extRootNetNS", ns.Ino)}; !slices.Equal(opts.GetExternal(), want) {
+		t.Errorf("external %v, want %v", opts.GetExternal(), want)
+	}
+	got := map[string]string{}
+	for _, m := range opts.GetExtMnt() {
+		got[m.GetKey()] = m.GetVal()
+	}
+	// Binds and devices map to themselves, masked files to /dev/null;
+	// masked directories (runc's tmpfs) and missing paths are left out.
+	want := map[string]string{"/sys/firmware": "/sys/firmware", "/proc/version": "/dev/null", "/dev/null": "/dev/null"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("ext mounts %v, want %v", got, want)
+	}
+
+	// cgroup v2: the unified path freezes.
+	if opts, err = criuDumpRequest(&st, dir, dir, true, criuLogDebug); err != nil || opts.GetFreezeCgroup() != "/sys/fs/cgroup/fl/sb" || opts.GetLogLevel() != criuLogDebug {
+		t.Errorf("v2: freezer %q, log level %d, %v", opts.GetFreezeCgroup(), opts.GetLogLevel(), err)
+	}
+	// An annotation naming no file means no config file; no annotation
+	// means runc's default.
+	c.Labels = []string{"org.criu.config="}
+	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings); opts.ConfigFile != nil {
+		t.Errorf("empty annotation: config file %q", opts.GetConfigFile())
+	}
+	c.Labels = nil
+	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings); opts.GetConfigFile() != "/etc/criu/runc.conf" {
+		t.Errorf("no annotation: config file %q", opts.GetConfigFile())
+	}
+	// A v1 cgroupfs mount (runc would expand it) is not handled here.
+	c.Mounts = append(c.Mounts, struct {
+		Device      string `json:"device"`
+		Destination string `json:"destination"`
+	}{"cgroup", "/sys/fs/cgroup"})
+	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings); !errors.Is(err, errRuncStateUnknown) {
+		t.Errorf("cgroup v1 mount: %v", err)
+	}
+}
