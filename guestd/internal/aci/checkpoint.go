@@ -103,6 +103,10 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 		}
 		hashTook = time.Since(t)
 		resp.FrameHash, resp.Settled = shot.GetFrameHash(), settled
+		// A replica must prove its pixels with a capture of its own, so the
+		// dumped memory holds no proven frame; the source gets it back at
+		// checkpoint_done (still proven only while nothing was drawn).
+		s.preparedShot.Store(s.provedShot.Swap(nil))
 		s.releaseCaptureBuffers()
 	}
 	<-scavenged
@@ -114,6 +118,15 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 // liftHold ends a checkpoint hold (CheckpointDone on the source, Restored on
 // a replica).
 func (s *Server) liftHold() { s.holdUntil.Store(0) }
+
+// checkpointDone ends a checkpoint on the source that runs on: the hold is
+// lifted and the frame proven before the dump is trusted again.
+func (s *Server) checkpointDone() {
+	s.liftHold()
+	if p := s.preparedShot.Swap(nil); p != nil {
+		s.provedShot.CompareAndSwap(nil, p)
+	}
+}
 
 // held reports whether new agent sessions are refused for a checkpoint.
 func (s *Server) held() bool {

@@ -144,7 +144,7 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		if ss.role != RoleAdmin {
 			return errReply(id, denied("checkpoint_done"))
 		}
-		ss.srv.liftHold()
+		ss.srv.checkpointDone()
 		out.Reply = &aciv1.ServerMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneResponse{}}
 	case *aciv1.ClientMessage_ReleaseScratch:
 		if ss.role != RoleAdmin {

@@ -82,9 +82,11 @@ type Server struct {
 	rng        rng
 
 	desk atomic.Pointer[deskBox]
-	// provedShot is the last frame proven current by a damage sequence.
-	provedShot atomic.Pointer[provedShot]
-	damage     damageTracker
+	// provedShot is the last frame proven current by a damage sequence;
+	// preparedShot holds it from checkpoint_prepare to checkpoint_done.
+	provedShot   atomic.Pointer[provedShot]
+	preparedShot atomic.Pointer[provedShot]
+	damage       damageTracker
 
 	mark struct {
 		sync.Mutex

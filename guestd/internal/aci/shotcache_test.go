@@ -281,3 +281,53 @@ func TestScreenshotHashSharedAcrossSessions(t *testing.T) {
 		t.Fatalf("after a draw: %d captures, hash changed %v", sd.captures.Load(), !bytes.Equal(after.GetFrameHash(), first.GetFrameHash()))
 	}
 }
+
+// A frame proven before checkpoint_prepare is not in the dumped memory: a
+// replica's pixel proof captures for real (even before its restored
+// request), and only the source gets the frame back, at checkpoint_done.
+func TestProvenFrameAcrossCheckpoint(t *testing.T) {
+	none := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Screenshot{Screenshot: &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}}}
+	prepare := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{}}}
+	done := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneRequest{}}}
+	restored := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
+		Token: "replica-token", Generation: 2, SandboxId: "sb-replica", Entropy: bytes.Repeat([]byte{7}, 32)}}}
+	ok := func(c *aciclient.Client, m *aciv1.ClientMessage) *aciv1.ServerMessage {
+		t.Helper()
+		r := call(t, c, m)
+		if r.GetError() != nil {
+			t.Fatalf("%T: %v", m.GetRequest(), r.GetError())
+		}
+		return r
+	}
+	for _, end := range []string{"checkpoint_done", "restored"} {
+		h := newHarness(t)
+		sd := newSeqDesktop(64, 48)
+		h.srv.SetDesktop(sd)
+		ok(h.session(aciToken), none) // capture 1
+		admin := h.session(adminToken)
+		prep := ok(admin, prepare).GetCheckpointPrepare()
+		if sd.captures.Load() != 1 || len(prep.GetFrameHash()) == 0 {
+			t.Fatalf("prepare: %d captures, hash %x; want the proven frame's", sd.captures.Load(), prep.GetFrameHash())
+		}
+		// What a replica would run before its restored request arrives.
+		if ok(admin, none); sd.captures.Load() != 2 {
+			t.Fatalf("hash-only after prepare: %d captures, want a capture of its own", sd.captures.Load())
+		}
+		h.srv.provedShot.Store(nil) // as dumped: no frame proven
+		agentToken := aciToken
+		if end == "restored" {
+			ok(admin, restored)
+			agentToken = "replica-token"
+		} else {
+			ok(admin, done)
+		}
+		ok(h.session(agentToken), none)
+		want := int32(3) // a replica captures
+		if end == "checkpoint_done" {
+			want = 2 // the source trusts its frame again
+		}
+		if got := sd.captures.Load(); got != want {
+			t.Errorf("after %s: %d captures, want %d", end, got, want)
+		}
+	}
+}

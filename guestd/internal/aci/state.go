@@ -255,6 +255,7 @@ func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, 
 	nt.admin, nt.hasAdmin = old.admin, old.hasAdmin
 	s.tokens.Store(nt)
 	s.generation.Store(req.GetGeneration())
+	s.preparedShot.Store(nil) // the source's, never a replica's
 	s.liftHold()
 	if id := req.GetSandboxId(); id != "" {
 		s.sandboxID.Store(&id)
