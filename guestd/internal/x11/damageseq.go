@@ -118,6 +118,9 @@ func (m *damageSeq) marker(e xproto.ClientMessageEvent) bool {
 // desktop.ErrUnavailable when the server cannot support it or the
 // connection is lost.
 func (d *Desktop) DamageSeqSync(ctx context.Context) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err // not after a round trip that raced the cancel
+	}
 	m := &d.seq
 	if m.err != nil {
 		return 0, fmt.Errorf("x11: damage sequence: %v: %w", m.err, desktop.ErrUnavailable)
