@@ -125,7 +125,7 @@ func Import(ctx context.Context, c *containerd.Client, o Options) ([]Result, err
 		}
 		if o.Unpack {
 			t := time.Now()
-			if err := ci.Unpack(ctx, o.Snapshotter); err != nil {
+			if err := unpack(ctx, ci, o.Snapshotter); err != nil {
 				return results, fmt.Errorf("unpack %s into %s: %w", img.Name, o.Snapshotter, err)
 			}
 			r.UnpackT = time.Since(t)
@@ -140,6 +140,23 @@ func Import(ctx context.Context, c *containerd.Client, o Options) ([]Result, err
 		}
 	}
 	return results, nil
+}
+
+// unpack unpacks img, again when containerd's garbage collector raced it:
+// an image imported over an older version unreferences the older one's
+// layers until the new one is unpacked, and the unpacker does not hold the
+// layers it finds already there, so the collector may remove one between
+// the unpacker's look and its use ("parent snapshot ... does not exist").
+// The content stays (the image references it); a retry extracts the layer
+// again.
+func unpack(ctx context.Context, img containerd.Image, snapshotter string) error {
+	var err error
+	for range 3 {
+		if err = img.Unpack(ctx, snapshotter); err == nil || !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	return err
 }
 
 // upToDate reports whether containerd already has name at desc's digest
@@ -173,7 +190,7 @@ func upToDate(ctx context.Context, c *containerd.Client, name string, desc ocisp
 		if !unpacked {
 			// Content is there: unpack only.
 			t := time.Now()
-			if err := ci.Unpack(ctx, o.Snapshotter); err != nil {
+			if err := unpack(ctx, ci, o.Snapshotter); err != nil {
 				return r, false, fmt.Errorf("unpack %s into %s: %w", name, o.Snapshotter, err)
 			}
 			r.UnpackT = time.Since(t)
