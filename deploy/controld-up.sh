@@ -61,6 +61,9 @@ if systemd_running; then
 	say "restarted forkfleet-controld.service"
 else
 	stop_background
+	# A controld that was killed leaves its socket behind: the wait below
+	# must see the new one.
+	rm -f "$SOCK"
 	# setsid: controld must not die with the shell that started it.
 	setsid "$BIN_DST" >>"$LOG" 2>&1 </dev/null &
 	echo $! >"$PIDFILE"
