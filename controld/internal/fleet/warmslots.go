@@ -219,7 +219,7 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 	recycle := time.NewTicker(ws.maxAge / 2)
 	defer recycle.Stop()
 	var holdUntil time.Time
-	for {
+	for m.ctx.Err() == nil {
 		m.recycleSlots(ws)
 		m.mu.Lock()
 		now := time.Now()
@@ -228,20 +228,12 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 			ws.demand = false // served by the precreate below, or moot
 		}
 		m.mu.Unlock()
-		if m.ctx.Err() != nil {
-			return
-		}
 		if need > 0 && m.holdRefill(now, hold, &holdUntil, ws.kick) {
 			continue
 		}
 		holdUntil = time.Time{}
 		if need <= 0 {
-			select {
-			case <-m.ctx.Done():
-				return
-			case <-ws.kick:
-			case <-recycle.C:
-			}
+			m.idle(ws.kick, recycle.C)
 			continue
 		}
 		if err := m.precreateSlot(ws); err != nil {
@@ -249,12 +241,7 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 				return
 			}
 			m.log.Warn("warm slot precreate failed", "err", err, "retry_in", retry)
-			select {
-			case <-m.ctx.Done():
-				return
-			case <-time.After(retry):
-			}
-			retry = min(2*retry, slotRetryMax)
+			retry = m.backoff(retry)
 			continue
 		}
 		retry = m.opts.PoolRetry
@@ -488,11 +475,8 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 	defer prune.Stop()
 	retry := m.opts.PoolRetry
 	var holdUntil time.Time
-	for {
+	for m.ctx.Err() == nil {
 		m.pruneForkSlots(ws, fs, false)
-		if m.ctx.Err() != nil {
-			return
-		}
 		m.mu.Lock()
 		now := time.Now()
 		ck, hold := m.forkSlotNeededLocked(fs), fs.holdLocked(now)
@@ -502,12 +486,7 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 		}
 		holdUntil = time.Time{}
 		if ck == nil {
-			select {
-			case <-m.ctx.Done():
-				return
-			case <-fs.kick:
-			case <-prune.C:
-			}
+			m.idle(fs.kick, prune.C)
 			continue
 		}
 		if err := m.precreateForkSlot(fs, ck); err != nil {
@@ -515,12 +494,7 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 				return
 			}
 			m.log.Warn("fork slot precreate failed", "checkpoint", ck.Checkpoint.GetId(), "err", err, "retry_in", retry)
-			select {
-			case <-m.ctx.Done():
-				return
-			case <-time.After(retry):
-			}
-			retry = min(2*retry, slotRetryMax)
+			retry = m.backoff(retry)
 			continue
 		}
 		retry = m.opts.PoolRetry
@@ -597,6 +571,28 @@ func (m *Manager) pruneForkSlots(ws *warmSlots, fs *forkSlots, all bool) {
 	for _, id := range drop {
 		m.discardSlot(id)
 	}
+}
+
+// idle waits, in a slot filler with nothing to do, for a kick, the
+// filler's tick or the manager's end (the filler checks which).
+func (m *Manager) idle(kick <-chan struct{}, tick <-chan time.Time) {
+	select {
+	case <-m.ctx.Done():
+	case <-kick:
+	case <-tick:
+	}
+}
+
+// backoff waits retry after a failed precreate (less when the manager ends)
+// and returns the next, longer delay.
+func (m *Manager) backoff(retry time.Duration) time.Duration {
+	t := time.NewTimer(retry)
+	defer t.Stop()
+	select {
+	case <-m.ctx.Done():
+	case <-t.C:
+	}
+	return min(2*retry, slotRetryMax)
 }
 
 // holdRefill waits while a refill is held off (hold > 0: requests are in
