@@ -494,6 +494,19 @@ func launchHolder(t *testing.T, ctx context.Context, sess *aci.Session, script, 
 	}
 }
 
+// startWithSandbox starts controld on a clean namespace and boots the
+// sandbox (labelled test=label) a real-stack checkpoint test starts from.
+func (s *procStack) startWithSandbox(label string) string {
+	s.t.Helper()
+	s.start()
+	s.cleanupAll()
+	cr, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": label}})
+	if err != nil {
+		s.t.Fatalf("create: %v", err)
+	}
+	return cr.Sandbox.Id
+}
+
 // assertNoHalfCheckpoint checks that no checkpoint is listed, the
 // checkpoint dir is empty and containerd holds no checkpoint layer, lease
 // or dump work directory for src.
@@ -587,14 +600,7 @@ func (s *procStack) checkpointForkDelete(src string) {
 func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 	s := newProcStack(t)
 	ctx := s.ctx
-	s.start()
-	s.cleanupAll()
-
-	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "crash"}})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	src := cr.Sandbox.Id
+	src := s.startWithSandbox("crash")
 	inst, err := s.rt.Get(ctx, src)
 	if err != nil {
 		t.Fatal(err)
@@ -761,14 +767,7 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 func TestRealStackCheckpointDumpFailure(t *testing.T) {
 	s := newProcStack(t)
 	ctx := s.ctx
-	s.start()
-	s.cleanupAll()
-
-	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "dump-failure"}})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	src := cr.Sandbox.Id
+	src := s.startWithSandbox("dump-failure")
 	sess := s.dialACI(src)
 	holder := launchHolder(t, ctx, sess,
 		`exec 3<>/tmp/ghost; head -c 16777216 /dev/zero >&3; rm /tmp/ghost; : > /tmp/ghost.ready; exec sleep 1000000`, "/tmp/ghost.ready")
@@ -776,7 +775,7 @@ func TestRealStackCheckpointDumpFailure(t *testing.T) {
 	_, layersBefore := s.checkpointLayers()
 
 	start := time.Now()
-	_, err = s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src, Name: "undumpable"})
+	_, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src, Name: "undumpable"})
 	if err == nil {
 		t.Fatal("checkpoint of a sandbox holding a 16 MiB deleted file succeeded; want a CRIU failure")
 	}
