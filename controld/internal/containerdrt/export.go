@@ -627,22 +627,7 @@ func topLowerDir(ms []mount.Mount) (string, error) {
 // diffs). Redirected directories and metacopy files have no OCI form: the
 // export fails on them rather than write a wrong layer.
 func writeOverlayDiff(ctx context.Context, w io.Writer, dir string) error {
-	cw := archive.NewChangeWriter(w, dir)
-	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil {
-			return err
-		}
-		if rel == "." {
-			return nil
-		}
-		p := "/" + filepath.ToSlash(rel)
+	return writeChanges(ctx, w, dir, func(cw *archive.ChangeWriter, path, p string, fi os.FileInfo) error {
 		if isWhiteout(fi) {
 			return cw.HandleChange(cfs.ChangeKindDelete, p, nil, nil)
 		}
@@ -672,6 +657,25 @@ func writeOverlayDiff(ctx context.Context, w io.Writer, dir string) error {
 			}
 		}
 		return cw.HandleChange(cfs.ChangeKindAdd, p, fi, nil)
+	})
+}
+
+// writeChanges writes dir's tree as a tar through a change writer: each
+// entry (path on disk, p its name in the tar) goes to each, in walk order.
+func writeChanges(ctx context.Context, w io.Writer, dir string, each func(cw *archive.ChangeWriter, path, p string, fi os.FileInfo) error) error {
+	cw := archive.NewChangeWriter(w, dir)
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		return each(cw, path, "/"+filepath.ToSlash(rel), fi)
 	})
 	if err != nil {
 		return err
@@ -705,24 +709,9 @@ func overlayXattr(path, name string) (string, bool, error) {
 
 // writeTreeTar writes a directory tree (the CRIU images) as a tar.
 func writeTreeTar(ctx context.Context, w io.Writer, dir string) error {
-	cw := archive.NewChangeWriter(w, dir)
-	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		return cw.HandleChange(cfs.ChangeKindAdd, "/"+filepath.ToSlash(rel), fi, nil)
+	return writeChanges(ctx, w, dir, func(cw *archive.ChangeWriter, _, p string, fi os.FileInfo) error {
+		return cw.HandleChange(cfs.ChangeKindAdd, p, fi, nil)
 	})
-	if err != nil {
-		return err
-	}
-	return cw.Close()
 }
 
 // unpackBlob extracts the tar blob desc of image name into dir (created),
