@@ -369,15 +369,15 @@ func (r *Runtime) thaw(ctx context.Context, id string, task client.Task, rawFree
 
 // dump dumps the frozen sandbox's processes into imageDir and leaves them
 // frozen: directly through CRIU (see dumpDirect), or through runc
-// checkpoint --leave-running when runc's state is not understood.
+// checkpoint --leave-running when it cannot (errNoDirectDump).
 func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string) error {
 	work := r.workDir(id + "-dump-" + randomHex(4))
 	defer os.RemoveAll(work)
-	err := errRuncStateUnknown
+	err := errNoDirectDump
 	if !r.dumpViaRunc {
 		err = r.dumpDirect(ctx, id, pid, imageDir, work)
 	}
-	if errors.Is(err, errRuncStateUnknown) {
+	if errors.Is(err, errNoDirectDump) {
 		r.runcDumpOnce.Do(func() {
 			r.log.WarnContext(ctx, "checkpoint: dumping through runc (slower)", "sandbox", id, "reason", err)
 		})

@@ -24,7 +24,8 @@ import (
 // what runc adds around CRIU: runc's own start, a second CRIU start to ask
 // CRIU's version, and the containerd and shim hops, 15 to 20 ms of every
 // dump's frozen window here. What it needs comes from runc's state file of
-// the container; a state it does not understand falls back to runc.
+// the container; without it (or without criu in controld's PATH) the dump
+// goes through runc.
 
 // CRIU log levels: warnings and errors, or everything (runc's).
 const (
@@ -60,9 +61,10 @@ type runcState struct {
 	} `json:"config"`
 }
 
-// errRuncStateUnknown says the dump request cannot be built from runc's
-// state; the caller dumps through runc instead.
-var errRuncStateUnknown = errors.New("runc state not understood")
+// errNoDirectDump says controld cannot run this dump itself (runc's state
+// does not say enough, or there is no criu in its PATH); the caller dumps
+// through runc instead.
+var errNoDirectDump = errors.New("no direct dump")
 
 func (r *Runtime) runcStatePath(id string) string {
 	root := r.cfg.RuncRoot
@@ -75,14 +77,14 @@ func (r *Runtime) runcStatePath(id string) string {
 func (r *Runtime) readRuncState(id string) (*runcState, error) {
 	b, err := os.ReadFile(r.runcStatePath(id))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errRuncStateUnknown, err)
+		return nil, fmt.Errorf("%w: %w", errNoDirectDump, err)
 	}
 	var st runcState
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", errRuncStateUnknown, r.runcStatePath(id), err)
+		return nil, fmt.Errorf("%w: %s: %w", errNoDirectDump, r.runcStatePath(id), err)
 	}
 	if st.InitPID <= 0 || st.Config.Rootfs == "" || len(st.ExternalDescriptors) == 0 {
-		return nil, fmt.Errorf("%w: %s lacks the init pid, rootfs or stdio", errRuncStateUnknown, r.runcStatePath(id))
+		return nil, fmt.Errorf("%w: %s lacks the init pid, rootfs or stdio", errNoDirectDump, r.runcStatePath(id))
 	}
 	return &st, nil
 }
@@ -165,7 +167,7 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 			if !cgroupV2 && !hasCgroupNS {
 				// runc expands a v1 cgroup mount into binds of the host's
 				// hierarchies; sandboxes mount no cgroupfs.
-				return nil, fmt.Errorf("%w: a cgroup v1 mount at %s", errRuncStateUnknown, m.Destination)
+				return nil, fmt.Errorf("%w: a cgroup v1 mount at %s", errNoDirectDump, m.Destination)
 			}
 		}
 	}
@@ -192,15 +194,18 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 // dumpDirect dumps sandbox id's processes into imageDir, leaving them
 // running (frozen, when the caller froze them), with CRIU's log in
 // workDir/dump.log: warnings and errors, everything when the runtime's
-// logger is at debug level. It returns an error wrapping errRuncStateUnknown,
-// before touching anything, when runc's state does not say enough.
+// logger is at debug level. It returns an error wrapping errNoDirectDump,
+// before touching anything, when it cannot run the dump itself.
 func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDir, workDir string) error {
+	if r.criuBinary == "" {
+		return fmt.Errorf("%w: no criu in controld's PATH", errNoDirectDump)
+	}
 	st, err := r.readRuncState(id)
 	if err != nil {
 		return err
 	}
 	if uint32(st.InitPID) != pid {
-		return fmt.Errorf("%w: runc's init pid %d is not the task's %d", errRuncStateUnknown, st.InitPID, pid)
+		return fmt.Errorf("%w: runc's init pid %d is not the task's %d", errNoDirectDump, st.InitPID, pid)
 	}
 	for _, d := range []string{imageDir, workDir} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {

@@ -16,7 +16,7 @@ import (
 func TestReadRuncState(t *testing.T) {
 	root := t.TempDir()
 	r := &Runtime{cfg: Config{RuncRoot: root, Namespace: "ns"}}
-	if _, err := r.readRuncState("missing"); !errors.Is(err, errRuncStateUnknown) {
+	if _, err := r.readRuncState("missing"); !errors.Is(err, errNoDirectDump) {
 		t.Errorf("missing state: %v", err)
 	}
 	write := func(id, body string) {
@@ -34,8 +34,8 @@ func TestReadRuncState(t *testing.T) {
 	write("ok", `{"init_process_pid": 12, "external_descriptors": ["/dev/null", "pipe:[1]", "pipe:[2]"],
 		"cgroup_paths": {"freezer": "/sys/fs/cgroup/freezer/x"}, "config": {"rootfs": "/bundle/rootfs"}}`)
 	for _, id := range []string{"garbled", "partial"} {
-		if _, err := r.readRuncState(id); !errors.Is(err, errRuncStateUnknown) {
-			t.Errorf("%s: %v, want errRuncStateUnknown", id, err)
+		if _, err := r.readRuncState(id); !errors.Is(err, errNoDirectDump) {
+			t.Errorf("%s: %v, want errNoDirectDump", id, err)
 		}
 	}
 	st, err := r.readRuncState("ok")
@@ -128,7 +128,7 @@ func TestCriuDumpRequest(t *testing.T) {
 		Device      string `json:"device"`
 		Destination string `json:"destination"`
 	}{"cgroup", "/sys/fs/cgroup"})
-	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings); !errors.Is(err, errRuncStateUnknown) {
+	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings); !errors.Is(err, errNoDirectDump) {
 		t.Errorf("cgroup v1 mount: %v", err)
 	}
 }

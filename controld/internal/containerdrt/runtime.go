@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -196,7 +197,7 @@ type Runtime struct {
 	unpacked sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
 	layers   layerSlots
 
-	criuBinary   string // run by dumps (runc runs "criu" from its PATH too)
+	criuBinary   string // "criu" in controld's PATH, run by dumps ("": dumps go through runc)
 	cgroupV2     bool
 	runcDumpOnce sync.Once // warns once when dumps fall back to runc
 	dumpViaRunc  bool      // tests: dump through runc, as the fallback does
@@ -256,7 +257,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		unmaskDirs: emptyProcDirs(procMaskedDirCandidates),
 		quiet:      map[string]time.Time{},
 		precreated: map[string]*precreated{},
-		criuBinary: "criu",
+		criuBinary: lookPath("criu"),
 		cgroupV2:   isCgroupV2(cfg.CgroupRoot),
 	}
 	if n := conntrackBuckets(); n > maxConntrackBuckets {
@@ -471,6 +472,11 @@ func existingDirs(paths []string) map[string]bool {
 		}
 	}
 	return out
+}
+
+func lookPath(name string) string {
+	p, _ := exec.LookPath(name)
+	return p
 }
 
 func isCgroupV2(root string) bool {
