@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +38,7 @@ func (*checkpointSuite) Description() string {
 func (s *checkpointSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.n, "checkpoint-n", 10, "checkpoints per shape (--n overrides)")
 	fs.BoolVar(&s.peer, "checkpoint-podman", true, "also measure podman checkpoint --leave-running / restore of the same image")
-	fs.IntVar(&s.ballMB, "checkpoint-ram-mb", 300, "RAM held by the reference shape's ballast process")
+	fs.IntVar(&s.ballMB, "checkpoint-ram-mb", 300, "RAM held by the reference shape's ballast process (0: no reference shape)")
 }
 func (s *checkpointSuite) Check(ctx context.Context, env *suite.Env) error {
 	return checkControld(ctx, env)
@@ -60,6 +61,10 @@ func (s *checkpointSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 	if err != nil {
 		return nil, err
 	}
+	if s.ballMB <= 0 {
+		env.Notef("reference shape skipped (--checkpoint-ram-mb %d)", s.ballMB)
+		return append(rows, s.peerRows(ctx, env, image, n, warm, rows)...), nil
+	}
 	// The reference shape: RAM a process holds and touches, plus disk.
 	ref, err := c.create(ctx)
 	if err != nil {
@@ -75,11 +80,16 @@ func (s *checkpointSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 		}
 		rows = append(rows, r...)
 	}
-	if s.peer {
-		rows = append(rows, s.podmanRows(ctx, env, image, n, warm)...)
-		rows = append(rows, checkpointRatios(rows)...)
+	return append(rows, s.peerRows(ctx, env, image, n, warm, rows)...), nil
+}
+
+// peerRows measures podman (when asked) and our ratios against it.
+func (s *checkpointSuite) peerRows(ctx context.Context, env *suite.Env, image string, n, warm int, ours []result.Row) []result.Row {
+	if !s.peer {
+		return nil
 	}
-	return rows, nil
+	rows := s.podmanRows(ctx, env, image, n, warm)
+	return append(rows, checkpointRatios(slices.Concat(ours, rows))...)
 }
 
 // podmanRows runs podman's checkpoint --leave-running and restore --import

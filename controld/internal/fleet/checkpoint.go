@@ -133,7 +133,14 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	rspan.End()
 	m.setCheckpointing(sb, false)
 	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY && !req.GetStop() {
-		m.liftCheckpointHold(ctx, src.ACISocket, src.AdminToken, src.Sandbox.Id)
+		// Lifted while the checkpoint is published; done before the reply,
+		// so an agent reconnecting right after it is let in.
+		lifted := make(chan struct{})
+		go func() {
+			defer close(lifted)
+			m.liftCheckpointHold(ctx, src.ACISocket, src.AdminToken, src.Sandbox.Id)
+		}()
+		defer func() { <-lifted }()
 	}
 	if err != nil {
 		os.RemoveAll(tmp) // the runtime removes it on failure; make sure
@@ -213,22 +220,33 @@ func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *
 		return err
 	}
 	defer g.Close()
-	if err := g.PutFile(ctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {
-		return fmt.Errorf("write marker: %w", err)
-	}
-	if rec.MemoryValue != nil {
-		if err := g.MemoryMark(ctx, rec.MemoryValue); err != nil {
-			return fmt.Errorf("memory mark: %w", err)
+	// The proofs go on the session alongside the preparation (independent
+	// requests): they are done within its settle window.
+	proofs := make(chan error, 1)
+	go func() {
+		if err := g.PutFile(ctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {
+			proofs <- fmt.Errorf("write marker: %w", err)
+			return
 		}
-	}
-	// No connection from outside may be open at the dump: ours, and
-	// agents' through the gateway or guestd's socket (they reconnect
-	// afterwards).
-	m.setCheckpointing(sb, true)
-	if m.opts.DropConnections != nil {
-		m.opts.DropConnections(src.Sandbox.Id)
-	}
-	if rec.MemoryValue != nil {
+		if rec.MemoryValue != nil {
+			if err := g.MemoryMark(ctx, rec.MemoryValue); err != nil {
+				proofs <- fmt.Errorf("memory mark: %w", err)
+				return
+			}
+		}
+		proofs <- nil
+	}()
+	prepared := func() error {
+		// No connection from outside may be open at the dump: ours, and
+		// agents' through the gateway or guestd's socket (they reconnect
+		// afterwards).
+		m.setCheckpointing(sb, true)
+		if m.opts.DropConnections != nil {
+			m.opts.DropConnections(src.Sandbox.Id)
+		}
+		if rec.MemoryValue == nil {
+			return nil
+		}
 		// With every agent gone only the apps can still draw: the hash of a
 		// settled screen here is the frame the freeze captures, the pixel
 		// proof of every replica.
@@ -237,6 +255,10 @@ func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *
 			return fmt.Errorf("prepare guest: %w", err)
 		}
 		rec.FrameHash = h
+		return nil
+	}()
+	if err := errors.Join(<-proofs, prepared); err != nil {
+		return err
 	}
 	return g.Close()
 }
