@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	criurpc "github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -92,9 +93,12 @@ func (r *Runtime) readRuncState(id string) (*runcState, error) {
 // criuDumpRequest builds the options runc 1.1's checkpoint command gives
 // CRIU for a leave-running dump with containerd's default checkpoint options
 // (the rest comes from the CRIU config file named by the org.criu.config
-// annotation). imageDir and workDir are open directories of this process.
-// logLevel is CRIU's: runc's 4 writes about 9000 lines per desktop dump,
-// 25 ms of its frozen window here; 2 keeps warnings and errors.
+// annotation), but for two: notify_scripts is off (runc answers CRIU's
+// post-dump notification with a "checkpoint" marker in its state directory,
+// which matters only for a container the dump stops), and logLevel is
+// CRIU's: runc's 4 writes about 9000 lines per desktop dump, 25 ms of its
+// frozen window here; 2 keeps warnings and errors. imageDir and workDir are
+// open directories of this process.
 func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, logLevel int32) (*criurpc.CriuOpts, error) {
 	c := &st.Config
 	opts := &criurpc.CriuOpts{
@@ -195,7 +199,7 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 // running (frozen, when the caller froze them), with CRIU's log in
 // workDir/dump.log: warnings and errors, everything when the runtime's
 // logger is at debug level. It returns an error wrapping errNoDirectDump,
-// before touching anything, when it cannot run the dump itself.
+// before it makes any directory, when it cannot run the dump itself.
 func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDir, workDir string) error {
 	if r.criuBinary == "" {
 		return fmt.Errorf("%w: no criu in controld's PATH", errNoDirectDump)
@@ -240,5 +244,22 @@ func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDi
 	}
 	c := criu.MakeCriu()
 	c.SetCriuPath(r.criuBinary)
-	return c.Dump(opts, nil)
+	// go-criu makes CRIU's end of its socket pair inheritable until CRIU
+	// has started: one dump at a time starts its CRIU, so a concurrent
+	// dump's CRIU cannot inherit (and hold open) this one's socket.
+	criuStartMu.Lock()
+	err = c.Prepare()
+	criuStartMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("start criu: %w", err)
+	}
+	// Dump ignores ctx: a CRIU stopped half way would leave the tasks
+	// seized with its parasite in them. It ends with the dump.
+	err = c.Dump(opts, nil)
+	if cerr := c.Cleanup(); cerr != nil && err == nil {
+		r.log.WarnContext(ctx, "criu swrk did not exit cleanly after the dump", "sandbox", id, "err", cerr)
+	}
+	return err
 }
+
+var criuStartMu sync.Mutex

@@ -826,7 +826,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("failed checkpoint left its dir: %v", err)
 	}
-	if n := countSnapshots(t, r); n != snapsBefore {
+	if n := countSnapshots(t, r); n > snapsBefore { // fewer: an earlier test's layer collected meanwhile
 		t.Errorf("snapshots: %d before, %d after a failed checkpoint", snapsBefore, n)
 	}
 
@@ -856,7 +856,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("failed dump left its dir: %v", err)
 	}
-	if n := countSnapshots(t, r); n != snapsBefore {
+	if n := countSnapshots(t, r); n > snapsBefore { // fewer: an earlier test's layer collected meanwhile
 		t.Errorf("snapshots: %d before, %d after a failed dump", snapsBefore, n)
 	}
 
@@ -932,13 +932,19 @@ func TestIntegrationCheckpointRacingConnections(t *testing.T) {
 // layers the runtime keeps prepared (see layerSlots).
 func countSnapshots(t *testing.T, r *Runtime) int {
 	t.Helper()
-	r.layers.wg.Wait() // a refill in flight
 	slots := map[string]bool{}
-	r.layers.mu.Lock()
-	for _, l := range r.layers.ready {
-		slots[l.key] = true
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r.layers.mu.Lock()
+		filling := len(r.layers.filling) > 0 // a refill in flight
+		clear(slots)
+		for _, l := range r.layers.ready {
+			slots[l.key] = true
+		}
+		r.layers.mu.Unlock()
+		if !filling || time.Now().After(deadline) {
+			break
+		}
 	}
-	r.layers.mu.Unlock()
 	n := 0
 	if err := r.sn.Walk(r.ctx(context.Background()), func(_ context.Context, info snapshots.Info) error {
 		if !slots[info.Name] {

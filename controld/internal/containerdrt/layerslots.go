@@ -14,25 +14,35 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 )
 
-// layerSlots keeps, per parent snapshot (an image's top layer), one empty
-// checkpoint layer prepared ahead. Preparing a snapshot costs two metadata
-// commits (containerd's and the snapshotter's, each an fsync: 5 to 15 ms
-// here) that would otherwise sit between a checkpoint request and its
-// freeze. A checkpoint takes the slot, and once it has committed a new one
-// is prepared behind it.
-// Slots a crash leaves behind carry the transient prefix, so
+// layerSlots keeps, per parent snapshot (an image's top layer, or the
+// checkpoint layer a checkpointed fork runs on), one empty checkpoint layer
+// prepared ahead. Preparing a snapshot costs two metadata commits
+// (containerd's and the snapshotter's, each an fsync: 5 to 15 ms here) that
+// would otherwise sit between a checkpoint request and its freeze. A
+// checkpoint takes the slot, and once it has committed a new one is
+// prepared behind it.
+//
+// A slot pins its parent (it is GC-rooted), so slots do not outlive their
+// use: one unused for layerSlotMaxAge goes at the next refill, a deleted
+// checkpoint layer's goes with it (and gets no new one), and Close removes
+// the rest. Slots a crash leaves behind carry the transient prefix, so
 // RecoverCheckpoints removes them at the next start.
 type layerSlots struct {
 	mu      sync.Mutex
 	ready   map[string]preparedLayer // parent -> slot
 	filling map[string]bool
+	dropped map[string]bool // deleted checkpoint layers: no slot on them again
 	closed  bool
-	wg      sync.WaitGroup
+	wg      sync.WaitGroup // refills; waited for only once closed (no Add after)
 }
+
+// layerSlotMaxAge is how long a slot may wait for its checkpoint.
+const layerSlotMaxAge = 10 * time.Minute
 
 type preparedLayer struct {
 	key    string
 	mounts []mount.Mount
+	at     time.Time
 }
 
 // prepareLayer makes an empty checkpoint layer on parent. A GC root label
@@ -46,7 +56,7 @@ func (r *Runtime) prepareLayer(ctx context.Context, parent string) (preparedLaye
 	if err != nil {
 		return preparedLayer{}, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
 	}
-	return preparedLayer{key: key, mounts: ms}, nil
+	return preparedLayer{key: key, mounts: ms, at: time.Now()}, nil
 }
 
 // takeLayer returns an empty checkpoint layer on parent: the prepared slot
@@ -64,30 +74,48 @@ func (r *Runtime) takeLayer(ctx context.Context, parent string) (preparedLayer, 
 }
 
 // refillLayer prepares the next slot for parent in the background, after a
-// checkpoint committed (a failed one leaves nothing behind, not even this).
+// checkpoint committed (a failed one leaves nothing behind, not even this),
+// and removes slots that waited too long.
 func (r *Runtime) refillLayer(parent string) {
 	s := &r.layers
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.filling[parent] {
+	if s.closed {
 		return
 	}
-	if _, ok := s.ready[parent]; ok {
+	var stale []preparedLayer
+	for p, l := range s.ready {
+		if time.Since(l.at) > layerSlotMaxAge {
+			stale = append(stale, l)
+			delete(s.ready, p)
+		}
+	}
+	_, ready := s.ready[parent]
+	refill := !ready && !s.filling[parent] && !s.dropped[parent]
+	if refill {
+		if s.ready == nil {
+			s.ready, s.filling = map[string]preparedLayer{}, map[string]bool{}
+		}
+		s.filling[parent] = true
+	}
+	if !refill && len(stale) == 0 {
 		return
 	}
-	if s.ready == nil {
-		s.ready, s.filling = map[string]preparedLayer{}, map[string]bool{}
-	}
-	s.filling[parent] = true
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		ctx, cancel := context.WithTimeout(r.ctx(context.Background()), cleanupTimeout)
 		defer cancel()
+		for _, l := range stale {
+			r.sn.Remove(ctx, l.key)
+		}
+		if !refill {
+			return
+		}
 		l, err := r.prepareLayer(ctx, parent)
 		s.mu.Lock()
 		delete(s.filling, parent)
-		keep := err == nil && !s.closed
+		keep := err == nil && !s.closed && !s.dropped[parent]
 		if keep {
 			s.ready[parent] = l
 		}
@@ -101,13 +129,17 @@ func (r *Runtime) refillLayer(parent string) {
 	}()
 }
 
-// dropLayerSlot removes the slot prepared on parent, if any: a checkpoint
-// layer being deleted must not keep a child (a checkpoint of one of its
-// forks prepares the next layer on it).
+// dropLayerSlot removes the slot prepared on parent, a checkpoint layer
+// being deleted, and keeps it from getting another (a checkpoint of one of
+// its forks would prepare the next layer on it): the layer must not keep a
+// child. A refill in flight for it removes what it makes.
 func (r *Runtime) dropLayerSlot(ctx context.Context, parent string) error {
 	s := &r.layers
-	s.wg.Wait() // a refill in flight may be for parent
 	s.mu.Lock()
+	if s.dropped == nil {
+		s.dropped = map[string]bool{}
+	}
+	s.dropped[parent] = true
 	l, ok := s.ready[parent]
 	delete(s.ready, parent)
 	s.mu.Unlock()
@@ -115,6 +147,11 @@ func (r *Runtime) dropLayerSlot(ctx context.Context, parent string) error {
 		return nil
 	}
 	if err := r.sn.Remove(ctx, l.key); err != nil && !cerrdefs.IsNotFound(err) {
+		s.mu.Lock()
+		if !s.closed {
+			s.ready[parent] = l // Close removes it
+		}
+		s.mu.Unlock()
 		return fmt.Errorf("checkpoint layer slot %s: %w", l.key, convertErr(err))
 	}
 	return nil

@@ -174,6 +174,9 @@ func (c *Config) validate() error {
 			return errdefs.InvalidField("criu_options", "option %q spans lines", o)
 		}
 	}
+	if c.RunTmpfsBytes < 0 || c.DevShmBytes < 0 {
+		return errdefs.InvalidField("tmpfs_bytes", "tmpfs sizes must not be negative (run %d, dev %d)", c.RunTmpfsBytes, c.DevShmBytes)
+	}
 	return nil
 }
 
@@ -438,9 +441,11 @@ var maskedDirCandidates = []string{"/sys/firmware", "/sys/devices/virtual/powerc
 var procMaskedDirCandidates = []string{"/proc/acpi", "/proc/asound", "/proc/scsi"}
 
 // emptyProcDirs returns those of paths that are empty directories on this
-// kernel: masking them hides nothing and costs a tar on every dump and
-// restore (4 ms each here), so they are left unmasked. Their entries are
-// registered by drivers at boot, so empty now stays empty.
+// kernel when controld starts: masking them hides nothing and costs a tar
+// on every dump and restore (4 ms each here), so they are left unmasked.
+// Their entries come from drivers (ACPI, sound, SCSI): one loaded later
+// shows its entries unmasked in sandboxes booted before controld restarts,
+// and in forks of their checkpoints.
 func emptyProcDirs(paths []string) map[string]bool {
 	out := map[string]bool{}
 	for _, p := range paths {

@@ -37,11 +37,12 @@ func testRuntimeConfig(t *testing.T) *Runtime {
 
 func TestConfigValidate(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"no address":        {},
-		"relative state":    {Address: "/a", StateDir: "state"},
-		"bad namespace":     {Address: "/a", Namespace: "no spaces"},
-		"relative ckpt":     {Address: "/a", CheckpointRoot: "ck"},
-		"multiline options": {Address: "/a", CRIUOptions: []string{"tcp-close\nshell-job"}},
+		"no address":         {},
+		"relative state":     {Address: "/a", StateDir: "state"},
+		"bad namespace":      {Address: "/a", Namespace: "no spaces"},
+		"relative ckpt":      {Address: "/a", CheckpointRoot: "ck"},
+		"multiline options":  {Address: "/a", CRIUOptions: []string{"tcp-close\nshell-job"}},
+		"negative /dev size": {Address: "/a", DevShmBytes: -1},
 	} {
 		cfg.setDefaults()
 		if err := cfg.validate(); !errors.Is(err, errdefs.ErrInvalidArgument) {

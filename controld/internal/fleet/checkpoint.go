@@ -220,8 +220,9 @@ func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *
 		return err
 	}
 	defer g.Close()
-	// The proofs go on the session alongside the preparation (independent
-	// requests): they are done within its settle window.
+	// The proofs are sent without waiting for each other or for the
+	// preparation (guestd runs a session's requests in order): only their
+	// round trips overlap.
 	proofs := make(chan error, 1)
 	go func() {
 		if err := g.PutFile(ctx, rec.MarkerPath, rec.MarkerValue, 0o600); err != nil {

@@ -103,10 +103,12 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 		}
 		hashTook = time.Since(t)
 		resp.FrameHash, resp.Settled = shot.GetFrameHash(), settled
-		// A replica must prove its pixels with a capture of its own, so the
-		// dumped memory holds no proven frame; the source gets it back at
-		// checkpoint_done (still proven only while nothing was drawn).
-		s.preparedShot.Store(s.provedShot.Swap(nil))
+		// A replica must prove its pixels with a capture of its own: until
+		// checkpoint_done (the source) or restored (a replica) no frame is
+		// proven, nor stored as proven by a screenshot in flight. The source
+		// gets its frame back (still proven only while nothing was drawn).
+		s.preparedShot.Store(s.provedShot.Load())
+		s.setShotEpoch(false)
 		s.releaseCaptureBuffers()
 	}
 	<-scavenged
@@ -123,8 +125,26 @@ func (s *Server) liftHold() { s.holdUntil.Store(0) }
 // lifted and the frame proven before the dump is trusted again.
 func (s *Server) checkpointDone() {
 	s.liftHold()
-	if p := s.preparedShot.Swap(nil); p != nil {
-		s.provedShot.CompareAndSwap(nil, p)
+	e := s.setShotEpoch(true)
+	if p := s.preparedShot.Swap(nil); p != nil && p.epoch%2 == 0 {
+		back := *p
+		back.epoch = e
+		s.provedShot.Store(&back)
+	}
+}
+
+// setShotEpoch moves shotEpoch to the next even (proven frames answer) or
+// odd (they do not) value and returns it.
+func (s *Server) setShotEpoch(on bool) uint64 {
+	for {
+		e := s.shotEpoch.Load()
+		next := e + 1
+		if (next%2 == 0) != on {
+			next++
+		}
+		if s.shotEpoch.CompareAndSwap(e, next) {
+			return next
+		}
 	}
 }
 

@@ -74,6 +74,7 @@ func cursorKeyOf(c desktop.Cursor) cursorKey {
 // to hash. Checkpoints (a new admin session each) and hash-only observers
 // answer from it without a capture.
 type provedShot struct {
+	epoch         uint64 // Server.shotEpoch when it was captured
 	key           shotKey
 	seq           uint64
 	hash          [hashLen]byte
@@ -189,6 +190,9 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 			cursor, key.cursor = cur, cursorKeyOf(cur)
 		}
 	}
+	// Read before the damage sequence: a frame stored under an epoch a
+	// checkpoint has since ended is never answered from.
+	epoch := ss.srv.shotEpoch.Load()
 	seq, seqOK := uint64(0), false
 	if sq, ok := d.(DamageSequencer); ok {
 		if seq, err = sq.DamageSeqSync(ctx); err == nil {
@@ -221,7 +225,8 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 		}
 		// Same pixels in a codec not cached yet: capture them again.
 	}
-	if p := ss.srv.provedShot.Load(); seqOK && format == aciv1.ImageFormat_IMAGE_FORMAT_NONE && p != nil && p.seq == seq && p.key == key {
+	if p := ss.srv.provedShot.Load(); seqOK && format == aciv1.ImageFormat_IMAGE_FORMAT_NONE && p != nil && p.epoch == epoch && epoch%2 == 0 &&
+		p.seq == seq && p.key == key {
 		// Another session captured this view and nothing was drawn since:
 		// a hash-only request needs no capture (nor this session's buffers).
 		resp.Width, resp.Height = uint32(p.width), uint32(p.height)
@@ -311,7 +316,9 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 	}
 	if seqOK {
 		c.proved, c.key, c.seq = true, key, seq
-		ss.srv.provedShot.Store(&provedShot{key: key, seq: seq, hash: c.hash, width: c.width, height: c.height})
+		if epoch%2 == 0 {
+			ss.srv.provedShot.Store(&provedShot{epoch: epoch, key: key, seq: seq, hash: c.hash, width: c.width, height: c.height})
+		}
 	}
 	e.trim()
 	return resp, nil

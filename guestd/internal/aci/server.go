@@ -82,10 +82,14 @@ type Server struct {
 	rng        rng
 
 	desk atomic.Pointer[deskBox]
-	// provedShot is the last frame proven current by a damage sequence;
-	// preparedShot holds it from checkpoint_prepare to checkpoint_done.
+	// provedShot is the last frame proven current by a damage sequence,
+	// answered from only under the shotEpoch it was stored in, and only
+	// while that is even: checkpoint_prepare makes it odd (the dumped memory
+	// must prove nothing to a replica), checkpoint_done and restored make it
+	// even again. preparedShot carries the source's frame across.
 	provedShot   atomic.Pointer[provedShot]
 	preparedShot atomic.Pointer[provedShot]
+	shotEpoch    atomic.Uint64
 	damage       damageTracker
 
 	mark struct {

@@ -313,7 +313,6 @@ func TestProvenFrameAcrossCheckpoint(t *testing.T) {
 		if ok(admin, none); sd.captures.Load() != 2 {
 			t.Fatalf("hash-only after prepare: %d captures, want a capture of its own", sd.captures.Load())
 		}
-		h.srv.provedShot.Store(nil) // as dumped: no frame proven
 		agentToken := aciToken
 		if end == "restored" {
 			ok(admin, restored)

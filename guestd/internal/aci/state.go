@@ -255,7 +255,11 @@ func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, 
 	nt.admin, nt.hasAdmin = old.admin, old.hasAdmin
 	s.tokens.Store(nt)
 	s.generation.Store(req.GetGeneration())
-	s.preparedShot.Store(nil) // the source's, never a replica's
+	// What the dumped memory knew about the screen is the source's, never
+	// a replica's.
+	s.preparedShot.Store(nil)
+	s.provedShot.Store(nil)
+	s.setShotEpoch(true)
 	s.liftHold()
 	if id := req.GetSandboxId(); id != "" {
 		s.sandboxID.Store(&id)
