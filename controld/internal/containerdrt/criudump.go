@@ -129,6 +129,7 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 		opts.ConfigFile = proto.String(configFile)
 	}
 	// Namespaces joined by path are external to the dump.
+	hasCgroupNS := false
 	for _, ns := range c.Namespaces {
 		var name, key string
 		switch ns.Type {
@@ -136,6 +137,9 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 			name, key = "net", "extRootNetNS"
 		case "NEWPID":
 			name, key = "pid", "extRootPidNS"
+		case "NEWCGROUP":
+			hasCgroupNS = true
+			continue
 		default:
 			continue
 		}
@@ -157,10 +161,6 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 	}
 	ext := func(dest, val string) {
 		opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(dest), Val: proto.String(val)})
-	}
-	hasCgroupNS := false
-	for _, ns := range c.Namespaces {
-		hasCgroupNS = hasCgroupNS || ns.Type == "NEWCGROUP"
 	}
 	for _, m := range c.Mounts {
 		switch m.Device {
