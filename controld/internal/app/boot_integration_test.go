@@ -30,9 +30,7 @@ import (
 )
 
 // bootStack is controld on the real containerd in its own namespace
-// (FORKFLEET_BOOT_IT_NAMESPACE, default forkfleet-boot-it), which must hold
-// the desktop image (FORKFLEET_IT_IMAGE): import it with
-// `forkfleet-image import -namespace forkfleet-boot-it /var/cache/forkfleet/images/desktop-oci`.
+// (forkfleet-boot-it, see testenv), holding the desktop image.
 type bootStack struct {
 	t     *testing.T
 	ctx   context.Context
@@ -51,17 +49,10 @@ type bootStack struct {
 
 func newBootStack(t *testing.T) *bootStack {
 	t.Helper()
-	cfg, address, ns := realStackConfig(t, "FORKFLEET_BOOT_IT_NAMESPACE", "forkfleet-boot-it")
+	cfg, _, _ := realStackConfig(t, "forkfleet-boot-it")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
-	rt, err := containerdrt.New(ctx, containerdrt.Config{
-		Address: address, Namespace: ns, CheckpointRoot: cfg.CheckpointDir,
-		StateDir: filepath.Join(cfg.StateDir, "runtime"),
-	})
-	if err != nil {
-		t.Fatalf("runtime: %v", err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

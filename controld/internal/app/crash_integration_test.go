@@ -29,12 +29,11 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
-	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 )
 
 // procStack runs the controld binary as its own process (so it can be
 // SIGKILLed like a crash) on the real containerd, in its own namespace
-// (FORKFLEET_CRASH_IT_NAMESPACE, default forkfleet-crash-it), with its own
+// (forkfleet-crash-it, see testenv), with its own
 // state dir, checkpoint dir and sockets. rt is the test's own view of that
 // namespace, for inspection.
 type procStack struct {
@@ -58,17 +57,19 @@ type procStack struct {
 
 func newProcStack(t *testing.T) *procStack {
 	t.Helper()
-	cfg, address, ns := realStackConfig(t, "FORKFLEET_CRASH_IT_NAMESPACE", "forkfleet-crash-it")
+	cfg, address, ns := realStackConfig(t, "forkfleet-crash-it")
 	cfg.Boot.Precreate = 0 // every container in the namespace is one the test made
 	cfg.GRPC.TCPAddress = ""
 	cfg.Metrics.Listen = "127.0.0.1:0"
-	cfg.Containerd.Address, cfg.Containerd.Namespace = address, ns
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	dir := filepath.Dir(cfg.StateDir)
+	// The test's own view of the namespace, beside the controld it runs;
+	// it brings the desktop image there and names it in cfg.
+	rt := realStackRuntime(t, ctx, cfg, filepath.Join(dir, "test-runtime"))
 	s := &procStack{t: t, ctx: ctx, cfg: cfg, ns: ns, address: address,
 		bin: filepath.Join(t.TempDir(), "controld"), cfgPath: filepath.Join(dir, "controld.toml"),
-		logPath: filepath.Join(dir, "controld.log")}
+		logPath: filepath.Join(dir, "controld.log"), rt: rt}
 
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -88,17 +89,6 @@ func newProcStack(t *testing.T) *procStack {
 		t.Fatal(err)
 	}
 
-	s.rt, err = containerdrt.New(ctx, containerdrt.Config{Address: address, Namespace: ns, CheckpointRoot: cfg.CheckpointDir})
-	if err != nil {
-		t.Fatalf("runtime: %v", err)
-	}
-	t.Cleanup(func() { s.rt.Close() })
-	layout := getenv("FORKFLEET_DESKTOP_LAYOUT", imageimport.DefaultDesktopLayout)
-	if _, err := imageimport.Import(ctx, s.rt.Client(), imageimport.Options{
-		Namespace: ns, Snapshotter: "overlayfs", Unpack: true, Layout: layout,
-	}); err != nil {
-		t.Fatalf("import the desktop image into %s from %s (run make image): %v", ns, layout, err)
-	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			if b, err := os.ReadFile(s.logPath); err == nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
-	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -26,31 +26,14 @@ import (
 // desktop image and real guestd: boot, ACI through the gateway, a memory
 // checkpoint, a verified fork, a frozen pool claim. Opt in with
 // FORKFLEET_INTEGRATION=1. It uses its own containerd namespace
-// (FORKFLEET_IT_NAMESPACE, default forkfleet-controld-it) holding the image
-// (FORKFLEET_IT_IMAGE, default the desktop), because reconciliation deletes
-// unknown sandboxes of its namespace.
+// (forkfleet-controld-it, see testenv) holding the desktop image, because
+// reconciliation deletes unknown sandboxes of its namespace.
 func TestRealStack(t *testing.T) {
-	cfg, address, ns := realStackConfig(t, "FORKFLEET_IT_NAMESPACE", "forkfleet-controld-it")
+	cfg, address, ns := realStackConfig(t, "forkfleet-controld-it")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	rt, err := containerdrt.New(ctx, containerdrt.Config{
-		Address: address, Namespace: ns, CheckpointRoot: cfg.CheckpointDir,
-		StateDir: filepath.Join(cfg.StateDir, "runtime"),
-	})
-	if err != nil {
-		t.Fatalf("runtime: %v", err)
-	}
-	defer rt.Close()
-	// The namespace is the test's own: bring the desktop image in from the
-	// layout images/desktop/build.sh leaves in its cache (a no-op when the
-	// namespace already has that manifest).
-	layout := getenv("FORKFLEET_DESKTOP_LAYOUT", imageimport.DefaultDesktopLayout)
-	if _, err := imageimport.Import(ctx, rt.Client(), imageimport.Options{
-		Namespace: ns, Snapshotter: "overlayfs", Unpack: true, Layout: layout,
-	}); err != nil {
-		t.Fatalf("import the desktop image into %s from %s (run make image): %v", ns, layout, err)
-	}
+	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
@@ -137,8 +120,7 @@ func TestRealStack(t *testing.T) {
 	start := time.Now()
 	cr, err := sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
 	if err != nil {
-		t.Fatalf("create: %v (is %s in containerd namespace %s? ctr -a %s -n %s images import <oci-archive>)",
-			err, cfg.DefaultImage, ns, address, ns)
+		t.Fatalf("create: %v (image %s, containerd %s, namespace %s)", err, cfg.DefaultImage, address, ns)
 	}
 	created = append(created, cr.Sandbox.Id)
 	t.Logf("cold boot to usable: %v", time.Since(start))
@@ -305,30 +287,33 @@ func TestRealStack(t *testing.T) {
 	sess.Close()
 }
 
-func getenv(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
-// realStackConfig skips unless FORKFLEET_INTEGRATION=1, fails when containerd
-// is missing, and returns a test config on the namespace named by nsEnv
-// (default nsDefault): the real-stack tests' shared setup.
-func realStackConfig(t *testing.T, nsEnv, nsDefault string) (cfg *config.Config, address, ns string) {
+// realStackConfig skips unless FORKFLEET_INTEGRATION=1, fails when the
+// machine cannot run real-stack tests, and returns a test config on the
+// containerd namespace testenv.Namespace(base): the real-stack tests' shared
+// setup. Its runtime is made by realStackRuntime.
+func realStackConfig(t *testing.T, base string) (cfg *config.Config, address, ns string) {
 	t.Helper()
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd")
-	}
-	address = getenv("FORKFLEET_CONTAINERD_ADDRESS", "/run/forkfleet/containerd/containerd.sock")
-	ns = getenv(nsEnv, nsDefault)
-	image := getenv("FORKFLEET_IT_IMAGE", "localhost/forkfleet/desktop:latest")
-	if _, err := os.Stat(address); err != nil {
-		t.Fatalf("FORKFLEET_INTEGRATION=1 but containerd is not at %s: %v", address, err)
-	}
+	testenv.RealStack(t)
+	address, ns = testenv.Address(), testenv.Namespace(base)
 	cfg = testConfig(t)
-	cfg.Containerd.Address, cfg.Containerd.Namespace, cfg.DefaultImage = address, ns, image
+	cfg.Containerd.Address, cfg.Containerd.Namespace = address, ns
 	cfg.BootTimeout = config.Duration(60 * time.Second)
 	cfg.ShutdownTimeout = config.Duration(30 * time.Second)
 	return cfg, address, ns
+}
+
+// realStackRuntime connects a runtime to cfg's namespace (state under
+// stateDir) and brings the desktop image there, as cfg's default image.
+func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, stateDir string) *containerdrt.Runtime {
+	t.Helper()
+	rt, err := containerdrt.New(ctx, containerdrt.Config{
+		Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
+		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir,
+	})
+	if err != nil {
+		t.Fatalf("runtime: %v", err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	cfg.DefaultImage = testenv.Image(t, ctx, rt.Client(), cfg.Containerd.Namespace, testenv.Desktop)
+	return rt
 }

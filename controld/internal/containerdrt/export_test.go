@@ -28,7 +28,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
-	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 func TestValidateReference(t *testing.T) {
@@ -250,8 +250,8 @@ func TestIntegrationExportImport(t *testing.T) {
 				t.Errorf("delete image %s: %v", n, err)
 			}
 		}
-		if err := r.client.NamespaceService().Delete(context.Background(), exportNamespace); err != nil {
-			t.Errorf("namespace %s not empty after the test: %v", exportNamespace, err)
+		if err := r.client.NamespaceService().Delete(context.Background(), r.cfg.Namespace); err != nil {
+			t.Errorf("namespace %s not empty after the test: %v", r.cfg.Namespace, err)
 		}
 	})
 	snapsBefore := countSnapshots(t, r)
@@ -518,7 +518,7 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 				t.Errorf("delete image %s: %v", n, err)
 			}
 		}
-		if err := r.client.NamespaceService().Delete(context.Background(), exportNamespace+"-wh"); err != nil {
+		if err := r.client.NamespaceService().Delete(context.Background(), r.cfg.Namespace); err != nil {
 			t.Errorf("namespace not empty after the test: %v", err)
 		}
 	})
@@ -607,26 +607,13 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 }
 
 // TestIntegrationExportDesktop measures export and import of a memory-tier
-// checkpoint of the bare desktop (FORKFLEET_DESKTOP_IMAGE, default
-// localhost/forkfleet/desktop:latest; "none" skips) in its own namespace,
-// imported from the cached OCI layout (FORKFLEET_DESKTOP_LAYOUT), and checks
-// a fork of the imported checkpoint runs the desktop with the source's file.
+// checkpoint of the bare desktop in its own namespace, and checks a fork of
+// the imported checkpoint runs the desktop with the source's file.
 func TestIntegrationExportDesktop(t *testing.T) {
 	integration(t)
-	image := os.Getenv("FORKFLEET_DESKTOP_IMAGE")
-	if image == "none" {
-		t.Skip("FORKFLEET_DESKTOP_IMAGE=none")
-	}
-	if image == "" {
-		image = "localhost/forkfleet/desktop:latest"
-	}
-	layout := os.Getenv("FORKFLEET_DESKTOP_LAYOUT")
-	if layout == "" {
-		layout = imageimport.DefaultDesktopLayout
-	}
-	ns := exportNamespace + "-desktop"
-	r := newTestRuntime(t, ns)
+	r := newTestRuntime(t, exportNamespace+"-desktop")
 	ctx := r.ctx(context.Background())
+	image := testenv.Image(t, ctx, r.client, r.cfg.Namespace, testenv.Desktop)
 	is := r.client.ImageService()
 	ckRef := "localhost/forkfleet/ck-desktop:1"
 	t.Cleanup(func() {
@@ -640,15 +627,10 @@ func TestIntegrationExportDesktop(t *testing.T) {
 				t.Errorf("delete image %s: %v", n, err)
 			}
 		}
-		if err := r.client.NamespaceService().Delete(context.Background(), ns); err != nil {
-			t.Errorf("namespace %s not empty after the test: %v", ns, err)
+		if err := r.client.NamespaceService().Delete(context.Background(), r.cfg.Namespace); err != nil {
+			t.Errorf("namespace %s not empty after the test: %v", r.cfg.Namespace, err)
 		}
 	})
-	if _, err := imageimport.Import(ctx, r.client, imageimport.Options{
-		Namespace: ns, Snapshotter: r.cfg.Snapshotter, Unpack: true, Layout: layout,
-	}); err != nil {
-		t.Fatalf("import the desktop image from %s (run make image, or set FORKFLEET_DESKTOP_IMAGE=none): %v", layout, err)
-	}
 	spec := fleet.BootSpec{
 		ID: uniqueID("exdesk"), Image: image, MemoryBytes: 1 << 30,
 		Width: 1280, Height: 800, Depth: 24,

@@ -28,19 +28,17 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
-	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 	"github.com/forkfleet/forkfleet/controld/internal/ocilayout"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // Integration tests run against a real containerd + runc + CRIU:
 //
 //	FORKFLEET_INTEGRATION=1 go test ./internal/containerdrt/ -run Integration -v
 //
-// FORKFLEET_CONTAINERD_ADDRESS overrides the socket (default: the project's
-// containerd). The tiny-image tests use their own namespace and cgroup
-// parent; the desktop test uses FORKFLEET_DESKTOP_IMAGE (default
-// localhost/forkfleet/desktop:latest) in FORKFLEET_DESKTOP_NAMESPACE
-// (default forkfleet); FORKFLEET_DESKTOP_IMAGE=none skips it.
+// The machine, namespaces and images come from testenv: the tiny-image tests
+// use their own namespace and cgroup parent, the desktop tests the desktop
+// image in another namespace of their own.
 
 const (
 	testNamespace    = "forkfleet-test-containerdrt"
@@ -50,19 +48,7 @@ const (
 
 func integration(t *testing.T) {
 	t.Helper()
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("set FORKFLEET_INTEGRATION=1 to run against containerd, runc and CRIU")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("FORKFLEET_INTEGRATION=1 needs root (containerd, cgroups, CRIU)")
-	}
-}
-
-func containerdAddress() string {
-	if a := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS"); a != "" {
-		return a
-	}
-	return "/run/forkfleet/containerd/containerd.sock"
+	testenv.RealStack(t)
 }
 
 func newTestRuntime(t *testing.T, namespace string) *Runtime {
@@ -71,14 +57,14 @@ func newTestRuntime(t *testing.T, namespace string) *Runtime {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, err := New(ctx, Config{
-		Address:        containerdAddress(),
-		Namespace:      namespace,
+		Address:        testenv.Address(),
+		Namespace:      testenv.Namespace(namespace),
 		StateDir:       state,
 		CheckpointRoot: filepath.Join(state, "checkpoints"),
-		CgroupParent:   testCgroupParent,
+		CgroupParent:   testenv.CgroupParent(testCgroupParent),
 	})
 	if err != nil {
-		t.Fatalf("New: %v (is containerd up at %s?)", err, containerdAddress())
+		t.Fatalf("New: %v (is containerd up at %s?)", err, testenv.Address())
 	}
 	t.Cleanup(func() { r.Close() })
 	return r
@@ -1058,45 +1044,21 @@ func TestIntegrationPrecreate(t *testing.T) {
 	}
 }
 
-// desktopRuntime returns a runtime on the test's own namespace
-// (FORKFLEET_DESKTOP_NAMESPACE, default forkfleet-containerdrt-desktop: never
-// the namespace a running controld reconciles) holding the desktop image,
-// imported from the layout images/desktop/build.sh caches.
-func desktopRuntime(t *testing.T, image string) (*Runtime, context.Context) {
+// desktopRuntime returns a runtime on the test's own namespace (never the
+// namespace a running controld reconciles) holding the desktop image, and
+// that image's reference.
+func desktopRuntime(t *testing.T) (*Runtime, context.Context, string) {
 	t.Helper()
-	ns := os.Getenv("FORKFLEET_DESKTOP_NAMESPACE")
-	if ns == "" {
-		ns = "forkfleet-containerdrt-desktop"
-	}
-	r := newTestRuntime(t, ns)
+	r := newTestRuntime(t, "forkfleet-containerdrt-desktop")
 	ctx := context.Background()
-	layout := os.Getenv("FORKFLEET_DESKTOP_LAYOUT")
-	if layout == "" {
-		layout = imageimport.DefaultDesktopLayout
-	}
-	if _, err := imageimport.Import(r.ctx(ctx), r.client, imageimport.Options{
-		Namespace: ns, Snapshotter: r.cfg.Snapshotter, Unpack: true, Layout: layout,
-	}); err != nil {
-		t.Fatalf("import the desktop image into %s from %s (run make image, or set FORKFLEET_DESKTOP_IMAGE=none): %v", ns, layout, err)
-	}
-	if _, err := r.client.GetImage(r.ctx(ctx), image); err != nil {
-		t.Fatalf("desktop image %s in namespace %s: %v", image, ns, err)
-	}
-	return r, ctx
+	return r, ctx, testenv.Image(t, r.ctx(ctx), r.client, r.cfg.Namespace, testenv.Desktop)
 }
 
 // TestIntegrationDesktop runs the real desktop image: boot, guestd socket,
 // checkpoint, fork.
 func TestIntegrationDesktop(t *testing.T) {
 	integration(t)
-	image := os.Getenv("FORKFLEET_DESKTOP_IMAGE")
-	if image == "none" {
-		t.Skip("FORKFLEET_DESKTOP_IMAGE=none")
-	}
-	if image == "" {
-		image = "localhost/forkfleet/desktop:latest"
-	}
-	r, ctx := desktopRuntime(t, image)
+	r, ctx, image := desktopRuntime(t)
 	spec := fleet.BootSpec{
 		ID: uniqueID("desktop"), Image: image, MemoryBytes: 1 << 30,
 		Width: 1280, Height: 800, Depth: 24,

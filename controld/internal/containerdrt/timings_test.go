@@ -26,11 +26,7 @@ func TestIntegrationTimings(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("FORKFLEET_TIMINGS_REPS")); err == nil && n > 0 {
 		reps = n
 	}
-	image := os.Getenv("FORKFLEET_DESKTOP_IMAGE")
-	if image == "" || image == "none" {
-		image = "localhost/forkfleet/desktop:latest"
-	}
-	r, ctx := desktopRuntime(t, image)
+	r, ctx, image := desktopRuntime(t)
 	spec := func(prefix string) fleet.BootSpec {
 		return fleet.BootSpec{ID: uniqueID(prefix), Image: image, MemoryBytes: 1 << 30,
 			ACIToken: "a-" + randomHex(8), AdminToken: "b-" + randomHex(8)}

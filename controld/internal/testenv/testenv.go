@@ -1,0 +1,128 @@
+// Package testenv is the one place controld's real-stack tests learn their
+// environment: whether to run at all, which containerd, which namespace, and
+// the images they boot. Every test that needs an image in its own namespace
+// brings it there through Image, so `make test` works on a machine where
+// nothing was imported by hand.
+//
+// Tests opt in with FORKFLEET_INTEGRATION=1 (make test sets it) and then
+// fail loudly, never skip, when the machine cannot run them. Two checkouts
+// testing on one host at once set FORKFLEET_TEST_SUFFIX to keep their
+// containerd namespaces and cgroups apart.
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
+)
+
+// Environment variables the real-stack tests read.
+const (
+	EnvIntegration = "FORKFLEET_INTEGRATION"
+	EnvAddress     = "FORKFLEET_CONTAINERD_ADDRESS"
+	EnvSuffix      = "FORKFLEET_TEST_SUFFIX"
+)
+
+// DefaultAddress is the project's containerd (deploy/host-setup.sh).
+const DefaultAddress = "/run/forkfleet/containerd/containerd.sock"
+
+// The images the tests boot: built and cached as OCI layouts by `make image`.
+const (
+	Desktop    = "desktop"
+	DesktopWeb = "desktop-web"
+)
+
+// ImageCache is where images/*/build.sh keep each image's OCI layout.
+const ImageCache = "/var/cache/forkfleet/images"
+
+// Enabled reports whether the real-stack tests were asked for.
+func Enabled() bool { return os.Getenv(EnvIntegration) == "1" }
+
+// RealStack skips t unless FORKFLEET_INTEGRATION=1, and fails it when the
+// machine cannot run real-stack tests: not root, or no containerd.
+func RealStack(t testing.TB) {
+	t.Helper()
+	if !Enabled() {
+		t.Skip("set " + EnvIntegration + "=1 to run against containerd, runc and CRIU")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal(EnvIntegration + "=1 needs root (containerd, cgroups, CRIU)")
+	}
+	if _, err := os.Stat(Address()); err != nil {
+		t.Fatalf("%s=1 but containerd is not at %s (make test sets it up): %v", EnvIntegration, Address(), err)
+	}
+}
+
+// Address is the containerd socket the tests use.
+func Address() string {
+	if a := os.Getenv(EnvAddress); a != "" {
+		return a
+	}
+	return DefaultAddress
+}
+
+// Namespace is the containerd namespace a test named base runs in: never
+// the namespace a running controld reconciles, and distinct per checkout
+// when FORKFLEET_TEST_SUFFIX is set.
+func Namespace(base string) string { return suffixed(base, "-") }
+
+// CgroupParent is the cgroup parent of a test's sandboxes, distinct per
+// checkout like Namespace.
+func CgroupParent(base string) string { return suffixed(base, "-") }
+
+func suffixed(base, sep string) string {
+	if s := os.Getenv(EnvSuffix); s != "" {
+		return base + sep + s
+	}
+	return base
+}
+
+// ImageRef is the reference an image named name (Desktop, DesktopWeb) has
+// in containerd.
+func ImageRef(name string) string { return "localhost/forkfleet/" + name + ":latest" }
+
+// Layout is where the OCI layout of image name is cached.
+func Layout(name string) string { return filepath.Join(ImageCache, name+"-oci") }
+
+// Image brings image name into namespace ns of c from its cached layout
+// (nothing is done when ns already holds that manifest) and returns its
+// reference. A missing layout fails the test with what to run.
+func Image(t testing.TB, ctx context.Context, c *client.Client, ns, name string) string {
+	t.Helper()
+	ref, err := ImportImage(ctx, c, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// ImportImage is Image for callers that are not a test (a benchmark in a
+// test binary, a helper run once for several tests).
+func ImportImage(ctx context.Context, c *client.Client, ns, name string) (string, error) {
+	layout := Layout(name)
+	if _, err := os.Stat(filepath.Join(layout, "index.json")); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("image %s: no OCI layout at %s: build it with `make image` (make test does)", name, layout)
+		}
+		return "", fmt.Errorf("image %s: %w", name, err)
+	}
+	if _, err := imageimport.Import(ctx, c, imageimport.Options{
+		Namespace: ns, Snapshotter: "overlayfs", Unpack: true, Layout: layout,
+	}); err != nil {
+		return "", fmt.Errorf("import image %s into namespace %s from %s: %w", name, ns, layout, err)
+	}
+	ref := ImageRef(name)
+	if _, err := c.GetImage(namespaces.WithNamespace(ctx, ns), ref); err != nil {
+		return "", fmt.Errorf("image %s: layout %s does not name %s: %w", name, layout, ref, err)
+	}
+	return ref, nil
+}
