@@ -20,6 +20,7 @@ import (
 
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/damage"
+	"github.com/jezek/xgb/res"
 	"github.com/jezek/xgb/xfixes"
 	"github.com/jezek/xgb/xproto"
 	"github.com/jezek/xgb/xtest"
@@ -45,6 +46,8 @@ type Desktop struct {
 	// win is an unmapped helper window: clipboard owner and requestor,
 	// source of server timestamps.
 	win xproto.Window
+
+	hasRes bool // X-Resource 1.2: QueryClientIds
 
 	in    input
 	cap   capturer
@@ -125,6 +128,14 @@ func newDesktop(conn *xgb.Conn) (*Desktop, error) {
 	if err := d.atoms.intern(conn); err != nil {
 		return nil, err
 	}
+	// X-Resource (optional) names the process behind a window, which
+	// TypeText watches before it reuses a spare keycode.
+	if initExtension(conn, "X-Resource") == nil {
+		if v, err := res.QueryVersion(conn, 1, 2).Reply(); err == nil && v != nil &&
+			(v.ServerMajor > 1 || v.ServerMajor == 1 && v.ServerMinor >= 2) {
+			d.hasRes = true
+		}
+	}
 
 	wid, err := xproto.NewWindowId(conn)
 	if err != nil {
@@ -160,7 +171,7 @@ func (d *Desktop) Close() error {
 	d.closeOnce.Do(func() {
 		restored := make(chan struct{})
 		go func() {
-			d.in.restoreScratch(d, true)
+			d.in.restoreScratch(d)
 			close(restored)
 		}()
 		select {

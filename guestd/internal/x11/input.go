@@ -24,19 +24,25 @@ const (
 	maxTypeLength = 64 << 10
 )
 
-// remapRestoreDelay is how long remapped scratch keycodes keep their
-// characters after TypeText. Xlib clients re-read the keymap lazily when
-// they translate a key event, possibly after this process has moved on;
-// restoring immediately would make them translate with the old map.
-var remapRestoreDelay = 250 * time.Millisecond
+// Characters missing from the keymap are typed through spare keycodes
+// (empty in the keymap) remapped to the character's keysym. Clients do not
+// translate a key event when it arrives: Xlib notes a MappingNotify when it
+// reads the event off the socket and fetches the new map when the
+// application next translates a key, which may be many events later; GDK
+// and xkbcommon clients fetch when they process the notify. Either way the
+// client translates a keycode with the map as it is at that later moment.
+// So a spare keycode may change meaning only once every client that got
+// events of it has translated them: before a slot pressed since the last
+// proof is remapped, awaitTaken waits until the client that receives the
+// keys has processed everything sent so far (keysTaken in taken.go). Slots
+// keep their characters afterwards (no restore timer: putting a keycode
+// back is a remap too), so text that repeats characters remaps nothing.
 
-// remapReuseDelay is the pause before scratch keycodes get new characters
-// while text is being typed (see keyFor). Xlib clients fetch the keymap
-// lazily when they translate the first key event after a MappingNotify,
-// so a keycode may change meaning only once they have worked through the
-// events that used it; nothing in the protocol reports that, so this is a
-// generous allowance for a client on a busy machine.
-const remapReuseDelay = 100 * time.Millisecond
+// remapFallbackDelay is the pause before a slot is reused when the
+// recipient of the keys cannot be watched (a client in another process
+// namespace, a server without X-Resource, guestd's own test clients): a
+// generous allowance, the best that can be done without seeing the client.
+var remapFallbackDelay = 100 * time.Millisecond
 
 // input is the keyboard state: cached keymap, keys held through KeyDown and
 // the scratch keycodes used for characters absent from the keymap.
@@ -48,23 +54,29 @@ type input struct {
 	// held maps keycodes pressed by KeyDown to whether an implicit Shift
 	// was pressed with them.
 	held map[xproto.Keycode]bool
-	// scratch are the keycodes free for remapping (empty in the keymap).
+	// scratch are the keycodes free for remapping (empty in the keymap, or
+	// holding what guestd wrote there).
 	scratch []scratchSlot
-	// restore fires remapRestoreDelay after the last remap.
-	restore *time.Timer
-	// fence is the LRU clock at the last reuse pause: slots used before
-	// it may be remapped without another pause.
-	fence uint64
+	// pressSeq counts presses of scratch slots; taken is the pressSeq up
+	// to which the recipients proved they translated them.
+	pressSeq, taken uint64
+	// recipients are the clients (pids; -1: unknown) that received scratch
+	// presses after the last proof.
+	recipients []int
+	// awaitTaken proves that a client translated every key sent so far
+	// (Desktop.keysTaken; tests replace it).
+	awaitTaken func(pid int) error
 }
 
 // scratchSlot is one column of a spare keycode: column 0 (no modifier) or
 // column 1 (Shift), so each spare keycode carries two characters.
 type scratchSlot struct {
-	kc     xproto.Keycode
-	shift  bool
-	keysym uint32 // currently mapped keysym, 0 if none
-	pinned bool   // held down through KeyDown
-	used   uint64 // LRU clock
+	kc      xproto.Keycode
+	shift   bool
+	keysym  uint32 // currently mapped keysym, 0 if none
+	pinned  bool   // held down through KeyDown
+	used    uint64 // LRU clock
+	pressed uint64 // pressSeq of the last press (0: not pressed)
 }
 
 type keymap struct {
@@ -126,22 +138,39 @@ func (d *Desktop) keymapLocked() (*keymap, error) {
 			}
 		}
 	}
-	// Scratch keycodes are chosen while none is in use, so our own
-	// remapping never makes a keycode look taken.
-	inUse := false
-	for _, s := range in.scratch {
-		if s.keysym != 0 {
-			inUse = true
-		}
-	}
-	if !inUse {
-		in.scratch = in.scratch[:0]
-		for _, kc := range empty {
-			in.scratch = append(in.scratch, scratchSlot{kc: kc}, scratchSlot{kc: kc, shift: true})
-		}
-	}
+	in.scratch = rescanScratch(in.scratch, km, empty)
 	in.km = km
 	return km, nil
+}
+
+// rescanScratch keeps the slots whose keycode still holds exactly what
+// guestd wrote there (another client, setxkbmap say, may have remapped it:
+// such a keycode is no longer guestd's) and adds keycodes that became empty.
+func rescanScratch(old []scratchSlot, km *keymap, empty []xproto.Keycode) []scratchSlot {
+	out := make([]scratchSlot, 0, 2*len(empty))
+	kept := map[xproto.Keycode]bool{}
+	for i := 0; i < len(old); i++ {
+		kc := old[i].kc
+		if kept[kc] {
+			continue
+		}
+		var pair []scratchSlot
+		for _, s := range old {
+			if s.kc == kc {
+				pair = append(pair, s)
+			}
+		}
+		if slices.Equal(km.row(kc), scratchRow(km.per, kc, pair)) {
+			kept[kc] = true
+			out = append(out, pair...)
+		}
+	}
+	for _, kc := range empty {
+		if !kept[kc] {
+			out = append(out, scratchSlot{kc: kc}, scratchSlot{kc: kc, shift: true})
+		}
+	}
+	return out
 }
 
 func (km *keymap) row(kc xproto.Keycode) []xproto.Keysym {
@@ -204,32 +233,69 @@ func (d *Desktop) keyFor(ks uint32) (keyPos, error) {
 	if best < 0 {
 		return keyPos{}, fmt.Errorf("x11: no spare keycode to type keysym 0x%x: %w", ks, desktop.ErrUnavailable)
 	}
-	slot := &d.in.scratch[best]
-	if slot.keysym != 0 && slot.used >= d.in.fence {
-		// Every slot is taken by text typed moments ago: give clients time
-		// to translate the events already sent before any slot changes
-		// meaning. One pause frees all slots used so far, so long
-		// non-Latin text pauses once per len(scratch) (two per spare
-		// keycode) distinct characters.
-		if err := d.sync(); err != nil {
+	if d.in.scratch[best].pressed > d.in.taken {
+		// The slot's last character may still be waiting for its
+		// translation. One proof frees every slot pressed so far, so long
+		// non-Latin text waits once per len(scratch) distinct characters.
+		if err := d.proveTaken(); err != nil {
 			return keyPos{}, err
 		}
-		time.Sleep(remapReuseDelay)
-		d.in.fence = lruClock.Add(1)
 	}
+	slot := &d.in.scratch[best]
 	slot.keysym = ks
 	slot.used = lruClock.Add(1)
+	slot.pressed = 0
 	d.writeScratchRow(km.per, slot.kc)
-	d.scheduleRestore()
 	return keyPos{kc: slot.kc, shift: slot.shift}, nil
 }
 
-// writeScratchRow maps a spare keycode to the keysyms of its two slots:
+// proveTaken waits until every client that received scratch presses since
+// the last proof has translated them. in.mu must be held.
+func (d *Desktop) proveTaken() error {
+	wait := d.in.awaitTaken
+	if wait == nil {
+		wait = d.keysTaken
+	}
+	for _, pid := range d.in.recipients {
+		if err := wait(pid); err != nil {
+			return err
+		}
+	}
+	d.in.recipients = d.in.recipients[:0]
+	d.in.taken = d.in.pressSeq
+	return nil
+}
+
+// notePress records a press of kc (shifted or not) for the proof that must
+// come before its slot is remapped: the client receiving it is looked up
+// once per batch of presses. in.mu must be held.
+func (d *Desktop) notePress(p keyPos) error {
+	i := slices.IndexFunc(d.in.scratch, func(s scratchSlot) bool { return s.kc == p.kc && s.shift == p.shift })
+	if i < 0 {
+		return nil
+	}
+	if d.in.pressSeq == d.in.taken || len(d.in.recipients) == 0 {
+		// First press after a proof: find who gets it. A focus change in
+		// the middle of a batch adds the new recipient at the next proof.
+		pid, err := d.keyRecipient()
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(d.in.recipients, pid) {
+			d.in.recipients = append(d.in.recipients, pid)
+		}
+	}
+	d.in.pressSeq++
+	d.in.scratch[i].pressed = d.in.pressSeq
+	return nil
+}
+
+// scratchRow is the keysym row of a spare keycode holding the given slots:
 // the pair fills both groups' columns so the group in use does not matter;
 // a lone column-0 keysym fills every column so Shift does not matter.
-func (d *Desktop) writeScratchRow(per int, kc xproto.Keycode) {
+func scratchRow(per int, kc xproto.Keycode, slots []scratchSlot) []xproto.Keysym {
 	var k [2]uint32
-	for _, s := range d.in.scratch {
+	for _, s := range slots {
 		if s.kc == kc {
 			if s.shift {
 				k[1] = s.keysym
@@ -247,7 +313,12 @@ func (d *Desktop) writeScratchRow(per int, kc xproto.Keycode) {
 			syms[i] = xproto.Keysym(k[i%2])
 		}
 	}
-	xproto.ChangeKeyboardMapping(d.conn, 1, kc, byte(per), syms)
+	return syms
+}
+
+// writeScratchRow maps a spare keycode to the keysyms of its two slots.
+func (d *Desktop) writeScratchRow(per int, kc xproto.Keycode) {
+	xproto.ChangeKeyboardMapping(d.conn, 1, kc, byte(per), scratchRow(per, kc, d.in.scratch))
 }
 
 func (d *Desktop) touchScratch(p keyPos) {
@@ -266,36 +337,18 @@ func (d *Desktop) setPinned(kc xproto.Keycode, pinned bool) {
 	}
 }
 
-// unpin releases a scratch keycode held through KeyDown/KeyCombo; the
-// restore timer may have skipped it while it was down.
-func (d *Desktop) unpin(kc xproto.Keycode) {
-	if d.isScratch(kc) {
-		d.setPinned(kc, false)
-		d.scheduleRestore()
-	}
-}
-
-func (d *Desktop) scheduleRestore() {
-	if d.in.restore != nil {
-		d.in.restore.Stop()
-	}
-	d.in.restore = time.AfterFunc(remapRestoreDelay, func() { d.in.restoreScratch(d, false) })
-}
-
-// restoreScratch unmaps every scratch keycode that is not held down.
-func (in *input) restoreScratch(d *Desktop, closing bool) {
+// restoreScratch empties every scratch keycode when the connection closes
+// (guestd stops or loses X): nothing will be typed through them any more.
+func (in *input) restoreScratch(d *Desktop) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if closing && in.restore != nil {
-		in.restore.Stop()
-	}
 	if in.km == nil || !d.alive() {
 		return
 	}
 	var changed []xproto.Keycode
 	for i := range in.scratch {
 		s := &in.scratch[i]
-		if s.keysym == 0 || (s.pinned && !closing) {
+		if s.keysym == 0 {
 			continue
 		}
 		s.keysym, s.pinned = 0, false
@@ -419,6 +472,9 @@ func (d *Desktop) pressKey(ks uint32) (xproto.Keycode, bool, error) {
 		}
 		d.fake(xproto.KeyPress, byte(sk), 0, 0)
 	}
+	if err := d.notePress(p); err != nil {
+		return 0, false, err
+	}
 	d.fake(xproto.KeyPress, byte(p.kc), 0, 0)
 	return p.kc, p.shift, nil
 }
@@ -470,11 +526,16 @@ func (d *Desktop) KeyUp(name string) error {
 	}
 	shift := d.in.held[p.kc]
 	delete(d.in.held, p.kc)
+	// The release is translated too, maybe long after a proof that
+	// covered the press.
+	if err := d.notePress(p); err != nil {
+		return err
+	}
 	if err := d.releaseKey(p.kc, shift); err != nil {
 		return err
 	}
 	err = d.sync()
-	d.unpin(p.kc)
+	d.setPinned(p.kc, false)
 	return err
 }
 
@@ -512,7 +573,7 @@ func (d *Desktop) KeyCombo(names []string) error {
 		if rerr := d.releaseKey(down[i].kc, down[i].shift); rerr != nil && err == nil {
 			err = rerr
 		}
-		d.unpin(down[i].kc)
+		d.setPinned(down[i].kc, false)
 	}
 	if serr := d.sync(); err == nil {
 		err = serr
@@ -563,6 +624,9 @@ func (d *Desktop) TypeText(text string) error {
 			break
 		}
 		if err = setShift(p.shift); err != nil {
+			break
+		}
+		if err = d.notePress(p); err != nil {
 			break
 		}
 		d.fake(xproto.KeyPress, byte(p.kc), 0, 0)

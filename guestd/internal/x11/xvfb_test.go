@@ -39,7 +39,7 @@ func init() {
 	// Tests read key events and keymaps, and check WM effects, on a host
 	// that may be heavily loaded: give the asynchronous parts more slack
 	// than production needs.
-	remapRestoreDelay = time.Second
+	remapFallbackDelay = time.Second
 	wmSettle = 2 * time.Second
 }
 
