@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 // Session is one ACI session to a sandbox's guestd: one WebSocket, any number
@@ -121,19 +122,42 @@ func Dial(ctx context.Context, rawURL, token string, opts ...DialOption) (*Sessi
 	return s, nil
 }
 
-// DialUnix opens an ACI session over a unix socket (guestd's socket inside a
-// sandbox, or a path controld exposes on the host).
+// DialUnix opens an ACI session over a unix socket at a path the caller
+// trusts (a guestd it started, a test server). A sandbox's guestd socket is
+// not such a path: the sandbox can plant symlinks on it; dial it with
+// DialSandbox.
 func DialUnix(ctx context.Context, socketPath, token string, opts ...DialOption) (*Session, error) {
 	if socketPath == "" {
 		return nil, errors.New("aci: dial unix: empty socket path")
 	}
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	return dialUnixWith(ctx, func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", socketPath)
+	}, token, opts)
+}
+
+// DialSandbox opens an ACI session to guestd's socket inside a running
+// sandbox, from the same host (Endpoint.unix_path and unix_pid_start, see
+// guestsock.Parse). It resolves the socket inside the sandbox's root without
+// following any link the sandbox may have planted, and refuses a pid that no
+// longer names the sandbox's init (package guestsock). It fails with
+// errdefs.ErrPermissionDenied when this process may not look into the
+// sandbox (not root): use controld's gateway then.
+func DialSandbox(ctx context.Context, addr guestsock.Addr, token string, opts ...DialOption) (*Session, error) {
+	if err := addr.Validate(); err != nil {
+		return nil, fmt.Errorf("aci: dial sandbox: %w", err)
+	}
+	return dialUnixWith(ctx, func(ctx context.Context, _, _ string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return guestsock.Dial(ctx, addr)
+	}, token, opts)
+}
+
+func dialUnixWith(ctx context.Context, dialer func(ctx context.Context, network, addr string) (net.Conn, error), token string, opts []DialOption) (*Session, error) {
 	cfg := defaultDialConfig()
 	for _, o := range opts {
 		o(&cfg)
-	}
-	d := &net.Dialer{Timeout: 10 * time.Second}
-	dialer := func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return d.DialContext(ctx, "unix", socketPath)
 	}
 	path := cfg.unixPath
 	if !strings.HasPrefix(path, "/") {
@@ -187,6 +211,10 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 			case http.StatusNotFound:
 				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrNotFound, err)
 			}
+		}
+		if resp == nil && (errors.Is(err, guestsock.ErrUnsafePath) || errors.Is(err, guestsock.ErrProcessGone) || errors.Is(err, ErrPermissionDenied)) {
+			// A sandbox socket that retrying cannot reach: keep the class.
+			return nil, fmt.Errorf("aci: dial %s: %w", s.url, err)
 		}
 		return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrUnavailable, err)
 	}

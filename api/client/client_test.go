@@ -16,6 +16,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/controldfake"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -453,8 +454,15 @@ func TestSandboxACI(t *testing.T) {
 	unixGuest.Token = "tok"
 	unixGuest.SandboxID = "via-unix"
 	guest.SandboxID = "via-gateway"
+	// This process stands in for the sandbox's init: its root is the
+	// sandbox root the unix endpoint is resolved in.
+	self, err := guestsock.Self(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := self.Start
 	srv.SetEndpoint(func(sb *controldv1.Sandbox) *controldv1.Endpoint {
-		return &controldv1.Endpoint{Url: guest.URL(), Token: "tok", UnixPath: sock}
+		return &controldv1.Endpoint{Url: guest.URL(), Token: "tok", UnixPath: self.String(), UnixPidStart: start}
 	})
 	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
 	if err != nil {
@@ -481,7 +489,8 @@ func TestSandboxACI(t *testing.T) {
 	s.Close()
 	// An unreachable socket falls back to the gateway.
 	srv.SetEndpoint(func(sb *controldv1.Sandbox) *controldv1.Endpoint {
-		return &controldv1.Endpoint{Url: guest.URL(), Token: "tok", UnixPath: filepath.Join(t.TempDir(), "gone.sock")}
+		gone := guestsock.Addr{PID: self.PID, Start: start, Path: filepath.Join(t.TempDir(), "gone.sock")}
+		return &controldv1.Endpoint{Url: guest.URL(), Token: "tok", UnixPath: gone.String(), UnixPidStart: start}
 	})
 	sb2, _ := c.CreateSandbox(ctx)
 	s, err = sb2.ACI(ctx)

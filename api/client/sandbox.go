@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 // Sandbox is a handle on one sandbox. It caches the last state and endpoint
@@ -234,8 +234,15 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 
 	var unixErr error
 	if cfg.via != routeGateway && ep.GetUnixPath() != "" {
-		if cfg.via == routeUnix || socketReachable(ep.GetUnixPath()) {
-			s, err := aci.DialUnix(ctx, ep.GetUnixPath(), ep.GetToken(), dialOpts...)
+		addr, err := guestsock.Parse(ep.GetUnixPath(), ep.GetUnixPidStart())
+		switch {
+		case err != nil:
+			unixErr = fmt.Errorf("client: sandbox %s: unix endpoint: %w", sb.id, err)
+			if cfg.via == routeUnix {
+				return nil, unixErr
+			}
+		case cfg.via == routeUnix || socketReachable(ctx, addr):
+			s, err := aci.DialSandbox(ctx, addr, ep.GetToken(), dialOpts...)
 			if err == nil || cfg.via == routeUnix || ctx.Err() != nil {
 				return s, err
 			}
@@ -255,10 +262,13 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 	return aci.Dial(ctx, ep.GetUrl(), ep.GetToken(), dialOpts...)
 }
 
-// socketReachable is a cheap probe: the unix path exists here and accepts
-// a connection (it may live in another mount namespace or be root-only).
-func socketReachable(path string) bool {
-	c, err := net.DialTimeout("unix", path, 200*time.Millisecond)
+// socketReachable is a cheap probe: this process may look into the
+// sandbox (root, same host and pid namespace) and the socket accepts a
+// connection.
+func socketReachable(ctx context.Context, addr guestsock.Addr) bool {
+	ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	c, err := guestsock.Dial(ctx, addr)
 	if err != nil {
 		return false
 	}

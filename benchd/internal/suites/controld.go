@@ -19,6 +19,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/client"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
 
@@ -94,6 +95,23 @@ func (c *controld) removeCheckpoint(ctx context.Context, id string) {
 	_, _ = c.ck.DeleteCheckpoint(dctx, &controldv1.DeleteCheckpointRequest{Id: id, Cascade: true})
 }
 
+// unixEndpoint returns the endpoint's guestd socket when this process can
+// reach it (same host, root).
+func unixEndpoint(ep *controldv1.Endpoint) (guestsock.Addr, bool) {
+	addr, err := guestsock.Parse(ep.GetUnixPath(), ep.GetUnixPidStart())
+	if err != nil {
+		return guestsock.Addr{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := guestsock.Dial(ctx, addr)
+	if err != nil {
+		return guestsock.Addr{}, false
+	}
+	c.Close()
+	return addr, true
+}
+
 // dialEndpoint opens an ACI session to a sandbox: guestd's unix socket when
 // controld exposes it on this host, else the gateway URL.
 func dialEndpoint(ctx context.Context, ep *controldv1.Endpoint, opts ...aci.DialOption) (*aci.Session, error) {
@@ -103,10 +121,8 @@ func dialEndpoint(ctx context.Context, ep *controldv1.Endpoint, opts ...aci.Dial
 	opts = append(opts, aci.WithClientName("benchd"))
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if p := ep.GetUnixPath(); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return aci.DialUnix(dctx, p, ep.GetToken(), opts...)
-		}
+	if addr, ok := unixEndpoint(ep); ok {
+		return aci.DialSandbox(dctx, addr, ep.GetToken(), opts...)
 	}
 	if ep.GetUrl() == "" {
 		return nil, errors.New("endpoint has neither a reachable unix path nor a URL")
@@ -298,20 +314,22 @@ func dialEndpointCounted(ctx context.Context, ep *controldv1.Endpoint, w *wireCo
 		return nil, errors.New("no endpoint")
 	}
 	d := &net.Dialer{Timeout: 10 * time.Second}
-	network, target, url := "tcp", "", ep.GetUrl()
-	if p := ep.GetUnixPath(); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			network, target, url = "unix", p, "ws://guestd"+aci.DefaultUnixPath
-		}
+	url := ep.GetUrl()
+	sock, viaUnix := unixEndpoint(ep)
+	if viaUnix {
+		url = "ws://guestd" + aci.DefaultUnixPath
 	}
 	if url == "" {
 		return nil, errors.New("endpoint has neither a reachable unix path nor a URL")
 	}
-	opts = append(opts, aci.WithClientName("benchd"), aci.WithDialer(func(ctx context.Context, _, addr string) (net.Conn, error) {
-		if target != "" {
-			addr = target
+	opts = append(opts, aci.WithClientName("benchd"), aci.WithDialer(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		var err error
+		if viaUnix {
+			c, err = guestsock.Dial(ctx, sock)
+		} else {
+			c, err = d.DialContext(ctx, network, addr)
 		}
-		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}

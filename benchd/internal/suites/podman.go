@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
@@ -243,20 +244,24 @@ func (p *podmanPeer) Close(ctx context.Context) {
 
 // guestSocket is the container's guestd socket seen from the host through
 // its init's root.
-func (p *podmanPeer) guestSocket(ctx context.Context, name string) (string, error) {
+func (p *podmanPeer) guestSocket(ctx context.Context, name string) (guestsock.Addr, error) {
 	out, _, err := podman(ctx, "inspect", "--format", "{{.State.Status}} {{.State.Pid}}", name)
 	if err != nil {
-		return "", err
+		return guestsock.Addr{}, err
 	}
 	f := strings.Fields(out)
 	if len(f) != 2 || f[0] != "running" {
-		return "", &notRunningError{name: name, state: out}
+		return guestsock.Addr{}, &notRunningError{name: name, state: out}
 	}
-	pid, err := strconv.Atoi(f[1])
-	if err != nil || pid <= 0 {
-		return "", &notRunningError{name: name, state: out}
+	pid, err := strconv.ParseUint(f[1], 10, 32)
+	if err != nil || pid == 0 {
+		return guestsock.Addr{}, &notRunningError{name: name, state: out}
 	}
-	return fmt.Sprintf("/proc/%d/root%s", pid, guestdSocketInContainer), nil
+	start, err := guestsock.ProcessStart(uint32(pid))
+	if err != nil {
+		return guestsock.Addr{}, &notRunningError{name: name, state: out}
+	}
+	return guestsock.Addr{PID: uint32(pid), Start: start, Path: guestdSocketInContainer}, nil
 }
 
 type notRunningError struct{ name, state string }
@@ -273,7 +278,7 @@ func (p *podmanPeer) ping(ctx context.Context, name string) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := aci.DialUnix(dctx, sock, p.aciToken, aci.WithClientName("benchd"))
+	s, err := aci.DialSandbox(dctx, sock, p.aciToken, aci.WithClientName("benchd"))
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
@@ -295,11 +296,11 @@ func TestBootLatency(t *testing.T) {
 	}
 	// shotUnix is the floor's view of usable: guestd's socket dialled
 	// directly, desktop ready, first screenshot.
-	shotUnix := func(sock, token string) error {
+	shotUnix := func(sock guestsock.Addr, token string) error {
 		var sess *aci.Session
 		var err error
 		for {
-			if sess, err = aci.DialUnix(ctx, sock, token); err == nil {
+			if sess, err = aci.DialSandbox(ctx, sock, token); err == nil {
 				break
 			}
 			if ctx.Err() != nil {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -135,11 +135,17 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox) (fleet.Instance, error
 	}, nil
 }
 
-func aciSocket(pid uint32) string {
+// aciSocket addresses guestd's socket of the sandbox whose init is pid,
+// pinned to that process by its start time (zero when it is already gone).
+func aciSocket(pid uint32) guestsock.Addr {
 	if pid == 0 {
-		return ""
+		return guestsock.Addr{}
 	}
-	return "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/root" + ACISocketInSandbox
+	start, err := guestsock.ProcessStart(pid)
+	if err != nil {
+		return guestsock.Addr{}
+	}
+	return guestsock.Addr{PID: pid, Start: start, Path: ACISocketInSandbox}
 }
 
 // image returns an image unpacked into the runtime's snapshotter.
@@ -332,30 +338,16 @@ func (r *Runtime) instance(ctx context.Context, c containers.Container) (fleet.I
 	}
 	if inst.Status == fleet.StatusRunning || inst.Status == fleet.StatusFrozen {
 		inst.ACISocket = aciSocket(inst.PID)
-		inst.TaskStartedAt = processStartTime(inst.PID)
+		inst.TaskStartedAt = bootTicksTime(inst.ACISocket.Start)
 	}
 	return inst, nil
 }
 
-// processStartTime derives a process's start time from /proc (containerd
-// does not keep it); zero when unknown.
-func processStartTime(pid uint32) time.Time {
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
-	if err != nil {
-		return time.Time{}
-	}
-	// Fields after the command (which may contain spaces) start after ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return time.Time{}
-	}
-	fields := strings.Fields(string(b[i+1:]))
-	const startTimeField = 19 // field 22 overall, counted from field 3
-	if len(fields) <= startTimeField {
-		return time.Time{}
-	}
-	ticks, err := strconv.ParseUint(fields[startTimeField], 10, 64)
-	if err != nil {
+// bootTicksTime turns a process start time in clock ticks since boot
+// (guestsock.Addr.Start; containerd does not keep start times) into wall
+// time; zero when unknown.
+func bootTicksTime(ticks uint64) time.Time {
+	if ticks == 0 {
 		return time.Time{}
 	}
 	var ts unix.Timespec

@@ -27,6 +27,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/ocilayout"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
@@ -70,18 +71,16 @@ func newTestRuntime(t *testing.T, namespace string) *Runtime {
 	return r
 }
 
-var (
-	testImageOnce sync.Once
-	testImageErr  error
-)
+// testImages remembers the namespaces the test image was imported into.
+var testImages sync.Map // namespace -> func() error
 
 // importTestImage builds testdata/testinit statically and imports a
-// one-layer image with it as entrypoint.
+// one-layer image with it as entrypoint into r's namespace.
 func importTestImage(t *testing.T, r *Runtime) {
 	t.Helper()
-	testImageOnce.Do(func() { testImageErr = buildAndImport(r) })
-	if testImageErr != nil {
-		t.Fatalf("test image: %v", testImageErr)
+	once, _ := testImages.LoadOrStore(r.cfg.Namespace, sync.OnceValue(func() error { return buildAndImport(r) }))
+	if err := once.(func() error)(); err != nil {
+		t.Fatalf("test image: %v", err)
 	}
 }
 
@@ -187,9 +186,16 @@ func tarDir(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
+// dialSandbox connects to a sandbox's guest socket the way controld does.
+func dialSandbox(sock guestsock.Addr, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return guestsock.Dial(ctx, sock)
+}
+
 // call sends one command to a sandbox's testinit and returns the reply.
-func call(sock, cmd string, timeout time.Duration) (string, error) {
-	c, err := net.DialTimeout("unix", sock, timeout)
+func call(sock guestsock.Addr, cmd string, timeout time.Duration) (string, error) {
+	c, err := dialSandbox(sock, timeout)
 	if err != nil {
 		return "", err
 	}
@@ -219,7 +225,7 @@ func waitSocket(t *testing.T, inst fleet.Instance, timeout time.Duration) time.D
 	t.Helper()
 	start := time.Now()
 	for {
-		c, err := net.DialTimeout("unix", inst.ACISocket, time.Second)
+		c, err := dialSandbox(inst.ACISocket, time.Second)
 		if err == nil {
 			c.Close()
 			return time.Since(start)
@@ -627,7 +633,8 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 // waitX waits until the sandbox's X server (display :0) completes an X11
 // connection setup.
 func waitX(inst fleet.Instance, timeout time.Duration) error {
-	sock := fmt.Sprintf("/proc/%d/root/tmp/.X11-unix/X0", inst.PID)
+	sock := inst.ACISocket
+	sock.Path = "/tmp/.X11-unix/X0"
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
@@ -640,8 +647,8 @@ func waitX(inst fleet.Instance, timeout time.Duration) error {
 	return fmt.Errorf("X server at %s: %w", sock, last)
 }
 
-func xHandshake(sock string) error {
-	c, err := net.DialTimeout("unix", sock, time.Second)
+func xHandshake(sock guestsock.Addr) error {
+	c, err := dialSandbox(sock, time.Second)
 	if err != nil {
 		return err
 	}
@@ -699,10 +706,10 @@ func waitProcs(t *testing.T, r *Runtime, id string, want []string, timeout time.
 	}
 }
 
-func waitDial(sock string, timeout time.Duration) (time.Duration, error) {
+func waitDial(sock guestsock.Addr, timeout time.Duration) (time.Duration, error) {
 	start := time.Now()
 	for {
-		c, err := net.DialTimeout("unix", sock, time.Second)
+		c, err := dialSandbox(sock, time.Second)
 		if err == nil {
 			c.Close()
 			return time.Since(start), nil
@@ -785,7 +792,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	snapsBefore := countSnapshots(t, r)
 	// An open connection from outside into the sandbox's unix socket makes
 	// the dump impossible (CRIU cannot dump an external stream peer).
-	held, err := net.Dial("unix", src.ACISocket)
+	held, err := dialSandbox(src.ACISocket, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -820,7 +827,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	// CRIU refuses it (a closed in-flight socket). With one attempt the
 	// dump fails inside CRIU; the source must stay running and thawed.
 	connectWhileFrozen := func(context.Context) error {
-		c, err := net.Dial("unix", src.ACISocket)
+		c, err := dialSandbox(src.ACISocket, 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -890,7 +897,7 @@ func TestIntegrationCheckpointRacingConnections(t *testing.T) {
 	for i := range 5 {
 		var conns []net.Conn
 		for range 4 {
-			c, err := net.Dial("unix", src.ACISocket)
+			c, err := dialSandbox(src.ACISocket, 5*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

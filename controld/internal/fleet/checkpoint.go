@@ -21,6 +21,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -270,7 +271,7 @@ const checkpointHold = 10 * time.Second
 
 // liftCheckpointHold lets agents reconnect to a source that runs on. Best
 // effort: the hold expires by itself.
-func (m *Manager) liftCheckpointHold(ctx context.Context, socket, token, id string) {
+func (m *Manager) liftCheckpointHold(ctx context.Context, socket guestsock.Addr, token, id string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	g, err := m.dialGuest(ctx, socket, token)

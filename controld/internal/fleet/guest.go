@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"time"
+
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 // Guest is an admin session with one sandbox's guestd, as the manager needs
@@ -47,12 +49,13 @@ type Guest interface {
 
 // GuestDialer opens admin sessions to guestd.
 type GuestDialer interface {
-	// DialGuest connects to guestd's ACI unix socket at path and
-	// authenticates with token. A socket that does not exist (yet) or refuses
+	// DialGuest connects to guestd's ACI unix socket at addr (through
+	// guestsock: never a plain path into the sandbox) and authenticates
+	// with token. A socket that does not exist (yet) or refuses
 	// the connection fails with an error wrapping errdefs.ErrUnavailable, so
 	// the caller can retry; a rejected token wraps errdefs.ErrUnauthenticated
 	// or errdefs.ErrPermissionDenied.
-	DialGuest(ctx context.Context, path, token string) (Guest, error)
+	DialGuest(ctx context.Context, addr guestsock.Addr, token string) (Guest, error)
 }
 
 // ReadyState is guestd's readiness report. The *Ms fields count

@@ -16,6 +16,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -347,16 +348,17 @@ func (m *Manager) endpoint(sb *sandbox) *controldv1.Endpoint {
 
 func (m *Manager) endpointLocked(sb *sandbox) *controldv1.Endpoint {
 	return &controldv1.Endpoint{
-		Url:      fmt.Sprintf("ws://%s/v1/sandboxes/%s/aci", m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
-		Token:    sb.rec.ACIToken,
-		UnixPath: sb.rec.ACISocket,
+		Url:          fmt.Sprintf("ws://%s/v1/sandboxes/%s/aci", m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
+		Token:        sb.rec.ACIToken,
+		UnixPath:     sb.rec.ACISocket.String(),
+		UnixPidStart: sb.rec.ACISocket.Start,
 	}
 }
 
 // Route is what the ACI gateway needs to forward a connection.
 type Route struct {
 	Token     string
-	ACISocket string
+	ACISocket guestsock.Addr
 }
 
 // Route returns the current ACI token and guestd socket of a sandbox, for
@@ -379,7 +381,7 @@ func (m *Manager) Route(id string) (Route, error) {
 		return Route{}, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_RUNNING",
 			"sandbox %s is %s", id, sb.rec.Sandbox.GetState())
 	}
-	if sb.rec.ACISocket == "" {
+	if sb.rec.ACISocket.IsZero() {
 		return Route{}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_STARTING", "sandbox %s has no guestd socket yet", id)
 	}
 	return Route{Token: sb.rec.ACIToken, ACISocket: sb.rec.ACISocket}, nil
@@ -387,8 +389,8 @@ func (m *Manager) Route(id string) (Route, error) {
 
 // dialGuest connects to guestd, retrying every 2 ms while its socket is not
 // there yet, until ctx ends.
-func (m *Manager) dialGuest(ctx context.Context, path, token string) (Guest, error) {
-	if path == "" {
+func (m *Manager) dialGuest(ctx context.Context, path guestsock.Addr, token string) (Guest, error) {
+	if path.IsZero() {
 		return nil, errdefs.WithReason(errdefs.ErrUnavailable, "GUEST_UNREACHABLE", "no guestd socket known")
 	}
 	var t *time.Timer

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -196,7 +197,7 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 
 // thawAndPing thaws a frozen pool's sandbox and waits for one round trip
 // with its guestd. An image pool's sandboxes run already: nothing to do.
-func (m *Manager) thawAndPing(ctx context.Context, p *pool, id, sock, admin string) error {
+func (m *Manager) thawAndPing(ctx context.Context, p *pool, id string, sock guestsock.Addr, admin string) error {
 	if !p.rec.Pool.Frozen {
 		return nil
 	}
@@ -227,7 +228,7 @@ func (m *Manager) thawAndPing(ctx context.Context, p *pool, id, sock, admin stri
 }
 
 // pingGuest proves guestd answers with a fresh session.
-func (m *Manager) pingGuest(ctx context.Context, sock, token string) error {
+func (m *Manager) pingGuest(ctx context.Context, sock guestsock.Addr, token string) error {
 	g, err := m.dialGuest(ctx, sock, token)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -141,11 +142,11 @@ type countingDialer struct {
 	dials map[string]int
 }
 
-func (d *countingDialer) DialGuest(ctx context.Context, path, token string) (fleet.Guest, error) {
+func (d *countingDialer) DialGuest(ctx context.Context, addr guestsock.Addr, token string) (fleet.Guest, error) {
 	d.mu.Lock()
-	d.dials[path]++
+	d.dials[addr.Path]++
 	d.mu.Unlock()
-	return d.GuestDialer.DialGuest(ctx, path, token)
+	return d.GuestDialer.DialGuest(ctx, addr, token)
 }
 
 func (d *countingDialer) count() int {

@@ -152,7 +152,7 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 		m.sandboxes[id] = sb
 		return m.st.PutSandbox(r)
 	}
-	if in.ACISocket != "" {
+	if !in.ACISocket.IsZero() {
 		r.ACISocket = in.ACISocket
 	}
 	m.sandboxes[id] = sb

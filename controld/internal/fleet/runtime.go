@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"time"
+
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 // Runtime runs sandboxes. The real one is containerdrt.Runtime (containerd +
@@ -76,9 +78,9 @@ type Instance struct {
 	ID     string
 	PID    uint32 // the sandbox init (guestd), in the host pid namespace
 	Status InstanceStatus
-	// ACISocket is the host path of guestd's ACI unix socket
-	// (/proc/<pid>/root/run/forkfleet/aci.sock), dialable from controld.
-	ACISocket string
+	// ACISocket is guestd's ACI unix socket inside the sandbox, as the host
+	// reaches it through the init's root (dial it with guestsock only).
+	ACISocket guestsock.Addr
 	Labels    map[string]string
 	// Phase times as the runtime saw them.
 	CreatedAt     time.Time // container created

@@ -16,6 +16,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -305,7 +306,7 @@ func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind stri
 // awaitReady follows guestd's readiness pushes until the desktop is usable,
 // then marks the sandbox READY; on failure FAILED (unless controld is
 // shutting down: the next start resumes the wait).
-func (m *Manager) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, sock, token string, guestStart time.Time) {
+func (m *Manager) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, sock guestsock.Addr, token string, guestStart time.Time) {
 	g, err := m.dialGuest(ctx, sock, token)
 	if err != nil {
 		m.bootFailed(sb, wf, err)

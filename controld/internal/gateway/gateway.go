@@ -3,7 +3,8 @@
 // guestd unix socket.
 //
 // It does not terminate the WebSocket. It checks the bearer token against
-// the sandbox's current ACI token, dials guestd, forwards the upgrade request
+// the sandbox's current ACI token, dials guestd (package guestsock: inside the
+// sandbox's root, following no link it planted), forwards the upgrade request
 // and then splices bytes both ways (io.Copy between a TCP and a unix socket
 // uses splice(2) on Linux), so the hop costs a few syscalls per message and
 // nothing per byte. guestd checks the token again and answers the upgrade
@@ -24,6 +25,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -109,8 +111,7 @@ func (g *Gateway) serveACI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.dialTimeout)
-	var d net.Dialer
-	up, err := d.DialContext(ctx, "unix", route.ACISocket)
+	up, err := guestsock.Dial(ctx, route.ACISocket) // never a plain path into the sandbox
 	cancel()
 	if err != nil {
 		http.Error(w, "guestd unreachable: "+err.Error(), http.StatusBadGateway)

@@ -17,6 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 )
@@ -60,7 +61,11 @@ func setup(tb testing.TB) *fixture {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g := gateway.New(router{"sb-aaaaaaaaaaaaaaaa": {Token: token, ACISocket: sock}}, nil)
+	addr, err := guestsock.Self(sock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g := gateway.New(router{"sb-aaaaaaaaaaaaaaaa": {Token: token, ACISocket: addr}}, nil)
 	srv := gateway.NewServer(g)
 	go srv.Serve(ln)
 	f := &fixture{gw: g, guest: guest, sock: sock, srv: srv, ln: ln,

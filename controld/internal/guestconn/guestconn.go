@@ -12,6 +12,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -29,12 +30,12 @@ var _ fleet.GuestDialer = Dialer{}
 // DialGuest implements fleet.GuestDialer. aci classifies a socket that is
 // absent or refusing as ErrUnavailable and a rejected token as
 // ErrPermissionDenied, which is the contract fleet retries on.
-func (d Dialer) DialGuest(ctx context.Context, path, token string) (fleet.Guest, error) {
+func (d Dialer) DialGuest(ctx context.Context, addr guestsock.Addr, token string) (fleet.Guest, error) {
 	name := d.ClientName
 	if name == "" {
 		name = "controld"
 	}
-	s, err := aci.DialUnix(ctx, path, token, aci.WithClientName(name))
+	s, err := aci.DialSandbox(ctx, addr, token, aci.WithClientName(name))
 	if err != nil {
 		return nil, err
 	}

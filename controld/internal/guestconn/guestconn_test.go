@@ -14,6 +14,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
 )
@@ -25,7 +26,10 @@ func TestGuestOverACI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "aci.sock")
+	sock, err := guestsock.Self(filepath.Join(dir, "aci.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -34,7 +38,7 @@ func TestGuestOverACI(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("absent socket: %v", err)
 	}
-	srv, err := acitest.NewUnixServer(sock)
+	srv, err := acitest.NewUnixServer(sock.Path)
 	if err != nil {
 		t.Fatal(err)
 	}

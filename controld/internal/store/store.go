@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 var (
@@ -37,7 +38,8 @@ type SandboxRecord struct {
 	Env        map[string]string
 	ACIToken   string
 	AdminToken string
-	ACISocket  string
+	// ACISocket is where guestd listens, as the host reaches it.
+	ACISocket guestsock.Addr
 	// Pooled: warm in its pool (Sandbox.PoolId), not claimed yet.
 	Pooled bool
 }
@@ -307,8 +309,10 @@ type sandboxJSON struct {
 	Env        map[string]string `json:"env,omitempty"`
 	ACIToken   string            `json:"aci_token"`
 	AdminToken string            `json:"admin_token"`
-	ACISocket  string            `json:"aci_socket,omitempty"`
-	Pooled     bool              `json:"pooled,omitempty"`
+	// aci_addr replaced aci_socket (a plain host path): a record of an older
+	// controld has none until reconciliation refreshes it from the runtime.
+	ACISocket *addrJSON `json:"aci_addr,omitempty"`
+	Pooled    bool      `json:"pooled,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -317,7 +321,11 @@ func (r *SandboxRecord) MarshalJSON() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(sandboxJSON{pb, r.Env, r.ACIToken, r.AdminToken, r.ACISocket, r.Pooled})
+	j := sandboxJSON{Sandbox: pb, Env: r.Env, ACIToken: r.ACIToken, AdminToken: r.AdminToken, Pooled: r.Pooled}
+	if !r.ACISocket.IsZero() {
+		j.ACISocket = &addrJSON{PID: r.ACISocket.PID, Start: r.ACISocket.Start, Path: r.ACISocket.Path}
+	}
+	return json.Marshal(j)
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
@@ -330,8 +338,18 @@ func (r *SandboxRecord) UnmarshalJSON(b []byte) error {
 	if err := pjUnmarshal.Unmarshal(j.Sandbox, r.Sandbox); err != nil {
 		return err
 	}
-	r.Env, r.ACIToken, r.AdminToken, r.ACISocket, r.Pooled = j.Env, j.ACIToken, j.AdminToken, j.ACISocket, j.Pooled
+	r.Env, r.ACIToken, r.AdminToken, r.Pooled = j.Env, j.ACIToken, j.AdminToken, j.Pooled
+	r.ACISocket = guestsock.Addr{}
+	if a := j.ACISocket; a != nil {
+		r.ACISocket = guestsock.Addr{PID: a.PID, Start: a.Start, Path: a.Path}
+	}
 	return nil
+}
+
+type addrJSON struct {
+	PID   uint32 `json:"pid"`
+	Start uint64 `json:"start"`
+	Path  string `json:"path"`
 }
 
 type checkpointJSON struct {

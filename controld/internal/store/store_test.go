@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 )
 
 func TestRoundTripAndReopen(t *testing.T) {
@@ -19,7 +20,7 @@ func TestRoundTripAndReopen(t *testing.T) {
 	}
 	sb := &SandboxRecord{
 		Sandbox:  &controldv1.Sandbox{Id: "sb-a", State: controldv1.SandboxState_SANDBOX_STATE_READY, Labels: map[string]string{"k": "v"}, CreatedAt: timestamppb.Now()},
-		ACIToken: "t", AdminToken: "a", ACISocket: "/x", Pooled: true, Env: map[string]string{"E": "1"},
+		ACIToken: "t", AdminToken: "a", ACISocket: guestsock.Addr{PID: 7, Start: 9, Path: "/x"}, Pooled: true, Env: map[string]string{"E": "1"},
 	}
 	ck := &CheckpointRecord{
 		Checkpoint: &controldv1.Checkpoint{Id: "ck-a", Name: "n", ChildIds: []string{"ck-b"}},

@@ -25,6 +25,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -192,6 +193,15 @@ func (r *Runtime) Close() {
 	}
 }
 
+// selfAddr is this process as a sandbox init (pid and start time).
+var selfAddr = func() guestsock.Addr {
+	a, err := guestsock.Self("/fake")
+	if err != nil {
+		panic(err) // /proc/self always exists on Linux
+	}
+	return a
+}()
+
 func (r *Runtime) socketPath(id string) string {
 	if r.SocketDir != "" {
 		return filepath.Join(r.SocketDir, id+".sock")
@@ -224,8 +234,11 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 	for k, v := range spec.Labels {
 		labels[k] = v
 	}
-	in := fleet.Instance{ID: spec.ID, PID: 4242, Status: fleet.StatusRunning, ACISocket: g.socket, Labels: labels,
-		CreatedAt: now, TaskStartedAt: now}
+	// This process stands in for every sandbox's init: its root is the
+	// root guestsock resolves g.socket in (the real gateway dials it).
+	in := fleet.Instance{ID: spec.ID, PID: selfAddr.PID, Status: fleet.StatusRunning,
+		ACISocket: guestsock.Addr{PID: selfAddr.PID, Start: selfAddr.Start, Path: g.socket},
+		Labels:    labels, CreatedAt: now, TaskStartedAt: now}
 	r.mu.Lock()
 	r.instances[spec.ID] = &instance{inst: in, guest: g}
 	r.guests[g.socket] = g
@@ -639,10 +652,11 @@ type Dialer struct{ R *Runtime }
 var _ fleet.GuestDialer = Dialer{}
 
 // DialGuest implements fleet.GuestDialer.
-func (d Dialer) DialGuest(ctx context.Context, path, token string) (fleet.Guest, error) {
+func (d Dialer) DialGuest(ctx context.Context, addr guestsock.Addr, token string) (fleet.Guest, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	path := addr.Path
 	d.R.mu.Lock()
 	g, ok := d.R.guests[path]
 	d.R.mu.Unlock()

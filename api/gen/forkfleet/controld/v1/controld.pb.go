@@ -660,8 +660,16 @@ type Endpoint struct {
 	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
 	// Bearer token for the Authorization header of the WebSocket upgrade.
 	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
-	// For clients on the same host: guestd's unix socket, reachable directly.
-	UnixPath      string `protobuf:"bytes,3,opt,name=unix_path,json=unixPath,proto3" json:"unix_path,omitempty"`
+	// For clients on the same host: guestd's unix socket as the host reaches
+	// it, /proc/<pid>/root/run/forkfleet/aci.sock. Never connect(2) to it as a
+	// plain path (the sandbox can plant symlinks on it that resolve against
+	// the host's root): the Go client dials it with aci.DialSandbox (package
+	// guestsock), which resolves it inside the sandbox's root.
+	UnixPath string `protobuf:"bytes,3,opt,name=unix_path,json=unixPath,proto3" json:"unix_path,omitempty"`
+	// The start time of the process whose root unix_path goes through
+	// (/proc/<pid>/stat field 22, clock ticks since boot): a dialer refuses
+	// the path once that pid names another process.
+	UnixPidStart  uint64 `protobuf:"varint,4,opt,name=unix_pid_start,json=unixPidStart,proto3" json:"unix_pid_start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -715,6 +723,13 @@ func (x *Endpoint) GetUnixPath() string {
 		return x.UnixPath
 	}
 	return ""
+}
+
+func (x *Endpoint) GetUnixPidStart() uint64 {
+	if x != nil {
+		return x.UnixPidStart
+	}
+	return 0
 }
 
 type CreateSandboxRequest struct {
@@ -3560,11 +3575,12 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0estatus_message\x18\x0f \x01(\tR\rstatusMessage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
 	"\bEndpoint\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
-	"\tunix_path\x18\x03 \x01(\tR\bunixPath\"\xfb\x03\n" +
+	"\tunix_path\x18\x03 \x01(\tR\bunixPath\x12$\n" +
+	"\x0eunix_pid_start\x18\x04 \x01(\x04R\funixPidStart\"\xfb\x03\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12>\n" +
 	"\tresources\x18\x02 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x125\n" +

@@ -9,6 +9,8 @@
 //	read PATH           a file's content
 //	env NAME            an environment variable
 //	pid                 the process id
+//	symlink TARGET LINK replace LINK with a symlink to TARGET (an attack:
+//	                    root in a sandbox can plant links anywhere)
 //	exit CODE           exit with CODE after replying
 package main
 
@@ -101,6 +103,14 @@ func serve(c net.Conn, logf *os.File) {
 		reply = os.Getenv(arg)
 	case "pid":
 		reply = strconv.Itoa(os.Getpid())
+	case "symlink":
+		target, link, _ := strings.Cut(arg, " ")
+		reply = "ok"
+		if err := os.RemoveAll(link); err != nil {
+			reply = "error " + err.Error()
+		} else if err := os.Symlink(target, link); err != nil {
+			reply = "error " + err.Error()
+		}
 	case "exit":
 		exitCode, _ = strconv.Atoi(arg)
 		reply = "ok"
