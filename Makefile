@@ -22,7 +22,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools proto check test unit-test integration-test fuzz demo demo-stop image host clean
+.PHONY: build tools proto check test unit-test integration-test fuzz demo demo-stop image host peers clean
 
 ## build: compile every binary into bin/
 build:
@@ -65,12 +65,16 @@ check: tools
 host:
 	deploy/host-setup.sh
 
+## peers: install every peer the benchmark suites measure (benchd peers lists them)
+peers:
+	deploy/host-setup.sh --packages $$(cd benchd && go run ./cmd/benchd peers packages)
+
 ## image: build (or reuse) the desktop image and import it into containerd
 image: host
 	images/desktop/build.sh
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image
+test: host image peers
 	$(MAKE) integration-test fuzz
 
 ## unit-test: the tests that need no root and no real stack

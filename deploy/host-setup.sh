@@ -1,8 +1,14 @@
 #!/bin/bash
 # forkfleet host setup: puts the host stack in place and starts containerd.
 #
-#   deploy/host-setup.sh           set up (idempotent; about a second when done)
-#   deploy/host-setup.sh --stop    stop the project's containerd
+#   deploy/host-setup.sh                   set up (idempotent; about a second when done)
+#   deploy/host-setup.sh --packages P...   install Debian packages P (make peers), recorded for --uninstall
+#   deploy/host-setup.sh --stop            stop the project's containerd
+#   deploy/host-setup.sh --uninstall [--keep-caches]
+#                                          undo the setup: every sandbox, containerd namespace, image,
+#                                          snapshot, state, log, config, unit and package it installed;
+#                                          --keep-caches keeps the slow caches keyed by their inputs
+#                                          (containerd build, CRIU .debs, image base tarballs)
 #   deploy/host-setup.sh --help
 #
 # Called by `make demo` and `make test`. Needs root. Works on a fresh Debian 12
@@ -49,6 +55,10 @@ readonly WRAPPER_MARKER='# forkfleet-criu-wrapper'
 
 readonly HOST_ENV=$ETC_DIR/host.env
 readonly LOCKFILE=$LIB_DIR/host-setup.lock
+# What --uninstall undoes: the Debian packages this script installed (one
+# per line) and the kernel settings it changed, with their earlier values.
+readonly PACKAGES_INSTALLED=$LIB_DIR/packages.installed
+readonly ORIGINALS=$LIB_DIR/originals.env
 
 readonly APT_PACKAGES=(
 	runc debootstrap xvfb openbox xterm x11-utils x11-xserver-utils
@@ -179,22 +189,40 @@ apt_get() {
 	return 1
 }
 
+# step_apt [P...]: installs the packages among P (default APT_PACKAGES) that
+# are missing.
 step_apt() {
-	local installed missing=() p
-	installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${APT_PACKAGES[@]}" 2>/dev/null |
+	local installed missing=() p want=("$@")
+	((${#want[@]})) || want=("${APT_PACKAGES[@]}")
+	installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${want[@]}" 2>/dev/null |
 		awk '$1 == "ii" {print $2}') || true
-	for p in "${APT_PACKAGES[@]}"; do
+	for p in "${want[@]}"; do
 		grep -qxF "$p" <<<"$installed" || missing+=("$p")
 	done
 	if ((${#missing[@]} == 0)); then
-		step apt skip "all ${#APT_PACKAGES[@]} packages installed"
+		step apt skip "all ${#want[@]} packages installed"
 		return
 	fi
 	note apt "missing: ${missing[*]}"
 	apt_get update || die "apt-get update failed"
 	apt_get install --no-install-recommends "${missing[@]}" ||
 		die "apt-get install ${missing[*]} failed"
+	record_packages "${missing[@]}"
 	step apt "done" "installed ${missing[*]}"
+}
+
+# record_packages P...: remembers packages this script installed, for --uninstall.
+record_packages() {
+	local p
+	for p in "$@"; do
+		grep -qxF "$p" "$PACKAGES_INSTALLED" 2>/dev/null || echo "$p" >>"$PACKAGES_INSTALLED"
+	done
+}
+
+# record_original KEY VALUE: keeps the first value a setting had before this
+# script changed it, for --uninstall.
+record_original() {
+	grep -q "^$1=" "$ORIGINALS" 2>/dev/null || echo "$1=$2" >>"$ORIGINALS"
 }
 
 # ---------------------------------------------------------------- 2. containerd
@@ -771,6 +799,7 @@ ksm_write() {
 	local f=/sys/kernel/mm/ksm/$1
 	[[ -w $f ]] || return 0
 	[[ $(cat "$f") == "$2" ]] && return 0
+	record_original "ksm_$1" "$(cat "$f")"
 	echo "$2" >"$f" 2>/dev/null || note ksm "could not set $1=$2"
 }
 
@@ -824,6 +853,7 @@ step_conntrack() {
 		step conntrack skip "FORKFLEET_CONNTRACK_BUCKETS=0: kept $cur buckets (each checkpoint walks them twice)"
 		return
 	fi
+	((cur > want)) && record_original conntrack_buckets "$cur"
 	if ((cur > want)) && ! echo "$want" >"$f" 2>/dev/null; then
 		# Writable only from the host's network namespace: not fatal, but
 		# every dump then walks the bigger table (controld warns too).
@@ -876,10 +906,133 @@ step_env() {
 	fi
 }
 
+# ---------------------------------------------------------------- uninstall
+
+# The cgroup parents of every sandbox controld and its tests create
+# (containerdrt: <parent>/<id>, parents /forkfleet and /forkfleet-test-*).
+sandbox_cgroups() {
+	find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d -name 'forkfleet*' 2>/dev/null
+}
+
+# kill_sandboxes SIGKILLs every process in those cgroups (thawing frozen
+# ones, or the signal never lands) and removes the cgroups, deepest first.
+kill_sandboxes() {
+	local d f n=0 i
+	for i in 1 2 3 4 5 6 7 8 9 10; do
+		n=0
+		while read -r d; do
+			while read -r f; do
+				while read -r pid; do
+					[[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null && n=$((n + 1))
+				done <"$f"
+			done < <(find "$d" -name cgroup.procs 2>/dev/null)
+			find "$d" -name freezer.state 2>/dev/null | while read -r f; do echo THAWED >"$f" 2>/dev/null || true; done
+			find "$d" -name cgroup.freeze 2>/dev/null | while read -r f; do echo 0 >"$f" 2>/dev/null || true; done
+		done < <(sandbox_cgroups)
+		((n == 0)) && break
+		sleep 0.3
+	done
+	sandbox_cgroups | while read -r d; do
+		find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	done
+	[[ -z $(sandbox_cgroups) ]] || note uninstall "cgroups left behind: $(sandbox_cgroups | head -n 3 | paste -sd ' ')" >&2
+	echo "$n"
+}
+
+# unmount_under DIR: unmounts every mount at or below DIR, deepest first.
+unmount_under() {
+	local m
+	findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d) == 1' | sort -r | while read -r m; do
+		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+	done
+}
+
+# remove_if_ours FILE CACHED: removes an installed binary that is the copy of
+# the cached build this script installed (a host's own containerd stays).
+remove_if_ours() {
+	[[ -f $1 && -f $2 ]] && cmp -s "$1" "$2" && rm -f "$1"
+	return 0
+}
+
+main_uninstall() {
+	local keep=$1 b n pkgs=() key val f
+	# controld first: it would recreate warm slots while sandboxes die.
+	if is_systemd_host; then
+		systemctl disable --now forkfleet-controld.service forkfleet-containerd.service >/dev/null 2>&1 || true
+	fi
+	"$SCRIPT_DIR/controld-up.sh" --stop >/dev/null 2>&1 || true
+	pkill -KILL -x controld 2>/dev/null || true
+	n=$(kill_sandboxes)
+	step sandboxes "done" "killed $n sandbox processes, removed their cgroups"
+	main_stop
+	# Shims of the project's containerd exit with it only once their task is
+	# deleted: after a wipe nothing will delete them.
+	pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
+	unmount_under "$CONTAINERD_ROOT"
+	unmount_under "$RUN_DIR"
+	# Every containerd namespace, image, snapshot and sandbox state, CRIU's
+	# images, controld's state, the logs, the host config.
+	rm -rf "$CONTAINERD_ROOT" "$RUN_DIR" "$LOG_DIR" "$ETC_DIR" /run/criu.kdat /run/criu.kdat.tmp
+	step state "done" "removed $LIB_DIR/*, $RUN_DIR, $LOG_DIR, $ETC_DIR"
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		remove_if_ours "/usr/local/bin/$b" "$CONTAINERD_CACHE/$b"
+	done
+	rm -f /usr/local/bin/controld "$SUPERVISOR" "$CONNTRACK_SYSCTL"
+	rmdir "$(dirname "$SUPERVISOR")" 2>/dev/null || true
+	is_our_wrapper "$CRIU_WRAPPER" && rm -f "$CRIU_WRAPPER"
+	rm -rf "$CRIU_PREFIX"
+	rmdir "$(dirname "$CRIU_PREFIX")" 2>/dev/null || true
+	if is_systemd_host; then
+		rm -f /etc/systemd/system/forkfleet-containerd.service /etc/systemd/system/forkfleet-controld.service
+		systemctl daemon-reload || true
+	fi
+	step files "done" "removed the installed binaries, CRIU, units and sysctl file"
+	# Kernel settings back to what they were before the first setup.
+	if [[ -f $ORIGINALS ]]; then
+		while IFS='=' read -r key val; do
+			case $key in
+			ksm_*) f=/sys/kernel/mm/ksm/${key#ksm_} ;;
+			conntrack_buckets) f=/proc/sys/net/netfilter/nf_conntrack_buckets ;;
+			*) continue ;;
+			esac
+			[[ -w $f ]] && echo "$val" >"$f" 2>/dev/null || note uninstall "could not restore $f to $val"
+		done <"$ORIGINALS"
+		step kernel "done" "restored $(wc -l <"$ORIGINALS") KSM/conntrack settings; /run stays a tmpfs until reboot"
+	fi
+	if [[ -f $PACKAGES_INSTALLED ]]; then
+		mapfile -t pkgs <"$PACKAGES_INSTALLED"
+	fi
+	if ((${#pkgs[@]})); then
+		apt_get purge "${pkgs[@]}" || die "apt-get purge ${pkgs[*]} failed"
+		step packages "done" "purged ${pkgs[*]}"
+	fi
+	rm -rf "$LIB_DIR"
+	if ((keep)); then
+		# Keyed by their inputs: the containerd build by its version, CRIU
+		# by its .debs' version, image bases by the hash of their inputs.
+		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images -exec rm -rf {} +
+		find "$CACHE_DIR/images" -mindepth 1 -maxdepth 1 ! -name '*-base-*.tar' -exec rm -rf {} + 2>/dev/null || true
+		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar 2>/dev/null | paste -sd ' ')"
+	else
+		rm -rf "$CACHE_DIR"
+		step caches "done" "removed $CACHE_DIR"
+	fi
+	# Stale X server locks of killed test desktops would make the next Xvfb
+	# on that display number fail.
+	for f in /tmp/.X*-lock; do
+		[[ -f $f ]] || continue
+		kill -0 "$(tr -dc 0-9 <"$f")" 2>/dev/null && continue
+		n=${f#/tmp/.X}
+		rm -f "$f" "/tmp/.X11-unix/X${n%-lock}"
+	done
+	printf 'host-setup: uninstalled in %d ms: the host is as deploy/host-setup.sh found it%s\n' \
+		"$(elapsed_ms "$START_US")" "$( ((keep)) && echo ', but for the caches kept')"
+}
+
 # ---------------------------------------------------------------- main
 
 usage() {
-	sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main_stop() {
@@ -894,10 +1047,25 @@ main_stop() {
 }
 
 main() {
-	local mode=setup
+	local mode=setup keep=0 pkgs=()
 	case ${1:-} in
 	"") ;;
 	--stop) mode=stop ;;
+	--packages)
+		mode=packages
+		shift
+		pkgs=("$@")
+		((${#pkgs[@]})) || die "--packages needs package names"
+		set --
+		;;
+	--uninstall)
+		mode=uninstall
+		case ${2:-} in
+		"") ;;
+		--keep-caches) keep=1 ;;
+		*) die "unknown argument '$2' (try --help)" ;;
+		esac
+		;;
 	-h | --help)
 		usage
 		return 0
@@ -915,10 +1083,20 @@ main() {
 		flock -w 1800 9 || die "timed out waiting for $LOCKFILE"
 	fi
 
-	if [[ $mode == stop ]]; then
+	case $mode in
+	stop)
 		main_stop
 		return
-	fi
+		;;
+	packages)
+		step_apt "${pkgs[@]}"
+		return
+		;;
+	uninstall)
+		main_uninstall "$keep"
+		return
+		;;
+	esac
 
 	step_apt
 	step_containerd

@@ -5,6 +5,7 @@
 //	benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [suite flags]
 //	benchd compare OLD NEW [--threshold 15]
 //	benchd report [--results DIR] [--out docs/benchmarks.md]
+//	benchd peers [packages]
 //	benchd peer ...   (internal: a synthetic ACI server for clientscale)
 package main
 
@@ -23,6 +24,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/benchd/internal/compare"
 	"github.com/forkfleet/forkfleet/benchd/internal/hostinfo"
+	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/report"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/runner"
@@ -47,9 +49,10 @@ func main() {
 func usage(w io.Writer) {
 	fmt.Fprint(w, `usage:
   benchd list
-  benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [suite flags]
+  benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [--skip-missing-peers] [suite flags]
   benchd compare OLD NEW [--threshold 15]
   benchd report [--results DIR] [--out FILE]
+  benchd peers [packages]     the peers the suites measure (make peers installs them)
 `)
 }
 
@@ -67,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdCompare(args[1:], stdout, stderr)
 	case "report":
 		return cmdReport(args[1:], stdout, stderr)
+	case "peers":
+		return cmdPeers(args[1:], stdout, stderr)
 	case "peer":
 		if err := suites.RunPeer(ctx, args[1:]); err != nil {
 			fmt.Fprintf(stderr, "benchd peer: %v\n", err)
@@ -110,6 +115,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 	warm := fs.Int("warmup", -1, "warm-up samples per cell, discarded (-1: each suite's default)")
 	guestd := fs.String("guestd", "", "guestd binary for host-side suites (empty: build ../guestd/cmd/guestd)")
 	sock := fs.String("controld-socket", "/run/forkfleet/controld.sock", "controld gRPC unix socket")
+	skipPeers := fs.Bool("skip-missing-peers", false, "run suites whose peers are not installed, without the peer rows (default: such a suite fails; `make peers` installs them)")
 	// Every suite's own flags, so `--suite all` takes them all. Names are
 	// unique across suites; Register panics otherwise via the FlagSet.
 	own := map[string]*flag.FlagSet{}
@@ -158,7 +164,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 			return exitInfraError
 		}
 		env := &suite.Env{N: *n, Warmup: *warm, Self: self, RepoRoot: hostinfo.RepoRoot(wd), GuestdBin: *guestd,
-			ControldSocket: *sock, WorkDir: work, Log: stderr}
+			ControldSocket: *sock, WorkDir: work, SkipMissingPeers: *skipPeers, Log: stderr}
 		config := map[string]any{"n": *n, "warmup": *warm, "controld-socket": *sock}
 		if *guestd != "" {
 			config["guestd"] = *guestd
@@ -173,6 +179,10 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		switch o.Status {
 		case result.StatusOK:
 			fmt.Fprintf(stderr, "%s: ok -> %s\n", o.Suite, o.Path)
+			if len(o.PeersMissing) > 0 {
+				fmt.Fprintf(stderr, "%s: WARNING: peers NOT measured (not installed): %s; `make peers` installs them\n",
+					o.Suite, strings.Join(o.PeersMissing, ", "))
+			}
 		case result.StatusSkipped:
 			fmt.Fprintf(stderr, "%s: SKIPPED (%s) -> %s\n", o.Suite, o.Reason, o.Path)
 		default:
@@ -185,6 +195,35 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		return exitFailed
 	}
 	return code
+}
+
+// cmdPeers lists the peers and where they are installed, or (packages)
+// prints their Debian packages for deploy/host-setup.sh --packages.
+func cmdPeers(args []string, stdout, stderr io.Writer) int {
+	switch {
+	case len(args) == 1 && args[0] == "packages":
+		fmt.Fprintln(stdout, strings.Join(peers.Packages(), " "))
+		return exitOK
+	case len(args) > 0:
+		fmt.Fprintf(stderr, "benchd peers: unexpected arguments %v (usage: benchd peers [packages])\n", args)
+		return exitUsage
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PEER\tPACKAGE\tBINARY")
+	missing := 0
+	for _, p := range peers.All() {
+		path, err := p.Path()
+		if err != nil {
+			path, missing = "NOT INSTALLED", missing+1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, p.Package, path)
+	}
+	tw.Flush()
+	if missing > 0 {
+		fmt.Fprintf(stderr, "%d peer(s) not installed: `make peers` installs them\n", missing)
+		return exitFailed
+	}
+	return exitOK
 }
 
 // loadSide reads a result file, or the latest result per suite of a

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/benchd/internal/hostinfo"
+	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 	"github.com/forkfleet/forkfleet/benchd/internal/trace"
@@ -20,6 +21,9 @@ type Outcome struct {
 	Status string
 	Reason string
 	Path   string
+	// PeersMissing are promised peers the suite ran without
+	// (--skip-missing-peers).
+	PeersMissing []string
 }
 
 // Run checks and runs s, then writes its result under root. The returned
@@ -43,7 +47,11 @@ func Run(ctx context.Context, s suite.Suite, env *suite.Env, root string, config
 
 	var rows []result.Row
 	status, reason := result.StatusOK, ""
-	runErr := s.Check(ctx, env)
+	var runErr error
+	out.PeersMissing, runErr = ResolvePeers(s, env)
+	if runErr == nil {
+		runErr = s.Check(ctx, env)
+	}
 	if runErr == nil {
 		sctx, span := env.Tracer.Start(ctx, "suite."+s.Name())
 		rows, runErr = runProtected(sctx, s, env)
@@ -80,6 +88,34 @@ func Run(ctx context.Context, s suite.Suite, env *suite.Env, root string, config
 	}
 	out.Status, out.Reason, out.Path = status, reason, path
 	return out, nil
+}
+
+// resolvePeers is peers.Resolve; tests stand in for the machine.
+var resolvePeers = peers.Resolve
+
+// ResolvePeers finds the binaries of the peers s promises (Run calls it
+// before Check; tests that run a suite directly call it too). A missing peer
+// is an error, unless env.SkipMissingPeers: then it is noted in the result,
+// returned, and the suite runs without it.
+func ResolvePeers(s suite.Suite, env *suite.Env) (skipped []string, err error) {
+	p, ok := s.(suite.Peered)
+	if !ok {
+		return nil, nil
+	}
+	paths, missing := resolvePeers(p.Peers())
+	env.SetPeers(paths)
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	what := peers.Describe(missing)
+	if !env.SkipMissingPeers {
+		return nil, fmt.Errorf("peers not installed: %s; install every peer with `make peers`, or run with --skip-missing-peers to measure without them", what)
+	}
+	for _, m := range missing {
+		skipped = append(skipped, m.Name)
+	}
+	env.Notef("PEERS NOT MEASURED (--skip-missing-peers): %s; install them with `make peers`", what)
+	return skipped, nil
 }
 
 // runProtected turns a suite panic into a failure of that suite, so

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"strings"
 	"testing"
 
+	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
@@ -64,5 +66,60 @@ func TestOutcomes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// peered is a suite that promises peers.
+type peered struct {
+	fake
+	names []string
+	saw   map[string]bool
+}
+
+func (p *peered) Peers() []string { return p.names }
+func (p *peered) Run(_ context.Context, env *suite.Env) ([]result.Row, error) {
+	p.saw = map[string]bool{}
+	for _, n := range p.names {
+		_, ok := env.Peer(n)
+		p.saw[n] = ok
+	}
+	return []result.Row{result.Single("m", "ms", nil, 1)}, nil
+}
+
+// TestMissingPeers: a promised peer that is not installed fails the suite
+// and names the package, unless benchd was told to skip missing peers; then
+// the suite runs without it and the result says so.
+func TestMissingPeers(t *testing.T) {
+	defer func(f func([]string) (map[string]string, []peers.Peer)) { resolvePeers = f }(resolvePeers)
+	resolvePeers = func(names []string) (map[string]string, []peers.Peer) {
+		return map[string]string{"xdotool": "/usr/bin/xdotool"}, []peers.Peer{{Name: "podman", Package: "podman"}}
+	}
+	for _, skip := range []bool{false, true} {
+		s := &peered{fake: fake{check: func() error { return nil }}, names: []string{"xdotool", "podman"}}
+		env := &suite.Env{Warmup: -1, WorkDir: t.TempDir(), SkipMissingPeers: skip}
+		o, err := Run(context.Background(), s, env, t.TempDir(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := result.ReadFile(o.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !skip {
+			if o.Status != result.StatusFailed || !strings.Contains(o.Reason, "podman (package podman)") ||
+				!strings.Contains(o.Reason, "make peers") || s.saw != nil {
+				t.Fatalf("missing peer without skip: %+v, ran: %v", o, s.saw)
+			}
+			continue
+		}
+		if o.Status != result.StatusOK || len(o.PeersMissing) != 1 || o.PeersMissing[0] != "podman" {
+			t.Fatalf("missing peer with skip: %+v", o)
+		}
+		if !s.saw["xdotool"] || s.saw["podman"] {
+			t.Fatalf("suite saw peers %v", s.saw)
+		}
+		if len(r.Notes) != 1 || !strings.Contains(r.Notes[0], "PEERS NOT MEASURED") {
+			t.Fatalf("notes %q", r.Notes)
+		}
 	}
 }

@@ -29,6 +29,13 @@ type Suite interface {
 	Run(ctx context.Context, env *Env) ([]result.Row, error)
 }
 
+// Peered is a suite that measures peers (named in benchd/internal/peers).
+// The runner resolves them before Run, after the flags are parsed: a
+// promised peer that is missing fails the suite unless Env.SkipMissingPeers.
+type Peered interface {
+	Peers() []string
+}
+
 // SkipError reports a missing prerequisite: the suite is skipped, not failed.
 type SkipError struct{ Reason string }
 
@@ -62,11 +69,31 @@ type Env struct {
 	ControldSocket string
 	// WorkDir is a scratch directory removed after the run.
 	WorkDir string
-	Tracer  oteltrace.Tracer
-	Log     io.Writer
+	// SkipMissingPeers runs a suite whose promised peers are missing,
+	// without their rows (and says so loudly), instead of failing it.
+	SkipMissingPeers bool
+	Tracer           oteltrace.Tracer
+	Log              io.Writer
 
 	mu    sync.Mutex
 	notes []string
+	peers map[string]string // peer name -> binary, set by the runner
+}
+
+// SetPeers records the binaries of the suite's installed peers (runner).
+func (e *Env) SetPeers(paths map[string]string) {
+	e.mu.Lock()
+	e.peers = paths
+	e.mu.Unlock()
+}
+
+// Peer returns the binary of a peer the suite promised, or false when it
+// is not installed (the run was told to skip missing peers).
+func (e *Env) Peer(name string) (string, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p, ok := e.peers[name]
+	return p, ok
 }
 
 // Samples returns the sample count for a cell: the --n override or def.

@@ -38,6 +38,10 @@ func (a *actionSuite) Flags(fs *flag.FlagSet) {
 
 func (a *actionSuite) Check(ctx context.Context, env *suite.Env) error { return checkHostGuest(env) }
 
+// Peers: a fresh process per action or screenshot, as OSWorld-style servers
+// drive a desktop.
+func (a *actionSuite) Peers() []string { return []string{"xdotool", "import", "convert", "xwd"} }
+
 // Where input lands: the root background in the sparse scene.
 const rootX, rootY = 1100, 700
 
@@ -47,7 +51,10 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 		return nil, err
 	}
 	defer hg.Stop()
-	missing := ensurePeerTools(ctx, env, map[string]string{"xdotool": "xdotool", "import": "imagemagick", "convert": "imagemagick", "xwd": "x11-apps"})
+	xdotool, haveXdotool := env.Peer("xdotool")
+	imImport, haveImport := env.Peer("import")
+	imConvert, haveConvert := env.Peer("convert")
+	xwd, haveXwd := env.Peer("xwd")
 	nIn, nShot, nPeer, warm := env.Samples(a.inputN), env.Samples(a.shotN), env.Samples(a.peerN), env.Warmups(5)
 	s := hg.Session
 	var rows []result.Row
@@ -175,7 +182,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 		}
 		// Peers on the same scene.
 		envX := hg.Desktop.Env()
-		if !missing["import"] {
+		if haveImport {
 			lat := result.NewSeries("peer.import_png", "ms", labels("content", content))
 			size := result.NewSeries("peer.bytes", "bytes", labels("op", "import_png", "content", content))
 			lat.Baseline, size.Baseline = true, true
@@ -197,12 +204,12 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			}
 			emit(lat, size)
 		}
-		if !missing["xwd"] && !missing["convert"] {
+		if haveXwd && haveConvert {
 			lat := result.NewSeries("peer.xwd_convert_png", "ms", labels("content", content))
 			size := result.NewSeries("peer.bytes", "bytes", labels("op", "xwd_convert_png", "content", content))
 			lat.Baseline, size.Baseline = true, true
 			err := suite.Measure(ctx, lat, min(warm, 2), nPeer, func(warm bool) (float64, error) {
-				out, d, err := runPipeTimed(ctx, envX, []string{"xwd", "-root", "-silent"}, []string{imConvert, "xwd:-", "png:-"})
+				out, d, err := runPipeTimed(ctx, envX, []string{xwd, "-root", "-silent"}, []string{imConvert, "xwd:-", "png:-"})
 				if err != nil {
 					return 0, err
 				}
@@ -274,12 +281,12 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 		argv []string
 	}{
 		{"true", []string{"/bin/true"}},
-		{"xdotool_mousemove", []string{"xdotool", "mousemove", itoa(rootX), itoa(rootY)}},
-		{"xdotool_click", []string{"xdotool", "click", "--delay", "0", "1"}},
-		{"xdotool_key", []string{"xdotool", "key", "--delay", "0", "a"}},
+		{"xdotool_mousemove", []string{xdotool, "mousemove", itoa(rootX), itoa(rootY)}},
+		{"xdotool_click", []string{xdotool, "click", "--delay", "0", "1"}},
+		{"xdotool_key", []string{xdotool, "key", "--delay", "0", "a"}},
 	}
 	for _, p := range peerOps {
-		if p.name != "true" && missing["xdotool"] {
+		if p.name != "true" && !haveXdotool {
 			continue
 		}
 		lat := result.NewSeries("peer."+p.name, "ms", nil)

@@ -40,6 +40,11 @@ func (s *checkpointSuite) Flags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.peer, "checkpoint-podman", true, "also measure podman checkpoint --leave-running / restore of the same image")
 	fs.IntVar(&s.ballMB, "checkpoint-ram-mb", 300, "RAM held by the reference shape's ballast process (0: no reference shape)")
 }
+
+// Peers: podman's checkpoint and restore of the same container, unless
+// --checkpoint-podman=false.
+func (s *checkpointSuite) Peers() []string { return podmanPeers(s.peer) }
+
 func (s *checkpointSuite) Check(ctx context.Context, env *suite.Env) error {
 	return checkControld(ctx, env)
 }
@@ -256,6 +261,10 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ksmWait, "fork-ksm-wait", 15*time.Second, "on the last repetition per N, read replica memory again this long after the fork (KSM merges over time; 0 disables)")
 	fs.BoolVar(&f.peer, "fork-podman", true, "also measure podman restore --import of the same image, N=1 and N=4, as the fork's peer")
 }
+
+// Peers: podman's restore of the same container, unless --fork-podman=false.
+func (f *forkSuite) Peers() []string { return podmanPeers(f.peer) }
+
 func (f *forkSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
 
 func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {

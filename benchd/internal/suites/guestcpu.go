@@ -37,6 +37,9 @@ func (g *guestCPUSuite) Flags(fs *flag.FlagSet) {
 	fs.Var(&g.fpsSet, "guestcpu-fps", "screencast frame rates")
 }
 
+// Peers: x11vnc, whose capture polls the screen.
+func (g *guestCPUSuite) Peers() []string { return []string{"x11vnc"} }
+
 func (g *guestCPUSuite) Check(ctx context.Context, env *suite.Env) error {
 	if g.window < time.Second || g.reps < 1 {
 		return fmt.Errorf("guestcpu: --guestcpu-window must be >= 1s and --guestcpu-reps >= 1")
@@ -118,7 +121,7 @@ func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, 
 	if err := requireScreencast(ctx, hg); err != nil {
 		return nil, err
 	}
-	missing := ensurePeerTools(ctx, env, map[string]string{"x11vnc": "x11vnc"})
+	x11vnc, haveX11vnc := env.Peer("x11vnc")
 	env.Notef("guestd has no switch to turn X DAMAGE gating off (no flag or environment variable), so no poll-diff guestd cells: " +
 		"the poll-based peer is x11vnc with a viewer keeping an incremental request outstanding (its default screen polling, XDAMAGE as hints), label capture=poll")
 	env.Notef("typing is injected through guestd in every workload: guestd's share of x11vnc cells is input injection only; compare forkfleet total (guestd+Xvfb) with x11vnc total-with-injector (x11vnc+Xvfb+guestd)")
@@ -220,8 +223,7 @@ func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, 
 			return rows, err
 		}
 	}
-	if missing["x11vnc"] {
-		env.Notef("x11vnc is not installed and could not be installed: no peer rows")
+	if !haveX11vnc {
 		return rows, nil
 	}
 	for _, tuning := range []string{"defaults", "low-latency"} {
@@ -229,7 +231,7 @@ func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, 
 		if tuning == "low-latency" {
 			extra = x11vncLowLatency
 		}
-		if err := g.peerCells(ctx, env, hg, tuning, extra, xpid, gpid, cellRun); err != nil {
+		if err := g.peerCells(ctx, env, hg, x11vnc, tuning, extra, xpid, gpid, cellRun); err != nil {
 			return rows, fmt.Errorf("x11vnc (%s): %w", tuning, err)
 		}
 	}
@@ -239,12 +241,12 @@ func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, 
 
 // peerCells runs x11vnc (with extra arguments) on a fresh scene with one
 // viewer keeping an incremental request outstanding, idle then typing.
-func (g *guestCPUSuite) peerCells(ctx context.Context, env *suite.Env, hg *hostGuest, tuning string, extra []string, xpid, gpid string,
+func (g *guestCPUSuite) peerCells(ctx context.Context, env *suite.Env, hg *hostGuest, x11vnc, tuning string, extra []string, xpid, gpid string,
 	cellRun func(*cpuCell, bool, *atomic.Int64) error) error {
 	if err := freshScene(ctx, env, hg, harness.SceneSparse); err != nil {
 		return err
 	}
-	p, addr, err := startX11vnc(ctx, hg.Desktop, extra...)
+	p, addr, err := startX11vnc(ctx, hg.Desktop, x11vnc, extra...)
 	if err != nil {
 		return err
 	}

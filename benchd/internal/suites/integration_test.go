@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
+	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/rfb"
 )
 
@@ -25,10 +26,15 @@ func integration(t *testing.T) {
 // frames from x11vnc with each encoding through the RFB client.
 func TestScenesAndX11vncRFB(t *testing.T) {
 	integration(t)
-	for _, bin := range []string{"Xvfb", "openbox", "xterm", "x11vnc"} {
+	for _, bin := range []string{"Xvfb", "openbox", "xterm"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("%s not installed: the integration test cannot run", bin)
 		}
+	}
+	peer, _ := peers.Lookup("x11vnc")
+	x11vnc, err := peer.Path()
+	if err != nil {
+		t.Fatalf("%v: the integration test cannot run (make peers installs it)", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -42,7 +48,7 @@ func TestScenesAndX11vncRFB(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p, addr, err := startX11vnc(ctx, dt)
+	p, addr, err := startX11vnc(ctx, dt, x11vnc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,22 +12,6 @@ import (
 	"time"
 )
 
-// The ImageMagick binaries proper: /usr/local/bin may hold wrappers that are
-// not what a user of the peer runs.
-var (
-	imImport  = firstExisting("/usr/bin/import-im6.q16", "/usr/bin/import")
-	imConvert = firstExisting("/usr/bin/convert-im6.q16", "/usr/bin/convert")
-)
-
-func firstExisting(paths ...string) string {
-	for _, p := range paths {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return paths[len(paths)-1]
-}
-
 // runTimed runs argv to completion with env and returns its stdout and the
 // wall time from spawn to exit: a fresh process per action, the way
 // OSWorld-style servers drive a desktop.

@@ -3,6 +3,8 @@
 package suites
 
 import (
+	"github.com/forkfleet/forkfleet/benchd/internal/peers"
+
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,7 +45,12 @@ func podmanEnv() []string {
 }
 
 func podman(ctx context.Context, args ...string) (string, time.Duration, error) {
-	out, d, err := runTimed(ctx, podmanEnv(), append(append([]string{"podman"}, podmanGlobal...), args...)...)
+	p, _ := peers.Lookup("podman")
+	bin, err := p.Path()
+	if err != nil {
+		return "", 0, err
+	}
+	out, d, err := runTimed(ctx, podmanEnv(), append(append([]string{bin}, podmanGlobal...), args...)...)
 	return strings.TrimSpace(string(out)), d, err
 }
 
@@ -67,12 +74,20 @@ type podmanPeer struct {
 	created []string
 }
 
+// podmanPeers is what a suite that measures podman (when on) promises.
+func podmanPeers(on bool) []string {
+	if !on {
+		return nil
+	}
+	return []string{"podman"}
+}
+
 // newPodmanPeer checks that podman holds the same image as containerd
 // (loading it from containerd when not), starts the source desktop and
 // waits until its guestd answers.
 func newPodmanPeer(ctx context.Context, env *suite.Env, image string) (*podmanPeer, error) {
-	if _, err := lookPath("podman"); err != nil {
-		return nil, errors.New("podman not installed (apt-get install -y podman)")
+	if _, ok := env.Peer("podman"); !ok {
+		return nil, errors.New("podman not installed (make peers)")
 	}
 	if _, err := lookPath("runc"); err != nil {
 		return nil, errors.New("runc not installed: podman's crun on Debian 12 has no CRIU support")

@@ -88,14 +88,14 @@ func requireScreencast(ctx context.Context, hg *hostGuest) error {
 }
 
 // startX11vnc serves dt's display on a free loopback port with Debian's
-// x11vnc defaults (its own screen polling, XDAMAGE hints, -defer/-wait)
-// plus extra arguments.
-func startX11vnc(ctx context.Context, dt *harness.Desktop, extra ...string) (*harness.Proc, string, error) {
+// x11vnc (binary bin) defaults (its own screen polling, XDAMAGE hints,
+// -defer/-wait) plus extra arguments.
+func startX11vnc(ctx context.Context, dt *harness.Desktop, bin string, extra ...string) (*harness.Proc, string, error) {
 	port, err := harness.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
-	argv := append([]string{"x11vnc", "-display", dt.Name(), "-rfbport", strconv.Itoa(port), "-localhost",
+	argv := append([]string{bin, "-display", dt.Name(), "-rfbport", strconv.Itoa(port), "-localhost",
 		"-nopw", "-forever", "-shared", "-quiet"}, extra...)
 	p, err := dt.Spawn("x11vnc", argv...)
 	if err != nil {
@@ -558,6 +558,9 @@ func (s *screencastSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.scrolls, "screencast-scrolls", 5, "one-line terminal scrolls measured per system")
 }
 
+// Peers: x11vnc, the VNC server a user would run to watch the desktop.
+func (s *screencastSuite) Peers() []string { return []string{"x11vnc"} }
+
 func (s *screencastSuite) Check(ctx context.Context, env *suite.Env) error {
 	if s.window < time.Second || s.idle < time.Second || s.scrolls < 1 {
 		return fmt.Errorf("screencast: --screencast-window and --screencast-idle must be >= 1s, --screencast-scrolls >= 1")
@@ -586,7 +589,7 @@ func (s *screencastSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 	if !hg.Session.HasCapability(screencast.CapabilityZlib) {
 		env.Notef("guestd does not advertise %q: delta-zlib cells stream PNG tiles", screencast.CapabilityZlib)
 	}
-	missing := ensurePeerTools(ctx, env, map[string]string{"x11vnc": "x11vnc"})
+	x11vnc, haveX11vnc := env.Peer("x11vnc")
 	var rows []result.Row
 	var bad reconstructionFailure
 	zlib, _ := castModeNamed("delta-zlib")
@@ -617,10 +620,8 @@ func (s *screencastSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 			return rows, fmt.Errorf("scroll %s: %w", name, err)
 		}
 	}
-	if missing["x11vnc"] {
-		env.Notef("x11vnc is not installed and could not be installed: no peer rows")
-	} else {
-		r, err := s.peers(ctx, env, hg)
+	if haveX11vnc {
+		r, err := s.peers(ctx, env, hg, x11vnc)
 		rows = append(rows, r...)
 		if err != nil {
 			return rows, fmt.Errorf("x11vnc: %w", err)
@@ -760,7 +761,7 @@ var x11vncLowLatency = []string{"-defer", "1", "-wait", "1", "-nonap"}
 
 // peers measures x11vnc with each encoding on both scenes, the ZRLE cells
 // again with x11vnc tuned for latency, then the scroll.
-func (s *screencastSuite) peers(ctx context.Context, env *suite.Env, hg *hostGuest) ([]result.Row, error) {
+func (s *screencastSuite) peers(ctx context.Context, env *suite.Env, hg *hostGuest, x11vnc string) ([]result.Row, error) {
 	var rows []result.Row
 	for _, tuning := range []string{"defaults", "low-latency"} {
 		var extra []string
@@ -768,7 +769,7 @@ func (s *screencastSuite) peers(ctx context.Context, env *suite.Env, hg *hostGue
 		if tuning == "low-latency" {
 			extra, encs = x11vncLowLatency, rfbEncodings[:1]
 		}
-		p, addr, err := startX11vnc(ctx, hg.Desktop, extra...)
+		p, addr, err := startX11vnc(ctx, hg.Desktop, x11vnc, extra...)
 		if err != nil {
 			return rows, err
 		}

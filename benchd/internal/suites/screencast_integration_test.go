@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
+	"github.com/forkfleet/forkfleet/benchd/internal/runner"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -21,7 +22,7 @@ import (
 func integrationEnv(t *testing.T) *suite.Env {
 	t.Helper()
 	integration(t)
-	for _, bin := range []string{"Xvfb", "openbox", "xterm", "xsetroot", "x11vnc", "go"} {
+	for _, bin := range []string{"Xvfb", "openbox", "xterm", "xsetroot", "go"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("%s not installed: the integration test cannot run", bin)
 		}
@@ -81,6 +82,9 @@ func TestScreencastSuiteSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
+	if _, err := runner.ResolvePeers(s, env); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Check(ctx, env); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +122,9 @@ func TestGuestCPUSuiteSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	if _, err := runner.ResolvePeers(g, env); err != nil {
+		t.Fatal(err)
+	}
 	if err := g.Check(ctx, env); err != nil {
 		t.Fatal(err)
 	}
