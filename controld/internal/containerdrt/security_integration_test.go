@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -23,18 +22,15 @@ import (
 )
 
 // Root tests of issue #12's paths from a sandbox to the host. They run in
-// their own namespace (FORKFLEET_SECURITY_IT_NAMESPACE, default
-// forkfleet-test-security) on the testinit image, whose init does what root
-// in a hostile sandbox may do on command.
+// their own namespace (testenv) on the testinit image, whose init does what
+// root in a hostile sandbox may do on command.
+
+const securityNamespace = "forkfleet-test-security"
 
 func securityRuntime(t *testing.T) *Runtime {
 	t.Helper()
 	integration(t)
-	ns := os.Getenv("FORKFLEET_SECURITY_IT_NAMESPACE")
-	if ns == "" {
-		ns = "forkfleet-test-security"
-	}
-	r := newTestRuntime(t, ns)
+	r := newTestRuntime(t, securityNamespace)
 	importTestImage(t, r)
 	return r
 }
