@@ -36,7 +36,7 @@ func setup(t *testing.T) (*client.Client, *controldfake.Server, context.Context)
 
 func TestSandboxLifecycle(t *testing.T) {
 	c, _, ctx := setup(t)
-	sb, err := c.CreateSandbox(ctx, client.WithScreen(1024, 768, 0), client.WithResources(2000, 1<<30),
+	sb, err := c.CreateSandbox(ctx, client.WithScreen(1024, 768, 0), client.WithResources(&controldv1.Resources{CpuMillis: 2000, MemoryBytes: 1 << 30}),
 		client.WithEnv(map[string]string{"LANG": "C.UTF-8"}), client.WithLabels(map[string]string{"job": "a"}),
 		client.WithTTL(time.Hour), client.WithWaitReady())
 	if err != nil {
@@ -101,8 +101,10 @@ func TestValidationErrors(t *testing.T) {
 	}{
 		{"screen", []client.CreateOption{client.WithScreen(10, 800, 24)}, "screen.width"},
 		{"depth", []client.CreateOption{client.WithScreen(800, 600, 8)}, "screen.depth"},
-		{"memory", []client.CreateOption{client.WithResources(0, 1024)}, "resources.memory_bytes"},
-		{"cpu", []client.CreateOption{client.WithResources(-1, 0)}, "resources.cpu_millis"},
+		{"memory", []client.CreateOption{client.WithResources(&controldv1.Resources{MemoryBytes: 1024})}, "resources.memory_bytes"},
+		{"cpu", []client.CreateOption{client.WithResources(&controldv1.Resources{CpuMillis: -1})}, "resources.cpu_millis"},
+		{"disk over the maximum", []client.CreateOption{client.WithResources(&controldv1.Resources{DiskBytes: 1 << 50})}, "resources.disk_bytes"},
+		{"pids below the floor", []client.CreateOption{client.WithResources(&controldv1.Resources{PidsMax: 3})}, "resources.pids_max"},
 		{"labels", []client.CreateOption{client.WithLabels(map[string]string{"-bad": "x"})}, "labels"},
 		{"ttl", []client.CreateOption{client.WithTTL(-time.Second)}, "ttl"},
 		{"env", []client.CreateOption{client.WithEnv(map[string]string{"A=B": "x"})}, "env"},

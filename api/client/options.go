@@ -4,6 +4,7 @@ import (
 	"maps"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
@@ -82,11 +83,17 @@ type (
 		ForkOption
 		ClaimOption
 	}
-	// SandboxSpecOption (image, resources, screen) works with CreateSandbox
-	// and CreatePool.
+	// SandboxSpecOption (image, screen) works with CreateSandbox and
+	// CreatePool.
 	SandboxSpecOption interface {
 		CreateOption
 		PoolOption
+	}
+	// ResourcesOption works with CreateSandbox, CreatePool and Fork.
+	ResourcesOption interface {
+		CreateOption
+		PoolOption
+		ForkOption
 	}
 )
 
@@ -145,19 +152,21 @@ func (i imageOpt) applyPool(r *controldv1.CreatePoolRequest) {
 	r.Source = &controldv1.CreatePoolRequest_Image{Image: string(i)}
 }
 
-type resourcesOpt struct{ cpuMillis, memoryBytes int64 }
+type resourcesOpt struct{ r *controldv1.Resources }
 
-// WithResources limits CPU (thousandths of a core; 0: none) and memory
-// (bytes; 0: none).
-func WithResources(cpuMillis, memoryBytes int64) SandboxSpecOption {
-	return resourcesOpt{cpuMillis, memoryBytes}
-}
+// WithResources sets the sandbox's limits (CreateSandbox, CreatePool, and
+// each replica of a Fork). Fields left 0 take the host's defaults (a fork
+// or checkpoint pool: the checkpoint's); a value above the host's maximum
+// is InvalidArgument naming the field.
+func WithResources(r *controldv1.Resources) ResourcesOption { return resourcesOpt{r} }
 
-func (o resourcesOpt) proto() *controldv1.Resources {
-	return &controldv1.Resources{CpuMillis: o.cpuMillis, MemoryBytes: o.memoryBytes}
+func (o resourcesOpt) applyCreate(r *controldv1.CreateSandboxRequest) {
+	r.Resources = proto.CloneOf(o.r)
 }
-func (o resourcesOpt) applyCreate(r *controldv1.CreateSandboxRequest) { r.Resources = o.proto() }
-func (o resourcesOpt) applyPool(r *controldv1.CreatePoolRequest)      { r.Resources = o.proto() }
+func (o resourcesOpt) applyPool(r *controldv1.CreatePoolRequest) { r.Resources = proto.CloneOf(o.r) }
+func (o resourcesOpt) applyFork(r *controldv1.ForkCheckpointRequest) {
+	r.Resources = proto.CloneOf(o.r)
+}
 
 type screenOpt struct{ w, h, depth uint32 }
 

@@ -30,6 +30,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 )
 
 // DefaultImage is the image CreateSandbox uses when none is given; it is
@@ -55,6 +56,11 @@ type Fake struct {
 	// FailReplica, when set, decides the fate of replica i of a fork: a
 	// non-nil error (an errdefs class) fails that replica alone.
 	FailReplica func(checkpointID string, i int) error
+	// Limits are the host's sandbox limits and admission, as controld's
+	// (limits.Default() when Limits.Default is nil). Pool members are not
+	// modelled: a pool hit is admitted as controld admits a claim of a warm
+	// sandbox, a miss as a new sandbox.
+	Limits limits.Host
 
 	mu          sync.Mutex
 	seq         atomic.Uint64
@@ -224,14 +230,28 @@ func validScreen(field string, s *controldv1.Screen) error {
 	return nil
 }
 
-func validResources(field string, r *controldv1.Resources) error {
-	if r.GetCpuMillis() < 0 {
-		return errdefs.InvalidField(field+".cpu_millis", "must not be negative")
+// limits returns the host limits in force.
+func (f *Fake) limits() limits.Host {
+	if f.Limits.Default == nil {
+		return limits.Default()
 	}
-	if m := r.GetMemoryBytes(); m < 0 || (m > 0 && m < 64<<20) {
-		return errdefs.InvalidField(field+".memory_bytes", "must be 0 (no limit) or at least 64 MiB, got %d", m)
+	return f.Limits
+}
+
+// admit applies controld's admission to one more sandbox with res; the
+// caller holds f.mu.
+func (f *Fake) admit(res *controldv1.Resources) error {
+	var held limits.Usage
+	for _, sb := range f.sandboxes {
+		switch sb.GetState() {
+		case controldv1.SandboxState_SANDBOX_STATE_FAILED, controldv1.SandboxState_SANDBOX_STATE_DELETED:
+		case controldv1.SandboxState_SANDBOX_STATE_STOPPED:
+			held.Sandboxes++
+		default:
+			held = held.Add(limits.Of(sb.GetResources()))
+		}
 	}
-	return nil
+	return f.limits().Admit(held, limits.Of(res))
 }
 
 func validTTL(field string, d *durationpb.Duration) error {
@@ -341,7 +361,8 @@ func (f *Fake) leaveBooting(id string) {
 }
 
 func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
-	if err := validResources("resources", req.GetResources()); err != nil {
+	res, err := f.limits().Resolve("resources", req.GetResources(), nil)
+	if err != nil {
 		return nil, rpcErr(err)
 	}
 	if err := validScreen("screen", req.GetScreen()); err != nil {
@@ -367,7 +388,11 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 		f.mu.Unlock()
 		return nil, rpcErr(notFound("image", "IMAGE_NOT_FOUND", image))
 	}
-	sb := f.newSandbox(image, req.GetResources(), req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0, nil)
+	if err := f.admit(res); err != nil {
+		f.mu.Unlock()
+		return nil, rpcErr(err)
+	}
+	sb := f.newSandbox(image, res, req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0, nil)
 	resp := &controldv1.CreateSandboxResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb)}
 	f.mu.Unlock()
 	return resp, nil
@@ -741,16 +766,22 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 	if _, err := verifyResults(ck, levels, "verify"); err != nil {
 		return nil, rpcErr(err)
 	}
+	res, err := f.limits().Resolve("resources", req.GetResources(), ck.GetResources())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
 	resp := &controldv1.ForkCheckpointResponse{}
 	for i := range int(req.GetCount()) {
-		if f.FailReplica != nil {
-			if err := f.FailReplica(ck.GetId(), i); err != nil {
-				resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
-					ErrorCode: int32(errdefs.Code(err)), ErrorMessage: err.Error(), Took: durationpb.New(5 * time.Millisecond)})
-				continue
-			}
+		err := f.admit(res)
+		if err == nil && f.FailReplica != nil {
+			err = f.FailReplica(ck.GetId(), i)
 		}
-		sb := f.newSandbox(ck.GetImage(), ck.GetResources(), ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,
+		if err != nil {
+			resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
+				ErrorCode: int32(errdefs.Code(err)), ErrorMessage: err.Error(), Took: durationpb.New(5 * time.Millisecond)})
+			continue
+		}
+		sb := f.newSandbox(ck.GetImage(), res, ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,
 			func(sb *controldv1.Sandbox) { sb.CheckpointId, sb.Generation = ck.GetId(), 1 })
 		ck.LiveForks++
 		results, _ := verifyResults(ck, levels, "verify")
@@ -804,21 +835,33 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 	if err := validScreen("screen", req.GetScreen()); err != nil {
 		return nil, rpcErr(err)
 	}
-	if err := validResources("resources", req.GetResources()); err != nil {
-		return nil, rpcErr(err)
-	}
 	if err := validLabels("labels", req.GetLabels()); err != nil {
 		return nil, rpcErr(err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var base *controldv1.Resources // a checkpoint pool's
+	if src, ok := req.GetSource().(*controldv1.CreatePoolRequest_CheckpointId); ok {
+		ck, err := f.getCheckpoint("checkpoint_id", src.CheckpointId)
+		if err != nil {
+			return nil, rpcErr(err)
+		}
+		if req.GetScreen() != nil {
+			return nil, rpcErr(errdefs.InvalidField("screen", "a checkpoint pool takes its geometry from the checkpoint"))
+		}
+		base = ck.GetResources()
+	}
+	res, err := f.limits().Resolve("resources", req.GetResources(), base)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
 	for _, p := range f.pools {
 		if p.GetName() == req.GetName() {
 			return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "POOL_NAME_TAKEN", "pool name %q is taken by %s", req.GetName(), p.GetId()))
 		}
 	}
 	p := &controldv1.Pool{Id: f.newID("pl"), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
-		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: proto.CloneOf(req.GetResources())}
+		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res}
 	switch src := req.GetSource().(type) {
 	case *controldv1.CreatePoolRequest_Image:
 		if !f.images[src.Image] {
@@ -902,6 +945,11 @@ func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 		return nil, rpcErr(err)
 	}
 	hit := p.Available > 0
+	if !hit {
+		if err := f.admit(p.GetResources()); err != nil {
+			return nil, rpcErr(err)
+		}
+	}
 	took := 2 * time.Millisecond
 	if hit {
 		p.Hits++

@@ -13,6 +13,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/controldfake"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -141,4 +142,40 @@ func shortTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { removeAll(dir) })
 	return dir
+}
+
+// The fake applies controld's limit rules: defaults filled in, maxima
+// enforced, admission refused past the host's limits (per fork replica too).
+func TestLimitsAndAdmission(t *testing.T) {
+	srv := controldfake.Start(t)
+	srv.Limits = limits.Default()
+	srv.Limits.MaxSandboxes = 2
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sb.Info().GetResources(); got.GetDiskBytes() != srv.Limits.Default.GetDiskBytes() || got.GetPidsMax() != srv.Limits.Default.GetPidsMax() {
+		t.Fatalf("effective limits %v", got)
+	}
+	_, err = c.CreateSandbox(ctx, client.WithResources(&controldv1.Resources{MemoryBytes: 1 << 40}))
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || errdefs.Field(err) != "resources.memory_bytes" {
+		t.Fatalf("over the maximum: %v", err)
+	}
+	ck, err := sb.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := ck.Fork(ctx, 2, client.WithResources(&controldv1.Resources{PidsMax: 100}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || reps[0].Sandbox.Info().GetResources().GetPidsMax() != 100 ||
+		!errors.Is(reps[1].Err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("fork of 2 on a host with room for 1: %+v", reps)
+	}
+	_, err = c.CreateSandbox(ctx)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || errdefs.Reason(err) != limits.ReasonHostFull {
+		t.Fatalf("past admission: %v", err)
+	}
 }

@@ -147,6 +147,10 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	// gateway's connections before a freeze: tie the knot through gwRef,
 	// set before anything is served.
 	var gwRef *gateway.Gateway
+	ram, err := config.HostRAM()
+	if err != nil {
+		return fmt.Errorf("controld: host RAM for admission.max_memory: %w", err)
+	}
 	mgr, err := fleet.New(ctx, fleet.Options{
 		Runtime:       fleet.InstrumentRuntime(deps.Runtime, fm),
 		Dialer:        deps.Dialer,
@@ -162,6 +166,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		BootTimeout:   cfg.BootTimeout.D(),
 		FrameSettle:   cfg.FrameSettle.D(),
 		WarmSlots:     cfg.Boot.Precreate,
+		Limits:        cfg.HostLimits(ram),
 		DropConnections: func(id string) {
 			if n := gwRef.DropSandbox(id); n > 0 {
 				log.Info("closed gateway connections for a checkpoint", "sandbox", id, "connections", n)

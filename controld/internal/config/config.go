@@ -22,15 +22,17 @@ var defaultTOML []byte
 
 // Config is controld's effective configuration.
 type Config struct {
-	Host            string   `toml:"host"`
-	StateDir        string   `toml:"state_dir"`
-	CheckpointDir   string   `toml:"checkpoint_dir"`
-	DefaultImage    string   `toml:"default_image"`
-	BootTimeout     Duration `toml:"boot_timeout"`
-	ShutdownTimeout Duration `toml:"shutdown_timeout"`
-	FrameSettle     Duration `toml:"frame_settle"`
-	DefaultScreen   Screen   `toml:"default_screen"`
-	Boot            Boot     `toml:"boot"`
+	Host            string    `toml:"host"`
+	StateDir        string    `toml:"state_dir"`
+	CheckpointDir   string    `toml:"checkpoint_dir"`
+	DefaultImage    string    `toml:"default_image"`
+	BootTimeout     Duration  `toml:"boot_timeout"`
+	ShutdownTimeout Duration  `toml:"shutdown_timeout"`
+	FrameSettle     Duration  `toml:"frame_settle"`
+	DefaultScreen   Screen    `toml:"default_screen"`
+	Boot            Boot      `toml:"boot"`
+	Limits          Limits    `toml:"limits"`
+	Admission       Admission `toml:"admission"`
 
 	GRPC       GRPC       `toml:"grpc"`
 	Gateway    Gateway    `toml:"gateway"`
@@ -180,6 +182,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Boot.Precreate < 0 || c.Boot.Precreate > MaxPrecreate {
 		errs = append(errs, fmt.Errorf("boot.precreate %d: must be in 0..%d", c.Boot.Precreate, MaxPrecreate))
+	}
+	if err := c.HostLimits(1 << 40).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("limits, admission: %w", err))
 	}
 	if c.DefaultScreen.Width == 0 || c.DefaultScreen.Height == 0 {
 		errs = append(errs, errors.New("default_screen: width and height must be positive"))

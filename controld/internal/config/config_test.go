@@ -79,3 +79,43 @@ func TestBootPrecreate(t *testing.T) {
 		t.Fatalf("flag over file: %v %v", c, err)
 	}
 }
+
+func TestLimitsConfig(t *testing.T) {
+	c := Default()
+	h := c.HostLimits(24 << 30)
+	if h.Default.GetMemoryBytes() != 1<<30 || h.Default.GetDiskBytes() != 4<<30 || h.Default.GetLogBytes() != 8<<20 ||
+		h.Default.GetPidsMax() != 2048 || h.Default.GetCpuWeight() != 100 || h.Max.GetMemoryBytes() != 16<<30 ||
+		h.MaxSandboxes != 128 || h.MaxMemoryBytes != 48<<30 {
+		t.Fatalf("host limits %+v", h)
+	}
+	f := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(f, []byte("[limits]\nmemory = \"512MiB\"\n[limits.max]\ndisk = \"1TiB\"\n[admission]\nmax_memory = \"20GiB\"\n"), 0o600)
+	c, _, err := LoadArgs([]string{"--config", f}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = c.HostLimits(24 << 30)
+	if h.Default.GetMemoryBytes() != 512<<20 || h.Max.GetDiskBytes() != 1<<40 || h.MaxMemoryBytes != 20<<30 || h.Default.GetPidsMax() != 2048 {
+		t.Fatalf("from file %+v", h)
+	}
+	out, _ := c.Marshal()
+	if !strings.Contains(string(out), "memory = '512MiB'") || !strings.Contains(string(out), "max_memory = '20GiB'") {
+		t.Fatalf("marshal: %s", out)
+	}
+	for _, bad := range []string{
+		"[limits]\nmemory = \"1G\"\n",        // unit
+		"[limits]\ndisk = \"-1GiB\"\n",       // sign
+		"[limits]\npids = 10\n",              // below the floor
+		"[limits]\nlog = \"1GiB\"\n",         // above the maximum
+		"[admission]\nmax_memory = \"0%\"\n", // no room
+		"[admission]\nmax_sandboxes = 0\n",   // no room
+	} {
+		os.WriteFile(f, []byte(bad), 0o600)
+		if _, _, err := LoadArgs([]string{"--config", f}, func(string) string { return "" }); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	if ram, err := HostRAM(); err != nil || ram < 64<<20 {
+		t.Fatalf("HostRAM = %d, %v", ram, err)
+	}
+}

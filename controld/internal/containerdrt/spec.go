@@ -61,6 +61,20 @@ var droppedCaps = []string{
 
 const cpuPeriod = 100_000 // µs
 
+// CPU weight (cgroup v2's cpu.weight, 1..10000, 100 an ordinary process) as
+// cgroup v1 cpu.shares (2..262144, 1024 an ordinary process): linear, so
+// weight 100 is the kernel's default share.
+const (
+	maxCPUWeight = 10000
+	sharesPer100 = 1024
+	minCPUShares = 2
+	maxCPUShares = 262144
+)
+
+func cpuShares(weight uint32) uint64 {
+	return min(max(uint64(weight)*sharesPer100/100, minCPUShares), maxCPUShares)
+}
+
 func validateBootSpec(spec fleet.BootSpec) error {
 	if err := validateID(spec.ID); err != nil {
 		return err
@@ -73,6 +87,12 @@ func validateBootSpec(spec fleet.BootSpec) error {
 	}
 	if spec.MemoryBytes > 0 && spec.MemoryBytes < 16<<20 {
 		return errdefs.InvalidField("memory_bytes", "%d is below the 16 MiB floor", spec.MemoryBytes)
+	}
+	if spec.PidsMax < 0 || spec.DiskBytes < 0 || spec.LogBytes < 0 {
+		return errdefs.InvalidField("resources", "limits must not be negative (pids %d, disk %d, log %d)", spec.PidsMax, spec.DiskBytes, spec.LogBytes)
+	}
+	if spec.CPUWeight > maxCPUWeight {
+		return errdefs.InvalidField("cpu_weight", "%d is above %d", spec.CPUWeight, maxCPUWeight)
 	}
 	for k := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -168,15 +188,30 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 		// spec would otherwise join the source's cgroup (and deleting the
 		// fork would kill the source).
 		s.Linux.CgroupsPath = r.cgroupsPath(spec.ID)
+		// The limits, set on every spec built for a sandbox (a fork's comes
+		// from its source's and gets its own): what the kernel enforces.
 		res := &specs.LinuxResources{}
 		if spec.MemoryBytes > 0 {
+			// Swap equal to the limit: memory+swap is capped at the
+			// memory limit, so the sandbox never swaps.
 			limit := spec.MemoryBytes
 			res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+		}
+		if spec.CPUMillis > 0 || spec.CPUWeight > 0 {
+			res.CPU = &specs.LinuxCPU{}
 		}
 		if spec.CPUMillis > 0 {
 			quota := spec.CPUMillis * cpuPeriod / 1000
 			period := uint64(cpuPeriod)
-			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+			res.CPU.Quota, res.CPU.Period = &quota, &period
+		}
+		if spec.CPUWeight > 0 {
+			shares := cpuShares(spec.CPUWeight)
+			res.CPU.Shares = &shares
+		}
+		if spec.PidsMax > 0 {
+			pids := spec.PidsMax
+			res.Pids = &specs.LinuxPids{Limit: &pids}
 		}
 		// Keep the device cgroup rules of the default spec.
 		if s.Linux.Resources != nil {

@@ -54,3 +54,38 @@ func TestRunLayout(t *testing.T) {
 		t.Fatalf("older spec: mounts %+v annotations %v", old.Mounts, old.Annotations)
 	}
 }
+
+// Every limit of the boot spec lands in the OCI spec, and a fork's spec
+// built from its source's gets the fork's own limits, not the source's.
+func TestSpecLimits(t *testing.T) {
+	r := testRuntimeConfig(t)
+	ctx := context.Background()
+	spec := fleet.BootSpec{ID: "sb-1", MemoryBytes: 256 << 20, CPUWeight: 100, CPUMillis: 1500, PidsMax: 512}
+	s := &oci.Spec{}
+	if err := r.withSandbox(spec)(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	res := s.Linux.Resources
+	if m := res.Memory; m == nil || *m.Limit != 256<<20 || *m.Swap != 256<<20 {
+		t.Fatalf("memory %+v: want limit = memory+swap = 256 MiB", m)
+	}
+	if c := res.CPU; c == nil || *c.Shares != 1024 || *c.Quota != 150_000 || *c.Period != cpuPeriod {
+		t.Fatalf("cpu %+v", c)
+	}
+	if p := res.Pids; p == nil || *p.Limit != 512 {
+		t.Fatalf("pids %+v", p)
+	}
+	fork := fleet.BootSpec{ID: "fork-1", MemoryBytes: 128 << 20, CPUWeight: 1, PidsMax: 64}
+	if err := r.withSandbox(fork)(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	res = s.Linux.Resources
+	if *res.Memory.Limit != 128<<20 || *res.CPU.Shares != 10 || res.CPU.Quota != nil || *res.Pids.Limit != 64 {
+		t.Fatalf("fork kept the source's limits: memory %+v cpu %+v pids %+v", res.Memory, res.CPU, res.Pids)
+	}
+	for w, want := range map[uint32]uint64{1: 10, 100: 1024, 10000: 102400} {
+		if got := cpuShares(w); got != want {
+			t.Errorf("cpuShares(%d) = %d, want %d", w, got, want)
+		}
+	}
+}

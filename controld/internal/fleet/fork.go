@@ -44,6 +44,10 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	if err != nil {
 		return nil, err
 	}
+	// Checked once for all replicas (each resolves again as it registers).
+	if _, err := m.opts.Limits.Resolve("resources", req.GetResources(), ck.Checkpoint.GetResources()); err != nil {
+		return nil, err
+	}
 	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
 		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
 	defer span.End()
@@ -55,7 +59,7 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	for i := range n {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels})
+			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources()})
 		}()
 	}
 	for range n {
@@ -65,12 +69,15 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 }
 
 type forkParams struct {
-	labels map[string]string
-	ttl    time.Duration
-	levels []controldv1.VerifyLevel
-	poolID string
-	pooled bool
-	freeze bool // pools: freeze after verifying
+	// resources are the replica's limits; fields left 0 keep the
+	// checkpoint's.
+	resources *controldv1.Resources
+	labels    map[string]string
+	ttl       time.Duration
+	levels    []controldv1.VerifyLevel
+	poolID    string
+	pooled    bool
+	freeze    bool // pools: freeze after verifying
 }
 
 // forkReplica restores one replica, tells it who it is, verifies it and
@@ -106,7 +113,7 @@ func (m *Manager) forkReplica(ctx context.Context, t0 time.Time, ck *store.Check
 // slot precreated for ck: its spec must come out the same).
 func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 	sp := sandboxParams{
-		image: ck.Checkpoint.Image, resources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
+		image: ck.Checkpoint.Image, resources: p.resources, baseResources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
 	}

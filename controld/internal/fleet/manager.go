@@ -17,6 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -62,6 +63,9 @@ type Options struct {
 	// WarmSlotMaxAge is how long a slot waits before it is recycled; 10 min
 	// when 0.
 	WarmSlotMaxAge time.Duration
+	// Limits are the host's sandbox limits: per-sandbox defaults and
+	// maxima, and admission (limits.Default() when its Default is nil).
+	Limits limits.Host
 }
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
@@ -155,6 +159,12 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	if opts.WarmSlotMaxAge <= 0 {
 		opts.WarmSlotMaxAge = defaultSlotMaxAge
+	}
+	if opts.Limits.Default == nil {
+		opts.Limits = limits.Default()
+	}
+	if err := opts.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)

@@ -24,6 +24,8 @@ type Metrics struct {
 	WatchDropped     prometheus.Counter
 	BootSlots        *prometheus.CounterVec
 	WarmSlots        prometheus.Gauge
+	Admission        prometheus.Counter
+	LimitHits        *prometheus.CounterVec
 }
 
 // Millisecond-resolution buckets from 1 ms to about 65 s.
@@ -85,11 +87,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "forkfleet", Subsystem: "controld", Name: "warm_slots",
 			Help: "Precreated sandboxes ready to be started by a matching create.",
 		}),
+		Admission: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "admission_refused_total",
+			Help: "Sandboxes (creates, replicas, pool fills) refused because the host was at its admission limits.",
+		}),
+		LimitHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "limit_hits_total",
+			Help: "Times sandboxes ran into a limit, by limit (memory: OOM kills, pids: refused forks, disk: disk found full).",
+		}, []string{"limit"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.Forks,
 			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped,
-			m.BootSlots, m.WarmSlots)
+			m.BootSlots, m.WarmSlots, m.Admission, m.LimitHits)
 	}
 	return m
 }

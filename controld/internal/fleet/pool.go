@@ -48,7 +48,10 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 	if err := validateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
-	var ckID string
+	var (
+		ckID  string
+		ckRes *controldv1.Resources // a checkpoint pool's base limits
+	)
 	switch src := req.GetSource().(type) {
 	case nil:
 		return nil, errdefs.InvalidField("source", "one of image or checkpoint_id is required")
@@ -67,7 +70,7 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 		if err != nil {
 			return nil, err
 		}
-		ckID = ck.Checkpoint.Id
+		ckID, ckRes = ck.Checkpoint.Id, ck.Checkpoint.GetResources()
 	}
 	if s := req.GetSize(); s < 1 || s > maxPoolSize {
 		return nil, errdefs.InvalidField("size", "%d out of range 1..%d", s, maxPoolSize)
@@ -75,23 +78,21 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 	if err := validateScreen("screen", req.GetScreen()); err != nil {
 		return nil, err
 	}
-	if err := validateResources("resources", req.GetResources()); err != nil {
+	// The pool records its members' effective limits.
+	res, err := m.opts.Limits.Resolve("resources", req.GetResources(), ckRes)
+	if err != nil {
 		return nil, err
 	}
 	if err := validateLabels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
-	if ckID != "" && (req.GetScreen() != nil || req.GetResources() != nil) {
-		field := "screen"
-		if req.GetScreen() == nil {
-			field = "resources"
-		}
-		return nil, errdefs.InvalidField(field, "a checkpoint pool takes its geometry and limits from the checkpoint")
+	if ckID != "" && req.GetScreen() != nil {
+		return nil, errdefs.InvalidField("screen", "a checkpoint pool takes its geometry from the checkpoint")
 	}
 	pb := &controldv1.Pool{
 		Id: newID(prefixPool), Name: req.GetName(), Image: req.GetImage(), CheckpointId: ckID,
 		Size: req.GetSize(), Labels: copyMap(req.GetLabels()),
-		Screen: req.GetScreen(), Resources: req.GetResources(), Frozen: ckID != "",
+		Screen: req.GetScreen(), Resources: res, Frozen: ckID != "",
 	}
 	rec := &store.PoolRecord{Pool: pb}
 	m.mu.Lock()
@@ -275,7 +276,7 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 		levels := ck.Checkpoint.VerifyLevels
 		// Not frozen by the fork: freezeWarm opens the session a claim
 		// pings over first.
-		rep := m.forkReplica(ctx, t0, ck, forkParams{labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true})
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true})
 		if rep.ErrorCode != 0 {
 			return fmt.Errorf("warm fork: %s", rep.ErrorMessage)
 		}
@@ -488,7 +489,7 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		if ck == nil {
 			return nil, nil, checkpointNotFound(pb.CheckpointId)
 		}
-		rep := m.forkReplica(ctx, t0, ck, forkParams{labels: labels, ttl: ttl, levels: ck.Checkpoint.VerifyLevels, poolID: pb.Id})
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: ck.Checkpoint.VerifyLevels, poolID: pb.Id})
 		if rep.ErrorCode != 0 {
 			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errdefs.FromGRPC(statusError(rep)))
 		}

@@ -56,10 +56,18 @@ type Runtime interface {
 
 // BootSpec describes a sandbox to start.
 type BootSpec struct {
-	ID          string // the sandbox id; also the container id
-	Image       string
-	CPUMillis   int64 // 0: no limit
-	MemoryBytes int64 // 0: no limit
+	ID    string // the sandbox id; also the container id
+	Image string
+	// Limits (controldv1.Resources, resolved: the manager fills every one
+	// from the host's defaults). The runtime enforces each it is given; 0
+	// means none of that kind (a runtime may refuse a spec without a limit
+	// it always enforces).
+	CPUMillis   int64 // hard CPU quota, thousandths of a core
+	CPUWeight   uint32
+	MemoryBytes int64 // swap included
+	PidsMax     int64
+	DiskBytes   int64 // the writable layer
+	LogBytes    int64 // stdout and stderr kept on the host
 	Width       uint32
 	Height      uint32
 	Depth       uint32

@@ -17,6 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -39,7 +40,8 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 	if err := validateImage("image", req.GetImage()); err != nil {
 		return nil, nil, err
 	}
-	if err := validateResources("resources", req.GetResources()); err != nil {
+	res, err := m.opts.Limits.Resolve("resources", req.GetResources(), nil)
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := validateScreen("screen", req.GetScreen()); err != nil {
@@ -56,7 +58,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 		return nil, nil, err
 	}
 	sb, err := m.newSandbox(sandboxParams{
-		image: req.GetImage(), resources: req.GetResources(), screen: req.GetScreen(),
+		image: req.GetImage(), resources: res, screen: req.GetScreen(),
 		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true,
 	}, t0)
 	if err != nil {
@@ -77,17 +79,20 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 }
 
 type sandboxParams struct {
-	image        string
-	resources    *controldv1.Resources
-	screen       *controldv1.Screen
-	env          map[string]string
-	labels       map[string]string
-	ttl          time.Duration
-	checkpointID string
-	generation   uint64
-	poolID       string
-	pooled       bool
-	adminToken   string // reuse (memory-tier fork); fresh when empty
+	image string
+	// resources are the requested limits; fields left 0 take baseResources
+	// (a fork's checkpoint's), or the host's defaults when that is nil.
+	resources     *controldv1.Resources
+	baseResources *controldv1.Resources
+	screen        *controldv1.Screen
+	env           map[string]string
+	labels        map[string]string
+	ttl           time.Duration
+	checkpointID  string
+	generation    uint64
+	poolID        string
+	pooled        bool
+	adminToken    string // reuse (memory-tier fork); fresh when empty
 	// lazyRecord: do not write the record until the sandbox is usable. For
 	// forks: a replica interrupted before that is deleted at the next start
 	// anyway (as a container without a record), so the early fsyncs would
@@ -120,17 +125,28 @@ func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 	return sb, nil
 }
 
-// registerSandbox builds a new sandbox's record, registers it and persists
-// its creation. take may hand it a pre-created container (a warm slot): the
-// record then adopts the slot's id and tokens. take runs under the same lock
-// as the open check, so a slot is either handed to a registered sandbox or
-// discarded at Close, never lost; undo gives it up if persisting fails.
+// registerSandbox builds a new sandbox's record, admits it (the host's
+// admission limits), registers it and persists its creation. take may hand
+// it a pre-created container (a warm slot): the record then adopts the
+// slot's id and tokens. take runs under the same lock as the open check, so
+// a slot is either handed to a registered sandbox or discarded at Close,
+// never lost; undo gives it up if persisting fails.
 func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
-	rec := m.newRecord(p, t0)
+	rec, err := m.newRecord(p, t0)
+	if err != nil {
+		return nil, false, err
+	}
 	sb := &sandbox{rec: rec, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
 	m.mu.Lock()
 	if err := m.checkOpen(); err != nil {
 		m.mu.Unlock()
+		return nil, false, err
+	}
+	// Registering is the reservation: the check and the insert share the
+	// lock, so concurrent creates, replicas and pool fills never overbook.
+	if err := m.opts.Limits.Admit(m.heldLocked(), limits.Of(rec.Sandbox.GetResources())); err != nil {
+		m.mu.Unlock()
+		m.metrics.Admission.Inc()
 		return nil, false, err
 	}
 	spec, fromSlot := take(rec)
@@ -139,7 +155,12 @@ func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*stor
 	}
 	id := rec.Sandbox.Id
 	m.sandboxes[id] = sb
+	// Slots beyond the host's limits now (this sandbox took none) go.
+	overbooked := m.slots != nil && m.opts.Limits.Admit(m.heldLocked(), m.slotsUsageLocked()) != nil
 	m.mu.Unlock()
+	if overbooked {
+		m.wakeSlots()
+	}
 	if _, err := m.change(sb, !p.lazyRecord, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED, nil, nil); err != nil {
 		m.mu.Lock()
 		delete(m.sandboxes, id)
@@ -153,9 +174,27 @@ func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*stor
 	return sb, fromSlot, nil
 }
 
+// heldLocked is what the host's sandboxes hold against admission: every
+// record counts except FAILED ones (their runtime instance is removed);
+// memory counts for those whose processes may run (not STOPPED).
+func (m *Manager) heldLocked() limits.Usage {
+	var u limits.Usage
+	for _, sb := range m.sandboxes {
+		switch sb.rec.Sandbox.GetState() {
+		case controldv1.SandboxState_SANDBOX_STATE_FAILED, controldv1.SandboxState_SANDBOX_STATE_DELETED:
+			continue
+		case controldv1.SandboxState_SANDBOX_STATE_STOPPED:
+			u.Sandboxes++
+		default:
+			u = u.Add(limits.Of(sb.rec.Sandbox.GetResources()))
+		}
+	}
+	return u
+}
+
 // newRecord builds the record of a new sandbox (fresh id and tokens) with
-// the defaults applied; it registers nothing.
-func (m *Manager) newRecord(p sandboxParams, t0 time.Time) *store.SandboxRecord {
+// the defaults applied and its limits resolved; it registers nothing.
+func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord, error) {
 	if p.image == "" {
 		p.image = m.opts.DefaultImage
 	}
@@ -166,9 +205,11 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) *store.SandboxRecord 
 	if screen.Depth == 0 {
 		screen.Depth = 24
 	}
-	res := &controldv1.Resources{}
-	if p.resources != nil {
-		res = proto.Clone(p.resources).(*controldv1.Resources)
+	// Resolved again even when the request was: a pool's or checkpoint's
+	// limits must still fit this host's maxima.
+	res, err := m.opts.Limits.Resolve("resources", p.resources, p.baseResources)
+	if err != nil {
+		return nil, err
 	}
 	admin := p.adminToken
 	if admin == "" {
@@ -190,7 +231,7 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) *store.SandboxRecord 
 	if p.ttl > 0 {
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
 	}
-	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}
+	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}, nil
 }
 
 func copyMap(in map[string]string) map[string]string {
@@ -217,7 +258,11 @@ func specOf(r *store.SandboxRecord) BootSpec {
 		ID:          r.Sandbox.Id,
 		Image:       r.Sandbox.Image,
 		CPUMillis:   r.Sandbox.GetResources().GetCpuMillis(),
+		CPUWeight:   r.Sandbox.GetResources().GetCpuWeight(),
 		MemoryBytes: r.Sandbox.GetResources().GetMemoryBytes(),
+		PidsMax:     r.Sandbox.GetResources().GetPidsMax(),
+		DiskBytes:   r.Sandbox.GetResources().GetDiskBytes(),
+		LogBytes:    r.Sandbox.GetResources().GetLogBytes(),
 		Width:       r.Sandbox.GetScreen().GetWidth(),
 		Height:      r.Sandbox.GetScreen().GetHeight(),
 		Depth:       r.Sandbox.GetScreen().GetDepth(),
@@ -637,6 +682,7 @@ func (m *Manager) forget(sb *sandbox) error {
 	if pooled {
 		m.kickPool(poolID)
 	}
+	m.wakeSlots()
 	return nil
 }
 

@@ -23,10 +23,6 @@ const (
 	maxName        = 128
 	maxTTL         = 30 * 24 * time.Hour
 	maxWaitTimeout = time.Hour
-	minMemoryBytes = 64 << 20
-	maxMemoryBytes = 1 << 40
-	minCPUMillis   = 10
-	maxCPUMillis   = 1024 * 1000
 	minScreenEdge  = 64
 	maxScreenEdge  = 8192
 	maxForkCount   = 64
@@ -48,19 +44,6 @@ func validateImage(field, ref string) error {
 		return errdefs.InvalidField(field, "contains whitespace")
 	case ref != "" && !utf8.ValidString(ref):
 		return errdefs.InvalidField(field, "not valid UTF-8")
-	}
-	return nil
-}
-
-func validateResources(field string, r *controldv1.Resources) error {
-	if r == nil {
-		return nil
-	}
-	if c := r.GetCpuMillis(); c != 0 && (c < minCPUMillis || c > maxCPUMillis) {
-		return errdefs.InvalidField(field+".cpu_millis", "%d out of range: 0 (no limit) or %d..%d", c, minCPUMillis, maxCPUMillis)
-	}
-	if b := r.GetMemoryBytes(); b != 0 && (b < minMemoryBytes || b > maxMemoryBytes) {
-		return errdefs.InvalidField(field+".memory_bytes", "%d out of range: 0 (no limit) or %d..%d", b, int64(minMemoryBytes), int64(maxMemoryBytes))
 	}
 	return nil
 }

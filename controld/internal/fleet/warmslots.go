@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -87,6 +89,8 @@ type warmSlots struct {
 	maxAge time.Duration
 	kick   chan struct{}
 	key    string // slotKey of every slot's spec (fixed: the defaults)
+	// memoryBytes is every slot's memory limit (the default).
+	memoryBytes int64
 	// forks: fork slots (nil when the runtime cannot precreate restores).
 	forks *forkSlots
 
@@ -128,7 +132,11 @@ func slotKey(s BootSpec) string {
 // slotSpec draws a new slot: the spec of a default CreateSandbox, with a
 // fresh id and tokens.
 func (m *Manager) slotSpec() BootSpec {
-	return specOf(m.newRecord(sandboxParams{}, time.Now()))
+	rec, err := m.newRecord(sandboxParams{}, time.Now())
+	if err != nil {
+		panic(err) // the host's defaults always resolve (checked at New)
+	}
+	return specOf(rec)
 }
 
 // startSlots starts the slot filler when slots are configured and the
@@ -143,7 +151,8 @@ func (m *Manager) startSlots() {
 		return
 	}
 	ws := &warmSlots{pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
-	ws.key = slotKey(m.slotSpec())
+	spec := m.slotSpec()
+	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
 	if rp, ok := pc.(RestorePrecreator); ok {
 		ws.forks = &forkSlots{rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}}
 	}
@@ -221,9 +230,13 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 	var holdUntil time.Time
 	for m.ctx.Err() == nil {
 		m.recycleSlots(ws)
+		m.trimSlots(ws)
 		m.mu.Lock()
 		now := time.Now()
 		need, hold := ws.want-len(ws.ready), ws.holdLocked(now)
+		if need > 0 && !m.slotRoomLocked(ws.memoryBytes) {
+			need = 0 // the host is at its admission limits: a delete wakes the filler
+		}
 		if need <= 0 || hold == 0 {
 			ws.demand = false // served by the precreate below, or moot
 		}
@@ -267,6 +280,93 @@ func (m *Manager) precreateSlot(ws *warmSlots) error {
 	m.metrics.WarmSlots.Set(float64(len(ws.ready)))
 	m.mu.Unlock()
 	return nil
+}
+
+// Slots and admission: a slot is not a sandbox, and a create is admitted
+// against the sandboxes alone (a matching create turns a slot into one). So
+// that taking the slots never passes the host's admission limits, a slot is
+// precreated only while the sandboxes and every slot, the new one included,
+// fit; and when creates that took no slot fill the host, the slots beyond
+// its limits are discarded (boot slots first: fork slots are worth more).
+
+// slotsUsageLocked is what the ready slots would hold as sandboxes.
+func (m *Manager) slotsUsageLocked() limits.Usage {
+	var u limits.Usage
+	if m.slots == nil {
+		return u
+	}
+	for _, s := range m.slots.ready {
+		u = u.Add(limits.Usage{Sandboxes: 1, MemoryBytes: s.spec.MemoryBytes})
+	}
+	if fs := m.slots.forks; fs != nil {
+		for _, slots := range fs.ready {
+			for _, s := range slots {
+				u = u.Add(limits.Usage{Sandboxes: 1, MemoryBytes: s.spec.MemoryBytes})
+			}
+		}
+	}
+	return u
+}
+
+// slotRoomLocked reports whether one more slot with this memory limit fits
+// beside the sandboxes and the other slots.
+func (m *Manager) slotRoomLocked(memoryBytes int64) bool {
+	held := m.heldLocked().Add(m.slotsUsageLocked())
+	return m.opts.Limits.Admit(held, limits.Usage{Sandboxes: 1, MemoryBytes: memoryBytes}) == nil
+}
+
+// trimSlots discards slots while the sandboxes and the slots together pass
+// the host's admission limits.
+func (m *Manager) trimSlots(ws *warmSlots) {
+	for {
+		var id string
+		m.mu.Lock()
+		if m.opts.Limits.Admit(m.heldLocked(), m.slotsUsageLocked()) == nil {
+			m.mu.Unlock()
+			return
+		}
+		if n := len(ws.ready); n > 0 {
+			id = ws.ready[0].spec.ID
+			ws.ready = ws.ready[1:]
+			m.metrics.WarmSlots.Set(float64(len(ws.ready)))
+		} else if fs := ws.forks; fs != nil {
+			for ck, slots := range fs.ready {
+				id = slots[0].spec.ID
+				if fs.ready[ck] = slots[1:]; len(fs.ready[ck]) == 0 {
+					delete(fs.ready, ck)
+				}
+				break
+			}
+		}
+		m.mu.Unlock()
+		if id == "" {
+			return
+		}
+		m.discardSlot(id)
+	}
+}
+
+// memoryOf is the memory limit a sandbox with limits r gets (a checkpoint
+// taken before limits existed has none recorded: the default applies).
+func (m *Manager) memoryOf(r *controldv1.Resources) int64 {
+	if b := r.GetMemoryBytes(); b > 0 {
+		return b
+	}
+	return m.opts.Limits.Default.GetMemoryBytes()
+}
+
+// wakeSlots wakes the slot fillers (a sandbox went: there may be room).
+func (m *Manager) wakeSlots() {
+	m.mu.Lock()
+	ws := m.slots
+	m.mu.Unlock()
+	if ws == nil {
+		return
+	}
+	ws.wake()
+	if ws.forks != nil {
+		ws.forks.wake()
+	}
 }
 
 // recycleSlots discards slots past their age.
@@ -477,9 +577,13 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 	var holdUntil time.Time
 	for m.ctx.Err() == nil {
 		m.pruneForkSlots(ws, fs, false)
+		m.trimSlots(ws)
 		m.mu.Lock()
 		now := time.Now()
 		ck, hold := m.forkSlotNeededLocked(fs), fs.holdLocked(now)
+		if ck != nil && !m.slotRoomLocked(m.memoryOf(ck.Checkpoint.GetResources())) {
+			ck = nil // at the host's admission limits: a delete wakes the filler
+		}
 		m.mu.Unlock()
 		if ck != nil && m.holdRefill(now, hold, &holdUntil, fs.kick) {
 			continue
@@ -504,11 +608,15 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 // precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint
 // draws a replica, and makes it ready unless ck stopped needing it.
 func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) error {
-	spec := specOf(m.newRecord(forkSandboxParams(ck, forkParams{}), time.Now()))
+	rec, err := m.newRecord(forkSandboxParams(ck, forkParams{}), time.Now())
+	if err != nil {
+		return err
+	}
+	spec := specOf(rec)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), slotOpTimeout)
 	defer cancel()
 	start := time.Now()
-	err := fs.rp.PrecreateRestore(ctx, spec, refFromStore(ck.Ref))
+	err = fs.rp.PrecreateRestore(ctx, spec, refFromStore(ck.Ref))
 	m.metrics.RuntimeCall.WithLabelValues("precreate_restore", errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err

@@ -67,6 +67,7 @@ type Runtime struct {
 
 type instance struct {
 	inst  fleet.Instance
+	spec  fleet.BootSpec
 	guest *Guestd
 }
 
@@ -240,7 +241,7 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 		ACISocket: guestsock.Addr{PID: selfAddr.PID, Start: selfAddr.Start, Path: g.socket},
 		Labels:    labels, CreatedAt: now, TaskStartedAt: now}
 	r.mu.Lock()
-	r.instances[spec.ID] = &instance{inst: in, guest: g}
+	r.instances[spec.ID] = &instance{inst: in, spec: spec, guest: g}
 	r.guests[g.socket] = g
 	r.mu.Unlock()
 	return in, nil
@@ -304,6 +305,17 @@ func (r *Runtime) Discard(_ context.Context, id string) error {
 	}
 	delete(r.precreated, id)
 	return nil
+}
+
+// Spec returns the spec a running sandbox was booted or restored with.
+func (r *Runtime) Spec(id string) (fleet.BootSpec, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in, ok := r.instances[id]
+	if !ok {
+		return fleet.BootSpec{}, false
+	}
+	return in.spec, true
 }
 
 // Precreated returns the ids of the sandboxes precreated and not booted.

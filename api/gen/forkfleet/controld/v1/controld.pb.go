@@ -105,6 +105,62 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{0}
 }
 
+// SandboxLimit names a limit of Resources that a sandbox ran into.
+type SandboxLimit int32
+
+const (
+	SandboxLimit_SANDBOX_LIMIT_UNSPECIFIED SandboxLimit = 0
+	// memory_bytes: the kernel killed a process of the sandbox (OOM).
+	SandboxLimit_SANDBOX_LIMIT_MEMORY SandboxLimit = 1
+	// pids_max: a fork or clone in the sandbox failed.
+	SandboxLimit_SANDBOX_LIMIT_PIDS SandboxLimit = 2
+	// disk_bytes: the sandbox's disk is full; its writes fail with EDQUOT.
+	SandboxLimit_SANDBOX_LIMIT_DISK SandboxLimit = 3
+)
+
+// Enum value maps for SandboxLimit.
+var (
+	SandboxLimit_name = map[int32]string{
+		0: "SANDBOX_LIMIT_UNSPECIFIED",
+		1: "SANDBOX_LIMIT_MEMORY",
+		2: "SANDBOX_LIMIT_PIDS",
+		3: "SANDBOX_LIMIT_DISK",
+	}
+	SandboxLimit_value = map[string]int32{
+		"SANDBOX_LIMIT_UNSPECIFIED": 0,
+		"SANDBOX_LIMIT_MEMORY":      1,
+		"SANDBOX_LIMIT_PIDS":        2,
+		"SANDBOX_LIMIT_DISK":        3,
+	}
+)
+
+func (x SandboxLimit) Enum() *SandboxLimit {
+	p := new(SandboxLimit)
+	*p = x
+	return p
+}
+
+func (x SandboxLimit) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SandboxLimit) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[1].Descriptor()
+}
+
+func (SandboxLimit) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[1]
+}
+
+func (x SandboxLimit) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SandboxLimit.Descriptor instead.
+func (SandboxLimit) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{1}
+}
+
 type SandboxEventType int32
 
 const (
@@ -115,6 +171,8 @@ const (
 	SandboxEventType_SANDBOX_EVENT_TYPE_PHASE    SandboxEventType = 3
 	SandboxEventType_SANDBOX_EVENT_TYPE_STATE    SandboxEventType = 4
 	SandboxEventType_SANDBOX_EVENT_TYPE_DELETED  SandboxEventType = 5
+	// The sandbox ran into a limit (Sandbox.limits_reached changed).
+	SandboxEventType_SANDBOX_EVENT_TYPE_LIMIT SandboxEventType = 6
 )
 
 // Enum value maps for SandboxEventType.
@@ -126,6 +184,7 @@ var (
 		3: "SANDBOX_EVENT_TYPE_PHASE",
 		4: "SANDBOX_EVENT_TYPE_STATE",
 		5: "SANDBOX_EVENT_TYPE_DELETED",
+		6: "SANDBOX_EVENT_TYPE_LIMIT",
 	}
 	SandboxEventType_value = map[string]int32{
 		"SANDBOX_EVENT_TYPE_UNSPECIFIED": 0,
@@ -134,6 +193,7 @@ var (
 		"SANDBOX_EVENT_TYPE_PHASE":       3,
 		"SANDBOX_EVENT_TYPE_STATE":       4,
 		"SANDBOX_EVENT_TYPE_DELETED":     5,
+		"SANDBOX_EVENT_TYPE_LIMIT":       6,
 	}
 )
 
@@ -148,11 +208,11 @@ func (x SandboxEventType) String() string {
 }
 
 func (SandboxEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[1].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[2].Descriptor()
 }
 
 func (SandboxEventType) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[1]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[2]
 }
 
 func (x SandboxEventType) Number() protoreflect.EnumNumber {
@@ -161,7 +221,7 @@ func (x SandboxEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SandboxEventType.Descriptor instead.
 func (SandboxEventType) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{1}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{2}
 }
 
 type VerifyLevel int32
@@ -206,11 +266,11 @@ func (x VerifyLevel) String() string {
 }
 
 func (VerifyLevel) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[2].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[3].Descriptor()
 }
 
 func (VerifyLevel) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[2]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[3]
 }
 
 func (x VerifyLevel) Number() protoreflect.EnumNumber {
@@ -219,7 +279,7 @@ func (x VerifyLevel) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VerifyLevel.Descriptor instead.
 func (VerifyLevel) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{2}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{3}
 }
 
 type CheckpointTier int32
@@ -257,11 +317,11 @@ func (x CheckpointTier) String() string {
 }
 
 func (CheckpointTier) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[3].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[4].Descriptor()
 }
 
 func (CheckpointTier) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[3]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[4]
 }
 
 func (x CheckpointTier) Number() protoreflect.EnumNumber {
@@ -270,7 +330,7 @@ func (x CheckpointTier) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CheckpointTier.Descriptor instead.
 func (CheckpointTier) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{3}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{4}
 }
 
 type CheckpointState int32
@@ -306,11 +366,11 @@ func (x CheckpointState) String() string {
 }
 
 func (CheckpointState) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[4].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[5].Descriptor()
 }
 
 func (CheckpointState) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[4]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[5]
 }
 
 func (x CheckpointState) Number() protoreflect.EnumNumber {
@@ -319,15 +379,36 @@ func (x CheckpointState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CheckpointState.Descriptor instead.
 func (CheckpointState) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{4}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{5}
 }
 
+// Resources are a sandbox's limits, enforced by the kernel on the host. Every
+// sandbox has each of them: a field left 0 in a request takes the host's
+// default (for a fork or a checkpoint pool, the checkpoint's value), and no
+// value may exceed the host's maximum (InvalidArgument naming the field).
+// Responses carry the effective values. See docs/security.md, "Limits".
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// CPU limit in thousandths of a core (1000 = one core); 0: no limit.
+	// A hard CPU quota in thousandths of a core (1000 = one core); 0: the
+	// host's default, which is no quota unless the host sets one.
 	CpuMillis int64 `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
-	// Memory limit in bytes; 0: no limit.
-	MemoryBytes   int64 `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// Memory limit in bytes (page cache and kernel memory included; sandboxes
+	// never swap). Past it the kernel's OOM killer kills the largest process
+	// of the sandbox, and only of that sandbox.
+	MemoryBytes int64 `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// Relative CPU weight when cores are contended, 1..10000 (cgroup v2's
+	// cpu.weight; 100 is an ordinary process).
+	CpuWeight uint32 `protobuf:"varint,3,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
+	// Most processes and threads the sandbox holds at once; past it fork and
+	// clone fail with EAGAIN.
+	PidsMax int64 `protobuf:"varint,4,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`
+	// Bytes the sandbox may write to its disk: what it creates or changes on
+	// top of its image (or checkpoint), metadata included. Past it writes fail
+	// with EDQUOT ("Disk quota exceeded"); the host's disk is not touched.
+	DiskBytes int64 `protobuf:"varint,5,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	// Bytes of the sandbox's stdout and stderr the host keeps (the most
+	// recent); older output is dropped, the sandbox never blocks on it.
+	LogBytes      int64 `protobuf:"varint,6,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +457,119 @@ func (x *Resources) GetMemoryBytes() int64 {
 	return 0
 }
 
+func (x *Resources) GetCpuWeight() uint32 {
+	if x != nil {
+		return x.CpuWeight
+	}
+	return 0
+}
+
+func (x *Resources) GetPidsMax() int64 {
+	if x != nil {
+		return x.PidsMax
+	}
+	return 0
+}
+
+func (x *Resources) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetLogBytes() int64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+// LimitReached says a sandbox ran into one of its limits. The sandbox keeps
+// running (unless the process the kernel killed was its init): each limit
+// stops only what would pass it.
+type LimitReached struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Limit SandboxLimit           `protobuf:"varint,1,opt,name=limit,proto3,enum=forkfleet.controld.v1.SandboxLimit" json:"limit,omitempty"`
+	// Times the kernel enforced it as controld last counted: OOM kills,
+	// refused forks; for the disk, 1 while the disk is full and 0 once the
+	// sandbox freed space again.
+	Count uint64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// When controld first saw it, and when it last saw the count change.
+	FirstAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=first_at,json=firstAt,proto3" json:"first_at,omitempty"`
+	LastAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_at,json=lastAt,proto3" json:"last_at,omitempty"`
+	// For people, e.g. "disk full: 4 GiB of 4 GiB used; writes fail with
+	// EDQUOT".
+	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitReached) Reset() {
+	*x = LimitReached{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitReached) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitReached) ProtoMessage() {}
+
+func (x *LimitReached) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitReached.ProtoReflect.Descriptor instead.
+func (*LimitReached) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LimitReached) GetLimit() SandboxLimit {
+	if x != nil {
+		return x.Limit
+	}
+	return SandboxLimit_SANDBOX_LIMIT_UNSPECIFIED
+}
+
+func (x *LimitReached) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *LimitReached) GetFirstAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstAt
+	}
+	return nil
+}
+
+func (x *LimitReached) GetLastAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastAt
+	}
+	return nil
+}
+
+func (x *LimitReached) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type Screen struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Width  uint32                 `protobuf:"varint,1,opt,name=width,proto3" json:"width,omitempty"`
@@ -388,7 +582,7 @@ type Screen struct {
 
 func (x *Screen) Reset() {
 	*x = Screen{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[1]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +594,7 @@ func (x *Screen) String() string {
 func (*Screen) ProtoMessage() {}
 
 func (x *Screen) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[1]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +607,7 @@ func (x *Screen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Screen.ProtoReflect.Descriptor instead.
 func (*Screen) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{1}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Screen) GetWidth() uint32 {
@@ -450,7 +644,7 @@ type BootPhase struct {
 
 func (x *BootPhase) Reset() {
 	*x = BootPhase{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[2]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +656,7 @@ func (x *BootPhase) String() string {
 func (*BootPhase) ProtoMessage() {}
 
 func (x *BootPhase) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[2]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +669,7 @@ func (x *BootPhase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootPhase.ProtoReflect.Descriptor instead.
 func (*BootPhase) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{2}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *BootPhase) GetName() string {
@@ -514,13 +708,16 @@ type Sandbox struct {
 	Boot []*BootPhase `protobuf:"bytes,14,rep,name=boot,proto3" json:"boot,omitempty"`
 	// Why the sandbox failed or stopped.
 	StatusMessage string `protobuf:"bytes,15,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
+	// The limits the sandbox ran into, one entry per limit (changes are
+	// published as SANDBOX_EVENT_TYPE_LIMIT events).
+	LimitsReached []*LimitReached `protobuf:"bytes,16,rep,name=limits_reached,json=limitsReached,proto3" json:"limits_reached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[3]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +729,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[3]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +742,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{3}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Sandbox) GetId() string {
@@ -653,6 +850,13 @@ func (x *Sandbox) GetStatusMessage() string {
 	return ""
 }
 
+func (x *Sandbox) GetLimitsReached() []*LimitReached {
+	if x != nil {
+		return x.LimitsReached
+	}
+	return nil
+}
+
 // Endpoint says how to reach a sandbox's ACI.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -676,7 +880,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[4]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +892,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[4]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +905,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{4}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Endpoint) GetUrl() string {
@@ -752,7 +956,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[5]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +968,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[5]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +981,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{5}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSandboxRequest) GetImage() string {
@@ -839,7 +1043,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[6]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1055,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[6]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1068,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{6}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -890,7 +1094,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[7]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -902,7 +1106,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[7]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -915,7 +1119,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSandboxRequest) GetId() string {
@@ -934,7 +1138,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[8]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1150,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[8]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1163,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{8}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -981,7 +1185,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[9]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1197,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[9]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1210,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{9}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSandboxesRequest) GetLabels() map[string]string {
@@ -1032,7 +1236,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[10]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1248,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[10]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1261,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1076,7 +1280,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[11]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1292,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[11]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1305,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{11}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteSandboxRequest) GetId() string {
@@ -1119,7 +1323,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[12]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1335,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[12]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1348,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{12}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{13}
 }
 
 type WaitSandboxReadyRequest struct {
@@ -1158,7 +1362,7 @@ type WaitSandboxReadyRequest struct {
 
 func (x *WaitSandboxReadyRequest) Reset() {
 	*x = WaitSandboxReadyRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[13]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1374,7 @@ func (x *WaitSandboxReadyRequest) String() string {
 func (*WaitSandboxReadyRequest) ProtoMessage() {}
 
 func (x *WaitSandboxReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[13]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1387,7 @@ func (x *WaitSandboxReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitSandboxReadyRequest.ProtoReflect.Descriptor instead.
 func (*WaitSandboxReadyRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{13}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WaitSandboxReadyRequest) GetId() string {
@@ -1209,7 +1413,7 @@ type WaitSandboxReadyResponse struct {
 
 func (x *WaitSandboxReadyResponse) Reset() {
 	*x = WaitSandboxReadyResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[14]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1425,7 @@ func (x *WaitSandboxReadyResponse) String() string {
 func (*WaitSandboxReadyResponse) ProtoMessage() {}
 
 func (x *WaitSandboxReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[14]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1438,7 @@ func (x *WaitSandboxReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitSandboxReadyResponse.ProtoReflect.Descriptor instead.
 func (*WaitSandboxReadyResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{14}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WaitSandboxReadyResponse) GetSandbox() *Sandbox {
@@ -1255,7 +1459,7 @@ type WatchSandboxesRequest struct {
 
 func (x *WatchSandboxesRequest) Reset() {
 	*x = WatchSandboxesRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[15]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1471,7 @@ func (x *WatchSandboxesRequest) String() string {
 func (*WatchSandboxesRequest) ProtoMessage() {}
 
 func (x *WatchSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[15]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1484,7 @@ func (x *WatchSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*WatchSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{15}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchSandboxesRequest) GetIds() []string {
@@ -1309,7 +1513,7 @@ type WatchSandboxesResponse struct {
 
 func (x *WatchSandboxesResponse) Reset() {
 	*x = WatchSandboxesResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[16]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1525,7 @@ func (x *WatchSandboxesResponse) String() string {
 func (*WatchSandboxesResponse) ProtoMessage() {}
 
 func (x *WatchSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[16]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1538,7 @@ func (x *WatchSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*WatchSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{16}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchSandboxesResponse) GetType() SandboxEventType {
@@ -1367,7 +1571,7 @@ type GetSandboxEndpointRequest struct {
 
 func (x *GetSandboxEndpointRequest) Reset() {
 	*x = GetSandboxEndpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[17]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1583,7 @@ func (x *GetSandboxEndpointRequest) String() string {
 func (*GetSandboxEndpointRequest) ProtoMessage() {}
 
 func (x *GetSandboxEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[17]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1596,7 @@ func (x *GetSandboxEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxEndpointRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{17}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSandboxEndpointRequest) GetId() string {
@@ -1411,7 +1615,7 @@ type GetSandboxEndpointResponse struct {
 
 func (x *GetSandboxEndpointResponse) Reset() {
 	*x = GetSandboxEndpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[18]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1627,7 @@ func (x *GetSandboxEndpointResponse) String() string {
 func (*GetSandboxEndpointResponse) ProtoMessage() {}
 
 func (x *GetSandboxEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[18]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1640,7 @@ func (x *GetSandboxEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxEndpointResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{18}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetSandboxEndpointResponse) GetEndpoint() *Endpoint {
@@ -1455,7 +1659,7 @@ type SuspendSandboxRequest struct {
 
 func (x *SuspendSandboxRequest) Reset() {
 	*x = SuspendSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[19]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1671,7 @@ func (x *SuspendSandboxRequest) String() string {
 func (*SuspendSandboxRequest) ProtoMessage() {}
 
 func (x *SuspendSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[19]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1684,7 @@ func (x *SuspendSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{19}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SuspendSandboxRequest) GetId() string {
@@ -1499,7 +1703,7 @@ type SuspendSandboxResponse struct {
 
 func (x *SuspendSandboxResponse) Reset() {
 	*x = SuspendSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[20]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1715,7 @@ func (x *SuspendSandboxResponse) String() string {
 func (*SuspendSandboxResponse) ProtoMessage() {}
 
 func (x *SuspendSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[20]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1728,7 @@ func (x *SuspendSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{20}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SuspendSandboxResponse) GetSandbox() *Sandbox {
@@ -1543,7 +1747,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[21]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1759,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[21]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1772,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{21}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResumeSandboxRequest) GetId() string {
@@ -1587,7 +1791,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[22]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1803,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[22]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1816,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{22}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1634,7 +1838,7 @@ type VerifyResult struct {
 
 func (x *VerifyResult) Reset() {
 	*x = VerifyResult{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[23]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1850,7 @@ func (x *VerifyResult) String() string {
 func (*VerifyResult) ProtoMessage() {}
 
 func (x *VerifyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[23]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1863,7 @@ func (x *VerifyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResult.ProtoReflect.Descriptor instead.
 func (*VerifyResult) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{23}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *VerifyResult) GetLevel() VerifyLevel {
@@ -1701,7 +1905,7 @@ type VerifySandboxRequest struct {
 
 func (x *VerifySandboxRequest) Reset() {
 	*x = VerifySandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[24]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1917,7 @@ func (x *VerifySandboxRequest) String() string {
 func (*VerifySandboxRequest) ProtoMessage() {}
 
 func (x *VerifySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[24]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1930,7 @@ func (x *VerifySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifySandboxRequest.ProtoReflect.Descriptor instead.
 func (*VerifySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{24}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VerifySandboxRequest) GetId() string {
@@ -1752,7 +1956,7 @@ type VerifySandboxResponse struct {
 
 func (x *VerifySandboxResponse) Reset() {
 	*x = VerifySandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[25]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1968,7 @@ func (x *VerifySandboxResponse) String() string {
 func (*VerifySandboxResponse) ProtoMessage() {}
 
 func (x *VerifySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[25]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1981,7 @@ func (x *VerifySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifySandboxResponse.ProtoReflect.Descriptor instead.
 func (*VerifySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{25}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *VerifySandboxResponse) GetResults() []*VerifyResult {
@@ -1802,7 +2006,7 @@ type CheckpointTiming struct {
 
 func (x *CheckpointTiming) Reset() {
 	*x = CheckpointTiming{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[26]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +2018,7 @@ func (x *CheckpointTiming) String() string {
 func (*CheckpointTiming) ProtoMessage() {}
 
 func (x *CheckpointTiming) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[26]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2031,7 @@ func (x *CheckpointTiming) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointTiming.ProtoReflect.Descriptor instead.
 func (*CheckpointTiming) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{26}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CheckpointTiming) GetFrozen() *durationpb.Duration {
@@ -1889,7 +2093,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[27]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2105,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[27]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2118,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{27}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Checkpoint) GetId() string {
@@ -2051,7 +2255,7 @@ type CreateCheckpointRequest struct {
 
 func (x *CreateCheckpointRequest) Reset() {
 	*x = CreateCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[28]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2267,7 @@ func (x *CreateCheckpointRequest) String() string {
 func (*CreateCheckpointRequest) ProtoMessage() {}
 
 func (x *CreateCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[28]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2280,7 @@ func (x *CreateCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CreateCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{28}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreateCheckpointRequest) GetSandboxId() string {
@@ -2123,7 +2327,7 @@ type CreateCheckpointResponse struct {
 
 func (x *CreateCheckpointResponse) Reset() {
 	*x = CreateCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[29]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2135,7 +2339,7 @@ func (x *CreateCheckpointResponse) String() string {
 func (*CreateCheckpointResponse) ProtoMessage() {}
 
 func (x *CreateCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[29]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2148,7 +2352,7 @@ func (x *CreateCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CreateCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{29}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreateCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -2168,7 +2372,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[30]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2384,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[30]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2397,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{30}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetCheckpointRequest) GetId() string {
@@ -2212,7 +2416,7 @@ type GetCheckpointResponse struct {
 
 func (x *GetCheckpointResponse) Reset() {
 	*x = GetCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[31]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2428,7 @@ func (x *GetCheckpointResponse) String() string {
 func (*GetCheckpointResponse) ProtoMessage() {}
 
 func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[31]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2441,7 @@ func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{31}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -2258,7 +2462,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[32]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +2474,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[32]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +2487,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{32}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListCheckpointsRequest) GetLabels() map[string]string {
@@ -2309,7 +2513,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[33]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2525,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[33]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2538,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{33}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -2356,7 +2560,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[34]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2572,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[34]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2585,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{34}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteCheckpointRequest) GetId() string {
@@ -2407,7 +2611,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[35]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2623,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[35]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2636,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{35}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteCheckpointResponse) GetDeletedIds() []string {
@@ -2451,14 +2655,18 @@ type ForkCheckpointRequest struct {
 	Ttl    *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// Verify every replica at these levels before returning it (all levels the
 	// checkpoint supports when empty; VERIFY_LEVEL_NONE to skip).
-	Verify        []VerifyLevel `protobuf:"varint,5,rep,packed,name=verify,proto3,enum=forkfleet.controld.v1.VerifyLevel" json:"verify,omitempty"`
+	Verify []VerifyLevel `protobuf:"varint,5,rep,packed,name=verify,proto3,enum=forkfleet.controld.v1.VerifyLevel" json:"verify,omitempty"`
+	// Each replica's limits; fields left 0 keep the checkpoint's. A memory-tier
+	// replica restores the source's processes, so a lower memory or pids limit
+	// than they hold fails that replica.
+	Resources     *Resources `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkCheckpointRequest) Reset() {
 	*x = ForkCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[36]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2678,7 @@ func (x *ForkCheckpointRequest) String() string {
 func (*ForkCheckpointRequest) ProtoMessage() {}
 
 func (x *ForkCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[36]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2691,7 @@ func (x *ForkCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ForkCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{36}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkCheckpointRequest) GetCheckpointId() string {
@@ -2521,6 +2729,13 @@ func (x *ForkCheckpointRequest) GetVerify() []VerifyLevel {
 	return nil
 }
 
+func (x *ForkCheckpointRequest) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
 // ForkReplica is one replica's outcome.
 type ForkReplica struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2539,7 +2754,7 @@ type ForkReplica struct {
 
 func (x *ForkReplica) Reset() {
 	*x = ForkReplica{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[37]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2766,7 @@ func (x *ForkReplica) String() string {
 func (*ForkReplica) ProtoMessage() {}
 
 func (x *ForkReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[37]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2779,7 @@ func (x *ForkReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkReplica.ProtoReflect.Descriptor instead.
 func (*ForkReplica) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{37}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkReplica) GetSandbox() *Sandbox {
@@ -2618,7 +2833,7 @@ type ForkCheckpointResponse struct {
 
 func (x *ForkCheckpointResponse) Reset() {
 	*x = ForkCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[38]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2845,7 @@ func (x *ForkCheckpointResponse) String() string {
 func (*ForkCheckpointResponse) ProtoMessage() {}
 
 func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[38]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2858,7 @@ func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ForkCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{38}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkCheckpointResponse) GetReplicas() []*ForkReplica {
@@ -2664,7 +2879,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2676,7 +2891,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2689,7 +2904,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{39}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -2717,7 +2932,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2944,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2957,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{40}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExportCheckpointResponse) GetReference() string {
@@ -2777,7 +2992,7 @@ type ImportCheckpointRequest struct {
 
 func (x *ImportCheckpointRequest) Reset() {
 	*x = ImportCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +3004,7 @@ func (x *ImportCheckpointRequest) String() string {
 func (*ImportCheckpointRequest) ProtoMessage() {}
 
 func (x *ImportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +3017,7 @@ func (x *ImportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ImportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{41}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ImportCheckpointRequest) GetReference() string {
@@ -2821,7 +3036,7 @@ type ImportCheckpointResponse struct {
 
 func (x *ImportCheckpointResponse) Reset() {
 	*x = ImportCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3048,7 @@ func (x *ImportCheckpointResponse) String() string {
 func (*ImportCheckpointResponse) ProtoMessage() {}
 
 func (x *ImportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3061,7 @@ func (x *ImportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ImportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{42}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ImportCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -2880,7 +3095,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +3107,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +3120,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{43}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Pool) GetId() string {
@@ -3001,8 +3216,11 @@ type CreatePoolRequest struct {
 	//	*CreatePoolRequest_CheckpointId
 	Source isCreatePoolRequest_Source `protobuf_oneof:"source"`
 	// 1..64.
-	Size          uint32            `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	Screen        *Screen           `protobuf:"bytes,5,opt,name=screen,proto3" json:"screen,omitempty"`
+	Size uint32 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// An image pool only; a checkpoint pool takes the checkpoint's.
+	Screen *Screen `protobuf:"bytes,5,opt,name=screen,proto3" json:"screen,omitempty"`
+	// Fields left 0 take the host's defaults (a checkpoint pool: the
+	// checkpoint's).
 	Resources     *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
@@ -3011,7 +3229,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3023,7 +3241,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3036,7 +3254,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{44}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -3124,7 +3342,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3354,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3367,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{45}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -3168,7 +3386,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3180,7 +3398,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3193,7 +3411,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{46}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetPoolRequest) GetId() string {
@@ -3212,7 +3430,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3224,7 +3442,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3237,7 +3455,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{47}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -3255,7 +3473,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3485,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3498,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{48}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{49}
 }
 
 type ListPoolsResponse struct {
@@ -3292,7 +3510,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3304,7 +3522,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3317,7 +3535,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{49}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -3336,7 +3554,7 @@ type DeletePoolRequest struct {
 
 func (x *DeletePoolRequest) Reset() {
 	*x = DeletePoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3566,7 @@ func (x *DeletePoolRequest) String() string {
 func (*DeletePoolRequest) ProtoMessage() {}
 
 func (x *DeletePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3579,7 @@ func (x *DeletePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{50}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeletePoolRequest) GetId() string {
@@ -3379,7 +3597,7 @@ type DeletePoolResponse struct {
 
 func (x *DeletePoolResponse) Reset() {
 	*x = DeletePoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3609,7 @@ func (x *DeletePoolResponse) String() string {
 func (*DeletePoolResponse) ProtoMessage() {}
 
 func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3622,7 @@ func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{51}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{52}
 }
 
 type ClaimPoolRequest struct {
@@ -3418,7 +3636,7 @@ type ClaimPoolRequest struct {
 
 func (x *ClaimPoolRequest) Reset() {
 	*x = ClaimPoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +3648,7 @@ func (x *ClaimPoolRequest) String() string {
 func (*ClaimPoolRequest) ProtoMessage() {}
 
 func (x *ClaimPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +3661,7 @@ func (x *ClaimPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimPoolRequest.ProtoReflect.Descriptor instead.
 func (*ClaimPoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{52}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ClaimPoolRequest) GetPoolId() string {
@@ -3480,7 +3698,7 @@ type ClaimPoolResponse struct {
 
 func (x *ClaimPoolResponse) Reset() {
 	*x = ClaimPoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3492,7 +3710,7 @@ func (x *ClaimPoolResponse) String() string {
 func (*ClaimPoolResponse) ProtoMessage() {}
 
 func (x *ClaimPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3505,7 +3723,7 @@ func (x *ClaimPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimPoolResponse.ProtoReflect.Descriptor instead.
 func (*ClaimPoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{53}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ClaimPoolResponse) GetSandbox() *Sandbox {
@@ -3540,18 +3758,30 @@ var File_forkfleet_controld_v1_controld_proto protoreflect.FileDescriptor
 
 const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\n" +
-	"$forkfleet/controld/v1/controld.proto\x12\x15forkfleet.controld.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"M\n" +
+	"$forkfleet/controld/v1/controld.proto\x12\x15forkfleet.controld.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\"L\n" +
+	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"cpu_weight\x18\x03 \x01(\rR\tcpuWeight\x12\x19\n" +
+	"\bpids_max\x18\x04 \x01(\x03R\apidsMax\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x05 \x01(\x03R\tdiskBytes\x12\x1b\n" +
+	"\tlog_bytes\x18\x06 \x01(\x03R\blogBytes\"\xe5\x01\n" +
+	"\fLimitReached\x129\n" +
+	"\x05limit\x18\x01 \x01(\x0e2#.forkfleet.controld.v1.SandboxLimitR\x05limit\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x125\n" +
+	"\bfirst_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\afirstAt\x123\n" +
+	"\alast_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x06lastAt\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"L\n" +
 	"\x06Screen\x12\x14\n" +
 	"\x05width\x18\x01 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x02 \x01(\rR\x06height\x12\x14\n" +
 	"\x05depth\x18\x03 \x01(\rR\x05depth\"J\n" +
 	"\tBootPhase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\xdc\x05\n" +
+	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\xa8\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.forkfleet.controld.v1.SandboxStateR\x05state\x12\x14\n" +
@@ -3572,7 +3802,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\apool_id\x18\f \x01(\tR\x06poolId\x12\x12\n" +
 	"\x04host\x18\r \x01(\tR\x04host\x124\n" +
 	"\x04boot\x18\x0e \x03(\v2 .forkfleet.controld.v1.BootPhaseR\x04boot\x12%\n" +
-	"\x0estatus_message\x18\x0f \x01(\tR\rstatusMessage\x1a9\n" +
+	"\x0estatus_message\x18\x0f \x01(\tR\rstatusMessage\x12J\n" +
+	"\x0elimits_reached\x18\x10 \x03(\v2#.forkfleet.controld.v1.LimitReachedR\rlimitsReached\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
@@ -3715,13 +3946,14 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\acascade\x18\x02 \x01(\bR\acascade\";\n" +
 	"\x18DeleteCheckpointResponse\x12\x1f\n" +
 	"\vdeleted_ids\x18\x01 \x03(\tR\n" +
-	"deletedIds\"\xc8\x02\n" +
+	"deletedIds\"\x88\x03\n" +
 	"\x15ForkCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12P\n" +
 	"\x06labels\x18\x03 \x03(\v28.forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntryR\x06labels\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
-	"\x06verify\x18\x05 \x03(\x0e2\".forkfleet.controld.v1.VerifyLevelR\x06verify\x1a9\n" +
+	"\x06verify\x18\x05 \x03(\x0e2\".forkfleet.controld.v1.VerifyLevelR\x06verify\x12>\n" +
+	"\tresources\x18\x06 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
@@ -3811,14 +4043,20 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x05\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x06\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\a\x12\x19\n" +
-	"\x15SANDBOX_STATE_DELETED\x10\b*\xd3\x01\n" +
+	"\x15SANDBOX_STATE_DELETED\x10\b*w\n" +
+	"\fSandboxLimit\x12\x1d\n" +
+	"\x19SANDBOX_LIMIT_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14SANDBOX_LIMIT_MEMORY\x10\x01\x12\x16\n" +
+	"\x12SANDBOX_LIMIT_PIDS\x10\x02\x12\x16\n" +
+	"\x12SANDBOX_LIMIT_DISK\x10\x03*\xf1\x01\n" +
 	"\x10SandboxEventType\x12\"\n" +
 	"\x1eSANDBOX_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSANDBOX_EVENT_TYPE_EXISTING\x10\x01\x12\x1e\n" +
 	"\x1aSANDBOX_EVENT_TYPE_CREATED\x10\x02\x12\x1c\n" +
 	"\x18SANDBOX_EVENT_TYPE_PHASE\x10\x03\x12\x1c\n" +
 	"\x18SANDBOX_EVENT_TYPE_STATE\x10\x04\x12\x1e\n" +
-	"\x1aSANDBOX_EVENT_TYPE_DELETED\x10\x05*\x8d\x01\n" +
+	"\x1aSANDBOX_EVENT_TYPE_DELETED\x10\x05\x12\x1c\n" +
+	"\x18SANDBOX_EVENT_TYPE_LIMIT\x10\x06*\x8d\x01\n" +
 	"\vVerifyLevel\x12\x1c\n" +
 	"\x18VERIFY_LEVEL_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11VERIFY_LEVEL_NONE\x10\x01\x12\x17\n" +
@@ -3874,207 +4112,214 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 	return file_forkfleet_controld_v1_controld_proto_rawDescData
 }
 
-var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(SandboxState)(0),                  // 0: forkfleet.controld.v1.SandboxState
-	(SandboxEventType)(0),              // 1: forkfleet.controld.v1.SandboxEventType
-	(VerifyLevel)(0),                   // 2: forkfleet.controld.v1.VerifyLevel
-	(CheckpointTier)(0),                // 3: forkfleet.controld.v1.CheckpointTier
-	(CheckpointState)(0),               // 4: forkfleet.controld.v1.CheckpointState
-	(*Resources)(nil),                  // 5: forkfleet.controld.v1.Resources
-	(*Screen)(nil),                     // 6: forkfleet.controld.v1.Screen
-	(*BootPhase)(nil),                  // 7: forkfleet.controld.v1.BootPhase
-	(*Sandbox)(nil),                    // 8: forkfleet.controld.v1.Sandbox
-	(*Endpoint)(nil),                   // 9: forkfleet.controld.v1.Endpoint
-	(*CreateSandboxRequest)(nil),       // 10: forkfleet.controld.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),      // 11: forkfleet.controld.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),          // 12: forkfleet.controld.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),         // 13: forkfleet.controld.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),       // 14: forkfleet.controld.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 15: forkfleet.controld.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),       // 16: forkfleet.controld.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),      // 17: forkfleet.controld.v1.DeleteSandboxResponse
-	(*WaitSandboxReadyRequest)(nil),    // 18: forkfleet.controld.v1.WaitSandboxReadyRequest
-	(*WaitSandboxReadyResponse)(nil),   // 19: forkfleet.controld.v1.WaitSandboxReadyResponse
-	(*WatchSandboxesRequest)(nil),      // 20: forkfleet.controld.v1.WatchSandboxesRequest
-	(*WatchSandboxesResponse)(nil),     // 21: forkfleet.controld.v1.WatchSandboxesResponse
-	(*GetSandboxEndpointRequest)(nil),  // 22: forkfleet.controld.v1.GetSandboxEndpointRequest
-	(*GetSandboxEndpointResponse)(nil), // 23: forkfleet.controld.v1.GetSandboxEndpointResponse
-	(*SuspendSandboxRequest)(nil),      // 24: forkfleet.controld.v1.SuspendSandboxRequest
-	(*SuspendSandboxResponse)(nil),     // 25: forkfleet.controld.v1.SuspendSandboxResponse
-	(*ResumeSandboxRequest)(nil),       // 26: forkfleet.controld.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),      // 27: forkfleet.controld.v1.ResumeSandboxResponse
-	(*VerifyResult)(nil),               // 28: forkfleet.controld.v1.VerifyResult
-	(*VerifySandboxRequest)(nil),       // 29: forkfleet.controld.v1.VerifySandboxRequest
-	(*VerifySandboxResponse)(nil),      // 30: forkfleet.controld.v1.VerifySandboxResponse
-	(*CheckpointTiming)(nil),           // 31: forkfleet.controld.v1.CheckpointTiming
-	(*Checkpoint)(nil),                 // 32: forkfleet.controld.v1.Checkpoint
-	(*CreateCheckpointRequest)(nil),    // 33: forkfleet.controld.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil),   // 34: forkfleet.controld.v1.CreateCheckpointResponse
-	(*GetCheckpointRequest)(nil),       // 35: forkfleet.controld.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),      // 36: forkfleet.controld.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),     // 37: forkfleet.controld.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 38: forkfleet.controld.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 39: forkfleet.controld.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 40: forkfleet.controld.v1.DeleteCheckpointResponse
-	(*ForkCheckpointRequest)(nil),      // 41: forkfleet.controld.v1.ForkCheckpointRequest
-	(*ForkReplica)(nil),                // 42: forkfleet.controld.v1.ForkReplica
-	(*ForkCheckpointResponse)(nil),     // 43: forkfleet.controld.v1.ForkCheckpointResponse
-	(*ExportCheckpointRequest)(nil),    // 44: forkfleet.controld.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),   // 45: forkfleet.controld.v1.ExportCheckpointResponse
-	(*ImportCheckpointRequest)(nil),    // 46: forkfleet.controld.v1.ImportCheckpointRequest
-	(*ImportCheckpointResponse)(nil),   // 47: forkfleet.controld.v1.ImportCheckpointResponse
-	(*Pool)(nil),                       // 48: forkfleet.controld.v1.Pool
-	(*CreatePoolRequest)(nil),          // 49: forkfleet.controld.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),         // 50: forkfleet.controld.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),             // 51: forkfleet.controld.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),            // 52: forkfleet.controld.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),           // 53: forkfleet.controld.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),          // 54: forkfleet.controld.v1.ListPoolsResponse
-	(*DeletePoolRequest)(nil),          // 55: forkfleet.controld.v1.DeletePoolRequest
-	(*DeletePoolResponse)(nil),         // 56: forkfleet.controld.v1.DeletePoolResponse
-	(*ClaimPoolRequest)(nil),           // 57: forkfleet.controld.v1.ClaimPoolRequest
-	(*ClaimPoolResponse)(nil),          // 58: forkfleet.controld.v1.ClaimPoolResponse
-	nil,                                // 59: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                // 60: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 61: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                // 62: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                // 63: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                // 64: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                // 65: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                // 66: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                // 67: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                // 68: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                // 69: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                // 70: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*durationpb.Duration)(nil),        // 71: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 72: google.protobuf.Timestamp
+	(SandboxLimit)(0),                  // 1: forkfleet.controld.v1.SandboxLimit
+	(SandboxEventType)(0),              // 2: forkfleet.controld.v1.SandboxEventType
+	(VerifyLevel)(0),                   // 3: forkfleet.controld.v1.VerifyLevel
+	(CheckpointTier)(0),                // 4: forkfleet.controld.v1.CheckpointTier
+	(CheckpointState)(0),               // 5: forkfleet.controld.v1.CheckpointState
+	(*Resources)(nil),                  // 6: forkfleet.controld.v1.Resources
+	(*LimitReached)(nil),               // 7: forkfleet.controld.v1.LimitReached
+	(*Screen)(nil),                     // 8: forkfleet.controld.v1.Screen
+	(*BootPhase)(nil),                  // 9: forkfleet.controld.v1.BootPhase
+	(*Sandbox)(nil),                    // 10: forkfleet.controld.v1.Sandbox
+	(*Endpoint)(nil),                   // 11: forkfleet.controld.v1.Endpoint
+	(*CreateSandboxRequest)(nil),       // 12: forkfleet.controld.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),      // 13: forkfleet.controld.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),          // 14: forkfleet.controld.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),         // 15: forkfleet.controld.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),       // 16: forkfleet.controld.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 17: forkfleet.controld.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),       // 18: forkfleet.controld.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),      // 19: forkfleet.controld.v1.DeleteSandboxResponse
+	(*WaitSandboxReadyRequest)(nil),    // 20: forkfleet.controld.v1.WaitSandboxReadyRequest
+	(*WaitSandboxReadyResponse)(nil),   // 21: forkfleet.controld.v1.WaitSandboxReadyResponse
+	(*WatchSandboxesRequest)(nil),      // 22: forkfleet.controld.v1.WatchSandboxesRequest
+	(*WatchSandboxesResponse)(nil),     // 23: forkfleet.controld.v1.WatchSandboxesResponse
+	(*GetSandboxEndpointRequest)(nil),  // 24: forkfleet.controld.v1.GetSandboxEndpointRequest
+	(*GetSandboxEndpointResponse)(nil), // 25: forkfleet.controld.v1.GetSandboxEndpointResponse
+	(*SuspendSandboxRequest)(nil),      // 26: forkfleet.controld.v1.SuspendSandboxRequest
+	(*SuspendSandboxResponse)(nil),     // 27: forkfleet.controld.v1.SuspendSandboxResponse
+	(*ResumeSandboxRequest)(nil),       // 28: forkfleet.controld.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),      // 29: forkfleet.controld.v1.ResumeSandboxResponse
+	(*VerifyResult)(nil),               // 30: forkfleet.controld.v1.VerifyResult
+	(*VerifySandboxRequest)(nil),       // 31: forkfleet.controld.v1.VerifySandboxRequest
+	(*VerifySandboxResponse)(nil),      // 32: forkfleet.controld.v1.VerifySandboxResponse
+	(*CheckpointTiming)(nil),           // 33: forkfleet.controld.v1.CheckpointTiming
+	(*Checkpoint)(nil),                 // 34: forkfleet.controld.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),    // 35: forkfleet.controld.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil),   // 36: forkfleet.controld.v1.CreateCheckpointResponse
+	(*GetCheckpointRequest)(nil),       // 37: forkfleet.controld.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),      // 38: forkfleet.controld.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),     // 39: forkfleet.controld.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 40: forkfleet.controld.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 41: forkfleet.controld.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 42: forkfleet.controld.v1.DeleteCheckpointResponse
+	(*ForkCheckpointRequest)(nil),      // 43: forkfleet.controld.v1.ForkCheckpointRequest
+	(*ForkReplica)(nil),                // 44: forkfleet.controld.v1.ForkReplica
+	(*ForkCheckpointResponse)(nil),     // 45: forkfleet.controld.v1.ForkCheckpointResponse
+	(*ExportCheckpointRequest)(nil),    // 46: forkfleet.controld.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),   // 47: forkfleet.controld.v1.ExportCheckpointResponse
+	(*ImportCheckpointRequest)(nil),    // 48: forkfleet.controld.v1.ImportCheckpointRequest
+	(*ImportCheckpointResponse)(nil),   // 49: forkfleet.controld.v1.ImportCheckpointResponse
+	(*Pool)(nil),                       // 50: forkfleet.controld.v1.Pool
+	(*CreatePoolRequest)(nil),          // 51: forkfleet.controld.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),         // 52: forkfleet.controld.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),             // 53: forkfleet.controld.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),            // 54: forkfleet.controld.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),           // 55: forkfleet.controld.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),          // 56: forkfleet.controld.v1.ListPoolsResponse
+	(*DeletePoolRequest)(nil),          // 57: forkfleet.controld.v1.DeletePoolRequest
+	(*DeletePoolResponse)(nil),         // 58: forkfleet.controld.v1.DeletePoolResponse
+	(*ClaimPoolRequest)(nil),           // 59: forkfleet.controld.v1.ClaimPoolRequest
+	(*ClaimPoolResponse)(nil),          // 60: forkfleet.controld.v1.ClaimPoolResponse
+	nil,                                // 61: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                // 62: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 63: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                // 64: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                // 65: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                // 66: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                // 67: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                // 68: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                // 69: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                // 70: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                // 71: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                // 72: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 73: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 74: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
-	71, // 0: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
-	0,  // 1: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
-	5,  // 2: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
-	6,  // 3: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	59, // 4: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	72, // 5: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	72, // 6: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	72, // 7: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 8: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
-	5,  // 9: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	6,  // 10: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	60, // 11: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	61, // 12: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	71, // 13: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	8,  // 14: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	9,  // 15: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	8,  // 16: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	62, // 17: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	0,  // 18: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
-	8,  // 19: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	71, // 20: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
-	8,  // 21: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	63, // 22: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	1,  // 23: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
-	8,  // 24: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	7,  // 25: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
-	9,  // 26: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	8,  // 27: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	8,  // 28: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	2,  // 29: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	71, // 30: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
-	2,  // 31: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	28, // 32: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	71, // 33: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	71, // 34: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	71, // 35: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	71, // 36: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
-	3,  // 37: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	4,  // 38: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
-	6,  // 39: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
-	5,  // 40: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	64, // 41: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	72, // 42: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
-	31, // 43: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
-	2,  // 44: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	3,  // 45: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	65, // 46: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	32, // 47: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	32, // 48: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	66, // 49: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	32, // 50: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	67, // 51: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	71, // 52: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
-	2,  // 53: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
-	8,  // 54: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	9,  // 55: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	28, // 56: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	71, // 57: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
-	42, // 58: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
-	32, // 59: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	68, // 60: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
-	6,  // 61: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
-	5,  // 62: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
-	6,  // 63: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	5,  // 64: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	69, // 65: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	48, // 66: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	48, // 67: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	48, // 68: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	70, // 69: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	71, // 70: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
-	8,  // 71: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	9,  // 72: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	71, // 73: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
-	10, // 74: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	12, // 75: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	14, // 76: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	16, // 77: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	18, // 78: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	20, // 79: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	22, // 80: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	24, // 81: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	26, // 82: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	29, // 83: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	33, // 84: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	35, // 85: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	37, // 86: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	39, // 87: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	41, // 88: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	44, // 89: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	46, // 90: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	49, // 91: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	51, // 92: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	53, // 93: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	55, // 94: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	57, // 95: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	11, // 96: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	13, // 97: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	15, // 98: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	17, // 99: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	19, // 100: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	21, // 101: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	23, // 102: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	25, // 103: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	27, // 104: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	30, // 105: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	34, // 106: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	36, // 107: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	38, // 108: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	40, // 109: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	43, // 110: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	45, // 111: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	47, // 112: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	50, // 113: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	52, // 114: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	54, // 115: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	56, // 116: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	58, // 117: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	96, // [96:118] is the sub-list for method output_type
-	74, // [74:96] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
+	73,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	73,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	74,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
+	6,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
+	8,   // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
+	61,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	73,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	73,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	73,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	9,   // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
+	7,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
+	6,   // 13: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	62,  // 15: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	63,  // 16: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	74,  // 17: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	10,  // 18: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	11,  // 19: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	10,  // 20: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	64,  // 21: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	0,   // 22: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
+	10,  // 23: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
+	74,  // 24: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	10,  // 25: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	65,  // 26: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	2,   // 27: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
+	10,  // 28: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	9,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
+	11,  // 30: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	10,  // 31: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	10,  // 32: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	3,   // 33: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
+	74,  // 34: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	3,   // 35: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
+	30,  // 36: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
+	74,  // 37: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	74,  // 38: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	74,  // 39: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	74,  // 40: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	4,   // 41: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
+	5,   // 42: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
+	8,   // 43: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
+	6,   // 44: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
+	66,  // 45: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	73,  // 46: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	33,  // 47: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
+	3,   // 48: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
+	4,   // 49: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
+	67,  // 50: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	34,  // 51: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	34,  // 52: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	68,  // 53: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	34,  // 54: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
+	69,  // 55: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	74,  // 56: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	3,   // 57: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
+	6,   // 58: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	10,  // 59: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	11,  // 60: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	30,  // 61: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
+	74,  // 62: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	44,  // 63: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
+	34,  // 64: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	70,  // 65: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	8,   // 66: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
+	6,   // 67: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
+	8,   // 68: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	6,   // 69: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	71,  // 70: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	50,  // 71: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	50,  // 72: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	50,  // 73: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
+	72,  // 74: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	74,  // 75: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	10,  // 76: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	11,  // 77: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	74,  // 78: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	12,  // 79: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	14,  // 80: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	16,  // 81: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	18,  // 82: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	20,  // 83: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	22,  // 84: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	24,  // 85: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	26,  // 86: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	28,  // 87: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	31,  // 88: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	35,  // 89: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	37,  // 90: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	39,  // 91: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	41,  // 92: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	43,  // 93: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	46,  // 94: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	48,  // 95: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	51,  // 96: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	53,  // 97: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	55,  // 98: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	57,  // 99: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	59,  // 100: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	13,  // 101: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	15,  // 102: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	17,  // 103: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	19,  // 104: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	21,  // 105: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	23,  // 106: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	25,  // 107: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	27,  // 108: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	29,  // 109: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	32,  // 110: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	36,  // 111: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	38,  // 112: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	40,  // 113: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	42,  // 114: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	45,  // 115: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	47,  // 116: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	49,  // 117: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	52,  // 118: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	54,  // 119: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	56,  // 120: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	58,  // 121: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	60,  // 122: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	101, // [101:123] is the sub-list for method output_type
+	79,  // [79:101] is the sub-list for method input_type
+	79,  // [79:79] is the sub-list for extension type_name
+	79,  // [79:79] is the sub-list for extension extendee
+	0,   // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -4082,7 +4327,7 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 	if File_forkfleet_controld_v1_controld_proto != nil {
 		return
 	}
-	file_forkfleet_controld_v1_controld_proto_msgTypes[44].OneofWrappers = []any{
+	file_forkfleet_controld_v1_controld_proto_msgTypes[45].OneofWrappers = []any{
 		(*CreatePoolRequest_Image)(nil),
 		(*CreatePoolRequest_CheckpointId)(nil),
 	}
@@ -4091,8 +4336,8 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   66,
+			NumEnums:      6,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1,0 +1,155 @@
+package fleet_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+// Every sandbox gets the host's limits without asking; a request may ask
+// for other values within the maxima, and a fork keeps its checkpoint's
+// unless it asks too.
+func TestLimitsDefaultsAndOverrides(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	def := limits.Default().Default
+	s := e.ready(nil)
+	if r := s.GetResources(); r.GetMemoryBytes() != def.GetMemoryBytes() || r.GetPidsMax() != def.GetPidsMax() ||
+		r.GetDiskBytes() != def.GetDiskBytes() || r.GetLogBytes() != def.GetLogBytes() || r.GetCpuWeight() != def.GetCpuWeight() {
+		t.Fatalf("effective limits %v, want the defaults %v", r, def)
+	}
+	spec, ok := e.rt.Spec(s.Id)
+	if !ok || spec.MemoryBytes != def.GetMemoryBytes() || spec.PidsMax != def.GetPidsMax() || spec.DiskBytes != def.GetDiskBytes() ||
+		spec.LogBytes != def.GetLogBytes() || spec.CPUWeight != def.GetCpuWeight() {
+		t.Fatalf("runtime spec %+v", spec)
+	}
+
+	_, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Resources: &controldv1.Resources{DiskBytes: 1 << 45}})
+	wantCode(t, err, codes.InvalidArgument, "resources.disk_bytes")
+
+	src, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true,
+		Resources: &controldv1.Resources{MemoryBytes: 512 << 20, PidsMax: 300}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
+		Resources: &controldv1.Resources{PidsMax: 200}})
+	if err != nil || reps[0].GetErrorMessage() != "" {
+		t.Fatalf("fork: %v %v", reps, err)
+	}
+	if r := reps[0].GetSandbox().GetResources(); r.GetMemoryBytes() != 512<<20 || r.GetPidsMax() != 200 || r.GetDiskBytes() != def.GetDiskBytes() {
+		t.Fatalf("replica limits %v: want the checkpoint's memory, its own pids", r)
+	}
+	_, err = e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
+		Resources: &controldv1.Resources{LogBytes: 1 << 40}})
+	wantCode(t, err, codes.InvalidArgument, "resources.log_bytes")
+
+	// A checkpoint pool takes limits too; its members carry them.
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Id},
+		Size: 1, Resources: &controldv1.Resources{PidsMax: 128}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.GetResources(); r.GetPidsMax() != 128 || r.GetMemoryBytes() != 512<<20 {
+		t.Fatalf("pool limits %v", r)
+	}
+	eventually(t, "pool filled", func() bool { got, _ := e.m.GetPool(ctx, p.Id); return got.Available == 1 })
+	claimed, _, _, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
+	if err != nil || claimed.GetResources().GetPidsMax() != 128 {
+		t.Fatalf("claimed %v %v", claimed.GetResources(), err)
+	}
+}
+
+// The host admits sandboxes up to its limits: creates, every fork replica
+// and pool fills are refused past them with RESOURCE_EXHAUSTED, and a
+// delete makes room again.
+func TestAdmission(t *testing.T) {
+	e := newEnv(t, func(o *fleet.Options) {
+		o.Limits = limits.Default()
+		o.Limits.MaxSandboxes = 3
+		o.Limits.MaxMemoryBytes = 3 << 30
+	})
+	ctx := context.Background()
+	a := e.ready(nil)
+	_, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Resources: &controldv1.Resources{MemoryBytes: 3 << 30}})
+	wantCode(t, err, codes.ResourceExhausted, "")
+	if !strings.Contains(err.Error(), "memory limits add up to 1 GiB, and 3 GiB more would pass the host's 3 GiB") {
+		t.Fatalf("message: %v", err)
+	}
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: a.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, refused int
+	for _, r := range reps {
+		switch codes.Code(r.GetErrorCode()) {
+		case codes.OK:
+			ok++
+		case codes.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("replica: %v", r)
+		}
+	}
+	if ok != 2 || refused != 2 {
+		t.Fatalf("fork of 4 on a host with room for 2: %d made, %d refused", ok, refused)
+	}
+	_, _, err = e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{})
+	wantCode(t, err, codes.ResourceExhausted, "")
+	if !strings.Contains(err.Error(), "holds 3 sandboxes and admits at most 3") {
+		t.Fatalf("message: %v", err)
+	}
+	// A pool fills only as far as the host admits.
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_Image{Image: "img:latest"}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got, _ := e.m.GetPool(ctx, p.Id); got.Available != 0 {
+		t.Fatalf("pool filled past the host's limit: %v", got)
+	}
+	if err := e.m.DeleteSandbox(ctx, a.Id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pool filled once a sandbox went", func() bool { got, _ := e.m.GetPool(ctx, p.Id); return got.Available == 1 })
+}
+
+// Warm slots never let the host pass its admission limits: none is made
+// while the sandboxes and the slots fill it, and the slots go when creates
+// that took none fill it.
+func TestWarmSlotsRespectAdmission(t *testing.T) {
+	e := newEnv(t, func(o *fleet.Options) {
+		o.WarmSlots = 1
+		o.Limits = limits.Default()
+		o.Limits.MaxSandboxes = 2
+	})
+	ctx := context.Background()
+	eventually(t, "a warm slot", func() bool { return len(e.rt.Precreated()) == 1 })
+	other := &controldv1.Resources{PidsMax: 100} // not the slots' spec
+	if _, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Resources: other, WaitReady: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Resources: other, WaitReady: true}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the slot discarded at capacity", func() bool { return len(e.rt.Precreated()) == 0 })
+	time.Sleep(30 * time.Millisecond)
+	if n := len(e.rt.Precreated()); n != 0 {
+		t.Fatalf("%d slots precreated on a full host", n)
+	}
+}
