@@ -29,6 +29,7 @@ build:
 	@mkdir -p $(BIN)
 	cd guestd && go build -o $(BIN)/guestd ./cmd/guestd
 	cd controld && go build -o $(BIN)/controld ./cmd/controld
+	cd controld && CGO_ENABLED=0 go build -o $(BIN)/forkfleet-log ./cmd/forkfleet-log
 	cd controld && go build -o $(BIN)/forkfleet-image ./cmd/forkfleet-image
 	cd benchd && go build -o $(BIN)/benchd ./cmd/benchd
 	cd api && go build -o $(BIN)/forkfleetctl ./cmd/forkfleetctl

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs and (re)starts controld on a host prepared by host-setup.sh.
 #
-#   deploy/controld-up.sh BINARY   install BINARY as /usr/local/bin/controld and (re)start it
+#   deploy/controld-up.sh BINARY   install BINARY as /usr/local/bin/controld (and the
+#                                  forkfleet-log beside it) and (re)start it
 #   deploy/controld-up.sh --stop   stop it (sandboxes keep running; controld reconciles at start)
 #
 # Under systemd it uses forkfleet-controld.service (Type=notify). Elsewhere it
@@ -9,6 +10,9 @@
 set -euo pipefail
 
 readonly BIN_DST=/usr/local/bin/controld
+# The log writer the runtime hands containerd's shim for every sandbox's
+# stdio; controld finds it beside its own binary.
+readonly LOG_WRITER_DST=/usr/local/bin/forkfleet-log
 readonly PIDFILE=/run/forkfleet/controld.pid
 readonly LOG=/var/log/forkfleet/controld.log
 readonly SOCK=/run/forkfleet/controld.sock
@@ -50,6 +54,10 @@ fi
 
 src=${1:-}
 if [ -z "$src" ] || [ ! -x "$src" ]; then die "usage: $0 BINARY | --stop"; fi
+log_writer_src="$(dirname "$src")/forkfleet-log"
+[ -x "$log_writer_src" ] || die "$log_writer_src missing: controld needs its log writer beside it (make build makes both)"
+install -m 0755 "$log_writer_src" "$LOG_WRITER_DST.new"
+mv -f "$LOG_WRITER_DST.new" "$LOG_WRITER_DST"
 install -m 0755 "$src" "$BIN_DST.new"
 mv -f "$BIN_DST.new" "$BIN_DST"
 mkdir -p /run/forkfleet /var/log/forkfleet

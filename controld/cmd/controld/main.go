@@ -44,9 +44,19 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
 
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logWriter, err := containerdrt.LogWriterPath(exe)
+	if err != nil {
+		return err
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
+		LogWriter:      logWriter,
 		Address:        cfg.Containerd.Address,
 		Namespace:      cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir,

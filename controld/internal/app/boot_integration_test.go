@@ -45,12 +45,16 @@ type bootStack struct {
 	conn  *grpc.ClientConn
 	sbc   controldv1.SandboxServiceClient
 	ckc   controldv1.CheckpointServiceClient
+	plc   controldv1.PoolServiceClient
 	stopC func()
 }
 
-func newBootStack(t *testing.T) *bootStack {
+func newBootStack(t *testing.T) *bootStack { return newStackIn(t, "forkfleet-boot-it") }
+
+// newStackIn is a bootStack on the namespace testenv.Namespace(base).
+func newStackIn(t *testing.T, base string) *bootStack {
 	t.Helper()
-	cfg, _, _ := realStackConfig(t, "forkfleet-boot-it")
+	cfg, _, _ := realStackConfig(t, base)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
@@ -85,6 +89,7 @@ func (s *bootStack) launch(precreate int) {
 	s.conn = conn
 	s.sbc = controldv1.NewSandboxServiceClient(conn)
 	s.ckc = controldv1.NewCheckpointServiceClient(conn)
+	s.plc = controldv1.NewPoolServiceClient(conn)
 	stopped := false
 	s.stopC = func() {
 		if stopped {

@@ -29,6 +29,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // procStack runs the controld binary as its own process (so it can be
@@ -80,7 +81,11 @@ func newProcStack(t *testing.T) *procStack {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build controld: %v\n%s", err, out)
 	}
-	t.Logf("built controld in %v", time.Since(start))
+	// controld finds forkfleet-log beside its binary, as when installed.
+	if err := testenv.BuildLogWriter(filepath.Join(filepath.Dir(s.bin), containerdrt.LogWriterName)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("built controld and forkfleet-log in %v", time.Since(start))
 	b, err := cfg.Marshal()
 	if err != nil {
 		t.Fatal(err)

@@ -308,7 +308,7 @@ func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, sta
 	t.Helper()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
-		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir,
+		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir, LogWriter: testenv.LogWriter(t),
 	})
 	if err != nil {
 		t.Fatalf("runtime: %v", err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/sandboxlog"
 )
 
 // cleanupTimeout bounds the cleanup of a failed Boot/Restore, which runs
@@ -84,25 +86,29 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 		}
 		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
 	}
-	return r.createTask(ctx, spec.ID, c, nil)
+	return r.createTask(ctx, spec, c, nil)
 }
 
 // createTask creates the task of a new container; restore carries the CRIU
 // paths of a memory-tier fork. On error the container is removed.
-func (r *Runtime) createTask(ctx context.Context, id string, c client.Container, restore *restorePaths) (*sandbox, error) {
+func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.Container, restore *restorePaths) (*sandbox, error) {
+	id := spec.ID
 	opts := r.runcOptions()
 	if restore != nil {
 		opts.CriuImagePath = restore.image
 		opts.CriuWorkPath = restore.work
 	}
-	logPath := r.logPath(id)
 	// A stale log of an earlier sandbox with this id must not be appended to.
-	if err := os.Remove(logPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := r.removeLog(id); err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrInternal, err)
 	}
-	// stdio goes to a file: runc re-plumbs files (not terminals) on restore.
-	t, err := c.NewTask(ctx, cio.LogFile(logPath), withTaskOptions(opts))
+	stdio, err := r.stdio(spec)
+	if err != nil {
+		r.cleanup(ctx, id, c, nil, true)
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	t, err := c.NewTask(ctx, stdio, withTaskOptions(opts))
 	if err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))
@@ -198,7 +204,7 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 		errs = append(errs, err)
 	}
 	if removeLog {
-		if err := os.Remove(r.logPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := r.removeLog(id); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -424,7 +430,49 @@ func (r *Runtime) loadTask(ctx context.Context, id string) (client.Task, error) 
 
 // logTail returns the end of a sandbox's log for error messages.
 func (r *Runtime) logTail(id string) string {
-	return fileTail(r.logPath(id), "sandbox log", 2048)
+	tail := strings.TrimSpace(string(sandboxlog.Tail(r.logPath(id), 2048)))
+	if tail == "" {
+		return ""
+	}
+	return fmt.Sprintf("\n--- sandbox log (%s) ---\n%s", r.logPath(id), tail)
+}
+
+// stdio is where a task's stdout and stderr go: files (runc re-plumbs files
+// and pipes, not terminals, on restore). With a log budget, through the log
+// writer (forkfleet-log, started by the shim), which keeps the most recent
+// LogBytes and never blocks the sandbox; without, appended to one file
+// (tests of the runtime alone: controld always sets a budget).
+func (r *Runtime) stdio(spec fleet.BootSpec) (cio.Creator, error) {
+	if spec.LogBytes == 0 {
+		return cio.LogFile(r.logPath(spec.ID)), nil
+	}
+	if spec.LogBytes < sandboxlog.MinBudget {
+		return nil, errdefs.InvalidField("log_bytes", "%d is below the %d floor", spec.LogBytes, sandboxlog.MinBudget)
+	}
+	if r.cfg.LogWriter == "" {
+		return nil, fmt.Errorf("%w: a log budget needs the log writer (Config.LogWriter, forkfleet-log)", errdefs.ErrFailedPrecondition)
+	}
+	// binary-v2: the shim starts the task only once the writer says it is
+	// ready, so a writer that cannot open its log fails the create.
+	uri, err := cio.LogURIGenerator("binary-v2", r.cfg.LogWriter, map[string]string{
+		"-path": r.logPath(spec.ID),
+		"-max":  strconv.FormatInt(spec.LogBytes, 10),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: log writer: %w", errdefs.ErrInternal, err)
+	}
+	return cio.LogURI(uri), nil
+}
+
+// removeLog removes a sandbox's log (both halves).
+func (r *Runtime) removeLog(id string) error {
+	var errs []error
+	for _, p := range []string{r.logPath(id), r.logPath(id) + ".1"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func fileTail(path, what string, n int64) string {

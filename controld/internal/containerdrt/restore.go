@@ -114,7 +114,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 		}
 		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
 	}
-	return r.createTask(ctx, spec.ID, c, restore)
+	return r.createTask(ctx, spec, c, restore)
 }
 
 // withForkSnapshot prepares the fork's writable snapshot on top of the

@@ -102,8 +102,28 @@ type Config struct {
 	// checkpoint, for unix connections from outside the sandbox to be
 	// closed by the sandbox (default 250 ms).
 	SettleTimeout time.Duration
+	// LogWriter is the logging binary (forkfleet-log) the shim starts for
+	// every task with a log budget (BootSpec.LogBytes); see LogWriterPath.
+	LogWriter string
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
+}
+
+// LogWriterName is the log writer's binary, installed beside controld.
+const LogWriterName = "forkfleet-log"
+
+// LogWriterPath finds the log writer for a binary at exe: beside it (as
+// make build and deploy/controld-up.sh put it), else on PATH.
+func LogWriterPath(exe string) (string, error) {
+	p := filepath.Join(filepath.Dir(exe), LogWriterName)
+	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		return p, nil
+	}
+	p, err := exec.LookPath(LogWriterName)
+	if err != nil {
+		return "", fmt.Errorf("%s is neither beside %s nor on PATH (make build; deploy/controld-up.sh installs it beside controld): %w", LogWriterName, exe, err)
+	}
+	return filepath.Abs(p)
 }
 
 func (c *Config) setDefaults() {
@@ -173,6 +193,9 @@ func (c *Config) validate() error {
 		if strings.ContainsAny(o, "\n\r") {
 			return errdefs.InvalidField("criu_options", "option %q spans lines", o)
 		}
+	}
+	if c.LogWriter != "" && !filepath.IsAbs(c.LogWriter) {
+		return errdefs.InvalidField("log_writer", "%q is not an absolute path (the shim runs it)", c.LogWriter)
 	}
 	if c.RunTmpfsBytes < 0 || c.DevShmBytes < 0 {
 		return errdefs.InvalidField("tmpfs_bytes", "tmpfs sizes must not be negative (run %d, dev %d)", c.RunTmpfsBytes, c.DevShmBytes)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -125,4 +126,31 @@ func ImportImage(ctx context.Context, c *client.Client, ns, name string) (string
 		return "", fmt.Errorf("image %s: layout %s does not name %s: %w", name, layout, ref, err)
 	}
 	return ref, nil
+}
+
+// LogWriter builds forkfleet-log, the logging binary the runtime hands the
+// shim for every sandbox with a log budget (controld always sets one), into
+// a directory of t's and returns its path (containerdrt.Config.LogWriter).
+// Built per test: the go build cache makes it a link of a small binary.
+func LogWriter(t testing.TB) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "forkfleet-log")
+	if err := BuildLogWriter(out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// BuildLogWriter builds forkfleet-log at out.
+func BuildLogWriter(out string) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("the go tool is not on PATH to build forkfleet-log: %w", err)
+	}
+	cmd := exec.Command(goBin, "build", "-o", out, "github.com/forkfleet/forkfleet/controld/cmd/forkfleet-log")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build forkfleet-log: %v\n%s", err, b)
+	}
+	return nil
 }
