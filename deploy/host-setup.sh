@@ -977,7 +977,7 @@ main_uninstall() {
 	for b in containerd containerd-shim-runc-v2 ctr; do
 		remove_if_ours "/usr/local/bin/$b" "$CONTAINERD_CACHE/$b"
 	done
-	rm -f /usr/local/bin/controld "$SUPERVISOR" "$CONNTRACK_SYSCTL"
+	rm -f /usr/local/bin/controld /usr/local/bin/forkfleet-log "$SUPERVISOR" "$CONNTRACK_SYSCTL"
 	rmdir "$(dirname "$SUPERVISOR")" 2>/dev/null || true
 	is_our_wrapper "$CRIU_WRAPPER" && rm -f "$CRIU_WRAPPER"
 	rm -rf "$CRIU_PREFIX"
