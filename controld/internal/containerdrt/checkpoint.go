@@ -180,7 +180,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	copier := newLayerCopier(srcUpper, dstUpper)
 	t := time.Now()
 	if err := copier.First(ctx); err != nil {
-		return res, fmt.Errorf("copy writable layer: %w: %w", errdefs.ErrInternal, err)
+		return res, fmt.Errorf("copy writable layer: %w", layerCopyErr(err))
 	}
 	res.Layer = time.Since(t)
 
@@ -266,7 +266,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 
 	t = time.Now()
 	if err := copier.Sync(ctx); err != nil {
-		return res, fmt.Errorf("copy writable layer changes: %w: %w", errdefs.ErrInternal, err)
+		return res, fmt.Errorf("copy writable layer changes: %w", layerCopyErr(err))
 	}
 	res.Layer += time.Since(t)
 
@@ -348,6 +348,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	res.LayerBytes = meta.LayerBytes
 	res.Total = time.Since(begin)
 	return res, nil
+}
+
+// layerCopyErr classifies a layer copy failure: the sandbox's doing (a
+// layer nested too deep) or the host's.
+func layerCopyErr(err error) error {
+	if errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
 }
 
 // thaw undoes the checkpoint's freeze.

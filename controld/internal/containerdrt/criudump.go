@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -177,14 +178,14 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 	}
 	// Masked files are binds of /dev/null (masked directories are tmpfs).
 	for _, p := range c.MaskPaths {
-		fi, err := os.Stat(fmt.Sprintf("/proc/%d/root/%s", st.InitPID, p))
+		fst, err := statInSandbox(st.InitPID, p)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
+			if errors.Is(err, unix.ENOENT) {
 				continue
 			}
 			return nil, fmt.Errorf("masked path %s: %w", p, err)
 		}
-		if !fi.IsDir() {
+		if fst.Mode&unix.S_IFMT != unix.S_IFDIR {
 			ext(p, "/dev/null")
 		}
 	}
@@ -193,6 +194,29 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 		ext(dest, dest)
 	}
 	return opts, nil
+}
+
+// statInSandbox stats p inside the root of process pid as runc saw it when
+// it masked p, with symlinks resolved inside that root only (a sandbox's
+// files are hostile: no link may lead the host's lookup out of it) and no
+// magic link followed.
+func statInSandbox(pid int, p string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	root, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return st, err
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, strings.TrimPrefix(p, "/"), &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return st, err
+	}
+	defer unix.Close(fd)
+	err = unix.Fstat(fd, &st)
+	return st, err
 }
 
 // dumpDirect dumps sandbox id's processes into imageDir, leaving them

@@ -662,6 +662,10 @@ func writeOverlayDiff(ctx context.Context, w io.Writer, dir string) error {
 
 // writeChanges writes dir's tree as a tar through a change writer: each
 // entry (path on disk, p its name in the tar) goes to each, in walk order.
+// It resolves paths, which is safe only because no sandbox can change the
+// trees it walks: a committed checkpoint layer (read-only lower layer of
+// its forks, never a sandbox's upperdir) and CRIU's image directory (the
+// host's). A running sandbox's layer is copied by layerCopier, never here.
 func writeChanges(ctx context.Context, w io.Writer, dir string, each func(cw *archive.ChangeWriter, path, p string, fi os.FileInfo) error) error {
 	cw := archive.NewChangeWriter(w, dir)
 	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
@@ -695,7 +699,7 @@ func isWhiteout(fi os.FileInfo) bool {
 // containerd mounts it, user.overlay.* for userxattr mounts).
 func overlayXattr(path, name string) (string, bool, error) {
 	for _, prefix := range []string{"trusted.overlay.", "user.overlay."} {
-		v, err := getXattr(path, prefix+name)
+		v, err := getXattr(pathXattrs(path), prefix+name)
 		switch {
 		case err == nil:
 			return string(v), true, nil

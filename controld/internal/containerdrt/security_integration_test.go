@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -177,5 +178,96 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out: %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestIntegrationLayerCopyRace: root in a running sandbox swaps a
+// directory of its writable layer for a symlink to a host directory
+// (renameat2 RENAME_EXCHANGE, in a loop) while checkpoints copy the layer.
+// 1,000 layer copies (first pass racing, second pass frozen, as Checkpoint
+// runs them) and real checkpoints of both tiers carry no host byte, and
+// the host directory is untouched.
+func TestIntegrationLayerCopyRace(t *testing.T) {
+	r := securityRuntime(t)
+	ctx := r.ctx(context.Background())
+	hostDir, secret := hostSecret(t)
+	inst := bootT(t, r, testSpec(uniqueID("swap")))
+	for i := range 8 {
+		if got := mustCall(t, inst, fmt.Sprintf("write /data/d/f%d sandbox", i)); got != "ok" {
+			t.Fatal(got)
+		}
+	}
+	if got := mustCall(t, inst, "symlink "+hostDir+" /data/l"); got != "ok" {
+		t.Fatal(got)
+	}
+	if got := mustCall(t, inst, "swap /data/d /data/l"); got != "ok" {
+		t.Fatal(got)
+	}
+	info, err := r.client.ContainerService().Get(ctx, inst.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := r.sn.Mounts(ctx, info.SnapshotKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upper, err := upperDir(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const copies = 1000
+	work := t.TempDir()
+	for i := range copies {
+		dst, err := os.MkdirTemp(work, "copy-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc := newLayerCopier(upper, dst)
+		if err := lc.First(ctx); err != nil {
+			t.Fatalf("copy %d: first pass: %v", i, err)
+		}
+		if err := r.setFreezer(ctx, inst.ID, freezerFrozen); err != nil {
+			t.Fatal(err)
+		}
+		err = lc.Sync(ctx)
+		if terr := r.setFreezer(ctx, inst.ID, freezerThawed); terr != nil {
+			t.Fatal(terr)
+		}
+		if err != nil {
+			t.Fatalf("copy %d: second pass: %v", i, err)
+		}
+		assertNoHostBytes(t, dst, hostDir, secret)
+		if t.Failed() {
+			t.Fatalf("copy %d of %d carried or touched host bytes", i, copies)
+		}
+		os.RemoveAll(dst)
+	}
+	swaps := mustCall(t, inst, "swaps")
+	t.Logf("%d raced layer copies; the sandbox made %s exchanges meanwhile", copies, swaps)
+	if swaps == "0" {
+		t.Fatal("the sandbox never swapped: the test raced nothing")
+	}
+
+	// Whole checkpoints, their committed layers read back.
+	for i, tier := range []fleet.CheckpointTier{fleet.TierDisk, fleet.TierMemory, fleet.TierDisk, fleet.TierMemory, fleet.TierDisk} {
+		res := checkpointT(t, r, inst.ID, tier, false)
+		key := "forkfleet-test-view-" + randomHex(4)
+		vms, err := r.sn.View(ctx, key, res.Ref.Snapshot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir, err := topLowerDir(vms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertNoHostBytes(t, dir, hostDir, secret)
+		r.sn.Remove(ctx, key)
+		if err := r.DeleteCheckpoint(ctx, res.Ref); err != nil {
+			t.Fatal(err)
+		}
+		if t.Failed() {
+			t.Fatalf("checkpoint %d (%v) carried or touched host bytes", i, tier)
+		}
 	}
 }

@@ -11,6 +11,9 @@
 //	pid                 the process id
 //	symlink TARGET LINK replace LINK with a symlink to TARGET (an attack:
 //	                    root in a sandbox can plant links anywhere)
+//	swap A B            exchange A and B (renameat2 RENAME_EXCHANGE) in a
+//	                    loop from now on, as fast as possible
+//	swaps               how many exchanges the loop made
 //	exit CODE           exit with CODE after replying
 package main
 
@@ -24,11 +27,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 )
 
 const socketPath = "/run/forkfleet/aci.sock"
 
 var (
+	swaps atomic.Int64
 	mu    sync.Mutex
 	value = "initial"
 	open  []*os.File // files kept open, as openbox keeps its log open
@@ -103,6 +110,18 @@ func serve(c net.Conn, logf *os.File) {
 		reply = os.Getenv(arg)
 	case "pid":
 		reply = strconv.Itoa(os.Getpid())
+	case "swap":
+		a, b, _ := strings.Cut(arg, " ")
+		go func() {
+			for {
+				if unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE) == nil {
+					swaps.Add(1)
+				}
+			}
+		}()
+		reply = "ok"
+	case "swaps":
+		reply = strconv.FormatInt(swaps.Load(), 10)
 	case "symlink":
 		target, link, _ := strings.Cut(arg, " ")
 		reply = "ok"
