@@ -17,12 +17,22 @@ BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
+# The Python SDK (python/): Debian's python3-* packages only, installed into a
+# venv that sees them (--system-site-packages) with pip kept off any index.
+PYTHON := /usr/bin/python3
+PY_VENV := $(CURDIR)/.cache/python
+# protoc's python generator and grpc's python plugin, for buf generate.
+PY_GEN_PACKAGES := protobuf-compiler protobuf-compiler-grpc
+# What the SDK imports, and what its tests use (pytest; websockets is an
+# independent WebSocket implementation the tests put against the SDK's).
+PY_PACKAGES := python3-grpcio python3-protobuf python3-numpy python3-pil python3-venv python3-pytest python3-websockets
+
 # Root integration tests on the real stack (containerd, runc, CRIU, Xvfb).
 INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools proto check test unit-test integration-test fuzz demo demo-stop image host peers clean
+.PHONY: build tools python-tools python-deps python-test proto check test unit-test integration-test fuzz demo demo-stop image host peers clean
 
 ## build: compile every binary into bin/
 build:
@@ -44,22 +54,28 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) GOFLAGS= go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-## proto: format, lint and regenerate api/gen from proto/
-proto: tools
+## python-tools: Debian's protoc and gRPC python plugin, which buf.gen.yaml names
+python-tools:
+	@if [ ! -x /usr/bin/protoc ] || [ ! -x /usr/bin/grpc_python_plugin ]; then \
+	  deploy/host-setup.sh --packages $(PY_GEN_PACKAGES); fi
+
+## proto: format, lint and regenerate api/gen and python/gen from proto/
+proto: tools python-tools
 	buf format -w
 	buf lint
 	buf generate
 
-## check: gofmt, go vet, buf lint/format, and generated code up to date
-check: tools
+## check: gofmt, go vet, buf lint/format, and generated code (Go and Python) up to date
+check: tools python-tools
 	@bad=$$(gofmt -l $(MODULES) | grep -v '^api/gen/' || true); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
 	buf lint
 	buf format --diff --exit-code
 	buf generate
-	@if [ -n "$$(git status --porcelain -- api/gen)" ]; then \
-	  echo "generated code is stale: run 'make proto' and commit api/gen"; git status --short -- api/gen; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- api/gen python/gen)" ]; then \
+	  echo "generated code is stale: run 'make proto' and commit api/gen and python/gen"; \
+	  git status --short -- api/gen python/gen; exit 1; fi
 	@echo "check: ok"
 
 ## host: make this machine a forkfleet host (containerd, runc, CRIU, config)
@@ -75,18 +91,30 @@ image: host
 	images/desktop/build.sh
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image peers
-	$(MAKE) integration-test fuzz
+test: host image peers python-deps
+	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack
 unit-test:
 	@for m in $(MODULES); do echo "== go test $$m"; (cd $$m && go test -count=1 ./...) || exit 1; done
+	$(MAKE) python-test INTEGRATION=0
 
 ## integration-test: every test, the real-stack ones included (needs `make host image`)
 integration-test:
 	@set -a; . /etc/forkfleet/host.env; set +a; \
 	for m in $(MODULES); do echo "== integration $$m"; \
 	  (cd $$m && FORKFLEET_INTEGRATION=$(INTEGRATION) go test -count=1 -p 1 -timeout 20m ./...) || exit 1; done
+
+## python-deps: the Debian packages the Python SDK and its tests use
+python-deps:
+	deploy/host-setup.sh --packages $(PY_PACKAGES)
+
+## python-test: install python/ as a user would (pip, no index) and run its tests (real stack with INTEGRATION=1)
+python-test:
+	rm -rf $(PY_VENV) && $(PYTHON) -m venv --system-site-packages $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --no-index --no-build-isolation ./python
+	@set -a; [ ! -f /etc/forkfleet/host.env ] || . /etc/forkfleet/host.env; set +a; \
+	cd python && FORKFLEET_INTEGRATION=$(INTEGRATION) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
 fuzz:
 	@cd guestd && for f in $$(go test -list 'Fuzz.*' ./internal/aci | grep '^Fuzz'); do \

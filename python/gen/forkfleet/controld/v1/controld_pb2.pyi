@@ -1,0 +1,644 @@
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+CHECKPOINT_STATE_DELETING: CheckpointState
+CHECKPOINT_STATE_READY: CheckpointState
+CHECKPOINT_STATE_UNSPECIFIED: CheckpointState
+CHECKPOINT_TIER_DISK: CheckpointTier
+CHECKPOINT_TIER_MEMORY: CheckpointTier
+CHECKPOINT_TIER_UNSPECIFIED: CheckpointTier
+DESCRIPTOR: _descriptor.FileDescriptor
+SANDBOX_EVENT_TYPE_CREATED: SandboxEventType
+SANDBOX_EVENT_TYPE_DELETED: SandboxEventType
+SANDBOX_EVENT_TYPE_EXISTING: SandboxEventType
+SANDBOX_EVENT_TYPE_PHASE: SandboxEventType
+SANDBOX_EVENT_TYPE_STATE: SandboxEventType
+SANDBOX_EVENT_TYPE_UNSPECIFIED: SandboxEventType
+SANDBOX_STATE_BOOTING: SandboxState
+SANDBOX_STATE_CREATING: SandboxState
+SANDBOX_STATE_DELETED: SandboxState
+SANDBOX_STATE_FAILED: SandboxState
+SANDBOX_STATE_READY: SandboxState
+SANDBOX_STATE_STOPPED: SandboxState
+SANDBOX_STATE_STOPPING: SandboxState
+SANDBOX_STATE_SUSPENDED: SandboxState
+SANDBOX_STATE_UNSPECIFIED: SandboxState
+VERIFY_LEVEL_MARKER: VerifyLevel
+VERIFY_LEVEL_MEMORY: VerifyLevel
+VERIFY_LEVEL_NONE: VerifyLevel
+VERIFY_LEVEL_PIXELS: VerifyLevel
+VERIFY_LEVEL_UNSPECIFIED: VerifyLevel
+
+class BootPhase(_message.Message):
+    __slots__ = ["at", "name"]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    at: _duration_pb2.Duration
+    name: str
+    def __init__(self, name: _Optional[str] = ..., at: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class Checkpoint(_message.Message):
+    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "parent_checkpoint_id", "resources", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FORKS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    child_ids: _containers.RepeatedScalarFieldContainer[str]
+    created_at: _timestamp_pb2.Timestamp
+    id: str
+    image: str
+    labels: _containers.ScalarMap[str, str]
+    layer_bytes: int
+    live_forks: int
+    memory_bytes: int
+    name: str
+    parent_checkpoint_id: str
+    resources: Resources
+    screen: Screen
+    source_sandbox_id: str
+    state: CheckpointState
+    tier: CheckpointTier
+    timing: CheckpointTiming
+    verify_levels: _containers.RepeatedScalarFieldContainer[VerifyLevel]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ...) -> None: ...
+
+class CheckpointTiming(_message.Message):
+    __slots__ = ["dump", "frozen", "layer", "total"]
+    DUMP_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    dump: _duration_pb2.Duration
+    frozen: _duration_pb2.Duration
+    layer: _duration_pb2.Duration
+    total: _duration_pb2.Duration
+    def __init__(self, frozen: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dump: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., layer: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., total: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ClaimPoolRequest(_message.Message):
+    __slots__ = ["labels", "pool_id", "ttl"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    pool_id: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, pool_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ClaimPoolResponse(_message.Message):
+    __slots__ = ["endpoint", "hit", "sandbox", "took"]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    TOOK_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    hit: bool
+    sandbox: Sandbox
+    took: _duration_pb2.Duration
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., hit: bool = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CreateCheckpointRequest(_message.Message):
+    __slots__ = ["labels", "name", "sandbox_id", "stop", "tier"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    name: str
+    sandbox_id: str
+    stop: bool
+    tier: CheckpointTier
+    def __init__(self, sandbox_id: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., stop: bool = ...) -> None: ...
+
+class CreateCheckpointResponse(_message.Message):
+    __slots__ = ["checkpoint"]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class CreatePoolRequest(_message.Message):
+    __slots__ = ["checkpoint_id", "image", "labels", "name", "resources", "screen", "size"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    image: str
+    labels: _containers.ScalarMap[str, str]
+    name: str
+    resources: Resources
+    screen: Screen
+    size: int
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreatePoolResponse(_message.Message):
+    __slots__ = ["pool"]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: Pool
+    def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
+
+class CreateSandboxRequest(_message.Message):
+    __slots__ = ["env", "image", "labels", "resources", "screen", "ttl", "wait_ready"]
+    class EnvEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    WAIT_READY_FIELD_NUMBER: _ClassVar[int]
+    env: _containers.ScalarMap[str, str]
+    image: str
+    labels: _containers.ScalarMap[str, str]
+    resources: Resources
+    screen: Screen
+    ttl: _duration_pb2.Duration
+    wait_ready: bool
+    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ...) -> None: ...
+
+class CreateSandboxResponse(_message.Message):
+    __slots__ = ["endpoint", "sandbox"]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
+
+class DeleteCheckpointRequest(_message.Message):
+    __slots__ = ["cascade", "id"]
+    CASCADE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    cascade: bool
+    id: str
+    def __init__(self, id: _Optional[str] = ..., cascade: bool = ...) -> None: ...
+
+class DeleteCheckpointResponse(_message.Message):
+    __slots__ = ["deleted_ids"]
+    DELETED_IDS_FIELD_NUMBER: _ClassVar[int]
+    deleted_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeletePoolRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeletePoolResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class DeleteSandboxRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteSandboxResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ["token", "unix_path", "unix_pid_start", "url"]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNIX_PATH_FIELD_NUMBER: _ClassVar[int]
+    UNIX_PID_START_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    unix_path: str
+    unix_pid_start: int
+    url: str
+    def __init__(self, url: _Optional[str] = ..., token: _Optional[str] = ..., unix_path: _Optional[str] = ..., unix_pid_start: _Optional[int] = ...) -> None: ...
+
+class ExportCheckpointRequest(_message.Message):
+    __slots__ = ["id", "reference"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reference: str
+    def __init__(self, id: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
+
+class ExportCheckpointResponse(_message.Message):
+    __slots__ = ["digest", "reference", "size_bytes"]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    reference: str
+    size_bytes: int
+    def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class ForkCheckpointRequest(_message.Message):
+    __slots__ = ["checkpoint_id", "count", "labels", "ttl", "verify"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    count: int
+    labels: _containers.ScalarMap[str, str]
+    ttl: _duration_pb2.Duration
+    verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ...) -> None: ...
+
+class ForkCheckpointResponse(_message.Message):
+    __slots__ = ["replicas"]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ForkReplica]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ForkReplica, _Mapping]]] = ...) -> None: ...
+
+class ForkReplica(_message.Message):
+    __slots__ = ["endpoint", "error_code", "error_message", "sandbox", "took", "verification"]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    TOOK_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    error_code: int
+    error_message: str
+    sandbox: Sandbox
+    took: _duration_pb2.Duration
+    verification: _containers.RepeatedCompositeFieldContainer[VerifyResult]
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., verification: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetCheckpointResponse(_message.Message):
+    __slots__ = ["checkpoint"]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class GetPoolRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetPoolResponse(_message.Message):
+    __slots__ = ["pool"]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: Pool
+    def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
+
+class GetSandboxEndpointRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetSandboxEndpointResponse(_message.Message):
+    __slots__ = ["endpoint"]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
+
+class GetSandboxRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetSandboxResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class ImportCheckpointRequest(_message.Message):
+    __slots__ = ["reference"]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    reference: str
+    def __init__(self, reference: _Optional[str] = ...) -> None: ...
+
+class ImportCheckpointResponse(_message.Message):
+    __slots__ = ["checkpoint"]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ["labels", "root_id"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_ID_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    root_id: str
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., root_id: _Optional[str] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ["checkpoints"]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ...) -> None: ...
+
+class ListPoolsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ["pools"]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[Pool]
+    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
+
+class ListSandboxesRequest(_message.Message):
+    __slots__ = ["labels", "states"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    states: _containers.RepeatedScalarFieldContainer[SandboxState]
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., states: _Optional[_Iterable[_Union[SandboxState, str]]] = ...) -> None: ...
+
+class ListSandboxesResponse(_message.Message):
+    __slots__ = ["sandboxes"]
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
+
+class Pool(_message.Message):
+    __slots__ = ["available", "checkpoint_id", "frozen", "hits", "id", "image", "labels", "misses", "name", "resources", "screen", "size"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    available: int
+    checkpoint_id: str
+    frozen: bool
+    hits: int
+    id: str
+    image: str
+    labels: _containers.ScalarMap[str, str]
+    misses: int
+    name: str
+    resources: Resources
+    screen: Screen
+    size: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ...) -> None: ...
+
+class Resources(_message.Message):
+    __slots__ = ["cpu_millis", "memory_bytes"]
+    CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_millis: int
+    memory_bytes: int
+    def __init__(self, cpu_millis: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class ResumeSandboxRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ResumeSandboxResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class Sandbox(_message.Message):
+    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BOOT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    READY_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    boot: _containers.RepeatedCompositeFieldContainer[BootPhase]
+    checkpoint_id: str
+    created_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    generation: int
+    host: str
+    id: str
+    image: str
+    labels: _containers.ScalarMap[str, str]
+    pool_id: str
+    ready_at: _timestamp_pb2.Timestamp
+    resources: Resources
+    screen: Screen
+    state: SandboxState
+    status_message: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ...) -> None: ...
+
+class Screen(_message.Message):
+    __slots__ = ["depth", "height", "width"]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    depth: int
+    height: int
+    width: int
+    def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class SuspendSandboxRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class SuspendSandboxResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class VerifyResult(_message.Message):
+    __slots__ = ["detail", "level", "ok", "took"]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    TOOK_FIELD_NUMBER: _ClassVar[int]
+    detail: str
+    level: VerifyLevel
+    ok: bool
+    took: _duration_pb2.Duration
+    def __init__(self, level: _Optional[_Union[VerifyLevel, str]] = ..., ok: bool = ..., detail: _Optional[str] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class VerifySandboxRequest(_message.Message):
+    __slots__ = ["id", "levels"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    levels: _containers.RepeatedScalarFieldContainer[VerifyLevel]
+    def __init__(self, id: _Optional[str] = ..., levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ...) -> None: ...
+
+class VerifySandboxResponse(_message.Message):
+    __slots__ = ["results"]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
+
+class WaitSandboxReadyRequest(_message.Message):
+    __slots__ = ["id", "timeout"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    timeout: _duration_pb2.Duration
+    def __init__(self, id: _Optional[str] = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class WaitSandboxReadyResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class WatchSandboxesRequest(_message.Message):
+    __slots__ = ["ids", "labels"]
+    class LabelsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WatchSandboxesResponse(_message.Message):
+    __slots__ = ["phase", "sandbox", "type"]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    phase: BootPhase
+    sandbox: Sandbox
+    type: SandboxEventType
+    def __init__(self, type: _Optional[_Union[SandboxEventType, str]] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., phase: _Optional[_Union[BootPhase, _Mapping]] = ...) -> None: ...
+
+class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class SandboxEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class VerifyLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class CheckpointTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class CheckpointState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []

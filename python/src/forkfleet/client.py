@@ -1,0 +1,489 @@
+"""The client of controld's gRPC API (the Python side of api/client):
+sandboxes, checkpoints and forks, export and import, warm pools, lifecycle
+events, and the way from a sandbox to its ACI session.
+
+``AsyncClient`` is the asyncio implementation; ``Client`` is the same API
+blocking (it runs ``AsyncClient`` on the SDK's background loop)::
+
+    with forkfleet.Client() as c:                 # unix:///run/forkfleet/controld.sock
+        sb = c.create_sandbox(wait_ready=True)
+        ck = sb.checkpoint()
+        replicas = forkfleet.sandboxes(ck.fork(8))
+
+Every error is a :mod:`forkfleet.errors` class carrying controld's
+BadRequest field and ErrorInfo reason. ``timeout`` (seconds) bounds a call;
+canceling the task of an async call cancels its RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import ipaddress
+import os
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf import duration_pb2
+
+from forkfleet import _sync, errors
+from forkfleet.controld.v1 import controld_pb2 as pb
+from forkfleet.controld.v1 import controld_pb2_grpc as pbg
+
+__all__ = [
+    "AsyncClient", "AsyncSandbox", "AsyncCheckpoint", "Client", "Sandbox", "Checkpoint",
+    "ForkResult", "Claim", "sandboxes", "first_error", "DEFAULT_ADDRESS", "DEFAULT_TOKEN_FILE",
+]
+
+DEFAULT_ADDRESS = "unix:///run/forkfleet/controld.sock"
+DEFAULT_TOKEN_FILE = "/var/lib/forkfleet/controld/api.token"
+
+# Large enough for a ListSandboxes of a big host; gRPC's default is 4 MiB.
+_MAX_MESSAGE = 64 << 20
+
+T = TypeVar("T")
+Seconds = float | int | datetime.timedelta
+
+
+def _duration(d: Seconds | None) -> duration_pb2.Duration | None:
+    if d is None:
+        return None
+    secs = d.total_seconds() if isinstance(d, datetime.timedelta) else float(d)
+    out = duration_pb2.Duration()
+    out.FromNanoseconds(int(round(secs * 1e9)))
+    return out
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def _screen(s: Any) -> pb.Screen | None:
+    if s is None or isinstance(s, pb.Screen):
+        return s
+    w, h, *rest = s
+    return pb.Screen(width=max(int(w), 0), height=max(int(h), 0), depth=max(int(rest[0]), 0) if rest else 0)
+
+
+def _resources(r: Any) -> pb.Resources | None:
+    if r is None or isinstance(r, pb.Resources):
+        return r
+    cpu, mem = r
+    return pb.Resources(cpu_millis=int(cpu), memory_bytes=int(mem))
+
+
+def is_local_target(target: str) -> bool:
+    """Whether traffic to target stays on this host (a unix socket or a
+    loopback address), where a bearer token may travel in plaintext."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    addr = target.split(":///", 1)[1] if ":///" in target else target
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise errors.InvalidArgument(f"client: target {target!r}: want unix:///path or host:port")
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass
+class ForkResult:
+    """One replica's outcome: ``sandbox`` when it is usable (verified when
+    asked), else ``error`` (an errors class)."""
+
+    sandbox: Any = None
+    error: errors.ForkfleetError | None = None
+    verification: list = dataclasses.field(default_factory=list)
+    took: float = 0.0
+
+    def to_sync(self) -> "ForkResult":
+        return dataclasses.replace(self, sandbox=Sandbox(self.sandbox) if self.sandbox is not None else None)
+
+
+@dataclasses.dataclass
+class Claim:
+    """A sandbox handed out by a pool: ``hit`` when it came warm from the
+    pool (False: booted or forked on demand)."""
+
+    sandbox: Any
+    hit: bool
+    took: float
+
+    def to_sync(self) -> "Claim":
+        return dataclasses.replace(self, sandbox=Sandbox(self.sandbox))
+
+
+def sandboxes(results: Iterable[ForkResult]) -> list:
+    """The usable replicas of a fork."""
+    return [r.sandbox for r in results if r.sandbox is not None]
+
+
+def first_error(results: Iterable[ForkResult]) -> errors.ForkfleetError | None:
+    """The first replica error of a fork, if any."""
+    for r in results:
+        if r.error is not None:
+            return r.error
+    return None
+
+
+class AsyncClient:
+    """Talks to one controld over gRPC (asyncio). Use it as an async context
+    manager or call :meth:`close`.
+
+    Args:
+        target: ``unix:///path`` (the default socket when None) or ``host:port``.
+        token: bearer token sent on every RPC. Without ``token`` or
+            ``token_file``, the default token file is used when readable.
+        token_file: read the token from this file.
+        tls: ``True`` for TLS with the system roots, or grpc.ChannelCredentials.
+        insecure: allow a token over plaintext TCP to a non-loopback host.
+        timeout: default per-call timeout in seconds (None: no deadline).
+        aci_options: keyword arguments of :func:`forkfleet.aci.dial` applied
+            to every :meth:`AsyncSandbox.aci` session (e.g. one
+            ``frame_cache`` for a fleet).
+    """
+
+    def __init__(self, target: str | None = None, *, token: str | None = None, token_file: str | None = None,
+                 tls: bool | grpc.ChannelCredentials = False, insecure: bool = False,
+                 timeout: float | None = None, aci_options: Mapping[str, Any] | None = None,
+                 channel_options: Sequence[tuple[str, Any]] = ()):
+        target = target or DEFAULT_ADDRESS
+        if token is None:
+            if token_file is not None:
+                with open(token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            else:
+                try:
+                    with open(DEFAULT_TOKEN_FILE, encoding="utf-8") as f:
+                        token = f.read().strip()
+                except OSError:
+                    token = ""
+        local = is_local_target(target)
+        if token and not local and not tls and not insecure:
+            raise errors.InvalidArgument(
+                f"client: refusing to send a bearer token in plaintext to {target} "
+                "(use tls=True, or insecure=True on a trusted network)")
+        opts = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE), *channel_options]
+        if tls and not target.startswith("unix:"):
+            creds = grpc.ssl_channel_credentials() if tls is True else tls
+            self._channel = grpc.aio.secure_channel(target, creds, options=opts)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=opts)
+        self.target = target
+        self._metadata = (("authorization", "Bearer " + token),) if token else ()
+        self._timeout = timeout
+        self._aci_options = dict(aci_options or {})
+        self.sandbox_service = pbg.SandboxServiceStub(self._channel)
+        self.checkpoint_service = pbg.CheckpointServiceStub(self._channel)
+        self.pool_service = pbg.PoolServiceStub(self._channel)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the channel. ACI sessions opened through the client stay open."""
+        await self._channel.close()
+
+    async def _call(self, method: Callable[..., Awaitable[T]], req: Any, timeout: float | None) -> T:
+        t = self._timeout if timeout is None else timeout
+        try:
+            return await method(req, timeout=t, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.from_grpc(e) from None
+
+    # ---- sandboxes
+
+    def sandbox(self, id: str) -> "AsyncSandbox":
+        """A handle on sandbox id, without contacting controld."""
+        return AsyncSandbox(self, id)
+
+    async def create_sandbox(self, *, image: str = "", screen: Any = None, resources: Any = None,
+                             env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+                             ttl: Seconds | None = None, wait_ready: bool = False,
+                             timeout: float | None = None) -> "AsyncSandbox":
+        """Boots a sandbox. ``screen`` is (width, height[, depth]) or a Screen,
+        ``resources`` (cpu_millis, memory_bytes) or a Resources; ``ttl``
+        deletes it after that many seconds; ``wait_ready`` returns only once
+        it is usable."""
+        req = pb.CreateSandboxRequest(image=image, screen=_screen(screen), resources=_resources(resources),
+                                      env=dict(env or {}), labels=dict(labels or {}), ttl=_duration(ttl),
+                                      wait_ready=wait_ready)
+        r = await self._call(self.sandbox_service.CreateSandbox, req, timeout)
+        return AsyncSandbox(self, r.sandbox.id, r.sandbox, r.endpoint)
+
+    async def get_sandbox(self, id: str, *, timeout: float | None = None) -> "AsyncSandbox":
+        sb = AsyncSandbox(self, id)
+        await sb.get(timeout=timeout)
+        return sb
+
+    async def list_sandboxes(self, *, labels: Mapping[str, str] | None = None,
+                             states: Sequence[int] = (), timeout: float | None = None) -> list[pb.Sandbox]:
+        """Lists sandboxes; every label must match, any of ``states`` (SandboxState values)."""
+        r = await self._call(self.sandbox_service.ListSandboxes,
+                             pb.ListSandboxesRequest(labels=dict(labels or {}), states=list(states)), timeout)
+        return list(r.sandboxes)
+
+    async def watch(self, *, ids: Sequence[str] = (), labels: Mapping[str, str] | None = None
+                    ) -> AsyncIterator[pb.WatchSandboxesResponse]:
+        """Streams lifecycle events, starting with an EXISTING event per
+        matching sandbox. Ends when the caller stops iterating; a stream
+        controld ends raises Unavailable (watch again)."""
+        call = self.sandbox_service.WatchSandboxes(
+            pb.WatchSandboxesRequest(ids=list(ids), labels=dict(labels or {})), metadata=self._metadata)
+        try:
+            while True:
+                try:
+                    ev = await call.read()
+                except grpc.RpcError as e:
+                    raise errors.from_grpc(e) from None
+                if ev is grpc.aio.EOF:
+                    raise errors.Unavailable("client: watch ended by controld")
+                yield ev
+        finally:
+            call.cancel()
+
+    # ---- checkpoints
+
+    def checkpoint(self, id: str) -> "AsyncCheckpoint":
+        """A handle on checkpoint id (or name), without contacting controld."""
+        return AsyncCheckpoint(self, id)
+
+    async def get_checkpoint(self, id_or_name: str, *, timeout: float | None = None) -> "AsyncCheckpoint":
+        ck = AsyncCheckpoint(self, id_or_name)
+        info = await ck.get(timeout=timeout)
+        ck.id = info.id
+        return ck
+
+    async def list_checkpoints(self, *, labels: Mapping[str, str] | None = None, root: str = "",
+                               timeout: float | None = None) -> list[pb.Checkpoint]:
+        """Lists checkpoints; ``root`` keeps those descending from it (itself included)."""
+        r = await self._call(self.checkpoint_service.ListCheckpoints,
+                             pb.ListCheckpointsRequest(labels=dict(labels or {}), root_id=root), timeout)
+        return list(r.checkpoints)
+
+    async def import_checkpoint(self, reference: str, *, timeout: float | None = None) -> "AsyncCheckpoint":
+        """Registers a checkpoint image written by :meth:`AsyncCheckpoint.export`."""
+        r = await self._call(self.checkpoint_service.ImportCheckpoint,
+                             pb.ImportCheckpointRequest(reference=reference), timeout)
+        return AsyncCheckpoint(self, r.checkpoint.id, r.checkpoint)
+
+    # ---- pools
+
+    async def create_pool(self, name: str, size: int, *, image: str | None = None, checkpoint: str | None = None,
+                          screen: Any = None, resources: Any = None, labels: Mapping[str, str] | None = None,
+                          timeout: float | None = None) -> pb.Pool:
+        """Creates a warm pool of ``size`` sandboxes from an image or a
+        checkpoint (frozen replicas a claim thaws)."""
+        if not 1 <= size <= 1 << 20:
+            raise errors.InvalidArgument(f"must be at least 1 (got {size})", field="size")
+        req = pb.CreatePoolRequest(name=name, size=size, screen=_screen(screen), resources=_resources(resources),
+                                   labels=dict(labels or {}))
+        if image is not None:
+            req.image = image
+        if checkpoint is not None:
+            req.checkpoint_id = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
+        r = await self._call(self.pool_service.CreatePool, req, timeout)
+        return r.pool
+
+    async def get_pool(self, id: str, *, timeout: float | None = None) -> pb.Pool:
+        return (await self._call(self.pool_service.GetPool, pb.GetPoolRequest(id=id), timeout)).pool
+
+    async def list_pools(self, *, timeout: float | None = None) -> list[pb.Pool]:
+        return list((await self._call(self.pool_service.ListPools, pb.ListPoolsRequest(), timeout)).pools)
+
+    async def delete_pool(self, id: str, *, timeout: float | None = None) -> None:
+        await self._call(self.pool_service.DeletePool, pb.DeletePoolRequest(id=id), timeout)
+
+    async def claim(self, pool: str, *, labels: Mapping[str, str] | None = None, ttl: Seconds | None = None,
+                    timeout: float | None = None) -> Claim:
+        """Takes a usable sandbox from a pool (id or name)."""
+        r = await self._call(self.pool_service.ClaimPool,
+                             pb.ClaimPoolRequest(pool_id=pool, labels=dict(labels or {}), ttl=_duration(ttl)), timeout)
+        return Claim(AsyncSandbox(self, r.sandbox.id, r.sandbox, r.endpoint), r.hit, _seconds(r.took))
+
+
+class AsyncSandbox:
+    """A handle on one sandbox; ``info`` and ``endpoint`` are the last state
+    controld returned (methods refresh them)."""
+
+    def __init__(self, client: AsyncClient, id: str, info: pb.Sandbox | None = None,
+                 endpoint: pb.Endpoint | None = None):
+        self.client = client
+        self.id = id
+        self.info = info
+        self._endpoint = endpoint if endpoint is not None and (endpoint.url or endpoint.token) else None
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id}>"
+
+    def _set(self, info: pb.Sandbox) -> pb.Sandbox:
+        self.info = info
+        return info
+
+    async def get(self, *, timeout: float | None = None) -> pb.Sandbox:
+        """Refreshes and returns the sandbox's state."""
+        r = await self.client._call(self.client.sandbox_service.GetSandbox, pb.GetSandboxRequest(id=self.id), timeout)
+        return self._set(r.sandbox)
+
+    async def wait_ready(self, *, server_timeout: Seconds | None = None, timeout: float | None = None) -> pb.Sandbox:
+        """Returns once the sandbox is usable (``server_timeout`` bounds the
+        wait in controld, 60 s by default; ``timeout`` bounds the call)."""
+        r = await self.client._call(self.client.sandbox_service.WaitSandboxReady,
+                                    pb.WaitSandboxReadyRequest(id=self.id, timeout=_duration(server_timeout)), timeout)
+        return self._set(r.sandbox)
+
+    async def delete(self, *, timeout: float | None = None) -> None:
+        await self.client._call(self.client.sandbox_service.DeleteSandbox, pb.DeleteSandboxRequest(id=self.id), timeout)
+
+    async def suspend(self, *, timeout: float | None = None) -> pb.Sandbox:
+        """Freezes every process of the sandbox."""
+        r = await self.client._call(self.client.sandbox_service.SuspendSandbox,
+                                    pb.SuspendSandboxRequest(id=self.id), timeout)
+        return self._set(r.sandbox)
+
+    async def resume(self, *, timeout: float | None = None) -> pb.Sandbox:
+        r = await self.client._call(self.client.sandbox_service.ResumeSandbox,
+                                    pb.ResumeSandboxRequest(id=self.id), timeout)
+        return self._set(r.sandbox)
+
+    async def verify(self, *levels: int, timeout: float | None = None) -> list[pb.VerifyResult]:
+        """Runs the fork verifiers (all levels its checkpoint supports when none are given)."""
+        r = await self.client._call(self.client.sandbox_service.VerifySandbox,
+                                    pb.VerifySandboxRequest(id=self.id, levels=list(levels)), timeout)
+        return list(r.results)
+
+    async def endpoint(self, *, timeout: float | None = None) -> pb.Endpoint:
+        """How to reach the sandbox's ACI: the endpoint controld returned with
+        the sandbox, or a fresh one."""
+        if self._endpoint is not None:
+            return self._endpoint
+        return await self.refresh_endpoint(timeout=timeout)
+
+    async def refresh_endpoint(self, *, timeout: float | None = None) -> pb.Endpoint:
+        """Fetches the endpoint from controld (a restored replica has a new token)."""
+        r = await self.client._call(self.client.sandbox_service.GetSandboxEndpoint,
+                                    pb.GetSandboxEndpointRequest(id=self.id), timeout)
+        self._endpoint = r.endpoint
+        return r.endpoint
+
+    async def aci(self, *, timeout: float | None = None, **options: Any):
+        """Opens an ACI session to the sandbox through controld's gateway.
+
+        The session asks controld for a fresh token whenever it redials, so
+        with ``reconnect=`` it follows a restore of the sandbox. ``options``
+        are :func:`forkfleet.aci.dial`'s, after the client's ``aci_options``.
+        """
+        from forkfleet import aci  # the session module imports nothing of this one
+
+        ep = await self.endpoint(timeout=timeout)
+        if not ep.url:
+            raise errors.FailedPrecondition(f"client: sandbox {self.id}: controld returned no ACI endpoint")
+        first = True
+
+        async def token_source() -> str:
+            nonlocal first
+            if first:
+                first = False
+                return ep.token
+            return (await self.refresh_endpoint(timeout=timeout)).token
+
+        opts = {**self.client._aci_options, **options}
+        return await aci.dial(ep.url, token_source=token_source, timeout=timeout, **opts)
+
+    async def checkpoint(self, *, tier: int = 0, name: str = "", labels: Mapping[str, str] | None = None,
+                         stop: bool = False, timeout: float | None = None) -> "AsyncCheckpoint":
+        """Captures the running sandbox (memory tier by default); it keeps
+        running unless ``stop``."""
+        req = pb.CreateCheckpointRequest(sandbox_id=self.id, tier=tier, name=name, labels=dict(labels or {}), stop=stop)
+        r = await self.client._call(self.client.checkpoint_service.CreateCheckpoint, req, timeout)
+        return AsyncCheckpoint(self.client, r.checkpoint.id, r.checkpoint)
+
+
+class AsyncCheckpoint:
+    """A handle on one checkpoint."""
+
+    def __init__(self, client: AsyncClient, id: str, info: pb.Checkpoint | None = None):
+        self.client = client
+        self.id = id
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint {self.id}>"
+
+    async def get(self, *, timeout: float | None = None) -> pb.Checkpoint:
+        r = await self.client._call(self.client.checkpoint_service.GetCheckpoint,
+                                    pb.GetCheckpointRequest(id=self.id), timeout)
+        self.info = r.checkpoint
+        return r.checkpoint
+
+    async def delete(self, *, cascade: bool = False, timeout: float | None = None) -> list[str]:
+        """Deletes the checkpoint (and its descendants with ``cascade``; one
+        with children is refused without it) and returns the ids deleted."""
+        r = await self.client._call(self.client.checkpoint_service.DeleteCheckpoint,
+                                    pb.DeleteCheckpointRequest(id=self.id, cascade=cascade), timeout)
+        return list(r.deleted_ids)
+
+    async def fork(self, n: int, *, labels: Mapping[str, str] | None = None, ttl: Seconds | None = None,
+                   verify: Sequence[int] = (), timeout: float | None = None) -> list[ForkResult]:
+        """Starts n replicas concurrently. The error raised is the request's;
+        each replica's own failure is in its ForkResult."""
+        if not 1 <= n <= 1 << 20:
+            raise errors.InvalidArgument(f"must be at least 1 (got {n})", field="count")
+        req = pb.ForkCheckpointRequest(checkpoint_id=self.id, count=n, labels=dict(labels or {}),
+                                       ttl=_duration(ttl), verify=list(verify))
+        r = await self.client._call(self.client.checkpoint_service.ForkCheckpoint, req, timeout)
+        out = []
+        for i, rep in enumerate(r.replicas):
+            res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took))
+            if rep.error_code:
+                res.error = errors.from_code(rep.error_code, rep.error_message)
+            elif rep.HasField("sandbox"):
+                res.sandbox = AsyncSandbox(self.client, rep.sandbox.id, rep.sandbox, rep.endpoint)
+            else:
+                res.error = errors.Internal(f"client: fork replica {i}: neither sandbox nor error")
+            out.append(res)
+        return out
+
+    async def export(self, reference: str, *, timeout: float | None = None) -> pb.ExportCheckpointResponse:
+        """Writes the checkpoint as an OCI image named reference into
+        controld's containerd content store."""
+        return await self.client._call(self.client.checkpoint_service.ExportCheckpoint,
+                                       pb.ExportCheckpointRequest(id=self.id, reference=reference), timeout)
+
+
+class Client(_sync.SyncProxy):
+    """The blocking :class:`AsyncClient`: same methods and arguments, run on
+    the SDK's background loop. ``with Client() as c:`` closes it."""
+
+    def __init__(self, target: str | None = None, **kwargs: Any):
+        async def make() -> AsyncClient:
+            return AsyncClient(target, **kwargs)
+        super().__init__(_sync.run(make()))
+
+
+class Sandbox(_sync.SyncProxy):
+    """The blocking :class:`AsyncSandbox` (``aci()`` returns a blocking
+    :class:`forkfleet.aci.SyncSession`)."""
+
+
+class Checkpoint(_sync.SyncProxy):
+    """The blocking :class:`AsyncCheckpoint`."""
+
+
+_sync.register(AsyncClient, Client)
+_sync.register(AsyncSandbox, Sandbox)
+_sync.register(AsyncCheckpoint, Checkpoint)

@@ -1,0 +1,228 @@
+"""forkfleet.Client and AsyncClient against the fake controld: every method,
+the error classes with controld's field and reason, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import grpc
+import pytest
+
+import forkfleet
+from forkfleet.controld.v1 import controld_pb2 as pb
+from conftest import run_async
+
+
+def labels() -> dict:
+    return {"test": uuid.uuid4().hex[:12]}
+
+
+def test_sandbox_lifecycle(fake):
+    lb = labels()
+    with forkfleet.Client(fake.target, token="") as c:
+        sb = c.create_sandbox(screen=(1024, 768), resources=(500, 256 << 20), env={"A": "1"}, labels=lb,
+                              ttl=600, wait_ready=True)
+        assert isinstance(sb, forkfleet.Sandbox)
+        assert sb.id.startswith("sb-")
+        assert sb.info.state == pb.SANDBOX_STATE_READY
+        assert (sb.info.screen.width, sb.info.screen.height, sb.info.screen.depth) == (1024, 768, 24)
+        assert sb.info.HasField("expires_at")
+        got = c.get_sandbox(sb.id)
+        assert got.info.id == sb.id and got.info.labels == lb
+        assert [s.id for s in c.list_sandboxes(labels=lb)] == [sb.id]
+        assert c.list_sandboxes(labels=lb, states=[pb.SANDBOX_STATE_SUSPENDED]) == []
+        assert sb.wait_ready(server_timeout=5).state == pb.SANDBOX_STATE_READY
+        assert sb.suspend().state == pb.SANDBOX_STATE_SUSPENDED
+        with pytest.raises(forkfleet.FailedPrecondition) as e:
+            sb.suspend()
+        assert e.value.reason == "SANDBOX_STATE"
+        assert sb.resume().state == pb.SANDBOX_STATE_READY
+        ep = sb.endpoint()
+        assert ep.url == fake.aci_url and ep.token == fake.aci_token
+        assert sb.refresh_endpoint().url == fake.aci_url
+        sb.delete()
+        with pytest.raises(forkfleet.NotFound) as e:
+            sb.get()
+        assert e.value.reason == "SANDBOX_NOT_FOUND"
+        assert e.value.grpc_code == grpc.StatusCode.NOT_FOUND
+
+
+def test_invalid_arguments_name_the_field(fake):
+    with forkfleet.Client(fake.target) as c:
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_sandbox(screen=(10, 10))
+        assert e.value.field == "screen.width"
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_sandbox(resources=(0, 1))
+        assert e.value.field == "resources.memory_bytes"
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_sandbox(labels={"-bad": "x"})
+        assert e.value.field == "labels"
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_sandbox(ttl=-1)
+        assert e.value.field == "ttl"
+        with pytest.raises(forkfleet.NotFound) as e:
+            c.create_sandbox(image="localhost/nope:latest")
+        assert e.value.reason == "IMAGE_NOT_FOUND"
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.sandbox("").get()
+        assert e.value.field == "id"
+        # Client-side checks of the Go client, same fields.
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.checkpoint("ck-x").fork(0)
+        assert e.value.field == "count"
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_pool("p", 0, image="x")
+        assert e.value.field == "size"
+
+
+def test_checkpoints_fork_export_import(fake):
+    lb = labels()
+    with forkfleet.Client(fake.target) as c:
+        src = c.create_sandbox(wait_ready=True, labels=lb)
+        name = "golden-" + lb["test"]
+        ck = src.checkpoint(name=name, labels=lb)
+        assert isinstance(ck, forkfleet.Checkpoint)
+        assert ck.info.source_sandbox_id == src.id and ck.info.tier == pb.CHECKPOINT_TIER_MEMORY
+        with pytest.raises(forkfleet.AlreadyExists) as e:
+            src.checkpoint(name=name)
+        assert e.value.reason == "CHECKPOINT_NAME_TAKEN"
+        assert c.get_checkpoint(name).id == ck.id
+        results = ck.fork(3, labels=lb, ttl=600, verify=[pb.VERIFY_LEVEL_MEMORY])
+        replicas = forkfleet.sandboxes(results)
+        assert len(replicas) == 3 and forkfleet.first_error(results) is None
+        assert all(isinstance(r, forkfleet.Sandbox) for r in replicas)
+        assert all(r.info.checkpoint_id == ck.id and r.info.generation == 1 for r in replicas)
+        assert [v.level for v in results[0].verification] == [pb.VERIFY_LEVEL_MEMORY]
+        assert results[0].took > 0
+        assert [v.ok for v in replicas[0].verify()] == [True, True, True]
+        assert ck.get().live_forks == 3
+        child = replicas[0].checkpoint(tier=pb.CHECKPOINT_TIER_DISK)
+        assert child.info.parent_checkpoint_id == ck.id
+        assert {x.id for x in c.list_checkpoints(root=ck.id)} == {ck.id, child.id}
+        with pytest.raises(forkfleet.FailedPrecondition) as e:
+            ck.delete()
+        assert e.value.reason == "CHECKPOINT_HAS_CHILDREN"
+        exp = ck.export("registry.example/forkfleet/ck:" + lb["test"])
+        assert exp.digest.startswith("sha256:") and exp.size_bytes > 0
+        imported = c.import_checkpoint(exp.reference)
+        assert imported.id != ck.id and imported.info.image == ck.info.image
+        with pytest.raises(forkfleet.NotFound):
+            c.import_checkpoint("registry.example/none:0")
+        assert set(ck.delete(cascade=True)) == {ck.id, child.id}
+        imported.delete()
+        for r in replicas:
+            r.delete()
+        src.delete()
+
+
+def test_fork_replica_failure_is_per_replica(fresh_fake):
+    fresh_fake.command("fail-replica 1")
+    with forkfleet.Client(fresh_fake.target) as c:
+        ck = c.create_sandbox(wait_ready=True).checkpoint()
+        results = ck.fork(3)
+        assert [r.sandbox is None for r in results] == [False, True, False]
+        err = forkfleet.first_error(results)
+        assert isinstance(err, forkfleet.Unavailable) and "replica 1 failed" in str(err)
+
+
+def test_pools(fake):
+    lb = labels()
+    with forkfleet.Client(fake.target) as c:
+        ck = c.create_sandbox(wait_ready=True).checkpoint()
+        name = "pool-" + lb["test"]
+        p = c.create_pool(name, 1, checkpoint=ck.id, labels=lb)
+        assert p.frozen and p.size == 1 and p.checkpoint_id == ck.id
+        with pytest.raises(forkfleet.AlreadyExists):
+            c.create_pool(name, 1, image="localhost/forkfleet/desktop:latest")
+        assert c.get_pool(name).id == p.id
+        assert p.id in [x.id for x in c.list_pools()]
+        first = c.claim(name, labels={"claim": "1"}, ttl=600)
+        assert first.hit and isinstance(first.sandbox, forkfleet.Sandbox)
+        assert first.sandbox.info.checkpoint_id == ck.id and first.sandbox.info.labels["claim"] == "1"
+        with pytest.raises(forkfleet.FailedPrecondition) as e:
+            ck.delete()
+        assert e.value.reason == "CHECKPOINT_IN_USE"
+        c.delete_pool(p.id)
+        with pytest.raises(forkfleet.NotFound) as e:
+            c.claim(p.id)
+        assert e.value.reason == "POOL_NOT_FOUND"
+        image_pool = c.create_pool(name + "-img", 2, image="localhost/forkfleet/desktop:latest", screen=(800, 600))
+        assert not image_pool.frozen
+        c.delete_pool(image_pool.id)
+
+
+def test_watch(fake):
+    lb = labels()
+    with forkfleet.Client(fake.target) as c:
+        sb = c.create_sandbox(wait_ready=True, labels=lb)
+        events = c.watch(labels=lb)
+        first = next(events)
+        assert first.type == pb.SANDBOX_EVENT_TYPE_EXISTING and first.sandbox.id == sb.id
+        sb.suspend()
+        ev = next(events)
+        assert ev.type == pb.SANDBOX_EVENT_TYPE_STATE and ev.sandbox.state == pb.SANDBOX_STATE_SUSPENDED
+        events.close()
+        sb.delete()
+
+
+@run_async
+async def test_async_client_timeout_and_cancel(fake):
+    async with forkfleet.AsyncClient(fake.target) as c:
+        sb = await c.create_sandbox(wait_ready=True)
+        assert isinstance(sb, forkfleet.AsyncSandbox)
+        # Canceling the task of a call cancels its RPC: a watch that would
+        # wait forever ends.
+        async def watch_forever():
+            async for _ in c.watch(ids=["sb-none"]):
+                pass
+        task = asyncio.create_task(watch_forever())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await sb.delete()
+
+
+def test_token_and_plaintext_rules(fake_binary):
+    from conftest import Fake
+    f = Fake(fake_binary, token="s3cret")
+    try:
+        with forkfleet.Client(f.target, token="wrong") as c:
+            with pytest.raises(forkfleet.Unauthenticated):
+                c.list_sandboxes()
+        with forkfleet.Client(f.target, token="s3cret") as c:
+            assert isinstance(c.list_sandboxes(), list)
+    finally:
+        f.close()
+    # Like the Go client: no bearer token in plaintext to a remote host
+    # (refused before any connection).
+    with pytest.raises(forkfleet.InvalidArgument):
+        forkfleet.Client("192.0.2.1:7443", token="t")
+    forkfleet.Client("127.0.0.1:1", token="t").close()
+    forkfleet.Client("192.0.2.1:7443", token="t", insecure=True).close()
+    with pytest.raises(forkfleet.InvalidArgument):
+        forkfleet.Client("no-port", token="t")
+
+
+@run_async
+async def test_timeout_is_deadline_exceeded(tmp_path):
+    # A socket that accepts connections and never speaks HTTP/2.
+    import socket
+    ls = socket.socket(socket.AF_UNIX)
+    ls.bind(str(tmp_path / "mute.sock"))
+    ls.listen(8)
+    try:
+        async with forkfleet.AsyncClient(f"unix://{tmp_path}/mute.sock", token="", timeout=0.3) as c:
+            with pytest.raises(forkfleet.DeadlineExceeded) as e:
+                await c.list_sandboxes()
+            assert isinstance(e.value, TimeoutError)
+    finally:
+        ls.close()
+
+
+def test_unreachable_controld_is_unavailable(tmp_path):
+    with forkfleet.Client(f"unix://{tmp_path}/none.sock", token="") as c:
+        with pytest.raises(forkfleet.Unavailable):
+            c.list_sandboxes(timeout=5)
