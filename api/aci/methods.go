@@ -313,14 +313,15 @@ func (s *Session) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, er
 }
 
 // Restored tells a freshly restored replica its identity, token, generation
-// and fresh entropy (controld, admin token only).
-func (s *Session) Restored(ctx context.Context, req *aciv1.RestoredRequest) error {
+// and fresh entropy (controld, admin token only). The response carries the
+// hash of the frame the replica was restored with.
+func (s *Session) Restored(ctx context.Context, req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
 	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: req}})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if m.GetRestored() == nil {
-		return unexpected("restored", m)
+	if r := m.GetRestored(); r != nil {
+		return r, nil
 	}
-	return nil
+	return nil, unexpected("restored", m)
 }

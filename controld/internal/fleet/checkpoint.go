@@ -595,21 +595,23 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 		return nil, err
 	}
 	defer g.Close()
-	return m.verify(ctx, g, ck, levels), nil
+	return m.verify(ctx, g, ck, levels, nil), nil
 }
 
 // verify runs the requested verifiers; each reports its own outcome, in
 // the order of levels. They are independent reads over one session (Guest
 // methods may be called concurrently), so they run at once: a fork is
-// usable after the slowest proof, not after their sum.
-func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel) []*controldv1.VerifyResult {
+// usable after the slowest proof, not after their sum. born, for a fresh
+// replica, delivers the hash of its first frame from Restored (see
+// verifyPixels).
+func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel, born <-chan []byte) []*controldv1.VerifyResult {
 	out := make([]*controldv1.VerifyResult, len(levels))
 	done := make(chan struct{}, len(levels))
 	for i, l := range levels {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			start := time.Now()
-			ok, detail := m.verifyOne(ctx, g, ck, l)
+			ok, detail := m.verifyOne(ctx, g, ck, l, born)
 			out[i] = &controldv1.VerifyResult{Level: l, Ok: ok, Detail: detail, Took: durationpb.New(time.Since(start))}
 		}()
 	}
@@ -619,7 +621,7 @@ func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecor
 	return out
 }
 
-func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRecord, l controldv1.VerifyLevel) (bool, string) {
+func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRecord, l controldv1.VerifyLevel, born <-chan []byte) (bool, string) {
 	ctx, span := m.tracer.Start(ctx, "verify."+l.String())
 	defer span.End()
 	switch l {
@@ -645,9 +647,34 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRe
 		}
 		return true, "in-memory value answers a fresh challenge"
 	case controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS:
-		// A fresh memory-tier replica shows the checkpoint's frame right
-		// away: try without settling first, and only settle (150 ms or so)
-		// when the screen is still moving.
+		return m.verifyPixels(ctx, g, ck, born)
+	}
+	return false, fmt.Sprintf("unknown level %s", l)
+}
+
+// verifyPixels proves the replica's screen is the checkpoint's. A fresh
+// replica reports its first frame with Restored: guestd captured it under
+// the X server grab the dump carried, before any app of the replica drew,
+// so it is the exact frame of the checkpoint on a page that animates too,
+// and any difference fails. Without it (a live replica re-verified, or a
+// checkpoint whose guestd predates the grab) the replica's current screen
+// is compared: at once, then after it has been still for FrameSettle.
+func (m *Manager) verifyPixels(ctx context.Context, g Guest, ck *store.CheckpointRecord, born <-chan []byte) (bool, string) {
+	if born != nil {
+		var first []byte
+		select {
+		case first = <-born:
+		case <-ctx.Done():
+			return false, fmt.Sprintf("first frame: %v", ctx.Err())
+		}
+		if len(first) > 0 {
+			if !bytes.Equal(first, ck.FrameHash) {
+				return false, fmt.Sprintf("first frame hash %x differs from %x recorded at checkpoint", first, ck.FrameHash)
+			}
+			return true, "first frame hash equals the checkpoint's"
+		}
+	}
+	{
 		got, err := g.FrameHash(ctx, 0)
 		if err == nil && bytes.Equal(got, ck.FrameHash) {
 			return true, "frame hash equals the checkpoint's"
@@ -661,7 +688,6 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRe
 		}
 		return true, "settled frame hash equals the checkpoint's"
 	}
-	return false, fmt.Sprintf("unknown level %s", l)
 }
 
 // exportedCheckpoint is the metadata an exported checkpoint image carries.

@@ -203,13 +203,16 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	// usable only when both are done.
 	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
 	restored := make(chan error, 1)
+	born := make(chan []byte, 1) // the replica's first frame, for the pixel proof
 	rctx, rs := m.tracer.Start(wctx, "fork.restored")
 	go func() {
 		defer rs.End()
-		restored <- g.Restored(rctx, info)
+		res, err := g.Restored(rctx, info)
+		born <- res.FrameHash
+		restored <- err
 	}()
 	if len(p.levels) > 0 {
-		rep.Verification = m.verify(wctx, g, ck, p.levels)
+		rep.Verification = m.verify(wctx, g, ck, p.levels, born)
 	}
 	if err := <-restored; err != nil {
 		wf.end(err)

@@ -26,8 +26,9 @@ type Guest interface {
 	PutFile(ctx context.Context, path string, data []byte, mode uint32) error
 	// GetFile reads a whole (small) file.
 	GetFile(ctx context.Context, path string) ([]byte, error)
-	// Restored tells a freshly restored replica who it is now (admin).
-	Restored(ctx context.Context, r RestoredInfo) error
+	// Restored tells a freshly restored replica who it is now (admin); the
+	// replica answers with the frame it was restored with.
+	Restored(ctx context.Context, r RestoredInfo) (RestoredResult, error)
 	// CheckpointPrepare closes guestd's other sessions and holds off new
 	// agent sessions for hold (until CheckpointDone or Restored), so the dump
 	// finds no connection from outside the sandbox (admin). It then waits
@@ -70,6 +71,14 @@ type GuestHello struct {
 	SandboxID  string
 	Generation uint64
 	BootID     string
+}
+
+// RestoredResult is what a replica reports on Restored.
+type RestoredResult struct {
+	// FrameHash is the hash of the replica's first frame, captured before
+	// any of its apps drew (guestd holds the X server grab the dump
+	// carried until then); empty from a guestd that predates it.
+	FrameHash []byte
 }
 
 // RestoredInfo is what a replica learns right after a restore.

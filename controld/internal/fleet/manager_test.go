@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -494,6 +495,52 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 		if codes.Code(r.ErrorCode) != codes.Unavailable {
 			t.Fatalf("restore failure code %v", r.ErrorCode)
 		}
+	}
+}
+
+// An animating page: the replica's current frame is always past the
+// checkpoint's, but the frame it was restored with (Restored) is the
+// checkpoint's, so the pixel proof passes; a replica restored with another
+// screen still fails it.
+func TestForkOfAnimatingPagePassesPixelProof(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	src := e.ready(nil)
+	e.rt.Guest(src.Id).SetAnimating(true)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	e.rt.OnRestore = func(_ fleet.BootSpec, g *fleettest.Guestd) {
+		if n.Add(1) == 3 {
+			g.SetFrameHash([]byte("a different screen"))
+		}
+	}
+	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, failed, live := 0, 0, ""
+	for _, r := range reps {
+		if r.ErrorCode == 0 {
+			ok++
+			live = r.Sandbox.GetId()
+			continue
+		}
+		failed++
+		if codes.Code(r.ErrorCode) != codes.FailedPrecondition || !strings.Contains(r.ErrorMessage, "first frame hash") {
+			t.Fatalf("replica failed with %v %q, want the pixel proof", codes.Code(r.ErrorCode), r.ErrorMessage)
+		}
+	}
+	if ok != 2 || failed != 1 {
+		t.Fatalf("%d replicas verified and %d failed, want 2 and 1", ok, failed)
+	}
+	// Re-verifying a live replica compares its current screen, which has
+	// moved on: that is not the checkpoint's any more.
+	res, err := e.m.VerifySandbox(ctx, &controldv1.VerifySandboxRequest{Id: live})
+	if err != nil || len(res) != 3 || res[2].Ok {
+		t.Fatalf("verify live replica: %v %v", res, err)
 	}
 }
 

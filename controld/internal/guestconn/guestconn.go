@@ -130,8 +130,12 @@ func (g *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
 	return g.s.GetFile(ctx, path)
 }
 
-func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
-	return g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
+func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.RestoredResult, error) {
+	resp, err := g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
+	if err != nil {
+		return fleet.RestoredResult{}, err
+	}
+	return fleet.RestoredResult{FrameHash: resp.GetFrameHash()}, nil
 }
 
 func (g *guest) CheckpointPrepare(ctx context.Context, hold, settle time.Duration) ([]byte, error) {

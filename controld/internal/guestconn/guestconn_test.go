@@ -103,7 +103,7 @@ func TestGuestOverACI(t *testing.T) {
 	if err != nil || string(b) != "marker" {
 		t.Fatalf("get file %q %v", b, err)
 	}
-	if err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-y", Token: "new", Generation: 2, Entropy: []byte{1}}); err != nil {
+	if _, err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-y", Token: "new", Generation: 2, Entropy: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.Close(); err != nil {

@@ -2,12 +2,17 @@ package aci
 
 import (
 	"context"
+	"image"
+	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 )
 
 const (
@@ -85,7 +90,7 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 	defer func() { <-scavenged }()
 	closed := time.Since(start)
 	var settleTook, hashTook time.Duration // logged: where a checkpoint's wait goes
-	if _, err := s.desktop(); err == nil {
+	if d, err := s.desktop(); err == nil {
 		t := time.Now()
 		settled := true
 		if settle > 0 {
@@ -95,10 +100,16 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 			}
 		}
 		settleTook, t = time.Since(t), time.Now()
+		// From here to the dump only guestd may draw: the frame hashed next
+		// is the frame the dump holds, on a page that animates too.
+		if err := s.grabForDump(d, hold); err != nil {
+			return nil, err
+		}
 		// Usually answered from the last capture (no damage since): no
 		// capture, so the segments released at the last prepare stay empty.
 		shot, err := keep.screenshot(ctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}, "checkpoint_prepare")
 		if err != nil {
+			s.releaseGrab()
 			return nil, err
 		}
 		hashTook = time.Since(t)
@@ -125,6 +136,7 @@ func (s *Server) liftHold() { s.holdUntil.Store(0) }
 // lifted and the frame proven before the dump is trusted again.
 func (s *Server) checkpointDone() {
 	s.liftHold()
+	s.releaseGrab()
 	e := s.setShotEpoch(true)
 	if p := s.preparedShot.Swap(nil); p != nil && p.epoch%2 == 0 {
 		back := *p
@@ -172,4 +184,118 @@ func (s *Server) releaseCaptureBuffers() int {
 		}
 	}
 	return 0
+}
+
+// grabForDump makes guestd the X server's only client (see ServerGrabber)
+// until checkpoint_done, restored, or hold elapses in the process that
+// grabbed: a replica restored after the hold has lapsed keeps the grab until
+// its restored request captures its first frame.
+func (s *Server) grabForDump(d Desktop, hold time.Duration) error {
+	g, ok := d.(ServerGrabber)
+	if !ok {
+		return nil
+	}
+	s.grab.Lock()
+	defer s.grab.Unlock()
+	if s.grab.held == nil {
+		if err := g.GrabServer(); err != nil {
+			return err
+		}
+		s.grab.held = g
+		s.grab.start = processStart()
+	}
+	if s.grab.timer != nil {
+		s.grab.timer.Stop()
+	}
+	s.grab.timer = time.AfterFunc(hold, s.expireGrab)
+	return nil
+}
+
+// expireGrab releases a grab whose checkpoint never ended (controld gone),
+// but only in the process that took it. In a replica the timer of the
+// source's memory fires as soon as the restore resumes it, when the hold
+// has lapsed since the dump: that replica's grab is restored's to release,
+// after its first capture.
+func (s *Server) expireGrab() {
+	if st := processStart(); st != "" && st != s.startOfGrab() {
+		return
+	}
+	s.log.Warn("checkpoint hold expired: releasing the X server grab")
+	s.releaseGrab()
+}
+
+func (s *Server) startOfGrab() string {
+	s.grab.Lock()
+	defer s.grab.Unlock()
+	return s.grab.start
+}
+
+// releaseGrab ends the grab, if held.
+func (s *Server) releaseGrab() {
+	s.grab.Lock()
+	defer s.grab.Unlock()
+	if s.grab.timer != nil {
+		s.grab.timer.Stop()
+		s.grab.timer = nil
+	}
+	if s.grab.held == nil {
+		return
+	}
+	if err := s.grab.held.UngrabServer(); err != nil {
+		s.log.Warn("release the X server grab", "err", err)
+	}
+	s.grab.held = nil
+}
+
+// bornFrameHash captures the whole screen (never a cached frame: the dumped
+// memory knows only the source's screen) and returns its frame hash, as
+// ScreenshotResponse.frame_hash of a full-screen capture without cursor. A
+// replica calls it while it still holds the grab restored from the dump,
+// before any app drew: on an animating page too, the frame the dump holds.
+func (s *Server) bornFrameHash() ([]byte, error) {
+	d, err := s.desktop()
+	if err != nil {
+		return nil, err
+	}
+	w, h := d.ScreenSize()
+	var sum [hashLen]byte
+	hash := func(f *desktop.Frame) error {
+		var err error
+		sum, err = encode.Hash128(encode.Image{Pix: f.Pix, Stride: f.Stride, Width: w, Height: h})
+		return err
+	}
+	full := image.Rect(0, 0, w, h)
+	if v, ok := d.(FrameViewer); ok {
+		err = v.CaptureView(full, hash)
+	} else {
+		var f desktop.Frame
+		if err = d.Capture(full, &f); err == nil {
+			err = hash(&f)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sum[:], nil
+}
+
+// processStart is this process's start time (field 22 of /proc/self/stat,
+// clock ticks since the host booted). A CRIU restore creates the process
+// anew, so it differs in a replica. "" when unknown.
+func processStart() string {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return ""
+	}
+	// comm (field 2) may hold spaces and parentheses: count from its end.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	const startField = 22 - 3 // fields after comm start at 3
+	if len(f) <= startField {
+		return ""
+	}
+	return f[startField]
 }

@@ -125,3 +125,49 @@ func TestReleaseScratchAdminOnly(t *testing.T) {
 		t.Fatalf("release_scratch: %v", r)
 	}
 }
+
+// TestCheckpointGrab checks the X server grab a checkpoint holds from the
+// frame prepare proves until checkpoint_done (source) or restored (replica),
+// and that restored reports the frame it captured under the grab.
+func TestCheckpointGrab(t *testing.T) {
+	h := newHarness(t)
+	admin := h.session(adminToken)
+	prepare := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{}}}
+	done := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneRequest{}}}
+
+	first := call(t, admin, prepare).GetCheckpointPrepare()
+	if !h.desk.isGrabbed() || len(first.GetFrameHash()) == 0 {
+		t.Fatalf("after prepare: grabbed %v, frame hash %x", h.desk.isGrabbed(), first.GetFrameHash())
+	}
+	if r := call(t, admin, done); r.GetCheckpointDone() == nil || h.desk.isGrabbed() {
+		t.Fatalf("done: %v, still grabbed %v", r, h.desk.isGrabbed())
+	}
+
+	// A replica: restored answers the frame captured while still grabbed,
+	// then releases the grab.
+	second := call(t, admin, prepare).GetCheckpointPrepare()
+	restored := call(t, admin, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
+		SandboxId: "sb-2", Token: "new-token", Generation: 1, Entropy: bytes.Repeat([]byte{7}, 32)}}}).GetRestored()
+	if !bytes.Equal(restored.GetFrameHash(), second.GetFrameHash()) || h.desk.isGrabbed() {
+		t.Fatalf("restored frame %x (checkpoint %x), still grabbed %v", restored.GetFrameHash(), second.GetFrameHash(), h.desk.isGrabbed())
+	}
+
+	// A hold that lapses in the process that grabbed releases the grab
+	// (controld gone); the same process start time says it is the source.
+	short := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{HoldMs: 30}}}
+	call(t, h.session(adminToken), short)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.desk.isGrabbed() {
+		if time.Now().After(deadline) {
+			t.Fatal("grab outlived its hold")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestProcessStart(t *testing.T) {
+	a, b := processStart(), processStart()
+	if a == "" || a != b {
+		t.Fatalf("process start %q then %q", a, b)
+	}
+}

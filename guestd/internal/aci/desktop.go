@@ -73,6 +73,16 @@ type ScratchReleaser interface {
 	ReleaseScratch() int
 }
 
+// ServerGrabber is implemented by a Desktop that can make the X server
+// serve it alone (x11.Desktop). A checkpoint holds the grab from the frame it
+// proves until the dump is done, and a replica (whose X server restores the
+// grab) captures its first frame before releasing it: the proof compares the
+// very frame the dump holds, however busy the apps are drawing.
+type ServerGrabber interface {
+	GrabServer() error
+	UngrabServer() error
+}
+
 // DamageSequencer is implemented by a Desktop that can prove the screen
 // unchanged without capturing it (x11.Desktop does, through DAMAGE). The
 // screenshot path then answers repeated requests from a cache.

@@ -21,6 +21,8 @@ type fakeDesktop struct {
 	clip   string
 	ready  desktop.ReadyState
 	damage []chan<- image.Rectangle
+	// grabbed: GrabServer was called and UngrabServer not since.
+	grabbed bool
 }
 
 func newFakeDesktop(w, h int) *fakeDesktop {
@@ -165,3 +167,27 @@ func (f *fakeDesktop) WatchDamage(ctx context.Context, ch chan<- image.Rectangle
 }
 
 var _ Desktop = (*fakeDesktop)(nil)
+
+// GrabServer and UngrabServer record the grab (the fake serves no other
+// client, so it has nothing to hold off).
+func (f *fakeDesktop) GrabServer() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.grabbed = true
+	f.calls = append(f.calls, "grab")
+	return nil
+}
+
+func (f *fakeDesktop) UngrabServer() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.grabbed = false
+	f.calls = append(f.calls, "ungrab")
+	return nil
+}
+
+func (f *fakeDesktop) isGrabbed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.grabbed
+}

@@ -99,6 +99,14 @@ type Server struct {
 
 	// holdUntil (unix ns, 0: none) refuses agent sessions during a checkpoint.
 	holdUntil atomic.Int64
+	// grab is the X server grab a checkpoint holds across its dump (see
+	// grabForDump).
+	grab struct {
+		sync.Mutex
+		held  ServerGrabber // nil: not grabbed
+		timer *time.Timer
+		start string // processStart() when grabbed
+	}
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}

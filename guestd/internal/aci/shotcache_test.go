@@ -321,7 +321,7 @@ func TestProvenFrameAcrossCheckpoint(t *testing.T) {
 			ok(admin, done)
 		}
 		ok(h.session(agentToken), none)
-		want := int32(3) // a replica captures
+		want := int32(4) // restored captures the replica's first frame, then a screenshot captures
 		if end == "checkpoint_done" {
 			want = 2 // the source trusts its frame again
 		}

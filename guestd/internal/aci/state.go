@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"image"
 	"log/slog"
 	mrand "math/rand/v2"
@@ -264,6 +265,16 @@ func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, 
 	if id := req.GetSandboxId(); id != "" {
 		s.sandboxID.Store(&id)
 	}
+	// The frame this replica was born with, captured while the grab the
+	// dump holds keeps every app from drawing (see grabForDump); then the
+	// apps may draw again.
+	resp := &aciv1.RestoredResponse{}
+	if h, err := s.bornFrameHash(); err == nil {
+		resp.FrameHash = h
+	} else if !errors.Is(err, errNoDesktop) {
+		s.log.Warn("restored: capture the first frame", "err", err)
+	}
+	s.releaseGrab()
 	s.log.Info("restored", "generation", req.GetGeneration(), "sandbox_id", req.GetSandboxId())
-	return &aciv1.RestoredResponse{}, nil
+	return resp, nil
 }

@@ -436,3 +436,18 @@ func (d *Desktop) CursorImage() (desktop.Cursor, error) {
 		ARGB: r.CursorImage[:n:n],
 	}, nil
 }
+
+// GrabServer makes this connection the only one the X server serves until
+// UngrabServer (or the connection closes): other clients' requests wait in
+// their sockets, so nothing but guestd can draw. Checkpoints hold it across
+// the dump, so the frame guestd proves is the frame the dump holds, and a
+// replica (whose X server restores the grab) can capture that very frame
+// before any app draws the next one.
+func (d *Desktop) GrabServer() error {
+	return xerr("GrabServer", xproto.GrabServerChecked(d.conn).Check())
+}
+
+// UngrabServer lets the X server serve every client again.
+func (d *Desktop) UngrabServer() error {
+	return xerr("UngrabServer", xproto.UngrabServerChecked(d.conn).Check())
+}

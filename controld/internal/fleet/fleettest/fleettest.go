@@ -337,6 +337,7 @@ type ckState struct {
 	Mark       []byte            `json:"mark"`
 	Files      map[string][]byte `json:"files"`
 	FrameHash  []byte            `json:"frame_hash"`
+	Animating  bool              `json:"animating"`
 	Tier       fleet.CheckpointTier
 	Snapshot   string
 	Image      string
@@ -369,6 +370,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.Ch
 		g = newGuestd("source", st.AdminToken, "source-token-until-restored")
 		g.mark = st.Mark
 		g.frameHash = st.FrameHash
+		g.animating = st.Animating
 		g.generation = st.Generation
 	}
 	for k, v := range st.Files {
@@ -559,6 +561,7 @@ type Guestd struct {
 	mark       []byte
 	files      map[string][]byte
 	frameHash  []byte
+	animating  bool // every FrameHash finds a new frame
 	socket     string
 	listenAt   time.Time
 	readyAt    time.Time
@@ -586,7 +589,7 @@ func (g *Guestd) snapshot() ckState {
 	for k, v := range g.files {
 		files[k] = v
 	}
-	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, Files: files, FrameHash: g.frameHash}
+	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, Files: files, FrameHash: g.frameHash, Animating: g.animating}
 }
 
 // SandboxID is who guestd believes it is.
@@ -603,6 +606,10 @@ func (g *Guestd) Restored() int { g.mu.Lock(); defer g.mu.Unlock(); return g.res
 
 // Entropy is the last entropy received.
 func (g *Guestd) Entropy() []byte { g.mu.Lock(); defer g.mu.Unlock(); return g.entropy }
+
+// SetAnimating makes the screen change before every FrameHash (and
+// CheckpointPrepare) answers, as an animating page does; replicas inherit it.
+func (g *Guestd) SetAnimating(on bool) { g.mu.Lock(); g.animating = on; g.mu.Unlock() }
 
 // SetFrameHash changes the screen.
 func (g *Guestd) SetFrameHash(h []byte) { g.mu.Lock(); g.frameHash = h; g.mu.Unlock() }
@@ -791,6 +798,10 @@ func (s *guest) FrameHash(ctx context.Context, _ time.Duration) ([]byte, error) 
 	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
+	if s.g.animating {
+		next := sha256.Sum256(s.g.frameHash)
+		s.g.frameHash = next[:16]
+	}
 	return append([]byte(nil), s.g.frameHash...), nil
 }
 
@@ -815,16 +826,18 @@ func (s *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
 	return b, nil
 }
 
-func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) error {
+func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.RestoredResult, error) {
 	if err := s.check(ctx); err != nil {
-		return err
+		return fleet.RestoredResult{}, err
 	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	s.g.sandboxID, s.g.aciToken, s.g.generation = r.SandboxID, r.Token, r.Generation
 	s.g.entropy = r.Entropy
 	s.g.restored++
-	return nil
+	// The replica's first frame: the screen as the checkpoint left it (the
+	// real guestd captures it under the X server grab the dump carried).
+	return fleet.RestoredResult{FrameHash: append([]byte(nil), s.g.frameHash...)}, nil
 }
 
 func (s *guest) CheckpointPrepare(ctx context.Context, _, settle time.Duration) ([]byte, error) {

@@ -5843,7 +5843,15 @@ func (x *RestoredRequest) GetEntropy() []byte {
 }
 
 type RestoredResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hash of the whole screen (as ScreenshotResponse.frame_hash without
+	// cursor) captured before any app of the replica drew: the checkpoint holds
+	// an X server grab from the frame CheckpointPrepareResponse.frame_hash
+	// proves until the dump is done, the replica's X server restores it, and
+	// guestd releases it only after this capture. Equal to the checkpoint's
+	// frame_hash for a faithful replica, on an animating page too. Empty when
+	// no display is attached.
+	FrameHash     []byte `protobuf:"bytes,1,opt,name=frame_hash,json=frameHash,proto3" json:"frame_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5876,6 +5884,13 @@ func (x *RestoredResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RestoredResponse.ProtoReflect.Descriptor instead.
 func (*RestoredResponse) Descriptor() ([]byte, []int) {
 	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RestoredResponse) GetFrameHash() []byte {
+	if x != nil {
+		return x.FrameHash
+	}
+	return nil
 }
 
 // CheckpointPrepareRequest readies guestd for a CRIU dump: every other
@@ -6555,8 +6570,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
-	"\aentropy\x18\x04 \x01(\fR\aentropy\"\x12\n" +
-	"\x10RestoredResponse\"|\n" +
+	"\aentropy\x18\x04 \x01(\fR\aentropy\"1\n" +
+	"\x10RestoredResponse\x12\x1d\n" +
+	"\n" +
+	"frame_hash\x18\x01 \x01(\fR\tframeHash\"|\n" +
 	"\x18CheckpointPrepareRequest\x12\x17\n" +
 	"\ahold_ms\x18\x01 \x01(\rR\x06holdMs\x12\x1b\n" +
 	"\tsettle_ms\x18\x02 \x01(\rR\bsettleMs\x12*\n" +
