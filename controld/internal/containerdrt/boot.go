@@ -67,12 +67,16 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 	if err != nil {
 		return nil, err
 	}
+	criuOpts, err := r.imageCRIUOptions(ctx, img)
+	if err != nil {
+		return nil, err
+	}
 	c, err := r.client.NewContainer(ctx, spec.ID,
 		client.WithImage(img),
 		client.WithSnapshotter(r.cfg.Snapshotter),
 		client.WithNewSnapshot(spec.ID, img),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
-		client.WithNewSpec(r.bootSpecOpts(img, spec)...),
+		client.WithNewSpec(r.bootSpecOpts(img, spec, criuOpts)...),
 		client.WithContainerLabels(sandboxLabels(spec)),
 	)
 	if err != nil {

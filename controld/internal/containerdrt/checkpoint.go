@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -395,14 +396,22 @@ func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir stri
 	if err == nil {
 		return nil
 	}
-	logErrs := criuLogErrors(filepath.Join(work, "dump.log"), "criu dump.log")
-	if what := undumpable(logErrs); what != "" {
+	logPath := filepath.Join(work, "dump.log")
+	logErrs := criuLogErrors(logPath, "criu dump.log")
+	logText, _ := os.ReadFile(logPath)
+	if what := undumpable(string(logText)); what != "" {
 		// The sandbox holds something CRIU refuses: the caller can fix
 		// that (close it, shrink it), retrying as is cannot.
 		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
 			"sandbox %s: criu dump: the sandbox holds %s, which CRIU cannot checkpoint%s", id, what, logErrs)
 	}
-	return fmt.Errorf("sandbox %s: criu dump: %w%s", id, convertErr(err), logErrs)
+	if logErrs != "" {
+		// CRIU's own answer quotes its first error line, which is often a
+		// harmless one (it cannot raise RLIMIT_NOFILE under runc): the
+		// filtered log says what failed.
+		return fmt.Errorf("sandbox %s: criu dump failed: %w%s", id, errdefs.ErrInternal, logErrs)
+	}
+	return fmt.Errorf("sandbox %s: criu dump: %w", id, convertErr(err))
 }
 
 // dumpRunc runs runc checkpoint --leave-running through the task service
@@ -425,15 +434,39 @@ func (r *Runtime) dumpRunc(ctx context.Context, id, imageDir, work string) error
 	return err
 }
 
-// undumpable names what in CRIU's errors is the sandbox's state rather
-// than a fault of the host or of CRIU ("" when nothing is).
-func undumpable(logErrs string) string {
-	switch {
-	case strings.Contains(logErrs, "ghost file"):
-		return "a deleted file larger than CRIU's ghost limit"
-	case slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(logErrs, sig) }):
+// CRIU's log lines that name what it refused.
+var (
+	criuGhostRe     = regexp.MustCompile(`Can't dump ghost file (\S+) of (\d+) size`)
+	criuHandleRe    = regexp.MustCompile(`Handle (0x[0-9a-f]+):(0x[0-9a-f]+) cannot be opened`)
+	criuUnseizeRe   = regexp.MustCompile(`Unseizable non-zombie (\d+) found`)
+	criuNoHandleSig = "Can't dump that handle"
+)
+
+// undumpable names what in CRIU's dump log is the sandbox's state rather
+// than a fault of the host or of CRIU, as precisely as the log allows ("" when
+// nothing is). The names come from the sandbox (paths it chose): they are
+// quoted, never used.
+func undumpable(log string) string {
+	if m := criuGhostRe.FindStringSubmatch(log); m != nil {
+		return fmt.Sprintf("the deleted file %q (%s bytes), larger than CRIU's ghost limit (the image label %s raises it)",
+			m[1], m[2], LabelCRIUGhostLimit)
+	}
+	if strings.Contains(log, criuNoHandleSig) {
+		what := "a file"
+		if m := criuHandleRe.FindAllStringSubmatch(log, -1); m != nil {
+			last := m[len(m)-1] // the handle CRIU gave up on
+			what = fmt.Sprintf("inode %s of device %s", last[2], last[1])
+		}
+		return fmt.Sprintf("an inotify watch on %s that CRIU can neither open by handle (overlayfs) nor find in its irmap search (the image label %s names directories to search)",
+			what, LabelCRIUIrmapScanPaths)
+	}
+	if slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(log, sig) }) {
 		return "a unix socket connected outside the sandbox"
-	case strings.Contains(logErrs, "Unsupported"), strings.Contains(logErrs, "unsupported"):
+	}
+	if m := criuUnseizeRe.FindStringSubmatch(log); m != nil {
+		return fmt.Sprintf("process %s (host pid), which CRIU cannot stop: it is outside the sandbox's freezer cgroup (entered from outside)", m[1])
+	}
+	if strings.Contains(log, "Unsupported") || strings.Contains(log, "unsupported") {
 		return "an unsupported kind of file or resource"
 	}
 	return ""

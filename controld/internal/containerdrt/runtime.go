@@ -211,7 +211,8 @@ type Runtime struct {
 	client *client.Client
 	sn     snapshots.Snapshotter
 
-	criuConfig string // path of the CRIU config file handed to runc
+	criuConfig  string   // path of the CRIU config file handed to runc
+	criuOptions []string // its lines; image options follow them (criuConfigFor)
 	// emptyDir is an empty read-only directory bind-mounted over masked
 	// directories (maskDirs: those that exist on this kernel).
 	emptyDir string
@@ -273,18 +274,19 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
 	}
 	r := &Runtime{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		client:     c,
-		sn:         c.SnapshotService(cfg.Snapshotter),
-		criuConfig: criuConfig,
-		emptyDir:   emptyDir,
-		maskDirs:   existingDirs(maskedDirCandidates),
-		unmaskDirs: emptyProcDirs(procMaskedDirCandidates),
-		quiet:      map[string]time.Time{},
-		precreated: map[string]*precreated{},
-		criuBinary: lookPath("criu"),
-		cgroupV2:   isCgroupV2(cfg.CgroupRoot),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		client:      c,
+		sn:          c.SnapshotService(cfg.Snapshotter),
+		criuConfig:  criuConfig,
+		criuOptions: criuOpts,
+		emptyDir:    emptyDir,
+		maskDirs:    existingDirs(maskedDirCandidates),
+		unmaskDirs:  emptyProcDirs(procMaskedDirCandidates),
+		quiet:       map[string]time.Time{},
+		precreated:  map[string]*precreated{},
+		criuBinary:  lookPath("criu"),
+		cgroupV2:    isCgroupV2(cfg.CgroupRoot),
 	}
 	if n := conntrackBuckets(); n > maxConntrackBuckets {
 		r.log.Warn("every checkpoint walks the host's whole conntrack table twice (CRIU), about 1 ms per 30000 buckets; deploy/host-setup.sh lowers it",

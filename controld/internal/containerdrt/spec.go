@@ -287,7 +287,15 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
-		s.Annotations[criuConfigAnnotation] = r.criuConfig
+		imageOpts, err := parseCRIUOptions(s.Annotations[criuOptionsAnnotation])
+		if err != nil {
+			return err
+		}
+		conf, err := r.criuConfigFor(imageOpts)
+		if err != nil {
+			return err
+		}
+		s.Annotations[criuConfigAnnotation] = conf
 		return nil
 	}
 }
@@ -304,9 +312,10 @@ func setSizeOption(opts []string, size int64) []string {
 
 // bootSpecOpts builds the OCI spec of a fresh sandbox. The seccomp profile
 // comes last: containerd's default profile depends on the capabilities.
-func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, extra ...oci.SpecOpts) []oci.SpecOpts {
+func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, criuOpts []string, extra ...oci.SpecOpts) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
+		withImageCRIUOptions(criuOpts),
 		withMergedEnv(sandboxEnv(spec)),
 		oci.WithDroppedCapabilities(droppedCaps),
 		oci.WithNoNewPrivileges,

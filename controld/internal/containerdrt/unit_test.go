@@ -387,8 +387,14 @@ func TestLayerCopier(t *testing.T) {
 
 func TestUndumpable(t *testing.T) {
 	for _, tc := range []struct{ log, want string }{
-		{"Error (criu/files-reg.c:1100): Can't dump ghost file /tmp/x of 16777216 size, increase limit", "deleted file"},
+		{"Error (criu/files-reg.c:1100): Can't dump ghost file /tmp/x of 16777216 size, increase limit", `deleted file "/tmp/x" (16777216 bytes)`},
 		{"Error (criu/sk-unix.c:900): unix: Unix socket 0x1 without peer 0x2", "unix socket"},
+		// The harmless first error line must not hide the watch CRIU gave up on.
+		{"(00.001) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
+			"(00.3) Warn  (criu/fsnotify.c:336): fsnotify: \tHandle 0x2b:0x1e0a cannot be opened\n" +
+			"(00.4) Warn  (criu/fsnotify.c:336): fsnotify: \tHandle 0x2b:0x1e0b cannot be opened\n" +
+			"(00.4) Error (criu/fsnotify.c:339): fsnotify: \tCan't dump that handle\n", "inotify watch on inode 0x1e0b of device 0x2b"},
+		{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 13323 found, state S, err -1/10", "process 13323"},
 		{"Error (criu/cr-dump.c:1): Dumping FAILED.", ""},
 		{"", ""},
 	} {
