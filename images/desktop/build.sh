@@ -2,7 +2,7 @@
 # Build forkfleet's sandbox desktop image without Docker and import it into
 # containerd as localhost/forkfleet/desktop:latest.
 #
-#   images/desktop/build.sh [--no-import] [--rebuild-base]
+#   images/desktop/build.sh [--no-import] [--rebuild-base] [--base-only]
 #
 # Env:
 #   GUESTD_BIN                    use this guestd binary instead of building ../../guestd
@@ -30,9 +30,11 @@ export PATH=$PATH:/usr/local/go/bin
 
 do_import=1
 rebuild_base=0
+base_only=0
 for arg in "$@"; do
 	case $arg in
 	--no-import) do_import=0 ;;
+	--base-only) base_only=1 ;;
 	--rebuild-base) rebuild_base=1 ;;
 	-h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "build.sh: unknown argument $arg" >&2; exit 2 ;;
@@ -44,34 +46,12 @@ die() { printf '[desktop] error: %s\n' "$*" >&2; exit 1; }
 now_ms() { date +%s%3N; }
 secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
 
-# Hash of everything that shapes the base rootfs: file paths, contents,
-# executable bits and symlink targets, in a stable order. Directory modes are
-# left out: they depend on the checkout's umask, and base.sh does not use them.
-inputs_hash() {
-	(
-		cd "$here"
-		{
-			echo "forkfleet-desktop-base v1"
-			for f in packages.txt base.sh slim.sh; do
-				printf '%s %s\n' "$f" "$(sha256sum <"$f" | cut -d' ' -f1)"
-			done
-			find rootfs -print0 | LC_ALL=C sort -z | while IFS= read -r -d '' p; do
-				if [[ -L $p ]]; then
-					printf 'L %s -> %s\n' "$p" "$(readlink "$p")"
-				elif [[ -d $p ]]; then
-					printf 'D %s\n' "$p"
-				else
-					x=-; [[ -x $p ]] && x=x
-					printf 'F %s %s %s\n' "$p" "$x" "$(sha256sum <"$p" | cut -d' ' -f1)"
-				fi
-			done
-		} | sha256sum | cut -c1-16
-	)
-}
+# shellcheck source=../lib.sh
+. "$here/../lib.sh"
 
 mkdir -p "$cache"
 t_all=$(now_ms)
-hash=$(inputs_hash)
+hash=$(inputs_hash "$here" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh)
 base_tar=$cache/desktop-base-$hash.tar
 
 # (a) base rootfs
@@ -85,6 +65,8 @@ else
 	# Older bases are dead weight: keep only the current one.
 	find "$cache" -maxdepth 1 -name 'desktop-base-*.tar' ! -name "desktop-base-$hash.tar" -delete
 fi
+# Derived images (images/desktop-web) build on this tar.
+[[ $base_only -eq 1 ]] && exit 0
 
 work=$(mktemp -d /var/tmp/forkfleet-desktop-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
