@@ -32,7 +32,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools python-tools python-deps python-test proto check test unit-test integration-test fuzz demo demo-stop image host peers clean
+.PHONY: build tools python-tools python-deps python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
 
 ## build: compile every binary into bin/
 build:
@@ -90,8 +90,12 @@ peers:
 image: host
 	images/desktop/build.sh
 
+## image-web: build (or reuse) the web desktop image (desktop + Chromium) and import it
+image-web: image
+	images/desktop-web/build.sh
+
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image peers python-deps
+test: host image image-web peers python-deps
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack
