@@ -612,8 +612,10 @@ class RestoredRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., generation: _Optional[int] = ..., entropy: _Optional[bytes] = ...) -> None: ...
 
 class RestoredResponse(_message.Message):
-    __slots__ = []
-    def __init__(self) -> None: ...
+    __slots__ = ["frame_hash"]
+    FRAME_HASH_FIELD_NUMBER: _ClassVar[int]
+    frame_hash: bytes
+    def __init__(self, frame_hash: _Optional[bytes] = ...) -> None: ...
 
 class ScreenSizeRequest(_message.Message):
     __slots__ = []

@@ -16,9 +16,14 @@ DESCRIPTOR: _descriptor.FileDescriptor
 SANDBOX_EVENT_TYPE_CREATED: SandboxEventType
 SANDBOX_EVENT_TYPE_DELETED: SandboxEventType
 SANDBOX_EVENT_TYPE_EXISTING: SandboxEventType
+SANDBOX_EVENT_TYPE_LIMIT: SandboxEventType
 SANDBOX_EVENT_TYPE_PHASE: SandboxEventType
 SANDBOX_EVENT_TYPE_STATE: SandboxEventType
 SANDBOX_EVENT_TYPE_UNSPECIFIED: SandboxEventType
+SANDBOX_LIMIT_DISK: SandboxLimit
+SANDBOX_LIMIT_MEMORY: SandboxLimit
+SANDBOX_LIMIT_PIDS: SandboxLimit
+SANDBOX_LIMIT_UNSPECIFIED: SandboxLimit
 SANDBOX_STATE_BOOTING: SandboxState
 SANDBOX_STATE_CREATING: SandboxState
 SANDBOX_STATE_DELETED: SandboxState
@@ -291,7 +296,7 @@ class ExportCheckpointResponse(_message.Message):
     def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "count", "labels", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "count", "labels", "resources", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -302,14 +307,16 @@ class ForkCheckpointRequest(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     count: int
     labels: _containers.ScalarMap[str, str]
+    resources: Resources
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
     __slots__ = ["replicas"]
@@ -392,6 +399,20 @@ class ImportCheckpointResponse(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     checkpoint: Checkpoint
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class LimitReached(_message.Message):
+    __slots__ = ["count", "first_at", "last_at", "limit", "message"]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_AT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    first_at: _timestamp_pb2.Timestamp
+    last_at: _timestamp_pb2.Timestamp
+    limit: SandboxLimit
+    message: str
+    def __init__(self, limit: _Optional[_Union[SandboxLimit, str]] = ..., count: _Optional[int] = ..., first_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ["labels", "root_id"]
@@ -481,12 +502,20 @@ class Pool(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ...) -> None: ...
 
 class Resources(_message.Message):
-    __slots__ = ["cpu_millis", "memory_bytes"]
+    __slots__ = ["cpu_millis", "cpu_weight", "disk_bytes", "log_bytes", "memory_bytes", "pids_max"]
     CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    CPU_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_MAX_FIELD_NUMBER: _ClassVar[int]
     cpu_millis: int
+    cpu_weight: int
+    disk_bytes: int
+    log_bytes: int
     memory_bytes: int
-    def __init__(self, cpu_millis: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    pids_max: int
+    def __init__(self, cpu_millis: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., cpu_weight: _Optional[int] = ..., pids_max: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., log_bytes: _Optional[int] = ...) -> None: ...
 
 class ResumeSandboxRequest(_message.Message):
     __slots__ = ["id"]
@@ -501,7 +530,7 @@ class ResumeSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
+    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "limits_reached", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -518,6 +547,7 @@ class Sandbox(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_REACHED_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     READY_AT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -533,13 +563,14 @@ class Sandbox(_message.Message):
     id: str
     image: str
     labels: _containers.ScalarMap[str, str]
+    limits_reached: _containers.RepeatedCompositeFieldContainer[LimitReached]
     pool_id: str
     ready_at: _timestamp_pb2.Timestamp
     resources: Resources
     screen: Screen
     state: SandboxState
     status_message: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ..., limits_reached: _Optional[_Iterable[_Union[LimitReached, _Mapping]]] = ...) -> None: ...
 
 class Screen(_message.Message):
     __slots__ = ["depth", "height", "width"]
@@ -629,6 +660,9 @@ class WatchSandboxesResponse(_message.Message):
     def __init__(self, type: _Optional[_Union[SandboxEventType, str]] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., phase: _Optional[_Union[BootPhase, _Mapping]] = ...) -> None: ...
 
 class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class SandboxLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class SandboxEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
