@@ -231,7 +231,12 @@ class VectorDesktopEnv(_EnvBase):
         failed = [s for s in sessions if not isinstance(s, Session)]
         if failed:
             raise failed[0]
-        shots = await asyncio.gather(*(s.session.screenshot(self._observe, timeout=self._timeout) for s in self._slots))
+        # The first replica's frame goes into the FrameCache before the
+        # others ask: replicas of one checkpoint show the same screen, so the
+        # rest cost a not_modified each instead of a full frame.
+        first = await self._slots[0].session.screenshot(self._observe, timeout=self._timeout)
+        shots = [first, *await asyncio.gather(*(s.session.screenshot(self._observe, timeout=self._timeout)
+                                                for s in self._slots[1:]))]
         obs = [sh.array() for sh in shots]
         self._set_spaces(obs[0])
         self._last = obs

@@ -241,7 +241,10 @@ class Compositor:
                 x, y, tw, th = rects[i]
                 data = t.data
                 self.stats.bytes += len(data)
-                img = _imaging.open_image(data, tw, th, f"screencast: tile {i}")
+                try:
+                    img = _imaging.open_image(data, tw, th, f"screencast: tile {i}")
+                except errors.ProtocolError as e:
+                    raise Corrupt(str(e)) from None
                 px = _imaging.to_array(img, "RGB")
                 dst = self.array[y:y + th, x:x + tw]
                 dst[..., :3] = px[..., self._rgb_index]
