@@ -869,6 +869,35 @@ step_conntrack() {
 	step conntrack ok "$(cat "$f") hash buckets (was $cur)"
 }
 
+# ---------------------------------------------------------------- 8c. forwarding
+
+# Sandboxes in network mode egress reach the outside through a router
+# namespace of their own and the host, which must forward IPv4 between
+# their uplinks and its own interfaces. controld's nftables table (inet
+# forkfleet) confines what is forwarded for sandboxes; forwarding of other
+# traffic is governed by the host's own firewall, as on any router.
+# FORKFLEET_IP_FORWARD=0 leaves it off (mode egress is then refused).
+readonly FORWARD_SYSCTL=/etc/sysctl.d/90-forkfleet-forward.conf
+
+step_forward() {
+	local f=/proc/sys/net/ipv4/ip_forward
+	if [[ ${FORKFLEET_IP_FORWARD:-1} == 0 ]]; then
+		step forward skip "FORKFLEET_IP_FORWARD=0: ip_forward is $(cat "$f"); sandbox network mode egress needs 1"
+		return
+	fi
+	if [[ $(cat "$f") != 1 ]] && ! echo 1 >"$f" 2>/dev/null; then
+		step forward warn "could not set net.ipv4.ip_forward=1: sandbox network mode egress is unavailable"
+		return
+	fi
+	if [[ -d /etc/sysctl.d ]]; then
+		write_file "$FORWARD_SYSCTL" 0644 <<-EOF || true
+			# forkfleet (deploy/host-setup.sh): sandboxes in network mode egress are routed through the host.
+			net.ipv4.ip_forward = 1
+		EOF
+	fi
+	step forward ok "net.ipv4.ip_forward=1 (sandbox egress)"
+}
+
 # ---------------------------------------------------------------- 9. systemd units
 
 step_units() {
@@ -1109,6 +1138,7 @@ main() {
 	step_start
 	step_ksm
 	step_conntrack
+	step_forward
 	step_units
 	step_env
 	printf 'host-setup: ready in %d ms: containerd %s at %s (namespace %s), runc %s, criu %s (%s)\n' \

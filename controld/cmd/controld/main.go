@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 func main() {
@@ -55,6 +57,20 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	upstreams, err := cfg.Network.Upstreams()
+	if err != nil {
+		return err
+	}
+	nm, err := network.New(network.Config{
+		RunDir: cfg.Network.RunDir, Table: cfg.Network.Table, IfPrefix: cfg.Network.IfPrefix,
+		UplinkCIDR: netip.MustParsePrefix(cfg.Network.UplinkCIDR), MTU: cfg.Network.MTU,
+		DNSUpstream: upstreams, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	// Last to go: sandboxes keep their networks; the DNS stubs stop.
+	defer nm.Close()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		LogWriter:      logWriter,
 		Address:        cfg.Containerd.Address,
@@ -62,6 +78,7 @@ func run() error {
 		CheckpointRoot: cfg.CheckpointDir,
 		// Per controld: its CRIU config, logs and work dirs are its own.
 		StateDir: filepath.Join(cfg.StateDir, "runtime"),
+		Network:  nm,
 	})
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)

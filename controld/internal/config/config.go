@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,6 +40,24 @@ type Config struct {
 	Metrics    Metrics    `toml:"metrics"`
 	Containerd Containerd `toml:"containerd"`
 	Tracing    Tracing    `toml:"tracing"`
+	Network    Network    `toml:"network"`
+}
+
+// Network configures sandbox networks (see controld/docs/networking.md).
+type Network struct {
+	// RunDir holds the sandboxes' namespace bind mounts and state (tmpfs).
+	RunDir string `toml:"run_dir"`
+	// Table is the host's nftables table (family inet) controld owns;
+	// IfPrefix starts its host-side interface names; UplinkCIDR is split
+	// into one /30 uplink per egress sandbox.
+	Table      string `toml:"table"`
+	IfPrefix   string `toml:"if_prefix"`
+	UplinkCIDR string `toml:"uplink_cidr"`
+	// MTU of the sandbox links; 0: the host's default route's.
+	MTU int `toml:"mtu"`
+	// DNSUpstream are the resolvers ("ip" or "ip:port") the sandboxes' DNS
+	// stub forwards to; empty: /etc/resolv.conf's.
+	DNSUpstream []string `toml:"dns_upstream"`
 }
 
 // Screen is a default display geometry.
@@ -186,6 +205,18 @@ func (c *Config) Validate() error {
 	if err := c.HostLimits(1 << 40).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("limits, admission: %w", err))
 	}
+	if !filepath.IsAbs(c.Network.RunDir) {
+		errs = append(errs, fmt.Errorf("network.run_dir %q: must be an absolute path", c.Network.RunDir))
+	}
+	if _, err := netip.ParsePrefix(c.Network.UplinkCIDR); err != nil {
+		errs = append(errs, fmt.Errorf("network.uplink_cidr: %v", err))
+	}
+	if _, err := c.Network.Upstreams(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Network.MTU != 0 && (c.Network.MTU < 576 || c.Network.MTU > 65535) {
+		errs = append(errs, fmt.Errorf("network.mtu %d: 0 (the host's) or 576..65535", c.Network.MTU))
+	}
 	if c.DefaultScreen.Width == 0 || c.DefaultScreen.Height == 0 {
 		errs = append(errs, errors.New("default_screen: width and height must be positive"))
 	}
@@ -324,4 +355,21 @@ var flagUsage = map[string]string{
 	"containerd-namespace": "containerd namespace",
 	"otlp-endpoint":        "OTLP/gRPC traces endpoint (empty: traces off)",
 	"boot-precreate":       "sandboxes of the default spec kept precreated (warm slots; 0: off)",
+}
+
+// Upstreams parses DNSUpstream (port 53 when none is given).
+func (n Network) Upstreams() ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, s := range n.DNSUpstream {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			out = append(out, ap)
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("network.dns_upstream %q: not an address or address:port", s)
+		}
+		out = append(out, netip.AddrPortFrom(a, 53))
+	}
+	return out, nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/sandboxlog"
 )
 
@@ -52,13 +53,13 @@ func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance
 	}
 	ctx = r.ctx(ctx)
 	if sb := r.takePrecreated(ctx, spec.ID, bootFingerprint(spec)); sb != nil {
-		return r.start(ctx, sb)
+		return r.start(ctx, sb, spec.Network.Policy)
 	}
 	sb, err := r.createBoot(ctx, spec)
 	if err != nil {
 		return fleet.Instance{}, err
 	}
-	return r.start(ctx, sb)
+	return r.start(ctx, sb, spec.Network.Policy)
 }
 
 // createBoot creates the container and its task without starting it.
@@ -71,17 +72,23 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 	if err != nil {
 		return nil, err
 	}
+	nsb, err := r.setupNetwork(ctx, spec, false)
+	if err != nil {
+		return nil, err
+	}
 	c, err := r.client.NewContainer(ctx, spec.ID,
 		client.WithImage(img),
 		client.WithSnapshotter(r.cfg.Snapshotter),
 		client.WithNewSnapshot(spec.ID, img),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
-		client.WithNewSpec(r.bootSpecOpts(img, spec, criuOpts)...),
+		client.WithNewSpec(r.bootSpecOpts(img, spec, criuOpts, nsb)...),
 		client.WithContainerLabels(sandboxLabels(spec)),
 	)
 	if err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
 			r.cleanup(ctx, spec.ID, nil, nil, true)
+		} else {
+			r.net.Release(ctx, spec.ID) // ours: Setup succeeded for this id
 		}
 		if cerrdefs.IsNotFound(err) {
 			// The image's layers were collected since they were unpacked:
@@ -120,8 +127,25 @@ func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.
 	return &sandbox{id: id, container: c, task: t}, nil
 }
 
-// start starts a created task; on error the sandbox is removed.
-func (r *Runtime) start(ctx context.Context, sb *sandbox) (fleet.Instance, error) {
+// setupNetwork makes the sandbox's network namespace (and in mode egress
+// its router, uplink, DNS stub and policy) before its container exists. An
+// id whose network exists already is refused without touching it.
+func (r *Runtime) setupNetwork(ctx context.Context, spec fleet.BootSpec, forRestore bool) (network.Sandbox, error) {
+	nsb, err := r.net.Setup(ctx, spec.ID, spec.Network.Mode, spec.Network.Policy, forRestore)
+	if err != nil {
+		return nsb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	return nsb, nil
+}
+
+// start starts a created task, with the policy the request asked for (a
+// precreated sandbox was made with another one, maybe); on error the
+// sandbox is removed.
+func (r *Runtime) start(ctx context.Context, sb *sandbox, policy network.Policy) (fleet.Instance, error) {
+	if err := r.net.SetPolicy(ctx, sb.id, policy); err != nil {
+		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
+		return fleet.Instance{}, fmt.Errorf("sandbox %s: network policy: %w", sb.id, err)
+	}
 	if err := sb.task.Start(ctx); err != nil {
 		tail := r.logTail(sb.id) // before cleanup removes the log
 		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
@@ -205,6 +229,10 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 		errs = append(errs, fmt.Errorf("remove snapshot: %w", err))
 	}
 	if err := r.removeCgroups(id); err != nil {
+		errs = append(errs, err)
+	}
+	// After the task: a namespace goes once no process holds it.
+	if err := r.net.Release(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
 	if removeLog {

@@ -113,9 +113,11 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 		LeaveRunning:    proto.Bool(true),
 		OrphanPtsMaster: proto.Bool(true),
 		ShellJob:        proto.Bool(false),
-		TcpEstablished:  proto.Bool(false),
-		ExtUnixSk:       proto.Bool(false),
-		FileLocks:       proto.Bool(false),
+		// Also in the config file (DefaultCRIUOptions), which wins over
+		// the RPC: connections within the sandbox survive into forks.
+		TcpEstablished: proto.Bool(true),
+		ExtUnixSk:      proto.Bool(false),
+		FileLocks:      proto.Bool(false),
 		// runc's checkpoint command always leaves the network namespace's
 		// contents out: runc does not manage network devices.
 		EmptyNs: proto.Uint32(unix.CLONE_NEWNET),

@@ -7,8 +7,11 @@
 //     forkfleet.* (see labels.go), overlayfs snapshot X;
 //   - cgroup v1 path <CgroupParent>/X in every hierarchy (its own, also for
 //     forks: a fork must never share its source's cgroup);
-//   - a private network namespace with only lo, a tmpfs /run (guestd's socket
-//     /run/forkfleet/aci.sock), stdio appended to <StateDir>/logs/X.log.
+//   - its network namespace, made by controld (package network) before the
+//     container and joined by path (lo up; in mode egress also eth0, routes
+//     and a resolver mounted over /etc/resolv.conf), /run on the writable
+//     layer (guestd's socket /run/forkfleet/aci.sock), stdio appended to
+//     <StateDir>/logs/X.log.
 //
 // A checkpoint is a directory (CheckpointSpec.Dir) holding checkpoint.json,
 // spec.json (the source's OCI spec) and, for the memory tier, criu/ (CRIU
@@ -26,8 +29,9 @@
 //     connection slipping in between that check and the freeze makes CRIU
 //     fail; the sandbox is then thawed for a moment and dumped again (up to
 //     Config.DumpAttempts; the hooks run once). Established TCP connections
-//     are dumped closed (CRIU tcp-close) and listening sockets are
-//     restored, so in-sandbox TCP clients reconnect.
+//     and listening sockets are dumped and restored (CRIU tcp-established);
+//     a fork's connections to the outside are closed right after its
+//     restore, those within the sandbox survive.
 //   - A restored process keeps the memory of its source, including the
 //     environment it was started with: for a memory-tier fork the
 //     FORKFLEET_* variables and tokens of BootSpec do not reach the restored

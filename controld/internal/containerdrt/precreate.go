@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 type precreated = sandbox
@@ -143,6 +144,7 @@ func restoreFingerprint(spec fleet.BootSpec, from fleet.CheckpointRef) string {
 }
 
 func fingerprint(kind string, spec fleet.BootSpec, from fleet.CheckpointRef) string {
+	spec.Network.Policy = network.Policy{} // applied at start, not at create
 	b, err := json.Marshal(struct {
 		Kind string
 		Spec fleet.BootSpec

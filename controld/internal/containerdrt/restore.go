@@ -10,10 +10,12 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 // restorePaths are the CRIU directories of a memory-tier fork.
@@ -52,11 +54,25 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.C
 		}
 	}
 	work := r.restoreWorkDir(spec.ID)
-	inst, err := r.start(ctx, sb)
+	inst, err := r.start(ctx, sb, spec.Network.Policy)
 	if err != nil && from.Tier == fleet.TierMemory {
 		err = fmt.Errorf("%w%s", err, criuLogErrors(filepath.Join(work, "restore.log"), "criu restore.log"))
 	}
 	os.RemoveAll(work)
+	if err == nil && from.Tier == fleet.TierMemory {
+		// Connections to the outside were restored with the rest (CRIU
+		// tcp-established, so those within the sandbox survive): their
+		// peers know only the source. Closed at once, while the replica's
+		// link is still held down, before anyone is told it exists.
+		n, cerr := r.net.FinishRestore(spec.ID)
+		if cerr != nil {
+			r.cleanup(ctx, spec.ID, sb.container, sb.task, true)
+			return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, cerr)
+		}
+		if n > 0 {
+			r.log.DebugContext(ctx, "closed the replica's connections to the outside", "sandbox", spec.ID, "count", n)
+		}
+	}
 	return inst, err
 }
 
@@ -78,12 +94,23 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	if meta.Snapshotter != r.cfg.Snapshotter {
 		return nil, fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", from.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
 	}
+	// A fork keeps its source's in-sandbox network (address, routes,
+	// resolver): restored sockets and configuration depend on it.
+	if got := checkpointNetworkMode(s); got != spec.Network.Mode {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NETWORK_MODE_MISMATCH",
+			"checkpoint %s was taken in network mode %s; its forks cannot run in mode %s", from.Dir, got, spec.Network.Mode)
+	}
+	nsb, err := r.setupNetwork(ctx, spec, from.Tier == fleet.TierMemory)
+	if err != nil {
+		return nil, err
+	}
 	// The source's spec (same mounts, same process) with the fork's own
 	// cgroup, limits, network namespace and identity.
 	if s.Process != nil {
 		s.Process.Env = mergeEnv(stripSandboxEnv(s.Process.Env, meta.EnvKeys), sandboxEnv(spec))
 	}
-	if err := r.withSandbox(spec)(ctx, r.client, nil, s); err != nil {
+	if err := r.withSandbox(spec, nsb)(ctx, r.client, nil, s); err != nil {
+		r.cleanup(ctx, spec.ID, nil, nil, true)
 		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
 	labels := sandboxLabels(spec)
@@ -95,6 +122,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	if from.Tier == fleet.TierMemory {
 		restore = &restorePaths{image: filepath.Join(from.Dir, criuImageDir), work: r.restoreWorkDir(spec.ID)}
 		if err := os.RemoveAll(restore.work); err != nil {
+			r.cleanup(ctx, spec.ID, nil, nil, true)
 			return nil, fmt.Errorf("restore work dir: %w: %w", errdefs.ErrInternal, err)
 		}
 	}
@@ -111,6 +139,8 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	if err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
 			r.cleanup(ctx, spec.ID, nil, nil, true)
+		} else {
+			r.net.Release(ctx, spec.ID) // ours: Setup succeeded for this id
 		}
 		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
 	}
@@ -129,4 +159,13 @@ func withForkSnapshot(snapshotter, key, parent string) client.NewContainerOpts {
 		ctr.SnapshotKey = key
 		return nil
 	}
+}
+
+// checkpointNetworkMode is the network mode a checkpoint's source ran in
+// (a spec from before network modes: none).
+func checkpointNetworkMode(s *oci.Spec) network.Mode {
+	if s.Annotations[networkAnnotation] == network.ModeEgress.String() {
+		return network.ModeEgress
+	}
+	return network.ModeNone
 }

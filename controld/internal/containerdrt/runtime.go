@@ -28,6 +28,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 // Defaults for Config fields left empty.
@@ -45,16 +46,19 @@ const (
 )
 
 // DefaultCRIUOptions are the CRIU configuration lines every dump and restore
-// uses (runc hands the file to CRIU through the org.criu.config annotation):
-// established TCP connections are dumped closed instead of failing the dump
-// (they cannot live in N forks at once), file locks are carried, and the
-// network is not locked: a sandbox's network namespace holds only a
-// loopback, so nothing outside can send to it and nothing inside runs while
-// it is frozen. Locking (nftables; iptables-restore is absent on the hosts)
-// would only add a table to create and delete, 15 ms of every dump's frozen
-// window measured here.
+// uses (runc hands the file to CRIU through the org.criu.config annotation;
+// its options override the RPC's): established TCP connections are dumped
+// and restored (tcp-established), so connections within the sandbox (a
+// client and a server both inside, over loopback) survive into every fork;
+// a restore then closes the connections whose peer is outside the sandbox
+// (network.Manager.CloseOutside), since that peer cannot follow N copies.
+// File locks are carried, and the network is not locked: a sandbox's
+// namespace reaches the outside only through its router, and nothing
+// inside runs while it is frozen; locking (nftables; iptables-restore is
+// absent on the hosts) would only add a table to create and delete, 15 ms
+// of every dump's frozen window measured here.
 var DefaultCRIUOptions = []string{
-	"tcp-close",
+	"tcp-established",
 	"file-locks",
 	"network-lock skip",
 }
@@ -105,6 +109,9 @@ type Config struct {
 	// LogWriter is the logging binary (forkfleet-log) the shim starts for
 	// every task with a log budget (BootSpec.LogBytes); see LogWriterPath.
 	LogWriter string
+	// Network sets up every sandbox's network namespace (see package
+	// network); nil: a manager of mode none only, under StateDir/net.
+	Network *network.Manager
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -211,6 +218,9 @@ type Runtime struct {
 	client *client.Client
 	sn     snapshots.Snapshotter
 
+	net     *network.Manager
+	ownsNet bool // net was made by New (and is closed by Close)
+
 	criuConfig  string   // path of the CRIU config file handed to runc
 	criuOptions []string // its lines; image options follow them (criuConfigFor)
 	// emptyDir is an empty read-only directory bind-mounted over masked
@@ -266,6 +276,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := os.Chmod(emptyDir, 0o555); err != nil {
 		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
 	}
+	netm, ownsNet := cfg.Network, false
+	if netm == nil {
+		var err error
+		if netm, err = network.New(network.Config{RunDir: filepath.Join(cfg.StateDir, "net"), NoEgress: true, Logger: cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("containerdrt: %w", err)
+		}
+		ownsNet = true
+	}
 	c, err := client.New(cfg.Address,
 		client.WithDefaultNamespace(cfg.Namespace),
 		client.WithTimeout(cfg.DialTimeout),
@@ -287,6 +305,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		precreated:  map[string]*precreated{},
 		criuBinary:  lookPath("criu"),
 		cgroupV2:    isCgroupV2(cfg.CgroupRoot),
+		net:         netm,
+		ownsNet:     ownsNet,
 	}
 	if n := conntrackBuckets(); n > maxConntrackBuckets {
 		r.log.Warn("every checkpoint walks the host's whole conntrack table twice (CRIU), about 1 ms per 30000 buckets; deploy/host-setup.sh lowers it",
@@ -294,6 +314,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	if _, err := c.Version(r.ctx(ctx)); err != nil {
 		c.Close()
+		if ownsNet {
+			netm.Close()
+		}
 		return nil, fmt.Errorf("containerdrt: containerd at %s: %w", cfg.Address, convertErr(err))
 	}
 	return r, nil
@@ -323,6 +346,9 @@ func (r *Runtime) Close() error {
 	}
 	if err := r.client.Close(); err != nil {
 		errs = append(errs, err)
+	}
+	if r.ownsNet {
+		r.net.Close()
 	}
 	return errors.Join(errs...)
 }

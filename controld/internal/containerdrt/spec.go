@@ -18,6 +18,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 // Environment variables guestd reads.
@@ -172,10 +173,18 @@ func stripSandboxEnv(env []string, userKeys []string) []string {
 	return out
 }
 
+// networkAnnotation records a sandbox's network mode in its spec, so a
+// fork (which must keep its source's in-sandbox network) can check it.
+const networkAnnotation = "forkfleet.dev/network"
+
+// resolvConfPath is where an egress sandbox's resolver file is mounted.
+const resolvConfPath = "/etc/resolv.conf"
+
 // withSandbox applies what every sandbox (booted or forked) gets: its own
 // cgroup, limits, tmpfs sizes, capabilities, the CRIU config annotation and
-// a private network namespace.
-func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
+// its network namespace (made by controld, lo up; in mode egress with the
+// resolver file of the sandbox's DNS stub).
+func (r *Runtime) withSandbox(spec fleet.BootSpec, nsb network.Sandbox) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Linux == nil {
 			s.Linux = &specs.Linux{}
@@ -219,19 +228,23 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 		}
 		s.Linux.Resources = res
 
-		// A private network namespace with only lo: no path means runc
-		// creates a new one. Replace any path a source spec carried.
+		// The namespace controld made for this sandbox, by path: runc joins
+		// it at boot, and runc and CRIU treat it as external on checkpoint
+		// and restore (a fork's processes are restored into its own, set up
+		// like its source's). Replace any path a source spec carried.
 		nss := s.Linux.Namespaces[:0]
 		for _, ns := range s.Linux.Namespaces {
 			if ns.Type != specs.NetworkNamespace {
 				nss = append(nss, ns)
 			}
 		}
-		s.Linux.Namespaces = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace})
+		s.Linux.Namespaces = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: nsb.NetNS})
 
 		mounts := s.Mounts[:0]
 		for _, m := range s.Mounts {
 			switch m.Destination {
+			case resolvConfPath:
+				continue // added below for egress
 			case "/run":
 				m.Options = setSizeOption(m.Options, r.cfg.RunTmpfsBytes)
 			case "/dev":
@@ -284,6 +297,13 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 			}
 		}
 
+		if nsb.ResolvConf != "" {
+			s.Mounts = append(s.Mounts, specs.Mount{
+				Destination: resolvConfPath, Type: "bind", Source: nsb.ResolvConf,
+				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+			})
+		}
+
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
@@ -296,6 +316,7 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec) oci.SpecOpts {
 			return err
 		}
 		s.Annotations[criuConfigAnnotation] = conf
+		s.Annotations[networkAnnotation] = spec.Network.Mode.String()
 		return nil
 	}
 }
@@ -312,7 +333,7 @@ func setSizeOption(opts []string, size int64) []string {
 
 // bootSpecOpts builds the OCI spec of a fresh sandbox. The seccomp profile
 // comes last: containerd's default profile depends on the capabilities.
-func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, criuOpts []string, extra ...oci.SpecOpts) []oci.SpecOpts {
+func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, extra ...oci.SpecOpts) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		withImageCRIUOptions(criuOpts),
@@ -320,7 +341,7 @@ func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, criuOpts []st
 		oci.WithDroppedCapabilities(droppedCaps),
 		oci.WithNoNewPrivileges,
 		withRunOnRootfs,
-		r.withSandbox(spec),
+		r.withSandbox(spec, nsb),
 	}
 	opts = append(opts, extra...)
 	return append(opts, seccomp.WithDefaultProfile())

@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 func hasMount(s *oci.Spec, dest string) bool {
@@ -28,7 +29,7 @@ func TestRunLayout(t *testing.T) {
 		{Destination: "/dev", Type: "tmpfs"},
 		{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
 	}}
-	for _, o := range []oci.SpecOpts{withRunOnRootfs, r.withSandbox(spec)} {
+	for _, o := range []oci.SpecOpts{withRunOnRootfs, r.withSandbox(spec, network.Sandbox{})} {
 		if err := o(ctx, nil, nil, s); err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +40,7 @@ func TestRunLayout(t *testing.T) {
 	if !hasMount(s, "/dev") {
 		t.Fatal("/dev dropped")
 	}
-	if err := r.withSandbox(fleet.BootSpec{ID: "fork-1"})(ctx, nil, nil, s); err != nil {
+	if err := r.withSandbox(fleet.BootSpec{ID: "fork-1"}, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	if hasMount(s, "/run") {
@@ -47,7 +48,7 @@ func TestRunLayout(t *testing.T) {
 	}
 
 	old := &oci.Spec{Mounts: []specs.Mount{{Destination: "/run", Type: "tmpfs", Options: []string{"size=65536k"}}}}
-	if err := r.withSandbox(fleet.BootSpec{ID: "fork-2"})(ctx, nil, nil, old); err != nil {
+	if err := r.withSandbox(fleet.BootSpec{ID: "fork-2"}, network.Sandbox{})(ctx, nil, nil, old); err != nil {
 		t.Fatal(err)
 	}
 	if !hasMount(old, "/run") || old.Annotations[runLayoutAnnotation] != "" {
@@ -62,7 +63,7 @@ func TestSpecLimits(t *testing.T) {
 	ctx := context.Background()
 	spec := fleet.BootSpec{ID: "sb-1", MemoryBytes: 256 << 20, CPUWeight: 100, CPUMillis: 1500, PidsMax: 512}
 	s := &oci.Spec{}
-	if err := r.withSandbox(spec)(ctx, nil, nil, s); err != nil {
+	if err := r.withSandbox(spec, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	res := s.Linux.Resources
@@ -76,7 +77,7 @@ func TestSpecLimits(t *testing.T) {
 		t.Fatalf("pids %+v", p)
 	}
 	fork := fleet.BootSpec{ID: "fork-1", MemoryBytes: 128 << 20, CPUWeight: 1, PidsMax: 64}
-	if err := r.withSandbox(fork)(ctx, nil, nil, s); err != nil {
+	if err := r.withSandbox(fork, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	res = s.Linux.Resources

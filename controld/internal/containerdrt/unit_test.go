@@ -24,6 +24,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 func testRuntimeConfig(t *testing.T) *Runtime {
@@ -109,8 +110,9 @@ func TestWithSandboxSpec(t *testing.T) {
 			{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
 		},
 	}
-	spec := fleet.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20}
-	if err := r.withSandbox(spec)(ctx, nil, nil, s); err != nil {
+	spec := fleet.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20, Network: fleet.NetworkSpec{Mode: network.ModeEgress}}
+	nsb := network.Sandbox{NetNS: "/run/forkfleet/net/ns/fork-1", ResolvConf: "/run/forkfleet/net/resolv.conf"}
+	if err := r.withSandbox(spec, nsb)(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	if s.Linux.CgroupsPath != "/forkfleet/fork-1" {
@@ -128,8 +130,17 @@ func TestWithSandboxSpec(t *testing.T) {
 			netns = append(netns, ns)
 		}
 	}
-	if len(netns) != 1 || netns[0].Path != "" {
-		t.Errorf("network namespaces %+v, want one new private namespace", netns)
+	if len(netns) != 1 || netns[0].Path != nsb.NetNS {
+		t.Errorf("network namespaces %+v, want only the fork's own %s", netns, nsb.NetNS)
+	}
+	if !hasMount(s, resolvConfPath) || s.Annotations[networkAnnotation] != "egress" {
+		t.Errorf("egress sandbox: no resolver mount or mode annotation: %+v %v", s.Mounts, s.Annotations)
+	}
+	if err := r.withSandbox(fleet.BootSpec{ID: "fork-2"}, network.Sandbox{NetNS: "/x"})(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if hasMount(s, resolvConfPath) || s.Annotations[networkAnnotation] != "none" {
+		t.Errorf("mode none kept the egress resolver mount or annotation: %+v %v", s.Mounts, s.Annotations)
 	}
 	for _, m := range s.Mounts {
 		if m.Destination == "/run" && !slices.Contains(m.Options, fmt.Sprintf("size=%d", DefaultRunTmpfsBytes)) {
@@ -150,7 +161,7 @@ func TestWithSandboxSpec(t *testing.T) {
 	r.maskDirs = map[string]bool{"/sys/firmware": true}
 	r.unmaskDirs = map[string]bool{"/proc/acpi": true} // empty on this kernel
 	s3 := &oci.Spec{Linux: &specs.Linux{MaskedPaths: []string{"/proc/kcore", "/proc/acpi", "/sys/firmware"}}}
-	if err := r.withSandbox(spec)(ctx, nil, nil, s3); err != nil {
+	if err := r.withSandbox(spec, network.Sandbox{})(ctx, nil, nil, s3); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(s3.Linux.MaskedPaths, []string{"/proc/kcore"}) {
@@ -162,7 +173,7 @@ func TestWithSandboxSpec(t *testing.T) {
 	}
 	// A spec saved by a runtime with another state dir gets this one's.
 	s3.Mounts[i].Source = "/elsewhere/empty"
-	if err := r.withSandbox(spec)(ctx, nil, nil, s3); err != nil {
+	if err := r.withSandbox(spec, network.Sandbox{})(ctx, nil, nil, s3); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(slices.DeleteFunc(slices.Clone(s3.Mounts), func(m specs.Mount) bool { return m.Destination != "/sys/firmware" })); n != 1 || s3.Mounts[i].Source != "/state/empty" {
@@ -177,7 +188,7 @@ func TestWithSandboxSpec(t *testing.T) {
 		{Destination: "/dev", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
 		{Destination: "/dev/shm", Type: "tmpfs"},
 	}}
-	if err := r.withSandbox(spec)(ctx, nil, nil, s2); err != nil {
+	if err := r.withSandbox(spec, network.Sandbox{})(ctx, nil, nil, s2); err != nil {
 		t.Fatal(err)
 	}
 	if len(s2.Mounts) != 2 || s2.Mounts[0].Destination != "/dev" || s2.Mounts[1].Destination != "/run" ||

@@ -75,6 +75,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return fmt.Errorf("fleet: remove orphan %s: %w", in.ID, err)
 		}
 	}
+	// Last: every sandbox left has its container, so a network without one
+	// belongs to nobody (a crash between its setup and its container).
+	if n, ok := networkerOf(m.rt); ok {
+		if err := n.PruneNetworks(ctx); err != nil {
+			m.log.Error("release sandbox networks nobody owns", "err", err)
+		}
+	}
 	m.mu.Lock()
 	m.refreshStateGaugeLocked()
 	m.mu.Unlock()

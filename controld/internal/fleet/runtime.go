@@ -2,9 +2,11 @@ package fleet
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 // Runtime runs sandboxes. The real one is containerdrt.Runtime (containerd +
@@ -79,6 +81,38 @@ type BootSpec struct {
 	// Labels are stored with the container (containerd labels) so List can
 	// return them; keys are the runtime's own business, values opaque.
 	Labels map[string]string
+	// Network is the sandbox's network mode and policy. A fork's mode is its
+	// checkpoint's. The policy is applied when the sandbox starts and is not
+	// part of what makes a precreated sandbox match a request.
+	Network NetworkSpec
+}
+
+// NetworkSpec is a sandbox's network: its mode, and in mode egress what it
+// may reach.
+type NetworkSpec struct {
+	Mode   network.Mode
+	Policy network.Policy
+}
+
+// Networker is an optional Runtime extension for sandbox networks (the
+// manager finds it with a type assertion).
+type Networker interface {
+	// SetNetworkPolicy replaces a running sandbox's policy.
+	SetNetworkPolicy(ctx context.Context, id string, p network.Policy) error
+	// DialPort connects to a TCP port inside a sandbox, as a process of the
+	// sandbox would (its loopback first): the gateway's exposed ports.
+	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
+	// PruneNetworks releases the networks of sandboxes the runtime no longer
+	// has (reconciliation after a restart).
+	PruneNetworks(ctx context.Context) error
+}
+
+func networkerOf(rt Runtime) (Networker, bool) {
+	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
+		rt = u.Unwrap()
+	}
+	n, ok := rt.(Networker)
+	return n, ok
 }
 
 // Instance is a running (or stopped) sandbox as the runtime sees it.

@@ -10,6 +10,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -122,6 +123,7 @@ type warmSlot struct {
 // the same key differ only in id and tokens.
 func slotKey(s BootSpec) string {
 	s.ID, s.ACIToken, s.AdminToken, s.Labels = "", "", "", nil
+	s.Network.Policy = network.Policy{} // applied at start
 	b, err := json.Marshal(s)
 	if err != nil {
 		panic(err) // plain data always marshals

@@ -15,6 +15,13 @@
 //	                    loop from now on, as fast as possible
 //	swaps               how many exchanges the loop made
 //	exit CODE           exit with CODE after replying
+//	listen ADDR         listen on TCP ADDR; each connection is answered
+//	                    with a line "value VALUE" and echoes lines after it
+//	dial ADDR           connect to ADDR and return its first line
+//	hold ADDR           connect to ADDR and keep the connection open
+//	held LINE           send LINE on the held connection, return the answer
+//	lo                  the flags of lo (/sys/class/net/lo/flags)
+//	fetch HOST:PORT PATH  an HTTP GET (the status line and first body line)
 package main
 
 import (
@@ -28,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,6 +44,8 @@ const socketPath = "/run/forkfleet/aci.sock"
 
 var (
 	swaps atomic.Int64
+	held  *bufio.ReadWriter // a TCP connection kept open (hold)
+	heldC net.Conn
 	mu    sync.Mutex
 	value = "initial"
 	open  []*os.File // files kept open, as openbox keeps its log open
@@ -82,6 +92,7 @@ func serve(c net.Conn, logf *os.File) {
 		reply = value
 	case "set":
 		value = arg
+		shown.Store(arg)
 		reply = "ok"
 	case "write":
 		path, content, _ := strings.Cut(arg, " ")
@@ -130,6 +141,56 @@ func serve(c net.Conn, logf *os.File) {
 		} else if err := os.Symlink(target, link); err != nil {
 			reply = "error " + err.Error()
 		}
+	case "listen":
+		ln, err := listenTCP(arg)
+		if err != nil {
+			reply = "error " + err.Error()
+			break
+		}
+		go acceptLoop(ln)
+		reply = "ok " + ln.Addr().String()
+	case "dial":
+		reply = dialLine(arg)
+	case "hold":
+		c, err := net.DialTimeout("tcp", arg, 2*time.Second)
+		if err != nil {
+			reply = "error " + err.Error()
+			break
+		}
+		heldC, held = c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+		line, err := held.ReadString('\n')
+		if err != nil {
+			reply = "error " + err.Error()
+			break
+		}
+		reply = strings.TrimSpace(line)
+	case "held":
+		if held == nil {
+			reply = "error nothing held"
+			break
+		}
+		heldC.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintln(held, arg)
+		if err := held.Flush(); err != nil {
+			reply = "error " + err.Error()
+			break
+		}
+		line, err := held.ReadString('\n')
+		if err != nil {
+			reply = "error " + err.Error()
+		} else {
+			reply = strings.TrimSpace(line)
+		}
+	case "lo":
+		b, err := os.ReadFile("/sys/class/net/lo/flags")
+		if err != nil {
+			reply = "error " + err.Error()
+		} else {
+			reply = strings.TrimSpace(string(b))
+		}
+	case "fetch":
+		hostport, path, _ := strings.Cut(arg, " ")
+		reply = fetch(hostport, path)
 	case "exit":
 		exitCode, _ = strconv.Atoi(arg)
 		reply = "ok"
@@ -142,6 +203,88 @@ func serve(c net.Conn, logf *os.File) {
 		c.Close()
 		os.Exit(exitCode)
 	}
+}
+
+// shown is value for the TCP handlers, which must not wait for mu (a
+// command holds it while it talks to them).
+var shown atomic.Value
+
+func current() string {
+	if v, ok := shown.Load().(string); ok {
+		return v
+	}
+	return "initial"
+}
+
+func listenTCP(addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false) // CRIU cannot dump MPTCP sockets
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+func acceptLoop(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			fmt.Fprintf(c, "value %s\n", current())
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "echo %s %s\n", strings.TrimSpace(line), current())
+			}
+		}()
+	}
+}
+
+func dialLine(addr string) string {
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	d.Timeout = 2 * time.Second
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return "error " + err.Error()
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "error " + err.Error()
+	}
+	return strings.TrimSpace(line)
+}
+
+// fetch does a minimal HTTP/1.0 GET (the image has no curl).
+func fetch(hostport, path string) string {
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	d.Timeout = 2 * time.Second
+	c, err := d.Dial("tcp", hostport)
+	if err != nil {
+		return "error " + err.Error()
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, hostport)
+	r := bufio.NewReader(c)
+	status, err := r.ReadString('\n')
+	if err != nil {
+		return "error " + err.Error()
+	}
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil || strings.TrimSpace(l) == "" {
+			break
+		}
+	}
+	body, _ := r.ReadString('\n')
+	return strings.TrimSpace(status) + " | " + strings.TrimSpace(body)
 }
 
 func fatal(err error) {
