@@ -101,7 +101,7 @@ func (s *checkpointSuite) peerRows(ctx context.Context, env *suite.Env, image st
 // of the same image as baseline rows, and our bare-desktop checkpoint as
 // ratios against them. A peer that cannot run is a note, not a failure.
 func (s *checkpointSuite) podmanRows(ctx context.Context, env *suite.Env, image string, n, warm int) []result.Row {
-	peer, err := newPodmanPeer(ctx, env, image)
+	peer, err := newPodmanPeer(ctx, env, image, "bare-desktop")
 	if err != nil {
 		env.Notef("podman peer not measured: %v", err)
 		return nil
@@ -292,76 +292,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 			continue
 		}
 		for _, n := range f.ns {
-			lbl := labels("tier", tier.name, "n", itoa(n))
-			wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
-			per := result.NewSeries("fork.replica_usable", "ms", lbl)
-			amort := result.NewSeries("fork.wall_per_replica", "ms", lbl)
-			pss := result.NewSeries("fork.replica_pss", "MB", lbl)
-			rss := result.NewSeries("fork.replica_rss", "MB", lbl)
-			klbl := labels("tier", tier.name, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds())))
-			pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
-			rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
-			breakdown := newForkBreakdown(tier.name, itoa(n))
-			for r := 0; r < reps; r++ {
-				fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier.name), attribute.Int("n", n)))
-				t0 := time.Now()
-				resp, err := c.ck.ForkCheckpoint(fctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.GetId(), Count: uint32(n),
-					Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
-				w := time.Since(t0)
-				sp.End()
-				if err != nil {
-					wall.Fail()
-					for i := 0; i < n; i++ {
-						per.Fail()
-					}
-					env.Progressf("fork %s N=%d: %v", tier.name, n, err)
-					continue
-				}
-				good := 0
-				var ok []string
-				for _, rep := range resp.GetReplicas() {
-					switch {
-					case rep.GetErrorCode() != 0 || rep.GetSandbox() == nil:
-						per.Fail()
-					case !verified(rep):
-						per.Unverified()
-					default:
-						good++
-						per.Add(dur(rep.GetTook()))
-						breakdown.add(rep)
-						ok = append(ok, rep.GetSandbox().GetId())
-					}
-				}
-				// A wall clock counts only when every replica is verified.
-				if good == n && len(resp.GetReplicas()) == n {
-					wall.Add(suite.Ms(w))
-					amort.Add(suite.Ms(w) / float64(n))
-				} else {
-					wall.Unverified()
-				}
-				// Memory per verified replica once the fleet settled, and on
-				// the last repetition again after KSM had time to merge.
-				sleepCtx(ctx, f.settle-time.Since(t0))
-				missing := replicaMemory(ok, pss, rss)
-				if r == reps-1 && f.ksmWait > 0 {
-					sleepCtx(ctx, f.ksmWait-time.Since(t0))
-					missing += replicaMemory(ok, pssKSM, rssKSM)
-				}
-				if missing > 0 {
-					env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier.name, n, missing)
-				}
-				for _, rep := range resp.GetReplicas() {
-					c.remove(ctx, rep.GetSandbox().GetId())
-				}
-				env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier.name, n, r+1, good, n, suite.Ms(w))
-			}
-			rows = append(rows, wall.Row(), per.Row(), amort.Row())
-			rows = append(rows, breakdown.rows()...)
-			for _, s := range []*result.Series{pss, rss, pssKSM, rssKSM} {
-				if s.Len() > 0 {
-					rows = append(rows, s.Row())
-				}
-			}
+			rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), tier.name, n, reps)...)
 		}
 		c.removeCheckpoint(ctx, ck.GetId())
 	}
@@ -375,6 +306,83 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	return rows, nil
 }
 
+// forkN forks n replicas of checkpoint ckID reps times: wall clock, per
+// replica, the restore breakdown, and memory per replica (after settle, and
+// on the last repetition after ksmWait). extra are labels every row carries.
+func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID, tier string, n, reps int, extra ...string) []result.Row {
+	lbl := labels(append([]string{"tier", tier, "n", itoa(n)}, extra...)...)
+	wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
+	per := result.NewSeries("fork.replica_usable", "ms", lbl)
+	amort := result.NewSeries("fork.wall_per_replica", "ms", lbl)
+	pss := result.NewSeries("fork.replica_pss", "MB", lbl)
+	rss := result.NewSeries("fork.replica_rss", "MB", lbl)
+	klbl := labels(append([]string{"tier", tier, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds()))}, extra...)...)
+	pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
+	rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
+	breakdown := newForkBreakdown(tier, itoa(n))
+	for r := 0; r < reps; r++ {
+		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
+		t0 := time.Now()
+		resp, err := c.ck.ForkCheckpoint(fctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n),
+			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+		w := time.Since(t0)
+		sp.End()
+		if err != nil {
+			wall.Fail()
+			for i := 0; i < n; i++ {
+				per.Fail()
+			}
+			env.Progressf("fork %s N=%d: %v", tier, n, err)
+			continue
+		}
+		good := 0
+		var ok []string
+		for _, rep := range resp.GetReplicas() {
+			switch {
+			case rep.GetErrorCode() != 0 || rep.GetSandbox() == nil:
+				per.Fail()
+			case !verified(rep):
+				per.Unverified()
+			default:
+				good++
+				per.Add(dur(rep.GetTook()))
+				breakdown.add(rep)
+				ok = append(ok, rep.GetSandbox().GetId())
+			}
+		}
+		// A wall clock counts only when every replica is verified.
+		if good == n && len(resp.GetReplicas()) == n {
+			wall.Add(suite.Ms(w))
+			amort.Add(suite.Ms(w) / float64(n))
+		} else {
+			wall.Unverified()
+		}
+		// Memory per verified replica once the fleet settled, and on
+		// the last repetition again after KSM had time to merge.
+		sleepCtx(ctx, f.settle-time.Since(t0))
+		missing := replicaMemory(ok, pss, rss)
+		if r == reps-1 && f.ksmWait > 0 {
+			sleepCtx(ctx, f.ksmWait-time.Since(t0))
+			missing += replicaMemory(ok, pssKSM, rssKSM)
+		}
+		if missing > 0 {
+			env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier, n, missing)
+		}
+		for _, rep := range resp.GetReplicas() {
+			c.remove(ctx, rep.GetSandbox().GetId())
+		}
+		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier, n, r+1, good, n, suite.Ms(w))
+	}
+	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
+	rows = append(rows, breakdown.rows()...)
+	for _, s := range []*result.Series{pss, rss, pssKSM, rssKSM} {
+		if s.Len() > 0 {
+			rows = append(rows, s.Row())
+		}
+	}
+	return rows
+}
+
 // podmanRows measures podman restore --import of the same image, N=1 and
 // N=4 at once, and our fork's wall clocks as ratios against it: both count
 // a replica once its guestd answers.
@@ -383,7 +391,7 @@ func (f *forkSuite) podmanRows(ctx context.Context, env *suite.Env, image string
 		env.Notef("podman peer not measured: no golden sandbox named the image")
 		return nil
 	}
-	peer, err := newPodmanPeer(ctx, env, image)
+	peer, err := newPodmanPeer(ctx, env, image, "bare-desktop")
 	if err != nil {
 		env.Notef("podman peer not measured: %v", err)
 		return nil

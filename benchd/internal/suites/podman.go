@@ -54,9 +54,9 @@ func podman(ctx context.Context, args ...string) (string, time.Duration, error) 
 	return strings.TrimSpace(string(out)), d, err
 }
 
-// podmanLabels are the labels every podman peer row carries.
-func podmanLabels(kv ...string) map[string]string {
-	return labels(append([]string{"system", "podman", "tool", "podman+runc+criu", "shape", "bare-desktop"}, kv...)...)
+// labels are the labels every row of this peer carries.
+func (p *podmanPeer) labels(kv ...string) map[string]string {
+	return labels(append([]string{"system", "podman", "tool", "podman+runc+criu", "shape", p.shape}, kv...)...)
 }
 
 // podmanPeer is the desktop image controld boots, run by podman with the
@@ -69,6 +69,10 @@ type podmanPeer struct {
 	// restored ones inherit the source's environment).
 	aciToken   string
 	adminToken string
+	// shape labels the rows ("bare-desktop" unless the suite says);
+	// runArgs go to every podman run of the peer's containers.
+	shape   string
+	runArgs []string
 
 	mu      sync.Mutex
 	created []string
@@ -84,8 +88,9 @@ func podmanPeers(on bool) []string {
 
 // newPodmanPeer checks that podman holds the same image as containerd
 // (loading it from containerd when not), starts the source desktop and
-// waits until its guestd answers.
-func newPodmanPeer(ctx context.Context, env *suite.Env, image string) (*podmanPeer, error) {
+// waits until its guestd answers. shape labels its rows; runArgs are extra
+// `podman run` arguments (the image's CRIU config, say).
+func newPodmanPeer(ctx context.Context, env *suite.Env, image, shape string, runArgs ...string) (*podmanPeer, error) {
 	if _, ok := env.Peer("podman"); !ok {
 		return nil, errors.New("podman not installed (make peers)")
 	}
@@ -98,7 +103,7 @@ func newPodmanPeer(ctx context.Context, env *suite.Env, image string) (*podmanPe
 	}
 	env.Notef("podman peer runs %s (image config %.19s, the one controld boots) with runc, --network none and criu from /usr/local/sbin", image, id)
 	p := &podmanPeer{env: env, ref: image, aciToken: randomToken(), adminToken: randomToken(),
-		source: fmt.Sprintf("benchd-peer-%d", time.Now().UnixNano())}
+		source: fmt.Sprintf("benchd-peer-%d", time.Now().UnixNano()), shape: shape, runArgs: runArgs}
 	if err := p.run(ctx, p.source); err != nil {
 		p.Close(ctx)
 		return nil, err
@@ -208,7 +213,7 @@ func (p *podmanPeer) track(name string) {
 // environment controld gives it.
 func (p *podmanPeer) run(ctx context.Context, name string) error {
 	p.track(name)
-	args := append([]string{"run", "-d", "--name", name}, podmanRunFlags...)
+	args := append(append([]string{"run", "-d", "--name", name}, podmanRunFlags...), p.runArgs...)
 	args = append(args,
 		"-e", "FORKFLEET_ACI_TOKEN="+p.aciToken,
 		"-e", "FORKFLEET_ADMIN_TOKEN="+p.adminToken,
@@ -344,7 +349,7 @@ func (p *podmanPeer) checkpointRows(ctx context.Context, n, warm int) []result.R
 	}
 	var rows []result.Row
 	for _, mode := range modes {
-		lbl := podmanLabels("compress", mode)
+		lbl := p.labels("compress", mode)
 		ck := result.NewSeries("peer.podman_checkpoint_leave_running", "ms", lbl)
 		size := result.NewSeries("peer.podman_checkpoint_size", "MB", lbl)
 		ck.Baseline, size.Baseline = true, true
@@ -403,7 +408,7 @@ func (p *podmanPeer) exportCheckpoint(ctx context.Context) (string, error) {
 func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, reps int) []result.Row {
 	var rows []result.Row
 	for _, n := range ns {
-		lbl := podmanLabels("n", itoa(n))
+		lbl := p.labels("n", itoa(n))
 		cmd := result.NewSeries("peer.podman_restore_import", "ms", lbl)
 		usable := result.NewSeries("peer.podman_restore_verified", "ms", lbl)
 		wall := result.NewSeries("peer.podman_restore.wall", "ms", lbl)

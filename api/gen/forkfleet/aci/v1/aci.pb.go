@@ -5905,7 +5905,9 @@ type CheckpointPrepareRequest struct {
 	// After closing the sessions, wait until nothing was drawn and no input
 	// was sent for settle_ms, counting from the last damage or input (not from
 	// this request: a desktop that has been still costs no wait), bounded by
-	// settle_timeout_ms (1000 when 0). 0: no wait. At most 60000 each.
+	// settle_timeout_ms (1000 when 0). 0: no wait. At most 60000 each. No wait
+	// either when guestd grabs the X server for the dump (it does on displays
+	// that allow it): nothing can draw between the hash and the dump then.
 	SettleMs        uint32 `protobuf:"varint,2,opt,name=settle_ms,json=settleMs,proto3" json:"settle_ms,omitempty"`
 	SettleTimeoutMs uint32 `protobuf:"varint,3,opt,name=settle_timeout_ms,json=settleTimeoutMs,proto3" json:"settle_timeout_ms,omitempty"`
 	unknownFields   protoimpl.UnknownFields

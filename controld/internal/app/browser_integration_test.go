@@ -1,0 +1,216 @@
+package app_test
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
+)
+
+// counterPage keeps a counter in JavaScript (every 50 ms) and shows it, the
+// text of its focused input and nothing else in the page title, which the
+// browser window's title carries: state an agent sees without the network.
+//
+//go:embed testdata/counter.html
+var counterPage []byte
+
+var counterTitle = regexp.MustCompile(`^counter (\d+) (.*?)(?: - Chromium)?$`)
+
+// TestRealStackBrowser runs the web desktop (desktop-web) on the real stack:
+// Chromium boots as the session app on its start page, with CDP on the
+// sandbox's loopback; a page whose JavaScript keeps a counter is
+// checkpointed live and forked 4 ways; every replica passes the pixel proof
+// although the page animates, its counter continues from the checkpoint's
+// value and advances on its own, typed text (non-ASCII too) reaches the
+// page, and no crash or restore dialog shows. Own namespace
+// forkfleet-browser-it (testenv).
+func TestRealStackBrowser(t *testing.T) {
+	s := newStackIn(t, "forkfleet-browser-it")
+	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
+	s.cfg.DefaultImage, s.image = web, web
+	s.launch(0)
+	ctx := s.ctx
+	var sandboxes []string
+	var ckID string
+	t.Cleanup(func() {
+		bg := context.Background()
+		for _, id := range sandboxes {
+			if _, err := s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		if ckID != "" {
+			if _, err := s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID}); err != nil {
+				t.Errorf("delete checkpoint: %v", err)
+			}
+		}
+	})
+
+	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: web, WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := cr.Sandbox.Id
+	sandboxes = append(sandboxes, src)
+	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	waitTitle(t, ctx, sess, "start page", func(title string) bool { return strings.HasPrefix(title, "forkfleet") })
+
+	// CDP answers on the sandbox's loopback (never on a host port).
+	r, err := sess.Exec(ctx, &aciv1.ExecRequest{TimeoutMs: 10_000, Argv: []string{"/bin/bash", "-c",
+		`exec 3<>/dev/tcp/127.0.0.1/9222 && printf 'GET /json/version HTTP/1.1\r\nHost: 127.0.0.1:9222\r\n\r\n' >&3 && timeout 2 cat <&3; true`}})
+	if err != nil || r.ExitCode != 0 || !strings.Contains(string(r.Stdout), `"webSocketDebuggerUrl"`) || !strings.Contains(string(r.Stdout), "Chrome/") {
+		t.Fatalf("CDP /json/version on the sandbox's loopback: %v exit %d %q %q", err, r.GetExitCode(), r.GetStdout(), r.GetStderr())
+	}
+
+	// The counter page, opened in the running browser (its profile's
+	// singleton hands the URL over and exits).
+	if err := sess.PutFile(ctx, "/root/counter.html", counterPage); err != nil {
+		t.Fatal(err)
+	}
+	shell(t, ctx, sess, `/usr/lib/chromium/chromium --no-sandbox --user-data-dir=/root/.config/chromium file:///root/counter.html >/dev/null 2>&1`)
+	waitTitle(t, ctx, sess, "counter page", func(title string) bool { return counterTitle.MatchString(title) })
+
+	// Typed text reaches the focused page, non-ASCII included.
+	const typed = "été ünï 丘丙"
+	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Type(typed)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitTitle(t, ctx, sess, "typed text", func(title string) bool {
+		m := counterTitle.FindStringSubmatch(title)
+		return m != nil && m[2] == typed
+	})
+	sess.Close()
+
+	before := counterOf(t, ctx, s, cr.Endpoint)
+	ckr, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src})
+	if err != nil {
+		t.Fatalf("checkpoint of the browser: %v", err)
+	}
+	ck := ckr.Checkpoint
+	ckID = ck.Id
+	t.Logf("checkpoint: frozen %v, total %v, memory %d MiB, layer %d KiB",
+		ck.Timing.GetFrozen().AsDuration(), ck.Timing.GetTotal().AsDuration(), ck.MemoryBytes>>20, ck.LayerBytes>>10)
+	after := counterOf(t, ctx, s, cr.Endpoint)
+
+	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type replica struct {
+		id    string
+		ep    *controldv1.Endpoint
+		first int
+	}
+	var reps []replica
+	for i, r := range fork.Replicas {
+		if r.ErrorCode != 0 {
+			t.Fatalf("replica %d: %s", i, r.ErrorMessage)
+		}
+		sandboxes = append(sandboxes, r.Sandbox.Id)
+		for _, v := range r.Verification {
+			if !v.Ok {
+				t.Fatalf("replica %d: %s: %s", i, v.Level, v.Detail)
+			}
+		}
+		reps = append(reps, replica{id: r.Sandbox.Id, ep: r.Endpoint})
+	}
+	// Every replica's page runs on from the checkpoint's state: its counter
+	// starts within what the source showed around the checkpoint (plus what
+	// it counted since), the typed text is there, and it advances.
+	for i := range reps {
+		n, text := titleState(t, ctx, s, reps[i].ep)
+		if n < before || text != typed {
+			t.Fatalf("replica %d starts at counter %d with %q; the source showed %d before the checkpoint, with %q", i, n, text, before, typed)
+		}
+		reps[i].first = n
+	}
+	t.Logf("counter: %d before the checkpoint, %d after; replicas at %v", before, after, reps)
+	for i, r := range reps {
+		rs, err := aci.Dial(ctx, r.ep.Url, r.ep.Token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Each replica gets its own text: they diverge.
+		if _, err := rs.Step(ctx, []*aciv1.Action{aci.Type(fmt.Sprintf(" r%d", i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitTitle(t, ctx, rs, fmt.Sprintf("replica %d advances with its own text", i), func(title string) bool {
+			m := counterTitle.FindStringSubmatch(title)
+			if m == nil {
+				return false
+			}
+			n, _ := strconv.Atoi(m[1])
+			return n > r.first && m[2] == fmt.Sprintf("%s r%d", typed, i)
+		})
+		// Nothing but the browser's window: no crash or restore dialog.
+		ws, err := rs.ListWindows(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ws) != 1 {
+			var titles []string
+			for _, w := range ws {
+				titles = append(titles, w.GetTitle())
+			}
+			t.Fatalf("replica %d shows %d windows %q, want the browser's only", i, len(ws), titles)
+		}
+		rs.Close()
+	}
+}
+
+// waitTitle polls the window list until a window's title satisfies ok.
+func waitTitle(t *testing.T, ctx context.Context, sess *aci.Session, what string, ok func(string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last []string
+	for time.Now().Before(deadline) {
+		ws, err := sess.ListWindows(ctx)
+		if err != nil {
+			t.Fatalf("%s: list windows: %v", what, err)
+		}
+		last = last[:0]
+		for _, w := range ws {
+			if ok(w.GetTitle()) {
+				return w.GetTitle()
+			}
+			last = append(last, w.GetTitle())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: no window title matched in 30 s; titles %q", what, last)
+	return ""
+}
+
+// titleState reads the counter page's state from the window title of the
+// sandbox at ep.
+func titleState(t *testing.T, ctx context.Context, s *bootStack, ep *controldv1.Endpoint) (int, string) {
+	t.Helper()
+	sess, err := aci.Dial(ctx, ep.Url, ep.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	title := waitTitle(t, ctx, sess, "counter", func(title string) bool { return counterTitle.MatchString(title) })
+	m := counterTitle.FindStringSubmatch(title)
+	n, _ := strconv.Atoi(m[1])
+	return n, m[2]
+}
+
+func counterOf(t *testing.T, ctx context.Context, s *bootStack, ep *controldv1.Endpoint) int {
+	t.Helper()
+	n, _ := titleState(t, ctx, s, ep)
+	return n
+}
