@@ -885,6 +885,7 @@ step_forward() {
 		step forward skip "FORKFLEET_IP_FORWARD=0: ip_forward is $(cat "$f"); sandbox network mode egress needs 1"
 		return
 	fi
+	[[ $(cat "$f") != 1 ]] && record_original ip_forward "$(cat "$f")"
 	if [[ $(cat "$f") != 1 ]] && ! echo 1 >"$f" 2>/dev/null; then
 		step forward warn "could not set net.ipv4.ip_forward=1: sandbox network mode egress is unavailable"
 		return
@@ -999,6 +1000,11 @@ main_uninstall() {
 	pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
 	unmount_under "$CONTAINERD_ROOT"
 	unmount_under "$RUN_DIR"
+	# Sandbox networks (controld/internal/network): the host ends of the
+	# sandboxes' uplinks (their namespaces went with the unmounts above) and
+	# controld's nftables table.
+	ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | grep '^ffh' | xargs -r -n1 ip link delete 2>/dev/null || true
+	nft delete table inet forkfleet 2>/dev/null || true
 	# Every containerd namespace, image, snapshot and sandbox state, CRIU's
 	# images, controld's state, the logs, the host config.
 	rm -rf "$CONTAINERD_ROOT" "$RUN_DIR" "$LOG_DIR" "$ETC_DIR" /run/criu.kdat /run/criu.kdat.tmp
@@ -1006,7 +1012,7 @@ main_uninstall() {
 	for b in containerd containerd-shim-runc-v2 ctr; do
 		remove_if_ours "/usr/local/bin/$b" "$CONTAINERD_CACHE/$b"
 	done
-	rm -f /usr/local/bin/controld /usr/local/bin/forkfleet-log "$SUPERVISOR" "$CONNTRACK_SYSCTL"
+	rm -f /usr/local/bin/controld /usr/local/bin/forkfleet-log "$SUPERVISOR" "$CONNTRACK_SYSCTL" "$FORWARD_SYSCTL"
 	rmdir "$(dirname "$SUPERVISOR")" 2>/dev/null || true
 	is_our_wrapper "$CRIU_WRAPPER" && rm -f "$CRIU_WRAPPER"
 	rm -rf "$CRIU_PREFIX"
@@ -1022,11 +1028,12 @@ main_uninstall() {
 			case $key in
 			ksm_*) f=/sys/kernel/mm/ksm/${key#ksm_} ;;
 			conntrack_buckets) f=/proc/sys/net/netfilter/nf_conntrack_buckets ;;
+			ip_forward) f=/proc/sys/net/ipv4/ip_forward ;;
 			*) continue ;;
 			esac
 			[[ -w $f ]] && echo "$val" >"$f" 2>/dev/null || note uninstall "could not restore $f to $val"
 		done <"$ORIGINALS"
-		step kernel "done" "restored $(wc -l <"$ORIGINALS") KSM/conntrack settings; /run stays a tmpfs until reboot"
+		step kernel "done" "restored $(wc -l <"$ORIGINALS") KSM/conntrack/forwarding settings; /run stays a tmpfs until reboot"
 	fi
 	if [[ -f $PACKAGES_INSTALLED ]]; then
 		mapfile -t pkgs <"$PACKAGES_INSTALLED"
