@@ -1000,6 +1000,9 @@ main_uninstall() {
 	pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
 	unmount_under "$CONTAINERD_ROOT"
 	unmount_under "$RUN_DIR"
+	# Anything else mounted in the state directory (a loop-mounted layer
+	# filesystem is detached with its last unmount: mount -o loop autoclears).
+	unmount_under "$LIB_DIR"
 	# Sandbox networks (controld/internal/network): the host ends of the
 	# sandboxes' uplinks (their namespaces went with the unmounts above) and
 	# controld's nftables table.
