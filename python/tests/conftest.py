@@ -136,6 +136,7 @@ class Stack:
         if not os.path.exists(os.path.join(layout, "index.json")):
             pytest.fail(f"no desktop image layout at {layout}: build it with `make image` (make test does)")
         controld = go_build(bindir, "controld", "./cmd/controld", "controld")
+        go_build(bindir, "controld", "./cmd/forkfleet-log", "forkfleet-log")  # controld runs it beside itself
         image_tool = go_build(bindir, "controld", "./cmd/forkfleet-image", "forkfleet-image")
         r = subprocess.run([image_tool, "import", "--address", address, "--namespace", self.namespace, layout],
                            capture_output=True, text=True)
@@ -194,8 +195,9 @@ namespace = "{self.namespace}"
         finally:
             ns.close()
         if self.proc.poll() is not None or not os.path.exists(self.socket):
+            log = self.tail()
             self.close()
-            pytest.fail(f"controld did not start:\n{self.tail()}")
+            pytest.fail(f"controld did not start:\n{log}")
 
     def tail(self, n: int = 8000) -> str:
         try:
@@ -231,6 +233,8 @@ namespace = "{self.namespace}"
                 self.proc.kill()
                 self.proc.wait()
         self.logf.close()
+        # Keep the log of the last run for a look after a failure.
+        shutil.copyfile(self.log, os.path.join(tempfile.gettempdir(), f"{self.namespace}-controld.log"))
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from forkfleet import _sync, errors
 from forkfleet.adapters.scaling import Scaler, b64, scaler_for
+from forkfleet.aci import actions as act
 from forkfleet.aci import session as aci_session
 from forkfleet.aci.v1 import aci_pb2 as a
 
@@ -43,6 +44,28 @@ class ToolResult:
         if self.image is None:
             raise errors.FailedPrecondition("adapter: no screenshot to return to the model")
         return {"type": "computer_screenshot", "image_url": f"data:{self.media_type};base64,{self.base64_image}"}
+
+
+# A drag as a window manager follows it: X delivers the motions at once, but
+# a WM that starts moving a window on the first motion past its threshold
+# reads the pointer when it gets there; unpaced, the pointer is already at
+# the end and the window does not move. So the press, every motion and the
+# release are spaced out a little.
+_DRAG_PAUSE = 0.05
+_DRAG_STEP_PAUSE = 0.01
+_DRAG_STEPS = 8  # motions per path segment
+
+
+def paced_drag(points: list[tuple[int, int]], button: int = act.LEFT) -> list[a.Action]:
+    """Press at the first point, move through the others (interpolated),
+    release at the last."""
+    out = [act.move(*points[0]), act.button_down(button), act.wait(_DRAG_PAUSE)]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        for i in range(1, _DRAG_STEPS + 1):
+            out.append(act.move(x0 + (x1 - x0) * i // _DRAG_STEPS, y0 + (y1 - y0) * i // _DRAG_STEPS))
+            out.append(act.wait(_DRAG_STEP_PAUSE))
+    out += [act.wait(_DRAG_PAUSE), act.button_up(button)]
+    return out
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from forkfleet import errors
-from forkfleet.adapters._base import Adapter, Plan, ToolResult
+from forkfleet.adapters._base import Adapter, Plan, ToolResult, paced_drag
 from forkfleet.aci import actions as act
 from forkfleet.aci.v1 import aci_pb2 as a
 
@@ -108,7 +108,7 @@ class AnthropicComputer(Adapter):
         if kind == "left_click_drag":
             x1, y1 = self._point(action, "start_coordinate")
             x2, y2 = self._point(action)
-            return Plan([act.drag(x1, y1, x2, y2, steps=10)], obs)
+            return Plan(paced_drag([(x1, y1), (x2, y2)]), obs)
         if kind == "left_mouse_down":
             pre = [act.move(*self._point(action))] if action.get("coordinate") is not None else []
             return Plan(pre + [act.button_down(act.LEFT)], obs)

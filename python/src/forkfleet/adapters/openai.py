@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from forkfleet import errors
-from forkfleet.adapters._base import Adapter, Plan
+from forkfleet.adapters._base import Adapter, Plan, paced_drag
 from forkfleet.aci import actions as act
 
 __all__ = ["OpenAIComputer"]
@@ -121,10 +121,7 @@ class OpenAIComputer(Adapter):
             if not isinstance(path, (list, tuple)) or len(path) < 2:
                 raise errors.InvalidArgument("computer: drag needs a path of at least two points", field="path")
             pts = [self._xy(p if isinstance(p, Mapping) else _as_dict(p)) for p in path]
-            steps = [act.move(*pts[0]), act.button_down(act.LEFT)]
-            steps += [act.move(*p) for p in pts[1:]]
-            steps.append(act.button_up(act.LEFT))
-            return Plan(steps, obs)
+            return Plan(paced_drag(pts), obs)
         if kind == "wait":
             ms = action.get("ms", 1000)
             if not isinstance(ms, (int, float)) or not 0 <= ms <= _MAX_WAIT_MS:
