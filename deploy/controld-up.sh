@@ -72,8 +72,13 @@ else
 	# A controld that was killed leaves its socket behind: the wait below
 	# must see the new one.
 	rm -f "$SOCK"
-	# setsid: controld must not die with the shell that started it.
-	setsid "$BIN_DST" >>"$LOG" 2>&1 </dev/null &
+	# setsid: controld must not die with the shell that started it. Every
+	# descriptor above stderr is closed first: a caller that holds a lock
+	# (`flock /tmp/forkfleet-bench.lock deploy/controld-up.sh ...`) would
+	# otherwise have it held by controld for controld's whole life.
+	# shellcheck disable=SC2016 # expanded by the inner shell, on purpose
+	setsid bash -c 'for f in /proc/$$/fd/*; do n=${f##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-"; done; exec "$0"' \
+		"$BIN_DST" >>"$LOG" 2>&1 </dev/null &
 	echo $! >"$PIDFILE"
 	say "started controld (pid $(cat "$PIDFILE"), log $LOG)"
 fi
