@@ -365,8 +365,8 @@ func TestWatch(t *testing.T) {
 			break
 		}
 	}
-	if types[0] != controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED || len(types) != 8 {
-		t.Errorf("events = %v, want CREATED, 6 PHASE, STATE", types)
+	if types[0] != controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_CREATED || len(types) != 10 {
+		t.Errorf("events = %v, want CREATED, 8 PHASE, STATE", types)
 	}
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)

@@ -293,7 +293,8 @@ func (f *Fake) endpointFor(sb *controldv1.Sandbox) *controldv1.Endpoint {
 }
 
 func bootPhases(total time.Duration) []*controldv1.BootPhase {
-	names := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "usable"}
+	// The desktop image's waterfall: its xterm mapped and focused.
+	names := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "windows_mapped", "focused", "usable"}
 	out := make([]*controldv1.BootPhase, len(names))
 	for i, n := range names {
 		out[i] = &controldv1.BootPhase{Name: n, At: durationpb.New(total * time.Duration(i+1) / time.Duration(len(names)))}

@@ -98,6 +98,7 @@ t=$(now_ms)
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	--env HOME=/root \
 	--env DISPLAY=:0 \
+	--env LANG=C.UTF-8 \
 	--workdir /root \
 	--label "org.forkfleet.base=$hash" \
 	--name "$image_name" \

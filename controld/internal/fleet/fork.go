@@ -191,12 +191,22 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	}
 	defer g.Close()
 	wf.phase(PhaseGuestdListening, time.Now())
-	if !memTier {
-		// A disk-tier fork boots its desktop fresh.
+	// A disk-tier fork boots its desktop fresh: usable when guestd says so.
+	// A memory-tier replica was usable at the checkpoint (its guestd kept
+	// that); asking costs one round trip next to the restored notification
+	// and the proofs, and proves its display answers.
+	usable := make(chan error, 1)
+	if memTier {
+		go func() {
+			_, err := g.WaitReady(wctx, nil)
+			usable <- err
+		}()
+	} else {
 		if _, err := g.WaitReady(wctx, nil); err != nil {
 			wf.end(err)
 			return sb, rep, fmt.Errorf("desktop not ready: %w", err)
 		}
+		usable <- nil
 	}
 	// Restored (the replica's identity, entropy) and the proofs are
 	// independent requests on one session: run them at once. The replica is
@@ -217,6 +227,10 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	if err := <-restored; err != nil {
 		wf.end(err)
 		return sb, rep, fmt.Errorf("restored notification: %w", err)
+	}
+	if err := <-usable; err != nil {
+		wf.end(err)
+		return sb, rep, fmt.Errorf("desktop not ready: %w", err)
 	}
 	if len(p.levels) > 0 {
 		var failed []string

@@ -64,7 +64,18 @@ type GuestDialer interface {
 type ReadyState struct {
 	Ready, XUp, WMUp, Painted bool
 	XUpMs, WMUpMs, PaintedMs  uint64
+	// The image's readiness conditions (guestd.json "ready"): its windows
+	// mapped, their titles matching (the start page loaded), the focus on
+	// its focus window. 0: not yet, or the image names nothing of the kind.
+	WindowsMappedMs, ContentReadyMs, FocusedMs uint64
+	// WaitingFor is what readiness still waits for, as guestd says it:
+	// printable, at most MaxWaitingFor bytes.
+	WaitingFor string
 }
+
+// MaxWaitingFor bounds ReadyState.WaitingFor: guestd's bytes are the
+// sandbox's and end up in errors and logs.
+const MaxWaitingFor = 256
 
 // GuestHello is the session's HelloResponse, as far as controld uses it.
 type GuestHello struct {

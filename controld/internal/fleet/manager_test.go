@@ -144,7 +144,7 @@ func TestCreateWaitGetListDelete(t *testing.T) {
 	for _, p := range got.Boot {
 		names = append(names, p.Name)
 	}
-	want := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "usable"}
+	want := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "windows_mapped", "focused", "usable"}
 	if len(names) != len(want) {
 		t.Fatalf("boot phases %v, want %v", names, want)
 	}
@@ -732,7 +732,7 @@ func TestBootSpans(t *testing.T) {
 	for _, s := range rec.Ended() {
 		names[s.Name()] = true
 	}
-	for _, want := range []string{"sandbox.boot", "boot.create", "boot.task_start", "boot.guestd_listening", "boot.x_up", "boot.painted", "boot.usable"} {
+	for _, want := range []string{"sandbox.boot", "boot.create", "boot.task_start", "boot.guestd_listening", "boot.x_up", "boot.painted", "boot.windows_mapped", "boot.focused", "boot.usable"} {
 		if !names[want] {
 			t.Errorf("no %s span (have %v)", want, names)
 		}

@@ -28,7 +28,13 @@ const (
 	PhaseGuestdListening = "guestd_listening"
 	PhaseXUp             = "x_up"
 	PhasePainted         = "painted"
-	PhaseUsable          = "usable"
+	// The image's readiness conditions, when it names them (guestd.json
+	// "ready"): its windows mapped, their titles matching (a start page
+	// loaded), the focus on its focus window.
+	PhaseWindowsMapped = "windows_mapped"
+	PhaseContentReady  = "content_ready"
+	PhaseFocused       = "focused"
+	PhaseUsable        = "usable"
 )
 
 const defaultWaitTimeout = 60 * time.Second
@@ -365,23 +371,37 @@ func (m *Manager) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, so
 			"guestd at %s serves sandbox %s", sock, h.SandboxID))
 		return
 	}
-	var sawX, sawPaint bool
-	_, err = g.WaitReady(ctx, func(s ReadyState) {
-		now := time.Now()
-		if s.XUp && !sawX {
-			sawX = true
-			wf.phase(PhaseXUp, guestTime(guestStart, s.XUpMs, wf.lastAt, now))
-		}
-		if s.Painted && !sawPaint {
-			sawPaint = true
-			wf.phase(PhasePainted, guestTime(guestStart, s.PaintedMs, wf.lastAt, now))
-		}
-	})
+	seen := map[string]bool{}
+	_, err = g.WaitReady(ctx, func(s ReadyState) { wf.guestPhases(s, guestStart, seen) })
 	if err != nil {
 		m.bootFailed(sb, wf, err)
 		return
 	}
 	m.markReady(sb, wf)
+}
+
+// guestPhases adds the guest's milestones reached in s that seen does not
+// hold yet, in the order guestd reached them.
+func (w *waterfall) guestPhases(s ReadyState, guestStart time.Time, seen map[string]bool) {
+	now := time.Now()
+	ms := []struct {
+		name    string
+		reached bool
+		at      uint64
+	}{
+		{PhaseXUp, s.XUp, s.XUpMs},
+		{PhasePainted, s.Painted, s.PaintedMs},
+		{PhaseWindowsMapped, s.WindowsMappedMs > 0, s.WindowsMappedMs},
+		{PhaseContentReady, s.ContentReadyMs > 0, s.ContentReadyMs},
+		{PhaseFocused, s.FocusedMs > 0, s.FocusedMs},
+	}
+	sort.SliceStable(ms, func(i, j int) bool { return ms[i].at < ms[j].at })
+	for _, m := range ms {
+		if m.reached && !seen[m.name] {
+			seen[m.name] = true
+			w.phase(m.name, guestTime(guestStart, m.at, w.lastAt, now))
+		}
+	}
 }
 
 // guestTime converts a guestd milestone (ms since guestd started, which is

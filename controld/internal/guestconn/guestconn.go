@@ -7,8 +7,11 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
@@ -52,7 +55,24 @@ func readyState(r *aciv1.ReadyResponse) fleet.ReadyState {
 	return fleet.ReadyState{
 		Ready: r.GetReady(), XUp: r.GetXUp(), WMUp: r.GetWmUp(), Painted: r.GetRootPainted(),
 		XUpMs: r.GetXUpMs(), WMUpMs: r.GetWmUpMs(), PaintedMs: r.GetPaintedMs(),
+		WindowsMappedMs: r.GetWindowsMappedMs(), ContentReadyMs: r.GetContentReadyMs(), FocusedMs: r.GetFocusedMs(),
+		WaitingFor: printable(r.GetWaitingFor(), fleet.MaxWaitingFor),
 	}
+}
+
+// printable makes text from the sandbox safe for errors and logs: valid
+// UTF-8 without control characters, at most limit bytes.
+func printable(s string, limit int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
+	if len(s) > limit {
+		s = strings.ToValidUTF8(s[:limit], "") + "…"
+	}
+	return s
 }
 
 // WaitReady asks once, then follows guestd's pushed ReadyEvents.
@@ -72,6 +92,9 @@ func (g *guest) WaitReady(ctx context.Context, onState func(fleet.ReadyState)) (
 	for !st.Ready {
 		select {
 		case <-ctx.Done():
+			if st.WaitingFor != "" {
+				return st, fmt.Errorf("desktop not usable, waiting for %s: %w", st.WaitingFor, ctx.Err())
+			}
 			return st, ctx.Err()
 		case <-g.s.Done():
 			return st, fmt.Errorf("guestd closed the session before the desktop was ready: %w", aci.ErrConnectionLost)

@@ -236,29 +236,6 @@ func (ss *session) hello(r *aciv1.HelloRequest) (*aciv1.HelloResponse, error) {
 	return resp, nil
 }
 
-func (s *Server) readyState(ctx context.Context) *aciv1.ReadyResponse {
-	d, err := s.desktop()
-	if err != nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.readyLocked(false, false, false)
-	}
-	st, err := d.Ready(ctx)
-	if err != nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.readyLocked(false, false, false)
-	}
-	if r := s.noteReady(st.XUp, st.WMUp, st.RootPainted); r != nil {
-		// The probe saw readiness before the watcher did: announce it now.
-		s.broadcast(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Event{Event: &aciv1.Event{
-			Event: &aciv1.Event_Ready{Ready: &aciv1.ReadyEvent{State: r}}}}})
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.readyLocked(st.XUp, st.WMUp, st.RootPainted)
-}
-
 func (s *Server) screenSize() (*aciv1.ScreenSizeResponse, error) {
 	d, err := s.desktop()
 	if err != nil {

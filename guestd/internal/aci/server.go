@@ -21,6 +21,7 @@ import (
 	"github.com/coder/websocket"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
@@ -56,6 +57,10 @@ type Options struct {
 
 	// EntropySink receives RestoredRequest.entropy; /dev/urandom when empty.
 	EntropySink string
+
+	// Ready is the image's definition of usable beyond X, the window
+	// manager and the painted root (nil: nothing more).
+	Ready *ready.Conditions
 
 	// SandboxCPU returns the CPU time the sandbox's other processes have
 	// used so far. Checkpoint settling then also waits until nothing in the
@@ -131,8 +136,6 @@ func (b *deskBox) close() {
 	defer cancel()
 	b.caster.Close(ctx)
 }
-
-type milestones struct{ xUp, wmUp, painted time.Duration }
 
 // New validates opts and returns a Server.
 func New(opts Options) (*Server, error) {
@@ -214,70 +217,6 @@ func (s *Server) desktop() (Desktop, error) {
 
 // since is the monotonic time since guestd started.
 func (s *Server) since() time.Duration { return time.Since(s.start) }
-
-// watchReady probes d until it reports ready, then pushes a ReadyEvent to
-// every session. The probe is cheap (no capture) and backs off from 1 ms to
-// 50 ms, so a fresh desktop is announced within a few ms of being ready.
-func (s *Server) watchReady(ctx context.Context, d Desktop) {
-	delay := time.Millisecond
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		st, err := d.Ready(ctx)
-		if err == nil {
-			if r := s.noteReady(st.XUp, st.WMUp, st.RootPainted); r != nil {
-				s.broadcast(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Event{Event: &aciv1.Event{
-					Event: &aciv1.Event_Ready{Ready: &aciv1.ReadyEvent{State: r}}}}})
-				return
-			}
-		}
-		t.Reset(delay)
-		if delay < 50*time.Millisecond {
-			delay *= 2
-		}
-	}
-}
-
-// noteReady records first-seen milestones and, on the transition to ready,
-// returns the state to announce.
-func (s *Server) noteReady(xUp, wmUp, painted bool) *aciv1.ReadyResponse {
-	now := s.since()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := &s.milest
-	if xUp && m.xUp == 0 {
-		m.xUp = now
-	}
-	if wmUp && m.wmUp == 0 {
-		m.wmUp = now
-	}
-	if painted && m.painted == 0 {
-		m.painted = now
-	}
-	if !(xUp && wmUp && painted) || s.ready != nil {
-		return nil
-	}
-	s.ready = s.readyLocked(xUp, wmUp, painted)
-	return s.ready
-}
-
-func (s *Server) readyLocked(xUp, wmUp, painted bool) *aciv1.ReadyResponse {
-	ms := func(d time.Duration) uint64 {
-		if d == 0 {
-			return 0
-		}
-		return uint64(max(d.Milliseconds(), 1))
-	}
-	return &aciv1.ReadyResponse{
-		Ready: xUp && wmUp && painted, XUp: xUp, WmUp: wmUp, RootPainted: painted,
-		XUpMs: ms(s.milest.xUp), WmUpMs: ms(s.milest.wmUp), PaintedMs: ms(s.milest.painted),
-	}
-}
 
 // broadcast queues an event to every session past its hello.
 func (s *Server) broadcast(m *aciv1.ServerMessage) {

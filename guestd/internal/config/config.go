@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -46,6 +47,9 @@ type Config struct {
 	RootColor     string    `json:"root_color"`
 	Apps          []Program `json:"apps"`
 	Limits        Limits    `json:"limits"`
+	// Ready is what "usable" requires of this image beyond X, the window
+	// manager and the painted root (docs/aci-spec.md, "Readiness").
+	Ready Ready `json:"ready"`
 
 	// From the environment only; never read from the file so a token cannot
 	// be baked into an image.
@@ -75,6 +79,32 @@ type Program struct {
 	Env     []string `json:"env,omitempty"`
 	Restart string   `json:"restart,omitempty"`
 }
+
+// Ready is an image's definition of a usable desktop: windows that must be
+// mapped, optionally with a title (the start page's, say) and the input
+// focus. Empty: X up, window manager up and root painted are enough.
+type Ready struct {
+	Windows []ReadyWindow `json:"windows,omitempty"`
+}
+
+// ReadyWindow is one window readiness waits for: a top-level window, mapped
+// and not minimized, whose WM_CLASS instance or class is Class (when set)
+// and whose title matches the regular expression Title (RE2, unanchored;
+// when set). Focus: this window must also hold the X input focus, so the
+// first key an agent types lands in it.
+type ReadyWindow struct {
+	// Name says what it is in waiting_for messages (default: the class).
+	Name  string `json:"name,omitempty"`
+	Class string `json:"class,omitempty"`
+	Title string `json:"title,omitempty"`
+	Focus bool   `json:"focus,omitempty"`
+}
+
+// Bounds on the readiness conditions.
+const (
+	maxReadyWindows      = 16
+	maxReadyTitlePattern = 512
+)
 
 // Limits bound what one client can make guestd hold.
 type Limits struct {
@@ -236,6 +266,9 @@ func (c *Config) Validate() error {
 	if c.Xvfb.Path == "" {
 		return errors.New("xvfb.path is empty")
 	}
+	if err := c.Ready.validate(); err != nil {
+		return err
+	}
 	if c.Limits.MaxMessageBytes < 1<<20 || c.Limits.MaxMessageBytes > 1<<30 {
 		return fmt.Errorf("limits.max_message_bytes %d out of range (1 MiB..1 GiB)", c.Limits.MaxMessageBytes)
 	}
@@ -255,4 +288,29 @@ func ParseColor(s string) (uint32, error) {
 		return 0, fmt.Errorf("color %q: want #rrggbb", s)
 	}
 	return uint32(v), nil
+}
+
+func (r Ready) validate() error {
+	if len(r.Windows) > maxReadyWindows {
+		return fmt.Errorf("ready.windows: %d windows, at most %d", len(r.Windows), maxReadyWindows)
+	}
+	focus := 0
+	for i, w := range r.Windows {
+		if w.Class == "" && w.Title == "" {
+			return fmt.Errorf("ready.windows[%d]: set class, title or both", i)
+		}
+		if len(w.Title) > maxReadyTitlePattern {
+			return fmt.Errorf("ready.windows[%d].title: pattern longer than %d bytes", i, maxReadyTitlePattern)
+		}
+		if _, err := regexp.Compile(w.Title); err != nil {
+			return fmt.Errorf("ready.windows[%d].title: %w", i, err)
+		}
+		if w.Focus {
+			focus++
+		}
+	}
+	if focus > 1 {
+		return fmt.Errorf("ready.windows: %d windows want the focus, at most one can have it", focus)
+	}
+	return nil
 }

@@ -17,7 +17,7 @@ func TestDefaultAndEnv(t *testing.T) {
 	}
 	if c.Display != ":0" || c.Screen != (Screen{1920, 1080, 24}) || c.ACIToken != "a" || c.AdminToken != "b" || c.SandboxID != "sb" ||
 		c.Listen.Unix != "/run/forkfleet/aci.sock" || c.RootColor != "#2f3b4c" || len(c.Apps) != 1 || c.Apps[0].Restart != RestartOnFailure ||
-		c.Limits.MaxMessageBytes != 64<<20 {
+		c.Limits.MaxMessageBytes != 64<<20 || len(c.Ready.Windows) != 1 || !c.Ready.Windows[0].Focus {
 		t.Fatalf("%+v", c)
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "absent.json"), false, env(nil)); err == nil {
@@ -27,12 +27,15 @@ func TestDefaultAndEnv(t *testing.T) {
 
 func TestInvalid(t *testing.T) {
 	for name, body := range map[string]string{
-		"unknown field": `{"display":":0","bogus":1}`,
-		"bad display":   `{"display":"0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
-		"bad color":     `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"root_color":"blue"}`,
-		"no listener":   `{"display":":0","screen":{"width":800,"height":600,"depth":24},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
-		"relative path": `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"Xvfb"}}`,
-		"bad restart":   `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"apps":[{"name":"a","path":"/bin/a","restart":"sometimes"}]}`,
+		"unknown field":       `{"display":":0","bogus":1}`,
+		"bad display":         `{"display":"0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
+		"bad color":           `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"root_color":"blue"}`,
+		"no listener":         `{"display":":0","screen":{"width":800,"height":600,"depth":24},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
+		"relative path":       `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"Xvfb"}}`,
+		"ready: empty window": `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"name":"x"}]}}`,
+		"ready: bad title":    `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"title":"(("}]}}`,
+		"ready: two focus":    `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"class":"A","focus":true},{"class":"B","focus":true}]}}`,
+		"bad restart":         `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"apps":[{"name":"a","path":"/bin/a","restart":"sometimes"}]}`,
 	} {
 		p := filepath.Join(t.TempDir(), "c.json")
 		os.WriteFile(p, []byte(body), 0o644)

@@ -53,6 +53,9 @@ type Window struct {
 	Minimized bool
 	Maximized bool
 	Desktop   int
+	// Mapped: viewable (the window and its ancestors mapped), so it can be
+	// seen and take input.
+	Mapped bool
 }
 
 // WindowState is a requested EWMH state change.

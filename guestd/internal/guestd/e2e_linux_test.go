@@ -95,6 +95,13 @@ type guest struct {
 
 func startGuest(t testing.TB) *guest {
 	t.Helper()
+	return startGuestWith(t, nil, os.Environ())
+}
+
+// startGuestWith starts guestd with the test config as edited by edit and
+// with environ as its environment (plus the tokens).
+func startGuestWith(t testing.TB, edit func(cfg map[string]any), environ []string) *guest {
+	t.Helper()
 	needIntegration(t)
 	bin := guestdBinary(t)
 	dir := t.TempDir()
@@ -110,6 +117,9 @@ func startGuest(t testing.TB) *guest {
 		"root_color":     "#2f3b4c",
 		"apps":           []any{},
 	}
+	if edit != nil {
+		edit(cfg)
+	}
 	b, _ := json.Marshal(cfg)
 	cfgPath := filepath.Join(dir, "guestd.json")
 	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
@@ -118,7 +128,7 @@ func startGuest(t testing.TB) *guest {
 	g := &guest{display: display, dir: dir, log: &bytes.Buffer{}, exited: make(chan error, 1)}
 	addrFile := filepath.Join(dir, "addr")
 	g.cmd = exec.Command(bin, "--config", cfgPath, "--addr-file", addrFile, "--shutdown-grace", "2s")
-	g.cmd.Env = append(os.Environ(), "FORKFLEET_ACI_TOKEN="+e2eToken, "FORKFLEET_ADMIN_TOKEN="+e2eAdmin, "FORKFLEET_SANDBOX_ID=sb-e2e")
+	g.cmd.Env = append(environ, "FORKFLEET_ACI_TOKEN="+e2eToken, "FORKFLEET_ADMIN_TOKEN="+e2eAdmin, "FORKFLEET_SANDBOX_ID=sb-e2e")
 	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -457,4 +467,57 @@ func pidsMatching(s string) []int {
 		}
 	}
 	return out
+}
+
+// TestE2ETypingAtReady: an agent that types the moment the ReadyEvent
+// arrives reaches the session's app. guestd's readiness waits for what the
+// image names (here: the xterm window mapped and holding the focus), so the
+// keys are not lost to a desktop whose app has no window yet. guestd runs
+// with no locale in its environment and the text is not ASCII: the
+// session's C.UTF-8 makes it reach the shell as UTF-8. Several boots, as the
+// race is at boot.
+func TestE2ETypingAtReady(t *testing.T) {
+	needIntegration(t)
+	var environ []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LANG=") && !strings.HasPrefix(kv, "LC_") {
+			environ = append(environ, kv)
+		}
+	}
+	const want = "été ✓ 丘丙 über"
+	for i := range 3 {
+		out := filepath.Join(t.TempDir(), "typed")
+		g := startGuestWith(t, func(cfg map[string]any) {
+			cfg["apps"] = []any{map[string]any{"name": "xterm", "path": "/usr/bin/xterm",
+				"args":    []string{"-geometry", "80x10+40+40", "-e", "sh", "-c", `IFS= read -r line; printf %s "$line" > ` + out},
+				"restart": "never"}}
+			cfg["ready"] = map[string]any{"windows": []any{map[string]any{"name": "xterm", "class": "XTerm", "focus": true}}}
+		}, environ)
+		t0 := time.Now()
+		c := g.client(t) // returns at the ReadyEvent
+		t.Logf("boot %d: ReadyEvent after %s", i, time.Since(t0))
+		do(t, c, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Step{Step: &aciv1.StepRequest{Actions: []*aciv1.Action{
+			{Action: &aciv1.Action_TypeText{TypeText: &aciv1.TypeTextAction{Text: want + "\n"}}}}}}})
+		r := do(t, c, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Ready{Ready: &aciv1.ReadyRequest{}}}).GetReady()
+		if !r.GetReady() || r.GetWindowsMappedMs() == 0 || r.GetFocusedMs() < r.GetPaintedMs() {
+			t.Fatalf("boot %d: ready state %v", i, r)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			got, err := os.ReadFile(out)
+			if err == nil && len(got) > 0 {
+				if string(got) != want {
+					t.Fatalf("boot %d: the shell read %q, want %q", i, got, want)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("boot %d: the keys typed at the ReadyEvent never reached the shell", i)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		g.cmd.Process.Signal(syscall.SIGTERM)
+		<-g.exited
+		g.exited <- nil // for the cleanup
+	}
 }

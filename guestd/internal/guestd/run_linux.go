@@ -24,6 +24,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/guestd/internal/aci"
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
+	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
 	"github.com/forkfleet/forkfleet/guestd/internal/supervise"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
@@ -139,6 +140,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	childEnv := sysops.SanitizedEnv(os.Environ(), config.EnvACIToken, config.EnvAdminToken)
 	childEnv = append(sysops.SanitizedEnv(childEnv, "DISPLAY"), "DISPLAY="+cfg.Display)
+	childEnv = sysops.WithLocale(childEnv)
 	runner := &sysops.Runner{Reaper: rp, Env: childEnv, Log: log}
 	files := sysops.NewFiles(sysops.FileLimits{
 		MaxFileBytes: cfg.Limits.MaxFileBytes,
@@ -147,10 +149,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		MaxUploads:   cfg.Limits.MaxUploads,
 		UploadIdle:   time.Duration(cfg.Limits.UploadIdleSeconds) * time.Second,
 	})
+	if o.noSupervise {
+		// The windows the image names come from the apps guestd starts;
+		// serving someone else's display, it starts none.
+		cfg.Ready = config.Ready{}
+	}
+	conds, err := ready.New(cfg.Ready)
+	if err != nil {
+		rp.Close()
+		return err
+	}
 	opts := aci.Options{
 		ACIToken: cfg.ACIToken, AdminToken: cfg.AdminToken, InsecureNoAuth: o.insecureNoAuth,
 		SandboxID: cfg.SandboxID, ServerVersion: Version, MaxMessageBytes: cfg.Limits.MaxMessageBytes,
-		Runner: runner, Files: files, Log: log,
+		Runner: runner, Files: files, Ready: conds, Log: log,
 	}
 	if os.Getpid() == 1 {
 		// As the sandbox's init, /proc shows the sandbox only.

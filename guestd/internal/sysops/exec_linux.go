@@ -98,6 +98,24 @@ next:
 	return out
 }
 
+// SessionLocale is the locale children get when guestd's environment names
+// none: UTF-8 text (what agents type, file names) must reach applications
+// as UTF-8, and C.UTF-8 ships with glibc itself (no locales package).
+const SessionLocale = "C.UTF-8"
+
+// WithLocale sets LANG=SessionLocale in env unless it already chooses a
+// character set (LC_ALL, LC_CTYPE or LANG).
+func WithLocale(env []string) []string {
+	for _, kv := range env {
+		for _, k := range []string{"LC_ALL=", "LC_CTYPE=", "LANG="} {
+			if strings.HasPrefix(kv, k) && len(kv) > len(k) {
+				return env
+			}
+		}
+	}
+	return setEnv(env, "LANG", SessionLocale)
+}
+
 func (r *Runner) command(argv []string, env map[string]string, cwd string) (*exec.Cmd, *acierr.Error) {
 	if len(argv) == 0 || argv[0] == "" {
 		return nil, acierr.Invalid("argv", "argv is empty")

@@ -48,6 +48,7 @@ type Desktop struct {
 	win xproto.Window
 
 	hasRes bool // X-Resource 1.2: QueryClientIds
+	winw   winWatch
 
 	in    input
 	cap   capturer
@@ -242,7 +243,12 @@ func (d *Desktop) eventLoop() {
 				case d.props <- e:
 				default: // nobody is reading; waiters drain stale events first
 				}
+			} else {
+				d.windowEvent(e)
 			}
+		case xproto.MapNotifyEvent, xproto.UnmapNotifyEvent, xproto.CreateNotifyEvent, xproto.DestroyNotifyEvent,
+			xproto.ReparentNotifyEvent, xproto.FocusInEvent, xproto.FocusOutEvent:
+			d.windowEvent(e)
 		}
 	}
 }

@@ -75,6 +75,7 @@ type winCookies struct {
 	netName, name, class, pid, state, desk, wmState xproto.GetPropertyCookie
 	geom                                            xproto.GetGeometryCookie
 	pos                                             xproto.TranslateCoordinatesCookie
+	attrs                                           xproto.GetWindowAttributesCookie
 }
 
 // ListWindows returns the top-level client windows with their title,
@@ -126,6 +127,7 @@ func (d *Desktop) requestWindow(id xproto.Window, strLen uint32) winCookies {
 		wmState: xproto.GetProperty(c, false, id, d.atoms.wmState, d.atoms.wmState, 0, 2),
 		geom:    xproto.GetGeometry(c, xproto.Drawable(id)),
 		pos:     xproto.TranslateCoordinates(c, id, d.root, 0, 0),
+		attrs:   xproto.GetWindowAttributes(c, id),
 	}
 }
 
@@ -141,14 +143,16 @@ func (d *Desktop) collectWindow(id xproto.Window, ck *winCookies, active xproto.
 	wmState, err7 := ck.wmState.Reply()
 	geom, err8 := ck.geom.Reply()
 	pos, err9 := ck.pos.Reply()
-	for _, e := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
+	attrs, err10 := ck.attrs.Reply()
+	for _, e := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9, err10} {
 		if e != nil {
 			return w, xerr(fmt.Sprintf("read window 0x%x", id), e)
 		}
 	}
-	if geom == nil || pos == nil {
+	if geom == nil || pos == nil || attrs == nil {
 		return w, errNilReply("read window geometry")
 	}
+	w.Mapped = attrs.MapState == xproto.MapStateViewable
 	switch {
 	case netName != nil && len(netName.Value) > 0:
 		w.Title = strings.ToValidUTF8(string(netName.Value), "\uFFFD")

@@ -3,6 +3,8 @@
 package x11
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -201,4 +203,56 @@ func TestWindowsOpenbox(t *testing.T) {
 	if err := d.ActivateWindow(0xdead); !isErr(err, desktop.ErrNotFound) {
 		t.Fatalf("unknown window: %v", err)
 	}
+}
+
+// TestWatchWindowsAndFocus: the window watcher wakes on a window being
+// mapped, retitled and focused under openbox, and InputFocus names the
+// client window (not openbox's frame).
+func TestWatchWindowsAndFocus(t *testing.T) {
+	x := startX(t)
+	d := openDesktop(t, x)
+	x.startWM(t, d)
+	c := newClient(t, x)
+	ctx, cancel := context.WithCancel(context.Background())
+	kick := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- d.WatchWindows(ctx, kick) }()
+	defer func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("WatchWindows: %v", err)
+		}
+	}()
+	// waitUntil waits for kicks until cond holds: only events wake it (no
+	// polling), so a missed event fails the test.
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for !cond() {
+			select {
+			case <-kick:
+			case <-deadline:
+				t.Fatalf("no window event brought %s", what)
+			}
+		}
+	}
+	<-kick // the first look after the masks took effect
+	w := c.window(winOpts{x: 10, y: 10, w: 200, h: 100, title: "loading", class: "Browser", instance: "browser"})
+	waitUntil("the window mapped and focused", func() bool {
+		got, ok := findWindow(t, d, w)
+		f, err := d.InputFocus()
+		return ok && got.Mapped && err == nil && f == uint32(w)
+	})
+	xproto.ChangeProperty(c.conn, xproto.PropModeReplace, w, c.atom("_NET_WM_NAME"), c.atom("UTF8_STRING"), 8, 5, []byte("ready"))
+	c.sync()
+	waitUntil("the new title", func() bool {
+		got, ok := findWindow(t, d, w)
+		return ok && got.Title == "ready"
+	})
+	xproto.UnmapWindow(c.conn, w)
+	c.sync()
+	waitUntil("the window unmapped", func() bool {
+		got, ok := findWindow(t, d, w)
+		return !ok || !got.Mapped
+	})
 }

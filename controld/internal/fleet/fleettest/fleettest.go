@@ -734,7 +734,9 @@ func (s *guest) state(now time.Time) fleet.ReadyState {
 		return fleet.ReadyState{}
 	}
 	ms := uint64(s.g.readyAt.Sub(s.g.startedAt)/time.Millisecond) + 1
-	return fleet.ReadyState{Ready: true, XUp: true, WMUp: true, Painted: true, XUpMs: ms, WMUpMs: ms, PaintedMs: ms}
+	// Like the desktop image: its xterm mapped and focused.
+	return fleet.ReadyState{Ready: true, XUp: true, WMUp: true, Painted: true, XUpMs: ms, WMUpMs: ms, PaintedMs: ms,
+		WindowsMappedMs: ms, FocusedMs: ms}
 }
 
 func (s *guest) WaitReady(ctx context.Context, onState func(fleet.ReadyState)) (fleet.ReadyState, error) {

@@ -3065,16 +3065,33 @@ func (*ReadyRequest) Descriptor() ([]byte, []int) {
 
 type ReadyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// X up, window manager up and root painted.
+	// The desktop is usable: X up, window manager up and root painted now, and
+	// the image's readiness conditions (windows_mapped, content_ready, focused)
+	// all held at once since this display came up. An agent's first input after
+	// ready reaches the application the image names for the focus.
 	Ready       bool `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
 	XUp         bool `protobuf:"varint,2,opt,name=x_up,json=xUp,proto3" json:"x_up,omitempty"`
 	WmUp        bool `protobuf:"varint,3,opt,name=wm_up,json=wmUp,proto3" json:"wm_up,omitempty"`
 	RootPainted bool `protobuf:"varint,4,opt,name=root_painted,json=rootPainted,proto3" json:"root_painted,omitempty"`
 	// Milliseconds since guestd started when each milestone was first seen (0:
 	// not yet).
-	XUpMs         uint64 `protobuf:"varint,5,opt,name=x_up_ms,json=xUpMs,proto3" json:"x_up_ms,omitempty"`
-	WmUpMs        uint64 `protobuf:"varint,6,opt,name=wm_up_ms,json=wmUpMs,proto3" json:"wm_up_ms,omitempty"`
-	PaintedMs     uint64 `protobuf:"varint,7,opt,name=painted_ms,json=paintedMs,proto3" json:"painted_ms,omitempty"`
+	XUpMs     uint64 `protobuf:"varint,5,opt,name=x_up_ms,json=xUpMs,proto3" json:"x_up_ms,omitempty"`
+	WmUpMs    uint64 `protobuf:"varint,6,opt,name=wm_up_ms,json=wmUpMs,proto3" json:"wm_up_ms,omitempty"`
+	PaintedMs uint64 `protobuf:"varint,7,opt,name=painted_ms,json=paintedMs,proto3" json:"painted_ms,omitempty"`
+	// The image's readiness conditions (guestd.json "ready"), as they are now:
+	// every window it names is mapped; every title pattern it names matches;
+	// the window it names for the focus holds the input focus. Each is true
+	// when the image names nothing of its kind.
+	WindowsMapped bool `protobuf:"varint,8,opt,name=windows_mapped,json=windowsMapped,proto3" json:"windows_mapped,omitempty"`
+	ContentReady  bool `protobuf:"varint,9,opt,name=content_ready,json=contentReady,proto3" json:"content_ready,omitempty"`
+	Focused       bool `protobuf:"varint,10,opt,name=focused,proto3" json:"focused,omitempty"`
+	// Milliseconds since guestd started when each was first seen (0: not yet,
+	// or the image names nothing of its kind).
+	WindowsMappedMs uint64 `protobuf:"varint,11,opt,name=windows_mapped_ms,json=windowsMappedMs,proto3" json:"windows_mapped_ms,omitempty"`
+	ContentReadyMs  uint64 `protobuf:"varint,12,opt,name=content_ready_ms,json=contentReadyMs,proto3" json:"content_ready_ms,omitempty"`
+	FocusedMs       uint64 `protobuf:"varint,13,opt,name=focused_ms,json=focusedMs,proto3" json:"focused_ms,omitempty"`
+	// What readiness still waits for, for humans; empty once ready.
+	WaitingFor    string `protobuf:"bytes,14,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3156,6 +3173,55 @@ func (x *ReadyResponse) GetPaintedMs() uint64 {
 		return x.PaintedMs
 	}
 	return 0
+}
+
+func (x *ReadyResponse) GetWindowsMapped() bool {
+	if x != nil {
+		return x.WindowsMapped
+	}
+	return false
+}
+
+func (x *ReadyResponse) GetContentReady() bool {
+	if x != nil {
+		return x.ContentReady
+	}
+	return false
+}
+
+func (x *ReadyResponse) GetFocused() bool {
+	if x != nil {
+		return x.Focused
+	}
+	return false
+}
+
+func (x *ReadyResponse) GetWindowsMappedMs() uint64 {
+	if x != nil {
+		return x.WindowsMappedMs
+	}
+	return 0
+}
+
+func (x *ReadyResponse) GetContentReadyMs() uint64 {
+	if x != nil {
+		return x.ContentReadyMs
+	}
+	return 0
+}
+
+func (x *ReadyResponse) GetFocusedMs() uint64 {
+	if x != nil {
+		return x.FocusedMs
+	}
+	return 0
+}
+
+func (x *ReadyResponse) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
 }
 
 type CursorPositionRequest struct {
@@ -6389,7 +6455,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\tencode_ns\x18\t \x01(\x04R\bencodeNs\x12$\n" +
 	"\x0ecaptured_at_ns\x18\n" +
 	" \x01(\x04R\fcapturedAtNs\"\x0e\n" +
-	"\fReadyRequest\"\xc1\x01\n" +
+	"\fReadyRequest\"\xbd\x03\n" +
 	"\rReadyResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x11\n" +
 	"\x04x_up\x18\x02 \x01(\bR\x03xUp\x12\x13\n" +
@@ -6398,7 +6464,17 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\ax_up_ms\x18\x05 \x01(\x04R\x05xUpMs\x12\x18\n" +
 	"\bwm_up_ms\x18\x06 \x01(\x04R\x06wmUpMs\x12\x1d\n" +
 	"\n" +
-	"painted_ms\x18\a \x01(\x04R\tpaintedMs\"\x17\n" +
+	"painted_ms\x18\a \x01(\x04R\tpaintedMs\x12%\n" +
+	"\x0ewindows_mapped\x18\b \x01(\bR\rwindowsMapped\x12#\n" +
+	"\rcontent_ready\x18\t \x01(\bR\fcontentReady\x12\x18\n" +
+	"\afocused\x18\n" +
+	" \x01(\bR\afocused\x12*\n" +
+	"\x11windows_mapped_ms\x18\v \x01(\x04R\x0fwindowsMappedMs\x12(\n" +
+	"\x10content_ready_ms\x18\f \x01(\x04R\x0econtentReadyMs\x12\x1d\n" +
+	"\n" +
+	"focused_ms\x18\r \x01(\x04R\tfocusedMs\x12\x1f\n" +
+	"\vwaiting_for\x18\x0e \x01(\tR\n" +
+	"waitingFor\"\x17\n" +
 	"\x15CursorPositionRequest\"M\n" +
 	"\x16CursorPositionResponse\x123\n" +
 	"\bposition\x18\x01 \x01(\v2\x17.forkfleet.aci.v1.PointR\bposition\"\x13\n" +

@@ -634,7 +634,11 @@ func (x *Screen) GetDepth() uint32 {
 // BootPhase is one milestone of a sandbox's boot waterfall.
 type BootPhase struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "create", "task_start", "guestd_listening", "x_up", "painted", "usable".
+	// "create", "task_start", "guestd_listening", "x_up", "painted", then the
+	// image's readiness conditions that it names, in the order reached:
+	// "windows_mapped" (its windows mapped), "content_ready" (their titles
+	// match, e.g. a start page loaded), "focused" (its focus window holds the
+	// input focus); last "usable" (an agent's first input reaches the app).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Since the request arrived.
 	At            *durationpb.Duration `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`

@@ -560,22 +560,36 @@ class ReadyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReadyResponse(_message.Message):
-    __slots__ = ["painted_ms", "ready", "root_painted", "wm_up", "wm_up_ms", "x_up", "x_up_ms"]
+    __slots__ = ["content_ready", "content_ready_ms", "focused", "focused_ms", "painted_ms", "ready", "root_painted", "waiting_for", "windows_mapped", "windows_mapped_ms", "wm_up", "wm_up_ms", "x_up", "x_up_ms"]
+    CONTENT_READY_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_READY_MS_FIELD_NUMBER: _ClassVar[int]
+    FOCUSED_FIELD_NUMBER: _ClassVar[int]
+    FOCUSED_MS_FIELD_NUMBER: _ClassVar[int]
     PAINTED_MS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     ROOT_PAINTED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_MAPPED_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_MAPPED_MS_FIELD_NUMBER: _ClassVar[int]
     WM_UP_FIELD_NUMBER: _ClassVar[int]
     WM_UP_MS_FIELD_NUMBER: _ClassVar[int]
     X_UP_FIELD_NUMBER: _ClassVar[int]
     X_UP_MS_FIELD_NUMBER: _ClassVar[int]
+    content_ready: bool
+    content_ready_ms: int
+    focused: bool
+    focused_ms: int
     painted_ms: int
     ready: bool
     root_painted: bool
+    waiting_for: str
+    windows_mapped: bool
+    windows_mapped_ms: int
     wm_up: bool
     wm_up_ms: int
     x_up: bool
     x_up_ms: int
-    def __init__(self, ready: bool = ..., x_up: bool = ..., wm_up: bool = ..., root_painted: bool = ..., x_up_ms: _Optional[int] = ..., wm_up_ms: _Optional[int] = ..., painted_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, ready: bool = ..., x_up: bool = ..., wm_up: bool = ..., root_painted: bool = ..., x_up_ms: _Optional[int] = ..., wm_up_ms: _Optional[int] = ..., painted_ms: _Optional[int] = ..., windows_mapped: bool = ..., content_ready: bool = ..., focused: bool = ..., windows_mapped_ms: _Optional[int] = ..., content_ready_ms: _Optional[int] = ..., focused_ms: _Optional[int] = ..., waiting_for: _Optional[str] = ...) -> None: ...
 
 class Rect(_message.Message):
     __slots__ = ["height", "width", "x", "y"]
