@@ -160,7 +160,7 @@ func rescanScratch(old []scratchSlot, km *keymap, empty []xproto.Keycode) []scra
 				pair = append(pair, s)
 			}
 		}
-		if slices.Equal(km.row(kc), scratchRow(km.per, kc, pair)) {
+		if sameScratchRow(km.row(kc), scratchRow(km.per, kc, pair)) {
 			kept[kc] = true
 			out = append(out, pair...)
 		}
@@ -290,9 +290,17 @@ func (d *Desktop) notePress(p keyPos) error {
 	return nil
 }
 
+// sameScratchRow compares a row read back from the server with the one
+// guestd wrote: on the columns XTEST can select (two groups of two levels);
+// an XKB server reports further columns as it likes.
+func sameScratchRow(got, wrote []xproto.Keysym) bool {
+	n := min(4, len(got), len(wrote))
+	return len(got) == len(wrote) && slices.Equal(got[:n], wrote[:n])
+}
+
 // scratchRow is the keysym row of a spare keycode holding the given slots:
 // the pair fills both groups' columns so the group in use does not matter;
-// a lone column-0 keysym fills every column so Shift does not matter.
+// a lone column-0 keysym fills both levels so Shift does not matter.
 func scratchRow(per int, kc xproto.Keycode, slots []scratchSlot) []xproto.Keysym {
 	var k [2]uint32
 	for _, s := range slots {
@@ -305,11 +313,10 @@ func scratchRow(per int, kc xproto.Keycode, slots []scratchSlot) []xproto.Keysym
 		}
 	}
 	syms := make([]xproto.Keysym, per)
-	for i := range syms {
-		switch {
-		case k[1] == 0:
+	for i := range min(4, per) {
+		if k[1] == 0 {
 			syms[i] = xproto.Keysym(k[0])
-		case i < 4:
+		} else {
 			syms[i] = xproto.Keysym(k[i%2])
 		}
 	}

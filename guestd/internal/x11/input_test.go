@@ -356,8 +356,18 @@ func TestTypeTextLazyClient(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("typed %d characters through %d slots with %d proofs: got %x\nwant %x", len(text), n, proofs, got, want)
 	}
+	t.Logf("%d characters through %d slots with %d proofs", len(text), n, proofs)
 	if proofs == 0 || proofs > len(text)/n+1 {
 		t.Fatalf("%d proofs for %d characters through %d slots", proofs, len(text), n)
+	}
+	// Re-reading the keymap (after every remap) keeps guestd's keycodes.
+	d.in.mu.Lock()
+	d.in.stale.Store(true)
+	_, err := d.keymapLocked()
+	m := len(d.in.scratch)
+	d.in.mu.Unlock()
+	if err != nil || m != n {
+		t.Fatalf("%d scratch slots after typing, %d before (%v)", m, n, err)
 	}
 }
 
