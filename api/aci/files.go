@@ -154,11 +154,16 @@ func (s *Session) GetFile(ctx context.Context, path string) ([]byte, error) {
 		if r == nil {
 			return nil, unexpected("file_get", m)
 		}
+		if uint64(len(r.GetData())) > chunk {
+			return nil, fmt.Errorf("aci: get file %s: %w: %d bytes in a reply, %d asked for", path, ErrProtocol, len(r.GetData()), chunk)
+		}
 		if out == nil {
 			if r.GetEof() {
 				return r.GetData(), nil // one reply: keep its buffer
 			}
-			out = make([]byte, 0, min(r.GetSize(), 1<<32))
+			// size is the server's word: reserve ahead at most what one
+			// more reply could carry, and let the bytes that arrive grow it.
+			out = make([]byte, 0, min(r.GetSize(), 2*chunk))
 		}
 		out = append(out, r.GetData()...)
 		if r.GetEof() {

@@ -2,6 +2,7 @@ package aci
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"time"
@@ -48,6 +49,11 @@ type dialConfig struct {
 	tokenSource  func(ctx context.Context) (string, error)
 	eventBuffer  int
 	unixPath     string
+	tlsConfig    *tls.Config
+	// insecure allows a bearer token in plaintext to a remote host; local
+	// marks a transport that never leaves the machine (DialUnix).
+	insecure bool
+	local    bool
 }
 
 func defaultDialConfig() dialConfig {
@@ -172,4 +178,17 @@ func WithEventBuffer(n int) DialOption {
 // WithUnixPath sets the HTTP path DialUnix requests (DefaultUnixPath).
 func WithUnixPath(p string) DialOption {
 	return func(o *dialConfig) { o.unixPath = p }
+}
+
+// WithTLSConfig sets the TLS configuration of wss:// dials (roots, client
+// certificates for mutual TLS, server name); ignored with WithHTTPClient.
+func WithTLSConfig(cfg *tls.Config) DialOption {
+	return func(o *dialConfig) { o.tlsConfig = cfg }
+}
+
+// WithInsecure allows a bearer token over plaintext ws:// to a host that is
+// not the loopback, which Dial otherwise refuses (anyone on the path could
+// read the token). Only for a network you trust.
+func WithInsecure() DialOption {
+	return func(o *dialConfig) { o.insecure = true }
 }

@@ -97,11 +97,21 @@ func Dial(ctx context.Context, rawURL, token string, opts ...DialOption) (*Sessi
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if err := checkPlaintext(u, token != "" || cfg.tokenSource != nil, &cfg); err != nil {
+		return nil, err
+	}
 	hc := cfg.httpClient
 	if hc == nil {
 		hc = defaultHTTPClient
-		if cfg.dialer != nil {
-			hc = &http.Client{Transport: &http.Transport{DialContext: cfg.dialer, MaxIdleConnsPerHost: -1}}
+		if cfg.dialer != nil || cfg.tlsConfig != nil {
+			tr := defaultHTTPClient.Transport.(*http.Transport).Clone()
+			if cfg.dialer != nil {
+				tr.DialContext, tr.Proxy = cfg.dialer, nil
+			}
+			if cfg.tlsConfig != nil {
+				tr.TLSClientConfig = cfg.tlsConfig.Clone()
+			}
+			hc = &http.Client{Transport: tr}
 		}
 	}
 	s := &Session{
@@ -163,7 +173,7 @@ func dialUnixWith(ctx context.Context, dialer func(ctx context.Context, network,
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	opts = append(opts[:len(opts):len(opts)], WithDialer(dialer))
+	opts = append(opts[:len(opts):len(opts)], WithDialer(dialer), func(o *dialConfig) { o.local = true })
 	return Dial(ctx, "ws://guestd"+path, token, opts...)
 }
 
@@ -210,6 +220,8 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrPermissionDenied, err)
 			case http.StatusNotFound:
 				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrNotFound, err)
+			case http.StatusTooManyRequests:
+				return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrResourceExhausted, err)
 			}
 		}
 		if resp == nil && (errors.Is(err, guestsock.ErrUnsafePath) || errors.Is(err, guestsock.ErrProcessGone) || errors.Is(err, ErrPermissionDenied)) {
@@ -616,22 +628,14 @@ func (r *msgReader) next(ws *websocket.Conn, json bool) (*aciv1.ServerMessage, e
 	} else {
 		r.buf = nil
 	}
-	m := &aciv1.ServerMessage{}
+	want := websocket.MessageBinary
 	if json {
-		if typ != websocket.MessageText {
-			return nil, fmt.Errorf("%w: binary frame on the json subprotocol", ErrProtocol)
-		}
-		err = protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
-	} else {
-		if typ != websocket.MessageBinary {
-			return nil, fmt.Errorf("%w: text frame on the protobuf subprotocol", ErrProtocol)
-		}
-		err = proto.Unmarshal(b, m)
+		want = websocket.MessageText
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: decode: %v", ErrProtocol, err)
+	if typ != want {
+		return nil, fmt.Errorf("%w: %v frame where the subprotocol carries %v frames", ErrProtocol, typ, want)
 	}
-	return m, nil
+	return decodeServerMessage(b, json)
 }
 
 // readLoop is the connection's only reader: it routes replies to waiting

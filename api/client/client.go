@@ -30,6 +30,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/internal/loopback"
 )
 
 // Defaults of a controld host.
@@ -72,13 +73,15 @@ func WithTokenFile(path string) Option {
 	return func(o *dialOptions) { o.tokenFile = path }
 }
 
-// WithTLS uses TLS with cfg for TCP targets.
+// WithTLS uses TLS with cfg for TCP targets, and for the ACI sessions
+// Sandbox.ACI opens through a gateway that serves TLS (wss://).
 func WithTLS(cfg *tls.Config) Option {
 	return func(o *dialOptions) { o.tls = cfg }
 }
 
 // WithInsecure allows a bearer token over plaintext TCP to a non-loopback
-// address (loopback and unix sockets never need it).
+// address (loopback and unix sockets never need it), to controld and to its
+// ACI gateway.
 func WithInsecure() Option {
 	return func(o *dialOptions) { o.insecure = true }
 }
@@ -149,7 +152,16 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w: %v", errdefs.ErrInvalidArgument, err)
 	}
-	return NewFromConn(conn, o.aciOpts...), nil
+	// The gateway is controld's too: the same trust decisions apply to it
+	// (the caller's own ACI options come after and win).
+	var aciOpts []aci.DialOption
+	if o.tls != nil {
+		aciOpts = append(aciOpts, aci.WithTLSConfig(o.tls))
+	}
+	if o.insecure {
+		aciOpts = append(aciOpts, aci.WithInsecure())
+	}
+	return NewFromConn(conn, append(aciOpts, o.aciOpts...)...), nil
 }
 
 // NewFromConn wraps an existing gRPC connection (the caller keeps owning
@@ -178,11 +190,7 @@ func isLocalTarget(target string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("client: target %q: %w: want unix:///path or host:port", target, errdefs.ErrInvalidArgument)
 	}
-	if host == "localhost" {
-		return true, nil
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback(), nil
+	return loopback.Host(host), nil
 }
 
 // bearer is a per-RPC "authorization: Bearer <token>" credential.

@@ -12,6 +12,14 @@
 //		}
 //	}
 //
+// Frames come from a sandbox and are decoded as hostile input: a keyframe
+// larger than the maximum frame (WithMaxFrame; 8192x8192 by default) is
+// refused before anything is allocated, an image tile's size is read from its
+// header and must match its rect before it is decoded, and what one frame
+// may paint (tiles, zlib records) is bounded by a few times the frame's
+// area, so a small message cannot make the client allocate or work without
+// bound. Such frames fail with ErrCorrupt.
+//
 // Offer the "screencast.zlib" capability (aci.WithCapabilities) to receive
 // zlib delta frames from a lossless stream: typing then costs a few tens of
 // bytes per update instead of a PNG per tile. Delta frames carry no hash
@@ -68,8 +76,34 @@ var (
 	ErrCorrupt = errors.New("screencast: corrupt frame")
 )
 
+// DefaultMaxFrameEdge bounds a keyframe's width and height unless
+// WithMaxFrame says otherwise: the largest screen controld boots.
+const DefaultMaxFrameEdge = 8192
+
+// Painting bounds per frame: every tile and zlib record costs its area, and
+// at least minPaintCost pixels (its own overhead), against paintFactor
+// times the frame's area plus paintSlack. An honest frame paints each
+// changed pixel about once.
+const (
+	paintFactor  = 4
+	paintSlack   = 1 << 16
+	minPaintCost = 64
+)
+
 // Option configures a Compositor.
 type Option func(*Compositor)
+
+// WithMaxFrame sets the largest keyframe accepted (DefaultMaxFrameEdge
+// square by default); a larger one fails with ErrCorrupt before any
+// allocation. Set it to the screen size the sandbox was created with to
+// bound the framebuffer exactly.
+func WithMaxFrame(width, height int) Option {
+	return func(c *Compositor) {
+		if width > 0 && height > 0 {
+			c.maxW, c.maxH = width, height
+		}
+	}
+}
 
 // WithKeyframeRequester sets the function called (once per gap) when the
 // compositor needs a keyframe. It runs on the caller of Apply; it should
@@ -102,6 +136,7 @@ type Stats struct {
 type Compositor struct {
 	pf         PixelFormat
 	requestKey func(uint32)
+	maxW, maxH int
 
 	mu     sync.Mutex
 	pix    []byte
@@ -117,11 +152,14 @@ type Compositor struct {
 	zl         zlibDecoder
 	stats      Stats
 	scratchR   *image.RGBA
+	// painted is what the frame being applied has painted so far, against
+	// paintMax (see paintFactor).
+	painted, paintMax int
 }
 
 // NewCompositor returns a Compositor whose framebuffer has layout pf.
 func NewCompositor(pf PixelFormat, opts ...Option) *Compositor {
-	c := &Compositor{pf: pf}
+	c := &Compositor{pf: pf, maxW: DefaultMaxFrameEdge, maxH: DefaultMaxFrameEdge}
 	for _, o := range opts {
 		o(c)
 	}
@@ -192,8 +230,8 @@ func (c *Compositor) lose(stream uint32) {
 
 func (c *Compositor) applyKeyframe(f *aciv1.ScreencastFrame) error {
 	w, h := int(f.GetWidth()), int(f.GetHeight())
-	if w <= 0 || h <= 0 || w > 1<<15 || h > 1<<15 {
-		return fmt.Errorf("%w: keyframe size %dx%d", ErrCorrupt, w, h)
+	if w <= 0 || h <= 0 || w > c.maxW || h > c.maxH {
+		return fmt.Errorf("%w: keyframe size %dx%d (at most %dx%d)", ErrCorrupt, w, h, c.maxW, c.maxH)
 	}
 	if w != c.width || h != c.height {
 		c.pix = make([]byte, w*h*4)
@@ -214,6 +252,7 @@ func (c *Compositor) applyKeyframe(f *aciv1.ScreencastFrame) error {
 }
 
 func (c *Compositor) applyTiles(f *aciv1.ScreencastFrame) error {
+	c.painted, c.paintMax = 0, paintFactor*c.width*c.height+paintSlack
 	bounds := image.Rect(0, 0, c.width, c.height)
 	tiles := f.GetTiles()
 	rects := make([]image.Rectangle, len(tiles))
@@ -244,12 +283,12 @@ func (c *Compositor) applyTiles(f *aciv1.ScreencastFrame) error {
 		return nil
 	case aciv1.ImageFormat_IMAGE_FORMAT_UNSPECIFIED, aciv1.ImageFormat_IMAGE_FORMAT_PNG, aciv1.ImageFormat_IMAGE_FORMAT_JPEG:
 		for i, t := range tiles {
-			img, err := decodeImage(t.GetData())
+			if err := c.paint(rects[i]); err != nil {
+				return fmt.Errorf("tile %d: %w", i, err)
+			}
+			img, err := decodeImage(t.GetData(), rects[i].Size())
 			if err != nil {
 				return fmt.Errorf("%w: tile %d: %v", ErrCorrupt, i, err)
-			}
-			if img.Bounds().Dx() != rects[i].Dx() || img.Bounds().Dy() != rects[i].Dy() {
-				return fmt.Errorf("%w: tile %d is %v, rect %v", ErrCorrupt, i, img.Bounds().Size(), rects[i].Size())
 			}
 			c.blit(rects[i], img)
 		}
@@ -259,11 +298,38 @@ func (c *Compositor) applyTiles(f *aciv1.ScreencastFrame) error {
 	}
 }
 
-func decodeImage(data []byte) (image.Image, error) {
-	if bytes.HasPrefix(data, []byte("\x89PNG")) {
-		return png.Decode(bytes.NewReader(data))
+// paint charges r against the frame's painting bound.
+func (c *Compositor) paint(r image.Rectangle) error {
+	c.painted += max(r.Dx()*r.Dy(), minPaintCost)
+	if c.painted > c.paintMax {
+		return fmt.Errorf("%w: the frame paints more than %d pixels", ErrCorrupt, c.paintMax)
 	}
-	return jpeg.Decode(bytes.NewReader(data))
+	return nil
+}
+
+// decodeImage decodes a PNG or JPEG tile of size want. The size in the
+// image's header is checked first: the decoders allocate what the header
+// says (an 81-byte PNG can claim 2^30 pixels).
+func decodeImage(data []byte, want image.Point) (image.Image, error) {
+	decodeConfig, decode := jpeg.DecodeConfig, jpeg.Decode
+	if bytes.HasPrefix(data, []byte("\x89PNG")) {
+		decodeConfig, decode = png.DecodeConfig, png.Decode
+	}
+	cfg, err := decodeConfig(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Width != want.X || cfg.Height != want.Y {
+		return nil, fmt.Errorf("image is %dx%d, its rect %dx%d", cfg.Width, cfg.Height, want.X, want.Y)
+	}
+	img, err := decode(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	if img.Bounds().Size() != want {
+		return nil, fmt.Errorf("image is %v, its rect %v", img.Bounds().Size(), want)
+	}
+	return img, nil
 }
 
 // blit draws img at r.Min.

@@ -14,7 +14,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
-func pngOf(t *testing.T, w, h int, fn func(x, y int) color.RGBA) []byte {
+func pngOf(t testing.TB, w, h int, fn func(x, y int) color.RGBA) []byte {
 	t.Helper()
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	for y := 0; y < h; y++ {
@@ -33,7 +33,7 @@ func rect(x, y, w, h int) *aciv1.Rect {
 	return &aciv1.Rect{X: int32(x), Y: int32(y), Width: int32(w), Height: int32(h)}
 }
 
-func keyframe(t *testing.T, seq uint64, w, h int, fn func(x, y int) color.RGBA) *aciv1.ScreencastFrame {
+func keyframe(t testing.TB, seq uint64, w, h int, fn func(x, y int) color.RGBA) *aciv1.ScreencastFrame {
 	return &aciv1.ScreencastFrame{StreamId: 1, Seq: seq, Keyframe: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG,
 		Width: uint32(w), Height: uint32(h), Tiles: []*aciv1.Tile{{Rect: rect(0, 0, w, h), Data: pngOf(t, w, h, fn)}}}
 }
@@ -46,7 +46,7 @@ type zlibStream struct {
 	legacy bool
 }
 
-func newZlibStream(t *testing.T) *zlibStream {
+func newZlibStream(t testing.TB) *zlibStream {
 	z := &zlibStream{}
 	var err error
 	if z.zw, err = flate.NewWriter(&z.buf, 6); err != nil {
@@ -60,7 +60,7 @@ type rec struct {
 	body []byte // op byte + payload (copy sources as int32, the legacy layout)
 }
 
-func (z *zlibStream) frame(t *testing.T, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
+func (z *zlibStream) frame(t testing.TB, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
 	if !z.legacy {
 		return z.records(t, seq, w, h, recs...)
 	}
@@ -80,7 +80,7 @@ func (z *zlibStream) frame(t *testing.T, seq uint64, w, h int, recs ...rec) *aci
 	return f
 }
 
-func (z *zlibStream) records(t *testing.T, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
+func (z *zlibStream) records(t testing.TB, seq uint64, w, h int, recs ...rec) *aciv1.ScreencastFrame {
 	var in []byte
 	for _, r := range recs {
 		in = append(in, r.body[0])

@@ -141,6 +141,10 @@ func (z *zlibDecoder) applyTiles(c *Compositor, tiles []*aciv1.Tile, rects []ima
 	z.legacy = true
 	z.feed(parts...)
 	for i, r := range rects {
+		if err := c.paint(r); err != nil {
+			z.reset()
+			return err
+		}
 		op, err := z.read(1)
 		if err != nil {
 			return z.fail(i, err)
@@ -174,6 +178,10 @@ func (z *zlibDecoder) applyRecords(c *Compositor, chunk []byte) (records int, er
 		r := image.Rect(x, y, x+int(binary.LittleEndian.Uint16(h[4:])), y+int(binary.LittleEndian.Uint16(h[6:])))
 		if r.Empty() || !r.In(bounds) {
 			return i, z.fail(i, fmt.Errorf("rect %v outside the %dx%d frame", r, c.width, c.height))
+		}
+		if err := c.paint(r); err != nil {
+			z.reset()
+			return i, err
 		}
 		if err := z.record(c, op0, r); err != nil {
 			return i, z.fail(i, err)
