@@ -5,6 +5,7 @@ package app
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/forkfleet/forkfleet/api/connlimit"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -78,6 +80,10 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	if err != nil {
 		return err
 	}
+	serverTLS, err := cfg.TLS.ServerConfig()
+	if err != nil {
+		return fmt.Errorf("controld: %w", err)
+	}
 
 	// Every step that acquired something registers its release here; they
 	// run in reverse on a failed start, and the named shutdown sequence
@@ -127,6 +133,14 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	if err != nil {
 		return err
 	}
+	if tcpLn != nil && serverTLS != nil {
+		// TLS under gRPC's plaintext transport: one grpc.Server keeps
+		// serving the unix socket in the clear. gRPC clients insist on
+		// ALPN h2.
+		grpcTLS := serverTLS.Clone()
+		grpcTLS.NextProtos = []string{"h2"}
+		tcpLn = tls.NewListener(tcpLn, grpcTLS)
+	}
 	metricsLn, err := listen(cfg.Metrics.Listen)
 	if err != nil {
 		return err
@@ -160,6 +174,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		Logger:        log,
 		Host:          host,
 		GatewayHost:   gwHost,
+		GatewayTLS:    serverTLS != nil,
 		DefaultImage:  cfg.DefaultImage,
 		DefaultScreen: &controldv1.Screen{Width: cfg.DefaultScreen.Width, Height: cfg.DefaultScreen.Height, Depth: cfg.DefaultScreen.Depth},
 		CheckpointDir: cfg.CheckpointDir,
@@ -183,7 +198,16 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	})
 
 	gsrv := server.New(mgr, server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg})
-	gwRef = gateway.New(mgr, log)
+	gwRef = gateway.New(mgr, gateway.Options{
+		Log: log,
+		Limits: connlimit.Limits{
+			HeaderTimeout: cfg.Gateway.HeaderTimeout.D(),
+			IdleTimeout:   cfg.Gateway.IdleTimeout.D(),
+			MaxHandshakes: cfg.Gateway.MaxHandshakes,
+		},
+		MaxSessions: cfg.Gateway.MaxSessions,
+		TLS:         serverTLS,
+	})
 	gw := gateway.NewServer(gwRef)
 	var msrv *http.Server
 	if metricsLn != nil {

@@ -37,6 +37,7 @@ type Config struct {
 
 	GRPC       GRPC       `toml:"grpc"`
 	Gateway    Gateway    `toml:"gateway"`
+	TLS        TLS        `toml:"tls"`
 	Metrics    Metrics    `toml:"metrics"`
 	Containerd Containerd `toml:"containerd"`
 	Tracing    Tracing    `toml:"tracing"`
@@ -90,7 +91,36 @@ type GRPC struct {
 type Gateway struct {
 	Listen    string `toml:"listen"`
 	Advertise string `toml:"advertise"`
+	// HeaderTimeout bounds an upgrade request's headers (and its TLS
+	// handshake); IdleTimeout a keep-alive connection between requests.
+	HeaderTimeout Duration `toml:"header_timeout"`
+	IdleTimeout   Duration `toml:"idle_timeout"`
+	// MaxHandshakes caps connections not upgraded yet (the oldest is
+	// closed past it); MaxSessions caps spliced ACI sessions.
+	MaxHandshakes int `toml:"max_handshakes"`
+	MaxSessions   int `toml:"max_sessions"`
 }
+
+// TLS configures the TCP listeners that carry bearer tokens: the gRPC TCP
+// listener and the ACI gateway.
+type TLS struct {
+	// CertFile and KeyFile (PEM) turn TLS on for both; set both or neither.
+	// They are read again when they change, so a renewed certificate needs
+	// no restart.
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	// ClientCAFile (PEM), when set, makes both require a client
+	// certificate signed by one of its CAs (mutual TLS) in addition to the
+	// bearer token.
+	ClientCAFile string `toml:"client_ca_file"`
+	// AllowPlaintextRemote permits a plaintext gRPC TCP or gateway listener
+	// on a non-loopback address, where bearer tokens cross the network in
+	// the clear. Off, such a configuration is refused.
+	AllowPlaintextRemote bool `toml:"allow_plaintext_remote"`
+}
+
+// Enabled reports whether the TCP listeners serve TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
 
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
@@ -237,10 +267,45 @@ func (c *Config) Validate() error {
 	if c.Gateway.Listen == "" {
 		errs = append(errs, errors.New("gateway.listen: must be set (endpoints point at it)"))
 	}
+	if c.Gateway.HeaderTimeout.D() <= 0 || c.Gateway.IdleTimeout.D() <= 0 {
+		errs = append(errs, errors.New("gateway.header_timeout, gateway.idle_timeout: must be positive"))
+	}
+	if c.Gateway.MaxHandshakes <= 0 || c.Gateway.MaxSessions <= 0 {
+		errs = append(errs, errors.New("gateway.max_handshakes, gateway.max_sessions: must be positive"))
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		errs = append(errs, errors.New("tls.cert_file, tls.key_file: set both or neither"))
+	}
+	if c.TLS.ClientCAFile != "" && !c.TLS.Enabled() {
+		errs = append(errs, errors.New("tls.client_ca_file: needs tls.cert_file and tls.key_file"))
+	}
+	if !c.TLS.Enabled() && !c.TLS.AllowPlaintextRemote {
+		for _, l := range []struct{ name, addr string }{{"grpc.tcp_address", c.GRPC.TCPAddress}, {"gateway.listen", c.Gateway.Listen}} {
+			if l.addr != "" && !loopbackBind(l.addr) {
+				errs = append(errs, fmt.Errorf("%s %q: a plaintext listener off the loopback sends bearer tokens in the clear: "+
+					"set tls.cert_file and tls.key_file, or tls.allow_plaintext_remote = true on a trusted network", l.name, l.addr))
+			}
+		}
+	}
 	if c.Containerd.Namespace == "" {
 		errs = append(errs, errors.New("containerd.namespace: must be set"))
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackBind reports whether a listen address binds the loopback only:
+// "localhost" or a loopback IP. An empty host (every interface) or any other
+// name is not.
+func loopbackBind(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // GatewayHost returns the host:port that endpoint URLs name.
@@ -276,6 +341,7 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 		"host", "state-dir", "checkpoint-dir", "default-image", "boot-timeout", "shutdown-timeout",
 		"grpc-unix", "grpc-tcp", "token-file", "gateway-listen", "gateway-advertise", "metrics-listen",
 		"containerd-address", "containerd-namespace", "otlp-endpoint", "boot-precreate",
+		"tls-cert", "tls-key", "tls-client-ca", "allow-plaintext-remote",
 	} {
 		overrides[name] = new(string)
 		fs.Func(name, flagUsage[name], func(v string) error { *overrides[name] = v; return nil })
@@ -319,6 +385,16 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	str("containerd-address", &c.Containerd.Address)
 	str("containerd-namespace", &c.Containerd.Namespace)
 	str("otlp-endpoint", &c.Tracing.OTLPEndpoint)
+	str("tls-cert", &c.TLS.CertFile)
+	str("tls-key", &c.TLS.KeyFile)
+	str("tls-client-ca", &c.TLS.ClientCAFile)
+	if set["allow-plaintext-remote"] {
+		v, err := strconv.ParseBool(*overrides["allow-plaintext-remote"])
+		if err != nil {
+			return nil, nil, fmt.Errorf("-allow-plaintext-remote: %w", err)
+		}
+		c.TLS.AllowPlaintextRemote = v
+	}
 	if set["boot-precreate"] {
 		n, err := strconv.Atoi(*overrides["boot-precreate"])
 		if err != nil {
@@ -339,22 +415,26 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 }
 
 var flagUsage = map[string]string{
-	"host":                 "host name reported in Sandbox.host (default: kernel hostname)",
-	"state-dir":            "directory of controld's state (store, generated token)",
-	"checkpoint-dir":       "directory of checkpoint images",
-	"default-image":        "image of sandboxes created without one",
-	"boot-timeout":         "request-to-usable limit of a boot, e.g. 60s",
-	"shutdown-timeout":     "how long shutdown waits for in-flight calls",
-	"grpc-unix":            "gRPC unix socket path (empty: none)",
-	"grpc-tcp":             "gRPC TCP address, bearer-token protected (empty: none)",
-	"token-file":           "API token file read when present",
-	"gateway-listen":       "ACI gateway listen address",
-	"gateway-advertise":    "host:port of the gateway in endpoint URLs",
-	"metrics-listen":       "Prometheus /metrics listen address (empty: none)",
-	"containerd-address":   "containerd socket",
-	"containerd-namespace": "containerd namespace",
-	"otlp-endpoint":        "OTLP/gRPC traces endpoint (empty: traces off)",
-	"boot-precreate":       "sandboxes of the default spec kept precreated (warm slots; 0: off)",
+	"host":                   "host name reported in Sandbox.host (default: kernel hostname)",
+	"state-dir":              "directory of controld's state (store, generated token)",
+	"checkpoint-dir":         "directory of checkpoint images",
+	"default-image":          "image of sandboxes created without one",
+	"boot-timeout":           "request-to-usable limit of a boot, e.g. 60s",
+	"shutdown-timeout":       "how long shutdown waits for in-flight calls",
+	"grpc-unix":              "gRPC unix socket path (empty: none)",
+	"grpc-tcp":               "gRPC TCP address, bearer-token protected (empty: none)",
+	"token-file":             "API token file read when present",
+	"gateway-listen":         "ACI gateway listen address",
+	"gateway-advertise":      "host:port of the gateway in endpoint URLs",
+	"metrics-listen":         "Prometheus /metrics listen address (empty: none)",
+	"containerd-address":     "containerd socket",
+	"containerd-namespace":   "containerd namespace",
+	"otlp-endpoint":          "OTLP/gRPC traces endpoint (empty: traces off)",
+	"boot-precreate":         "sandboxes of the default spec kept precreated (warm slots; 0: off)",
+	"tls-cert":               "PEM certificate chain of the gRPC TCP listener and the gateway (TLS on)",
+	"tls-key":                "PEM private key of tls-cert",
+	"tls-client-ca":          "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS)",
+	"allow-plaintext-remote": "true: allow plaintext gRPC TCP / gateway listeners on non-loopback addresses",
 }
 
 // Upstreams parses DNSUpstream (port 53 when none is given).

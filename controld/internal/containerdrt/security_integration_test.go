@@ -76,7 +76,7 @@ func (r oneRoute) Route(id string) (fleet.Route, error) {
 // routing id to inst's socket and returns the HTTP status.
 func gatewayUpgrade(t *testing.T, inst fleet.Instance, token string) int {
 	t.Helper()
-	g := gateway.New(oneRoute{inst.ID: {Token: token, ACISocket: inst.ACISocket}}, nil)
+	g := gateway.New(oneRoute{inst.ID: {Token: token, ACISocket: inst.ACISocket}}, gateway.Options{})
 	srv := gateway.NewServer(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -40,6 +40,7 @@ type Options struct {
 
 	Host          string // reported in Sandbox.host
 	GatewayHost   string // host:port of the ACI gateway, for endpoint URLs
+	GatewayTLS    bool   // the gateway serves TLS: endpoint URLs say wss://
 	DefaultImage  string
 	DefaultScreen *controldv1.Screen
 	CheckpointDir string
@@ -357,8 +358,12 @@ func (m *Manager) endpoint(sb *sandbox) *controldv1.Endpoint {
 }
 
 func (m *Manager) endpointLocked(sb *sandbox) *controldv1.Endpoint {
+	scheme := "ws"
+	if m.opts.GatewayTLS {
+		scheme = "wss"
+	}
 	return &controldv1.Endpoint{
-		Url:          fmt.Sprintf("ws://%s/v1/sandboxes/%s/aci", m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
+		Url:          fmt.Sprintf("%s://%s/v1/sandboxes/%s/aci", scheme, m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
 		Token:        sb.rec.ACIToken,
 		UnixPath:     sb.rec.ACISocket.String(),
 		UnixPidStart: sb.rec.ACISocket.Start,
@@ -373,6 +378,10 @@ type Route struct {
 
 // Route returns the current ACI token and guestd socket of a sandbox, for
 // the gateway. Only sandboxes whose guestd may be reachable are routed.
+// When the sandbox exists but cannot be routed now, the error says why and
+// the Route still carries its Token (nothing else), so the gateway checks
+// the caller's token before it reveals the state; for an unknown (or
+// pooled, unclaimed) sandbox the Route is empty.
 func (m *Manager) Route(id string) (Route, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -380,19 +389,20 @@ func (m *Manager) Route(id string) (Route, error) {
 	if !ok || sb.deleting || sb.rec.Pooled {
 		return Route{}, sandboxNotFound(id)
 	}
+	auth := Route{Token: sb.rec.ACIToken}
 	if sb.checkpointing {
-		return Route{}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_CHECKPOINTING",
+		return auth, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_CHECKPOINTING",
 			"sandbox %s is being checkpointed; retry shortly", id)
 	}
 	switch sb.rec.Sandbox.GetState() {
 	case controldv1.SandboxState_SANDBOX_STATE_BOOTING, controldv1.SandboxState_SANDBOX_STATE_READY,
 		controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
 	default:
-		return Route{}, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_RUNNING",
+		return auth, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_NOT_RUNNING",
 			"sandbox %s is %s", id, sb.rec.Sandbox.GetState())
 	}
 	if sb.rec.ACISocket.IsZero() {
-		return Route{}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_STARTING", "sandbox %s has no guestd socket yet", id)
+		return auth, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_STARTING", "sandbox %s has no guestd socket yet", id)
 	}
 	return Route{Token: sb.rec.ACIToken, ACISocket: sb.rec.ACISocket}, nil
 }

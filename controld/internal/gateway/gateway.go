@@ -9,12 +9,21 @@
 // uses splice(2) on Linux), so the hop costs a few syscalls per message and
 // nothing per byte. guestd checks the token again and answers the upgrade
 // itself.
+//
+// The token is checked before anything about the sandbox is revealed: an
+// unknown id and a known one with a wrong token get the same 401 after the
+// same work. Connections that have not upgraded yet are bounded in time and
+// number (api/connlimit), spliced sessions in number (Options.MaxSessions).
 package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -24,6 +33,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/connlimit"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -34,26 +44,53 @@ type Router interface {
 	Route(id string) (fleet.Route, error)
 }
 
+// Options configure a Gateway and its Server; zero values take defaults.
+type Options struct {
+	Log *slog.Logger
+	// Limits bound connections before their upgrade (header and idle
+	// timeouts, a cap on connections still in HTTP).
+	Limits connlimit.Limits
+	// MaxSessions caps spliced connections; an upgrade past it gets 429.
+	// DefaultMaxSessions when 0.
+	MaxSessions int
+	// TLS, when set, makes the Server serve TLS (wss://). Set ClientAuth
+	// and ClientCAs in it to require client certificates.
+	TLS *tls.Config
+}
+
+// DefaultMaxSessions bounds spliced connections (each holds two sockets
+// and two goroutines).
+const DefaultMaxSessions = 8192
+
 // Gateway is an http.Handler serving the ACI route. Shutdown closes every
 // spliced connection.
 type Gateway struct {
 	router      Router
 	log         *slog.Logger
+	opts        Options
 	dialTimeout time.Duration
 	mux         *http.ServeMux
+	// unknownToken stands in for the token of a sandbox that is not there,
+	// so rejecting its callers costs the same as rejecting a wrong token.
+	unknownToken string
 
-	mu     sync.Mutex
-	conns  map[io.Closer]string // -> sandbox id
-	closed bool
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[io.Closer]string // -> sandbox id
+	sessions int                  // spliced connections (each is two conns)
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 // New returns a gateway over router.
-func New(router Router, log *slog.Logger) *Gateway {
-	if log == nil {
-		log = slog.Default()
+func New(router Router, opts Options) *Gateway {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
 	}
-	g := &Gateway{router: router, log: log, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{}}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	g := &Gateway{router: router, log: opts.Log, opts: opts, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{},
+		unknownToken: rand.Text()}
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.serveACI)
 	return g
@@ -87,24 +124,37 @@ func (g *Gateway) serveACI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	// The token first: whether the id exists and what state it is in is
+	// for the token's holder only.
 	route, err := g.router.Route(id)
+	if !g.authorized(bearer(r), route.Token) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="forkfleet-aci"`)
+		http.Error(w, "missing or invalid bearer token", http.StatusUnauthorized)
+		return
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, errdefs.ErrNotFound):
 			http.Error(w, err.Error(), http.StatusNotFound)
 		case errors.Is(err, errdefs.ErrUnavailable):
+			w.Header().Set("Retry-After", "1")
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		default:
 			http.Error(w, err.Error(), http.StatusConflict)
 		}
 		return
 	}
-	tok := bearer(r)
-	if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(route.Token)) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="forkfleet-aci"`)
-		http.Error(w, "missing or invalid bearer token", http.StatusUnauthorized)
+	if !g.reserveSession() {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, fmt.Sprintf("the gateway holds %d sessions, its limit", g.opts.MaxSessions), http.StatusTooManyRequests)
 		return
 	}
+	spliced := false
+	defer func() {
+		if !spliced {
+			g.releaseSession()
+		}
+	}()
 	hj, ok := w.(http.Hijacker)
 	if !ok {
 		http.Error(w, "connection cannot be taken over", http.StatusInternalServerError)
@@ -147,12 +197,51 @@ func (g *Gateway) serveACI(w http.ResponseWriter, r *http.Request) {
 		up.Close()
 		return
 	}
+	spliced = true
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
+		defer g.releaseSession()
 		defer g.untrack(down, up)
 		splice(down, up, first)
 	}()
+}
+
+// authorized compares the presented token with want (the sandbox's token,
+// empty for an unknown sandbox) in constant time: SHA-256 digests of both
+// sides, so neither the length nor the existence of want shows in the time
+// taken.
+func (g *Gateway) authorized(presented, want string) bool {
+	ok := presented != "" && want != ""
+	if want == "" {
+		want = g.unknownToken
+	}
+	p, w := sha256.Sum256([]byte(presented)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(p[:], w[:]) == 1 && ok
+}
+
+// reserveSession takes one of MaxSessions; releaseSession gives it back.
+func (g *Gateway) reserveSession() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.sessions >= g.opts.MaxSessions {
+		return false
+	}
+	g.sessions++
+	return true
+}
+
+func (g *Gateway) releaseSession() {
+	g.mu.Lock()
+	g.sessions--
+	g.mu.Unlock()
+}
+
+// Sessions is how many connections are spliced now.
+func (g *Gateway) Sessions() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sessions
 }
 
 // splice copies both ways until either side ends, then closes both.
@@ -234,25 +323,37 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Serve runs an HTTP server for the gateway on ln until Shutdown.
+// Server runs an HTTP server for the gateway until Shutdown.
 type Server struct {
-	g   *Gateway
-	srv *http.Server
+	g          *Gateway
+	srv        *http.Server
+	handshakes *connlimit.Tracker
 }
 
-// NewServer wraps g in an http.Server with sane header timeouts.
+// NewServer wraps g in an http.Server with g's connection limits.
 func NewServer(g *Gateway) *Server {
-	return &Server{g: g, srv: &http.Server{
-		Handler:           g,
-		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
-	}}
+	srv := &http.Server{
+		Handler:  g,
+		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
+	return &Server{g: g, srv: srv, handshakes: connlimit.Apply(srv, g.opts.Limits)}
 }
 
-// Serve accepts connections on ln until Shutdown.
+// Handshakes counts connections that have not upgraded yet.
+func (s *Server) Handshakes() *connlimit.Tracker { return s.handshakes }
+
+// Serve accepts connections on ln until Shutdown, over TLS when the
+// gateway has a TLS config.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(tcpNoDelay{ln})
+	ln = tcpNoDelay{ln}
+	if cfg := s.g.opts.TLS; cfg != nil {
+		// HTTP/1.1 only: a WebSocket upgrade hijacks the connection, which
+		// HTTP/2 cannot.
+		cfg = cfg.Clone()
+		cfg.NextProtos = []string{"http/1.1"}
+		ln = tls.NewListener(ln, cfg)
+	}
+	err := s.srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

@@ -22,14 +22,25 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 )
 
-type router map[string]fleet.Route
+type router map[string]routed
+
+// routed is a sandbox the router knows. One with err set cannot be routed
+// now (checkpointing, stopped): like fleet.Manager, the router then answers
+// with its token and the error.
+type routed struct {
+	fleet.Route
+	err error
+}
 
 func (r router) Route(id string) (fleet.Route, error) {
 	rt, ok := r[id]
 	if !ok {
 		return fleet.Route{}, errdefs.WithReason(errdefs.ErrNotFound, "SANDBOX_NOT_FOUND", "sandbox %s not found", id)
 	}
-	return rt, nil
+	if rt.err != nil {
+		return fleet.Route{Token: rt.Token}, rt.err
+	}
+	return rt.Route, nil
 }
 
 type fixture struct {
@@ -44,7 +55,11 @@ type fixture struct {
 
 const token = "agent-token"
 
-func setup(tb testing.TB) *fixture {
+func setup(tb testing.TB) *fixture { return setupWith(tb, nil, gateway.Options{}) }
+
+// setupWith serves a gateway with opts routing sb-aaaaaaaaaaaaaaaa to an
+// acitest guestd, and the sandboxes of extra.
+func setupWith(tb testing.TB, extra router, opts gateway.Options) *fixture {
 	tb.Helper()
 	dir, err := os.MkdirTemp("", "gw")
 	if err != nil {
@@ -65,7 +80,11 @@ func setup(tb testing.TB) *fixture {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g := gateway.New(router{"sb-aaaaaaaaaaaaaaaa": {Token: token, ACISocket: addr}}, nil)
+	rt := router{"sb-aaaaaaaaaaaaaaaa": {Route: fleet.Route{Token: token, ACISocket: addr}}}
+	for id, r := range extra {
+		rt[id] = r
+	}
+	g := gateway.New(rt, opts)
 	srv := gateway.NewServer(g)
 	go srv.Serve(ln)
 	f := &fixture{gw: g, guest: guest, sock: sock, srv: srv, ln: ln,
@@ -118,8 +137,9 @@ func TestGatewayForwardsAndAuthenticates(t *testing.T) {
 	if _, err := aci.Dial(ctx, f.gwURL, "wrong"); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("wrong token: %v", err)
 	}
+	// An unknown sandbox looks like a wrong token (TestGatewayTokenBeforeLookup).
 	bad := fmt.Sprintf("ws://%s/v1/sandboxes/sb-bbbbbbbbbbbbbbbb/aci", f.ln.Addr())
-	if _, err := aci.Dial(ctx, bad, token); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := aci.Dial(ctx, bad, token); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("unknown sandbox: %v", err)
 	}
 	resp, err := http.Get(fmt.Sprintf("http://%s/v1/sandboxes/sb-aaaaaaaaaaaaaaaa/aci", f.ln.Addr()))
