@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"image"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
@@ -29,6 +31,16 @@ import (
 // closeHandshakeGrace is how long Shutdown lets clients answer the close
 // frame before dropping their connections.
 const closeHandshakeGrace = 500 * time.Millisecond
+
+// Session bounds (Options).
+const (
+	DefaultMaxSessions     = 64
+	DefaultMaxSessionBytes = 64 << 20
+	DefaultHelloTimeout    = 10 * time.Second
+	// adminSessions is the admin token's own reserve: controld opens one or
+	// two per sandbox (readiness, checkpoints).
+	adminSessions = 16
+)
 
 // Wire constants.
 const (
@@ -49,6 +61,21 @@ type Options struct {
 	ServerVersion string
 	// MaxMessageBytes is the read limit per ClientMessage (advertised).
 	MaxMessageBytes int64
+	// MaxSessions caps concurrent sessions of the agent token (and of
+	// InsecureNoAuth); admin sessions have adminSessions of their own, so
+	// agents can never lock controld out. DefaultMaxSessions when 0.
+	MaxSessions int
+	// MaxSessionBytes bounds what one session holds in each direction
+	// (requests read and not yet executed, replies not yet written); past
+	// it the session stops reading, or its executor waits for the writer.
+	// DefaultMaxSessionBytes when 0.
+	MaxSessionBytes int64
+	// Conn bounds connections before their upgrade (connlimit defaults
+	// when zero).
+	Conn connlimit.Limits
+	// HelloTimeout closes a session that has not said hello this long
+	// after its upgrade; DefaultHelloTimeout when 0.
+	HelloTimeout time.Duration
 
 	// Runner and Files serve exec/launch and the file requests; nil
 	// disables them (not advertised, UNIMPLEMENTED).
@@ -115,12 +142,17 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
+	// admitted counts sessions by role from their upgrade to their end
+	// (reserveSession); agent also counts InsecureNoAuth sessions.
+	admitted map[Role]int
 	ready    *aciv1.ReadyResponse // non-nil once the desktop became ready
 	milest   milestones
 	closed   bool
 	bg       sync.WaitGroup // sessions and watchers
 	servers  []*http.Server
-	nextSess atomic.Uint64
+	// handshakes track each listener's connections before their upgrade.
+	handshakes []*connlimit.Tracker
+	nextSess   atomic.Uint64
 }
 
 type deskBox struct {
@@ -145,6 +177,15 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxMessageBytes <= 0 {
 		opts.MaxMessageBytes = 64 << 20
 	}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	if opts.MaxSessionBytes <= 0 {
+		opts.MaxSessionBytes = DefaultMaxSessionBytes
+	}
+	if opts.HelloTimeout <= 0 {
+		opts.HelloTimeout = DefaultHelloTimeout
+	}
 	if opts.EntropySink == "" {
 		opts.EntropySink = "/dev/urandom"
 	}
@@ -156,6 +197,7 @@ func New(opts Options) (*Server, error) {
 		log:      opts.Log,
 		start:    time.Now(),
 		sessions: make(map[*session]struct{}),
+		admitted: make(map[Role]int),
 	}
 	s.damage.base = s.start
 	var b [16]byte
@@ -236,19 +278,34 @@ func (s *Server) broadcast(m *aciv1.ServerMessage) {
 // Serve accepts ACI connections on l until Shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	hs := &http.Server{
-		Handler:           s,
-		ConnContext:       WithRawConn,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		Handler:     s,
+		ConnContext: WithRawConn,
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	// Anything in the sandbox can connect: what a connection may hold
+	// before it authenticates is bounded in time and number.
+	tr := connlimit.Apply(hs, s.opts.Conn)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return http.ErrServerClosed
 	}
 	s.servers = append(s.servers, hs)
+	s.handshakes = append(s.handshakes, tr)
 	s.mu.Unlock()
 	return hs.Serve(l)
+}
+
+// Handshakes is how many connections to the served listeners have not
+// upgraded to a session (yet).
+func (s *Server) Handshakes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, t := range s.handshakes {
+		n += t.Handshakes()
+	}
+	return n
 }
 
 type rawConnKey struct{}
@@ -286,6 +343,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "a checkpoint is in progress; reconnect", http.StatusServiceUnavailable)
 		return
 	}
+	quota := s.sessionQuota(role)
+	if !s.reserveSession(quota) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, fmt.Sprintf("%d %s sessions are open, the limit", s.limitOf(quota), quota), http.StatusTooManyRequests)
+		return
+	}
+	defer s.releaseSession(quota)
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:    []string{SubprotocolBinary, SubprotocolJSON},
 		CompressionMode: websocket.CompressionDisabled,
@@ -306,6 +370,41 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ss.run()
+}
+
+// sessionQuota is the pool a session of role counts against: the admin
+// token's reserve, or everyone else's (agents, and InsecureNoAuth sessions,
+// which are admin in power only).
+func (s *Server) sessionQuota(role Role) Role {
+	if role == RoleAdmin && !s.opts.InsecureNoAuth {
+		return RoleAdmin
+	}
+	return RoleAgent
+}
+
+func (s *Server) limitOf(quota Role) int {
+	if quota == RoleAdmin {
+		return adminSessions
+	}
+	return s.opts.MaxSessions
+}
+
+// reserveSession takes a place in quota's pool for a session about to be
+// upgraded; releaseSession gives it back when the session ends.
+func (s *Server) reserveSession(quota Role) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.admitted[quota] >= s.limitOf(quota) {
+		return false
+	}
+	s.admitted[quota]++
+	return true
+}
+
+func (s *Server) releaseSession(quota Role) {
+	s.mu.Lock()
+	s.admitted[quota]--
+	s.mu.Unlock()
 }
 
 // Shutdown stops accepting, closes every session with StatusGoingAway and

@@ -16,7 +16,9 @@ import (
 )
 
 // Queue depths. A full request queue stops the read loop, which pushes back
-// on the client through TCP; a full reply queue stops the executor.
+// on the client through TCP; a full reply queue stops the executor. The
+// bytes behind both are bounded too (Options.MaxSessionBytes, byteBudget):
+// 128 requests of 64 MiB must not all be held at once.
 const (
 	requestQueue = 128
 	replyQueue   = 64
@@ -43,6 +45,9 @@ type session struct {
 
 	queue chan *job
 	out   chan outMsg
+	// inBytes holds the wire size of requests read and not yet executed,
+	// outBytes that of replies and events not yet written.
+	inBytes, outBytes byteBudget
 
 	// streams are this session's screencast streams (the executor's only).
 	streams map[uint32]struct{}
@@ -65,6 +70,7 @@ type session struct {
 type outMsg struct {
 	b    *[]byte
 	done chan struct{}
+	cost int64 // taken from outBytes
 }
 
 // job is one request on its way through the executor.
@@ -74,6 +80,7 @@ type job struct {
 	cancel context.CancelFunc
 	// reply, when set, is sent as is (precomputed by the read loop).
 	reply *aciv1.ServerMessage
+	cost  int64 // taken from inBytes
 }
 
 var outBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -90,6 +97,8 @@ func (s *Server) newSession(conn *websocket.Conn, role Role, json bool) *session
 		streams:   make(map[uint32]struct{}),
 		inflight:  make(map[uint64]*job),
 		closeDone: make(chan struct{}),
+		inBytes:   byteBudget{max: s.opts.MaxSessionBytes},
+		outBytes:  byteBudget{max: s.opts.MaxSessionBytes},
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,7 +118,18 @@ func (ss *session) run() {
 	wg.Add(2)
 	go func() { defer wg.Done(); ss.executor() }()
 	go func() { defer wg.Done(); ss.writer() }()
+	// A connection that upgraded but says nothing holds a session slot:
+	// it gets HelloTimeout to say hello.
+	helloTimer := time.AfterFunc(s.opts.HelloTimeout, func() {
+		s.mu.Lock()
+		welcomed := ss.welcomed
+		s.mu.Unlock()
+		if !welcomed {
+			ss.closeWith(websocket.StatusPolicyViolation, "no hello within "+s.opts.HelloTimeout.String())
+		}
+	})
 	ss.readLoop()
+	helloTimer.Stop()
 	// A close we initiated should finish its handshake before CloseNow,
 	// but a peer that never answers must not hold the session.
 	ss.closeOnce.Do(func() { close(ss.closeDone) })
@@ -160,6 +180,7 @@ func (ss *session) readLoop() {
 		if err != nil {
 			return
 		}
+		size := int64(len(buf))
 		want := websocket.MessageBinary
 		if ss.json {
 			want = websocket.MessageText
@@ -181,7 +202,13 @@ func (ss *session) readLoop() {
 			ss.closeWith(websocket.StatusInvalidFramePayloadData, truncateReason("malformed ClientMessage: "+err.Error()))
 			return
 		}
-		j := &job{msg: msg, ctx: ss.ctx}
+		// Stop reading while the requests queued ahead hold the budget: TCP
+		// then pushes back on the client.
+		cost, err := ss.inBytes.take(ss.ctx, size)
+		if err != nil {
+			return
+		}
+		j := &job{msg: msg, ctx: ss.ctx, cost: cost}
 		switch {
 		case msg.GetId() == 0:
 			j.reply = errReply(0, errInvalid("id", "request id must be non-zero").Proto())
@@ -201,6 +228,54 @@ func (ss *session) readLoop() {
 			return
 		}
 	}
+}
+
+// byteBudget bounds the bytes a session holds in one direction. take waits
+// while the budget is spent; a message larger than the whole budget is let
+// through alone (the message limit bounds it).
+type byteBudget struct {
+	max int64
+
+	mu    sync.Mutex
+	used  int64
+	freed chan struct{} // closed by release when someone waits
+}
+
+// take reserves n bytes (at most max) and returns what it reserved, for
+// release.
+func (b *byteBudget) take(ctx context.Context, n int64) (int64, error) {
+	n = min(n, b.max)
+	for {
+		b.mu.Lock()
+		if b.used+n <= b.max {
+			b.used += n
+			b.mu.Unlock()
+			return n, nil
+		}
+		if b.freed == nil {
+			b.freed = make(chan struct{})
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.used -= n
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+	b.mu.Unlock()
 }
 
 // truncateReason fits a close reason into the 123 bytes a close frame allows.
@@ -279,6 +354,7 @@ func (ss *session) executor() {
 	for j := range ss.queue {
 		if ss.ctx.Err() != nil {
 			ss.untrack(j)
+			ss.inBytes.release(j.cost)
 			continue
 		}
 		reply := j.reply
@@ -286,6 +362,7 @@ func (ss *session) executor() {
 			reply = ss.handle(j)
 		}
 		ss.untrack(j)
+		ss.inBytes.release(j.cost)
 		if reply == nil {
 			// The handler emitted its reply itself (screencast start:
 			// the reply must precede the stream's first frame).
@@ -316,8 +393,13 @@ func (ss *session) emit(m *aciv1.ServerMessage) {
 		ss.srv.log.Error("marshal reply", "id", m.GetId(), "err", err)
 		*bp, _ = proto.Marshal(errReply(m.GetId(), &aciv1.Error{Code: aciv1.ErrorCode_ERROR_CODE_INTERNAL, Message: "reply could not be encoded: " + err.Error()}))
 	}
+	cost, err := ss.outBytes.take(ss.ctx, int64(len(*bp)))
+	if err != nil {
+		outBufPool.Put(bp)
+		return
+	}
 	select {
-	case ss.out <- outMsg{b: bp}:
+	case ss.out <- outMsg{b: bp, cost: cost}:
 	case <-ss.ctx.Done():
 		outBufPool.Put(bp)
 	}
@@ -338,8 +420,12 @@ func (ss *session) send(m *aciv1.ServerMessage) {
 		ss.srv.log.Error("marshal event", "err", err)
 		return
 	}
+	cost, err := ss.outBytes.take(ss.ctx, int64(len(b)))
+	if err != nil {
+		return
+	}
 	select {
-	case ss.out <- outMsg{b: &b}:
+	case ss.out <- outMsg{b: &b, cost: cost}:
 	case <-ss.ctx.Done():
 	}
 }
@@ -351,9 +437,13 @@ func (ss *session) sendWait(m *aciv1.ServerMessage) error {
 	if err != nil {
 		return err
 	}
+	cost, err := ss.outBytes.take(ss.ctx, int64(len(b)))
+	if err != nil {
+		return err
+	}
 	done := make(chan struct{})
 	select {
-	case ss.out <- outMsg{b: &b, done: done}:
+	case ss.out <- outMsg{b: &b, done: done, cost: cost}:
 	case <-ss.ctx.Done():
 		return ss.ctx.Err()
 	}
@@ -378,6 +468,7 @@ func (ss *session) writer() {
 			return
 		}
 		err := ss.conn.Write(ss.ctx, typ, *m.b)
+		ss.outBytes.release(m.cost)
 		if m.done != nil {
 			close(m.done)
 		} else if cap(*m.b) <= keepReadBuf {

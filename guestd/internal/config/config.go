@@ -118,6 +118,12 @@ type Limits struct {
 	// UploadIdleSeconds: a chunked upload without a chunk for this long is
 	// removed with its temporary file.
 	UploadIdleSeconds int `json:"upload_idle_seconds"`
+	// MaxSessions caps concurrent sessions of the agent token (controld's
+	// admin sessions have a reserve of their own).
+	MaxSessions int `json:"max_sessions"`
+	// MaxSessionBytes bounds what one session holds in each direction:
+	// requests received and not yet executed, replies not yet written.
+	MaxSessionBytes int64 `json:"max_session_bytes"`
 }
 
 // Default returns the embedded default configuration.
@@ -182,6 +188,12 @@ func (l *Limits) fillDefaults() {
 	}
 	if l.UploadIdleSeconds == 0 {
 		l.UploadIdleSeconds = 300
+	}
+	if l.MaxSessions == 0 {
+		l.MaxSessions = 64
+	}
+	if l.MaxSessionBytes == 0 {
+		l.MaxSessionBytes = 64 << 20
 	}
 }
 
@@ -272,8 +284,11 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxMessageBytes < 1<<20 || c.Limits.MaxMessageBytes > 1<<30 {
 		return fmt.Errorf("limits.max_message_bytes %d out of range (1 MiB..1 GiB)", c.Limits.MaxMessageBytes)
 	}
-	if c.Limits.MaxFileBytes < 1 || c.Limits.MaxUploads < 1 || c.Limits.UploadIdleSeconds < 1 {
-		return errors.New("limits: max_file_bytes, max_uploads and upload_idle_seconds must be positive")
+	if c.Limits.MaxFileBytes < 1 || c.Limits.MaxUploads < 1 || c.Limits.UploadIdleSeconds < 1 || c.Limits.MaxSessions < 1 {
+		return errors.New("limits: max_file_bytes, max_uploads, upload_idle_seconds and max_sessions must be positive")
+	}
+	if c.Limits.MaxSessionBytes < 1<<20 {
+		return fmt.Errorf("limits.max_session_bytes %d: at least 1 MiB", c.Limits.MaxSessionBytes)
 	}
 	return nil
 }

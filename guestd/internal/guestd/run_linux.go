@@ -162,6 +162,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	opts := aci.Options{
 		ACIToken: cfg.ACIToken, AdminToken: cfg.AdminToken, InsecureNoAuth: o.insecureNoAuth,
 		SandboxID: cfg.SandboxID, ServerVersion: Version, MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		MaxSessions: cfg.Limits.MaxSessions, MaxSessionBytes: cfg.Limits.MaxSessionBytes,
 		Runner: runner, Files: files, Ready: conds, Log: log,
 	}
 	if os.Getpid() == 1 {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
@@ -268,7 +269,16 @@ func (f *Files) Get(req *aciv1.FileGetRequest) (*aciv1.FileGetResponse, error) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	fh, err := os.Open(path)
+	// Only regular files are read. Anything else is refused before it is
+	// opened (opening a device can act on it), and the open itself does
+	// not wait: a FIFO planted in the sandbox, swapped in after the stat,
+	// would otherwise block the session's executor until a writer came.
+	if st, err := os.Stat(path); err != nil {
+		return nil, acierr.WithField(err, "file_get.path")
+	} else if !st.Mode().IsRegular() {
+		return nil, notRegular(path, st.Mode())
+	}
+	fh, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, acierr.WithField(err, "file_get.path")
 	}
@@ -278,7 +288,7 @@ func (f *Files) Get(req *aciv1.FileGetRequest) (*aciv1.FileGetResponse, error) {
 		return nil, acierr.WithField(err, "file_get.path")
 	}
 	if !st.Mode().IsRegular() {
-		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "file_get.path", "%s is not a regular file", path)
+		return nil, notRegular(path, st.Mode())
 	}
 	size := st.Size()
 	off := req.GetOffset()
@@ -299,6 +309,21 @@ func (f *Files) Get(req *aciv1.FileGetRequest) (*aciv1.FileGetResponse, error) {
 	}
 	buf = buf[:got]
 	return &aciv1.FileGetResponse{Data: buf, Size: uint64(size), Eof: off+uint64(got) >= uint64(size)}, nil
+}
+
+func notRegular(path string, m fs.FileMode) error {
+	kind := "not a regular file"
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		kind = "a named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		kind = "a socket"
+	case m&fs.ModeDevice != 0:
+		kind = "a device"
+	case m.IsDir():
+		kind = "a directory"
+	}
+	return acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "file_get.path", "%s is %s; file_get reads regular files only", path, kind)
 }
 
 func fileInfo(name string, st fs.FileInfo) *aciv1.FileInfo {

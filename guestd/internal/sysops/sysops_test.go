@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -428,5 +429,35 @@ func TestEnsureDevShm(t *testing.T) {
 	}
 	if err := EnsureDevShm(file); err == nil {
 		t.Error("a file in the way: no error")
+	}
+}
+
+// TestFileGetNonRegular: file_get refuses what is not a regular file, and a
+// FIFO does not block it (an open for reading waits for a writer).
+func TestFileGetNonRegular(t *testing.T) {
+	f := newFiles(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link-to-fifo")
+	if err := os.Symlink(fifo, link); err != nil {
+		t.Fatal(err)
+	}
+	for path, kind := range map[string]string{fifo: "FIFO", link: "FIFO", dir: "directory", "/dev/null": "device"} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := f.Get(&aciv1.FileGetRequest{Path: path})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if code(err) != aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION || !strings.Contains(err.Error(), kind) {
+				t.Errorf("%s: %v", path, err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("file_get %s blocked", path)
+		}
 	}
 }
