@@ -120,9 +120,14 @@ python-test:
 	@set -a; [ ! -f /etc/forkfleet/host.env ] || . /etc/forkfleet/host.env; set +a; \
 	cd python && FORKFLEET_INTEGRATION=$(INTEGRATION) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
+## fuzz: every Fuzz target of every module, FUZZTIME inputs each (go test -fuzz takes one target at a time;
+## the targets are found in the sources, which costs no build)
 fuzz:
-	@cd guestd && for f in $$(go test -list 'Fuzz.*' ./internal/aci | grep '^Fuzz'); do \
-	  echo "== fuzz $$f"; go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./internal/aci || exit 1; done
+	@for m in $(MODULES); do \
+	  for dir in $$(cd $$m && grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u); do \
+	    for f in $$(cd $$m && cat $$dir/*_test.go | grep -o '^func Fuzz[A-Za-z0-9_]*' | cut -d' ' -f2); do \
+	      echo "== fuzz $$m/$${dir#./} $$f"; \
+	      (cd $$m && go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$dir) || exit 1; done; done; done
 
 ## demo: set up the host, build, start controld, and boot/act/observe/checkpoint/fork a sandbox
 demo: host image build
