@@ -32,7 +32,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools python-tools python-deps python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
+.PHONY: build tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
 
 ## build: compile every binary into bin/
 build:
@@ -113,10 +113,13 @@ integration-test:
 python-deps:
 	deploy/host-setup.sh --packages $(PY_PACKAGES)
 
-## python-test: install python/ as a user would (pip, no index) and run its tests (real stack with INTEGRATION=1)
-python-test:
+## python-venv: install python/ as a user would (pip, no index) into .cache/python (benchd's clientscale uses it too)
+python-venv:
 	rm -rf $(PY_VENV) && $(PYTHON) -m venv --system-site-packages $(PY_VENV)
 	$(PY_VENV)/bin/pip install --quiet --no-index --no-build-isolation ./python
+
+## python-test: the Python SDK's tests (real stack with INTEGRATION=1)
+python-test: python-venv
 	@set -a; [ ! -f /etc/forkfleet/host.env ] || . /etc/forkfleet/host.env; set +a; \
 	cd python && FORKFLEET_INTEGRATION=$(INTEGRATION) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests
 

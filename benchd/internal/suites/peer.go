@@ -22,7 +22,8 @@ import (
 
 // RunPeer is `benchd peer`: a synthetic ACI server that speaks the real wire
 // protocol (binary protobuf envelopes over WebSocket, Hello first, replies by
-// id) and answers every screenshot with a fixed payload of --frame-bytes.
+// id) and answers every screenshot, and every step's observation, with a
+// fixed payload of --frame-bytes.
 // clientscale runs several in separate processes so the client under test
 // never shares its address space or scheduler with the servers.
 //
@@ -69,7 +70,9 @@ type peerServer struct {
 	// length, body) built once; a reply is the id field plus these bytes,
 	// which is a valid protobuf encoding of the whole envelope.
 	screenshotField []byte
-	sessions        atomic.Int64
+	// screenshotBody is the ScreenshotResponse alone, a step's observation.
+	screenshotBody []byte
+	sessions       atomic.Int64
 }
 
 func newPeerServer(frameBytes int) *peerServer {
@@ -81,7 +84,11 @@ func newPeerServer(frameBytes int) *peerServer {
 	if err != nil {
 		panic(err) // a fixed, valid message
 	}
-	return &peerServer{screenshotField: body}
+	obs, err := proto.Marshal(ss)
+	if err != nil {
+		panic(err)
+	}
+	return &peerServer{screenshotField: body, screenshotBody: obs}
 }
 
 func (p *peerServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -129,9 +136,26 @@ func (p *peerServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			out = protowire.AppendVarint(out, m.Id)
 			out = append(out, p.screenshotField...)
 			reply = out
+		case *aciv1.ClientMessage_Step:
+			// One empty (successful) outcome per action, then the fixed
+			// observation when one was asked for.
+			var step []byte
+			for range req.Step.GetActions() {
+				step = protowire.AppendTag(step, 1, protowire.BytesType)
+				step = protowire.AppendBytes(step, nil)
+			}
+			if req.Step.GetObserve() != nil {
+				step = protowire.AppendTag(step, 2, protowire.BytesType)
+				step = protowire.AppendBytes(step, p.screenshotBody)
+			}
+			out = protowire.AppendTag(out[:0], 1, protowire.VarintType)
+			out = protowire.AppendVarint(out, m.Id)
+			out = protowire.AppendTag(out, 5, protowire.BytesType)
+			out = protowire.AppendBytes(out, step)
+			reply = out
 		default:
 			reply, _ = proto.Marshal(&aciv1.ServerMessage{Id: m.Id, Reply: &aciv1.ServerMessage_Error{Error: &aciv1.Error{
-				Code: aciv1.ErrorCode_ERROR_CODE_UNIMPLEMENTED, Message: "benchd peer answers hello, ping and screenshot only"}}})
+				Code: aciv1.ErrorCode_ERROR_CODE_UNIMPLEMENTED, Message: "benchd peer answers hello, ping, screenshot and step only"}}})
 		}
 		if !hello {
 			ws.Close(websocket.StatusPolicyViolation, "hello first")
