@@ -1,0 +1,37 @@
+//go:build linux
+
+package suites
+
+import (
+	"testing"
+
+	"github.com/forkfleet/forkfleet/benchd/internal/result"
+)
+
+// The browser suite's ratios compare its own rows with podman's of the same
+// shape, never the bare desktop's.
+func TestBrowserRatios(t *testing.T) {
+	row := func(metric string, baseline bool, p50 float64, kv ...string) result.Row {
+		r := result.Single(metric, "ms", labels(kv...), p50)
+		r.Baseline = baseline
+		return r
+	}
+	rows := []result.Row{
+		row("checkpoint.client_total", false, 800, "shape", browserShape),
+		row("checkpoint.client_total", false, 90, "shape", "bare-desktop"),
+		row("peer.podman_checkpoint_leave_running", true, 2400, "shape", browserShape, "compress", "none"),
+		row("peer.podman_checkpoint_leave_running", true, 250, "shape", "bare-desktop", "compress", "none"),
+		row("fork.fanout.wall", false, 700, "tier", "memory", "n", "1", "shape", browserShape),
+		row("peer.podman_restore.wall", true, 3500, "n", "1", "shape", browserShape),
+	}
+	got := map[string]float64{}
+	for _, r := range browserRatios(rows) {
+		if r.Labels["shape"] != browserShape {
+			t.Errorf("ratio %s without the browser shape: %v", r.Metric, r.Labels)
+		}
+		got[r.Metric] = *r.P50
+	}
+	if got["checkpoint.speedup_vs_podman"] != 3 || got["fork.speedup_vs_podman"] != 5 {
+		t.Fatalf("ratios %v, want checkpoint 3x and fork 5x", got)
+	}
+}
