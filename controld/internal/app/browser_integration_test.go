@@ -69,11 +69,7 @@ func TestRealStackBrowser(t *testing.T) {
 	waitTitle(t, ctx, sess, "start page", func(title string) bool { return strings.HasPrefix(title, "forkfleet") })
 
 	// CDP answers on the sandbox's loopback (never on a host port).
-	r, err := sess.Exec(ctx, &aciv1.ExecRequest{TimeoutMs: 10_000, Argv: []string{"/bin/bash", "-c",
-		`exec 3<>/dev/tcp/127.0.0.1/9222 && printf 'GET /json/version HTTP/1.1\r\nHost: 127.0.0.1:9222\r\n\r\n' >&3 && timeout 2 cat <&3; true`}})
-	if err != nil || r.ExitCode != 0 || !strings.Contains(string(r.Stdout), `"webSocketDebuggerUrl"`) || !strings.Contains(string(r.Stdout), "Chrome/") {
-		t.Fatalf("CDP /json/version on the sandbox's loopback: %v exit %d %q %q", err, r.GetExitCode(), r.GetStdout(), r.GetStderr())
-	}
+	checkCDP(t, ctx, sess, "source")
 
 	// The counter page, opened in the running browser (its profile's
 	// singleton hands the URL over and exits).
@@ -155,6 +151,8 @@ func TestRealStackBrowser(t *testing.T) {
 			n, _ := strconv.Atoi(m[1])
 			return n > r.first && m[2] == fmt.Sprintf("%s r%d", typed, i)
 		})
+		// The restored DevTools server answers on the replica's loopback.
+		checkCDP(t, ctx, rs, fmt.Sprintf("replica %d", i))
 		// Nothing but the browser's window: no crash or restore dialog.
 		ws, err := rs.ListWindows(ctx)
 		if err != nil {
@@ -168,6 +166,17 @@ func TestRealStackBrowser(t *testing.T) {
 			t.Fatalf("replica %d shows %d windows %q, want the browser's only", i, len(ws), titles)
 		}
 		rs.Close()
+	}
+}
+
+// checkCDP asks Chromium's DevTools server on the sandbox's loopback for
+// /json/version (from inside: the port is never on the host).
+func checkCDP(t *testing.T, ctx context.Context, sess *aci.Session, who string) {
+	t.Helper()
+	r, err := sess.Exec(ctx, &aciv1.ExecRequest{TimeoutMs: 10_000, Argv: []string{"/bin/bash", "-c",
+		`exec 3<>/dev/tcp/127.0.0.1/9222 && printf 'GET /json/version HTTP/1.1\r\nHost: 127.0.0.1:9222\r\n\r\n' >&3 && timeout 2 cat <&3; true`}})
+	if err != nil || r.ExitCode != 0 || !strings.Contains(string(r.Stdout), `"webSocketDebuggerUrl"`) || !strings.Contains(string(r.Stdout), "Chrome/") {
+		t.Fatalf("%s: CDP /json/version on the sandbox's loopback: %v exit %d %q %q", who, err, r.GetExitCode(), r.GetStdout(), r.GetStderr())
 	}
 }
 
