@@ -319,7 +319,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 	klbl := labels(append([]string{"tier", tier, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds()))}, extra...)...)
 	pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
 	rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
-	breakdown := newForkBreakdown(tier, itoa(n))
+	breakdown := newForkBreakdown(tier, itoa(n), extra...)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
 		t0 := time.Now()

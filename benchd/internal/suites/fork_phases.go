@@ -16,19 +16,24 @@ import (
 // proof took. Only verified replicas contribute, like every timing row.
 type forkBreakdown struct {
 	tier, n string
+	extra   []string // more labels for every row
 	phases  map[string]*result.Series
 	proofs  map[string]*result.Series
 }
 
-func newForkBreakdown(tier, n string) *forkBreakdown {
-	return &forkBreakdown{tier: tier, n: n, phases: map[string]*result.Series{}, proofs: map[string]*result.Series{}}
+func newForkBreakdown(tier, n string, extra ...string) *forkBreakdown {
+	return &forkBreakdown{tier: tier, n: n, extra: extra, phases: map[string]*result.Series{}, proofs: map[string]*result.Series{}}
+}
+
+func (b *forkBreakdown) labels(kv ...string) map[string]string {
+	return labels(append(append([]string{"tier", b.tier, "n", b.n}, kv...), b.extra...)...)
 }
 
 func (b *forkBreakdown) add(rep *controldv1.ForkReplica) {
 	for _, p := range rep.GetSandbox().GetBoot() {
 		s, ok := b.phases[p.GetName()]
 		if !ok {
-			s = result.NewSeries("fork.replica_phase_at", "ms", labels("tier", b.tier, "n", b.n, "phase", p.GetName()))
+			s = result.NewSeries("fork.replica_phase_at", "ms", b.labels("phase", p.GetName()))
 			b.phases[p.GetName()] = s
 		}
 		s.Add(dur(p.GetAt()))
@@ -37,7 +42,7 @@ func (b *forkBreakdown) add(rep *controldv1.ForkReplica) {
 		name := strings.ToLower(strings.TrimPrefix(v.GetLevel().String(), "VERIFY_LEVEL_"))
 		s, ok := b.proofs[name]
 		if !ok {
-			s = result.NewSeries("fork.replica_proof", "ms", labels("tier", b.tier, "n", b.n, "level", name))
+			s = result.NewSeries("fork.replica_proof", "ms", b.labels("level", name))
 			b.proofs[name] = s
 		}
 		s.Add(dur(v.GetTook()))
