@@ -42,8 +42,13 @@ const (
 	DesktopWeb = "desktop-web"
 )
 
-// ImageCache is where images/*/build.sh keep each image's OCI layout.
+// ImageCache is where images/*/build.sh keep each image's OCI layout by
+// default; FORKFLEET_IMAGE_CACHE moves it, for the tests as for build.sh (a
+// checkout testing its own guestd builds its images there).
 const ImageCache = "/var/cache/forkfleet/images"
+
+// EnvImageCache overrides ImageCache.
+const EnvImageCache = "FORKFLEET_IMAGE_CACHE"
 
 // Enabled reports whether the real-stack tests were asked for.
 func Enabled() bool { return os.Getenv(EnvIntegration) == "1" }
@@ -92,7 +97,13 @@ func suffixed(base, sep string) string {
 func ImageRef(name string) string { return "localhost/forkfleet/" + name + ":latest" }
 
 // Layout is where the OCI layout of image name is cached.
-func Layout(name string) string { return filepath.Join(ImageCache, name+"-oci") }
+func Layout(name string) string {
+	dir := ImageCache
+	if d := os.Getenv(EnvImageCache); d != "" {
+		dir = d
+	}
+	return filepath.Join(dir, name+"-oci")
+}
 
 // Image brings image name into namespace ns of c from its cached layout
 // (nothing is done when ns already holds that manifest) and returns its
