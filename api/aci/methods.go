@@ -312,9 +312,11 @@ func (s *Session) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, er
 	return nil, unexpected("memory_challenge", m)
 }
 
-// Restored tells a freshly restored replica its identity, token, generation
-// and fresh entropy (controld, admin token only). The response carries the
-// hash of the frame the replica was restored with.
+// Restored tells a freshly restored replica its identity, its own tokens of
+// both roles (token and admin_token, both required: the restored ones are
+// refused afterwards), generation and fresh entropy (controld, admin token
+// only; capability "restored.admin_token"). The response carries the hash of
+// the frame the replica was restored with.
 func (s *Session) Restored(ctx context.Context, req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
 	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: req}})
 	if err != nil {

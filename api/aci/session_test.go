@@ -191,7 +191,7 @@ func TestTypedMethods(t *testing.T) {
 	if found, err := s.Cancel(ctx, 999999); err != nil || found {
 		t.Errorf("Cancel = %v, %v", found, err)
 	}
-	if _, err := s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: "sb-2", Generation: 5}); err != nil {
+	if _, err := s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: "sb-2", Token: "t2", AdminToken: "a2", Generation: 5}); err != nil {
 		t.Error(err)
 	}
 	if _, err := s.ScreencastStart(ctx, &aciv1.ScreencastStartRequest{}); !errors.Is(err, aci.ErrUnimplemented) {

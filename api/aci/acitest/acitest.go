@@ -31,8 +31,11 @@ import (
 // Server is a fake guestd. Configure the exported fields before the first
 // connection; use the methods at any time.
 type Server struct {
-	// Token, when set, is required as "Authorization: Bearer <token>".
-	Token string
+	// Token, when set, is required as "Authorization: Bearer <token>";
+	// AdminToken, when set, is accepted too. Restored replaces both, as
+	// guestd does.
+	Token      string
+	AdminToken string
 	// Capabilities advertised in the HelloResponse (DefaultCapabilities
 	// when nil).
 	Capabilities []string
@@ -70,7 +73,7 @@ type Server struct {
 
 // DefaultCapabilities is what the fake advertises by default.
 var DefaultCapabilities = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "input", "windows",
-	"clipboard", "events.ready", "cancel", "memory", "exec", "launch", "files", "files.chunked"}
+	"clipboard", "events.ready", "cancel", "memory", "exec", "launch", "files", "files.chunked", "restored.admin_token"}
 
 // NewServer starts a fake guestd on a loopback port. Close it when done.
 func NewServer() *Server {
@@ -198,7 +201,10 @@ func (s *Server) Requests() []*aciv1.ClientMessage {
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.Token != "" && r.Header.Get("Authorization") != "Bearer "+s.Token {
+	s.mu.Lock()
+	tok, admin := s.Token, s.AdminToken
+	s.mu.Unlock()
+	if auth := r.Header.Get("Authorization"); tok != "" && auth != "Bearer "+tok && (admin == "" || auth != "Bearer "+admin) {
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
@@ -565,11 +571,12 @@ func (s *Server) handle(ctx context.Context, c *serverConn, m *aciv1.ClientMessa
 		mac.Write(req.MemoryChallenge.GetNonce())
 		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_MemoryChallenge{MemoryChallenge: &aciv1.MemoryChallengeResponse{Mac: mac.Sum(nil)}}})
 	case *aciv1.ClientMessage_Restored:
+		if req.Restored.GetToken() == "" || req.Restored.GetAdminToken() == "" {
+			return errReply(id, aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, "restored.token", "both tokens are required")
+		}
 		s.mu.Lock()
 		s.generation = req.Restored.GetGeneration()
-		if t := req.Restored.GetToken(); t != "" {
-			s.Token = t
-		}
+		s.Token, s.AdminToken = req.Restored.GetToken(), req.Restored.GetAdminToken()
 		s.mu.Unlock()
 		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Restored{Restored: &aciv1.RestoredResponse{}}})
 	}

@@ -117,10 +117,6 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
 	}
-	if ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
-		// The restored guestd only knows the source's admin token.
-		sp.adminToken = ck.AdminToken
-	}
 	return sp
 }
 
@@ -184,7 +180,14 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 		r.ACISocket = inst.ACISocket
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
 	})
-	g, err := m.dialGuest(wctx, inst.ACISocket, spec.AdminToken)
+	// A restored guestd knows only its checkpoint's tokens (the source's)
+	// until Restored installs the replica's own; a disk-tier fork booted
+	// with its own.
+	dialToken := spec.AdminToken
+	if memTier {
+		dialToken = ck.AdminToken
+	}
+	g, err := m.dialGuest(wctx, inst.ACISocket, dialToken)
 	if err != nil {
 		wf.end(err)
 		return sb, rep, err
@@ -211,7 +214,8 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	// Restored (the replica's identity, entropy) and the proofs are
 	// independent requests on one session: run them at once. The replica is
 	// usable only when both are done.
-	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
+	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, AdminToken: spec.AdminToken,
+		Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
 	restored := make(chan error, 1)
 	born := make(chan []byte, 1) // the replica's first frame, for the pixel proof
 	rctx, rs := m.tracer.Start(wctx, "fork.restored")

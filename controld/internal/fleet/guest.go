@@ -26,8 +26,11 @@ type Guest interface {
 	PutFile(ctx context.Context, path string, data []byte, mode uint32) error
 	// GetFile reads a whole (small) file.
 	GetFile(ctx context.Context, path string) ([]byte, error)
-	// Restored tells a freshly restored replica who it is now (admin); the
-	// replica answers with the frame it was restored with.
+	// Restored tells a freshly restored replica who it is now (admin): its
+	// id, generation, entropy and its own tokens of both roles, after which
+	// the checkpoint's tokens no longer open it. The replica answers with
+	// the frame it was restored with. A guestd that cannot replace its
+	// admin token fails with errdefs.ErrFailedPrecondition.
 	Restored(ctx context.Context, r RestoredInfo) (RestoredResult, error)
 	// CheckpointPrepare closes guestd's other sessions and holds off new
 	// agent sessions for hold (until CheckpointDone or Restored), so the dump
@@ -96,6 +99,7 @@ type RestoredResult struct {
 type RestoredInfo struct {
 	SandboxID  string
 	Token      string // the replica's own ACI token
+	AdminToken string // the replica's own admin token
 	Generation uint64
 	Entropy    []byte
 }

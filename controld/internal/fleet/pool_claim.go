@@ -122,7 +122,7 @@ func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time)
 // claimWarm hands out sb, a warm member of p that takeWarm reserved.
 //
 // For a frozen pool it thaws sb and proves guestd runs with one round trip.
-// The replica's identity (own ACI token, sandbox id, generation, fresh
+// The replica's identity (own ACI and admin tokens, sandbox id, generation, fresh
 // entropy) was installed before it was frozen (forkStart sends Restored
 // ahead of the freeze), so nothing per replica is left for the claim.
 //

@@ -98,7 +98,6 @@ type sandboxParams struct {
 	generation    uint64
 	poolID        string
 	pooled        bool
-	adminToken    string // reuse (memory-tier fork); fresh when empty
 	// lazyRecord: do not write the record until the sandbox is usable. For
 	// forks: a replica interrupted before that is deleted at the next start
 	// anyway (as a container without a record), so the early fsyncs would
@@ -217,10 +216,6 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 	if err != nil {
 		return nil, err
 	}
-	admin := p.adminToken
-	if admin == "" {
-		admin = newToken()
-	}
 	pb := &controldv1.Sandbox{
 		Id:           newID(prefixSandbox),
 		State:        controldv1.SandboxState_SANDBOX_STATE_CREATING,
@@ -237,7 +232,7 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 	if p.ttl > 0 {
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
 	}
-	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: admin, Pooled: p.pooled}, nil
+	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: newToken(), Pooled: p.pooled}, nil
 }
 
 func copyMap(in map[string]string) map[string]string {

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -154,12 +155,23 @@ func (g *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
 }
 
 func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.RestoredResult, error) {
-	resp, err := g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, Generation: r.Generation, Entropy: r.Entropy})
+	if !g.s.HasCapability(capRestoredAdminToken) {
+		// Its checkpoint's admin token would open this replica for good:
+		// refuse the replica rather than hand it out.
+		return fleet.RestoredResult{}, errdefs.WithReason(errdefs.ErrFailedPrecondition, "GUEST_CANNOT_ROTATE_TOKENS",
+			"the restored guestd (%s) cannot replace its admin token (no %q capability): retake the checkpoint with a current guestd",
+			g.s.Welcome().GetServerVersion(), capRestoredAdminToken)
+	}
+	resp, err := g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, AdminToken: r.AdminToken,
+		Generation: r.Generation, Entropy: r.Entropy})
 	if err != nil {
 		return fleet.RestoredResult{}, err
 	}
 	return fleet.RestoredResult{FrameHash: resp.GetFrameHash()}, nil
 }
+
+// capRestoredAdminToken: guestd replaces its admin token on Restored.
+const capRestoredAdminToken = "restored.admin_token"
 
 func (g *guest) CheckpointPrepare(ctx context.Context, hold, settle time.Duration) ([]byte, error) {
 	var opts []aci.PrepareOption

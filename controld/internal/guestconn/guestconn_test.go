@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -103,11 +104,31 @@ func TestGuestOverACI(t *testing.T) {
 	if err != nil || string(b) != "marker" {
 		t.Fatalf("get file %q %v", b, err)
 	}
-	if _, err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-y", Token: "new", Generation: 2, Entropy: []byte{1}}); err != nil {
+	if _, err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-y", Token: "new", AdminToken: "new-admin", Generation: 2, Entropy: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// The restored tokens are refused, the new admin token opens it.
+	if _, err := (guestconn.Dialer{}).DialGuest(ctx, sock, "admin"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("old admin token after Restored: %v", err)
+	}
+	g, err = guestconn.Dialer{}.DialGuest(ctx, sock, "new-admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+
+	// A guestd that cannot replace its admin token is refused as a replica.
+	srv.Capabilities = slices.DeleteFunc(slices.Clone(acitest.DefaultCapabilities), func(c string) bool { return c == "restored.admin_token" })
+	g, err = guestconn.Dialer{}.DialGuest(ctx, sock, "new-admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Restored(ctx, fleet.RestoredInfo{SandboxID: "sb-z", Token: "t", AdminToken: "a", Generation: 3, Entropy: []byte{1}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Restored on a guestd without token rotation: %v, want FailedPrecondition", err)
 	}
 	if err := g.Close(); err != nil {
 		t.Fatalf("second close: %v", err)

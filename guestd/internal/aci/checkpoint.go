@@ -22,6 +22,10 @@ const (
 	// StatusCheckpoint is the close code agents see when their session ends
 	// for a checkpoint (1012, Service Restart: reconnecting is the remedy).
 	StatusCheckpoint = websocket.StatusCode(1012)
+	// StatusTokensReplaced closes the sessions a replica had open when
+	// restored installed its own tokens (1008, Policy Violation: they were
+	// opened with its checkpoint's tokens).
+	StatusTokensReplaced = websocket.StatusPolicyViolation
 )
 
 // checkpointPrepare closes every session but keep and refuses new agent
@@ -51,14 +55,7 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 		return nil, errInvalid("checkpoint_prepare.settle_ms", "settle_ms and settle_timeout_ms are capped at %s", maxSettle)
 	}
 	s.holdUntil.Store(time.Now().Add(hold).UnixNano())
-	s.mu.Lock()
-	victims := make([]*session, 0, len(s.sessions))
-	for ss := range s.sessions {
-		if ss != keep {
-			victims = append(victims, ss)
-		}
-	}
-	s.mu.Unlock()
+	victims := s.sessionsExcept(keep)
 	for _, ss := range victims {
 		ss.closeWith(StatusCheckpoint, "checkpoint")
 	}
@@ -129,6 +126,19 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 	s.log.Info("checkpoint prepare", "closed_sessions", len(victims), "hold", hold, "settled", resp.Settled,
 		"close", closed, "settle", settleTook, "hash", hashTook, "total", time.Since(start))
 	return resp, nil
+}
+
+// sessionsExcept lists every open session but keep.
+func (s *Server) sessionsExcept(keep *session) []*session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		if ss != keep {
+			out = append(out, ss)
+		}
+	}
+	return out
 }
 
 // liftHold ends a checkpoint hold (CheckpointDone on the source, Restored on

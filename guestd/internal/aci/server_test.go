@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
@@ -432,12 +433,15 @@ func TestAuth(t *testing.T) {
 	mark := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_MemoryMark{MemoryMark: &aciv1.MemoryMarkRequest{Value: []byte("secret")}}}
 	wantCode(t, call(t, agent, mark), aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED)
 	restored := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
-		Token: "new-token", Generation: 3, SandboxId: "sb-2", Entropy: bytes.Repeat([]byte{7}, 32)}}}
+		Token: "new-token", AdminToken: "new-admin", Generation: 3, SandboxId: "sb-2", Entropy: bytes.Repeat([]byte{7}, 32)}}}
 	wantCode(t, call(t, agent, restored), aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED)
 	challenge := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_MemoryChallenge{MemoryChallenge: &aciv1.MemoryChallengeRequest{Nonce: []byte("n")}}}
 	wantCode(t, call(t, agent, challenge), aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION)
 
 	admin := h.session(adminToken)
+	noAdmin := proto.Clone(restored).(*aciv1.ClientMessage)
+	noAdmin.GetRestored().AdminToken = ""
+	wantCode(t, call(t, admin, noAdmin), aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT)
 	if r := call(t, admin, mark); r.GetMemoryMark() == nil {
 		t.Fatalf("admin mark: %v", r)
 	}
@@ -451,19 +455,26 @@ func TestAuth(t *testing.T) {
 	if b, _ := os.ReadFile(h.srv.opts.EntropySink); len(b) != 32 {
 		t.Fatalf("entropy sink got %d bytes", len(b))
 	}
-	// The old ACI token no longer opens sessions; the new one does, and
-	// reports the new generation and sandbox.
-	if _, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: aciToken}); err == nil || resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("old token after restore: %v", err)
+	// The old tokens of both roles no longer open sessions; the new ones
+	// do, and report the new generation and sandbox.
+	for _, old := range []string{aciToken, adminToken} {
+		if _, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: old}); err == nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("old token %q after restore: %v", old, err)
+		}
 	}
-	c := h.dial("new-token")
-	hello, err := c.Hello(tctx(t))
-	if err != nil || hello.GetGeneration() != 3 || hello.GetSandboxId() != "sb-2" {
-		t.Fatalf("hello after restore: %v %v", hello, err)
+	for _, tok := range []string{"new-token", "new-admin"} {
+		c := h.dial(tok)
+		hello, err := c.Hello(tctx(t))
+		if err != nil || hello.GetGeneration() != 3 || hello.GetSandboxId() != "sb-2" {
+			t.Fatalf("hello after restore: %v %v", hello, err)
+		}
 	}
-	// The established agent session keeps working.
-	if r := call(t, agent, ping(nil)); r.GetPing() == nil {
-		t.Fatalf("old session: %v", r)
+	// A session opened with the old tokens is closed; the caller's stays.
+	if err := readUntilClosed(tctx(t), agent); websocket.CloseStatus(err) != StatusTokensReplaced {
+		t.Fatalf("old agent session after restore: %v, want closed with %v", err, StatusTokensReplaced)
+	}
+	if r := call(t, admin, ping(nil)); r.GetPing() == nil {
+		t.Fatalf("the restoring session: %v", r)
 	}
 	// An older generation is refused.
 	restored.GetRestored().Generation = 2

@@ -290,7 +290,7 @@ func TestProvenFrameAcrossCheckpoint(t *testing.T) {
 	prepare := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{}}}
 	done := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneRequest{}}}
 	restored := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
-		Token: "replica-token", Generation: 2, SandboxId: "sb-replica", Entropy: bytes.Repeat([]byte{7}, 32)}}}
+		Token: "replica-token", AdminToken: "replica-admin", Generation: 2, SandboxId: "sb-replica", Entropy: bytes.Repeat([]byte{7}, 32)}}}
 	ok := func(c *aciclient.Client, m *aciv1.ClientMessage) *aciv1.ServerMessage {
 		t.Helper()
 		r := call(t, c, m)

@@ -17,6 +17,7 @@ import (
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
 // rng is guestd's own PRNG (session ids). A CRIU restore clones its state
@@ -225,10 +226,16 @@ func (s *Server) memoryChallenge(req *aciv1.MemoryChallengeRequest) (*aciv1.Memo
 	return &aciv1.MemoryChallengeResponse{Mac: m.Sum(nil)}, nil
 }
 
-// restored installs a replica's identity after a CRIU restore.
-func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
+// restored installs a replica's identity after a CRIU restore: its own
+// tokens of both roles (the restored ones, its checkpoint's, are refused
+// from now on, and sessions other than the caller's, which may have been
+// opened with them, are closed), generation, id and entropy.
+func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
 	if req.GetToken() == "" {
 		return nil, errInvalid("restored.token", "token is empty")
+	}
+	if req.GetAdminToken() == "" {
+		return nil, errInvalid("restored.admin_token", "admin token is empty")
 	}
 	if len(req.GetEntropy()) < 32 {
 		return nil, errInvalid("restored.entropy", "entropy must be at least 32 bytes, got %d", len(req.GetEntropy()))
@@ -251,10 +258,15 @@ func (s *Server) restored(req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, 
 	if err := s.rng.seed(req.GetEntropy()); err != nil {
 		return nil, err
 	}
-	old := s.tokens.Load()
-	nt := newTokens(req.GetToken(), "")
-	nt.admin, nt.hasAdmin = old.admin, old.hasAdmin
-	s.tokens.Store(nt)
+	// Before the new secrets arrive: CRIU restores the flag, but nothing may
+	// open guestd's memory in between.
+	if err := sysops.Undumpable(); err != nil {
+		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "prctl(PR_SET_DUMPABLE, 0): %v", err)
+	}
+	s.tokens.Store(newTokens(req.GetToken(), req.GetAdminToken()))
+	for _, ss := range s.sessionsExcept(caller) {
+		ss.closeWith(StatusTokensReplaced, "tokens replaced")
+	}
 	s.generation.Store(req.GetGeneration())
 	// What the dumped memory knew about the screen is the source's, never
 	// a replica's.

@@ -90,12 +90,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// Before any secret is read: from here on no process of the sandbox can
+	// read guestd's environment or memory (its tokens), not even root in it.
+	if err := sysops.Undumpable(); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %w", err)
+	}
 	explicitConfig := false
 	fs.Visit(func(f *flag.Flag) { explicitConfig = explicitConfig || f.Name == "config" })
 	cfg, err := config.Load(o.configPath, !explicitConfig, getenv)
 	if err != nil {
 		return err
 	}
+	// The tokens live in the server from now on, nowhere else.
+	childEnv := sysops.SanitizedEnv(os.Environ(), config.EnvACIToken, config.EnvAdminToken)
+	sysops.ScrubEnv(config.EnvACIToken, config.EnvAdminToken)
 	if o.display != "" {
 		cfg.Display = o.display
 	}
@@ -138,7 +146,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	ctx, stop := signal.NotifyContext(ctx, unix.SIGTERM, unix.SIGINT)
 	defer stop()
 
-	childEnv := sysops.SanitizedEnv(os.Environ(), config.EnvACIToken, config.EnvAdminToken)
 	childEnv = append(sysops.SanitizedEnv(childEnv, "DISPLAY"), "DISPLAY="+cfg.Display)
 	childEnv = sysops.WithLocale(childEnv)
 	runner := &sysops.Runner{Reaper: rp, Env: childEnv, Log: log}

@@ -461,3 +461,17 @@ func TestFileGetNonRegular(t *testing.T) {
 		}
 	}
 }
+
+func TestUndumpable(t *testing.T) {
+	if err := Undumpable(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := Dumpable(); err != nil || d {
+		t.Fatalf("Dumpable after Undumpable = %v, %v", d, err)
+	}
+	t.Setenv("FORKFLEET_TEST_SECRET", "x")
+	ScrubEnv("FORKFLEET_TEST_SECRET")
+	if _, ok := os.LookupEnv("FORKFLEET_TEST_SECRET"); ok {
+		t.Fatal("ScrubEnv left the variable")
+	}
+}

@@ -832,9 +832,13 @@ func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.Resto
 	if err := s.check(ctx); err != nil {
 		return fleet.RestoredResult{}, err
 	}
+	if r.Token == "" || r.AdminToken == "" {
+		return fleet.RestoredResult{}, errdefs.InvalidField("restored.token", "both tokens are required")
+	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
-	s.g.sandboxID, s.g.aciToken, s.g.generation = r.SandboxID, r.Token, r.Generation
+	// As guestd: the checkpoint's tokens of both roles are refused from now on.
+	s.g.sandboxID, s.g.aciToken, s.g.adminToken, s.g.generation = r.SandboxID, r.Token, r.AdminToken, r.Generation
 	s.g.entropy = r.Entropy
 	s.g.restored++
 	// The replica's first frame: the screen as the checkpoint left it (the

@@ -5838,14 +5838,19 @@ func (x *MemoryChallengeResponse) GetMac() []byte {
 }
 
 // RestoredRequest is sent by controld to a replica right after a restore:
-// it installs the replica's own ACI token, bumps the restore generation and
-// feeds fresh entropy. Admin only.
+// it installs the replica's own tokens (both roles: the ones restored from
+// the checkpoint are refused from then on), bumps the restore generation and
+// feeds fresh entropy. Admin only; servers advertise the capability
+// "restored.admin_token".
 type RestoredRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Token         string                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
-	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	Entropy       []byte                 `protobuf:"bytes,4,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The replica's ACI (agent) token. Required.
+	Token      string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	Generation uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Entropy    []byte `protobuf:"bytes,4,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// The replica's admin token. Required.
+	AdminToken    string `protobuf:"bytes,5,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5906,6 +5911,13 @@ func (x *RestoredRequest) GetEntropy() []byte {
 		return x.Entropy
 	}
 	return nil
+}
+
+func (x *RestoredRequest) GetAdminToken() string {
+	if x != nil {
+		return x.AdminToken
+	}
+	return ""
 }
 
 type RestoredResponse struct {
@@ -6640,7 +6652,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x16MemoryChallengeRequest\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"+\n" +
 	"\x17MemoryChallengeResponse\x12\x10\n" +
-	"\x03mac\x18\x01 \x01(\fR\x03mac\"\x80\x01\n" +
+	"\x03mac\x18\x01 \x01(\fR\x03mac\"\xa1\x01\n" +
 	"\x0fRestoredRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -6648,7 +6660,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
-	"\aentropy\x18\x04 \x01(\fR\aentropy\"1\n" +
+	"\aentropy\x18\x04 \x01(\fR\aentropy\x12\x1f\n" +
+	"\vadmin_token\x18\x05 \x01(\tR\n" +
+	"adminToken\"1\n" +
 	"\x10RestoredResponse\x12\x1d\n" +
 	"\n" +
 	"frame_hash\x18\x01 \x01(\fR\tframeHash\"|\n" +

@@ -614,16 +614,18 @@ class ReleaseScratchResponse(_message.Message):
     def __init__(self, released_bytes: _Optional[int] = ...) -> None: ...
 
 class RestoredRequest(_message.Message):
-    __slots__ = ["entropy", "generation", "sandbox_id", "token"]
+    __slots__ = ["admin_token", "entropy", "generation", "sandbox_id", "token"]
+    ADMIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    admin_token: str
     entropy: bytes
     generation: int
     sandbox_id: str
     token: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., generation: _Optional[int] = ..., entropy: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., generation: _Optional[int] = ..., entropy: _Optional[bytes] = ..., admin_token: _Optional[str] = ...) -> None: ...
 
 class RestoredResponse(_message.Message):
     __slots__ = ["frame_hash"]
