@@ -147,7 +147,7 @@ func TestCheckpointGrab(t *testing.T) {
 	// then releases the grab.
 	second := call(t, admin, prepare).GetCheckpointPrepare()
 	restored := call(t, admin, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
-		SandboxId: "sb-2", Token: "new-token", Generation: 1, Entropy: bytes.Repeat([]byte{7}, 32)}}}).GetRestored()
+		SandboxId: "sb-2", Token: "new-token", AdminToken: "new-admin", Generation: 1, Entropy: bytes.Repeat([]byte{7}, 32)}}}).GetRestored()
 	if !bytes.Equal(restored.GetFrameHash(), second.GetFrameHash()) || h.desk.isGrabbed() {
 		t.Fatalf("restored frame %x (checkpoint %x), still grabbed %v", restored.GetFrameHash(), second.GetFrameHash(), h.desk.isGrabbed())
 	}
@@ -155,7 +155,7 @@ func TestCheckpointGrab(t *testing.T) {
 	// A hold that lapses in the process that grabbed releases the grab
 	// (controld gone); the same process start time says it is the source.
 	short := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{HoldMs: 30}}}
-	call(t, h.session(adminToken), short)
+	call(t, h.session("new-admin"), short) // restored replaced the admin token
 	deadline := time.Now().Add(5 * time.Second)
 	for h.desk.isGrabbed() {
 		if time.Now().After(deadline) {
