@@ -62,8 +62,15 @@ readonly ORIGINALS=$LIB_DIR/originals.env
 
 readonly APT_PACKAGES=(
 	runc debootstrap xvfb openbox xterm x11-utils x11-xserver-utils
-	libturbojpeg0-dev libx11-dev nftables iproute2 procps psmisc
+	libturbojpeg0-dev libx11-dev nftables iproute2 procps psmisc btrfs-progs
 )
+
+# Sandboxes' writable layers: a btrfs filesystem with quotas in a
+# preallocated file (see step_layers).
+readonly LAYERS_DIR=$LIB_DIR/layers
+readonly LAYERS_IMG=$LIB_DIR/layers.img
+readonly LAYERS_UNIT=var-lib-forkfleet-layers.mount
+readonly LAYERS_OPTIONS=loop,noatime,nodiscard
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 readonly SCRIPT_DIR
@@ -899,6 +906,99 @@ step_forward() {
 	step forward ok "net.ipv4.ip_forward=1 (sandbox egress)"
 }
 
+# ---------------------------------------------------------------- 8d. layers
+
+# Every sandbox writes into a writable layer of its own with a disk quota
+# (controld's limits.disk): a btrfs subvolume whose quota group the kernel
+# holds to the quota, root in the sandbox included. The btrfs lives in a
+# file preallocated on the host's disk at setup, so sandbox writes never
+# take space from the host: the most they can take is the file's size,
+# reserved once. This kernel has neither XFS quotas nor ext4's quota
+# formats (CONFIG_XFS_QUOTA, CONFIG_QFMT_V2 unset); btrfs quota groups
+# need neither. Size: FORKFLEET_LAYERS_SIZE (e.g. 64G) at creation,
+# default the smaller of 16 GiB and a quarter of the free space. Mount
+# options: nodiscard, or the loop device would punch holes into the
+# preallocated file and give its space back to the host.
+layers_mounted() { findmnt -rn -o FSTYPE --mountpoint "$LAYERS_DIR" 2>/dev/null | grep -qx btrfs; }
+
+layers_size() {
+	local want=${FORKFLEET_LAYERS_SIZE:-} free
+	if [[ -n $want ]]; then
+		numfmt --from=iec "$want" 2>/dev/null || die "FORKFLEET_LAYERS_SIZE=$want is not a size (e.g. 64G)"
+		return
+	fi
+	free=$(($(stat -f -c '%a * %S' "$LIB_DIR")))
+	free=$((free / 4 / (1 << 30) * (1 << 30)))
+	((free > 16 << 30)) && free=$((16 << 30))
+	((free >= 1 << 30)) || die "less than 4 GiB free on $LIB_DIR for the sandboxes' layers (set FORKFLEET_LAYERS_SIZE)"
+	echo "$free"
+}
+
+make_layers_image() {
+	local size tmp=$LAYERS_IMG.tmp how=preallocated
+	size=$(layers_size)
+	rm -f "$tmp"
+	if ! fallocate -l "$size" "$tmp" 2>/dev/null; then
+		# A filesystem without fallocate: sparse, so sandbox writes take
+		# host space as they go (never more than the file's size).
+		truncate -s "$size" "$tmp"
+		how="sparse (no fallocate on $(stat -f -c %T "$LIB_DIR"))"
+	fi
+	# -q still prints a note on its 5.15 defaults to stdout.
+	mkfs.btrfs -q -f -L forkfleet-layers -m single -d single "$tmp" >/dev/null || die "mkfs.btrfs $tmp failed"
+	mv -f "$tmp" "$LAYERS_IMG"
+	echo "$(numfmt --to=iec "$size") $how"
+}
+
+install_layers_unit() {
+	write_file "/etc/systemd/system/$LAYERS_UNIT" 0644 <<-EOF || true
+		# forkfleet sandboxes' writable layers (deploy/host-setup.sh): btrfs
+		# with quotas in a preallocated file; controld needs it mounted.
+		[Unit]
+		Description=forkfleet sandbox layers (btrfs with quotas)
+		Before=forkfleet-controld.service
+
+		[Mount]
+		What=$LAYERS_IMG
+		Where=$LAYERS_DIR
+		Type=btrfs
+		Options=$LAYERS_OPTIONS
+
+		[Install]
+		WantedBy=multi-user.target
+	EOF
+	systemctl daemon-reload
+	systemctl enable --now "$LAYERS_UNIT" >/dev/null 2>&1 || die "systemctl enable --now $LAYERS_UNIT failed"
+}
+
+step_layers() {
+	local made="" size used
+	if ! layers_mounted; then
+		if findmnt -rn --mountpoint "$LAYERS_DIR" >/dev/null 2>&1; then
+			die "$LAYERS_DIR is a mount point, but not btrfs: unmount it first"
+		fi
+		[[ -f $LAYERS_IMG ]] || made=$(make_layers_image)
+		mkdir -p "$LAYERS_DIR"
+		if is_systemd_host; then
+			install_layers_unit
+		else
+			mount -o "$LAYERS_OPTIONS" "$LAYERS_IMG" "$LAYERS_DIR" || die "mount $LAYERS_IMG on $LAYERS_DIR failed"
+		fi
+	fi
+	# Quotas stay enabled once on (the quota tree lives in the filesystem).
+	if ! btrfs qgroup show "$LAYERS_DIR" >/dev/null 2>&1; then
+		btrfs quota enable "$LAYERS_DIR" || die "btrfs quota enable $LAYERS_DIR failed"
+	fi
+	chmod 0700 "$LAYERS_DIR"
+	size=$(df -B1 --output=size "$LAYERS_DIR" | tail -n 1 | tr -d ' ')
+	used=$(df -B1 --output=used "$LAYERS_DIR" | tail -n 1 | tr -d ' ')
+	if [[ -n $made ]]; then
+		step layers "done" "made $LAYERS_IMG ($made), btrfs with quotas on $LAYERS_DIR"
+	else
+		step layers ok "btrfs with quotas on $LAYERS_DIR: $(numfmt --to=iec "$size"), $(numfmt --to=iec "$used") used"
+	fi
+}
+
 # ---------------------------------------------------------------- 9. systemd units
 
 step_units() {
@@ -929,6 +1029,7 @@ step_env() {
 		FORKFLEET_CRIU=$CRIU_BIN
 		FORKFLEET_CRIU_VERSION=$CRIU_VER
 		FORKFLEET_CRIU_CONFIG=$CRIU_CONF
+		FORKFLEET_LAYERS_DIR=$LAYERS_DIR
 	EOF
 		step env "done" "wrote $HOST_ENV"
 	else
@@ -1008,6 +1109,13 @@ main_uninstall() {
 	# controld's nftables table.
 	ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | grep '^ffh' | xargs -r -n1 ip link delete 2>/dev/null || true
 	nft delete table inet forkfleet 2>/dev/null || true
+	# The layers' btrfs: unmounting a loop mount detaches its loop device.
+	if is_systemd_host; then
+		systemctl disable --now "$LAYERS_UNIT" >/dev/null 2>&1 || true
+		rm -f "/etc/systemd/system/$LAYERS_UNIT"
+	fi
+	unmount_under "$LAYERS_DIR"
+	rm -f "$LAYERS_IMG" "$LAYERS_IMG.tmp"
 	# Every containerd namespace, image, snapshot and sandbox state, CRIU's
 	# images, controld's state, the logs, the host config.
 	rm -rf "$CONTAINERD_ROOT" "$RUN_DIR" "$LOG_DIR" "$ETC_DIR" /run/criu.kdat /run/criu.kdat.tmp
@@ -1149,6 +1257,7 @@ main() {
 	step_ksm
 	step_conntrack
 	step_forward
+	step_layers
 	step_units
 	step_env
 	printf 'host-setup: ready in %d ms: containerd %s at %s (namespace %s), runc %s, criu %s (%s)\n' \

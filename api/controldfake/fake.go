@@ -159,6 +159,29 @@ func (f *Fake) SetState(id string, st controldv1.SandboxState, message string) e
 	return nil
 }
 
+// ReachLimit reports sandbox id at one of its limits as controld does when
+// the kernel enforced it: Sandbox.limits_reached gets (or updates) the
+// limit's entry and a LIMIT event goes out.
+func (f *Fake) ReachLimit(id string, limit controldv1.SandboxLimit, count uint64, message string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return errdefs.WithReason(errdefs.ErrNotFound, "SANDBOX_NOT_FOUND", "sandbox %q not found", id)
+	}
+	now := timestamppb.Now()
+	e := &controldv1.LimitReached{Limit: limit, Count: count, FirstAt: now, LastAt: now, Message: message}
+	i := slices.IndexFunc(sb.LimitsReached, func(r *controldv1.LimitReached) bool { return r.GetLimit() == limit })
+	if i >= 0 {
+		e.FirstAt = sb.LimitsReached[i].GetFirstAt()
+		sb.LimitsReached[i] = e
+	} else {
+		sb.LimitsReached = append(sb.LimitsReached, e)
+	}
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_LIMIT, sb, nil)
+	return nil
+}
+
 // Close stops timers and ends watch streams.
 func (f *Fake) Close() {
 	f.mu.Lock()

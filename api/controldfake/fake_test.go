@@ -179,3 +179,22 @@ func TestLimitsAndAdmission(t *testing.T) {
 		t.Fatalf("past admission: %v", err)
 	}
 }
+
+func TestReachLimit(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.ReachLimit(sb.ID(), controldv1.SandboxLimit_SANDBOX_LIMIT_DISK, 1, "disk full"); err != nil {
+		t.Fatal(err)
+	}
+	info, err := sb.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := info.GetLimitsReached(); len(r) != 1 || r[0].GetLimit() != controldv1.SandboxLimit_SANDBOX_LIMIT_DISK || r[0].GetCount() != 1 {
+		t.Fatalf("limits reached %v", r)
+	}
+}

@@ -73,6 +73,7 @@ func run() error {
 	defer nm.Close()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		LogWriter:      logWriter,
+		LayersDir:      cfg.LayersDir,
 		Address:        cfg.Containerd.Address,
 		Namespace:      cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir,

@@ -309,6 +309,7 @@ func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, sta
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir, LogWriter: testenv.LogWriter(t),
+		LayersDir: testenv.LayersDir(),
 	})
 	if err != nil {
 		t.Fatalf("runtime: %v", err)

@@ -2,15 +2,24 @@ package app_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/controld/internal/btrfs"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // The limits tests attack a real sandbox from inside, as a model driving it
@@ -87,5 +96,283 @@ head -c 67108864 /dev/zero | tr '\0' y >/proc/1/fd/2; wait; echo the-last-line >
 	t.Logf("log on the host: %d bytes (budget %d)", total, budget)
 	if _, err := sess.Ping(s.ctx, nil); err != nil {
 		t.Fatalf("sandbox unresponsive after the flood: %v", err)
+	}
+}
+
+// cgroupValue reads a sandbox's cgroup v1 file (controld's runtime puts
+// every sandbox at /forkfleet/<id> in each hierarchy).
+func cgroupValue(t *testing.T, controller, id, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", controller, "forkfleet", id, file))
+	if err != nil {
+		t.Fatalf("cgroup of %s: %v", id, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// limitReached waits until controld reports sandbox id at limit, and
+// returns what it says.
+func (s *bootStack) limitReached(id string, limit controldv1.SandboxLimit, done func(*controldv1.LimitReached) bool) *controldv1.LimitReached {
+	s.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		g, err := s.sbc.GetSandbox(s.ctx, &controldv1.GetSandboxRequest{Id: id})
+		if err != nil {
+			s.t.Fatalf("get %s: %v", id, err)
+		}
+		for _, r := range g.Sandbox.GetLimitsReached() {
+			if r.GetLimit() == limit && done(r) {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("controld never reported %s on %s (limits reached: %v)", limit, id, g.Sandbox.GetLimitsReached())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The limits hold on the real stack against a sandbox attacking them: a
+// fork bomb stops at pids_max, a memory hog is killed inside its sandbox
+// while its guestd lives on, a disk filler stops at its quota and the
+// host's disk is untouched; a sandbox next to them keeps working, and
+// controld reports each limit reached. It runs attacks that load the
+// machine: under make test they run like any test, by hand take the bench
+// lock (flock /tmp/forkfleet-bench.lock) on a shared machine.
+func TestRealStackLimits(t *testing.T) {
+	s := newStackIn(t, "forkfleet-limits-it")
+	s.launch(0)
+	neighbour, nsess := s.create(nil)
+	def := limits.Default().Default
+	if got := cgroupValue(t, "pids", neighbour.Id, "pids.max"); got != strconv.FormatInt(def.GetPidsMax(), 10) {
+		t.Errorf("default pids.max %s, want %d", got, def.GetPidsMax())
+	}
+	if got := cgroupValue(t, "memory", neighbour.Id, "memory.limit_in_bytes"); got != strconv.FormatInt(def.GetMemoryBytes(), 10) {
+		t.Errorf("default memory limit %s, want %d", got, def.GetMemoryBytes())
+	}
+	if got := cgroupValue(t, "memory", neighbour.Id, "memory.memsw.limit_in_bytes"); got != strconv.FormatInt(def.GetMemoryBytes(), 10) {
+		t.Errorf("memory+swap limit %s: the sandbox may swap", got)
+	}
+	if got := cgroupValue(t, "cpu", neighbour.Id, "cpu.shares"); got != "1024" {
+		t.Errorf("default cpu.shares %s, want 1024 (weight 100)", got)
+	}
+	alive := func(what string) {
+		t.Helper()
+		if r := run(t, s.ctx, nsess, "echo ok", 30*time.Second); r.ExitCode != 0 || strings.TrimSpace(string(r.Stdout)) != "ok" {
+			t.Fatalf("the neighbour sandbox after %s: %+v", what, r)
+		}
+		if out, err := exec.Command("/bin/true").CombinedOutput(); err != nil {
+			t.Fatalf("the host cannot start a process after %s: %v %s", what, err, out)
+		}
+	}
+
+	t.Run("fork bomb", func(t *testing.T) {
+		sb, sess := s.create(&controldv1.Resources{PidsMax: 256, CpuMillis: 500, CpuWeight: 50})
+		if got := cgroupValue(t, "pids", sb.Id, "pids.max"); got != "256" {
+			t.Fatalf("pids.max %s", got)
+		}
+		if got := cgroupValue(t, "cpu", sb.Id, "cpu.shares"); got != "512" {
+			t.Errorf("cpu.shares %s, want 512 (weight 50)", got)
+		}
+		if _, err := sess.Launch(s.ctx, &aciv1.LaunchRequest{Argv: []string{"/bin/sh", "-c", "b(){ b | b & }; b"}}); err != nil {
+			t.Fatal(err)
+		}
+		peak := 0
+		deadline := time.Now().Add(60 * time.Second)
+		for peak < 250 && time.Now().Before(deadline) {
+			n, _ := strconv.Atoi(cgroupValue(t, "pids", sb.Id, "pids.current"))
+			peak = max(peak, n)
+			time.Sleep(20 * time.Millisecond)
+		}
+		if peak < 250 || peak > 256 {
+			t.Fatalf("fork bomb peaked at %d tasks, want it held at 256", peak)
+		}
+		r := s.limitReached(sb.Id, controldv1.SandboxLimit_SANDBOX_LIMIT_PIDS, func(r *controldv1.LimitReached) bool { return r.GetCount() > 0 })
+		t.Logf("held at %d tasks; controld: %s", peak, r.GetMessage())
+		alive("the fork bomb")
+		start := time.Now()
+		if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: sb.Id}); err != nil {
+			t.Fatalf("delete the bombed sandbox: %v", err)
+		}
+		t.Logf("bombed sandbox deleted in %v", time.Since(start))
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids/forkfleet", sb.Id)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("its cgroup outlived it: %v", err)
+		}
+	})
+
+	t.Run("memory hog", func(t *testing.T) {
+		sb, sess := s.create(&controldv1.Resources{MemoryBytes: 256 << 20})
+		if got := cgroupValue(t, "memory", sb.Id, "memory.limit_in_bytes"); got != strconv.Itoa(256<<20) {
+			t.Fatalf("memory limit %s", got)
+		}
+		// dd's 1 GiB buffer, filled from /dev/zero: four times the limit.
+		r := run(t, s.ctx, sess, "dd if=/dev/zero of=/dev/null bs=1G count=1", time.Minute)
+		if r.ExitCode == 0 && r.Signal == "" {
+			t.Fatalf("a 1 GiB buffer fit in a 256 MiB sandbox: %+v", r)
+		}
+		t.Logf("the hog: exit %d signal %q", r.ExitCode, r.Signal)
+		if _, err := sess.Ping(s.ctx, nil); err != nil {
+			t.Fatalf("guestd died with the hog: %v", err)
+		}
+		if r := run(t, s.ctx, sess, "echo still here", 30*time.Second); strings.TrimSpace(string(r.Stdout)) != "still here" {
+			t.Fatalf("the sandbox after the hog: %+v", r)
+		}
+		lr := s.limitReached(sb.Id, controldv1.SandboxLimit_SANDBOX_LIMIT_MEMORY, func(r *controldv1.LimitReached) bool { return r.GetCount() > 0 })
+		t.Logf("controld: %s", lr.GetMessage())
+		g, err := s.sbc.GetSandbox(s.ctx, &controldv1.GetSandboxRequest{Id: sb.Id})
+		if err != nil || g.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+			t.Fatalf("the hog's sandbox: %v %v", g, err)
+		}
+		alive("the memory hog")
+	})
+
+	t.Run("disk filler", func(t *testing.T) {
+		const quota = 64 << 20
+		sb, sess := s.create(&controldv1.Resources{DiskBytes: quota})
+		layer := filepath.Join(testenv.LayersDir(), s.cfg.Containerd.Namespace, sb.Id)
+		if u, err := btrfs.SubvolumeUsage(layer); err != nil || u.Limit != quota {
+			t.Fatalf("the sandbox's layer %s: %+v %v", layer, u, err)
+		}
+		img := filepath.Join(filepath.Dir(testenv.LayersDir()), "layers.img")
+		imgBlocks := func() int64 {
+			var st syscall.Stat_t
+			if err := syscall.Stat(img, &st); err != nil {
+				t.Fatalf("the layers file: %v", err)
+			}
+			return st.Blocks
+		}
+		hostFree := func() int64 {
+			var st syscall.Statfs_t
+			if err := syscall.Statfs(filepath.Dir(img), &st); err != nil {
+				t.Fatal(err)
+			}
+			return int64(st.Bavail) * st.Bsize
+		}
+		blocks, free := imgBlocks(), hostFree()
+		// 2 GiB asked for, in a 64 MiB quota; then 100,000 empty files.
+		r := run(t, s.ctx, sess, "dd if=/dev/urandom of=/fill bs=1M count=2048 conv=fsync; ls -l /fill | cut -d' ' -f5", 2*time.Minute)
+		if r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "Disk quota exceeded") {
+			t.Fatalf("the filler was not stopped at its quota: %+v", r)
+		}
+		written, _ := strconv.ParseInt(strings.TrimSpace(string(r.Stdout)), 10, 64)
+		if written < quota/2 || written > quota {
+			t.Fatalf("the filler wrote %d bytes in a %d-byte quota", written, quota)
+		}
+		r = run(t, s.ctx, sess, `i=0; while [ $i -lt 100000 ]; do : >/f$i || break; i=$((i+1)); done; echo $i`, 2*time.Minute)
+		if n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout))); n >= 100000 {
+			t.Fatalf("100,000 files fit in a full quota: %+v", r)
+		}
+		lr := s.limitReached(sb.Id, controldv1.SandboxLimit_SANDBOX_LIMIT_DISK, func(r *controldv1.LimitReached) bool { return r.GetCount() == 1 })
+		t.Logf("stopped at %d bytes; controld: %s", written, lr.GetMessage())
+		if got := imgBlocks(); got != blocks {
+			t.Fatalf("the layers file grew on the host's disk: %d blocks, was %d", got, blocks)
+		}
+		// Others share this machine: only a write the size of the filler's
+		// 2 GiB would show.
+		if d := free - hostFree(); d > 512<<20 {
+			t.Fatalf("the host's free space fell by %d bytes during the filler", d)
+		}
+		t.Logf("host free space changed by %d bytes; the layers file by 0 blocks", free-hostFree())
+		// Freeing space lets the sandbox write again.
+		if r := run(t, s.ctx, sess, "rm -f /fill /f*; dd if=/dev/zero of=/again bs=1M count=8 conv=fsync", time.Minute); r.ExitCode != 0 {
+			t.Fatalf("writes after freeing space: %+v", r)
+		}
+		alive("the disk filler")
+	})
+
+	t.Run("forks and pools keep their limits", func(t *testing.T) {
+		res := &controldv1.Resources{PidsMax: 300, MemoryBytes: 512 << 20, DiskBytes: 48 << 20}
+		src, _ := s.create(res)
+		ck, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			s.ckc.DeleteCheckpoint(context.Background(), &controldv1.DeleteCheckpointRequest{Id: ck.Checkpoint.Id})
+		})
+		fr, err := s.ckc.ForkCheckpoint(s.ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Checkpoint.Id, Count: 2,
+			Resources: &controldv1.Resources{PidsMax: 200}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rep := range fr.Replicas {
+			if rep.ErrorCode != 0 {
+				t.Fatalf("replica: %s", rep.ErrorMessage)
+			}
+			id := rep.Sandbox.Id
+			t.Cleanup(func() { s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: id}) })
+			if got := cgroupValue(t, "pids", id, "pids.max"); got != "200" {
+				t.Errorf("replica pids.max %s, want the fork's 200", got)
+			}
+			if got := cgroupValue(t, "memory", id, "memory.limit_in_bytes"); got != strconv.Itoa(512<<20) {
+				t.Errorf("replica memory limit %s, want the checkpoint's", got)
+			}
+			sess, err := aci.Dial(s.ctx, rep.Endpoint.Url, rep.Endpoint.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := run(t, s.ctx, sess, "dd if=/dev/zero of=/fill bs=1M count=512 conv=fsync", time.Minute)
+			sess.Close()
+			if r.ExitCode == 0 || !strings.Contains(string(r.Stderr), "Disk quota exceeded") {
+				t.Fatalf("a replica's disk is not held to the checkpoint's 48 MiB: %+v", r)
+			}
+		}
+		pl, err := s.plc.CreatePool(s.ctx, &controldv1.CreatePoolRequest{
+			Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Checkpoint.Id}, Size: 1,
+			Resources: &controldv1.Resources{PidsMax: 128}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.plc.DeletePool(context.Background(), &controldv1.DeletePoolRequest{Id: pl.Pool.Id}) })
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			g, err := s.plc.GetPool(s.ctx, &controldv1.GetPoolRequest{Id: pl.Pool.Id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.Pool.Available == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("pool never warmed")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		cl, err := s.plc.ClaimPool(s.ctx, &controldv1.ClaimPoolRequest{PoolId: pl.Pool.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: cl.Sandbox.Id}) })
+		if got := cgroupValue(t, "pids", cl.Sandbox.Id, "pids.max"); got != "128" {
+			t.Errorf("claimed sandbox pids.max %s, want the pool's 128", got)
+		}
+		if got := cl.Sandbox.GetResources().GetDiskBytes(); got != 48<<20 {
+			t.Errorf("claimed sandbox disk %d, want the checkpoint's", got)
+		}
+	})
+}
+
+// The host admits sandboxes up to its limits on the real stack too: past
+// them a create fails with RESOURCE_EXHAUSTED and nothing is left behind.
+func TestRealStackAdmission(t *testing.T) {
+	s := newStackIn(t, "forkfleet-limits-it")
+	s.cfg.Admission.MaxSandboxes = 2
+	s.launch(1) // a warm slot must not count against a full host
+	s.create(nil)
+	s.create(nil)
+	before, err := s.rt.List(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "admits at most 2") {
+		t.Fatalf("a third sandbox on a host admitting 2: %v", err)
+	}
+	after, err := s.rt.List(s.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) > len(before) {
+		t.Fatalf("the refused create left %d containers", len(after)-len(before))
 	}
 }

@@ -26,6 +26,7 @@ type Config struct {
 	Host            string    `toml:"host"`
 	StateDir        string    `toml:"state_dir"`
 	CheckpointDir   string    `toml:"checkpoint_dir"`
+	LayersDir       string    `toml:"layers_dir"`
 	DefaultImage    string    `toml:"default_image"`
 	BootTimeout     Duration  `toml:"boot_timeout"`
 	ShutdownTimeout Duration  `toml:"shutdown_timeout"`
@@ -217,6 +218,9 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.CheckpointDir) {
 		errs = append(errs, fmt.Errorf("checkpoint_dir %q: must be an absolute path", c.CheckpointDir))
 	}
+	if !filepath.IsAbs(c.LayersDir) {
+		errs = append(errs, fmt.Errorf("layers_dir %q: must be an absolute path (every sandbox has a disk quota)", c.LayersDir))
+	}
 	if c.DefaultImage == "" {
 		errs = append(errs, errors.New("default_image: must be set"))
 	}
@@ -338,7 +342,7 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	// beats the file whatever the argument order.
 	overrides := map[string]*string{}
 	for _, name := range []string{
-		"host", "state-dir", "checkpoint-dir", "default-image", "boot-timeout", "shutdown-timeout",
+		"host", "state-dir", "checkpoint-dir", "layers-dir", "default-image", "boot-timeout", "shutdown-timeout",
 		"grpc-unix", "grpc-tcp", "token-file", "gateway-listen", "gateway-advertise", "metrics-listen",
 		"containerd-address", "containerd-namespace", "otlp-endpoint", "boot-precreate",
 		"tls-cert", "tls-key", "tls-client-ca", "allow-plaintext-remote",
@@ -375,6 +379,7 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	str("host", &c.Host)
 	str("state-dir", &c.StateDir)
 	str("checkpoint-dir", &c.CheckpointDir)
+	str("layers-dir", &c.LayersDir)
 	str("default-image", &c.DefaultImage)
 	str("grpc-unix", &c.GRPC.UnixSocket)
 	str("grpc-tcp", &c.GRPC.TCPAddress)
@@ -418,6 +423,7 @@ var flagUsage = map[string]string{
 	"host":                   "host name reported in Sandbox.host (default: kernel hostname)",
 	"state-dir":              "directory of controld's state (store, generated token)",
 	"checkpoint-dir":         "directory of checkpoint images",
+	"layers-dir":             "btrfs with quotas holding the sandboxes' writable layers",
 	"default-image":          "image of sandboxes created without one",
 	"boot-timeout":           "request-to-usable limit of a boot, e.g. 60s",
 	"shutdown-timeout":       "how long shutdown waits for in-flight calls",

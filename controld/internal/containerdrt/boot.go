@@ -82,7 +82,7 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 		client.WithNewSnapshot(spec.ID, img),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
 		client.WithNewSpec(r.bootSpecOpts(img, spec, criuOpts, nsb)...),
-		client.WithContainerLabels(sandboxLabels(spec)),
+		client.WithContainerLabels(r.labelsOf(spec)),
 	)
 	if err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
@@ -119,12 +119,34 @@ func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	t, err := c.NewTask(ctx, stdio, withTaskOptions(opts))
+	var t client.Task
+	if spec.DiskBytes > 0 {
+		// The container exists (its id was free): a layer of that id is
+		// debris of an earlier one, replaced.
+		var layer string
+		if layer, err = r.createLayer(id, spec.DiskBytes); err != nil {
+			r.cleanup(ctx, id, c, nil, true)
+			return nil, err
+		}
+		t, err = r.newTaskOnLayer(ctx, c, id, layer, stdio, opts)
+	} else {
+		t, err = c.NewTask(ctx, stdio, withTaskOptions(opts))
+	}
 	if err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))
 	}
 	return &sandbox{id: id, container: c, task: t}, nil
+}
+
+// labelsOf is a new sandbox's container labels: sandboxLabels, and where
+// its writable layer lives when it has a disk budget.
+func (r *Runtime) labelsOf(spec fleet.BootSpec) map[string]string {
+	l := sandboxLabels(spec)
+	if spec.DiskBytes > 0 {
+		l[labelLayer] = r.layerDir(spec.ID)
+	}
+	return l
 }
 
 // setupNetwork makes the sandbox's network namespace (and in mode egress
@@ -229,6 +251,10 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 		errs = append(errs, fmt.Errorf("remove snapshot: %w", err))
 	}
 	if err := r.removeCgroups(id); err != nil {
+		errs = append(errs, err)
+	}
+	// After the task: its rootfs (the overlay over the layer) is unmounted.
+	if err := r.removeLayer(id); err != nil {
 		errs = append(errs, err)
 	}
 	// After the task: a namespace goes once no process holds it.

@@ -173,6 +173,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	if err != nil {
 		return res, fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrFailedPrecondition, err)
 	}
+	// A sandbox with a disk budget writes to its own layer instead.
+	if layer, err := r.layerOf(id, info.Labels); err != nil {
+		return res, err
+	} else if layer != "" {
+		srcUpper = filepath.Join(layer, "upper")
+	}
 	dstUpper, err := upperDir(dstMounts)
 	if err != nil {
 		return res, fmt.Errorf("checkpoint layer: %w: %w", errdefs.ErrInternal, err)

@@ -21,6 +21,9 @@ const (
 	// labelTier its tier ("memory" or "disk").
 	labelCheckpoint = "forkfleet.from-checkpoint"
 	labelTier       = "forkfleet.tier"
+	// labelLayer is the sandbox's own writable layer (a quota-limited
+	// directory under Config.LayersDir; see layers.go), when it has one.
+	labelLayer = "forkfleet.layer"
 	// labelUserPrefix prefixes the caller's BootSpec.Labels.
 	labelUserPrefix = "forkfleet.label/"
 

@@ -113,7 +113,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 		r.cleanup(ctx, spec.ID, nil, nil, true)
 		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
-	labels := sandboxLabels(spec)
+	labels := r.labelsOf(spec)
 	labels[labelImage] = meta.Image // what the fork really runs
 	labels[labelCheckpoint] = from.Dir
 	labels[labelTier] = meta.Tier

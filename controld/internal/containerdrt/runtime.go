@@ -106,6 +106,11 @@ type Config struct {
 	// checkpoint, for unix connections from outside the sandbox to be
 	// closed by the sandbox (default 250 ms).
 	SettleTimeout time.Duration
+	// LayersDir holds the writable layers of sandboxes with a disk budget
+	// (BootSpec.DiskBytes): a btrfs filesystem with quotas enabled, which
+	// deploy/host-setup.sh mounts at /var/lib/forkfleet/layers. Empty: a
+	// disk budget is refused (FailedPrecondition).
+	LayersDir string
 	// LogWriter is the logging binary (forkfleet-log) the shim starts for
 	// every task with a log budget (BootSpec.LogBytes); see LogWriterPath.
 	LogWriter string
@@ -201,6 +206,14 @@ func (c *Config) validate() error {
 			return errdefs.InvalidField("criu_options", "option %q spans lines", o)
 		}
 	}
+	if c.LayersDir != "" {
+		if !filepath.IsAbs(c.LayersDir) {
+			return errdefs.InvalidField("layers_dir", "%q is not an absolute path", c.LayersDir)
+		}
+		if err := checkLayersDir(c.LayersDir); err != nil {
+			return errdefs.InvalidField("layers_dir", "%v", err)
+		}
+	}
 	if c.LogWriter != "" && !filepath.IsAbs(c.LogWriter) {
 		return errdefs.InvalidField("log_writer", "%q is not an absolute path (the shim runs it)", c.LogWriter)
 	}
@@ -256,7 +269,11 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "logs"), filepath.Join(cfg.StateDir, "work")} {
+	dirs := []string{cfg.StateDir, filepath.Join(cfg.StateDir, "logs"), filepath.Join(cfg.StateDir, "work")}
+	if cfg.LayersDir != "" {
+		dirs = append(dirs, filepath.Join(cfg.LayersDir, cfg.Namespace))
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("containerdrt: state dir: %w", err)
 		}

@@ -153,3 +153,62 @@ func TestWarmSlotsRespectAdmission(t *testing.T) {
 		t.Fatalf("%d slots precreated on a full host", n)
 	}
 }
+
+// What the kernel enforced shows in the sandbox's record and as LIMIT
+// events; a sandbox whose init the memory limit killed says so.
+func TestLimitsReached(t *testing.T) {
+	e := newEnv(t, func(o *fleet.Options) { o.LimitPoll = 5 * time.Millisecond })
+	ctx := context.Background()
+	w, err := e.m.WatchSandboxes(ctx, &controldv1.WatchSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	s := e.ready(nil)
+	disk := limits.Default().Default.GetDiskBytes()
+	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: disk - 4096, DiskLimit: disk})
+	var got []*controldv1.LimitReached
+	eventually(t, "limits reached", func() bool {
+		g, _ := e.m.GetSandbox(ctx, s.Id)
+		got = g.GetLimitsReached()
+		return len(got) == 3
+	})
+	want := map[controldv1.SandboxLimit]string{
+		controldv1.SandboxLimit_SANDBOX_LIMIT_MEMORY: "killed 2 process(es) of the sandbox at its memory limit of 1 GiB",
+		controldv1.SandboxLimit_SANDBOX_LIMIT_PIDS:   "7 fork(s) refused at the limit of 2048",
+		controldv1.SandboxLimit_SANDBOX_LIMIT_DISK:   "disk full: 4.0 GiB of 4 GiB used; writes fail with EDQUOT",
+	}
+	for _, r := range got {
+		if !strings.Contains(r.GetMessage(), want[r.GetLimit()]) || r.GetCount() == 0 || r.GetFirstAt() == nil {
+			t.Errorf("%v: %q, want %q", r.GetLimit(), r.GetMessage(), want[r.GetLimit()])
+		}
+	}
+	sawEvent := false
+	for !sawEvent {
+		select {
+		case ev := <-w.C:
+			sawEvent = ev.GetType() == controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_LIMIT && ev.GetSandbox().GetId() == s.Id
+		case <-time.After(5 * time.Second):
+			t.Fatal("no LIMIT event")
+		}
+	}
+	// Space freed: the disk entry stays, its count drops to 0.
+	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: 1 << 20, DiskLimit: disk})
+	eventually(t, "disk no longer full", func() bool {
+		g, _ := e.m.GetSandbox(ctx, s.Id)
+		for _, r := range g.GetLimitsReached() {
+			if r.GetLimit() == controldv1.SandboxLimit_SANDBOX_LIMIT_DISK {
+				return r.GetCount() == 0 && strings.Contains(r.GetMessage(), "no longer full")
+			}
+		}
+		return false
+	})
+	// The init killed at the memory limit: the exit says why.
+	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 3})
+	e.rt.Exit(s.Id, 137)
+	eventually(t, "stopped with the reason", func() bool {
+		g, _ := e.m.GetSandbox(ctx, s.Id)
+		return g.GetState() == controldv1.SandboxState_SANDBOX_STATE_STOPPED &&
+			strings.Contains(g.GetStatusMessage(), "the kernel killed 3 process(es) at the memory limit of 1 GiB")
+	})
+}

@@ -67,6 +67,9 @@ type Options struct {
 	// Limits are the host's sandbox limits: per-sandbox defaults and
 	// maxima, and admission (limits.Default() when its Default is nil).
 	Limits limits.Host
+	// LimitPoll is how often the kernel's limit counters of running
+	// sandboxes are read (a runtime implementing LimitProbe); 1 s when 0.
+	LimitPoll time.Duration
 }
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
@@ -161,6 +164,9 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.WarmSlotMaxAge <= 0 {
 		opts.WarmSlotMaxAge = defaultSlotMaxAge
 	}
+	if opts.LimitPoll <= 0 {
+		opts.LimitPoll = defaultLimitPoll
+	}
 	if opts.Limits.Default == nil {
 		opts.Limits = limits.Default()
 	}
@@ -205,6 +211,9 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m.goBackground(func() { m.watchExits(exits) })
 	m.goBackground(m.reapLoop)
+	if probe, ok := limitProbeOf(m.rt); ok {
+		m.goBackground(func() { m.watchLimits(probe) })
+	}
 	// After reconciliation: it deletes a crashed controld's slots (containers
 	// without records), which must not include the new ones.
 	m.startSlots()

@@ -183,3 +183,28 @@ type Exit struct {
 	Status   uint32
 	ExitedAt time.Time
 }
+
+// LimitProbe is an optional Runtime extension: a runtime that can tell how
+// often the kernel enforced a sandbox's limits. The manager finds it with a
+// type assertion and polls it to report Sandbox.limits_reached.
+type LimitProbe interface {
+	// LimitHits returns the kernel's counts for sandbox id since its task
+	// started (ErrNotFound once it is gone).
+	LimitHits(ctx context.Context, id string) (LimitHits, error)
+}
+
+// LimitHits is what the kernel counted against one sandbox's limits.
+type LimitHits struct {
+	OOMKills    uint64 // processes killed at the memory limit
+	PidsRefused uint64 // forks and clones refused at the pids limit
+	// DiskUsed and DiskLimit are the writable layer's bytes in use and its
+	// quota (0: no quota).
+	DiskUsed, DiskLimit int64
+}
+
+// DiskFull reports whether the writable layer is at its quota: less than
+// 1 MiB left, where writes already fail (the quota counts metadata and
+// whole blocks).
+func (h LimitHits) DiskFull() bool {
+	return h.DiskLimit > 0 && h.DiskLimit-h.DiskUsed < 1<<20
+}

@@ -775,7 +775,7 @@ func (m *Manager) handleExit(ex Exit) {
 	}
 	state, pooled, cancelWork := sb.rec.Sandbox.State, sb.rec.Pooled, sb.cancelWork
 	m.mu.Unlock()
-	msg := fmt.Sprintf("task exited with status %d at %s", ex.Status, ex.ExitedAt.UTC().Format(time.RFC3339Nano))
+	msg := fmt.Sprintf("task exited with status %d at %s", ex.Status, ex.ExitedAt.UTC().Format(time.RFC3339Nano)) + m.limitsOnExit(sb)
 	if pooled {
 		// A warm sandbox that died is worthless: remove it and refill.
 		m.goBackground(func() {

@@ -139,6 +139,16 @@ func ImportImage(ctx context.Context, c *client.Client, ns, name string) (string
 	return ref, nil
 }
 
+// LayersDir is where the tests' sandboxes keep their writable layers (a
+// btrfs with quotas): the host's, which deploy/host-setup.sh mounts (its
+// host.env names it); each test namespace gets its own directory there.
+func LayersDir() string {
+	if d := os.Getenv("FORKFLEET_LAYERS_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/forkfleet/layers"
+}
+
 // LogWriter builds forkfleet-log, the logging binary the runtime hands the
 // shim for every sandbox with a log budget (controld always sets one), into
 // a directory of t's and returns its path (containerdrt.Config.LogWriter).

@@ -54,6 +54,7 @@ type Runtime struct {
 	StartErr     func(id string) error
 
 	mu        sync.Mutex
+	hits      map[string]fleet.LimitHits // SetLimitHits
 	instances map[string]*instance
 	// precreated are sandboxes created but not started (Precreate): List
 	// shows them as StatusCreated; IDs and Has do not count them.
@@ -86,6 +87,7 @@ func NewRuntime() *Runtime {
 var (
 	_ fleet.Runtime    = (*Runtime)(nil)
 	_ fleet.Precreator = (*Runtime)(nil)
+	_ fleet.LimitProbe = (*Runtime)(nil)
 )
 
 func (r *Runtime) count(op string) {
@@ -305,6 +307,27 @@ func (r *Runtime) Discard(_ context.Context, id string) error {
 	}
 	delete(r.precreated, id)
 	return nil
+}
+
+// SetLimitHits sets what LimitHits reports for sandbox id.
+func (r *Runtime) SetLimitHits(id string, h fleet.LimitHits) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hits == nil {
+		r.hits = map[string]fleet.LimitHits{}
+	}
+	r.hits[id] = h
+}
+
+// LimitHits implements fleet.LimitProbe: what SetLimitHits set (zero
+// counts otherwise) for a running sandbox.
+func (r *Runtime) LimitHits(_ context.Context, id string) (fleet.LimitHits, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.instances[id]; !ok {
+		return fleet.LimitHits{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return r.hits[id], nil
 }
 
 // Spec returns the spec a running sandbox was booted or restored with.

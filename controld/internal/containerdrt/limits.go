@@ -1,0 +1,76 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/btrfs"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+)
+
+var _ fleet.LimitProbe = (*Runtime)(nil)
+
+// LimitHits implements fleet.LimitProbe from the sandbox's cgroups (the
+// OOM kills of its memory cgroup, the forks its pids cgroup refused) and
+// its writable layer's quota group. It reads files only: cheap enough to
+// poll every sandbox every second.
+func (r *Runtime) LimitHits(_ context.Context, id string) (fleet.LimitHits, error) {
+	if err := validateID(id); err != nil {
+		return fleet.LimitHits{}, err
+	}
+	var h fleet.LimitHits
+	memFile, memKey := filepath.Join(r.cfg.CgroupRoot, "memory", r.cgroupsPath(id), "memory.oom_control"), "oom_kill"
+	pidsFile := filepath.Join(r.cfg.CgroupRoot, "pids", r.cgroupsPath(id), "pids.events")
+	if r.cgroupV2 {
+		memFile = filepath.Join(r.cfg.CgroupRoot, r.cgroupsPath(id), "memory.events")
+		pidsFile = filepath.Join(r.cfg.CgroupRoot, r.cgroupsPath(id), "pids.events")
+	}
+	var err error
+	if h.OOMKills, err = keyedValue(memFile, memKey); err != nil {
+		return h, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if h.PidsRefused, err = keyedValue(pidsFile, "max"); err != nil {
+		return h, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if dir := r.layerDir(id); r.cfg.LayersDir != "" && btrfs.IsSubvolume(dir) {
+		u, err := btrfs.SubvolumeUsage(dir)
+		if err != nil {
+			return h, fmt.Errorf("sandbox %s: %w: writable layer usage: %w", id, errdefs.ErrInternal, err)
+		}
+		h.DiskUsed, h.DiskLimit = int64(u.Used()), int64(u.Limit)
+	}
+	return h, nil
+}
+
+// keyedValue reads "key value" lines (memory.oom_control, pids.events).
+func keyedValue(path, key string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, fmt.Errorf("%w: no cgroup file %s", errdefs.ErrNotFound, path)
+		}
+		return 0, fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := bytes.Cut(sc.Bytes(), []byte(" "))
+		if ok && string(k) == key {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%w: %s: %w", errdefs.ErrInternal, path, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, nil // an older kernel without the counter
+}
