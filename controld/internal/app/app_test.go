@@ -174,7 +174,8 @@ func TestControldEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := cr.Sandbox
-	if s.State != controldv1.SandboxState_SANDBOX_STATE_READY || len(s.Boot) != 6 || s.Host != "test-host" {
+	if s.State != controldv1.SandboxState_SANDBOX_STATE_READY || s.Host != "test-host" || len(s.Boot) == 0 ||
+		s.Boot[0].Name != fleet.PhaseCreate || s.Boot[len(s.Boot)-1].Name != fleet.PhaseUsable {
 		t.Fatalf("created %+v", s)
 	}
 	if !strings.HasPrefix(cr.Endpoint.Url, "ws://"+d.addrs.Gateway+"/v1/sandboxes/"+s.Id) {
