@@ -13,7 +13,9 @@ type CheckpointRecoverer interface {
 	// RecoverCheckpoints waits (bounded) for dumps a previous controld
 	// started and no longer awaits, then releases what unfinished
 	// checkpoints hold in the runtime: uncommitted layers and their leases,
-	// work files, and committed checkpoint layers no ref in keep names.
+	// work files, and committed checkpoint layers no ref in keep names
+	// (and whatever else a killed controld left in the runtime: containerdrt
+	// removes writable layers without a container here).
 	// keep lists every checkpoint controld has a record of. It is called
 	// only when nothing of this controld is in flight.
 	RecoverCheckpoints(ctx context.Context, keep []CheckpointRef) error
