@@ -42,6 +42,22 @@ func (s *bootStack) create(res *controldv1.Resources) (*controldv1.Sandbox, *aci
 	return cr.Sandbox, sess
 }
 
+// dial opens a new ACI session to sandbox id (a checkpoint closes agents'
+// sessions).
+func (s *bootStack) dial(id string) *aci.Session {
+	s.t.Helper()
+	ep, err := s.sbc.GetSandboxEndpoint(s.ctx, &controldv1.GetSandboxEndpointRequest{Id: id})
+	if err != nil {
+		s.t.Fatalf("endpoint of %s: %v", id, err)
+	}
+	sess, err := aci.Dial(s.ctx, ep.Endpoint.Url, ep.Endpoint.Token)
+	if err != nil {
+		s.t.Fatalf("ACI of %s: %v", id, err)
+	}
+	s.t.Cleanup(func() { sess.Close() })
+	return sess
+}
+
 // run executes a shell script in the sandbox and returns its result.
 func run(t *testing.T, ctx context.Context, sess *aci.Session, script string, timeout time.Duration) *aciv1.ExecResponse {
 	t.Helper()
@@ -277,10 +293,23 @@ func TestRealStackLimits(t *testing.T) {
 			t.Fatalf("the host's free space fell by %d bytes during the filler", d)
 		}
 		t.Logf("host free space changed by %d bytes; the layers file by 0 blocks", free-hostFree())
-		// Freeing space lets the sandbox write again.
+		// A checkpoint writes guestd's marker file into the sandbox's disk:
+		// a full one answers RESOURCE_EXHAUSTED saying so (and the agents'
+		// sessions are closed, as by any checkpoint).
+		_, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: sb.Id})
+		if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "disk quota exceeded") {
+			t.Fatalf("checkpoint of a full sandbox: %v", err)
+		}
+		sess = s.dial(sb.Id)
+		// Freeing space lets the sandbox write again, and checkpoint.
 		if r := run(t, s.ctx, sess, "rm -f /fill /f*; dd if=/dev/zero of=/again bs=1M count=8 conv=fsync", time.Minute); r.ExitCode != 0 {
 			t.Fatalf("writes after freeing space: %+v", r)
 		}
+		ck, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: sb.Id})
+		if err != nil {
+			t.Fatalf("checkpoint after freeing space: %v", err)
+		}
+		s.ckc.DeleteCheckpoint(s.ctx, &controldv1.DeleteCheckpointRequest{Id: ck.Checkpoint.Id})
 		alive("the disk filler")
 	})
 
