@@ -312,6 +312,33 @@ func (s *Session) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, er
 	return nil, unexpected("memory_challenge", m)
 }
 
+// NetProbeListen makes guestd hold a TCP listener on its sandbox's
+// loopback answering nonces with HMAC-SHA256 under value, and returns its
+// port (the fork network verifier; admin token only).
+func (s *Session) NetProbeListen(ctx context.Context, value []byte) (uint32, error) {
+	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_NetProbeListen{NetProbeListen: &aciv1.NetProbeListenRequest{Value: value}}})
+	if err != nil {
+		return 0, err
+	}
+	if r := m.GetNetProbeListen(); r != nil {
+		return r.GetPort(), nil
+	}
+	return 0, unexpected("net_probe_listen", m)
+}
+
+// NetProbe makes guestd connect to 127.0.0.1:port inside its sandbox and
+// returns the listener's answer to nonce (admin token only).
+func (s *Session) NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte, error) {
+	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_NetProbe{NetProbe: &aciv1.NetProbeRequest{Port: port, Nonce: nonce}}})
+	if err != nil {
+		return nil, err
+	}
+	if r := m.GetNetProbe(); r != nil {
+		return r.GetMac(), nil
+	}
+	return nil, unexpected("net_probe", m)
+}
+
 // Restored tells a freshly restored replica its identity, its own tokens of
 // both roles (token and admin_token, both required: the restored ones are
 // refused afterwards), generation and fresh entropy (controld, admin token

@@ -182,7 +182,7 @@ func TestCheckpointForkLineage(t *testing.T) {
 			t.Errorf("replica = %v, verification %v", r.Sandbox.Info(), r.Verification)
 		}
 	}
-	if res, err := replicas[0].Verify(ctx); err != nil || len(res) != 3 {
+	if res, err := replicas[0].Verify(ctx); err != nil || len(res) != 4 {
 		t.Errorf("Verify = %v, %v", res, err)
 	}
 	if _, err := ck.Fork(ctx, 65); !errors.Is(err, errdefs.ErrInvalidArgument) || errdefs.Field(err) != "count" {

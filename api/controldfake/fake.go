@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 )
 
 // DefaultImage is the image CreateSandbox uses when none is given; it is
@@ -73,6 +75,7 @@ type Fake struct {
 	endpoint    func(*controldv1.Sandbox) *controldv1.Endpoint
 	timers      map[*time.Timer]struct{}
 	readyCh     map[string]chan struct{} // closed when the sandbox leaves BOOTING
+	ports       map[string]string        // "sandbox/port" -> token (ExposePort)
 	closed      bool
 }
 
@@ -403,6 +406,9 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 	if err := validTTL("ttl", req.GetTtl()); err != nil {
 		return nil, rpcErr(err)
 	}
+	if err := netpolicy.ValidateNetwork("network", req.GetNetwork()); err != nil {
+		return nil, rpcErr(err)
+	}
 	image := req.GetImage()
 	if image == "" {
 		image = DefaultImage
@@ -416,7 +422,9 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 		f.mu.Unlock()
 		return nil, rpcErr(err)
 	}
-	sb := f.newSandbox(image, res, req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0, nil)
+	nw := netpolicy.Normalize(req.GetNetwork())
+	sb := f.newSandbox(image, res, req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0,
+		func(sb *controldv1.Sandbox) { sb.Network = nw })
 	resp := &controldv1.CreateSandboxResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb)}
 	f.mu.Unlock()
 	return resp, nil
@@ -596,13 +604,21 @@ func (f *Fake) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxR
 	}
 	levels := req.GetLevels()
 	if len(levels) == 0 {
-		levels = ck.GetVerifyLevels()
+		levels = defaultLevels(ck.GetVerifyLevels())
 	}
 	results, err := verifyResults(ck, levels, "levels")
 	if err != nil {
 		return nil, rpcErr(err)
 	}
 	return &controldv1.VerifySandboxResponse{Results: results}, nil
+}
+
+// defaultLevels is controld's: every supported level but FILESYSTEM, which
+// a caller asks for.
+func defaultLevels(supported []controldv1.VerifyLevel) []controldv1.VerifyLevel {
+	return slices.DeleteFunc(slices.Clone(supported), func(l controldv1.VerifyLevel) bool {
+		return l == controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM
+	})
 }
 
 func verifyResults(ck *controldv1.Checkpoint, levels []controldv1.VerifyLevel, field string) ([]*controldv1.VerifyResult, error) {
@@ -656,14 +672,17 @@ func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheck
 	levels := []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
 	var memBytes int64
 	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
-		levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS)
+		levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS,
+			controldv1.VerifyLevel_VERIFY_LEVEL_NETWORK)
 		memBytes = 180 << 20
 	}
+	levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM)
 	ck := &controldv1.Checkpoint{
 		Id: f.newID("ck"), Name: req.GetName(), Tier: tier, State: controldv1.CheckpointState_CHECKPOINT_STATE_READY,
 		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(),
 		Screen: proto.CloneOf(sb.GetScreen()), Resources: proto.CloneOf(sb.GetResources()), Labels: maps.Clone(req.GetLabels()),
 		CreatedAt: timestamppb.Now(), MemoryBytes: memBytes, LayerBytes: 4 << 20, VerifyLevels: levels,
+		Network: netpolicy.Normalize(sb.GetNetwork()),
 		Timing: &controldv1.CheckpointTiming{Frozen: durationpb.New(40 * time.Millisecond), Dump: durationpb.New(30 * time.Millisecond),
 			Layer: durationpb.New(10 * time.Millisecond), Total: durationpb.New(60 * time.Millisecond)},
 	}
@@ -785,9 +804,13 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 	}
 	levels := req.GetVerify()
 	if len(levels) == 0 {
-		levels = ck.GetVerifyLevels()
+		levels = defaultLevels(ck.GetVerifyLevels())
 	}
 	if _, err := verifyResults(ck, levels, "verify"); err != nil {
+		return nil, rpcErr(err)
+	}
+	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(ck.GetNetwork()), req.GetNetworkPolicy(), ck.GetNetwork().GetPolicy())
+	if err != nil {
 		return nil, rpcErr(err)
 	}
 	res, err := f.limits().Resolve("resources", req.GetResources(), ck.GetResources())
@@ -806,7 +829,10 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 			continue
 		}
 		sb := f.newSandbox(ck.GetImage(), res, ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,
-			func(sb *controldv1.Sandbox) { sb.CheckpointId, sb.Generation = ck.GetId(), 1 })
+			func(sb *controldv1.Sandbox) {
+				sb.CheckpointId, sb.Generation = ck.GetId(), 1
+				sb.Network = &controldv1.Network{Mode: netpolicy.Mode(ck.GetNetwork()), Policy: proto.CloneOf(policy)}
+			})
 		ck.LiveForks++
 		results, _ := verifyResults(ck, levels, "verify")
 		resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
@@ -865,7 +891,9 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var base *controldv1.Resources // a checkpoint pool's
-	if src, ok := req.GetSource().(*controldv1.CreatePoolRequest_CheckpointId); ok {
+	var ckNet *controldv1.Network
+	src, fromCheckpoint := req.GetSource().(*controldv1.CreatePoolRequest_CheckpointId)
+	if fromCheckpoint {
 		ck, err := f.getCheckpoint("checkpoint_id", src.CheckpointId)
 		if err != nil {
 			return nil, rpcErr(err)
@@ -873,7 +901,11 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 		if req.GetScreen() != nil {
 			return nil, rpcErr(errdefs.InvalidField("screen", "a checkpoint pool takes its geometry from the checkpoint"))
 		}
-		base = ck.GetResources()
+		base, ckNet = ck.GetResources(), ck.GetNetwork()
+	}
+	nw, err := netpolicy.PoolNetwork("network", req.GetNetwork(), fromCheckpoint, ckNet)
+	if err != nil {
+		return nil, rpcErr(err)
 	}
 	res, err := f.limits().Resolve("resources", req.GetResources(), base)
 	if err != nil {
@@ -885,7 +917,7 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 		}
 	}
 	p := &controldv1.Pool{Id: f.newID("pl"), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
-		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res}
+		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res, Network: nw}
 	switch src := req.GetSource().(type) {
 	case *controldv1.CreatePoolRequest_Image:
 		if !f.images[src.Image] {
@@ -968,6 +1000,10 @@ func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 	if err != nil {
 		return nil, rpcErr(err)
 	}
+	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(p.GetNetwork()), req.GetNetworkPolicy(), p.GetNetwork().GetPolicy())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
 	hit := p.Available > 0
 	if !hit {
 		if err := f.admit(p.GetResources()); err != nil {
@@ -1002,6 +1038,7 @@ func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 	ck := f.checkpoints[p.GetCheckpointId()]
 	sb := f.newSandbox(image, p.GetResources(), p.GetScreen(), labels, req.GetTtl(), true, func(sb *controldv1.Sandbox) {
 		sb.PoolId = p.GetId()
+		sb.Network = &controldv1.Network{Mode: netpolicy.Mode(p.GetNetwork()), Policy: proto.CloneOf(policy)}
 		if ck != nil {
 			sb.CheckpointId, sb.Generation = ck.GetId(), 1
 		}
@@ -1010,4 +1047,74 @@ func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 		ck.LiveForks++
 	}
 	return &controldv1.ClaimPoolResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Hit: hit, Took: durationpb.New(took)}, nil
+}
+
+// ---- network
+
+func (f *Fake) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.UpdateSandboxNetworkResponse, error) {
+	if err := netpolicy.ValidatePolicy("policy", req.GetPolicy()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if netpolicy.Mode(sb.GetNetwork()) != controldv1.NetworkMode_NETWORK_MODE_EGRESS {
+		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_EGRESS",
+			"sandbox %s is in network mode %s; a policy needs NETWORK_MODE_EGRESS", sb.GetId(), netpolicy.Mode(sb.GetNetwork())))
+	}
+	sb.Network = &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS, Policy: proto.CloneOf(req.GetPolicy())}
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	return &controldv1.UpdateSandboxNetworkResponse{Sandbox: proto.CloneOf(sb)}, nil
+}
+
+// ExposePort returns a URL on the fake gateway host; nothing serves it.
+func (f *Fake) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
+	if err := netpolicy.ValidatePort("port", req.GetPort()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetSandboxId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if f.ports == nil {
+		f.ports = map[string]string{}
+	}
+	key := fmt.Sprintf("%s/%d", sb.GetId(), req.GetPort())
+	tok, ok := f.ports[key]
+	if !ok {
+		n := 0
+		for k := range f.ports {
+			if strings.HasPrefix(k, sb.GetId()+"/") {
+				n++
+			}
+		}
+		if n >= netpolicy.MaxExposedPorts {
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrResourceExhausted, "TOO_MANY_PORTS", "sandbox %s exposes %d ports already", sb.GetId(), n))
+		}
+		tok = "port-" + f.newID("tk")
+		f.ports[key] = tok
+	}
+	return &controldv1.ExposePortResponse{Url: fmt.Sprintf("http://fake-gateway/v1/sandboxes/%s/ports/%d/", sb.GetId(), req.GetPort()), Token: tok}, nil
+}
+
+func (f *Fake) UnexposePort(ctx context.Context, req *controldv1.UnexposePortRequest) (*controldv1.UnexposePortResponse, error) {
+	if err := netpolicy.ValidatePort("port", req.GetPort()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.getSandbox(req.GetSandboxId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	key := fmt.Sprintf("%s/%d", req.GetSandboxId(), req.GetPort())
+	if _, ok := f.ports[key]; !ok {
+		return nil, rpcErr(errdefs.WithReason(errdefs.ErrNotFound, "PORT_NOT_EXPOSED", "sandbox %s does not expose port %d", req.GetSandboxId(), req.GetPort()))
+	}
+	delete(f.ports, key)
+	return &controldv1.UnexposePortResponse{}, nil
 }

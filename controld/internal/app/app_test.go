@@ -236,7 +236,7 @@ func TestControldEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range fr.Replicas {
-		if r.ErrorCode != 0 || len(r.Verification) != 3 {
+		if r.ErrorCode != 0 || len(r.Verification) != 4 {
 			t.Fatalf("replica %+v", r)
 		}
 		// The replica's own token works through the gateway.

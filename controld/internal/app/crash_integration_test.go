@@ -567,8 +567,8 @@ func (s *procStack) checkpointForkDelete(src string) {
 			s.t.Errorf("replica %s: %s: %s", r.Sandbox.Id, v.Level, v.Detail)
 		}
 	}
-	if len(r.Verification) != 3 {
-		s.t.Errorf("replica verified %d levels, want 3", len(r.Verification))
+	if len(r.Verification) != 4 {
+		s.t.Errorf("replica verified %d levels, want 4 (marker, memory, pixels, network)", len(r.Verification))
 	}
 	if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r.Sandbox.Id}); err != nil {
 		s.t.Fatal(err)

@@ -231,8 +231,8 @@ func TestRealStack(t *testing.T) {
 				t.Errorf("fork of the imported checkpoint: %s: %s", v.Level, v.Detail)
 			}
 		}
-		if len(r.Verification) != 3 {
-			t.Errorf("fork of the imported checkpoint verified %d levels, want 3", len(r.Verification))
+		if len(r.Verification) != 4 {
+			t.Errorf("fork of the imported checkpoint verified %d levels, want 4 (marker, memory, pixels, network)", len(r.Verification))
 		}
 	}
 

@@ -153,7 +153,7 @@ func (r *Runtime) labelsOf(spec fleet.BootSpec) map[string]string {
 // its router, uplink, DNS stub and policy) before its container exists. An
 // id whose network exists already is refused without touching it.
 func (r *Runtime) setupNetwork(ctx context.Context, spec fleet.BootSpec, forRestore bool) (network.Sandbox, error) {
-	nsb, err := r.net.Setup(ctx, spec.ID, spec.Network.Mode, spec.Network.Policy, forRestore)
+	nsb, err := r.net.Setup(ctx, spec.ID, spec.Network.Mode, spec.Network.Policy, forRestore || spec.Network.Hold)
 	if err != nil {
 		return nsb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}

@@ -309,6 +309,13 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		}
 	}
 
+	// The filesystem proof, from the consistent copy (the source runs on).
+	if layers, err := r.deltaLayers(ctx, prepKey); err != nil {
+		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", id, "err", err)
+	} else if res.FSDigest, err = layerDigest(layers); err != nil {
+		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", id, "err", err)
+	}
+
 	meta := checkpointMeta{
 		Version:     metaVersion,
 		Source:      id,

@@ -21,6 +21,17 @@ func (r *Runtime) SetNetworkPolicy(ctx context.Context, id string, p network.Pol
 	return r.net.SetPolicy(ctx, id, p)
 }
 
+// ConnectNetwork applies p and releases a held sandbox network.
+func (r *Runtime) ConnectNetwork(ctx context.Context, id string, p network.Policy) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	return r.net.Connect(ctx, id, p)
+}
+
+// EgressUnavailable says why mode egress cannot be set up here.
+func (r *Runtime) EgressUnavailable() error { return r.net.EgressError() }
+
 // DialPort connects to a TCP port inside a sandbox's network namespace.
 func (r *Runtime) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
 	if err := validateID(id); err != nil {

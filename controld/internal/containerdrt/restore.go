@@ -64,7 +64,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.C
 		// tcp-established, so those within the sandbox survive): their
 		// peers know only the source. Closed at once, while the replica's
 		// link is still held down, before anyone is told it exists.
-		n, cerr := r.net.FinishRestore(spec.ID)
+		n, cerr := r.net.FinishRestore(spec.ID, !spec.Network.Hold)
 		if cerr != nil {
 			r.cleanup(ctx, spec.ID, sb.container, sb.task, true)
 			return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, cerr)

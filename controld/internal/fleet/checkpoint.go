@@ -22,6 +22,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -29,13 +30,21 @@ import (
 // writable layer (not a tmpfs), so both tiers carry it into their forks.
 const markerDir = "/var/lib/forkfleet/markers/"
 
-func levelsForTier(t controldv1.CheckpointTier) []controldv1.VerifyLevel {
-	if t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
-		// A disk-tier fork boots fresh: only files survive.
-		return []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
+// levelsFor is what a checkpoint can prove on its forks: the proofs it
+// recorded.
+func levelsFor(t controldv1.CheckpointTier, rec *store.CheckpointRecord) []controldv1.VerifyLevel {
+	// A disk-tier fork boots fresh: only files survive.
+	out := []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
+	if t != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		out = append(out, controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS)
+		if rec.NetPort != 0 {
+			out = append(out, controldv1.VerifyLevel_VERIFY_LEVEL_NETWORK)
+		}
 	}
-	return []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER,
-		controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY, controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS}
+	if rec.FSDigest != nil {
+		out = append(out, controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM)
+	}
+	return out
 }
 
 func tierToRuntime(t controldv1.CheckpointTier) CheckpointTier {
@@ -119,6 +128,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
 		rec.MemoryValue = randomBytes(32)
+		rec.NetValue = randomBytes(32)
 	}
 	tmp := m.tmpCheckpointDir(id)
 	spec := CheckpointSpec{
@@ -184,8 +194,10 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 			Frozen: durationpb.New(res.Frozen), Dump: durationpb.New(res.Dump),
 			Layer: durationpb.New(res.Layer), Total: durationpb.New(time.Since(start)),
 		},
-		VerifyLevels: levelsForTier(tier),
+		Network: netpolicy.Normalize(src.Sandbox.GetNetwork()),
 	}
+	rec.FSDigest = res.FSDigest
+	rec.Checkpoint.VerifyLevels = levelsFor(tier, rec)
 	if err := m.commitCheckpoint(rec); err != nil {
 		m.dropRuntimeCheckpoint(res.Ref, final)
 		return fail(err)
@@ -235,6 +247,17 @@ func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *
 				proofs <- fmt.Errorf("memory mark: %w", err)
 				return
 			}
+		}
+		if rec.NetValue != nil {
+			// The listener CRIU carries into every replica; a guestd that
+			// cannot hold one leaves the checkpoint without the network
+			// proof (and says why), not without a checkpoint.
+			port, err := g.NetProbeListen(ctx, rec.NetValue)
+			if err != nil {
+				m.log.Warn("checkpoint without the network proof", "sandbox", src.Sandbox.Id, "err", err)
+				rec.NetValue = nil
+			}
+			rec.NetPort = port
 		}
 		proofs <- nil
 	}()
@@ -595,7 +618,7 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 		return nil, err
 	}
 	defer g.Close()
-	return m.verify(ctx, g, ck, levels, nil), nil
+	return m.verify(ctx, g, rec.Sandbox.Id, ck, levels, nil), nil
 }
 
 // verify runs the requested verifiers; each reports its own outcome, in
@@ -604,14 +627,14 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 // usable after the slowest proof, not after their sum. born, for a fresh
 // replica, delivers the hash of its first frame from Restored (see
 // verifyPixels).
-func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel, born <-chan []byte) []*controldv1.VerifyResult {
+func (m *Manager) verify(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel, born <-chan []byte) []*controldv1.VerifyResult {
 	out := make([]*controldv1.VerifyResult, len(levels))
 	done := make(chan struct{}, len(levels))
 	for i, l := range levels {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			start := time.Now()
-			ok, detail := m.verifyOne(ctx, g, ck, l, born)
+			ok, detail := m.verifyOne(ctx, g, id, ck, l, born)
 			out[i] = &controldv1.VerifyResult{Level: l, Ok: ok, Detail: detail, Took: durationpb.New(time.Since(start))}
 		}()
 	}
@@ -621,7 +644,7 @@ func (m *Manager) verify(ctx context.Context, g Guest, ck *store.CheckpointRecor
 	return out
 }
 
-func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRecord, l controldv1.VerifyLevel, born <-chan []byte) (bool, string) {
+func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, l controldv1.VerifyLevel, born <-chan []byte) (bool, string) {
 	ctx, span := m.tracer.Start(ctx, "verify."+l.String())
 	defer span.End()
 	switch l {
@@ -648,6 +671,31 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, ck *store.CheckpointRe
 		return true, "in-memory value answers a fresh challenge"
 	case controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS:
 		return m.verifyPixels(ctx, g, ck, born)
+	case controldv1.VerifyLevel_VERIFY_LEVEL_NETWORK:
+		nonce := randomBytes(32)
+		got, err := g.NetProbe(ctx, ck.NetPort, nonce)
+		if err != nil {
+			return false, fmt.Sprintf("connect to the restored listener 127.0.0.1:%d from inside the replica: %v", ck.NetPort, err)
+		}
+		mac := hmac.New(sha256.New, ck.NetValue)
+		mac.Write(nonce)
+		if !hmac.Equal(got, mac.Sum(nil)) {
+			return false, fmt.Sprintf("the listener on 127.0.0.1:%d answered, but not with the checkpoint's value", ck.NetPort)
+		}
+		return true, fmt.Sprintf("the restored listener on 127.0.0.1:%d accepts over the replica's loopback", ck.NetPort)
+	case controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM:
+		d, ok := layerDigesterOf(m.rt)
+		if !ok {
+			return false, "the runtime cannot digest a sandbox's files"
+		}
+		got, err := d.LayerDigest(ctx, id)
+		if err != nil {
+			return false, fmt.Sprintf("filesystem digest: %v", err)
+		}
+		if !bytes.Equal(got, ck.FSDigest) {
+			return false, fmt.Sprintf("filesystem digest %x differs from %x at checkpoint", got, ck.FSDigest)
+		}
+		return true, "the files outside volatile paths are the checkpoint's"
 	}
 	return false, fmt.Sprintf("unknown level %s", l)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -48,6 +49,13 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	if _, err := m.opts.Limits.Resolve("resources", req.GetResources(), ck.Checkpoint.GetResources()); err != nil {
 		return nil, err
 	}
+	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(ck.Checkpoint.GetNetwork()), req.GetNetworkPolicy(), ck.Checkpoint.GetNetwork().GetPolicy())
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkEgress(ck.Checkpoint.GetNetwork()); err != nil {
+		return nil, err
+	}
 	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
 		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
 	defer span.End()
@@ -59,7 +67,7 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	for i := range n {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources()})
+			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy})
 		}()
 	}
 	for range n {
@@ -69,6 +77,8 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 }
 
 type forkParams struct {
+	// policy is the replica's network policy (mode egress); nil: none.
+	policy *controldv1.NetworkPolicy
 	// resources are the replica's limits; fields left 0 keep the
 	// checkpoint's.
 	resources *controldv1.Resources
@@ -117,6 +127,8 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
 	}
+	// The source's mode (the replica keeps its in-sandbox network).
+	sp.network = &controldv1.Network{Mode: netpolicy.Mode(ck.Checkpoint.GetNetwork()), Policy: p.policy}
 	return sp
 }
 
@@ -226,7 +238,7 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 		restored <- err
 	}()
 	if len(p.levels) > 0 {
-		rep.Verification = m.verify(wctx, g, ck, p.levels, born)
+		rep.Verification = m.verify(wctx, g, spec.ID, ck, p.levels, born)
 	}
 	if err := <-restored; err != nil {
 		wf.end(err)

@@ -19,6 +19,13 @@ type Guest interface {
 	MemoryMark(ctx context.Context, value []byte) error
 	// MemoryChallenge returns HMAC-SHA256(key = the marked value, nonce).
 	MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, error)
+	// NetProbeListen makes guestd hold a TCP listener on the sandbox's
+	// loopback that answers nonces with HMAC-SHA256 keyed by value (admin);
+	// it returns the listener's port.
+	NetProbeListen(ctx context.Context, value []byte) (uint32, error)
+	// NetProbe makes guestd connect to 127.0.0.1:port from inside its
+	// sandbox and returns the listener's answer to nonce (admin).
+	NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte, error)
 	// FrameHash returns the frame hash of a capture without pixels (format
 	// NONE), after the screen has been still for settle (0: no settling).
 	FrameHash(ctx context.Context, settle time.Duration) ([]byte, error)

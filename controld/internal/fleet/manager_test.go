@@ -340,7 +340,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY || len(ck.VerifyLevels) != 3 || ck.Timing.GetTotal() == nil || ck.SourceSandboxId != src.Id {
+	if ck.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY || len(ck.VerifyLevels) != 4 || ck.Timing.GetTotal() == nil || ck.SourceSandboxId != src.Id {
 		t.Fatalf("checkpoint %+v", ck)
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "checkpoints", ck.Id)); err != nil {
@@ -366,7 +366,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 		if r.ErrorCode != 0 {
 			t.Fatalf("replica failed: %s", r.ErrorMessage)
 		}
-		if len(r.Verification) != 3 {
+		if len(r.Verification) != 4 {
 			t.Fatalf("verification %v", r.Verification)
 		}
 		for _, v := range r.Verification {
@@ -392,7 +392,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 		t.Fatalf("live forks %d", got.LiveForks)
 	}
 	res, err := e.m.VerifySandbox(ctx, &controldv1.VerifySandboxRequest{Id: reps[0].Sandbox.Id})
-	if err != nil || len(res) != 3 || !res[0].Ok || !res[1].Ok || !res[2].Ok {
+	if err != nil || len(res) != 4 || !res[0].Ok || !res[1].Ok || !res[2].Ok {
 		t.Fatalf("verify sandbox: %v %v", res, err)
 	}
 
@@ -471,7 +471,7 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 	for _, r := range reps {
 		if r.ErrorCode != 0 {
 			failed++
-			if codes.Code(r.ErrorCode) != codes.FailedPrecondition || r.Sandbox != nil || len(r.Verification) != 3 {
+			if codes.Code(r.ErrorCode) != codes.FailedPrecondition || r.Sandbox != nil || len(r.Verification) != 4 {
 				t.Fatalf("failed replica report %+v", r)
 			}
 		}
@@ -539,7 +539,7 @@ func TestForkOfAnimatingPagePassesPixelProof(t *testing.T) {
 	// Re-verifying a live replica compares its current screen, which has
 	// moved on: that is not the checkpoint's any more.
 	res, err := e.m.VerifySandbox(ctx, &controldv1.VerifySandboxRequest{Id: live})
-	if err != nil || len(res) != 3 || res[2].Ok {
+	if err != nil || len(res) != 4 || res[2].Ok {
 		t.Fatalf("verify live replica: %v %v", res, err)
 	}
 }

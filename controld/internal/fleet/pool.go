@@ -14,6 +14,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -51,6 +52,7 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 	var (
 		ckID  string
 		ckRes *controldv1.Resources // a checkpoint pool's base limits
+		ckNet *controldv1.Network   // a checkpoint pool's network
 	)
 	switch src := req.GetSource().(type) {
 	case nil:
@@ -70,7 +72,7 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 		if err != nil {
 			return nil, err
 		}
-		ckID, ckRes = ck.Checkpoint.Id, ck.Checkpoint.GetResources()
+		ckID, ckRes, ckNet = ck.Checkpoint.Id, ck.Checkpoint.GetResources(), ck.Checkpoint.GetNetwork()
 	}
 	if s := req.GetSize(); s < 1 || s > maxPoolSize {
 		return nil, errdefs.InvalidField("size", "%d out of range 1..%d", s, maxPoolSize)
@@ -89,10 +91,17 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 	if ckID != "" && req.GetScreen() != nil {
 		return nil, errdefs.InvalidField("screen", "a checkpoint pool takes its geometry from the checkpoint")
 	}
+	nw, err := netpolicy.PoolNetwork("network", req.GetNetwork(), ckID != "", ckNet)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkEgress(nw); err != nil {
+		return nil, err
+	}
 	pb := &controldv1.Pool{
 		Id: newID(prefixPool), Name: req.GetName(), Image: req.GetImage(), CheckpointId: ckID,
 		Size: req.GetSize(), Labels: copyMap(req.GetLabels()),
-		Screen: req.GetScreen(), Resources: res, Frozen: ckID != "",
+		Screen: req.GetScreen(), Resources: res, Frozen: ckID != "", Network: nw,
 	}
 	rec := &store.PoolRecord{Pool: pb}
 	m.mu.Lock()
@@ -273,10 +282,11 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 		if ck == nil {
 			return checkpointNotFound(pb.CheckpointId)
 		}
-		levels := ck.Checkpoint.VerifyLevels
+		levels := defaultLevels(ck.Checkpoint.VerifyLevels)
 		// Not frozen by the fork: freezeWarm opens the session a claim
 		// pings over first.
-		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true})
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true,
+			policy: pb.GetNetwork().GetPolicy()})
 		if rep.ErrorCode != 0 {
 			return fmt.Errorf("warm fork: %s", rep.ErrorMessage)
 		}
@@ -284,6 +294,7 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 	}
 	sb, err := m.newSandbox(sandboxParams{
 		image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: pb.Labels, poolID: pb.Id, pooled: true,
+		network: pb.GetNetwork(),
 	}, t0)
 	if err != nil {
 		return err
@@ -407,6 +418,12 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 	if err != nil {
 		return nil, nil, false, 0, err
 	}
+	poolNet := p.rec.Pool.GetNetwork()
+	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(poolNet), req.GetNetworkPolicy(), poolNet.GetPolicy())
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	claimNet := &controldv1.Network{Mode: netpolicy.Mode(poolNet), Policy: policy}
 	labels := copyMap(p.rec.Pool.Labels)
 	if labels == nil {
 		labels = map[string]string{}
@@ -430,7 +447,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 			break
 		}
 		p.thawing.enter()
-		s, err := m.claimWarm(ctx, p, sb, labels, ttl, t0)
+		s, err := m.claimWarm(ctx, p, sb, labels, ttl, claimNet, t0)
 		p.thawing.leave()
 		if err == nil {
 			// claimWarm persisted the hit with the sandbox.
@@ -446,7 +463,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 			return nil, nil, false, 0, ctx.Err()
 		}
 	}
-	s, ep, err := m.claimMiss(ctx, p, labels, ttl, t0)
+	s, ep, err := m.claimMiss(ctx, p, labels, ttl, claimNet, t0)
 	if err != nil {
 		m.recordClaim(p, "error", t0)
 		return nil, nil, false, 0, err
@@ -472,7 +489,7 @@ func (m *Manager) takeWarm(p *pool) *sandbox {
 }
 
 // claimMiss serves a claim without a warm sandbox.
-func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, t0 time.Time) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	// In a burst larger than the pool, the hits of the same burst are still
 	// being handed out and used for the first time: a few ms that a restore
 	// or boot started now would stretch, while waiting for them delays this
@@ -489,13 +506,15 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		if ck == nil {
 			return nil, nil, checkpointNotFound(pb.CheckpointId)
 		}
-		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: ck.Checkpoint.VerifyLevels, poolID: pb.Id})
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: defaultLevels(ck.Checkpoint.VerifyLevels),
+			poolID: pb.Id, policy: nw.GetPolicy()})
 		if rep.ErrorCode != 0 {
 			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errdefs.FromGRPC(statusError(rep)))
 		}
 		return rep.Sandbox, rep.Endpoint, nil
 	}
-	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true}, t0)
+	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true,
+		network: nw}, t0)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -131,7 +132,7 @@ func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time)
 // returns only after both: a crash after Claim returned finds the sandbox
 // claimed (never back in the pool, never handed out twice). A crash before
 // can leave a claimed record nobody received: its TTL or a delete removes it.
-func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, t0 time.Time) (*controldv1.Sandbox, error) {
+func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time) (*controldv1.Sandbox, error) {
 	ctx, span := m.tracer.Start(ctx, "pool.claim")
 	defer span.End()
 	sb.op.Lock()
@@ -149,6 +150,7 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 		r.Pooled = false
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
 		r.Sandbox.Labels = copyMap(labels)
+		r.Sandbox.Network = proto.Clone(nw).(*controldv1.Network)
 		if ttl > 0 {
 			r.Sandbox.ExpiresAt = timestampNow(t0.Add(ttl))
 		}
@@ -178,6 +180,9 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 		})
 	}()
 	err := m.thawAndPing(ctx, p, id, sock, admin)
+	if err == nil {
+		err = m.connectClaimed(ctx, id, nw)
+	}
 	if perr := <-persisted; err == nil && perr != nil {
 		err = fmt.Errorf("sandbox %s: persist claim: %w", id, perr)
 	}
@@ -193,6 +198,24 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 	m.mu.Unlock()
 	m.publish(&controldv1.WatchSandboxesResponse{Type: controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, Sandbox: snap.Sandbox})
 	return proto.Clone(snap.Sandbox).(*controldv1.Sandbox), nil
+}
+
+// connectClaimed gives a claimed egress sandbox its policy and lets it out:
+// a pooled one reached nothing (its link was held down since it was made).
+func (m *Manager) connectClaimed(ctx context.Context, id string, nw *controldv1.Network) error {
+	if netpolicy.Mode(nw) != controldv1.NetworkMode_NETWORK_MODE_EGRESS {
+		return nil
+	}
+	n, err := m.networker()
+	if err != nil {
+		return err
+	}
+	cctx, cs := m.tracer.Start(ctx, "pool.claim.network")
+	defer cs.End()
+	if err := n.ConnectNetwork(cctx, id, policyOf(nw.GetPolicy())); err != nil {
+		return fmt.Errorf("connect network: %w", err)
+	}
+	return nil
 }
 
 // thawAndPing thaws a frozen pool's sandbox and waits for one round trip

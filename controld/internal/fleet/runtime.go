@@ -92,6 +92,9 @@ type BootSpec struct {
 type NetworkSpec struct {
 	Mode   network.Mode
 	Policy network.Policy
+	// Hold keeps the sandbox from reaching anything outside until
+	// Networker.ConnectNetwork (pooled sandboxes, connected at their claim).
+	Hold bool
 }
 
 // Networker is an optional Runtime extension for sandbox networks (the
@@ -99,12 +102,18 @@ type NetworkSpec struct {
 type Networker interface {
 	// SetNetworkPolicy replaces a running sandbox's policy.
 	SetNetworkPolicy(ctx context.Context, id string, p network.Policy) error
+	// ConnectNetwork applies p and lets a sandbox booted or restored with
+	// NetworkSpec.Hold reach the outside (idempotent).
+	ConnectNetwork(ctx context.Context, id string, p network.Policy) error
 	// DialPort connects to a TCP port inside a sandbox, as a process of the
 	// sandbox would (its loopback first): the gateway's exposed ports.
 	DialPort(ctx context.Context, id string, port uint16) (net.Conn, error)
 	// PruneNetworks releases the networks of sandboxes the runtime no longer
 	// has (reconciliation after a restart).
 	PruneNetworks(ctx context.Context) error
+	// EgressUnavailable says why mode egress cannot be set up on this host
+	// (nil: it can).
+	EgressUnavailable() error
 }
 
 func networkerOf(rt Runtime) (Networker, bool) {
@@ -166,6 +175,26 @@ type CheckpointResult struct {
 	Dump        time.Duration
 	Layer       time.Duration
 	Total       time.Duration
+	// FSDigest is the filesystem proof (see LayerDigester); nil when the
+	// runtime has none for this checkpoint.
+	FSDigest []byte
+}
+
+// LayerDigester is an optional Runtime extension for the filesystem
+// verifier: a digest of a sandbox's files outside volatile paths, over
+// everything its writable layers changed against its image. A checkpoint
+// records its source's (CheckpointResult.FSDigest); a replica's must equal
+// it.
+type LayerDigester interface {
+	LayerDigest(ctx context.Context, id string) ([]byte, error)
+}
+
+func layerDigesterOf(rt Runtime) (LayerDigester, bool) {
+	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
+		rt = u.Unwrap()
+	}
+	d, ok := rt.(LayerDigester)
+	return d, ok
 }
 
 // CheckpointRef names what a checkpoint holds in the runtime; controld

@@ -18,6 +18,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -63,9 +64,16 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := netpolicy.ValidateNetwork("network", req.GetNetwork()); err != nil {
+		return nil, nil, err
+	}
+	if err := m.checkEgress(req.GetNetwork()); err != nil {
+		return nil, nil, err
+	}
 	sb, err := m.newSandbox(sandboxParams{
 		image: req.GetImage(), resources: res, screen: req.GetScreen(),
 		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true,
+		network: netpolicy.Normalize(req.GetNetwork()),
 	}, t0)
 	if err != nil {
 		return nil, nil, err
@@ -98,6 +106,8 @@ type sandboxParams struct {
 	generation    uint64
 	poolID        string
 	pooled        bool
+	// network is the sandbox's (mode spelled out by newRecord); nil: none.
+	network *controldv1.Network
 	// lazyRecord: do not write the record until the sandbox is usable. For
 	// forks: a replica interrupted before that is deleted at the next start
 	// anyway (as a container without a record), so the early fsyncs would
@@ -232,6 +242,7 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 	if p.ttl > 0 {
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
 	}
+	pb.Network = netpolicy.Normalize(p.network)
 	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: newToken(), Pooled: p.pooled}, nil
 }
 
@@ -271,6 +282,7 @@ func specOf(r *store.SandboxRecord) BootSpec {
 		ACIToken:    r.ACIToken,
 		AdminToken:  r.AdminToken,
 		Labels:      map[string]string{LabelManaged: managedValue, LabelSandboxID: r.Sandbox.Id},
+		Network:     netSpecOf(r.Sandbox.GetNetwork(), r.Pooled),
 	}
 }
 

@@ -208,7 +208,7 @@ func validateStates(field string, states []controldv1.SandboxState) error {
 // supports: empty means all supported, [NONE] means none.
 func verifyLevels(field string, req []controldv1.VerifyLevel, supported []controldv1.VerifyLevel) ([]controldv1.VerifyLevel, error) {
 	if len(req) == 0 {
-		return supported, nil
+		return defaultLevels(supported), nil
 	}
 	out := make([]controldv1.VerifyLevel, 0, len(req))
 	seen := map[controldv1.VerifyLevel]bool{}
@@ -234,6 +234,19 @@ func verifyLevels(field string, req []controldv1.VerifyLevel, supported []contro
 		}
 	}
 	return out, nil
+}
+
+// defaultLevels is what a fork is verified at when it asks for nothing:
+// every level the checkpoint supports but FILESYSTEM, which reads every
+// file the sandbox changed (ask for it).
+func defaultLevels(supported []controldv1.VerifyLevel) []controldv1.VerifyLevel {
+	out := make([]controldv1.VerifyLevel, 0, len(supported))
+	for _, l := range supported {
+		if l != controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func containsLevel(ls []controldv1.VerifyLevel, l controldv1.VerifyLevel) bool {

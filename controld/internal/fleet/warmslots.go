@@ -89,7 +89,12 @@ type warmSlots struct {
 	want   int
 	maxAge time.Duration
 	kick   chan struct{}
-	key    string // slotKey of every slot's spec (fixed: the defaults)
+	key    string // slotKey of the default slots' spec (fixed: the defaults)
+	// egressKey is the slotKey of the defaults in network mode egress ("":
+	// the runtime has no egress). Such slots are kept only while egress
+	// creates come (one in the last maxAge): each holds a router namespace
+	// and uplink too.
+	egressKey string
 	// memoryBytes is every slot's memory limit (the default).
 	memoryBytes int64
 	// forks: fork slots (nil when the runtime cannot precreate restores).
@@ -101,6 +106,26 @@ type warmSlots struct {
 	quietUntil time.Time // end of the quiet time after the last of them
 	// demand: a matching create found no slot; refill without holding.
 	demand bool
+	// egressWanted is when an egress create last came; egressFirst: it
+	// found no slot, so the next refill is an egress one.
+	egressWanted time.Time
+	egressFirst  bool
+}
+
+// egressWantedLocked reports whether egress slots are kept now.
+func (ws *warmSlots) egressWantedLocked(now time.Time) bool {
+	return ws.egressKey != "" && !ws.egressWanted.IsZero() && now.Sub(ws.egressWanted) < ws.maxAge
+}
+
+// countLocked counts the ready slots of key.
+func (ws *warmSlots) countLocked(key string) int {
+	n := 0
+	for _, s := range ws.ready {
+		if s.key == key {
+			n++
+		}
+	}
+	return n
 }
 
 // holdLocked says how much longer a refill should wait (0: go now).
@@ -116,6 +141,7 @@ func (ws *warmSlots) holdLocked(now time.Time) time.Duration {
 
 type warmSlot struct {
 	spec BootSpec
+	key  string // slotKey(spec)
 	at   time.Time
 }
 
@@ -131,10 +157,14 @@ func slotKey(s BootSpec) string {
 	return string(b)
 }
 
-// slotSpec draws a new slot: the spec of a default CreateSandbox, with a
-// fresh id and tokens.
-func (m *Manager) slotSpec() BootSpec {
-	rec, err := m.newRecord(sandboxParams{}, time.Now())
+// slotSpec draws a new slot: the spec of a default CreateSandbox (in
+// network mode egress with egress), with a fresh id and tokens.
+func (m *Manager) slotSpec(egress bool) BootSpec {
+	p := sandboxParams{}
+	if egress {
+		p.network = &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}
+	}
+	rec, err := m.newRecord(p, time.Now())
 	if err != nil {
 		panic(err) // the host's defaults always resolve (checked at New)
 	}
@@ -153,8 +183,11 @@ func (m *Manager) startSlots() {
 		return
 	}
 	ws := &warmSlots{pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
-	spec := m.slotSpec()
+	spec := m.slotSpec(false)
 	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
+	if nw, ok := networkerOf(m.rt); ok && nw.EgressUnavailable() == nil {
+		ws.egressKey = slotKey(m.slotSpec(true))
+	}
 	if rp, ok := pc.(RestorePrecreator); ok {
 		ws.forks = &forkSlots{rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}}
 	}
@@ -176,14 +209,18 @@ func (m *Manager) takeSlotLocked(spec BootSpec) *warmSlot {
 	if ws == nil {
 		return nil
 	}
-	if slotKey(spec) != ws.key {
+	key := slotKey(spec)
+	if key != ws.key && (ws.egressKey == "" || key != ws.egressKey) {
 		m.metrics.BootSlots.WithLabelValues(slotMismatch).Inc()
 		return nil
 	}
 	now := time.Now()
+	if key == ws.egressKey {
+		ws.egressWanted = now
+	}
 	for i, s := range ws.ready {
-		if now.Sub(s.at) >= ws.maxAge {
-			continue // the filler recycles it
+		if now.Sub(s.at) >= ws.maxAge || s.key != key {
+			continue // the filler recycles it, or another kind
 		}
 		ws.ready = append(ws.ready[:i], ws.ready[i+1:]...)
 		ws.booting++
@@ -194,6 +231,7 @@ func (m *Manager) takeSlotLocked(spec BootSpec) *warmSlot {
 	}
 	m.metrics.BootSlots.WithLabelValues(slotEmpty).Inc()
 	ws.demand = true
+	ws.egressFirst = key == ws.egressKey
 	ws.wake()
 	return nil
 }
@@ -235,7 +273,12 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 		m.trimSlots(ws)
 		m.mu.Lock()
 		now := time.Now()
-		need, hold := ws.want-len(ws.ready), ws.holdLocked(now)
+		needDefault, needEgress := ws.want-ws.countLocked(ws.key), 0
+		if ws.egressWantedLocked(now) {
+			needEgress = ws.want - ws.countLocked(ws.egressKey)
+		}
+		egress := needEgress > 0 && (needDefault <= 0 || ws.egressFirst)
+		need, hold := max(needDefault, 0)+max(needEgress, 0), ws.holdLocked(now)
 		if need > 0 && !m.slotRoomLocked(ws.memoryBytes) {
 			need = 0 // the host is at its admission limits: a delete wakes the filler
 		}
@@ -251,7 +294,7 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 			m.idle(ws.kick, recycle.C)
 			continue
 		}
-		if err := m.precreateSlot(ws); err != nil {
+		if err := m.precreateSlot(ws, egress); err != nil {
 			if m.ctx.Err() != nil {
 				return
 			}
@@ -264,8 +307,8 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 }
 
 // precreateSlot precreates one slot and makes it ready.
-func (m *Manager) precreateSlot(ws *warmSlots) error {
-	spec := m.slotSpec()
+func (m *Manager) precreateSlot(ws *warmSlots, egress bool) error {
+	spec := m.slotSpec(egress)
 	// Like a boot's create, a precreate runs to completion even when Close
 	// interrupts it: the filler then discards a whole sandbox instead of
 	// leaving the runtime to unwind half of one.
@@ -278,7 +321,10 @@ func (m *Manager) precreateSlot(ws *warmSlots) error {
 		return err
 	}
 	m.mu.Lock()
-	ws.ready = append(ws.ready, warmSlot{spec: spec, at: time.Now()})
+	ws.ready = append(ws.ready, warmSlot{spec: spec, key: slotKey(spec), at: time.Now()})
+	if egress {
+		ws.egressFirst = false
+	}
 	m.metrics.WarmSlots.Set(float64(len(ws.ready)))
 	m.mu.Unlock()
 	return nil
@@ -377,8 +423,9 @@ func (m *Manager) recycleSlots(ws *warmSlots) {
 	var old []string
 	m.mu.Lock()
 	keep := ws.ready[:0]
+	egressWanted := ws.egressWantedLocked(now)
 	for _, s := range ws.ready {
-		if now.Sub(s.at) >= ws.maxAge {
+		if now.Sub(s.at) >= ws.maxAge || (s.key == ws.egressKey && !egressWanted) {
 			old = append(old, s.spec.ID)
 		} else {
 			keep = append(keep, s)
@@ -610,7 +657,7 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 // precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint
 // draws a replica, and makes it ready unless ck stopped needing it.
 func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) error {
-	rec, err := m.newRecord(forkSandboxParams(ck, forkParams{}), time.Now())
+	rec, err := m.newRecord(forkSandboxParams(ck, forkParams{policy: ck.Checkpoint.GetNetwork().GetPolicy()}), time.Now())
 	if err != nil {
 		return err
 	}

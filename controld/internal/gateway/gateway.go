@@ -76,6 +76,7 @@ type Gateway struct {
 
 	mu       sync.Mutex
 	conns    map[io.Closer]string // -> sandbox id
+	ports    portConns            // upstream connections of exposed ports (ports.go)
 	sessions int                  // spliced connections (each is two conns)
 	closed   bool
 	wg       sync.WaitGroup
@@ -93,6 +94,9 @@ func New(router Router, opts Options) *Gateway {
 		unknownToken: rand.Text()}
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.serveACI)
+	if pr, ok := router.(PortRouter); ok {
+		g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/", g.servePort(pr))
+	}
 	return g
 }
 
@@ -284,6 +288,7 @@ func (g *Gateway) track(id string, cs ...io.Closer) bool {
 // sandbox for a checkpoint: CRIU cannot dump a unix socket whose peer (this
 // gateway) is outside the sandbox. Agents reconnect.
 func (g *Gateway) DropSandbox(id string) int {
+	g.ports.drop(id)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0
@@ -307,6 +312,7 @@ func (g *Gateway) untrack(cs ...io.Closer) {
 // Shutdown closes every spliced connection and waits for the copiers, or
 // until ctx ends. Stop the HTTP server first so no new ones start.
 func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.ports.drop("")
 	g.mu.Lock()
 	g.closed = true
 	for c := range g.conns {

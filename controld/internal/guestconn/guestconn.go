@@ -127,6 +127,14 @@ func (g *guest) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, erro
 	return g.s.MemoryChallenge(ctx, nonce)
 }
 
+func (g *guest) NetProbeListen(ctx context.Context, value []byte) (uint32, error) {
+	return g.s.NetProbeListen(ctx, value)
+}
+
+func (g *guest) NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte, error) {
+	return g.s.NetProbe(ctx, port, nonce)
+}
+
 func (g *guest) FrameHash(ctx context.Context, settle time.Duration) ([]byte, error) {
 	req := &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE}
 	if settle > 0 {

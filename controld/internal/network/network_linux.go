@@ -255,12 +255,13 @@ func (m *Manager) NetNS(id string) string { return m.netnsPath(id) }
 // egress its router namespace, uplink, NAT, DNS stub and policy. On error
 // nothing is left. An id set up already is ErrAlreadyExists.
 //
-// For a restore (forRestore), the sandbox's link is held down at the router
-// until FinishRestore: a restored TCP connection announces itself to its
-// peer the moment CRIU lets it go (a window probe), and the peer, which
-// knows only the source, would answer with a reset; held down, nothing
-// leaves before FinishRestore has closed such connections.
-func (m *Manager) Setup(ctx context.Context, id string, mode Mode, policy Policy, forRestore bool) (sb Sandbox, err error) {
+// With hold, the sandbox's link is held down at its router until
+// FinishRestore or Connect. A restore needs that: a restored TCP connection
+// announces itself to its peer the moment CRIU lets it go (a window probe),
+// and the peer, which knows only the source, would answer with a reset;
+// held down, nothing leaves before FinishRestore has closed such
+// connections. A pooled sandbox stays held until its claim.
+func (m *Manager) Setup(ctx context.Context, id string, mode Mode, policy Policy, hold bool) (sb Sandbox, err error) {
 	if mode == ModeEgress && m.egressErr != nil {
 		return sb, m.egressErr
 	}
@@ -299,7 +300,7 @@ func (m *Manager) Setup(ctx context.Context, id string, mode Mode, policy Policy
 	}
 	sb.NetNS = m.netnsPath(id)
 	if mode == ModeEgress {
-		if err := m.setupEgress(id, st, forRestore); err != nil {
+		if err := m.setupEgress(id, st, hold); err != nil {
 			return sb, fmt.Errorf("network of %s: %w: %w", id, errdefs.ErrInternal, err)
 		}
 		sb.ResolvConf = m.resolv
@@ -769,31 +770,54 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 var tcpStatesToClose = map[uint8]bool{1: true, 2: true, 3: true, 4: true, 5: true, 8: true, 9: true, 11: true}
 
 // FinishRestore closes a restored sandbox's connections to the outside
-// (CloseOutside) and then lets its traffic out (the link Setup held down
-// for a restore). It returns how many connections it closed.
-func (m *Manager) FinishRestore(id string) (int, error) {
+// (CloseOutside) and then, with connect, lets its traffic out (the link
+// Setup held down for a restore); without, the link stays down until
+// Connect (a pooled replica, connected at its claim). It returns how many
+// connections it closed.
+func (m *Manager) FinishRestore(id string, connect bool) (int, error) {
 	n, err := m.CloseOutside(id)
-	if err != nil {
+	if err != nil || !connect {
 		return n, err
 	}
+	return n, m.setLink(id, true)
+}
+
+// Connect applies policy to a sandbox and brings up the link Setup held
+// down (Setup's hold, FinishRestore without connect): the sandbox reaches
+// what the policy allows from then on. Idempotent; a no-op in mode none.
+func (m *Manager) Connect(ctx context.Context, id string, policy Policy) error {
+	if err := m.SetPolicy(ctx, id, policy); err != nil {
+		return err
+	}
+	return m.setLink(id, true)
+}
+
+// setLink sets the router's side of the sandbox link up or down (egress).
+func (m *Manager) setLink(id string, up bool) error {
 	m.mu.Lock()
 	st, ok := m.state[id]
 	egress := ok && st.Mode == ModeEgress
 	m.mu.Unlock()
-	if !egress {
-		return n, nil
+	if !ok {
+		return fmt.Errorf("network of %s: %w", id, errdefs.ErrNotFound)
 	}
-	err = withHandle(m.routerPath(id), func(h *netlink.Handle) error {
+	if !egress {
+		return nil
+	}
+	err := withHandle(m.routerPath(id), func(h *netlink.Handle) error {
 		l, err := h.LinkByName(routerIn)
 		if err != nil {
 			return err
 		}
-		return h.LinkSetUp(l)
+		if up {
+			return h.LinkSetUp(l)
+		}
+		return h.LinkSetDown(l)
 	})
 	if err != nil {
-		return n, fmt.Errorf("network of %s: release the restored link: %w: %w", id, errdefs.ErrInternal, err)
+		return fmt.Errorf("network of %s: link: %w: %w", id, errdefs.ErrInternal, err)
 	}
-	return n, nil
+	return nil
 }
 
 // CloseOutside aborts, in a freshly restored sandbox, every TCP connection

@@ -248,6 +248,25 @@ func (h *handlers) VerifySandbox(ctx context.Context, req *controldv1.VerifySand
 	return &controldv1.VerifySandboxResponse{Results: res}, nil
 }
 
+func (h *handlers) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.UpdateSandboxNetworkResponse, error) {
+	sb, err := h.m.UpdateSandboxNetwork(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.UpdateSandboxNetworkResponse{Sandbox: sb}, nil
+}
+
+func (h *handlers) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
+	return h.m.ExposePort(ctx, req)
+}
+
+func (h *handlers) UnexposePort(ctx context.Context, req *controldv1.UnexposePortRequest) (*controldv1.UnexposePortResponse, error) {
+	if err := h.m.UnexposePort(ctx, req); err != nil {
+		return nil, err
+	}
+	return &controldv1.UnexposePortResponse{}, nil
+}
+
 type checkpoints struct {
 	controldv1.UnimplementedCheckpointServiceServer
 	h *handlers

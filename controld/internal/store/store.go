@@ -42,6 +42,8 @@ type SandboxRecord struct {
 	ACISocket guestsock.Addr
 	// Pooled: warm in its pool (Sandbox.PoolId), not claimed yet.
 	Pooled bool
+	// Ports are the sandbox's exposed TCP ports and their tokens.
+	Ports map[uint32]string
 }
 
 // CheckpointRef mirrors fleet.CheckpointRef (the store does not import fleet).
@@ -66,6 +68,13 @@ type CheckpointRecord struct {
 	MarkerPath  string
 	MarkerValue []byte
 	MemoryValue []byte
+	// NetPort and NetValue are the network proof: the port of guestd's
+	// probe listener on the source's loopback and its key.
+	NetPort  uint32
+	NetValue []byte
+	// FSDigest is the filesystem proof: the digest of the source's files
+	// outside volatile paths at the checkpoint.
+	FSDigest []byte
 }
 
 // PoolRecord is a warm pool.
@@ -311,8 +320,9 @@ type sandboxJSON struct {
 	AdminToken string            `json:"admin_token"`
 	// aci_addr replaced aci_socket (a plain host path): a record of an older
 	// controld has none until reconciliation refreshes it from the runtime.
-	ACISocket *addrJSON `json:"aci_addr,omitempty"`
-	Pooled    bool      `json:"pooled,omitempty"`
+	ACISocket *addrJSON         `json:"aci_addr,omitempty"`
+	Pooled    bool              `json:"pooled,omitempty"`
+	Ports     map[uint32]string `json:"ports,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -321,7 +331,7 @@ func (r *SandboxRecord) MarshalJSON() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := sandboxJSON{Sandbox: pb, Env: r.Env, ACIToken: r.ACIToken, AdminToken: r.AdminToken, Pooled: r.Pooled}
+	j := sandboxJSON{Sandbox: pb, Env: r.Env, ACIToken: r.ACIToken, AdminToken: r.AdminToken, Pooled: r.Pooled, Ports: r.Ports}
 	if !r.ACISocket.IsZero() {
 		j.ACISocket = &addrJSON{PID: r.ACISocket.PID, Start: r.ACISocket.Start, Path: r.ACISocket.Path}
 	}
@@ -338,7 +348,7 @@ func (r *SandboxRecord) UnmarshalJSON(b []byte) error {
 	if err := pjUnmarshal.Unmarshal(j.Sandbox, r.Sandbox); err != nil {
 		return err
 	}
-	r.Env, r.ACIToken, r.AdminToken, r.Pooled = j.Env, j.ACIToken, j.AdminToken, j.Pooled
+	r.Env, r.ACIToken, r.AdminToken, r.Pooled, r.Ports = j.Env, j.ACIToken, j.AdminToken, j.Pooled, j.Ports
 	r.ACISocket = guestsock.Addr{}
 	if a := j.ACISocket; a != nil {
 		r.ACISocket = guestsock.Addr{PID: a.PID, Start: a.Start, Path: a.Path}
@@ -362,6 +372,9 @@ type checkpointJSON struct {
 	MarkerPath  string            `json:"marker_path,omitempty"`
 	MarkerValue []byte            `json:"marker_value,omitempty"`
 	MemoryValue []byte            `json:"memory_value,omitempty"`
+	NetPort     uint32            `json:"net_port,omitempty"`
+	NetValue    []byte            `json:"net_value,omitempty"`
+	FSDigest    []byte            `json:"fs_digest,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -370,7 +383,8 @@ func (r *CheckpointRecord) MarshalJSON() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue})
+	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue,
+		r.NetPort, r.NetValue, r.FSDigest})
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
@@ -385,6 +399,7 @@ func (r *CheckpointRecord) UnmarshalJSON(b []byte) error {
 	}
 	r.Ref, r.Env, r.AdminToken, r.Generation = j.Ref, j.Env, j.AdminToken, j.Generation
 	r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue = j.FrameHash, j.MarkerPath, j.MarkerValue, j.MemoryValue
+	r.NetPort, r.NetValue, r.FSDigest = j.NetPort, j.NetValue, j.FSDigest
 	return nil
 }
 

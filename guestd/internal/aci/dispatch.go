@@ -124,6 +124,22 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		if v, err = ss.srv.memoryChallenge(r.MemoryChallenge); err == nil {
 			out.Reply = &aciv1.ServerMessage_MemoryChallenge{MemoryChallenge: v}
 		}
+	case *aciv1.ClientMessage_NetProbeListen:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("net_probe_listen"))
+		}
+		var v *aciv1.NetProbeListenResponse
+		if v, err = ss.srv.netProbeListen(r.NetProbeListen); err == nil {
+			out.Reply = &aciv1.ServerMessage_NetProbeListen{NetProbeListen: v}
+		}
+	case *aciv1.ClientMessage_NetProbe:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("net_probe"))
+		}
+		var v *aciv1.NetProbeResponse
+		if v, err = ss.srv.netProbeDial(j.ctx, r.NetProbe); err == nil {
+			out.Reply = &aciv1.ServerMessage_NetProbe{NetProbe: v}
+		}
 	case *aciv1.ClientMessage_Restored:
 		if ss.role != RoleAdmin {
 			return errReply(id, denied("restored"))

@@ -128,6 +128,7 @@ type Server struct {
 		sync.Mutex
 		value []byte
 	}
+	netProbe netProbe // the network verifier's listener (netprobe.go)
 
 	// holdUntil (unix ns, 0: none) refuses agent sessions during a checkpoint.
 	holdUntil atomic.Int64
@@ -430,6 +431,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if b := s.desk.Swap(nil); b != nil {
 		b.close()
 	}
+	s.netProbe.close()
 	done := make(chan struct{})
 	go func() { s.bg.Wait(); close(done) }()
 	// Clients that do not answer the close frame promptly are cut off: a

@@ -52,6 +52,8 @@ type Runtime struct {
 	// runtime does when Start fails).
 	PrecreateErr func(spec fleet.BootSpec) error
 	StartErr     func(id string) error
+	// NoEgress makes the runtime refuse network mode egress.
+	NoEgress bool
 
 	mu        sync.Mutex
 	hits      map[string]fleet.LimitHits // SetLimitHits
@@ -64,12 +66,14 @@ type Runtime struct {
 	deleted    map[string]int
 	calls      map[string]int
 	ckDeleted  []fleet.CheckpointRef
+	ports      map[string]string // "id:port" -> address (ServePort)
 }
 
 type instance struct {
 	inst  fleet.Instance
 	spec  fleet.BootSpec
 	guest *Guestd
+	net   NetState
 }
 
 // NewRuntime returns an empty fake runtime.
@@ -243,7 +247,8 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 		ACISocket: guestsock.Addr{PID: selfAddr.PID, Start: selfAddr.Start, Path: g.socket},
 		Labels:    labels, CreatedAt: now, TaskStartedAt: now}
 	r.mu.Lock()
-	r.instances[spec.ID] = &instance{inst: in, spec: spec, guest: g}
+	r.instances[spec.ID] = &instance{inst: in, spec: spec, guest: g,
+		net: NetState{Spec: spec.Network, Policy: spec.Network.Policy, Connected: !spec.Network.Hold}}
 	r.guests[g.socket] = g
 	r.mu.Unlock()
 	return in, nil
@@ -358,6 +363,8 @@ type ckState struct {
 	AdminToken string            `json:"admin_token"`
 	Generation uint64            `json:"generation"`
 	Mark       []byte            `json:"mark"`
+	NetValue   []byte            `json:"net_value"`
+	NetPort    uint32            `json:"net_port"`
 	Files      map[string][]byte `json:"files"`
 	FrameHash  []byte            `json:"frame_hash"`
 	Animating  bool              `json:"animating"`
@@ -392,6 +399,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.Ch
 		// The restored guestd is the source's: its tokens, mark, screen.
 		g = newGuestd("source", st.AdminToken, "source-token-until-restored")
 		g.mark = st.Mark
+		g.netValue, g.netPort = st.NetValue, st.NetPort
 		g.frameHash = st.FrameHash
 		g.animating = st.Animating
 		g.generation = st.Generation
@@ -582,18 +590,23 @@ type Guestd struct {
 	aciToken   string
 	generation uint64
 	mark       []byte
-	files      map[string][]byte
-	frameHash  []byte
-	animating  bool // every FrameHash finds a new frame
-	socket     string
-	listenAt   time.Time
-	readyAt    time.Time
-	startedAt  time.Time
-	neverReady bool
-	frozen     bool
-	stopped    bool
-	restored   int
-	entropy    []byte
+	netValue   []byte // the net probe listener's key and port
+	netPort    uint32
+	// LoopbackDown makes net probes fail as on a replica without lo (the
+	// bug the network verifier catches).
+	LoopbackDown bool
+	files        map[string][]byte
+	frameHash    []byte
+	animating    bool // every FrameHash finds a new frame
+	socket       string
+	listenAt     time.Time
+	readyAt      time.Time
+	startedAt    time.Time
+	neverReady   bool
+	frozen       bool
+	stopped      bool
+	restored     int
+	entropy      []byte
 
 	srv *acitest.Server
 	hs  *http.Server
@@ -612,7 +625,8 @@ func (g *Guestd) snapshot() ckState {
 	for k, v := range g.files {
 		files[k] = v
 	}
-	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, Files: files, FrameHash: g.frameHash, Animating: g.animating}
+	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, NetValue: g.netValue, NetPort: g.netPort,
+		Files: files, FrameHash: g.frameHash, Animating: g.animating}
 }
 
 // SandboxID is who guestd believes it is.
@@ -813,6 +827,36 @@ func (s *guest) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, erro
 		return nil, fmt.Errorf("no memory mark: %w", errdefs.ErrFailedPrecondition)
 	}
 	mac := hmac.New(sha256.New, s.g.mark)
+	mac.Write(nonce)
+	return mac.Sum(nil), nil
+}
+
+func (s *guest) NetProbeListen(ctx context.Context, value []byte) (uint32, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if s.g.netPort == 0 {
+		s.g.netPort = 40000 + uint32(len(s.g.sandboxID))
+	}
+	s.g.netValue = append([]byte(nil), value...)
+	return s.g.netPort, nil
+}
+
+func (s *guest) NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	switch {
+	case s.g.LoopbackDown:
+		return nil, fmt.Errorf("net probe: connect: network is unreachable: %w", errdefs.ErrUnavailable)
+	case s.g.netPort == 0 || port != s.g.netPort:
+		return nil, fmt.Errorf("net probe: connect: connection refused: %w", errdefs.ErrUnavailable)
+	}
+	mac := hmac.New(sha256.New, s.g.netValue)
 	mac.Write(nonce)
 	return mac.Sum(nil), nil
 }

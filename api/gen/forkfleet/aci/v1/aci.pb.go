@@ -407,6 +407,8 @@ type ClientMessage struct {
 	//	*ClientMessage_CheckpointPrepare
 	//	*ClientMessage_CheckpointDone
 	//	*ClientMessage_ReleaseScratch
+	//	*ClientMessage_NetProbeListen
+	//	*ClientMessage_NetProbe
 	Request       isClientMessage_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -717,6 +719,24 @@ func (x *ClientMessage) GetReleaseScratch() *ReleaseScratchRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetNetProbeListen() *NetProbeListenRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_NetProbeListen); ok {
+			return x.NetProbeListen
+		}
+	}
+	return nil
+}
+
+func (x *ClientMessage) GetNetProbe() *NetProbeRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_NetProbe); ok {
+			return x.NetProbe
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Request interface {
 	isClientMessage_Request()
 }
@@ -837,6 +857,14 @@ type ClientMessage_ReleaseScratch struct {
 	ReleaseScratch *ReleaseScratchRequest `protobuf:"bytes,30,opt,name=release_scratch,json=releaseScratch,proto3,oneof"`
 }
 
+type ClientMessage_NetProbeListen struct {
+	NetProbeListen *NetProbeListenRequest `protobuf:"bytes,31,opt,name=net_probe_listen,json=netProbeListen,proto3,oneof"`
+}
+
+type ClientMessage_NetProbe struct {
+	NetProbe *NetProbeRequest `protobuf:"bytes,32,opt,name=net_probe,json=netProbe,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Request() {}
 
 func (*ClientMessage_Ping) isClientMessage_Request() {}
@@ -895,6 +923,10 @@ func (*ClientMessage_CheckpointDone) isClientMessage_Request() {}
 
 func (*ClientMessage_ReleaseScratch) isClientMessage_Request() {}
 
+func (*ClientMessage_NetProbeListen) isClientMessage_Request() {}
+
+func (*ClientMessage_NetProbe) isClientMessage_Request() {}
+
 // ServerMessage is the only message a server sends.
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -932,6 +964,8 @@ type ServerMessage struct {
 	//	*ServerMessage_CheckpointPrepare
 	//	*ServerMessage_CheckpointDone
 	//	*ServerMessage_ReleaseScratch
+	//	*ServerMessage_NetProbeListen
+	//	*ServerMessage_NetProbe
 	//	*ServerMessage_Event
 	Reply         isServerMessage_Reply `protobuf_oneof:"reply"`
 	unknownFields protoimpl.UnknownFields
@@ -1252,6 +1286,24 @@ func (x *ServerMessage) GetReleaseScratch() *ReleaseScratchResponse {
 	return nil
 }
 
+func (x *ServerMessage) GetNetProbeListen() *NetProbeListenResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_NetProbeListen); ok {
+			return x.NetProbeListen
+		}
+	}
+	return nil
+}
+
+func (x *ServerMessage) GetNetProbe() *NetProbeResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_NetProbe); ok {
+			return x.NetProbe
+		}
+	}
+	return nil
+}
+
 func (x *ServerMessage) GetEvent() *Event {
 	if x != nil {
 		if x, ok := x.Reply.(*ServerMessage_Event); ok {
@@ -1387,6 +1439,14 @@ type ServerMessage_ReleaseScratch struct {
 	ReleaseScratch *ReleaseScratchResponse `protobuf:"bytes,31,opt,name=release_scratch,json=releaseScratch,proto3,oneof"`
 }
 
+type ServerMessage_NetProbeListen struct {
+	NetProbeListen *NetProbeListenResponse `protobuf:"bytes,32,opt,name=net_probe_listen,json=netProbeListen,proto3,oneof"`
+}
+
+type ServerMessage_NetProbe struct {
+	NetProbe *NetProbeResponse `protobuf:"bytes,33,opt,name=net_probe,json=netProbe,proto3,oneof"`
+}
+
 type ServerMessage_Event struct {
 	// Pushed without a request (id 0).
 	Event *Event `protobuf:"bytes,40,opt,name=event,proto3,oneof"`
@@ -1451,6 +1511,10 @@ func (*ServerMessage_CheckpointPrepare) isServerMessage_Reply() {}
 func (*ServerMessage_CheckpointDone) isServerMessage_Reply() {}
 
 func (*ServerMessage_ReleaseScratch) isServerMessage_Reply() {}
+
+func (*ServerMessage_NetProbeListen) isServerMessage_Reply() {}
+
+func (*ServerMessage_NetProbe) isServerMessage_Reply() {}
 
 func (*ServerMessage_Event) isServerMessage_Reply() {}
 
@@ -6267,11 +6331,206 @@ func (x *ReleaseScratchResponse) GetReleasedBytes() uint64 {
 	return 0
 }
 
+// NetProbeListenRequest makes guestd hold a TCP listener on its loopback
+// (127.0.0.1, a port of its choosing) that answers every line a client
+// sends (a hex nonce) with hex(HMAC-SHA256(key = value, nonce)): the network
+// verifier of a fork. CRIU carries the listening socket into every replica;
+// a replica proves its loopback works and the restored listener accepts by
+// connecting to it from inside (net_probe). One listener per guestd: a
+// later request keeps it and replaces the value. Admin only.
+type NetProbeListenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..4096 bytes.
+	Value         []byte `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetProbeListenRequest) Reset() {
+	*x = NetProbeListenRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetProbeListenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetProbeListenRequest) ProtoMessage() {}
+
+func (x *NetProbeListenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetProbeListenRequest.ProtoReflect.Descriptor instead.
+func (*NetProbeListenRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *NetProbeListenRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type NetProbeListenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetProbeListenResponse) Reset() {
+	*x = NetProbeListenResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetProbeListenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetProbeListenResponse) ProtoMessage() {}
+
+func (x *NetProbeListenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetProbeListenResponse.ProtoReflect.Descriptor instead.
+func (*NetProbeListenResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *NetProbeListenResponse) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+// NetProbeRequest makes guestd connect to 127.0.0.1:port inside its own
+// sandbox, send the nonce and return the answer. Admin only.
+type NetProbeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Port  uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	// 1..4096 bytes.
+	Nonce         []byte `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetProbeRequest) Reset() {
+	*x = NetProbeRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetProbeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetProbeRequest) ProtoMessage() {}
+
+func (x *NetProbeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetProbeRequest.ProtoReflect.Descriptor instead.
+func (*NetProbeRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *NetProbeRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *NetProbeRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+type NetProbeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mac           []byte                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetProbeResponse) Reset() {
+	*x = NetProbeResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetProbeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetProbeResponse) ProtoMessage() {}
+
+func (x *NetProbeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetProbeResponse.ProtoReflect.Descriptor instead.
+func (*NetProbeResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *NetProbeResponse) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
+}
+
 var File_forkfleet_aci_v1_aci_proto protoreflect.FileDescriptor
 
 const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
-	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xc6\x10\n" +
+	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xdd\x11\n" +
 	"\rClientMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
 	"\x05hello\x18\x02 \x01(\v2\x1e.forkfleet.aci.v1.HelloRequestH\x00R\x05hello\x123\n" +
@@ -6309,8 +6568,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\brestored\x18\x1b \x01(\v2!.forkfleet.aci.v1.RestoredRequestH\x00R\brestored\x12[\n" +
 	"\x12checkpoint_prepare\x18\x1c \x01(\v2*.forkfleet.aci.v1.CheckpointPrepareRequestH\x00R\x11checkpointPrepare\x12R\n" +
 	"\x0fcheckpoint_done\x18\x1d \x01(\v2'.forkfleet.aci.v1.CheckpointDoneRequestH\x00R\x0echeckpointDone\x12R\n" +
-	"\x0frelease_scratch\x18\x1e \x01(\v2'.forkfleet.aci.v1.ReleaseScratchRequestH\x00R\x0ereleaseScratchB\t\n" +
-	"\arequest\"\xc3\x11\n" +
+	"\x0frelease_scratch\x18\x1e \x01(\v2'.forkfleet.aci.v1.ReleaseScratchRequestH\x00R\x0ereleaseScratch\x12S\n" +
+	"\x10net_probe_listen\x18\x1f \x01(\v2'.forkfleet.aci.v1.NetProbeListenRequestH\x00R\x0enetProbeListen\x12@\n" +
+	"\tnet_probe\x18  \x01(\v2!.forkfleet.aci.v1.NetProbeRequestH\x00R\bnetProbeB\t\n" +
+	"\arequest\"\xdc\x12\n" +
 	"\rServerMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.forkfleet.aci.v1.ErrorH\x00R\x05error\x127\n" +
@@ -6349,7 +6610,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\brestored\x18\x1c \x01(\v2\".forkfleet.aci.v1.RestoredResponseH\x00R\brestored\x12\\\n" +
 	"\x12checkpoint_prepare\x18\x1d \x01(\v2+.forkfleet.aci.v1.CheckpointPrepareResponseH\x00R\x11checkpointPrepare\x12S\n" +
 	"\x0fcheckpoint_done\x18\x1e \x01(\v2(.forkfleet.aci.v1.CheckpointDoneResponseH\x00R\x0echeckpointDone\x12S\n" +
-	"\x0frelease_scratch\x18\x1f \x01(\v2(.forkfleet.aci.v1.ReleaseScratchResponseH\x00R\x0ereleaseScratch\x12/\n" +
+	"\x0frelease_scratch\x18\x1f \x01(\v2(.forkfleet.aci.v1.ReleaseScratchResponseH\x00R\x0ereleaseScratch\x12T\n" +
+	"\x10net_probe_listen\x18  \x01(\v2(.forkfleet.aci.v1.NetProbeListenResponseH\x00R\x0enetProbeListen\x12A\n" +
+	"\tnet_probe\x18! \x01(\v2\".forkfleet.aci.v1.NetProbeResponseH\x00R\bnetProbe\x12/\n" +
 	"\x05event\x18( \x01(\v2\x17.forkfleet.aci.v1.EventH\x00R\x05eventB\a\n" +
 	"\x05reply\"h\n" +
 	"\x05Error\x12/\n" +
@@ -6679,7 +6942,16 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x16CheckpointDoneResponse\"\x17\n" +
 	"\x15ReleaseScratchRequest\"?\n" +
 	"\x16ReleaseScratchResponse\x12%\n" +
-	"\x0ereleased_bytes\x18\x01 \x01(\x04R\rreleasedBytes*\xee\x02\n" +
+	"\x0ereleased_bytes\x18\x01 \x01(\x04R\rreleasedBytes\"-\n" +
+	"\x15NetProbeListenRequest\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\fR\x05value\",\n" +
+	"\x16NetProbeListenResponse\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\";\n" +
+	"\x0fNetProbeRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x14\n" +
+	"\x05nonce\x18\x02 \x01(\fR\x05nonce\"$\n" +
+	"\x10NetProbeResponse\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\fR\x03mac*\xee\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n" +
@@ -6737,7 +7009,7 @@ func file_forkfleet_aci_v1_aci_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(ErrorCode)(0),                     // 0: forkfleet.aci.v1.ErrorCode
 	(MouseButton)(0),                   // 1: forkfleet.aci.v1.MouseButton
@@ -6825,8 +7097,12 @@ var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(*CheckpointDoneResponse)(nil),     // 83: forkfleet.aci.v1.CheckpointDoneResponse
 	(*ReleaseScratchRequest)(nil),      // 84: forkfleet.aci.v1.ReleaseScratchRequest
 	(*ReleaseScratchResponse)(nil),     // 85: forkfleet.aci.v1.ReleaseScratchResponse
-	nil,                                // 86: forkfleet.aci.v1.LaunchRequest.EnvEntry
-	nil,                                // 87: forkfleet.aci.v1.ExecRequest.EnvEntry
+	(*NetProbeListenRequest)(nil),      // 86: forkfleet.aci.v1.NetProbeListenRequest
+	(*NetProbeListenResponse)(nil),     // 87: forkfleet.aci.v1.NetProbeListenResponse
+	(*NetProbeRequest)(nil),            // 88: forkfleet.aci.v1.NetProbeRequest
+	(*NetProbeResponse)(nil),           // 89: forkfleet.aci.v1.NetProbeResponse
+	nil,                                // 90: forkfleet.aci.v1.LaunchRequest.EnvEntry
+	nil,                                // 91: forkfleet.aci.v1.ExecRequest.EnvEntry
 }
 var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	8,   // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
@@ -6858,95 +7134,99 @@ var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	80,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
 	82,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
 	84,  // 28: forkfleet.aci.v1.ClientMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchRequest
-	7,   // 29: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
-	9,   // 30: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
-	11,  // 31: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
-	26,  // 32: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
-	28,  // 33: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	30,  // 34: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
-	32,  // 35: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
-	34,  // 36: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	37,  // 37: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
-	39,  // 38: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
-	41,  // 39: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
-	43,  // 40: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
-	45,  // 41: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
-	47,  // 42: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
-	49,  // 43: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
-	51,  // 44: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
-	54,  // 45: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
-	56,  // 46: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
-	58,  // 47: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
-	60,  // 48: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
-	62,  // 49: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
-	64,  // 50: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
-	66,  // 51: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
-	68,  // 52: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
-	75,  // 53: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
-	77,  // 54: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
-	79,  // 55: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
-	81,  // 56: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
-	83,  // 57: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
-	85,  // 58: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
-	73,  // 59: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
-	0,   // 60: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
-	34,  // 61: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	12,  // 62: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
-	12,  // 63: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
-	1,   // 64: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	1,   // 65: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 66: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
-	12,  // 67: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
-	12,  // 68: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
-	1,   // 69: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 70: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
-	14,  // 71: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
-	15,  // 72: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
-	16,  // 73: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
-	16,  // 74: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
-	17,  // 75: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
-	18,  // 76: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
-	19,  // 77: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 78: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 79: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
-	20,  // 80: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
-	21,  // 81: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
-	22,  // 82: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
-	23,  // 83: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
-	27,  // 84: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	7,   // 85: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
-	25,  // 86: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
-	28,  // 87: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	7,   // 88: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
-	2,   // 89: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 90: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
-	2,   // 91: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 92: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
-	12,  // 93: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
-	13,  // 94: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
-	35,  // 95: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
-	3,   // 96: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
-	13,  // 97: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
-	86,  // 98: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
-	87,  // 99: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
-	52,  // 100: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
-	52,  // 101: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
-	2,   // 102: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 103: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
-	4,   // 104: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
-	13,  // 105: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
-	2,   // 106: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
-	69,  // 107: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
-	12,  // 108: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
-	30,  // 109: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
-	72,  // 110: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
-	70,  // 111: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
-	71,  // 112: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
-	113, // [113:113] is the sub-list for method output_type
-	113, // [113:113] is the sub-list for method input_type
-	113, // [113:113] is the sub-list for extension type_name
-	113, // [113:113] is the sub-list for extension extendee
-	0,   // [0:113] is the sub-list for field type_name
+	86,  // 29: forkfleet.aci.v1.ClientMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenRequest
+	88,  // 30: forkfleet.aci.v1.ClientMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeRequest
+	7,   // 31: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
+	9,   // 32: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
+	11,  // 33: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
+	26,  // 34: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
+	28,  // 35: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	30,  // 36: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
+	32,  // 37: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
+	34,  // 38: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	37,  // 39: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
+	39,  // 40: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
+	41,  // 41: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
+	43,  // 42: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
+	45,  // 43: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
+	47,  // 44: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
+	49,  // 45: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
+	51,  // 46: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
+	54,  // 47: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
+	56,  // 48: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
+	58,  // 49: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
+	60,  // 50: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
+	62,  // 51: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
+	64,  // 52: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
+	66,  // 53: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
+	68,  // 54: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
+	75,  // 55: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
+	77,  // 56: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
+	79,  // 57: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
+	81,  // 58: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
+	83,  // 59: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
+	85,  // 60: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
+	87,  // 61: forkfleet.aci.v1.ServerMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenResponse
+	89,  // 62: forkfleet.aci.v1.ServerMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeResponse
+	73,  // 63: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
+	0,   // 64: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
+	34,  // 65: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	12,  // 66: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
+	12,  // 67: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
+	1,   // 68: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	1,   // 69: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 70: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
+	12,  // 71: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
+	12,  // 72: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
+	1,   // 73: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	12,  // 74: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
+	14,  // 75: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
+	15,  // 76: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
+	16,  // 77: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
+	16,  // 78: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
+	17,  // 79: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
+	18,  // 80: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
+	19,  // 81: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 82: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
+	19,  // 83: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
+	20,  // 84: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
+	21,  // 85: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
+	22,  // 86: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
+	23,  // 87: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
+	27,  // 88: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	7,   // 89: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
+	25,  // 90: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
+	28,  // 91: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	7,   // 92: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
+	2,   // 93: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 94: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
+	2,   // 95: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 96: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
+	12,  // 97: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
+	13,  // 98: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
+	35,  // 99: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
+	3,   // 100: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
+	13,  // 101: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
+	90,  // 102: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
+	91,  // 103: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
+	52,  // 104: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
+	52,  // 105: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
+	2,   // 106: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	13,  // 107: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
+	4,   // 108: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
+	13,  // 109: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
+	2,   // 110: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
+	69,  // 111: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
+	12,  // 112: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
+	30,  // 113: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
+	72,  // 114: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
+	70,  // 115: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
+	71,  // 116: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
+	117, // [117:117] is the sub-list for method output_type
+	117, // [117:117] is the sub-list for method input_type
+	117, // [117:117] is the sub-list for extension type_name
+	117, // [117:117] is the sub-list for extension extendee
+	0,   // [0:117] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_aci_v1_aci_proto_init() }
@@ -6984,6 +7264,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ClientMessage_CheckpointPrepare)(nil),
 		(*ClientMessage_CheckpointDone)(nil),
 		(*ClientMessage_ReleaseScratch)(nil),
+		(*ClientMessage_NetProbeListen)(nil),
+		(*ClientMessage_NetProbe)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[1].OneofWrappers = []any{
 		(*ServerMessage_Error)(nil),
@@ -7016,6 +7298,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ServerMessage_CheckpointPrepare)(nil),
 		(*ServerMessage_CheckpointDone)(nil),
 		(*ServerMessage_ReleaseScratch)(nil),
+		(*ServerMessage_NetProbeListen)(nil),
+		(*ServerMessage_NetProbe)(nil),
 		(*ServerMessage_Event)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[18].OneofWrappers = []any{
@@ -7043,7 +7327,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_aci_v1_aci_proto_rawDesc), len(file_forkfleet_aci_v1_aci_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   83,
+			NumMessages:   87,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

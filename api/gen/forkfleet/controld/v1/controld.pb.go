@@ -235,6 +235,14 @@ const (
 	VerifyLevel_VERIFY_LEVEL_MEMORY VerifyLevel = 3
 	// The settled frame hash equals the one recorded at checkpoint.
 	VerifyLevel_VERIFY_LEVEL_PIXELS VerifyLevel = 4
+	// A TCP listener restored in the replica accepts a connection made inside
+	// the replica, over its loopback, and its process answers a fresh
+	// challenge with a value it held at checkpoint.
+	VerifyLevel_VERIFY_LEVEL_NETWORK VerifyLevel = 5
+	// The digest of the sandbox's files outside volatile paths (sorted paths
+	// and contents of everything its writable layers changed against the
+	// image) equals the source's at the checkpoint.
+	VerifyLevel_VERIFY_LEVEL_FILESYSTEM VerifyLevel = 6
 )
 
 // Enum value maps for VerifyLevel.
@@ -245,6 +253,8 @@ var (
 		2: "VERIFY_LEVEL_MARKER",
 		3: "VERIFY_LEVEL_MEMORY",
 		4: "VERIFY_LEVEL_PIXELS",
+		5: "VERIFY_LEVEL_NETWORK",
+		6: "VERIFY_LEVEL_FILESYSTEM",
 	}
 	VerifyLevel_value = map[string]int32{
 		"VERIFY_LEVEL_UNSPECIFIED": 0,
@@ -252,6 +262,8 @@ var (
 		"VERIFY_LEVEL_MARKER":      2,
 		"VERIFY_LEVEL_MEMORY":      3,
 		"VERIFY_LEVEL_PIXELS":      4,
+		"VERIFY_LEVEL_NETWORK":     5,
+		"VERIFY_LEVEL_FILESYSTEM":  6,
 	}
 )
 
@@ -380,6 +392,111 @@ func (x CheckpointState) Number() protoreflect.EnumNumber {
 // Deprecated: Use CheckpointState.Descriptor instead.
 func (CheckpointState) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{5}
+}
+
+// NetworkMode is what a sandbox's network reaches.
+type NetworkMode int32
+
+const (
+	// Mode none.
+	NetworkMode_NETWORK_MODE_UNSPECIFIED NetworkMode = 0
+	// Loopback only.
+	NetworkMode_NETWORK_MODE_NONE NetworkMode = 1
+	// Loopback, and the outside through the host (NAT) under the sandbox's
+	// policy, with a resolver in the sandbox's /etc/resolv.conf. Never the host
+	// itself, other sandboxes or link-local addresses.
+	NetworkMode_NETWORK_MODE_EGRESS NetworkMode = 2
+)
+
+// Enum value maps for NetworkMode.
+var (
+	NetworkMode_name = map[int32]string{
+		0: "NETWORK_MODE_UNSPECIFIED",
+		1: "NETWORK_MODE_NONE",
+		2: "NETWORK_MODE_EGRESS",
+	}
+	NetworkMode_value = map[string]int32{
+		"NETWORK_MODE_UNSPECIFIED": 0,
+		"NETWORK_MODE_NONE":        1,
+		"NETWORK_MODE_EGRESS":      2,
+	}
+)
+
+func (x NetworkMode) Enum() *NetworkMode {
+	p := new(NetworkMode)
+	*p = x
+	return p
+}
+
+func (x NetworkMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[6].Descriptor()
+}
+
+func (NetworkMode) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[6]
+}
+
+func (x NetworkMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetworkMode.Descriptor instead.
+func (NetworkMode) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{6}
+}
+
+type NetworkProtocol int32
+
+const (
+	// TCP and UDP (and, without ports, anything).
+	NetworkProtocol_NETWORK_PROTOCOL_UNSPECIFIED NetworkProtocol = 0
+	NetworkProtocol_NETWORK_PROTOCOL_TCP         NetworkProtocol = 1
+	NetworkProtocol_NETWORK_PROTOCOL_UDP         NetworkProtocol = 2
+)
+
+// Enum value maps for NetworkProtocol.
+var (
+	NetworkProtocol_name = map[int32]string{
+		0: "NETWORK_PROTOCOL_UNSPECIFIED",
+		1: "NETWORK_PROTOCOL_TCP",
+		2: "NETWORK_PROTOCOL_UDP",
+	}
+	NetworkProtocol_value = map[string]int32{
+		"NETWORK_PROTOCOL_UNSPECIFIED": 0,
+		"NETWORK_PROTOCOL_TCP":         1,
+		"NETWORK_PROTOCOL_UDP":         2,
+	}
+)
+
+func (x NetworkProtocol) Enum() *NetworkProtocol {
+	p := new(NetworkProtocol)
+	*p = x
+	return p
+}
+
+func (x NetworkProtocol) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetworkProtocol) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[7].Descriptor()
+}
+
+func (NetworkProtocol) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[7]
+}
+
+func (x NetworkProtocol) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetworkProtocol.Descriptor instead.
+func (NetworkProtocol) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
 }
 
 // Resources are a sandbox's limits, enforced by the kernel on the host. Every
@@ -715,6 +832,8 @@ type Sandbox struct {
 	// The limits the sandbox ran into, one entry per limit (changes are
 	// published as SANDBOX_EVENT_TYPE_LIMIT events).
 	LimitsReached []*LimitReached `protobuf:"bytes,16,rep,name=limits_reached,json=limitsReached,proto3" json:"limits_reached,omitempty"`
+	// Its network mode and policy.
+	Network       *Network `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,6 +980,13 @@ func (x *Sandbox) GetLimitsReached() []*LimitReached {
 	return nil
 }
 
+func (x *Sandbox) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 // Endpoint says how to reach a sandbox's ACI.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -953,7 +1079,9 @@ type CreateSandboxRequest struct {
 	// Delete the sandbox this long after creation; no expiry when absent.
 	Ttl *durationpb.Duration `protobuf:"bytes,6,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// Return only once the sandbox is usable.
-	WaitReady     bool `protobuf:"varint,7,opt,name=wait_ready,json=waitReady,proto3" json:"wait_ready,omitempty"`
+	WaitReady bool `protobuf:"varint,7,opt,name=wait_ready,json=waitReady,proto3" json:"wait_ready,omitempty"`
+	// Mode none (loopback only) when absent.
+	Network       *Network `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1035,6 +1163,13 @@ func (x *CreateSandboxRequest) GetWaitReady() bool {
 		return x.WaitReady
 	}
 	return false
+}
+
+func (x *CreateSandboxRequest) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
 }
 
 type CreateSandboxResponse struct {
@@ -2090,7 +2225,11 @@ type Checkpoint struct {
 	// Verifiers this checkpoint can prove on its forks.
 	VerifyLevels []VerifyLevel `protobuf:"varint,16,rep,packed,name=verify_levels,json=verifyLevels,proto3,enum=forkfleet.controld.v1.VerifyLevel" json:"verify_levels,omitempty"`
 	// Sandboxes currently forked from it.
-	LiveForks     uint32 `protobuf:"varint,17,opt,name=live_forks,json=liveForks,proto3" json:"live_forks,omitempty"`
+	LiveForks uint32 `protobuf:"varint,17,opt,name=live_forks,json=liveForks,proto3" json:"live_forks,omitempty"`
+	// Its source's network: its forks run in the same mode (they keep the
+	// source's in-sandbox address, routes and resolver) and, unless the fork
+	// asks for another, under the same policy.
+	Network       *Network `protobuf:"bytes,18,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2242,6 +2381,13 @@ func (x *Checkpoint) GetLiveForks() uint32 {
 		return x.LiveForks
 	}
 	return 0
+}
+
+func (x *Checkpoint) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
 }
 
 type CreateCheckpointRequest struct {
@@ -2663,7 +2809,9 @@ type ForkCheckpointRequest struct {
 	// Each replica's limits; fields left 0 keep the checkpoint's. A memory-tier
 	// replica restores the source's processes, so a lower memory or pids limit
 	// than they hold fails that replica.
-	Resources     *Resources `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
+	Resources *Resources `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
+	// Each replica's network policy (mode egress); the source's when absent.
+	NetworkPolicy *NetworkPolicy `protobuf:"bytes,7,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2736,6 +2884,13 @@ func (x *ForkCheckpointRequest) GetVerify() []VerifyLevel {
 func (x *ForkCheckpointRequest) GetResources() *Resources {
 	if x != nil {
 		return x.Resources
+	}
+	return nil
+}
+
+func (x *ForkCheckpointRequest) GetNetworkPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.NetworkPolicy
 	}
 	return nil
 }
@@ -3092,7 +3247,11 @@ type Pool struct {
 	Screen    *Screen           `protobuf:"bytes,10,opt,name=screen,proto3" json:"screen,omitempty"`
 	Resources *Resources        `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
 	// Checkpoint pools keep replicas frozen; a claim thaws one.
-	Frozen        bool `protobuf:"varint,12,opt,name=frozen,proto3" json:"frozen,omitempty"`
+	Frozen bool `protobuf:"varint,12,opt,name=frozen,proto3" json:"frozen,omitempty"`
+	// The members' network: an image pool's as asked, a checkpoint pool's
+	// mode is the checkpoint's. Members reach nothing until claimed; a claim
+	// applies this policy (or the claim's own).
+	Network       *Network `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3211,6 +3370,13 @@ func (x *Pool) GetFrozen() bool {
 	return false
 }
 
+func (x *Pool) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 type CreatePoolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3225,8 +3391,12 @@ type CreatePoolRequest struct {
 	Screen *Screen `protobuf:"bytes,5,opt,name=screen,proto3" json:"screen,omitempty"`
 	// Fields left 0 take the host's defaults (a checkpoint pool: the
 	// checkpoint's).
-	Resources     *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
-	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Resources *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
+	Labels    map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// An image pool: the members' mode and policy (none when absent). A
+	// checkpoint pool: the mode must be absent or the checkpoint's; the policy
+	// defaults to the checkpoint source's.
+	Network       *Network `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3317,6 +3487,13 @@ func (x *CreatePoolRequest) GetResources() *Resources {
 func (x *CreatePoolRequest) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *CreatePoolRequest) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
 	}
 	return nil
 }
@@ -3630,10 +3807,12 @@ func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
 }
 
 type ClaimPoolRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PoolId        string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Ttl           *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	PoolId string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	Labels map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Ttl    *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The claimed sandbox's network policy; the pool's when absent.
+	NetworkPolicy *NetworkPolicy `protobuf:"bytes,4,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3685,6 +3864,13 @@ func (x *ClaimPoolRequest) GetLabels() map[string]string {
 func (x *ClaimPoolRequest) GetTtl() *durationpb.Duration {
 	if x != nil {
 		return x.Ttl
+	}
+	return nil
+}
+
+func (x *ClaimPoolRequest) GetNetworkPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.NetworkPolicy
 	}
 	return nil
 }
@@ -3758,6 +3944,528 @@ func (x *ClaimPoolResponse) GetTook() *durationpb.Duration {
 	return nil
 }
 
+// PortRange is first..last inclusive (last 0: first alone).
+type PortRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         uint32                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Last          uint32                 `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortRange) Reset() {
+	*x = PortRange{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortRange) ProtoMessage() {}
+
+func (x *PortRange) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
+func (*PortRange) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *PortRange) GetFirst() uint32 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *PortRange) GetLast() uint32 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+// NetworkRule matches destinations: an IPv4 prefix ("203.0.113.0/24", or an
+// address), optionally a protocol and destination ports.
+type NetworkRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Protocol      NetworkProtocol        `protobuf:"varint,2,opt,name=protocol,proto3,enum=forkfleet.controld.v1.NetworkProtocol" json:"protocol,omitempty"`
+	Ports         []*PortRange           `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRule) Reset() {
+	*x = NetworkRule{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRule) ProtoMessage() {}
+
+func (x *NetworkRule) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
+func (*NetworkRule) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *NetworkRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetProtocol() NetworkProtocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return NetworkProtocol_NETWORK_PROTOCOL_UNSPECIFIED
+}
+
+func (x *NetworkRule) GetPorts() []*PortRange {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+// NetworkPolicy says what a sandbox in mode egress may reach: a destination
+// matching a deny rule is refused; otherwise, with no allow rules everything
+// is allowed, with allow rules only what matches one. The host itself, other
+// sandboxes, link-local (metadata), loopback and multicast addresses are
+// refused whatever the rules say. DNS through the sandbox's resolver is
+// always answered.
+type NetworkPolicy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Allow         []*NetworkRule         `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	Deny          []*NetworkRule         `protobuf:"bytes,2,rep,name=deny,proto3" json:"deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *NetworkPolicy) GetAllow() []*NetworkRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetDeny() []*NetworkRule {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+type Network struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          NetworkMode            `protobuf:"varint,1,opt,name=mode,proto3,enum=forkfleet.controld.v1.NetworkMode" json:"mode,omitempty"`
+	Policy        *NetworkPolicy         `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Network) Reset() {
+	*x = Network{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Network) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Network) ProtoMessage() {}
+
+func (x *Network) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Network.ProtoReflect.Descriptor instead.
+func (*Network) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *Network) GetMode() NetworkMode {
+	if x != nil {
+		return x.Mode
+	}
+	return NetworkMode_NETWORK_MODE_UNSPECIFIED
+}
+
+func (x *Network) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type UpdateSandboxNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Policy        *NetworkPolicy         `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxNetworkRequest) Reset() {
+	*x = UpdateSandboxNetworkRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
+
+func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *UpdateSandboxNetworkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateSandboxNetworkRequest) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type UpdateSandboxNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxNetworkResponse) Reset() {
+	*x = UpdateSandboxNetworkResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
+
+func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ExposePortRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// A TCP port inside the sandbox (1..65535), where a server listens on the
+	// sandbox's loopback or on all its addresses.
+	Port          uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExposePortRequest) Reset() {
+	*x = ExposePortRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExposePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExposePortRequest) ProtoMessage() {}
+
+func (x *ExposePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExposePortRequest.ProtoReflect.Descriptor instead.
+func (*ExposePortRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ExposePortRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ExposePortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type ExposePortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// http://<gateway>/v1/sandboxes/<id>/ports/<port>/ : requests under it
+	// reach the sandbox's port with the prefix removed (HTTP and WebSocket
+	// upgrades pass through). Exposing an exposed port returns the same URL
+	// and token.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// Required on every request, as "Authorization: Bearer <token>" or in an
+	// "X-Forkfleet-Token" header (removed before the request is forwarded);
+	// the sandbox's ACI token works too.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExposePortResponse) Reset() {
+	*x = ExposePortResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExposePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExposePortResponse) ProtoMessage() {}
+
+func (x *ExposePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExposePortResponse.ProtoReflect.Descriptor instead.
+func (*ExposePortResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ExposePortResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ExposePortResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type UnexposePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Port          uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnexposePortRequest) Reset() {
+	*x = UnexposePortRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnexposePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnexposePortRequest) ProtoMessage() {}
+
+func (x *UnexposePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnexposePortRequest.ProtoReflect.Descriptor instead.
+func (*UnexposePortRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *UnexposePortRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UnexposePortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type UnexposePortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnexposePortResponse) Reset() {
+	*x = UnexposePortResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnexposePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnexposePortResponse) ProtoMessage() {}
+
+func (x *UnexposePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnexposePortResponse.ProtoReflect.Descriptor instead.
+func (*UnexposePortResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{64}
+}
+
 var File_forkfleet_controld_v1_controld_proto protoreflect.FileDescriptor
 
 const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
@@ -3785,7 +4493,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x05depth\x18\x03 \x01(\rR\x05depth\"J\n" +
 	"\tBootPhase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\xa8\x06\n" +
+	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\xe2\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.forkfleet.controld.v1.SandboxStateR\x05state\x12\x14\n" +
@@ -3807,7 +4515,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x04host\x18\r \x01(\tR\x04host\x124\n" +
 	"\x04boot\x18\x0e \x03(\v2 .forkfleet.controld.v1.BootPhaseR\x04boot\x12%\n" +
 	"\x0estatus_message\x18\x0f \x01(\tR\rstatusMessage\x12J\n" +
-	"\x0elimits_reached\x18\x10 \x03(\v2#.forkfleet.controld.v1.LimitReachedR\rlimitsReached\x1a9\n" +
+	"\x0elimits_reached\x18\x10 \x03(\v2#.forkfleet.controld.v1.LimitReachedR\rlimitsReached\x128\n" +
+	"\anetwork\x18\x11 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
@@ -3815,7 +4524,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
 	"\tunix_path\x18\x03 \x01(\tR\bunixPath\x12$\n" +
-	"\x0eunix_pid_start\x18\x04 \x01(\x04R\funixPidStart\"\xfb\x03\n" +
+	"\x0eunix_pid_start\x18\x04 \x01(\x04R\funixPidStart\"\xb5\x04\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12>\n" +
 	"\tresources\x18\x02 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x125\n" +
@@ -3824,7 +4533,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v27.forkfleet.controld.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x12+\n" +
 	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1d\n" +
 	"\n" +
-	"wait_ready\x18\a \x01(\bR\twaitReady\x1a6\n" +
+	"wait_ready\x18\a \x01(\bR\twaitReady\x128\n" +
+	"\anetwork\x18\b \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -3890,7 +4600,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x06frozen\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06frozen\x12-\n" +
 	"\x04dump\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04dump\x12/\n" +
 	"\x05layer\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05layer\x12/\n" +
-	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xdb\x06\n" +
+	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\x95\a\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -3913,7 +4623,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\tchild_ids\x18\x0f \x03(\tR\bchildIds\x12G\n" +
 	"\rverify_levels\x18\x10 \x03(\x0e2\".forkfleet.controld.v1.VerifyLevelR\fverifyLevels\x12\x1d\n" +
 	"\n" +
-	"live_forks\x18\x11 \x01(\rR\tliveForks\x1a9\n" +
+	"live_forks\x18\x11 \x01(\rR\tliveForks\x128\n" +
+	"\anetwork\x18\x12 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x02\n" +
@@ -3950,14 +4661,15 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\acascade\x18\x02 \x01(\bR\acascade\";\n" +
 	"\x18DeleteCheckpointResponse\x12\x1f\n" +
 	"\vdeleted_ids\x18\x01 \x03(\tR\n" +
-	"deletedIds\"\x88\x03\n" +
+	"deletedIds\"\xd5\x03\n" +
 	"\x15ForkCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12P\n" +
 	"\x06labels\x18\x03 \x03(\v28.forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntryR\x06labels\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
 	"\x06verify\x18\x05 \x03(\x0e2\".forkfleet.controld.v1.VerifyLevelR\x06verify\x12>\n" +
-	"\tresources\x18\x06 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x1a9\n" +
+	"\tresources\x18\x06 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x12K\n" +
+	"\x0enetwork_policy\x18\a \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\rnetworkPolicy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
@@ -3984,7 +4696,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x18ImportCheckpointResponse\x12A\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2!.forkfleet.controld.v1.CheckpointR\n" +
-	"checkpoint\"\xce\x03\n" +
+	"checkpoint\"\x88\x04\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3998,10 +4710,11 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x06screen\x18\n" +
 	" \x01(\v2\x1d.forkfleet.controld.v1.ScreenR\x06screen\x12>\n" +
 	"\tresources\x18\v \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x12\x16\n" +
-	"\x06frozen\x18\f \x01(\bR\x06frozen\x1a9\n" +
+	"\x06frozen\x18\f \x01(\bR\x06frozen\x128\n" +
+	"\anetwork\x18\r \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x84\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x03\n" +
 	"\x11CreatePoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x05image\x18\x02 \x01(\tH\x00R\x05image\x12%\n" +
@@ -4009,7 +4722,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\rR\x04size\x125\n" +
 	"\x06screen\x18\x05 \x01(\v2\x1d.forkfleet.controld.v1.ScreenR\x06screen\x12>\n" +
 	"\tresources\x18\x06 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x12L\n" +
-	"\x06labels\x18\a \x03(\v24.forkfleet.controld.v1.CreatePoolRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\a \x03(\v24.forkfleet.controld.v1.CreatePoolRequest.LabelsEntryR\x06labels\x128\n" +
+	"\anetwork\x18\b \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -4025,11 +4739,12 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x05pools\x18\x01 \x03(\v2\x1b.forkfleet.controld.v1.PoolR\x05pools\"#\n" +
 	"\x11DeletePoolRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x14\n" +
-	"\x12DeletePoolResponse\"\xe0\x01\n" +
+	"\x12DeletePoolResponse\"\xad\x02\n" +
 	"\x10ClaimPoolRequest\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12K\n" +
 	"\x06labels\x18\x02 \x03(\v23.forkfleet.controld.v1.ClaimPoolRequest.LabelsEntryR\x06labels\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x1a9\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12K\n" +
+	"\x0enetwork_policy\x18\x04 \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\rnetworkPolicy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
@@ -4037,7 +4752,37 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\x12;\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1f.forkfleet.controld.v1.EndpointR\bendpoint\x12\x10\n" +
 	"\x03hit\x18\x03 \x01(\bR\x03hit\x12-\n" +
-	"\x04took\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04took*\x86\x02\n" +
+	"\x04took\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04took\"5\n" +
+	"\tPortRange\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\rR\x04last\"\x9d\x01\n" +
+	"\vNetworkRule\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12B\n" +
+	"\bprotocol\x18\x02 \x01(\x0e2&.forkfleet.controld.v1.NetworkProtocolR\bprotocol\x126\n" +
+	"\x05ports\x18\x03 \x03(\v2 .forkfleet.controld.v1.PortRangeR\x05ports\"\x81\x01\n" +
+	"\rNetworkPolicy\x128\n" +
+	"\x05allow\x18\x01 \x03(\v2\".forkfleet.controld.v1.NetworkRuleR\x05allow\x126\n" +
+	"\x04deny\x18\x02 \x03(\v2\".forkfleet.controld.v1.NetworkRuleR\x04deny\"\x7f\n" +
+	"\aNetwork\x126\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\".forkfleet.controld.v1.NetworkModeR\x04mode\x12<\n" +
+	"\x06policy\x18\x02 \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\x06policy\"k\n" +
+	"\x1bUpdateSandboxNetworkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
+	"\x06policy\x18\x02 \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\x06policy\"X\n" +
+	"\x1cUpdateSandboxNetworkResponse\x128\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\"F\n" +
+	"\x11ExposePortRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"<\n" +
+	"\x12ExposePortResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"H\n" +
+	"\x13UnexposePortRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"\x16\n" +
+	"\x14UnexposePortResponse*\x86\x02\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -4060,13 +4805,15 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x18SANDBOX_EVENT_TYPE_PHASE\x10\x03\x12\x1c\n" +
 	"\x18SANDBOX_EVENT_TYPE_STATE\x10\x04\x12\x1e\n" +
 	"\x1aSANDBOX_EVENT_TYPE_DELETED\x10\x05\x12\x1c\n" +
-	"\x18SANDBOX_EVENT_TYPE_LIMIT\x10\x06*\x8d\x01\n" +
+	"\x18SANDBOX_EVENT_TYPE_LIMIT\x10\x06*\xc4\x01\n" +
 	"\vVerifyLevel\x12\x1c\n" +
 	"\x18VERIFY_LEVEL_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11VERIFY_LEVEL_NONE\x10\x01\x12\x17\n" +
 	"\x13VERIFY_LEVEL_MARKER\x10\x02\x12\x17\n" +
 	"\x13VERIFY_LEVEL_MEMORY\x10\x03\x12\x17\n" +
-	"\x13VERIFY_LEVEL_PIXELS\x10\x04*g\n" +
+	"\x13VERIFY_LEVEL_PIXELS\x10\x04\x12\x18\n" +
+	"\x14VERIFY_LEVEL_NETWORK\x10\x05\x12\x1b\n" +
+	"\x17VERIFY_LEVEL_FILESYSTEM\x10\x06*g\n" +
 	"\x0eCheckpointTier\x12\x1f\n" +
 	"\x1bCHECKPOINT_TIER_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_TIER_MEMORY\x10\x01\x12\x18\n" +
@@ -4074,7 +4821,15 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0fCheckpointState\x12 \n" +
 	"\x1cCHECKPOINT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_STATE_READY\x10\x01\x12\x1d\n" +
-	"\x19CHECKPOINT_STATE_DELETING\x10\x022\xdf\b\n" +
+	"\x19CHECKPOINT_STATE_DELETING\x10\x02*[\n" +
+	"\vNetworkMode\x12\x1c\n" +
+	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
+	"\x13NETWORK_MODE_EGRESS\x10\x02*g\n" +
+	"\x0fNetworkProtocol\x12 \n" +
+	"\x1cNETWORK_PROTOCOL_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14NETWORK_PROTOCOL_TCP\x10\x01\x12\x18\n" +
+	"\x14NETWORK_PROTOCOL_UDP\x10\x022\xac\v\n" +
 	"\x0eSandboxService\x12j\n" +
 	"\rCreateSandbox\x12+.forkfleet.controld.v1.CreateSandboxRequest\x1a,.forkfleet.controld.v1.CreateSandboxResponse\x12a\n" +
 	"\n" +
@@ -4086,7 +4841,11 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x12GetSandboxEndpoint\x120.forkfleet.controld.v1.GetSandboxEndpointRequest\x1a1.forkfleet.controld.v1.GetSandboxEndpointResponse\x12m\n" +
 	"\x0eSuspendSandbox\x12,.forkfleet.controld.v1.SuspendSandboxRequest\x1a-.forkfleet.controld.v1.SuspendSandboxResponse\x12j\n" +
 	"\rResumeSandbox\x12+.forkfleet.controld.v1.ResumeSandboxRequest\x1a,.forkfleet.controld.v1.ResumeSandboxResponse\x12j\n" +
-	"\rVerifySandbox\x12+.forkfleet.controld.v1.VerifySandboxRequest\x1a,.forkfleet.controld.v1.VerifySandboxResponse2\xb4\x06\n" +
+	"\rVerifySandbox\x12+.forkfleet.controld.v1.VerifySandboxRequest\x1a,.forkfleet.controld.v1.VerifySandboxResponse\x12\x7f\n" +
+	"\x14UpdateSandboxNetwork\x122.forkfleet.controld.v1.UpdateSandboxNetworkRequest\x1a3.forkfleet.controld.v1.UpdateSandboxNetworkResponse\x12a\n" +
+	"\n" +
+	"ExposePort\x12(.forkfleet.controld.v1.ExposePortRequest\x1a).forkfleet.controld.v1.ExposePortResponse\x12g\n" +
+	"\fUnexposePort\x12*.forkfleet.controld.v1.UnexposePortRequest\x1a+.forkfleet.controld.v1.UnexposePortResponse2\xb4\x06\n" +
 	"\x11CheckpointService\x12s\n" +
 	"\x10CreateCheckpoint\x12..forkfleet.controld.v1.CreateCheckpointRequest\x1a/.forkfleet.controld.v1.CreateCheckpointResponse\x12j\n" +
 	"\rGetCheckpoint\x12+.forkfleet.controld.v1.GetCheckpointRequest\x1a,.forkfleet.controld.v1.GetCheckpointResponse\x12p\n" +
@@ -4116,214 +4875,247 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 	return file_forkfleet_controld_v1_controld_proto_rawDescData
 }
 
-var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
-	(SandboxState)(0),                  // 0: forkfleet.controld.v1.SandboxState
-	(SandboxLimit)(0),                  // 1: forkfleet.controld.v1.SandboxLimit
-	(SandboxEventType)(0),              // 2: forkfleet.controld.v1.SandboxEventType
-	(VerifyLevel)(0),                   // 3: forkfleet.controld.v1.VerifyLevel
-	(CheckpointTier)(0),                // 4: forkfleet.controld.v1.CheckpointTier
-	(CheckpointState)(0),               // 5: forkfleet.controld.v1.CheckpointState
-	(*Resources)(nil),                  // 6: forkfleet.controld.v1.Resources
-	(*LimitReached)(nil),               // 7: forkfleet.controld.v1.LimitReached
-	(*Screen)(nil),                     // 8: forkfleet.controld.v1.Screen
-	(*BootPhase)(nil),                  // 9: forkfleet.controld.v1.BootPhase
-	(*Sandbox)(nil),                    // 10: forkfleet.controld.v1.Sandbox
-	(*Endpoint)(nil),                   // 11: forkfleet.controld.v1.Endpoint
-	(*CreateSandboxRequest)(nil),       // 12: forkfleet.controld.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),      // 13: forkfleet.controld.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),          // 14: forkfleet.controld.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),         // 15: forkfleet.controld.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),       // 16: forkfleet.controld.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 17: forkfleet.controld.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),       // 18: forkfleet.controld.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),      // 19: forkfleet.controld.v1.DeleteSandboxResponse
-	(*WaitSandboxReadyRequest)(nil),    // 20: forkfleet.controld.v1.WaitSandboxReadyRequest
-	(*WaitSandboxReadyResponse)(nil),   // 21: forkfleet.controld.v1.WaitSandboxReadyResponse
-	(*WatchSandboxesRequest)(nil),      // 22: forkfleet.controld.v1.WatchSandboxesRequest
-	(*WatchSandboxesResponse)(nil),     // 23: forkfleet.controld.v1.WatchSandboxesResponse
-	(*GetSandboxEndpointRequest)(nil),  // 24: forkfleet.controld.v1.GetSandboxEndpointRequest
-	(*GetSandboxEndpointResponse)(nil), // 25: forkfleet.controld.v1.GetSandboxEndpointResponse
-	(*SuspendSandboxRequest)(nil),      // 26: forkfleet.controld.v1.SuspendSandboxRequest
-	(*SuspendSandboxResponse)(nil),     // 27: forkfleet.controld.v1.SuspendSandboxResponse
-	(*ResumeSandboxRequest)(nil),       // 28: forkfleet.controld.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),      // 29: forkfleet.controld.v1.ResumeSandboxResponse
-	(*VerifyResult)(nil),               // 30: forkfleet.controld.v1.VerifyResult
-	(*VerifySandboxRequest)(nil),       // 31: forkfleet.controld.v1.VerifySandboxRequest
-	(*VerifySandboxResponse)(nil),      // 32: forkfleet.controld.v1.VerifySandboxResponse
-	(*CheckpointTiming)(nil),           // 33: forkfleet.controld.v1.CheckpointTiming
-	(*Checkpoint)(nil),                 // 34: forkfleet.controld.v1.Checkpoint
-	(*CreateCheckpointRequest)(nil),    // 35: forkfleet.controld.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil),   // 36: forkfleet.controld.v1.CreateCheckpointResponse
-	(*GetCheckpointRequest)(nil),       // 37: forkfleet.controld.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),      // 38: forkfleet.controld.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),     // 39: forkfleet.controld.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 40: forkfleet.controld.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 41: forkfleet.controld.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 42: forkfleet.controld.v1.DeleteCheckpointResponse
-	(*ForkCheckpointRequest)(nil),      // 43: forkfleet.controld.v1.ForkCheckpointRequest
-	(*ForkReplica)(nil),                // 44: forkfleet.controld.v1.ForkReplica
-	(*ForkCheckpointResponse)(nil),     // 45: forkfleet.controld.v1.ForkCheckpointResponse
-	(*ExportCheckpointRequest)(nil),    // 46: forkfleet.controld.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),   // 47: forkfleet.controld.v1.ExportCheckpointResponse
-	(*ImportCheckpointRequest)(nil),    // 48: forkfleet.controld.v1.ImportCheckpointRequest
-	(*ImportCheckpointResponse)(nil),   // 49: forkfleet.controld.v1.ImportCheckpointResponse
-	(*Pool)(nil),                       // 50: forkfleet.controld.v1.Pool
-	(*CreatePoolRequest)(nil),          // 51: forkfleet.controld.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),         // 52: forkfleet.controld.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),             // 53: forkfleet.controld.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),            // 54: forkfleet.controld.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),           // 55: forkfleet.controld.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),          // 56: forkfleet.controld.v1.ListPoolsResponse
-	(*DeletePoolRequest)(nil),          // 57: forkfleet.controld.v1.DeletePoolRequest
-	(*DeletePoolResponse)(nil),         // 58: forkfleet.controld.v1.DeletePoolResponse
-	(*ClaimPoolRequest)(nil),           // 59: forkfleet.controld.v1.ClaimPoolRequest
-	(*ClaimPoolResponse)(nil),          // 60: forkfleet.controld.v1.ClaimPoolResponse
-	nil,                                // 61: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                // 62: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 63: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                // 64: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                // 65: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                // 66: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                // 67: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                // 68: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                // 69: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                // 70: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                // 71: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                // 72: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 73: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 74: google.protobuf.Duration
+	(SandboxState)(0),                    // 0: forkfleet.controld.v1.SandboxState
+	(SandboxLimit)(0),                    // 1: forkfleet.controld.v1.SandboxLimit
+	(SandboxEventType)(0),                // 2: forkfleet.controld.v1.SandboxEventType
+	(VerifyLevel)(0),                     // 3: forkfleet.controld.v1.VerifyLevel
+	(CheckpointTier)(0),                  // 4: forkfleet.controld.v1.CheckpointTier
+	(CheckpointState)(0),                 // 5: forkfleet.controld.v1.CheckpointState
+	(NetworkMode)(0),                     // 6: forkfleet.controld.v1.NetworkMode
+	(NetworkProtocol)(0),                 // 7: forkfleet.controld.v1.NetworkProtocol
+	(*Resources)(nil),                    // 8: forkfleet.controld.v1.Resources
+	(*LimitReached)(nil),                 // 9: forkfleet.controld.v1.LimitReached
+	(*Screen)(nil),                       // 10: forkfleet.controld.v1.Screen
+	(*BootPhase)(nil),                    // 11: forkfleet.controld.v1.BootPhase
+	(*Sandbox)(nil),                      // 12: forkfleet.controld.v1.Sandbox
+	(*Endpoint)(nil),                     // 13: forkfleet.controld.v1.Endpoint
+	(*CreateSandboxRequest)(nil),         // 14: forkfleet.controld.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 15: forkfleet.controld.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 16: forkfleet.controld.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 17: forkfleet.controld.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 18: forkfleet.controld.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 19: forkfleet.controld.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 20: forkfleet.controld.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 21: forkfleet.controld.v1.DeleteSandboxResponse
+	(*WaitSandboxReadyRequest)(nil),      // 22: forkfleet.controld.v1.WaitSandboxReadyRequest
+	(*WaitSandboxReadyResponse)(nil),     // 23: forkfleet.controld.v1.WaitSandboxReadyResponse
+	(*WatchSandboxesRequest)(nil),        // 24: forkfleet.controld.v1.WatchSandboxesRequest
+	(*WatchSandboxesResponse)(nil),       // 25: forkfleet.controld.v1.WatchSandboxesResponse
+	(*GetSandboxEndpointRequest)(nil),    // 26: forkfleet.controld.v1.GetSandboxEndpointRequest
+	(*GetSandboxEndpointResponse)(nil),   // 27: forkfleet.controld.v1.GetSandboxEndpointResponse
+	(*SuspendSandboxRequest)(nil),        // 28: forkfleet.controld.v1.SuspendSandboxRequest
+	(*SuspendSandboxResponse)(nil),       // 29: forkfleet.controld.v1.SuspendSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 30: forkfleet.controld.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 31: forkfleet.controld.v1.ResumeSandboxResponse
+	(*VerifyResult)(nil),                 // 32: forkfleet.controld.v1.VerifyResult
+	(*VerifySandboxRequest)(nil),         // 33: forkfleet.controld.v1.VerifySandboxRequest
+	(*VerifySandboxResponse)(nil),        // 34: forkfleet.controld.v1.VerifySandboxResponse
+	(*CheckpointTiming)(nil),             // 35: forkfleet.controld.v1.CheckpointTiming
+	(*Checkpoint)(nil),                   // 36: forkfleet.controld.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),      // 37: forkfleet.controld.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil),     // 38: forkfleet.controld.v1.CreateCheckpointResponse
+	(*GetCheckpointRequest)(nil),         // 39: forkfleet.controld.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),        // 40: forkfleet.controld.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),       // 41: forkfleet.controld.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),      // 42: forkfleet.controld.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),      // 43: forkfleet.controld.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),     // 44: forkfleet.controld.v1.DeleteCheckpointResponse
+	(*ForkCheckpointRequest)(nil),        // 45: forkfleet.controld.v1.ForkCheckpointRequest
+	(*ForkReplica)(nil),                  // 46: forkfleet.controld.v1.ForkReplica
+	(*ForkCheckpointResponse)(nil),       // 47: forkfleet.controld.v1.ForkCheckpointResponse
+	(*ExportCheckpointRequest)(nil),      // 48: forkfleet.controld.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),     // 49: forkfleet.controld.v1.ExportCheckpointResponse
+	(*ImportCheckpointRequest)(nil),      // 50: forkfleet.controld.v1.ImportCheckpointRequest
+	(*ImportCheckpointResponse)(nil),     // 51: forkfleet.controld.v1.ImportCheckpointResponse
+	(*Pool)(nil),                         // 52: forkfleet.controld.v1.Pool
+	(*CreatePoolRequest)(nil),            // 53: forkfleet.controld.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),           // 54: forkfleet.controld.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),               // 55: forkfleet.controld.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),              // 56: forkfleet.controld.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),             // 57: forkfleet.controld.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 58: forkfleet.controld.v1.ListPoolsResponse
+	(*DeletePoolRequest)(nil),            // 59: forkfleet.controld.v1.DeletePoolRequest
+	(*DeletePoolResponse)(nil),           // 60: forkfleet.controld.v1.DeletePoolResponse
+	(*ClaimPoolRequest)(nil),             // 61: forkfleet.controld.v1.ClaimPoolRequest
+	(*ClaimPoolResponse)(nil),            // 62: forkfleet.controld.v1.ClaimPoolResponse
+	(*PortRange)(nil),                    // 63: forkfleet.controld.v1.PortRange
+	(*NetworkRule)(nil),                  // 64: forkfleet.controld.v1.NetworkRule
+	(*NetworkPolicy)(nil),                // 65: forkfleet.controld.v1.NetworkPolicy
+	(*Network)(nil),                      // 66: forkfleet.controld.v1.Network
+	(*UpdateSandboxNetworkRequest)(nil),  // 67: forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 68: forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	(*ExposePortRequest)(nil),            // 69: forkfleet.controld.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),           // 70: forkfleet.controld.v1.ExposePortResponse
+	(*UnexposePortRequest)(nil),          // 71: forkfleet.controld.v1.UnexposePortRequest
+	(*UnexposePortResponse)(nil),         // 72: forkfleet.controld.v1.UnexposePortResponse
+	nil,                                  // 73: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                  // 74: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 75: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 76: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 77: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                  // 78: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                  // 79: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                  // 80: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                  // 81: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                  // 82: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                  // 83: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                  // 84: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 85: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 86: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	73,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	73,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	74,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	85,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	85,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	86,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
-	6,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
-	8,   // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	61,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	73,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	73,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	73,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	9,   // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
-	7,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
-	6,   // 13: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	62,  // 15: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	63,  // 16: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	74,  // 17: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	10,  // 18: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	11,  // 19: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	10,  // 20: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	64,  // 21: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	0,   // 22: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
-	10,  // 23: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	74,  // 24: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
-	10,  // 25: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	65,  // 26: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	2,   // 27: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
-	10,  // 28: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	9,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
-	11,  // 30: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	10,  // 31: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	10,  // 32: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	3,   // 33: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	74,  // 34: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
-	3,   // 35: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	30,  // 36: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	74,  // 37: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	74,  // 38: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	74,  // 39: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	74,  // 40: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
-	4,   // 41: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	5,   // 42: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
-	8,   // 43: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
-	6,   // 44: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	66,  // 45: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	73,  // 46: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
-	33,  // 47: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
-	3,   // 48: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	4,   // 49: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	67,  // 50: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	34,  // 51: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	34,  // 52: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	68,  // 53: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	34,  // 54: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	69,  // 55: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	74,  // 56: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
-	3,   // 57: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
-	6,   // 58: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	10,  // 59: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	11,  // 60: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	30,  // 61: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	74,  // 62: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
-	44,  // 63: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
-	34,  // 64: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	70,  // 65: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
-	8,   // 66: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
-	6,   // 67: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
-	8,   // 68: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	6,   // 69: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	71,  // 70: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	50,  // 71: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	50,  // 72: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	50,  // 73: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	72,  // 74: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	74,  // 75: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
-	10,  // 76: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	11,  // 77: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	74,  // 78: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
-	12,  // 79: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	14,  // 80: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	16,  // 81: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	18,  // 82: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	20,  // 83: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	22,  // 84: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	24,  // 85: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	26,  // 86: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	28,  // 87: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	31,  // 88: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	35,  // 89: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	37,  // 90: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	39,  // 91: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	41,  // 92: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	43,  // 93: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	46,  // 94: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	48,  // 95: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	51,  // 96: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	53,  // 97: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	55,  // 98: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	57,  // 99: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	59,  // 100: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	13,  // 101: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	15,  // 102: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	17,  // 103: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	19,  // 104: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	21,  // 105: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	23,  // 106: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	25,  // 107: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	27,  // 108: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	29,  // 109: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	32,  // 110: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	36,  // 111: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	38,  // 112: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	40,  // 113: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	42,  // 114: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	45,  // 115: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	47,  // 116: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	49,  // 117: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	52,  // 118: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	54,  // 119: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	56,  // 120: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	58,  // 121: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	60,  // 122: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	101, // [101:123] is the sub-list for method output_type
-	79,  // [79:101] is the sub-list for method input_type
-	79,  // [79:79] is the sub-list for extension type_name
-	79,  // [79:79] is the sub-list for extension extendee
-	0,   // [0:79] is the sub-list for field type_name
+	8,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
+	10,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
+	73,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	85,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	85,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	85,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	11,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
+	9,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
+	66,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
+	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	10,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	74,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	75,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	86,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	66,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
+	12,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	13,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	12,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	76,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
+	12,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
+	86,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	12,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	77,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
+	12,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	11,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
+	13,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	12,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	12,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
+	86,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
+	32,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
+	86,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	86,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	86,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	86,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
+	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
+	10,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
+	8,   // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
+	78,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	85,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	35,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
+	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
+	66,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
+	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
+	79,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	36,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	36,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	80,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	36,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
+	81,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	86,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
+	8,   // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	65,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	12,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	13,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	32,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
+	86,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	46,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
+	36,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	82,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	10,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
+	8,   // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
+	66,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
+	10,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	8,   // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	83,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	66,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
+	52,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	52,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	52,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
+	84,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	86,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	65,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	12,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	13,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	86,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	7,   // 86: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
+	63,  // 87: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
+	64,  // 88: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
+	64,  // 89: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
+	6,   // 90: forkfleet.controld.v1.Network.mode:type_name -> forkfleet.controld.v1.NetworkMode
+	65,  // 91: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	65,  // 92: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	12,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	14,  // 94: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	16,  // 95: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	18,  // 96: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	20,  // 97: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	22,  // 98: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	24,  // 99: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	26,  // 100: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	28,  // 101: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	30,  // 102: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	33,  // 103: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	67,  // 104: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	69,  // 105: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	71,  // 106: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	37,  // 107: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	39,  // 108: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	41,  // 109: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	43,  // 110: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	45,  // 111: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	48,  // 112: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	50,  // 113: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	53,  // 114: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	55,  // 115: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	57,  // 116: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	59,  // 117: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	61,  // 118: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	15,  // 119: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	17,  // 120: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	19,  // 121: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	21,  // 122: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	23,  // 123: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	25,  // 124: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	27,  // 125: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	29,  // 126: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	31,  // 127: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	34,  // 128: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	68,  // 129: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	70,  // 130: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	72,  // 131: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	38,  // 132: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	40,  // 133: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	42,  // 134: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	44,  // 135: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	47,  // 136: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	49,  // 137: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	51,  // 138: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	54,  // 139: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	56,  // 140: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	58,  // 141: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	60,  // 142: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	62,  // 143: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	119, // [119:144] is the sub-list for method output_type
+	94,  // [94:119] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -4340,8 +5132,8 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   67,
+			NumEnums:      8,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -30,16 +30,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_CreateSandbox_FullMethodName      = "/forkfleet.controld.v1.SandboxService/CreateSandbox"
-	SandboxService_GetSandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/GetSandbox"
-	SandboxService_ListSandboxes_FullMethodName      = "/forkfleet.controld.v1.SandboxService/ListSandboxes"
-	SandboxService_DeleteSandbox_FullMethodName      = "/forkfleet.controld.v1.SandboxService/DeleteSandbox"
-	SandboxService_WaitSandboxReady_FullMethodName   = "/forkfleet.controld.v1.SandboxService/WaitSandboxReady"
-	SandboxService_WatchSandboxes_FullMethodName     = "/forkfleet.controld.v1.SandboxService/WatchSandboxes"
-	SandboxService_GetSandboxEndpoint_FullMethodName = "/forkfleet.controld.v1.SandboxService/GetSandboxEndpoint"
-	SandboxService_SuspendSandbox_FullMethodName     = "/forkfleet.controld.v1.SandboxService/SuspendSandbox"
-	SandboxService_ResumeSandbox_FullMethodName      = "/forkfleet.controld.v1.SandboxService/ResumeSandbox"
-	SandboxService_VerifySandbox_FullMethodName      = "/forkfleet.controld.v1.SandboxService/VerifySandbox"
+	SandboxService_CreateSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/CreateSandbox"
+	SandboxService_GetSandbox_FullMethodName           = "/forkfleet.controld.v1.SandboxService/GetSandbox"
+	SandboxService_ListSandboxes_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ListSandboxes"
+	SandboxService_DeleteSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/DeleteSandbox"
+	SandboxService_WaitSandboxReady_FullMethodName     = "/forkfleet.controld.v1.SandboxService/WaitSandboxReady"
+	SandboxService_WatchSandboxes_FullMethodName       = "/forkfleet.controld.v1.SandboxService/WatchSandboxes"
+	SandboxService_GetSandboxEndpoint_FullMethodName   = "/forkfleet.controld.v1.SandboxService/GetSandboxEndpoint"
+	SandboxService_SuspendSandbox_FullMethodName       = "/forkfleet.controld.v1.SandboxService/SuspendSandbox"
+	SandboxService_ResumeSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ResumeSandbox"
+	SandboxService_VerifySandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/VerifySandbox"
+	SandboxService_UpdateSandboxNetwork_FullMethodName = "/forkfleet.controld.v1.SandboxService/UpdateSandboxNetwork"
+	SandboxService_ExposePort_FullMethodName           = "/forkfleet.controld.v1.SandboxService/ExposePort"
+	SandboxService_UnexposePort_FullMethodName         = "/forkfleet.controld.v1.SandboxService/UnexposePort"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -66,6 +69,16 @@ type SandboxServiceClient interface {
 	// VerifySandbox runs the fork verifiers against a checkpoint's recorded
 	// proofs (marker file, in-memory value, settled frame hash).
 	VerifySandbox(ctx context.Context, in *VerifySandboxRequest, opts ...grpc.CallOption) (*VerifySandboxResponse, error)
+	// UpdateSandboxNetwork replaces a running sandbox's network policy (mode
+	// egress). Established connections the new policy denies stay open; new
+	// ones are refused.
+	UpdateSandboxNetwork(ctx context.Context, in *UpdateSandboxNetworkRequest, opts ...grpc.CallOption) (*UpdateSandboxNetworkResponse, error)
+	// ExposePort makes a TCP port inside a sandbox reachable through
+	// controld's gateway (HTTP and WebSocket pass through) and returns its URL
+	// and token.
+	ExposePort(ctx context.Context, in *ExposePortRequest, opts ...grpc.CallOption) (*ExposePortResponse, error)
+	// UnexposePort closes an exposed port (its token stops working).
+	UnexposePort(ctx context.Context, in *UnexposePortRequest, opts ...grpc.CallOption) (*UnexposePortResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -185,6 +198,36 @@ func (c *sandboxServiceClient) VerifySandbox(ctx context.Context, in *VerifySand
 	return out, nil
 }
 
+func (c *sandboxServiceClient) UpdateSandboxNetwork(ctx context.Context, in *UpdateSandboxNetworkRequest, opts ...grpc.CallOption) (*UpdateSandboxNetworkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateSandboxNetworkResponse)
+	err := c.cc.Invoke(ctx, SandboxService_UpdateSandboxNetwork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ExposePort(ctx context.Context, in *ExposePortRequest, opts ...grpc.CallOption) (*ExposePortResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExposePortResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ExposePort_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) UnexposePort(ctx context.Context, in *UnexposePortRequest, opts ...grpc.CallOption) (*UnexposePortResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnexposePortResponse)
+	err := c.cc.Invoke(ctx, SandboxService_UnexposePort_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -209,6 +252,16 @@ type SandboxServiceServer interface {
 	// VerifySandbox runs the fork verifiers against a checkpoint's recorded
 	// proofs (marker file, in-memory value, settled frame hash).
 	VerifySandbox(context.Context, *VerifySandboxRequest) (*VerifySandboxResponse, error)
+	// UpdateSandboxNetwork replaces a running sandbox's network policy (mode
+	// egress). Established connections the new policy denies stay open; new
+	// ones are refused.
+	UpdateSandboxNetwork(context.Context, *UpdateSandboxNetworkRequest) (*UpdateSandboxNetworkResponse, error)
+	// ExposePort makes a TCP port inside a sandbox reachable through
+	// controld's gateway (HTTP and WebSocket pass through) and returns its URL
+	// and token.
+	ExposePort(context.Context, *ExposePortRequest) (*ExposePortResponse, error)
+	// UnexposePort closes an exposed port (its token stops working).
+	UnexposePort(context.Context, *UnexposePortRequest) (*UnexposePortResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -248,6 +301,15 @@ func (UnimplementedSandboxServiceServer) ResumeSandbox(context.Context, *ResumeS
 }
 func (UnimplementedSandboxServiceServer) VerifySandbox(context.Context, *VerifySandboxRequest) (*VerifySandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifySandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) UpdateSandboxNetwork(context.Context, *UpdateSandboxNetworkRequest) (*UpdateSandboxNetworkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateSandboxNetwork not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExposePort(context.Context, *ExposePortRequest) (*ExposePortResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExposePort not implemented")
+}
+func (UnimplementedSandboxServiceServer) UnexposePort(context.Context, *UnexposePortRequest) (*UnexposePortResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnexposePort not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -443,6 +505,60 @@ func _SandboxService_VerifySandbox_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_UpdateSandboxNetwork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSandboxNetworkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).UpdateSandboxNetwork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_UpdateSandboxNetwork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).UpdateSandboxNetwork(ctx, req.(*UpdateSandboxNetworkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ExposePort_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExposePortRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ExposePort(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ExposePort_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ExposePort(ctx, req.(*ExposePortRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_UnexposePort_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnexposePortRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).UnexposePort(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_UnexposePort_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).UnexposePort(ctx, req.(*UnexposePortRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -485,6 +601,18 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VerifySandbox",
 			Handler:    _SandboxService_VerifySandbox_Handler,
+		},
+		{
+			MethodName: "UpdateSandboxNetwork",
+			Handler:    _SandboxService_UpdateSandboxNetwork_Handler,
+		},
+		{
+			MethodName: "ExposePort",
+			Handler:    _SandboxService_ExposePort_Handler,
+		},
+		{
+			MethodName: "UnexposePort",
+			Handler:    _SandboxService_UnexposePort_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

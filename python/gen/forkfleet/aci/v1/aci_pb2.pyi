@@ -137,7 +137,7 @@ class ClickAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., button: _Optional[_Union[MouseButton, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DONE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PREPARE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,8 @@ class ClientMessage(_message.Message):
     LIST_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MARK_FIELD_NUMBER: _ClassVar[int]
+    NET_PROBE_FIELD_NUMBER: _ClassVar[int]
+    NET_PROBE_LISTEN_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SCRATCH_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +189,8 @@ class ClientMessage(_message.Message):
     list_windows: ListWindowsRequest
     memory_challenge: MemoryChallengeRequest
     memory_mark: MemoryMarkRequest
+    net_probe: NetProbeRequest
+    net_probe_listen: NetProbeListenRequest
     ping: PingRequest
     ready: ReadyRequest
     release_scratch: ReleaseScratchRequest
@@ -198,7 +202,7 @@ class ClientMessage(_message.Message):
     screenshot: ScreenshotRequest
     step: StepRequest
     window_action: WindowActionRequest
-    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenRequest, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeRequest, _Mapping]] = ...) -> None: ...
 
 class ClipboardGetRequest(_message.Message):
     __slots__ = []
@@ -529,6 +533,32 @@ class MoveAction(_message.Message):
     to: Point
     def __init__(self, to: _Optional[_Union[Point, _Mapping]] = ...) -> None: ...
 
+class NetProbeListenRequest(_message.Message):
+    __slots__ = ["value"]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    def __init__(self, value: _Optional[bytes] = ...) -> None: ...
+
+class NetProbeListenResponse(_message.Message):
+    __slots__ = ["port"]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
+
+class NetProbeRequest(_message.Message):
+    __slots__ = ["nonce", "port"]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    port: int
+    def __init__(self, port: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class NetProbeResponse(_message.Message):
+    __slots__ = ["mac"]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    mac: bytes
+    def __init__(self, mac: _Optional[bytes] = ...) -> None: ...
+
 class PingRequest(_message.Message):
     __slots__ = ["payload"]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -776,7 +806,7 @@ class ScrollAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., dx: _Optional[int] = ..., dy: _Optional[int] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DONE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PREPARE_FIELD_NUMBER: _ClassVar[int]
@@ -798,6 +828,8 @@ class ServerMessage(_message.Message):
     LIST_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MARK_FIELD_NUMBER: _ClassVar[int]
+    NET_PROBE_FIELD_NUMBER: _ClassVar[int]
+    NET_PROBE_LISTEN_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SCRATCH_FIELD_NUMBER: _ClassVar[int]
@@ -830,6 +862,8 @@ class ServerMessage(_message.Message):
     list_windows: ListWindowsResponse
     memory_challenge: MemoryChallengeResponse
     memory_mark: MemoryMarkResponse
+    net_probe: NetProbeResponse
+    net_probe_listen: NetProbeListenResponse
     ping: PingResponse
     ready: ReadyResponse
     release_scratch: ReleaseScratchResponse
@@ -841,7 +875,7 @@ class ServerMessage(_message.Message):
     screenshot: ScreenshotResponse
     step: StepResponse
     window_action: WindowActionResponse
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenResponse, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ["actions", "observe", "stop_on_error"]

@@ -13,6 +13,12 @@ CHECKPOINT_TIER_DISK: CheckpointTier
 CHECKPOINT_TIER_MEMORY: CheckpointTier
 CHECKPOINT_TIER_UNSPECIFIED: CheckpointTier
 DESCRIPTOR: _descriptor.FileDescriptor
+NETWORK_MODE_EGRESS: NetworkMode
+NETWORK_MODE_NONE: NetworkMode
+NETWORK_MODE_UNSPECIFIED: NetworkMode
+NETWORK_PROTOCOL_TCP: NetworkProtocol
+NETWORK_PROTOCOL_UDP: NetworkProtocol
+NETWORK_PROTOCOL_UNSPECIFIED: NetworkProtocol
 SANDBOX_EVENT_TYPE_CREATED: SandboxEventType
 SANDBOX_EVENT_TYPE_DELETED: SandboxEventType
 SANDBOX_EVENT_TYPE_EXISTING: SandboxEventType
@@ -33,8 +39,10 @@ SANDBOX_STATE_STOPPED: SandboxState
 SANDBOX_STATE_STOPPING: SandboxState
 SANDBOX_STATE_SUSPENDED: SandboxState
 SANDBOX_STATE_UNSPECIFIED: SandboxState
+VERIFY_LEVEL_FILESYSTEM: VerifyLevel
 VERIFY_LEVEL_MARKER: VerifyLevel
 VERIFY_LEVEL_MEMORY: VerifyLevel
+VERIFY_LEVEL_NETWORK: VerifyLevel
 VERIFY_LEVEL_NONE: VerifyLevel
 VERIFY_LEVEL_PIXELS: VerifyLevel
 VERIFY_LEVEL_UNSPECIFIED: VerifyLevel
@@ -48,7 +56,7 @@ class BootPhase(_message.Message):
     def __init__(self, name: _Optional[str] = ..., at: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "parent_checkpoint_id", "resources", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
+    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "network", "parent_checkpoint_id", "resources", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +73,7 @@ class Checkpoint(_message.Message):
     LIVE_FORKS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +91,7 @@ class Checkpoint(_message.Message):
     live_forks: int
     memory_bytes: int
     name: str
+    network: Network
     parent_checkpoint_id: str
     resources: Resources
     screen: Screen
@@ -90,7 +100,7 @@ class Checkpoint(_message.Message):
     tier: CheckpointTier
     timing: CheckpointTiming
     verify_levels: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
 
 class CheckpointTiming(_message.Message):
     __slots__ = ["dump", "frozen", "layer", "total"]
@@ -105,7 +115,7 @@ class CheckpointTiming(_message.Message):
     def __init__(self, frozen: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dump: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., layer: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., total: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimPoolRequest(_message.Message):
-    __slots__ = ["labels", "pool_id", "ttl"]
+    __slots__ = ["labels", "network_policy", "pool_id", "ttl"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,12 +124,14 @@ class ClaimPoolRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
+    network_policy: NetworkPolicy
     pool_id: str
     ttl: _duration_pb2.Duration
-    def __init__(self, pool_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, pool_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
 
 class ClaimPoolResponse(_message.Message):
     __slots__ = ["endpoint", "hit", "sandbox", "took"]
@@ -161,7 +173,7 @@ class CreateCheckpointResponse(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class CreatePoolRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "image", "labels", "name", "resources", "screen", "size"]
+    __slots__ = ["checkpoint_id", "image", "labels", "name", "network", "resources", "screen", "size"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +185,7 @@ class CreatePoolRequest(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -180,10 +193,11 @@ class CreatePoolRequest(_message.Message):
     image: str
     labels: _containers.ScalarMap[str, str]
     name: str
+    network: Network
     resources: Resources
     screen: Screen
     size: int
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
 
 class CreatePoolResponse(_message.Message):
     __slots__ = ["pool"]
@@ -192,7 +206,7 @@ class CreatePoolResponse(_message.Message):
     def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ["env", "image", "labels", "resources", "screen", "ttl", "wait_ready"]
+    __slots__ = ["env", "image", "labels", "network", "resources", "screen", "ttl", "wait_ready"]
     class EnvEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +224,7 @@ class CreateSandboxRequest(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
@@ -217,11 +232,12 @@ class CreateSandboxRequest(_message.Message):
     env: _containers.ScalarMap[str, str]
     image: str
     labels: _containers.ScalarMap[str, str]
+    network: Network
     resources: Resources
     screen: Screen
     ttl: _duration_pb2.Duration
     wait_ready: bool
-    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ...) -> None: ...
+    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ["endpoint", "sandbox"]
@@ -295,8 +311,24 @@ class ExportCheckpointResponse(_message.Message):
     size_bytes: int
     def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
+class ExposePortRequest(_message.Message):
+    __slots__ = ["port", "sandbox_id"]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class ExposePortResponse(_message.Message):
+    __slots__ = ["token", "url"]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    url: str
+    def __init__(self, url: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "count", "labels", "resources", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "count", "labels", "network_policy", "resources", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -307,16 +339,18 @@ class ForkCheckpointRequest(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     count: int
     labels: _containers.ScalarMap[str, str]
+    network_policy: NetworkPolicy
     resources: Resources
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
     __slots__ = ["replicas"]
@@ -466,8 +500,34 @@ class ListSandboxesResponse(_message.Message):
     sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
     def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
 
+class Network(_message.Message):
+    __slots__ = ["mode", "policy"]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    mode: NetworkMode
+    policy: NetworkPolicy
+    def __init__(self, mode: _Optional[_Union[NetworkMode, str]] = ..., policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+
+class NetworkPolicy(_message.Message):
+    __slots__ = ["allow", "deny"]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    allow: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    deny: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    def __init__(self, allow: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ..., deny: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ...) -> None: ...
+
+class NetworkRule(_message.Message):
+    __slots__ = ["cidr", "ports", "protocol"]
+    CIDR_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    cidr: str
+    ports: _containers.RepeatedCompositeFieldContainer[PortRange]
+    protocol: NetworkProtocol
+    def __init__(self, cidr: _Optional[str] = ..., protocol: _Optional[_Union[NetworkProtocol, str]] = ..., ports: _Optional[_Iterable[_Union[PortRange, _Mapping]]] = ...) -> None: ...
+
 class Pool(_message.Message):
-    __slots__ = ["available", "checkpoint_id", "frozen", "hits", "id", "image", "labels", "misses", "name", "resources", "screen", "size"]
+    __slots__ = ["available", "checkpoint_id", "frozen", "hits", "id", "image", "labels", "misses", "name", "network", "resources", "screen", "size"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -484,6 +544,7 @@ class Pool(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -496,10 +557,19 @@ class Pool(_message.Message):
     labels: _containers.ScalarMap[str, str]
     misses: int
     name: str
+    network: Network
     resources: Resources
     screen: Screen
     size: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
+
+class PortRange(_message.Message):
+    __slots__ = ["first", "last"]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class Resources(_message.Message):
     __slots__ = ["cpu_millis", "cpu_weight", "disk_bytes", "log_bytes", "memory_bytes", "pids_max"]
@@ -530,7 +600,7 @@ class ResumeSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "limits_reached", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
+    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "limits_reached", "network", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -548,6 +618,7 @@ class Sandbox(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LIMITS_REACHED_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     READY_AT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -564,13 +635,14 @@ class Sandbox(_message.Message):
     image: str
     labels: _containers.ScalarMap[str, str]
     limits_reached: _containers.RepeatedCompositeFieldContainer[LimitReached]
+    network: Network
     pool_id: str
     ready_at: _timestamp_pb2.Timestamp
     resources: Resources
     screen: Screen
     state: SandboxState
     status_message: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ..., limits_reached: _Optional[_Iterable[_Union[LimitReached, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ..., limits_reached: _Optional[_Iterable[_Union[LimitReached, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
 
 class Screen(_message.Message):
     __slots__ = ["depth", "height", "width"]
@@ -589,6 +661,32 @@ class SuspendSandboxRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class SuspendSandboxResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class UnexposePortRequest(_message.Message):
+    __slots__ = ["port", "sandbox_id"]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class UnexposePortResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class UpdateSandboxNetworkRequest(_message.Message):
+    __slots__ = ["id", "policy"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    policy: NetworkPolicy
+    def __init__(self, id: _Optional[str] = ..., policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+
+class UpdateSandboxNetworkResponse(_message.Message):
     __slots__ = ["sandbox"]
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     sandbox: Sandbox
@@ -675,4 +773,10 @@ class CheckpointTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class CheckpointState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class NetworkMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class NetworkProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

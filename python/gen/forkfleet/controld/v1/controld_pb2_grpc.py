@@ -65,6 +65,21 @@ class SandboxServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxResponse.FromString,
                 )
+        self.UpdateSandboxNetwork = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/UpdateSandboxNetwork',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkResponse.FromString,
+                )
+        self.ExposePort = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/ExposePort',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortResponse.FromString,
+                )
+        self.UnexposePort = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/UnexposePort',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -139,6 +154,31 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSandboxNetwork(self, request, context):
+        """UpdateSandboxNetwork replaces a running sandbox's network policy (mode
+        egress). Established connections the new policy denies stay open; new
+        ones are refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExposePort(self, request, context):
+        """ExposePort makes a TCP port inside a sandbox reachable through
+        controld's gateway (HTTP and WebSocket pass through) and returns its URL
+        and token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnexposePort(self, request, context):
+        """UnexposePort closes an exposed port (its token stops working).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +231,21 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.VerifySandbox,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxResponse.SerializeToString,
+            ),
+            'UpdateSandboxNetwork': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSandboxNetwork,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkResponse.SerializeToString,
+            ),
+            'ExposePort': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExposePort,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortResponse.SerializeToString,
+            ),
+            'UnexposePort': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnexposePort,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -370,6 +425,57 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/VerifySandbox',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.VerifySandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UpdateSandboxNetwork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/UpdateSandboxNetwork',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdateSandboxNetworkResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExposePort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/ExposePort',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExposePortResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UnexposePort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/UnexposePort',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
