@@ -11,6 +11,7 @@ import (
 	"hash"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -59,6 +60,12 @@ func (r *Runtime) LayerDigest(ctx context.Context, id string) ([]byte, error) {
 	layers, err := r.deltaLayers(ctx, c.SnapshotKey)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	// A sandbox with a disk budget writes to a layer of its own.
+	if own, err := r.layerOf(id, c.Labels); err != nil {
+		return nil, err
+	} else if own != "" {
+		layers[0] = filepath.Join(own, "upper")
 	}
 	return layerDigest(layers)
 }
