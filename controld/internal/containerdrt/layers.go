@@ -142,6 +142,29 @@ func withLayer(ms []mount.Mount, layer string) ([]mount.Mount, error) {
 	return []mount.Mount{m}, nil
 }
 
+// matchOwner gives the layer's upper directory the owner and mode of the
+// snapshot's own (the root directory the sandbox sees): a snapshot prepared
+// for a user namespace is owned by the namespace's root, and so must be what
+// replaces it.
+func matchOwner(ms []mount.Mount, layer string) error {
+	snapUpper, err := upperDir(ms)
+	if err != nil {
+		return err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(snapUpper, &st); err != nil {
+		return fmt.Errorf("%w: snapshot upper: %w", errdefs.ErrInternal, err)
+	}
+	up := filepath.Join(layer, "upper")
+	if err := os.Lchown(up, int(st.Uid), int(st.Gid)); err != nil {
+		return fmt.Errorf("%w: writable layer: %w", errdefs.ErrInternal, err)
+	}
+	if err := syscall.Chmod(up, st.Mode&0o7777); err != nil {
+		return fmt.Errorf("%w: writable layer: %w", errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
 // newTaskOnLayer creates c's task with its rootfs on layer: client.NewTask
 // always mounts the container's snapshot as it is, so the request is made
 // here, as NewTask would make it, with the rootfs mount of withLayer.
@@ -153,6 +176,9 @@ func (r *Runtime) newTaskOnLayer(ctx context.Context, c client.Container, snapsh
 	rootfs, err := withLayer(ms, layer)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
+	}
+	if err := matchOwner(ms, layer); err != nil {
+		return nil, err
 	}
 	io, err := stdio(c.ID())
 	if err != nil {

@@ -1,0 +1,55 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/mount"
+)
+
+// The task's rootfs is the snapshot's overlay with only its upper and work
+// directories moved to the sandbox's layer.
+func TestWithLayer(t *testing.T) {
+	ms := []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{
+		"index=off", "workdir=/sn/7/work", "upperdir=/sn/7/fs", "lowerdir=/sn/3/fs:/sn/2/fs",
+	}}}
+	got, err := withLayer(ms, "/layers/ns/sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"index=off", "workdir=/layers/ns/sb-1/work", "upperdir=/layers/ns/sb-1/upper", "lowerdir=/sn/3/fs:/sn/2/fs"}
+	if len(got) != 1 || !slices.Equal(got[0].Options, want) || got[0].Type != "overlay" {
+		t.Fatalf("withLayer = %+v", got)
+	}
+	if ms[0].Options[1] != "workdir=/sn/7/work" {
+		t.Fatal("withLayer changed the snapshot's mounts")
+	}
+	for _, bad := range [][]mount.Mount{
+		{{Type: "bind", Source: "/sn/1/fs", Options: []string{"rbind", "rw"}}},
+		{{Type: "overlay", Options: []string{"lowerdir=/a:/b"}}}, // read-only view
+		{},
+	} {
+		if _, err := withLayer(bad, "/l"); err == nil {
+			t.Errorf("withLayer(%+v) accepted", bad)
+		}
+	}
+}
+
+// A container label naming a layer outside this runtime's is refused: the
+// checkpoint's copy reads what it names.
+func TestLayerOfRefusesForeignPaths(t *testing.T) {
+	r := &Runtime{cfg: Config{LayersDir: "/layers", Namespace: "ns"}}
+	if dir, err := r.layerOf("sb-1", map[string]string{labelLayer: "/layers/ns/sb-1"}); err != nil || dir != "/layers/ns/sb-1" {
+		t.Fatalf("own layer: %q %v", dir, err)
+	}
+	if dir, err := r.layerOf("sb-1", nil); err != nil || dir != "" {
+		t.Fatalf("no layer: %q %v", dir, err)
+	}
+	for _, l := range []string{"/etc", "/layers/ns/sb-2", "/layers/ns/sb-1/../../x"} {
+		if _, err := r.layerOf("sb-1", map[string]string{labelLayer: l}); err == nil {
+			t.Errorf("layer %q accepted", l)
+		}
+	}
+}
