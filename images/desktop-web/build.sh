@@ -110,7 +110,8 @@ else
 	guestd=$work/guestd
 fi
 
-# (d) OCI layout. TZ is set so nothing resolves /etc/localtime and watches
+# (d) OCI layout: the desktop image's config (keep the two in step) plus TZ,
+# set so nothing resolves /etc/localtime and watches
 # /usr/share/zoneinfo (Chromium's time zone monitor does when TZ is unset,
 # an inotify watch CRIU cannot resolve on an overlay root).
 (cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
@@ -124,6 +125,7 @@ rm -rf "$layout"
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	--env HOME=/root \
 	--env DISPLAY=:0 \
+	--env LANG=C.UTF-8 \
 	--env TZ=UTC \
 	--workdir /root \
 	--label "org.forkfleet.base=$hash" \

@@ -26,8 +26,9 @@ var counterPage []byte
 var counterTitle = regexp.MustCompile(`^counter (\d+) (.*?)(?: - Chromium)?$`)
 
 // TestRealStackBrowser runs the web desktop (desktop-web) on the real stack:
-// Chromium boots as the session app on its start page, with CDP on the
-// sandbox's loopback; a page whose JavaScript keeps a counter is
+// Chromium boots as the session app on its start page, ready means a URL
+// typed at once lands in its address bar, CDP answers on the sandbox's
+// loopback; a page whose JavaScript keeps a counter is
 // checkpointed live and forked 4 ways; every replica passes the pixel proof
 // although the page animates, its counter continues from the checkpoint's
 // value and advances on its own, typed text (non-ASCII too) reaches the
@@ -66,20 +67,24 @@ func TestRealStackBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	waitTitle(t, ctx, sess, "start page", func(title string) bool { return strings.HasPrefix(title, "forkfleet") })
+	// Ready (the image's readiness: the browser's window mapped, focused and
+	// showing the start page) means the first input lands: the address bar
+	// takes a URL typed right away.
+	if _, err := sess.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitTitle(t, ctx, sess, "counter page typed into the address bar at ready", func(title string) bool { return counterTitle.MatchString(title) })
 
 	// CDP answers on the sandbox's loopback (never on a host port).
 	checkCDP(t, ctx, sess, "source")
 
-	// The counter page, opened in the running browser (its profile's
-	// singleton hands the URL over and exits).
-	if err := sess.PutFile(ctx, "/root/counter.html", counterPage); err != nil {
-		t.Fatal(err)
-	}
-	shell(t, ctx, sess, `/usr/lib/chromium/chromium --no-sandbox --user-data-dir=/root/.config/chromium file:///root/counter.html >/dev/null 2>&1`)
-	waitTitle(t, ctx, sess, "counter page", func(title string) bool { return counterTitle.MatchString(title) })
-
-	// Typed text reaches the focused page, non-ASCII included.
+	// Typed text reaches the page's focused input, non-ASCII included.
 	const typed = "été ünï 丘丙"
 	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Type(typed)}, nil); err != nil {
 		t.Fatal(err)
