@@ -360,3 +360,15 @@ async def test_session_methods_on_guestd(stack, sandbox):
             # Admin-only requests with the agent token are refused, typed.
             with pytest.raises(forkfleet.PermissionDenied):
                 await s.memory_mark(b"x")
+
+
+def test_rollout_example(stack):
+    """examples/rollout.py runs as documented: 8 forked replicas, a policy loop."""
+    import pathlib
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "rollout.py"
+    r = subprocess.run([sys.executable, str(example), "--target", stack.target, "--steps", "3"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "forked 8 verified replicas" in r.stdout and "24 steps" in r.stdout, r.stdout

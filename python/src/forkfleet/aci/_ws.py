@@ -3,11 +3,11 @@ handshake, binary messages, fragmentation, ping/pong and the closing
 handshake, no extensions.
 
 It is its own small implementation, not the websockets package, because of
-ingest cost: it is an asyncio.BufferedProtocol whose large messages are read
-by the kernel straight into one buffer of their announced size and handed to
-protobuf from there (one copy in the kernel, one in protobuf), which doubles
-the frames per client core of websockets 10.4 on the clientscale peers (see
-python/README.md, "Performance").
+ingest cost: it is an asyncio.BufferedProtocol whose messages are read by the
+kernel straight into the connection's reused buffer (grown to fit them) and
+handed to protobuf from there (one copy in the kernel, one in protobuf),
+which doubles the frames per client core of websockets 10.4 on the
+clientscale peers (see python/README.md).
 
 Everything the server sends is untrusted: the response head is bounded, a
 message announcing more than the read limit closes the connection with 1009
@@ -31,7 +31,10 @@ from forkfleet import errors
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _MAX_HEAD = 16 << 10  # the HTTP response head of the upgrade
-_SMALL = 16 << 10  # larger messages get a buffer of their own (see get_buffer)
+# The read buffer starts small and grows to the largest frame seen, up to
+# _KEEP, and is reused: a frame is then read by one recv into it and parsed
+# in place. A larger frame gets a buffer of its own that is not kept.
+_KEEP = 1 << 20
 
 OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 
@@ -90,7 +93,7 @@ class Protocol(asyncio.BufferedProtocol):
         self._on_message = on_message
         self._on_close = on_close
         self._limit = read_limit
-        self._buf = bytearray(32 << 10)  # per connection: kept small for N=1024
+        self._buf = bytearray(32 << 10)
         self._view = memoryview(self._buf)
         self._start = 0  # unparsed data is _buf[_start:_end]
         self._end = 0
@@ -192,15 +195,19 @@ class Protocol(asyncio.BufferedProtocol):
         if self._big is not None:
             return self._big_view[self._big_have:]
         if self._end == len(self._buf):
-            # Keep the unparsed tail and make room after it.
-            n = self._end - self._start
-            if self._start == 0:  # a head or frame header larger than the buffer: grow (bounded by _parse)
-                self._buf.extend(bytes(len(self._buf)))
-                self._view = memoryview(self._buf)
-            else:
-                self._buf[:n] = self._view[self._start:self._end]
-                self._start, self._end = 0, n
+            # Move the unparsed tail to the front (_parse bounds it: a frame
+            # that does not fit grows the buffer or gets its own).
+            self._compact(len(self._buf))
         return self._view[self._end:]
+
+    def _compact(self, size: int) -> None:
+        """Moves the unparsed bytes to the front of a buffer of at least size."""
+        tail = bytes(self._view[self._start:self._end])  # a copy: the regions may overlap
+        if size > len(self._buf):
+            self._buf = bytearray(size)
+            self._view = memoryview(self._buf)
+        self._buf[:len(tail)] = tail
+        self._start, self._end = 0, len(tail)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -262,14 +269,18 @@ class Protocol(asyncio.BufferedProtocol):
             if op < 8 and n + pending > self._limit:
                 raise _Violation(CLOSE_TOO_BIG, f"message of {n + pending} bytes exceeds the read limit {self._limit}")
             if avail < hl + n:
-                if n > _SMALL and op < 8:
-                    # Read the rest of this frame straight into its own buffer.
-                    big = bytearray(n)
-                    have = avail - hl
-                    big[:have] = view[s + hl:self._end]
-                    self._start = self._end = 0
-                    self._big, self._big_view, self._big_have = big, memoryview(big), have
-                    self._big_op, self._big_fin = op, fin
+                if s + hl + n > len(self._buf):
+                    if hl + n <= _KEEP:
+                        # Make the whole frame fit, so it arrives in place.
+                        self._compact(max(hl + n, 64 << 10))
+                    else:
+                        # Read the rest straight into a buffer of its own.
+                        big = bytearray(n)
+                        have = avail - hl
+                        big[:have] = view[s + hl:self._end]
+                        self._start = self._end = 0
+                        self._big, self._big_view, self._big_have = big, memoryview(big), have
+                        self._big_op, self._big_fin = op, fin
                 break
             payload = view[s + hl:s + hl + n]
             self._start = s + hl + n
