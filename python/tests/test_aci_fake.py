@@ -94,7 +94,7 @@ async def test_step_action_errors_and_restored(fake):
         assert j == 1 and isinstance(skipped, forkfleet.Canceled)  # stop_on_error
         with pytest.raises(forkfleet.InvalidArgument):
             r.raise_for_errors()
-        await s.restored(sandbox_id="sb-x", token=fake.aci_token, generation=0)
+        await s.restored(sandbox_id="sb-x", token=fake.aci_token, admin_token="fake-admin", generation=0)
 
 
 @run_async

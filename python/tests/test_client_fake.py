@@ -96,7 +96,8 @@ def test_checkpoints_fork_export_import(fake):
         assert all(r.info.checkpoint_id == ck.id and r.info.generation == 1 for r in replicas)
         assert [v.level for v in results[0].verification] == [pb.VERIFY_LEVEL_MEMORY]
         assert results[0].took > 0
-        assert [v.ok for v in replicas[0].verify()] == [True, True, True]
+        checks = replicas[0].verify()
+        assert checks and all(v.ok for v in checks)
         assert ck.get().live_forks == 3
         child = replicas[0].checkpoint(tier=pb.CHECKPOINT_TIER_DISK)
         assert child.info.parent_checkpoint_id == ck.id
@@ -226,3 +227,22 @@ def test_unreachable_controld_is_unavailable(tmp_path):
     with forkfleet.Client(f"unix://{tmp_path}/none.sock", token="") as c:
         with pytest.raises(forkfleet.Unavailable):
             c.list_sandboxes(timeout=5)
+
+
+def test_network_and_ports(fake):
+    with forkfleet.Client(fake.target) as c:
+        sb = c.create_sandbox(wait_ready=True, network=pb.Network(mode=pb.NETWORK_MODE_EGRESS),
+                              resources={"cpu_millis": 500, "memory_bytes": 256 << 20})
+        assert sb.info.network.mode == pb.NETWORK_MODE_EGRESS
+        sb.update_network(pb.NetworkPolicy())
+        url, token = sb.expose_port(8080)
+        assert "8080" in url and token
+        assert sb.expose_port(8080) == (url, token)  # exposing an exposed port returns the same
+        sb.unexpose_port(8080)
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            sb.expose_port(0)
+        assert e.value.field == "port"
+        ck = sb.checkpoint()
+        results = ck.fork(1, resources={"memory_bytes": 512 << 20})
+        assert forkfleet.first_error(results) is None
+        sb.delete()

@@ -227,14 +227,19 @@ async def test_anthropic_actions_on_the_screen(stack, sandbox):
             await comp.execute({"action": "left_click_drag", "start_coordinate": [sx, sy], "coordinate": [sx + 50, sy + 25]})
             g2 = await moved(s, g)
             assert abs((g2.x - g.x) - 100) <= 4 and abs((g2.y - g.y) - 50) <= 4, (g, g2)
-            # left_mouse_down / mouse_move / left_mouse_up move it back.
-            await asyncio.sleep(0.6)
-            sx2, sy2 = sc.to_model(g2.x + 60, g2.y - 8)
-            await comp.execute({"action": "left_mouse_down", "coordinate": [sx2, sy2]})
-            await comp.execute({"action": "mouse_move", "coordinate": [sx2 - 25, sy2 - 12]})
-            await comp.execute({"action": "mouse_move", "coordinate": [sx2 - 50, sy2 - 25]})
-            await comp.execute({"action": "left_mouse_up"})
-            g3 = await moved(s, g2)
+            # left_mouse_down / mouse_move / left_mouse_up move it back (one
+            # retry: under load openbox may take the press for half of a
+            # double click, see above).
+            for attempt in range(2):
+                await asyncio.sleep(0.6)
+                sx2, sy2 = sc.to_model(g2.x + 60, g2.y - 8)
+                await comp.execute({"action": "left_mouse_down", "coordinate": [sx2, sy2]})
+                await comp.execute({"action": "mouse_move", "coordinate": [sx2 - 25, sy2 - 12]})
+                await comp.execute({"action": "mouse_move", "coordinate": [sx2 - 50, sy2 - 25]})
+                await comp.execute({"action": "left_mouse_up"})
+                g3 = await moved(s, g2)
+                if (g3.x, g3.y) != (g2.x, g2.y):
+                    break
             assert abs(g3.x - g.x) <= 4 and abs(g3.y - g.y) <= 4, (g, g3)
             # wait waits; zoom returns the region.
             t0 = time.monotonic()

@@ -70,6 +70,8 @@ def _screen(s: Any) -> pb.Screen | None:
 def _resources(r: Any) -> pb.Resources | None:
     if r is None or isinstance(r, pb.Resources):
         return r
+    if isinstance(r, dict):
+        return pb.Resources(**r)
     cpu, mem = r
     return pb.Resources(cpu_millis=int(cpu), memory_bytes=int(mem))
 
@@ -213,15 +215,16 @@ class AsyncClient:
 
     async def create_sandbox(self, *, image: str = "", screen: Any = None, resources: Any = None,
                              env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-                             ttl: Seconds | None = None, wait_ready: bool = False,
-                             timeout: float | None = None) -> "AsyncSandbox":
+                             ttl: Seconds | None = None, wait_ready: bool = False, network: pb.Network | None = None,
+                             timeout: float | None = None, **fields: Any) -> "AsyncSandbox":
         """Boots a sandbox. ``screen`` is (width, height[, depth]) or a Screen,
-        ``resources`` (cpu_millis, memory_bytes) or a Resources; ``ttl``
-        deletes it after that many seconds; ``wait_ready`` returns only once
-        it is usable."""
+        ``resources`` (cpu_millis, memory_bytes), a dict of Resources fields
+        or a Resources; ``ttl`` deletes it after that many seconds;
+        ``wait_ready`` returns only once it is usable; ``network`` its mode
+        and policy. Other CreateSandboxRequest fields go as keywords."""
         req = pb.CreateSandboxRequest(image=image, screen=_screen(screen), resources=_resources(resources),
                                       env=dict(env or {}), labels=dict(labels or {}), ttl=_duration(ttl),
-                                      wait_ready=wait_ready)
+                                      wait_ready=wait_ready, network=network, **fields)
         r = await self._call(self.sandbox_service.CreateSandbox, req, timeout)
         return AsyncSandbox(self, r.sandbox.id, r.sandbox, r.endpoint)
 
@@ -285,13 +288,13 @@ class AsyncClient:
 
     async def create_pool(self, name: str, size: int, *, image: str | None = None, checkpoint: str | None = None,
                           screen: Any = None, resources: Any = None, labels: Mapping[str, str] | None = None,
-                          timeout: float | None = None) -> pb.Pool:
+                          network: pb.Network | None = None, timeout: float | None = None, **fields: Any) -> pb.Pool:
         """Creates a warm pool of ``size`` sandboxes from an image or a
         checkpoint (frozen replicas a claim thaws)."""
         if not 1 <= size <= 1 << 20:
             raise errors.InvalidArgument(f"must be at least 1 (got {size})", field="size")
         req = pb.CreatePoolRequest(name=name, size=size, screen=_screen(screen), resources=_resources(resources),
-                                   labels=dict(labels or {}))
+                                   labels=dict(labels or {}), network=network, **fields)
         if image is not None:
             req.image = image
         if checkpoint is not None:
@@ -309,10 +312,12 @@ class AsyncClient:
         await self._call(self.pool_service.DeletePool, pb.DeletePoolRequest(id=id), timeout)
 
     async def claim(self, pool: str, *, labels: Mapping[str, str] | None = None, ttl: Seconds | None = None,
-                    timeout: float | None = None) -> Claim:
-        """Takes a usable sandbox from a pool (id or name)."""
+                    timeout: float | None = None, **fields: Any) -> Claim:
+        """Takes a usable sandbox from a pool (id or name). Other
+        ClaimPoolRequest fields (a network policy) go as keywords."""
         r = await self._call(self.pool_service.ClaimPool,
-                             pb.ClaimPoolRequest(pool_id=pool, labels=dict(labels or {}), ttl=_duration(ttl)), timeout)
+                             pb.ClaimPoolRequest(pool_id=pool, labels=dict(labels or {}), ttl=_duration(ttl), **fields),
+                             timeout)
         return Claim(AsyncSandbox(self, r.sandbox.id, r.sandbox, r.endpoint), r.hit, _seconds(r.took))
 
 
@@ -366,6 +371,24 @@ class AsyncSandbox:
                                     pb.VerifySandboxRequest(id=self.id, levels=list(levels)), timeout)
         return list(r.results)
 
+    async def update_network(self, policy: pb.NetworkPolicy, *, timeout: float | None = None) -> pb.Sandbox:
+        """Replaces the network policy of a sandbox in egress mode."""
+        r = await self.client._call(self.client.sandbox_service.UpdateSandboxNetwork,
+                                    pb.UpdateSandboxNetworkRequest(id=self.id, policy=policy), timeout)
+        return self._set(r.sandbox)
+
+    async def expose_port(self, port: int, *, timeout: float | None = None) -> tuple[str, str]:
+        """Publishes a TCP port of the sandbox through controld's gateway;
+        returns (url, token): requests under url with the bearer token reach
+        the port."""
+        r = await self.client._call(self.client.sandbox_service.ExposePort,
+                                    pb.ExposePortRequest(sandbox_id=self.id, port=port), timeout)
+        return r.url, r.token
+
+    async def unexpose_port(self, port: int, *, timeout: float | None = None) -> None:
+        await self.client._call(self.client.sandbox_service.UnexposePort,
+                                pb.UnexposePortRequest(sandbox_id=self.id, port=port), timeout)
+
     async def endpoint(self, *, timeout: float | None = None) -> pb.Endpoint:
         """How to reach the sandbox's ACI: the endpoint controld returned with
         the sandbox, or a fresh one."""
@@ -405,10 +428,11 @@ class AsyncSandbox:
         return await aci.dial(ep.url, token_source=token_source, timeout=timeout, **opts)
 
     async def checkpoint(self, *, tier: int = 0, name: str = "", labels: Mapping[str, str] | None = None,
-                         stop: bool = False, timeout: float | None = None) -> "AsyncCheckpoint":
+                         stop: bool = False, timeout: float | None = None, **fields: Any) -> "AsyncCheckpoint":
         """Captures the running sandbox (memory tier by default); it keeps
         running unless ``stop``."""
-        req = pb.CreateCheckpointRequest(sandbox_id=self.id, tier=tier, name=name, labels=dict(labels or {}), stop=stop)
+        req = pb.CreateCheckpointRequest(sandbox_id=self.id, tier=tier, name=name, labels=dict(labels or {}), stop=stop,
+                                         **fields)
         r = await self.client._call(self.client.checkpoint_service.CreateCheckpoint, req, timeout)
         return AsyncCheckpoint(self.client, r.checkpoint.id, r.checkpoint)
 
@@ -438,13 +462,16 @@ class AsyncCheckpoint:
         return list(r.deleted_ids)
 
     async def fork(self, n: int, *, labels: Mapping[str, str] | None = None, ttl: Seconds | None = None,
-                   verify: Sequence[int] = (), timeout: float | None = None) -> list[ForkResult]:
-        """Starts n replicas concurrently. The error raised is the request's;
+                   verify: Sequence[int] = (), resources: Any = None, network_policy: pb.NetworkPolicy | None = None,
+                   timeout: float | None = None, **fields: Any) -> list[ForkResult]:
+        """Starts n replicas concurrently (each with ``resources`` limits and
+        ``network_policy`` when given). The error raised is the request's;
         each replica's own failure is in its ForkResult."""
         if not 1 <= n <= 1 << 20:
             raise errors.InvalidArgument(f"must be at least 1 (got {n})", field="count")
         req = pb.ForkCheckpointRequest(checkpoint_id=self.id, count=n, labels=dict(labels or {}),
-                                       ttl=_duration(ttl), verify=list(verify))
+                                       ttl=_duration(ttl), verify=list(verify), resources=_resources(resources),
+                                       network_policy=network_policy, **fields)
         r = await self.client._call(self.client.checkpoint_service.ForkCheckpoint, req, timeout)
         out = []
         for i, rep in enumerate(r.replicas):

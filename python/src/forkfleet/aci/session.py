@@ -738,13 +738,13 @@ class Session:
         return (await self._expect(a.ClientMessage(memory_challenge=a.MemoryChallengeRequest(nonce=nonce)),
                                    "memory_challenge", timeout)).mac
 
-    async def restored(self, *, sandbox_id: str, token: str, generation: int, entropy: bytes | None = None,
-                       timeout: float | None = None) -> None:
-        """Tells a freshly restored replica its identity, token, generation
-        and fresh entropy (controld's job; admin token only)."""
-        req = a.RestoredRequest(sandbox_id=sandbox_id, token=token, generation=generation,
+    async def restored(self, *, sandbox_id: str, token: str, admin_token: str, generation: int,
+                       entropy: bytes | None = None, timeout: float | None = None) -> a.RestoredResponse:
+        """Tells a freshly restored replica its identity, its tokens (both
+        roles), generation and fresh entropy (controld's job; admin token only)."""
+        req = a.RestoredRequest(sandbox_id=sandbox_id, token=token, admin_token=admin_token, generation=generation,
                                 entropy=entropy if entropy is not None else secrets.token_bytes(32))
-        await self._expect(a.ClientMessage(restored=req), "restored", timeout)
+        return await self._expect(a.ClientMessage(restored=req), "restored", timeout)
 
     async def checkpoint_prepare(self, hold: float = 0, *, settle: float = 0, settle_timeout: float = 0,
                                  timeout: float | None = None) -> a.CheckpointPrepareResponse:
