@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"golang.org/x/sys/unix"
@@ -81,8 +82,8 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 		client.WithSnapshotter(r.cfg.Snapshotter),
 		client.WithNewSnapshot(spec.ID, img),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
-		client.WithNewSpec(r.bootSpecOpts(img, spec, criuOpts, nsb)...),
-		client.WithContainerLabels(r.labelsOf(spec)),
+		client.WithNewSpec(r.sandboxSpecOpts(oci.WithImageConfig(img), spec, criuOpts, nsb, runLayoutRootfs)...),
+		client.WithContainerLabels(withImageDigest(r.labelsOf(spec), img.Target().Digest.String())),
 	)
 	if err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {

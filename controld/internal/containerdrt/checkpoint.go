@@ -23,13 +23,14 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/oci"
+
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
 
 // Files in a checkpoint directory.
@@ -41,11 +42,17 @@ const (
 )
 
 // checkpointMeta is checkpoint.json: what Restore needs besides the CRIU
-// images and the source's spec.
+// images and the committed layer. A restore builds the fork's OCI spec from
+// this host's policy and Image (pinned to ImageDigest); spec.json (the
+// source's spec) is kept for export and for people, never read back but for
+// the layout of checkpoints that predate RunLayout and NetworkMode.
 type checkpointMeta struct {
 	Version     int       `json:"version"`
 	Source      string    `json:"source"`
 	Image       string    `json:"image"`
+	ImageDigest string    `json:"image_digest,omitempty"`
+	RunLayout   string    `json:"run_layout,omitempty"`
+	NetworkMode string    `json:"network_mode,omitempty"`
 	Snapshotter string    `json:"snapshotter"`
 	Snapshot    string    `json:"snapshot"`
 	Tier        string    `json:"tier"`
@@ -316,10 +323,27 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", id, "err", err)
 	}
 
+	if info.Spec == nil {
+		return res, fmt.Errorf("sandbox %s has no spec: %w", id, errdefs.ErrInternal)
+	}
+	layout, err := specLayout(info.Spec.GetValue())
+	if err != nil {
+		return res, fmt.Errorf("sandbox %s: spec: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	imageDigest := info.Labels[labelImageDigest]
+	if imageDigest == "" {
+		// Booted before sandboxes recorded it: the name's digest now.
+		if img, err := r.client.GetImage(ctx, info.Image); err == nil {
+			imageDigest = img.Target().Digest.String()
+		}
+	}
 	meta := checkpointMeta{
 		Version:     metaVersion,
 		Source:      id,
 		Image:       info.Image,
+		ImageDigest: imageDigest,
+		RunLayout:   layout.RunLayout,
+		NetworkMode: layout.NetworkMode,
 		Snapshotter: r.cfg.Snapshotter,
 		Snapshot:    committed,
 		Tier:        tierName(spec.Tier),
@@ -334,9 +358,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		if meta.MemoryBytes, err = dirSize(filepath.Join(spec.Dir, criuImageDir)); err != nil {
 			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
 		}
-	}
-	if info.Spec == nil {
-		return res, fmt.Errorf("sandbox %s has no spec: %w", id, errdefs.ErrInternal)
+		// A sandbox booted here runs under the seccomp filter this host
+		// installs (its processes can only add filters after it): what
+		// imported checkpoints are checked against. Forks do not teach:
+		// their state came from a checkpoint.
+		if info.Labels[labelCheckpoint] == "" {
+			if err := r.seccomp.learn(filepath.Join(spec.Dir, criuImageDir)); err != nil {
+				r.log.WarnContext(ctx, "checkpoint: learn the host's seccomp filter", "sandbox", id, "err", err)
+			}
+		}
 	}
 	if err := writeFileAtomic(filepath.Join(spec.Dir, specFile), info.Spec.GetValue(), 0o600); err != nil {
 		return res, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
@@ -520,30 +550,75 @@ func upperDir(ms []mount.Mount) (string, error) {
 	return "", fmt.Errorf("snapshotter mount type %q is not overlay", m.Type)
 }
 
-func readMeta(dir string) (checkpointMeta, *oci.Spec, error) {
+func readMeta(dir string) (checkpointMeta, error) {
 	var meta checkpointMeta
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return meta, nil, fmt.Errorf("checkpoint %s: %w", dir, errdefs.ErrNotFound)
+			return meta, fmt.Errorf("checkpoint %s: %w", dir, errdefs.ErrNotFound)
 		}
-		return meta, nil, fmt.Errorf("checkpoint %s: %w: %w", dir, errdefs.ErrInternal, err)
+		return meta, fmt.Errorf("checkpoint %s: %w: %w", dir, errdefs.ErrInternal, err)
 	}
 	if err := json.Unmarshal(b, &meta); err != nil {
-		return meta, nil, fmt.Errorf("checkpoint %s: metadata: %w: %w", dir, errdefs.ErrInternal, err)
+		return meta, fmt.Errorf("checkpoint %s: metadata: %w: %w", dir, errdefs.ErrInternal, err)
 	}
 	if meta.Version != metaVersion {
-		return meta, nil, fmt.Errorf("checkpoint %s: metadata version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
+		return meta, fmt.Errorf("checkpoint %s: metadata version %d: %w", dir, meta.Version, errdefs.ErrFailedPrecondition)
 	}
-	b, err = os.ReadFile(filepath.Join(dir, specFile))
-	if err != nil {
-		return meta, nil, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+	if meta.RunLayout == "" || meta.NetworkMode == "" {
+		// A checkpoint from before checkpoint.json held its layout: its
+		// spec.json's annotations say (nothing else of it is used).
+		b, err := os.ReadFile(filepath.Join(dir, specFile))
+		if err != nil {
+			return meta, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+		}
+		l, err := specLayout(b)
+		if err != nil {
+			return meta, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+		}
+		meta.RunLayout, meta.NetworkMode = l.RunLayout, l.NetworkMode
 	}
-	var s oci.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return meta, nil, fmt.Errorf("checkpoint %s: spec: %w: %w", dir, errdefs.ErrInternal, err)
+	if err := meta.checkLayout(); err != nil {
+		return meta, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
-	return meta, &s, nil
+	return meta, nil
+}
+
+// checkLayout refuses layouts this host does not have.
+func (m checkpointMeta) checkLayout() error {
+	if m.RunLayout != runLayoutRootfs && m.RunLayout != runLayoutTmpfs {
+		return fmt.Errorf("run layout %q: %w", m.RunLayout, errdefs.ErrFailedPrecondition)
+	}
+	if m.NetworkMode != network.ModeNone.String() && m.NetworkMode != network.ModeEgress.String() {
+		return fmt.Errorf("network mode %q: %w", m.NetworkMode, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// sandboxLayout is what a checkpoint keeps of its source's spec: where
+// /run lives (rootfs, or a tmpfs in sandboxes from before) and the network
+// mode. Both select among this host's own layouts.
+type sandboxLayout struct {
+	RunLayout   string
+	NetworkMode string
+}
+
+// specLayout reads the layout from an OCI spec's annotations.
+func specLayout(specJSON []byte) (sandboxLayout, error) {
+	var s struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(specJSON, &s); err != nil {
+		return sandboxLayout{}, err
+	}
+	l := sandboxLayout{RunLayout: runLayoutTmpfs, NetworkMode: network.ModeNone.String()}
+	if s.Annotations[runLayoutAnnotation] == runLayoutRootfs {
+		l.RunLayout = runLayoutRootfs
+	}
+	if s.Annotations[networkAnnotation] == network.ModeEgress.String() {
+		l.NetworkMode = network.ModeEgress.String()
+	}
+	return l, nil
 }
 
 // DeleteCheckpoint releases a checkpoint: its directory goes, and its
@@ -576,7 +651,7 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref fleet.CheckpointRef)
 	}
 	if dirExists && ref.Snapshot != "" {
 		// Never release a layer another checkpoint's directory names.
-		if meta, _, err := readMeta(ref.Dir); err == nil && meta.Snapshot != ref.Snapshot {
+		if meta, err := readMeta(ref.Dir); err == nil && meta.Snapshot != ref.Snapshot {
 			return fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", ref.Dir, meta.Snapshot, ref.Snapshot, errdefs.ErrFailedPrecondition)
 		}
 	}

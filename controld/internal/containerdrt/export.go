@@ -125,7 +125,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef,
 		return res, err
 	}
 	ctx = r.ctx(ctx)
-	meta, _, err := readMeta(ref.Dir)
+	meta, err := readMeta(ref.Dir)
 	if err != nil {
 		return res, err
 	}
@@ -322,10 +322,22 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 		}
 		return ref, nil, err
 	}
-	if chainID != wantChain {
+	if chainID != wantChain || base.Target.Digest.String() != baseDigest {
+		// Pinned by digest: the same layers under another config
+		// (entrypoint, environment, CRIU options) are another image.
 		return ref, nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
 			"checkpoint image %s was taken on base image %s (%s, layers %s); here %s is %s with layers %s",
 			name, baseName, baseDigest, wantChain, baseName, base.Target.Digest, chainID)
+	}
+
+	// Restored processes keep the credentials and seccomp filters of the
+	// CRIU images: only what this host's policy gives may come in
+	// (criupolicy.go), checked once the images are unpacked.
+	var pol processPolicy
+	if ck.criu != nil {
+		if pol, err = r.processPolicy(ctx, baseName); err != nil {
+			return ref, nil, err
+		}
 	}
 
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
@@ -383,9 +395,25 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 	if err := g.Wait(); err != nil {
 		return ref, nil, err
 	}
+	if ck.criu != nil {
+		if err := checkProcessState(filepath.Join(dir, criuImageDir), pol); err != nil {
+			return ref, nil, fmt.Errorf("import %s: %w", name, err)
+		}
+	}
 
 	meta.Snapshot = committed
 	meta.Snapshotter = r.cfg.Snapshotter
+	meta.ImageDigest = baseDigest
+	if meta.RunLayout == "" || meta.NetworkMode == "" {
+		l, err := specLayout(ck.exported.Spec)
+		if err != nil {
+			return ref, nil, notCheckpointImage(name, "spec.json: %v", err)
+		}
+		meta.RunLayout, meta.NetworkMode = l.RunLayout, l.NetworkMode
+	}
+	if err := meta.checkLayout(); err != nil {
+		return ref, nil, notCheckpointImage(name, "%v", err)
+	}
 	mb, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
 		return ref, nil, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
@@ -471,7 +499,7 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 	default:
 		return nil, notCheckpointImage(name, "tier %q", m.Annotations[AnnotationTier])
 	}
-	for _, k := range []string{ocispec.AnnotationBaseImageName, AnnotationBaseChainID} {
+	for _, k := range []string{ocispec.AnnotationBaseImageName, ocispec.AnnotationBaseImageDigest, AnnotationBaseChainID} {
 		if m.Annotations[k] == "" {
 			return nil, notCheckpointImage(name, "annotation %s missing", k)
 		}

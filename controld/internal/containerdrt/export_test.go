@@ -77,9 +77,10 @@ func exportTestManifest(tier string) (ocispec.Manifest, exportedMeta) {
 		Config:       ocispec.DescriptorEmptyJSON,
 		Layers:       layers,
 		Annotations: map[string]string{
-			ocispec.AnnotationBaseImageName: "localhost/base:1",
-			AnnotationBaseChainID:           digest.FromString("chain").String(),
-			AnnotationTier:                  tier,
+			ocispec.AnnotationBaseImageName:   "localhost/base:1",
+			ocispec.AnnotationBaseImageDigest: digest.FromString("base").String(),
+			AnnotationBaseChainID:             digest.FromString("chain").String(),
+			AnnotationTier:                    tier,
 		},
 	}
 	ck, _ := json.Marshal(checkpointMeta{Version: metaVersion, Image: "localhost/base:1", Tier: tier, Snapshot: "s", Snapshotter: "overlayfs"})

@@ -13,7 +13,11 @@ import (
 const (
 	labelSandbox = "forkfleet.sandbox" // "true"
 	labelImage   = "forkfleet.image"
-	labelScreen  = "forkfleet.screen"
+	// labelImageDigest is the manifest digest labelImage named when the
+	// sandbox (or the source of its checkpoint) booted: checkpoints and
+	// their forks are pinned to it.
+	labelImageDigest = "forkfleet.image-digest"
+	labelScreen      = "forkfleet.screen"
 	// labelEnvKeys lists the caller's env keys (comma separated) so a
 	// disk-tier fork can strip the source's variables from its spec.
 	labelEnvKeys = "forkfleet.env-keys"
@@ -49,6 +53,11 @@ func sandboxLabels(spec fleet.BootSpec) map[string]string {
 	for k, v := range spec.Labels {
 		l[labelUserPrefix+k] = v
 	}
+	return l
+}
+
+func withImageDigest(l map[string]string, dg string) map[string]string {
+	l[labelImageDigest] = dg
 	return l
 }
 

@@ -4,6 +4,7 @@ package containerdrt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,32 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
+
+// pinnedImage returns the image a checkpoint's source booted from: by name
+// when the name still denotes the digest the checkpoint recorded, else any
+// image of that digest in the namespace. A fork must not start from
+// another image's config (entrypoint, environment, CRIU options) under the
+// old name.
+func (r *Runtime) pinnedImage(ctx context.Context, meta checkpointMeta) (client.Image, error) {
+	img, err := r.image(ctx, meta.Image)
+	if err == nil && (meta.ImageDigest == "" || img.Target().Digest.String() == meta.ImageDigest) {
+		return img, nil // no digest: a checkpoint from before they were recorded
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	if meta.ImageDigest != "" {
+		list, lerr := r.client.ImageService().List(ctx, "target.digest=="+meta.ImageDigest)
+		if lerr != nil {
+			return nil, fmt.Errorf("images of digest %s: %w", meta.ImageDigest, convertErr(lerr))
+		}
+		if len(list) > 0 {
+			return r.image(ctx, list[0].Name)
+		}
+	}
+	return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
+		"checkpoint was taken on image %s (%s), which is not in namespace %s any more", meta.Image, meta.ImageDigest, r.cfg.Namespace)
+}
 
 // restorePaths are the CRIU directories of a memory-tier fork.
 type restorePaths struct {
@@ -81,7 +108,7 @@ func (r *Runtime) restoreWorkDir(id string) string { return r.workDir(id + "-res
 // createRestore creates the fork's container and task (the shim holds the
 // restore options; runc restore runs at Start).
 func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) (*sandbox, error) {
-	meta, s, err := readMeta(from.Dir)
+	meta, err := readMeta(from.Dir)
 	if err != nil {
 		return nil, err
 	}
@@ -96,24 +123,38 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	}
 	// A fork keeps its source's in-sandbox network (address, routes,
 	// resolver): restored sockets and configuration depend on it.
-	if got := checkpointNetworkMode(s); got != spec.Network.Mode {
+	if got := checkpointNetworkMode(meta); got != spec.Network.Mode {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NETWORK_MODE_MISMATCH",
 			"checkpoint %s was taken in network mode %s; its forks cannot run in mode %s", from.Dir, got, spec.Network.Mode)
+	}
+	img, err := r.pinnedImage(ctx, meta)
+	if err != nil {
+		return nil, err
+	}
+	criuOpts, err := r.imageCRIUOptions(ctx, img)
+	if err != nil {
+		return nil, err
+	}
+	proc, err := r.imageProcess(ctx, img)
+	if err != nil {
+		return nil, err
 	}
 	nsb, err := r.setupNetwork(ctx, spec, from.Tier == fleet.TierMemory)
 	if err != nil {
 		return nil, err
 	}
-	// The source's spec (same mounts, same process) with the fork's own
-	// cgroup, limits, network namespace and identity.
-	if s.Process != nil {
-		s.Process.Env = mergeEnv(stripSandboxEnv(s.Process.Env, meta.EnvKeys), sandboxEnv(spec))
-	}
-	if err := r.withSandbox(spec, nsb)(ctx, r.client, nil, s); err != nil {
+	// The whole spec from this host's policy and the checkpoint's (pinned)
+	// image, with the fork's own cgroup, limits, network namespace and
+	// identity, as for a boot: nothing of the checkpoint's spec.json (whose
+	// capabilities, seccomp profile, mounts and devices are its writer's).
+	// Only process state (CRIU images) and the layer come from a checkpoint.
+	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: spec.ID},
+		r.sandboxSpecOpts(withImageProcess(proc), spec, criuOpts, nsb, meta.RunLayout)...)
+	if err != nil {
 		r.cleanup(ctx, spec.ID, nil, nil, true)
 		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
-	labels := r.labelsOf(spec)
+	labels := withImageDigest(r.labelsOf(spec), img.Target().Digest.String())
 	labels[labelImage] = meta.Image // what the fork really runs
 	labels[labelCheckpoint] = from.Dir
 	labels[labelTier] = meta.Tier
@@ -161,10 +202,9 @@ func withForkSnapshot(snapshotter, key, parent string) client.NewContainerOpts {
 	}
 }
 
-// checkpointNetworkMode is the network mode a checkpoint's source ran in
-// (a spec from before network modes: none).
-func checkpointNetworkMode(s *oci.Spec) network.Mode {
-	if s.Annotations[networkAnnotation] == network.ModeEgress.String() {
+// checkpointNetworkMode is the network mode a checkpoint's source ran in.
+func checkpointNetworkMode(meta checkpointMeta) network.Mode {
+	if meta.NetworkMode == network.ModeEgress.String() {
 		return network.ModeEgress
 	}
 	return network.ModeNone

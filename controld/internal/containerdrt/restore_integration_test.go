@@ -49,12 +49,12 @@ func TestIntegrationRunOnRootfs(t *testing.T) {
 	}
 	mustCall(t, src, "set run-on-rootfs")
 	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
-	_, s, err := readMeta(res.Ref.Dir)
+	meta, err := readMeta(res.Ref.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := s.Annotations[runLayoutAnnotation]; a != runLayoutRootfs {
-		t.Fatalf("checkpoint spec annotation %s=%q, want %q", runLayoutAnnotation, a, runLayoutRootfs)
+	if meta.RunLayout != runLayoutRootfs {
+		t.Fatalf("checkpoint run layout %q, want %q", meta.RunLayout, runLayoutRootfs)
 	}
 	f := restoreT(t, r, testSpec(uniqueID("runfsf")), res.Ref)
 	if got := mustCall(t, f, "get"); got != "run-on-rootfs" {

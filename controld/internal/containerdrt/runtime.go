@@ -244,6 +244,11 @@ type Runtime struct {
 	// they are empty on this kernel (see emptyProcDirs).
 	unmaskDirs map[string]bool
 
+	imageProcs sync.Map // image digest -> imageProcess
+	// seccomp: the first seccomp filters this host's sandboxes run under
+	// (criupolicy.go).
+	seccomp *seccompRoots
+
 	unpacked sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
 	layers   layerSlots
 
@@ -318,6 +323,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		emptyDir:    emptyDir,
 		maskDirs:    existingDirs(maskedDirCandidates),
 		unmaskDirs:  emptyProcDirs(procMaskedDirCandidates),
+		seccomp:     loadSeccompRoots(filepath.Join(cfg.StateDir, seccompRootsFile)),
 		quiet:       map[string]time.Time{},
 		precreated:  map[string]*precreated{},
 		criuBinary:  lookPath("criu"),

@@ -5,15 +5,29 @@ package containerdrt
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/magic"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/cap"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
@@ -268,6 +282,260 @@ func TestIntegrationLayerCopyRace(t *testing.T) {
 		}
 		if t.Failed() {
 			t.Fatalf("checkpoint %d (%v) carried or touched host bytes", i, tier)
+		}
+	}
+}
+
+// craftCheckpointImage writes dst, a copy of the checkpoint image src as a
+// hostile exporter would change it: editSpec rewrites the exported
+// spec.json, editCore every CRIU core image (thread state).
+func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec func(*specs.Spec), editCore func(*criucore.CoreEntry)) {
+	t.Helper()
+	ctx, done, err := r.client.WithLease(r.ctx(context.Background()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done(context.Background())
+	cs, is := r.client.ContentStore(), r.client.ImageService()
+	img, err := is.Get(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := readCheckpointImage(ctx, cs, src, img.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man := ck.manifest
+	layers := slices.Clone(man.Layers)
+	em := ck.exported
+	if editSpec != nil {
+		var s specs.Spec
+		if err := json.Unmarshal(em.Spec, &s); err != nil {
+			t.Fatal(err)
+		}
+		editSpec(&s)
+		if em.Spec, err = json.Marshal(&s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mb, err := json.Marshal(em)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := writeBytesBlob(ctx, cs, MediaTypeCheckpointMeta, mb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md.Annotations = layers[len(layers)-1].Annotations
+	layers[len(layers)-1] = md
+	if editCore != nil {
+		dir := filepath.Join(t.TempDir(), "criu")
+		if err := unpackBlob(ctx, cs, src, *ck.criu, dir); err != nil {
+			t.Fatal(err)
+		}
+		cores, _ := filepath.Glob(filepath.Join(dir, "core-*.img"))
+		for _, p := range cores {
+			rewriteCore(t, p, editCore)
+		}
+		d, err := writeStreamBlob(ctx, cs, MediaTypeCheckpointCRIU, func(w io.Writer) error { return writeTreeTar(ctx, w, dir) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Annotations = layers[0].Annotations
+		layers[0] = d
+	}
+	man.Layers = layers
+	manb, err := json.Marshal(man)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc := map[string]string{gcRefContentPrefix + "config": man.Config.Digest.String()}
+	for i, l := range layers {
+		gc[gcRefContentPrefix+"l."+strconv.Itoa(i)] = l.Digest.String()
+	}
+	desc, err := writeBytesBlob(ctx, cs, ocispec.MediaTypeImageManifest, manb, gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := is.Create(ctx, images.Image{Name: dst, Target: desc}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { is.Delete(r.ctx(context.Background()), dst) })
+}
+
+// rewriteCore edits one CRIU core image in place, keeping its header.
+func rewriteCore(t *testing.T, path string, edit func(*criucore.CoreEntry)) {
+	t.Helper()
+	var core criucore.CoreEntry
+	if err := readSingleEntry(path, magic.LoadMagic().ByName["CORE"], &core); err != nil {
+		t.Fatal(err)
+	}
+	edit(&core)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := proto.Marshal(&core)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := append([]byte(nil), b[:8]...) // common magic, CORE magic
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(body)))
+	if err := os.WriteFile(path, append(out, body...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// statusField returns a field of the /proc status of a sandbox's init (and
+// of every thread: they must agree).
+func statusField(t *testing.T, inst fleet.Instance, field string) string {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", inst.PID))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("tasks of %s: %v", inst.ID, err)
+	}
+	got := map[string]bool{}
+	for _, p := range tasks {
+		got[procField(t, p, field)] = true
+	}
+	if len(got) != 1 {
+		t.Errorf("%s: the threads of its init disagree on %s: %v", inst.ID, field, got)
+	}
+	return procField(t, tasks[0], field)
+}
+
+func procField(t *testing.T, path, field string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// TestIntegrationImportedCheckpointPolicy: an imported checkpoint brings
+// process state and a layer, nothing else. Its spec.json, rewritten to
+// grant every capability, drop seccomp and no_new_privs and bind-mount the
+// host's /etc, is ignored: memory and disk forks run under this host's
+// policy. CRIU images whose threads hold extra capabilities, or run without
+// seccomp, are refused at import with CHECKPOINT_POLICY.
+func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
+	r := securityRuntime(t)
+	ctx := r.ctx(context.Background())
+	src := bootT(t, r, testSpec(uniqueID("pol")))
+	mustCall(t, src, "set policy-value")
+	wantCaps := statusField(t, src, "CapBnd")
+	if wantCaps == "" {
+		t.Fatal("no CapBnd in the source's status")
+	}
+	mem := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	disk := checkpointT(t, r, src.ID, fleet.TierDisk, false)
+
+	// The host's own checkpoint passes its own policy.
+	pol, err := r.processPolicy(ctx, testImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkProcessState(filepath.Join(mem.Ref.Dir, criuImageDir), pol); err != nil {
+		t.Fatalf("the host's own checkpoint fails its policy: %v", err)
+	}
+
+	hostile := func(s *specs.Spec) {
+		all := cap.Known()
+		s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: all, Effective: all, Permitted: all, Inheritable: all, Ambient: all}
+		s.Process.NoNewPrivileges = false
+		s.Linux.Seccomp = nil
+		s.Linux.MaskedPaths, s.Linux.ReadonlyPaths = nil, nil
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/hostetc", Type: "bind", Source: "/etc", Options: []string{"rbind", "rw"}})
+		s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: "/dev/hostmem", Type: "c", Major: 1, Minor: 1})
+	}
+	for _, tc := range []struct {
+		name string
+		ref  fleet.CheckpointRef
+	}{{"memory", mem.Ref}, {"disk", disk.Ref}} {
+		t.Run(tc.name, func(t *testing.T) {
+			exported := "localhost/forkfleet/sec-it-ck:" + randomHex(4)
+			crafted := exported + "-crafted"
+			if _, err := r.ExportCheckpoint(ctx, tc.ref, nil, exported); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.client.ImageService().Delete(r.ctx(context.Background()), exported) })
+			craftCheckpointImage(t, r, exported, crafted, hostile, nil)
+			ref, _, err := r.ImportCheckpoint(ctx, crafted, filepath.Join(r.cfg.CheckpointRoot, uniqueID("crafted")))
+			if err != nil {
+				t.Fatalf("import of a checkpoint with a hostile spec.json: %v", err)
+			}
+			t.Cleanup(func() { r.DeleteCheckpoint(context.Background(), ref) })
+			f := restoreT(t, r, testSpec(uniqueID("polf")), ref)
+			if tc.name == "memory" {
+				if got := mustCall(t, f, "get"); got != "policy-value" {
+					t.Errorf("fork value %q", got)
+				}
+			}
+			if got := statusField(t, f, "CapBnd"); got != wantCaps {
+				t.Errorf("fork's bounding set %s, want this host's %s", got, wantCaps)
+			}
+			if got := statusField(t, f, "Seccomp"); got != "2" {
+				t.Errorf("fork's seccomp mode %q, want 2 (filter)", got)
+			}
+			if got := statusField(t, f, "NoNewPrivs"); got != "1" {
+				t.Errorf("fork's no_new_privs %q, want 1", got)
+			}
+			if mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", f.PID)); err != nil || strings.Contains(string(mi), "/hostetc") {
+				t.Errorf("the host mount of the imported spec is in the fork:\n%s", mi)
+			}
+			if got := mustCall(t, f, "read /dev/hostmem"); !strings.HasPrefix(got, "error") {
+				t.Errorf("the device of the imported spec is in the fork: %q", got)
+			}
+		})
+	}
+
+	// Process state beyond the policy: refused at import.
+	exported := "localhost/forkfleet/sec-it-ck:" + randomHex(4)
+	if _, err := r.ExportCheckpoint(ctx, mem.Ref, nil, exported); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.client.ImageService().Delete(r.ctx(context.Background()), exported) })
+
+	// A host that never dumped a sandbox learns its own filter first (a
+	// throwaway sandbox of the base image), then admits an honest import.
+	fresh := newTestRuntime(t, securityNamespace)
+	if n := len(fresh.seccomp.snapshot()); n != 0 {
+		t.Fatalf("a fresh runtime knows %d seccomp filters", n)
+	}
+	fref, _, err := fresh.ImportCheckpoint(ctx, exported, filepath.Join(fresh.cfg.CheckpointRoot, uniqueID("honest")))
+	if err != nil {
+		t.Fatalf("honest import on a host without a reference: %v", err)
+	}
+	fresh.DeleteCheckpoint(ctx, fref)
+	if n := len(fresh.seccomp.snapshot()); n != 1 {
+		t.Errorf("the fresh runtime learned %d seccomp filters, want 1", n)
+	}
+	for name, edit := range map[string]func(*criucore.CoreEntry){
+		"capabilities": func(c *criucore.CoreEntry) {
+			cr := c.GetThreadCore().GetCreds()
+			full := []uint32{^uint32(0), 0x1ff}
+			cr.CapBnd, cr.CapPrm, cr.CapEff = full, full, full
+		},
+		"no seccomp": func(c *criucore.CoreEntry) {
+			mode := criucore.SeccompMode_disabled
+			c.GetThreadCore().SeccompMode = &mode
+			c.GetThreadCore().SeccompFilter = nil
+		},
+	} {
+		crafted := exported + "-" + strings.ReplaceAll(name, " ", "-")
+		craftCheckpointImage(t, r, exported, crafted, nil, edit)
+		_, _, err := r.ImportCheckpoint(ctx, crafted, filepath.Join(r.cfg.CheckpointRoot, uniqueID("refused")))
+		var re *errdefs.ReasonError
+		if !errors.As(err, &re) || re.Reason != "CHECKPOINT_POLICY" || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("import of CRIU images with %s: %v, want FAILED_PRECONDITION CHECKPOINT_POLICY", name, err)
+		} else {
+			t.Logf("refused (%s): %v", name, err)
 		}
 	}
 }

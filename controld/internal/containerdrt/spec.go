@@ -46,6 +46,7 @@ const criuConfigAnnotation = "org.criu.config"
 const (
 	runLayoutAnnotation = "forkfleet.dev/run"
 	runLayoutRootfs     = "rootfs"
+	runLayoutTmpfs      = "tmpfs"
 )
 
 // droppedCaps are removed from containerd's default set: a desktop sandbox
@@ -331,19 +332,25 @@ func setSizeOption(opts []string, size int64) []string {
 	return append(out, "size="+strconv.FormatInt(size, 10))
 }
 
-// bootSpecOpts builds the OCI spec of a fresh sandbox. The seccomp profile
-// comes last: containerd's default profile depends on the capabilities.
-func (r *Runtime) bootSpecOpts(img oci.Image, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, extra ...oci.SpecOpts) []oci.SpecOpts {
+// sandboxSpecOpts builds the OCI spec of a sandbox from this host's policy
+// and its image alone: a fresh boot (image: oci.WithImageConfig) and every
+// restore (image: withImageProcess; a checkpoint's spec is never reused: an
+// imported one is whatever its writer wanted, capabilities and host mounts
+// included). Only runLayout comes from a checkpoint, and it picks between
+// two local layouts. The seccomp profile comes last: containerd's default
+// profile depends on the capabilities.
+func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, runLayout string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
-		oci.WithImageConfig(img),
+		image,
 		withImageCRIUOptions(criuOpts),
 		withMergedEnv(sandboxEnv(spec)),
 		oci.WithDroppedCapabilities(droppedCaps),
 		oci.WithNoNewPrivileges,
-		withRunOnRootfs,
-		r.withSandbox(spec, nsb),
 	}
-	opts = append(opts, extra...)
+	if runLayout == runLayoutRootfs {
+		opts = append(opts, withRunOnRootfs)
+	}
+	opts = append(opts, r.withSandbox(spec, nsb))
 	return append(opts, seccomp.WithDefaultProfile())
 }
 
