@@ -46,6 +46,9 @@ type Client struct {
 	checkpoints controldv1.CheckpointServiceClient
 	pools       controldv1.PoolServiceClient
 	aciOpts     []aci.DialOption
+	// gatewayTLS is the TLS configuration for HTTPS requests to controld's
+	// gateway (exposed ports): Dial's WithTLS; nil means system roots.
+	gatewayTLS *tls.Config
 }
 
 // Option configures Dial.
@@ -161,7 +164,9 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	if o.insecure {
 		aciOpts = append(aciOpts, aci.WithInsecure())
 	}
-	return NewFromConn(conn, append(aciOpts, o.aciOpts...)...), nil
+	c := NewFromConn(conn, append(aciOpts, o.aciOpts...)...)
+	c.gatewayTLS = o.tls
+	return c, nil
 }
 
 // NewFromConn wraps an existing gRPC connection (the caller keeps owning

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/client"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
@@ -83,6 +86,7 @@ func TestRealStackBrowser(t *testing.T) {
 
 	// CDP answers on the sandbox's loopback (never on a host port).
 	checkCDP(t, ctx, sess, "source")
+	cdpThroughGateway(t, ctx, client.NewFromConn(s.conn).Sandbox(src), "source")
 
 	// Typed text reaches the page's focused input, non-ASCII included.
 	const typed = "été ünï 丘丙"
@@ -158,6 +162,9 @@ func TestRealStackBrowser(t *testing.T) {
 		})
 		// The restored DevTools server answers on the replica's loopback.
 		checkCDP(t, ctx, rs, fmt.Sprintf("replica %d", i))
+		if i == 0 {
+			cdpThroughGateway(t, ctx, client.NewFromConn(s.conn).Sandbox(r.id), "replica 0")
+		}
 		// Nothing but the browser's window: no crash or restore dialog.
 		ws, err := rs.ListWindows(ctx)
 		if err != nil {
@@ -183,6 +190,31 @@ func checkCDP(t *testing.T, ctx context.Context, sess *aci.Session, who string) 
 	if err != nil || r.ExitCode != 0 || !strings.Contains(string(r.Stdout), `"webSocketDebuggerUrl"`) || !strings.Contains(string(r.Stdout), "Chrome/") {
 		t.Fatalf("%s: CDP /json/version on the sandbox's loopback: %v exit %d %q %q", who, err, r.GetExitCode(), r.GetStdout(), r.GetStderr())
 	}
+}
+
+// cdpThroughGateway reaches the sandbox's browser as a CDP client on the
+// host does: its DevTools port exposed through controld's gateway with the
+// port's token (client.Sandbox.DevTools), a WebSocket to the browser target,
+// one command.
+func cdpThroughGateway(t *testing.T, ctx context.Context, sb *client.Sandbox, who string) {
+	t.Helper()
+	dt, err := sb.DevTools(ctx)
+	if err != nil {
+		t.Fatalf("%s: devtools through the gateway: %v", who, err)
+	}
+	c, _, err := websocket.Dial(ctx, dt.WebSocketURL, &websocket.DialOptions{HTTPHeader: dt.Header})
+	if err != nil {
+		t.Fatalf("%s: CDP WebSocket %s: %v", who, dt.WebSocketURL, err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"id":1,"method":"Browser.getVersion"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := c.Read(ctx)
+	if err != nil || !strings.Contains(string(msg), `"product":"Chrome/`) {
+		t.Fatalf("%s: Browser.getVersion over CDP: %v %.200s", who, err, msg)
+	}
+	t.Logf("%s: CDP through the gateway: %s answers at %s", who, dt.Browser, dt.WebSocketURL)
 }
 
 // waitTitle polls the window list until a window's title satisfies ok.
