@@ -1,0 +1,77 @@
+/*
+ * forkfleet-criu-rlimits: preloaded into forkfleet's private CRIU by
+ * deploy/host-setup.sh.
+ *
+ * CRIU reads each dumped task's resource limits with prlimit64(pid, res,
+ * NULL, &old). Across users the kernel allows that only with CAP_SYS_RESOURCE
+ * (or when CRIU's real ids equal all of the task's), and some hosts' root
+ * lacks it: on these VMs it is missing from the bounding set. A sandbox whose
+ * agent runs as its own user next to a root guestd (guestd.json "user") could
+ * then never be dumped: "Can't get rlimit 0: Operation not permitted".
+ *
+ * When such a read is refused, this answers it from /proc/<pid>/limits,
+ * which the kernel shows to everyone: the same values, read another way.
+ * Nothing else changes; with CAP_SYS_RESOURCE the shim never acts.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+
+/*
+ * /proc/<pid>/limits: a header, then one line per resource in RLIMIT_*
+ * order, "%-25s %-20s %-20s %-10s" (name, soft, hard, units); a value is a
+ * number or "unlimited".
+ */
+static int limit_from_proc(long pid, long res, struct rlimit64 *out)
+{
+	char path[64], line[256], soft[32], hard[32];
+	FILE *f;
+	int n = -1, ok = -1;
+
+	snprintf(path, sizeof(path), "/proc/%ld/limits", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		if (n++ != res)
+			continue;
+		if (strlen(line) > 47 && sscanf(line + 26, "%31s", soft) == 1 && sscanf(line + 47, "%31s", hard) == 1) {
+			out->rlim_cur = strcmp(soft, "unlimited") ? strtoull(soft, NULL, 10) : RLIM64_INFINITY;
+			out->rlim_max = strcmp(hard, "unlimited") ? strtoull(hard, NULL, 10) : RLIM64_INFINITY;
+			ok = 0;
+		}
+		break;
+	}
+	fclose(f);
+	return ok;
+}
+
+long syscall(long nr, ...)
+{
+	static long (*real)(long, ...);
+	long a[6];
+	va_list ap;
+	long r;
+	int i;
+
+	va_start(ap, nr);
+	for (i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	if (!real)
+		real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+	r = real(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+	/* A read (no new limit) of another task's limit, refused. */
+	if (r == -1 && errno == EPERM && nr == SYS_prlimit64 && a[0] > 0 && a[2] == 0 && a[3] != 0) {
+		if (limit_from_proc(a[0], a[1], (struct rlimit64 *)a[3]) == 0)
+			return 0;
+		errno = EPERM;
+	}
+	return r;
+}
