@@ -198,6 +198,13 @@ func WithEnv(env map[string]string) CreateOption {
 	})
 }
 
+// WithRunAsRoot makes the sandbox run the agent's processes (exec, launch,
+// the window manager and the session apps) as root instead of the image's
+// unprivileged user.
+func WithRunAsRoot() CreateOption {
+	return createFunc(func(r *controldv1.CreateSandboxRequest) { r.RunAsRoot = true })
+}
+
 // WithWaitReady makes CreateSandbox return only once the sandbox is usable.
 func WithWaitReady() CreateOption {
 	return createFunc(func(r *controldv1.CreateSandboxRequest) { r.WaitReady = true })

@@ -424,7 +424,7 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 	}
 	nw := netpolicy.Normalize(req.GetNetwork())
 	sb := f.newSandbox(image, res, req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0,
-		func(sb *controldv1.Sandbox) { sb.Network = nw })
+		func(sb *controldv1.Sandbox) { sb.Network, sb.RunAsRoot = nw, req.GetRunAsRoot() })
 	resp := &controldv1.CreateSandboxResponse{Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb)}
 	f.mu.Unlock()
 	return resp, nil
@@ -679,7 +679,7 @@ func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheck
 	levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM)
 	ck := &controldv1.Checkpoint{
 		Id: f.newID("ck"), Name: req.GetName(), Tier: tier, State: controldv1.CheckpointState_CHECKPOINT_STATE_READY,
-		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(),
+		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(), RunAsRoot: sb.GetRunAsRoot(),
 		Screen: proto.CloneOf(sb.GetScreen()), Resources: proto.CloneOf(sb.GetResources()), Labels: maps.Clone(req.GetLabels()),
 		CreatedAt: timestamppb.Now(), MemoryBytes: memBytes, LayerBytes: 4 << 20, VerifyLevels: levels,
 		Network: netpolicy.Normalize(sb.GetNetwork()),
@@ -830,7 +830,7 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 		}
 		sb := f.newSandbox(ck.GetImage(), res, ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,
 			func(sb *controldv1.Sandbox) {
-				sb.CheckpointId, sb.Generation = ck.GetId(), 1
+				sb.CheckpointId, sb.Generation, sb.RunAsRoot = ck.GetId(), 1, ck.GetRunAsRoot()
 				sb.Network = &controldv1.Network{Mode: netpolicy.Mode(ck.GetNetwork()), Policy: proto.CloneOf(policy)}
 			})
 		ck.LiveForks++

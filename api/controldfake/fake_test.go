@@ -198,3 +198,26 @@ func TestReachLimit(t *testing.T) {
 		t.Fatalf("limits reached %v", r)
 	}
 }
+
+// The fake keeps run_as_root like controld: on the sandbox, its
+// checkpoints and their forks.
+func TestRunAsRoot(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	plain, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil || plain.Info().GetRunAsRoot() {
+		t.Fatalf("default sandbox: %v %v", plain.Info(), err)
+	}
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady(), client.WithRunAsRoot())
+	if err != nil || !sb.Info().GetRunAsRoot() {
+		t.Fatalf("root sandbox: %v %v", sb.Info(), err)
+	}
+	ck, err := sb.Checkpoint(ctx)
+	if err != nil || !ck.Info().GetRunAsRoot() {
+		t.Fatalf("checkpoint: %v %v", ck.Info(), err)
+	}
+	results, err := ck.Fork(ctx, 1)
+	if err != nil || results[0].Err != nil || !results[0].Sandbox.Info().GetRunAsRoot() {
+		t.Fatalf("fork: %+v %v", results, err)
+	}
+}

@@ -7,7 +7,8 @@
 #  1. drops Depends the sandbox never runs through a stand-in package that
 #     Provides them at their installed versions, then apt autoremove (dpkg and
 #     apt stay consistent for derived images);
-#  2. prebuilds the fontconfig cache (nothing writes one at first use);
+#  2. adds the unprivileged agent user; prebuilds the fontconfig cache
+#     (nothing writes one at first use);
 #  3. smoke-tests Xvfb and checks every program and library still resolves;
 #  4. prunes docs (keeping copyright files), man/info pages, locales except
 #     en, apt lists and caches, logs, temp files.
@@ -79,6 +80,16 @@ apt-get -q check >/dev/null
 for l in "${pruned_loaders[@]}"; do
 	rm -f "/usr/lib/x86_64-linux-gnu/imlib2/loaders/$l.so"
 done
+
+# The unprivileged user agents act as (guestd.json "user"): exec, launch,
+# the window manager and the session apps run as agent (uid/gid 1000);
+# guestd stays root (it is init and serves X and /proc). Its home holds
+# what /root holds for root: openbox's log directory is /dev/null, so
+# openbox keeps no log file open (one file fewer for every checkpoint).
+useradd --uid 1000 --user-group --create-home --home-dir /home/agent --shell /bin/bash agent
+install -d -o agent -g agent -m 0755 /home/agent/.cache
+ln -s /dev/null /home/agent/.cache/openbox
+chown -h agent:agent /home/agent/.cache/openbox
 
 # Font cache, so no client builds (and writes) one at first use. (Xvfb's
 # keymap cannot be prebuilt: xserver 21 compiles it into

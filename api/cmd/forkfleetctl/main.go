@@ -111,10 +111,14 @@ func create(ctx context.Context, c *client.Client, args []string, out io.Writer)
 	image := fs.String("image", "", "image (default: controld's default desktop)")
 	screen := fs.String("screen", "", "screen size WxH (default 1280x800)")
 	ttl := fs.Duration("ttl", 0, "delete after this long")
+	root := fs.Bool("root", false, "run exec, launch and the session apps as root (default: the image's unprivileged user)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	opts := []client.CreateOption{client.WithWaitReady()}
+	if *root {
+		opts = append(opts, client.WithRunAsRoot())
+	}
 	if *image != "" {
 		opts = append(opts, client.WithImage(*image))
 	}

@@ -26,10 +26,12 @@ import (
 // could, and check the host: controld on the real stack in its own
 // namespace (forkfleet-limits-it, see testenv).
 
-// create boots a sandbox with res and returns it with an ACI session.
+// create boots a sandbox with res and returns it with an ACI session. Its
+// agent runs as root (run_as_root): the strongest attacker a sandbox holds,
+// and the one that can write anywhere in its layer and into guestd's stdio.
 func (s *bootStack) create(res *controldv1.Resources) (*controldv1.Sandbox, *aci.Session) {
 	s.t.Helper()
-	cr, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Resources: res})
+	cr, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Resources: res, RunAsRoot: true})
 	if err != nil {
 		s.t.Fatalf("create: %v", err)
 	}

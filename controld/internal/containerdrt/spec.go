@@ -27,6 +27,8 @@ const (
 	EnvAdminToken = "FORKFLEET_ADMIN_TOKEN"
 	EnvSandboxID  = "FORKFLEET_SANDBOX_ID"
 	EnvScreen     = "FORKFLEET_SCREEN"
+	// EnvRunAsRoot=1 tells guestd to run the agent's processes as root.
+	EnvRunAsRoot = "FORKFLEET_RUN_AS_ROOT"
 )
 
 // ACISocketInSandbox is where guestd listens inside the sandbox (guestd
@@ -130,6 +132,9 @@ func sandboxEnv(spec fleet.BootSpec) []string {
 		EnvAdminToken + "=" + spec.AdminToken,
 		EnvSandboxID + "=" + spec.ID,
 		EnvScreen + "=" + screenOf(spec),
+	}
+	if spec.RunAsRoot {
+		env = append(env, EnvRunAsRoot+"=1")
 	}
 	keys := slices.Sorted(maps.Keys(spec.Env))
 	for _, k := range keys {

@@ -91,6 +91,16 @@ func TestEnv(t *testing.T) {
 	if !slices.Equal(stripped, []string{"HOME=/root"}) {
 		t.Errorf("stripped %q", stripped)
 	}
+	// Root for the agent only when asked; a disk-tier fork's own spec
+	// decides again.
+	spec.RunAsRoot = true
+	env = sandboxEnv(spec)
+	if !slices.Contains(env, "FORKFLEET_RUN_AS_ROOT=1") {
+		t.Errorf("run as root: env %q", env)
+	}
+	if stripped := stripSandboxEnv(env, nil); slices.ContainsFunc(stripped, func(kv string) bool { return strings.HasPrefix(kv, "FORKFLEET_") }) {
+		t.Errorf("stripped %q", stripped)
+	}
 }
 
 func TestWithSandboxSpec(t *testing.T) {

@@ -184,6 +184,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		SourceSandboxId:    src.Sandbox.Id,
 		ParentCheckpointId: src.Sandbox.CheckpointId,
 		Image:              src.Sandbox.Image,
+		RunAsRoot:          src.Sandbox.GetRunAsRoot(),
 		Screen:             proto.Clone(src.Sandbox.Screen).(*controldv1.Screen),
 		Resources:          proto.Clone(src.Sandbox.Resources).(*controldv1.Resources),
 		Labels:             copyMap(req.GetLabels()),

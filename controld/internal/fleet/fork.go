@@ -126,6 +126,7 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 		image: ck.Checkpoint.Image, resources: p.resources, baseResources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
+		runAsRoot: ck.Checkpoint.GetRunAsRoot(),
 	}
 	// The source's mode (the replica keeps its in-sandbox network).
 	sp.network = &controldv1.Network{Mode: netpolicy.Mode(ck.Checkpoint.GetNetwork()), Policy: p.policy}

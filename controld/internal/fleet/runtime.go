@@ -74,6 +74,9 @@ type BootSpec struct {
 	Height      uint32
 	Depth       uint32
 	Env         map[string]string
+	// RunAsRoot: guestd runs the agent's processes as root instead of the
+	// image's unprivileged user.
+	RunAsRoot bool
 	// ACIToken authenticates agents to guestd; AdminToken authenticates
 	// controld. Both reach guestd through its environment.
 	ACIToken   string

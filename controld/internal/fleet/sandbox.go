@@ -72,7 +72,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 	}
 	sb, err := m.newSandbox(sandboxParams{
 		image: req.GetImage(), resources: res, screen: req.GetScreen(),
-		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true,
+		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true, runAsRoot: req.GetRunAsRoot(),
 		network: netpolicy.Normalize(req.GetNetwork()),
 	}, t0)
 	if err != nil {
@@ -116,6 +116,8 @@ type sandboxParams struct {
 	// warmSlot: a cold boot that may take a warm slot (a sandbox
 	// precreated for the same spec) and then only start it.
 	warmSlot bool
+	// runAsRoot: the agent's processes run as root, not the image's user.
+	runAsRoot bool
 }
 
 // newSandbox writes a CREATING record and registers it.
@@ -238,6 +240,7 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 		Generation:   p.generation,
 		PoolId:       p.poolID,
 		Host:         m.opts.Host,
+		RunAsRoot:    p.runAsRoot,
 	}
 	if p.ttl > 0 {
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
@@ -279,6 +282,7 @@ func specOf(r *store.SandboxRecord) BootSpec {
 		Height:      r.Sandbox.GetScreen().GetHeight(),
 		Depth:       r.Sandbox.GetScreen().GetDepth(),
 		Env:         copyMap(r.Env),
+		RunAsRoot:   r.Sandbox.GetRunAsRoot(),
 		ACIToken:    r.ACIToken,
 		AdminToken:  r.AdminToken,
 		Labels:      map[string]string{LabelManaged: managedValue, LabelSandboxID: r.Sandbox.Id},

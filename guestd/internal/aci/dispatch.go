@@ -8,6 +8,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/guestd/internal/fscred"
 	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
 )
 
@@ -110,7 +111,11 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		if ss.srv.opts.Files == nil {
 			return unimplemented(id, "files")
 		}
-		err = ss.srv.fileOp(m, out)
+		cred := ss.srv.opts.AgentFiles
+		if ss.role == RoleAdmin {
+			cred = fscred.Root
+		}
+		err = fscred.Do(cred, func() error { return ss.srv.fileOp(m, out) })
 	case *aciv1.ClientMessage_MemoryMark:
 		if ss.role != RoleAdmin {
 			return errReply(id, denied("memory_mark"))

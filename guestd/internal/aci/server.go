@@ -23,6 +23,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/fscred"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
@@ -81,6 +82,10 @@ type Options struct {
 	// disables them (not advertised, UNIMPLEMENTED).
 	Runner *sysops.Runner
 	Files  *sysops.Files
+	// AgentFiles is who agent sessions' file requests act as (the image's
+	// unprivileged user, so the kernel checks them as it and what they
+	// create is its); admin sessions act as guestd. Zero: guestd for both.
+	AgentFiles fscred.Cred
 
 	// EntropySink receives RestoredRequest.entropy; /dev/urandom when empty.
 	EntropySink string

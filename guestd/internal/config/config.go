@@ -25,6 +25,9 @@ const (
 	EnvAdminToken = "FORKFLEET_ADMIN_TOKEN"
 	EnvSandboxID  = "FORKFLEET_SANDBOX_ID"
 	EnvScreen     = "FORKFLEET_SCREEN"
+	// EnvRunAsRoot=1: the sandbox was created to run its agent as root
+	// (exec, launch, the window manager and the apps), not as User.
+	EnvRunAsRoot = "FORKFLEET_RUN_AS_ROOT"
 )
 
 //go:embed default.json
@@ -39,7 +42,13 @@ const (
 
 // Config is the parsed guestd.json plus environment overrides.
 type Config struct {
-	Display       string    `json:"display"`
+	Display string `json:"display"`
+	// User is the unprivileged user the agent acts as: exec, launch, the
+	// window manager and the session apps run as this user (from
+	// /etc/passwd), and agent sessions' file requests are checked as it.
+	// guestd itself stays root (it is init, serves X and reads /proc).
+	// Empty: everything runs as guestd's own user.
+	User          string    `json:"user,omitempty"`
 	Screen        Screen    `json:"screen"`
 	Listen        Listen    `json:"listen"`
 	Xvfb          Program   `json:"xvfb"`
@@ -56,6 +65,17 @@ type Config struct {
 	ACIToken   string `json:"-"`
 	AdminToken string `json:"-"`
 	SandboxID  string `json:"-"`
+	// RunAsRoot overrides User (controld's per-sandbox option).
+	RunAsRoot bool `json:"-"`
+}
+
+// AgentUser is the user the agent's processes run as: User, or "" (guestd's
+// own) for a sandbox created to run as root.
+func (c *Config) AgentUser() string {
+	if c.RunAsRoot {
+		return ""
+	}
+	return c.User
 }
 
 // Screen is the virtual framebuffer geometry.
@@ -202,6 +222,13 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	c.ACIToken = getenv(EnvACIToken)
 	c.AdminToken = getenv(EnvAdminToken)
 	c.SandboxID = getenv(EnvSandboxID)
+	switch v := getenv(EnvRunAsRoot); v {
+	case "", "0":
+	case "1":
+		c.RunAsRoot = true
+	default:
+		return fmt.Errorf("config: %s=%q: want 0 or 1", EnvRunAsRoot, v)
+	}
 	if s := getenv(EnvScreen); s != "" {
 		scr, err := ParseScreen(s)
 		if err != nil {
@@ -253,6 +280,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Screen.validate(); err != nil {
 		return err
+	}
+	if c.User != "" && (len(c.User) > 32 || strings.ContainsAny(c.User, ":/\x00 \n")) {
+		return fmt.Errorf("user %q: not a user name", c.User)
 	}
 	if c.Listen.Unix == "" && c.Listen.TCP == "" {
 		return errors.New("listen: neither unix nor tcp set")

@@ -521,3 +521,83 @@ func TestE2ETypingAtReady(t *testing.T) {
 		g.exited <- nil // for the cleanup
 	}
 }
+
+// TestE2EAgentUser: with "user" set, exec, launch and the session apps run
+// as that unprivileged user (here the host's nobody) while guestd stays
+// root: the agent cannot read guestd's environment (its tokens) or write
+// /etc, and what its xterm writes is its own. Keys typed through more spare
+// keycodes than there are reach that xterm exactly, which needs guestd to
+// watch a process of another user. FORKFLEET_RUN_AS_ROOT=1 gives the agent
+// root.
+func TestE2EAgentUser(t *testing.T) {
+	needIntegration(t)
+	if os.Geteuid() != 0 {
+		t.Fatal("FORKFLEET_INTEGRATION=1: the agent user test needs root")
+	}
+	dir, err := os.MkdirTemp("", "guestd-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "typed")
+	edit := func(cfg map[string]any) {
+		cfg["user"] = "nobody"
+		cfg["apps"] = []any{map[string]any{"name": "xterm", "path": "/usr/bin/xterm",
+			"args":    []string{"-geometry", "80x10+40+40", "-e", "sh", "-c", `IFS= read -r line; printf %s "$line" > ` + out},
+			"restart": "never"}}
+		cfg["ready"] = map[string]any{"windows": []any{map[string]any{"class": "XTerm", "focus": true}}}
+	}
+	g := startGuestWith(t, edit, os.Environ())
+	c := g.client(t)
+	exec := func(c *aciclient.Client, script string) *aciv1.ExecResponse {
+		t.Helper()
+		return do(t, c, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Exec{Exec: &aciv1.ExecRequest{
+			Argv: []string{"/bin/sh", "-c", script}}}}).GetExec()
+	}
+	if r := exec(c, "id -un; id -u"); string(r.GetStdout()) != "nobody\n65534\n" {
+		t.Fatalf("exec runs as %q (%s)", r.GetStdout(), r.GetStderr())
+	}
+	if r := exec(c, fmt.Sprintf("cat /proc/%d/environ", g.cmd.Process.Pid)); r.GetExitCode() == 0 ||
+		bytes.Contains(r.GetStdout(), []byte(e2eToken)) || bytes.Contains(r.GetStdout(), []byte(e2eAdmin)) {
+		t.Fatalf("the agent read guestd's environment: %q", r.GetStdout())
+	}
+	if r := exec(c, "touch /etc/forkfleet-agent-e2e"); r.GetExitCode() == 0 {
+		os.Remove("/etc/forkfleet-agent-e2e")
+		t.Fatal("the agent wrote into /etc")
+	}
+	var cjk []rune
+	for r := rune(0x4e00); r < 0x4e00+60; r++ {
+		cjk = append(cjk, r)
+	}
+	want := "été " + string(cjk)
+	do(t, c, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Step{Step: &aciv1.StepRequest{Actions: []*aciv1.Action{
+		{Action: &aciv1.Action_TypeText{TypeText: &aciv1.TypeTextAction{Text: want + "\n"}}}}}}})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := os.ReadFile(out)
+		if err == nil && len(got) > 0 {
+			if string(got) != want {
+				t.Fatalf("the agent's xterm read %q, want %q", got, want)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the keys never reached the agent's xterm")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st, err := os.Stat(out); err != nil || st.Sys().(*syscall.Stat_t).Uid != 65534 {
+		t.Fatalf("the agent's xterm wrote %s as uid %v (%v)", out, st.Sys().(*syscall.Stat_t).Uid, err)
+	}
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.exited
+	g.exited <- nil
+
+	root := startGuestWith(t, edit, append(os.Environ(), "FORKFLEET_RUN_AS_ROOT=1"))
+	if r := exec(root.client(t), "id -u"); string(r.GetStdout()) != "0\n" {
+		t.Fatalf("with FORKFLEET_RUN_AS_ROOT=1 exec runs as uid %q", r.GetStdout())
+	}
+}

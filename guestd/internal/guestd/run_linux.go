@@ -148,7 +148,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	childEnv = append(sysops.SanitizedEnv(childEnv, "DISPLAY"), "DISPLAY="+cfg.Display)
 	childEnv = sysops.WithLocale(childEnv)
-	runner := &sysops.Runner{Reaper: rp, Env: childEnv, Log: log}
+	// The agent's processes run as the image's unprivileged user (root only
+	// for a sandbox created so); guestd stays root.
+	var agent *sysops.Identity
+	if name := cfg.AgentUser(); name != "" {
+		if agent, err = sysops.LookupIdentity(name); err != nil {
+			rp.Close()
+			return fmt.Errorf("config user: %w", err)
+		}
+		if os.Geteuid() != 0 {
+			rp.Close()
+			return fmt.Errorf("config user %q: guestd must run as root to run the agent as another user", name)
+		}
+	}
+	runner := &sysops.Runner{Reaper: rp, Env: childEnv, User: agent, Log: log}
 	files := sysops.NewFiles(sysops.FileLimits{
 		MaxFileBytes: cfg.Limits.MaxFileBytes,
 		// Leave room for the envelope under the message limit.
@@ -170,7 +183,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		ACIToken: cfg.ACIToken, AdminToken: cfg.AdminToken, InsecureNoAuth: o.insecureNoAuth,
 		SandboxID: cfg.SandboxID, ServerVersion: Version, MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		MaxSessions: cfg.Limits.MaxSessions, MaxSessionBytes: cfg.Limits.MaxSessionBytes,
-		Runner: runner, Files: files, Ready: conds, Log: log,
+		Runner: runner, Files: files, AgentFiles: agent.FSCred(), Ready: conds, Log: log,
 	}
 	if os.Getpid() == 1 {
 		// As the sandbox's init, /proc shows the sandbox only.
@@ -239,7 +252,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}})
 
 	sup := supervise.New(rp, log, childEnv, o.grace)
-	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, supervising: supervising, trigger: make(chan struct{}, 1)}
+	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, agent: agent, supervising: supervising, trigger: make(chan struct{}, 1)}
 	dmCtx, dmCancel := context.WithCancel(context.Background())
 	dmDone := make(chan struct{})
 	go func() { defer close(dmDone); dm.run(dmCtx) }()
@@ -333,6 +346,7 @@ type desktopManager struct {
 	srv         *aci.Server
 	log         *slog.Logger
 	sup         *supervise.Supervisor
+	agent       *sysops.Identity // who the window manager and apps run as
 	supervising bool
 	trigger     chan struct{}
 	started     bool
@@ -416,7 +430,7 @@ func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
 		if name == "" {
 			name = filepath.Base(wm.Path)
 		}
-		m.sup.Start(supervise.Spec{Name: name, Path: wm.Path, Args: wm.Args, Env: wm.Env, Restart: config.RestartAlways})
+		m.sup.Start(m.asAgent(supervise.Spec{Name: name, Path: wm.Path, Args: wm.Args, Env: wm.Env, Restart: config.RestartAlways}))
 		if err := waitWM(ctx, d, wmStartTimeout); err != nil {
 			m.log.Warn("window manager did not come up; starting apps anyway", "wm", name, "err", err)
 		}
@@ -426,8 +440,17 @@ func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
 		if restart == "" {
 			restart = config.RestartOnFailure
 		}
-		m.sup.Start(supervise.Spec{Name: a.Name, Path: a.Path, Args: a.Args, Env: a.Env, Restart: restart})
+		m.sup.Start(m.asAgent(supervise.Spec{Name: a.Name, Path: a.Path, Args: a.Args, Env: a.Env, Restart: restart}))
 	}
+}
+
+// asAgent makes a session program run as the agent user, with its login
+// variables (the program's own env entries still win) and in its home.
+func (m *desktopManager) asAgent(s supervise.Spec) supervise.Spec {
+	s.Env = append(m.agent.Env(nil), s.Env...)
+	s.Credential = m.agent.Credential()
+	s.Dir = m.agent.Dir()
+	return s
 }
 
 const wmStartTimeout = 5 * time.Second

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -39,6 +40,10 @@ type Spec struct {
 	Args    []string
 	Env     []string // appended to the supervisor's base environment
 	Restart string   // config.RestartAlways, RestartOnFailure or RestartNever
+	// Credential and Dir: the user the program runs as and where it starts
+	// (nil and "": guestd's own).
+	Credential *syscall.Credential
+	Dir        string
 	// NotifyFD passes the write end of a pipe as fd 3; every line the
 	// program writes there is handed to OnNotify (Xvfb -displayfd 3).
 	NotifyFD bool
@@ -174,9 +179,9 @@ func (s *Supervisor) once(ctx context.Context, svc *service, log *slog.Logger) (
 		return reaper.Status{}, false
 	}
 	spec := svc.spec
-	cmd := &exec.Cmd{Path: spec.Path, Args: append([]string{spec.Path}, spec.Args...), Env: append(append([]string(nil), s.env...), spec.Env...)}
+	cmd := &exec.Cmd{Path: spec.Path, Args: append([]string{spec.Path}, spec.Args...), Env: append(append([]string(nil), s.env...), spec.Env...), Dir: spec.Dir}
 	// Own process group so a stop reaches the program's children too.
-	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true, Credential: spec.Credential}
 	out := &lineLogger{log: log}
 	pr, pw, err := os.Pipe()
 	if err != nil {

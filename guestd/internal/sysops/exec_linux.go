@@ -41,9 +41,12 @@ const (
 type Runner struct {
 	Reaper *reaper.Reaper
 	// Env is the base environment of every child (guestd's own minus its
-	// secrets, plus DISPLAY). Request env entries override it.
+	// secrets, plus DISPLAY). User's login variables and then request env
+	// entries override it.
 	Env []string
-	Log *slog.Logger
+	// User is who children run as (nil: guestd's own user, root).
+	User *Identity
+	Log  *slog.Logger
 
 	mu       sync.Mutex
 	launched map[int]chan struct{} // pid -> closed when reaped
@@ -127,7 +130,7 @@ func (r *Runner) command(argv []string, env map[string]string, cwd string) (*exe
 			return nil, acierr.Invalid("argv", "argv contains a NUL byte")
 		}
 	}
-	merged := append([]string(nil), r.Env...)
+	merged := r.User.Env(r.Env)
 	if len(env) > 0 {
 		keys := make([]string, 0, len(env))
 		for k := range env {
@@ -161,11 +164,15 @@ func (r *Runner) command(argv []string, env map[string]string, cwd string) (*exe
 	if err != nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_NOT_FOUND, "argv[0]", "%s: %v", argv[0], err)
 	}
+	if cwd == "" {
+		cwd = r.User.Dir()
+	}
 	cmd := &exec.Cmd{Path: path, Args: argv, Env: merged, Dir: cwd}
 	// Own process group: a timeout or cancel kills the whole tree the
 	// command spawned, and a launched app is not hit by signals meant for
-	// guestd's group.
-	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
+	// guestd's group. The user's credentials: the agent never runs as root
+	// unless the sandbox was created so (r.User nil).
+	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true, Credential: r.User.Credential()}
 	return cmd, nil
 }
 

@@ -338,7 +338,7 @@ func fileInfo(name string, st fs.FileInfo) *aciv1.FileInfo {
 	if m&fs.ModeSticky != 0 {
 		mode |= 0o1000
 	}
-	return &aciv1.FileInfo{
+	fi := &aciv1.FileInfo{
 		Name:           name,
 		Size:           uint64(st.Size()),
 		Mode:           mode,
@@ -346,6 +346,10 @@ func fileInfo(name string, st fs.FileInfo) *aciv1.FileInfo {
 		IsSymlink:      m&fs.ModeSymlink != 0,
 		ModifiedUnixNs: st.ModTime().UnixNano(),
 	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		fi.Uid, fi.Gid = sys.Uid, sys.Gid
+	}
+	return fi
 }
 
 // Stat handles FileStatRequest (lstat: a symlink is reported as such).

@@ -5,11 +5,13 @@ package sysops
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -473,5 +475,63 @@ func TestUndumpable(t *testing.T) {
 	ScrubEnv("FORKFLEET_TEST_SECRET")
 	if _, ok := os.LookupEnv("FORKFLEET_TEST_SECRET"); ok {
 		t.Fatal("ScrubEnv left the variable")
+	}
+}
+
+func TestWithLocale(t *testing.T) {
+	if got := WithLocale([]string{"PATH=/bin"}); !slices.Contains(got, "LANG=C.UTF-8") {
+		t.Fatalf("no locale: %v", got)
+	}
+	for _, set := range []string{"LANG=de_DE.UTF-8", "LC_ALL=C", "LC_CTYPE=C.UTF-8"} {
+		if got := WithLocale([]string{set}); len(got) != 1 {
+			t.Fatalf("%s was overridden: %v", set, got)
+		}
+	}
+	if got := WithLocale([]string{"LANG="}); !slices.Contains(got, "LANG=C.UTF-8") {
+		t.Fatalf("empty LANG: %v", got)
+	}
+}
+
+// TestRunnerAsUser: children run with the user's credentials and login
+// variables, start in its home (or / without one), and cannot read what
+// root keeps private.
+func TestRunnerAsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (setuid children)")
+	}
+	id, err := LookupIdentity("nobody")
+	if err != nil {
+		t.Skip(err)
+	}
+	if _, err := LookupIdentity("root"); err == nil {
+		t.Fatal("LookupIdentity accepted root as the unprivileged user")
+	}
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(t)
+	r.User = id
+	resp, err := r.Exec(context.Background(), &aciv1.ExecRequest{Argv: []string{"/bin/sh", "-c",
+		`id -u; id -g; echo "$HOME $USER $LOGNAME"; pwd; cat ` + secret + ` || echo denied`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%d\n%d\n%s nobody nobody\n%s\ndenied\n", id.UID, id.GID, id.Home, id.Dir())
+	if string(resp.GetStdout()) != want {
+		t.Fatalf("as nobody: %q (stderr %q), want %q", resp.GetStdout(), resp.GetStderr(), want)
+	}
+	// Root: the runner's own credentials and environment.
+	r.User = nil
+	resp, err = r.Exec(context.Background(), &aciv1.ExecRequest{Argv: []string{"/bin/sh", "-c", "id -u; cat " + secret}})
+	if err != nil || string(resp.GetStdout()) != "0\ntoken" {
+		t.Fatalf("as root: %q %v", resp.GetStdout(), err)
+	}
+	if fc := id.FSCred(); fc.UID != int(id.UID) || fc.IsRoot() {
+		t.Fatalf("FSCred %+v", fc)
+	}
+	var none *Identity
+	if none.Credential() != nil || !none.FSCred().IsRoot() || none.Dir() != "" || len(none.Env([]string{"A=b"})) != 1 {
+		t.Fatal("the nil identity is not guestd's own")
 	}
 }

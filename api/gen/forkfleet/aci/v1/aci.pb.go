@@ -4483,8 +4483,12 @@ type FileInfo struct {
 	IsDir          bool                   `protobuf:"varint,4,opt,name=is_dir,json=isDir,proto3" json:"is_dir,omitempty"`
 	IsSymlink      bool                   `protobuf:"varint,5,opt,name=is_symlink,json=isSymlink,proto3" json:"is_symlink,omitempty"`
 	ModifiedUnixNs int64                  `protobuf:"varint,6,opt,name=modified_unix_ns,json=modifiedUnixNs,proto3" json:"modified_unix_ns,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Owner: what an agent session creates belongs to the sandbox's agent
+	// user (root when the sandbox runs its agent as root).
+	Uid           uint32 `protobuf:"varint,7,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,8,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FileInfo) Reset() {
@@ -4555,6 +4559,20 @@ func (x *FileInfo) GetIsSymlink() bool {
 func (x *FileInfo) GetModifiedUnixNs() int64 {
 	if x != nil {
 		return x.ModifiedUnixNs
+	}
+	return 0
+}
+
+func (x *FileInfo) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *FileInfo) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
 	}
 	return 0
 }
@@ -6831,7 +6849,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x0fFileGetResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x10\n" +
-	"\x03eof\x18\x03 \x01(\bR\x03eof\"\xa6\x01\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof\"\xca\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +
@@ -6839,7 +6857,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x06is_dir\x18\x04 \x01(\bR\x05isDir\x12\x1d\n" +
 	"\n" +
 	"is_symlink\x18\x05 \x01(\bR\tisSymlink\x12(\n" +
-	"\x10modified_unix_ns\x18\x06 \x01(\x03R\x0emodifiedUnixNs\"%\n" +
+	"\x10modified_unix_ns\x18\x06 \x01(\x03R\x0emodifiedUnixNs\x12\x10\n" +
+	"\x03uid\x18\a \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\b \x01(\rR\x03gid\"%\n" +
 	"\x0fFileStatRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"B\n" +
 	"\x10FileStatResponse\x12.\n" +

@@ -833,7 +833,10 @@ type Sandbox struct {
 	// published as SANDBOX_EVENT_TYPE_LIMIT events).
 	LimitsReached []*LimitReached `protobuf:"bytes,16,rep,name=limits_reached,json=limitsReached,proto3" json:"limits_reached,omitempty"`
 	// Its network mode and policy.
-	Network       *Network `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"`
+	Network *Network `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"`
+	// The agent's processes run as root (CreateSandboxRequest.run_as_root;
+	// forks inherit it from their checkpoint).
+	RunAsRoot     bool `protobuf:"varint,18,opt,name=run_as_root,json=runAsRoot,proto3" json:"run_as_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -987,6 +990,13 @@ func (x *Sandbox) GetNetwork() *Network {
 	return nil
 }
 
+func (x *Sandbox) GetRunAsRoot() bool {
+	if x != nil {
+		return x.RunAsRoot
+	}
+	return false
+}
+
 // Endpoint says how to reach a sandbox's ACI.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1081,7 +1091,11 @@ type CreateSandboxRequest struct {
 	// Return only once the sandbox is usable.
 	WaitReady bool `protobuf:"varint,7,opt,name=wait_ready,json=waitReady,proto3" json:"wait_ready,omitempty"`
 	// Mode none (loopback only) when absent.
-	Network       *Network `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	Network *Network `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	// Run the agent's processes (exec, launch, the window manager and the
+	// session apps) as root. By default they run as the image's unprivileged
+	// user (agent on the desktop images) and only guestd is root.
+	RunAsRoot     bool `protobuf:"varint,9,opt,name=run_as_root,json=runAsRoot,proto3" json:"run_as_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1170,6 +1184,13 @@ func (x *CreateSandboxRequest) GetNetwork() *Network {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetRunAsRoot() bool {
+	if x != nil {
+		return x.RunAsRoot
+	}
+	return false
 }
 
 type CreateSandboxResponse struct {
@@ -2229,7 +2250,9 @@ type Checkpoint struct {
 	// Its source's network: its forks run in the same mode (they keep the
 	// source's in-sandbox address, routes and resolver) and, unless the fork
 	// asks for another, under the same policy.
-	Network       *Network `protobuf:"bytes,18,opt,name=network,proto3" json:"network,omitempty"`
+	Network *Network `protobuf:"bytes,18,opt,name=network,proto3" json:"network,omitempty"`
+	// The source ran its agent as root; its forks do too.
+	RunAsRoot     bool `protobuf:"varint,19,opt,name=run_as_root,json=runAsRoot,proto3" json:"run_as_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2388,6 +2411,13 @@ func (x *Checkpoint) GetNetwork() *Network {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *Checkpoint) GetRunAsRoot() bool {
+	if x != nil {
+		return x.RunAsRoot
+	}
+	return false
 }
 
 type CreateCheckpointRequest struct {
@@ -4493,7 +4523,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x05depth\x18\x03 \x01(\rR\x05depth\"J\n" +
 	"\tBootPhase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\xe2\x06\n" +
+	"\x02at\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x02at\"\x82\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.forkfleet.controld.v1.SandboxStateR\x05state\x12\x14\n" +
@@ -4516,7 +4546,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x04boot\x18\x0e \x03(\v2 .forkfleet.controld.v1.BootPhaseR\x04boot\x12%\n" +
 	"\x0estatus_message\x18\x0f \x01(\tR\rstatusMessage\x12J\n" +
 	"\x0elimits_reached\x18\x10 \x03(\v2#.forkfleet.controld.v1.LimitReachedR\rlimitsReached\x128\n" +
-	"\anetwork\x18\x11 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
+	"\anetwork\x18\x11 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x12\x1e\n" +
+	"\vrun_as_root\x18\x12 \x01(\bR\trunAsRoot\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
@@ -4524,7 +4555,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
 	"\tunix_path\x18\x03 \x01(\tR\bunixPath\x12$\n" +
-	"\x0eunix_pid_start\x18\x04 \x01(\x04R\funixPidStart\"\xb5\x04\n" +
+	"\x0eunix_pid_start\x18\x04 \x01(\x04R\funixPidStart\"\xd5\x04\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12>\n" +
 	"\tresources\x18\x02 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x125\n" +
@@ -4534,7 +4565,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1d\n" +
 	"\n" +
 	"wait_ready\x18\a \x01(\bR\twaitReady\x128\n" +
-	"\anetwork\x18\b \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a6\n" +
+	"\anetwork\x18\b \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x12\x1e\n" +
+	"\vrun_as_root\x18\t \x01(\bR\trunAsRoot\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4600,7 +4632,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x06frozen\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06frozen\x12-\n" +
 	"\x04dump\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04dump\x12/\n" +
 	"\x05layer\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05layer\x12/\n" +
-	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\x95\a\n" +
+	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xb5\a\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -4624,7 +4656,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\rverify_levels\x18\x10 \x03(\x0e2\".forkfleet.controld.v1.VerifyLevelR\fverifyLevels\x12\x1d\n" +
 	"\n" +
 	"live_forks\x18\x11 \x01(\rR\tliveForks\x128\n" +
-	"\anetwork\x18\x12 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
+	"\anetwork\x18\x12 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x12\x1e\n" +
+	"\vrun_as_root\x18\x13 \x01(\bR\trunAsRoot\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x02\n" +

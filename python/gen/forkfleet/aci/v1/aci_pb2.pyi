@@ -349,20 +349,24 @@ class FileGetResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., size: _Optional[int] = ..., eof: bool = ...) -> None: ...
 
 class FileInfo(_message.Message):
-    __slots__ = ["is_dir", "is_symlink", "mode", "modified_unix_ns", "name", "size"]
+    __slots__ = ["gid", "is_dir", "is_symlink", "mode", "modified_unix_ns", "name", "size", "uid"]
+    GID_FIELD_NUMBER: _ClassVar[int]
     IS_DIR_FIELD_NUMBER: _ClassVar[int]
     IS_SYMLINK_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     MODIFIED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    gid: int
     is_dir: bool
     is_symlink: bool
     mode: int
     modified_unix_ns: int
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., is_dir: bool = ..., is_symlink: bool = ..., modified_unix_ns: _Optional[int] = ...) -> None: ...
+    uid: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., is_dir: bool = ..., is_symlink: bool = ..., modified_unix_ns: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
 class FileListRequest(_message.Message):
     __slots__ = ["path"]

@@ -56,7 +56,7 @@ class BootPhase(_message.Message):
     def __init__(self, name: _Optional[str] = ..., at: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "network", "parent_checkpoint_id", "resources", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
+    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "network", "parent_checkpoint_id", "resources", "run_as_root", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class Checkpoint(_message.Message):
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_ROOT_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -94,13 +95,14 @@ class Checkpoint(_message.Message):
     network: Network
     parent_checkpoint_id: str
     resources: Resources
+    run_as_root: bool
     screen: Screen
     source_sandbox_id: str
     state: CheckpointState
     tier: CheckpointTier
     timing: CheckpointTiming
     verify_levels: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ...) -> None: ...
 
 class CheckpointTiming(_message.Message):
     __slots__ = ["dump", "frozen", "layer", "total"]
@@ -206,7 +208,7 @@ class CreatePoolResponse(_message.Message):
     def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ["env", "image", "labels", "network", "resources", "screen", "ttl", "wait_ready"]
+    __slots__ = ["env", "image", "labels", "network", "resources", "run_as_root", "screen", "ttl", "wait_ready"]
     class EnvEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +228,7 @@ class CreateSandboxRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_ROOT_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     WAIT_READY_FIELD_NUMBER: _ClassVar[int]
@@ -234,10 +237,11 @@ class CreateSandboxRequest(_message.Message):
     labels: _containers.ScalarMap[str, str]
     network: Network
     resources: Resources
+    run_as_root: bool
     screen: Screen
     ttl: _duration_pb2.Duration
     wait_ready: bool
-    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
+    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ["endpoint", "sandbox"]
@@ -600,7 +604,7 @@ class ResumeSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "limits_reached", "network", "pool_id", "ready_at", "resources", "screen", "state", "status_message"]
+    __slots__ = ["boot", "checkpoint_id", "created_at", "expires_at", "generation", "host", "id", "image", "labels", "limits_reached", "network", "pool_id", "ready_at", "resources", "run_as_root", "screen", "state", "status_message"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -622,6 +626,7 @@ class Sandbox(_message.Message):
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     READY_AT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_ROOT_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -639,10 +644,11 @@ class Sandbox(_message.Message):
     pool_id: str
     ready_at: _timestamp_pb2.Timestamp
     resources: Resources
+    run_as_root: bool
     screen: Screen
     state: SandboxState
     status_message: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ..., limits_reached: _Optional[_Iterable[_Union[LimitReached, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., checkpoint_id: _Optional[str] = ..., generation: _Optional[int] = ..., pool_id: _Optional[str] = ..., host: _Optional[str] = ..., boot: _Optional[_Iterable[_Union[BootPhase, _Mapping]]] = ..., status_message: _Optional[str] = ..., limits_reached: _Optional[_Iterable[_Union[LimitReached, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ...) -> None: ...
 
 class Screen(_message.Message):
     __slots__ = ["depth", "height", "width"]
