@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
@@ -216,26 +217,31 @@ func (b *browserSuite) claimShowsPage(ctx context.Context, env *suite.Env, c *co
 	return nil
 }
 
-// openCounterPage writes the counter page into the sandbox and opens it in
-// the running browser (the profile's singleton takes the URL).
+// openCounterPage writes the counter page into the sandbox and opens it as
+// an agent would: the URL typed into the focused browser's address bar.
 func openCounterPage(ctx context.Context, ep *controldv1.Endpoint) error {
 	s, err := dialEndpoint(ctx, ep)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := s.PutFile(ctx, "/root/counter.html", counterPage); err != nil {
+	return typeCounterPage(ctx, s)
+}
+
+// typeCounterPage puts the page into /tmp and types its URL into the
+// address bar once the desktop is ready, then waits for its title.
+func typeCounterPage(ctx context.Context, s *aci.Session) error {
+	// Ready: the browser's window is focused on its start page.
+	if _, err := s.WaitReady(ctx); err != nil {
 		return err
 	}
-	r, err := s.Exec(ctx, &aciv1.ExecRequest{TimeoutMs: 30_000, Argv: []string{"/usr/lib/chromium/chromium", "--no-sandbox",
-		"--user-data-dir=/root/.config/chromium", "file:///root/counter.html"}})
-	if err != nil {
+	if err := s.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
 		return err
 	}
-	if r.GetExitCode() != 0 {
-		return fmt.Errorf("open the page: exit %d: %s", r.GetExitCode(), r.GetStderr())
+	if _, err := s.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+		return err
 	}
-	return waitWindowTitle(ctx, ep, func(t string) bool { return strings.HasPrefix(t, "counter ") })
+	return waitTitle(ctx, s, func(t string) bool { return strings.HasPrefix(t, "counter ") })
 }
 
 // waitWindowTitle polls the sandbox's windows until a title satisfies ok.
@@ -245,6 +251,10 @@ func waitWindowTitle(ctx context.Context, ep *controldv1.Endpoint, ok func(strin
 		return err
 	}
 	defer s.Close()
+	return waitTitle(ctx, s, ok)
+}
+
+func waitTitle(ctx context.Context, s *aci.Session, ok func(string) bool) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ws, err := s.ListWindows(ctx)
@@ -278,17 +288,8 @@ func (b *browserSuite) podmanRows(ctx context.Context, env *suite.Env, n, warm i
 		return nil
 	}
 	defer peer.Close(ctx)
-	page := filepath.Join(env.WorkDir, "counter.html")
-	if err := os.WriteFile(page, counterPage, 0o644); err == nil {
-		_, _, err = podman(ctx, "cp", page, peer.source+":/root/counter.html")
-		if err == nil {
-			_, _, err = podman(ctx, "exec", peer.source, "/usr/lib/chromium/chromium", "--no-sandbox",
-				"--user-data-dir=/root/.config/chromium", "file:///root/counter.html")
-		}
-		if err != nil {
-			env.Notef("podman peer: the counter page did not open (%v); measured on the start page", err)
-		}
-		time.Sleep(2 * time.Second)
+	if err := peer.withSession(ctx, peer.source, typeCounterPage); err != nil {
+		env.Notef("podman peer: the counter page did not open (%v); measured on the start page", err)
 	}
 	rows := peer.checkpointRows(ctx, n, warm)
 	archive, err := peer.exportCheckpoint(ctx)

@@ -290,6 +290,20 @@ func (e *notRunningError) Error() string {
 	return fmt.Sprintf("podman container %s is not running (state %q)", e.name, e.state)
 }
 
+// withSession runs fn on an ACI session to the container's guestd.
+func (p *podmanPeer) withSession(ctx context.Context, name string, fn func(context.Context, *aci.Session) error) error {
+	sock, err := p.guestSocket(ctx, name)
+	if err != nil {
+		return err
+	}
+	s, err := aci.DialSandbox(ctx, sock, p.aciToken, aci.WithClientName("benchd"))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(ctx, s)
+}
+
 // ping proves the container's guestd answers an ACI request.
 func (p *podmanPeer) ping(ctx context.Context, name string) error {
 	sock, err := p.guestSocket(ctx, name)
