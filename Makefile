@@ -23,9 +23,11 @@ PYTHON := /usr/bin/python3
 PY_VENV := $(CURDIR)/.cache/python
 # protoc's python generator and grpc's python plugin, for buf generate.
 PY_GEN_PACKAGES := protobuf-compiler protobuf-compiler-grpc
-# What the SDK imports, and what its tests use (pytest; websockets is an
-# independent WebSocket implementation the tests put against the SDK's).
-PY_PACKAGES := python3-grpcio python3-protobuf python3-numpy python3-pil python3-venv python3-pytest python3-websockets
+# What the SDK imports, what pip builds it with (no build isolation: the
+# installed setuptools and wheel), and what its tests use (pytest; websockets
+# is an independent WebSocket implementation the tests put against the SDK's).
+PY_PACKAGES := python3-grpcio python3-protobuf python3-numpy python3-pil python3-venv python3-setuptools python3-wheel \
+  python3-pytest python3-websockets
 
 # Root integration tests on the real stack (containerd, runc, CRIU, Xvfb).
 INTEGRATION ?= 1
