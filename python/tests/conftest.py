@@ -55,10 +55,12 @@ def bindir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def go_build(bindir: pathlib.Path, module: str, pkg: str, name: str) -> str:
+def go_build(bindir: pathlib.Path, module: str, pkg: str, name: str, cgo: bool = True) -> str:
     out = bindir / name
     if not out.exists():
-        r = subprocess.run([_go(), "build", "-o", str(out), pkg], cwd=REPO / module, capture_output=True, text=True)
+        env = dict(os.environ, CGO_ENABLED="1" if cgo else "0")
+        r = subprocess.run([_go(), "build", "-o", str(out), pkg], cwd=REPO / module, capture_output=True, text=True,
+                           env=env)
         if r.returncode != 0:
             pytest.fail(f"go build {pkg}: {r.stderr}")
     return str(out)
@@ -136,7 +138,8 @@ class Stack:
         if not os.path.exists(os.path.join(layout, "index.json")):
             pytest.fail(f"no desktop image layout at {layout}: build it with `make image` (make test does)")
         controld = go_build(bindir, "controld", "./cmd/controld", "controld")
-        go_build(bindir, "controld", "./cmd/forkfleet-log", "forkfleet-log")  # controld runs it beside itself
+        # controld runs it beside itself; static, as make build builds it.
+        go_build(bindir, "controld", "./cmd/forkfleet-log", "forkfleet-log", cgo=False)
         image_tool = go_build(bindir, "controld", "./cmd/forkfleet-image", "forkfleet-image")
         r = subprocess.run([image_tool, "import", "--address", address, "--namespace", self.namespace, layout],
                            capture_output=True, text=True)
