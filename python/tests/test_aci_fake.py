@@ -103,6 +103,8 @@ async def test_chunked_files_and_pipelining(fake):
         data = np.random.default_rng(1).integers(0, 256, 300_000, np.uint8).tobytes()
         await s.put_file("/tmp/big.bin", data, chunk_size=64 << 10)
         assert await s.get_file("/tmp/big.bin") == data
+        with pytest.raises(forkfleet.ResourceExhausted):
+            await s.get_file("/tmp/big.bin", max_bytes=1000)
         # 200 pipelined requests, answered in order, on one connection.
         calls = [await s.start(aci.pb.ClientMessage(ping=aci.pb.PingRequest(payload=str(i).encode())))
                  for i in range(200)]

@@ -807,8 +807,10 @@ class Session:
             for call in inflight:
                 call._abandon()
 
-    async def get_file(self, path: str, *, timeout: float | None = None) -> bytes:
-        """Reads a whole file, in as many replies as it takes."""
+    async def get_file(self, path: str, *, max_bytes: int = 1 << 32, timeout: float | None = None) -> bytes:
+        """Reads a whole file, in as many replies as it takes; a file (or a
+        guestd claiming one) larger than max_bytes is ResourceExhausted
+        before it is read."""
         if not path:
             raise errors.InvalidArgument("aci: get file: empty path", field="file_get.path")
         chunk = self._chunk_size()
@@ -817,6 +819,8 @@ class Session:
             r = await self._expect(a.ClientMessage(file_get=a.FileGetRequest(
                 path=path, offset=len(out) if out is not None else 0, length=chunk)), "file_get", timeout)
             data = r.data
+            if r.size > max_bytes or (out is not None and len(out) + len(data) > max_bytes):
+                raise errors.ResourceExhausted(f"aci: get file {path}: {r.size} bytes, more than max_bytes {max_bytes}")
             if out is None:
                 if r.eof:
                     return data
