@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,7 +27,7 @@ import (
 const usage = `forkfleetctl: talk to controld.
 
 Usage:
-  forkfleetctl [--address ADDR] [--token-file FILE] COMMAND [ARGS]
+  forkfleetctl [--address ADDR] [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--insecure] COMMAND [ARGS]
 
 Commands:
   demo                         boot a sandbox, act, observe, checkpoint, fork 4, verify, clean up
@@ -39,8 +41,35 @@ Commands:
   fork CHECKPOINT [-n N]
   delete-checkpoint ID [--cascade]
 
-ADDR is unix:///run/forkfleet/controld.sock (the default) or HOST:PORT.
+ADDR is unix:///run/forkfleet/controld.sock (the default) or HOST:PORT. A HOST:PORT
+that is not the loopback needs TLS (--tls-ca: the CA of controld's certificate;
+--tls-cert/--tls-key: a client certificate when controld asks for one), or
+--insecure to send the token in plaintext on a network you trust.
 `
+
+// tlsConfig trusts the CAs in caFile and, given certFile and keyFile,
+// presents that client certificate.
+func tlsConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	cfg := &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", caFile)
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -57,6 +86,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage) }
 	address := fs.String("address", "unix:///run/forkfleet/controld.sock", "controld address")
 	tokenFile := fs.String("token-file", "", "bearer token file for TCP addresses (default: controld's api.token)")
+	tlsCA := fs.String("tls-ca", "", "PEM CA bundle: speak TLS to a TCP address and verify controld's certificate with it")
+	tlsCert := fs.String("tls-cert", "", "PEM client certificate (mutual TLS; with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM key of --tls-cert")
+	insecure := fs.Bool("insecure", false, "send the token in plaintext to a TCP address that is not the loopback")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,7 +103,17 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if tf == "" {
 			tf = "/var/lib/forkfleet/controld/api.token"
 		}
-		opts = append(opts, client.WithTokenFile(tf), client.WithInsecure())
+		opts = append(opts, client.WithTokenFile(tf))
+		if *insecure {
+			opts = append(opts, client.WithInsecure())
+		}
+		if *tlsCA != "" {
+			cfg, err := tlsConfig(*tlsCA, *tlsCert, *tlsKey)
+			if err != nil {
+				return err
+			}
+			opts = append(opts, client.WithTLS(cfg))
+		}
 	}
 	c, err := client.Dial(ctx, *address, opts...)
 	if err != nil {
