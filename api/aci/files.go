@@ -136,10 +136,26 @@ func (s *Session) putOne(ctx context.Context, req *aciv1.FilePutRequest) error {
 	return nil
 }
 
+// GetOption configures GetFile.
+type GetOption func(*getConfig)
+
+type getConfig struct{ max uint64 }
+
+// UpTo makes GetFile fail (ErrResourceExhausted) rather than read a file
+// larger than n bytes: when the caller knows what size to expect, a guestd
+// cannot make it download more.
+func UpTo(n int64) GetOption {
+	return func(c *getConfig) { c.max = uint64(max(n, 0)) }
+}
+
 // GetFile reads a whole file, in as many replies as it takes.
-func (s *Session) GetFile(ctx context.Context, path string) ([]byte, error) {
+func (s *Session) GetFile(ctx context.Context, path string, opts ...GetOption) ([]byte, error) {
 	if path == "" {
 		return nil, fmt.Errorf("aci: get file: %w: empty path", ErrInvalidArgument)
+	}
+	cfg := getConfig{max: ^uint64(0)}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	chunk := uint64(s.chunkSize(0))
 	var out []byte
@@ -156,6 +172,9 @@ func (s *Session) GetFile(ctx context.Context, path string) ([]byte, error) {
 		}
 		if uint64(len(r.GetData())) > chunk {
 			return nil, fmt.Errorf("aci: get file %s: %w: %d bytes in a reply, %d asked for", path, ErrProtocol, len(r.GetData()), chunk)
+		}
+		if r.GetSize() > cfg.max || uint64(len(out)+len(r.GetData())) > cfg.max {
+			return nil, fmt.Errorf("aci: get file %s: %w: larger than %d bytes", path, ErrResourceExhausted, cfg.max)
 		}
 		if out == nil {
 			if r.GetEof() {

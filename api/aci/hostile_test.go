@@ -74,6 +74,20 @@ func TestHostileReplies(t *testing.T) {
 	if _, err := s.GetFile(ctx, "/overlong"); !errors.Is(err, aci.ErrProtocol) {
 		t.Fatalf("reply longer than asked: %v", err)
 	}
+	// A caller that knows what to expect reads no more.
+	getReplies = 0
+	if _, err := s.GetFile(ctx, "/huge", aci.UpTo(64)); !errors.Is(err, aci.ErrResourceExhausted) {
+		t.Fatalf("UpTo on a file announced at 1 TiB: %v", err)
+	}
+	if err := s.PutFile(ctx, "/small", []byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := s.GetFile(ctx, "/small", aci.UpTo(10)); err != nil || string(b) != "0123456789" {
+		t.Fatalf("UpTo(10) on 10 bytes: %q %v", b, err)
+	}
+	if _, err := s.GetFile(ctx, "/small", aci.UpTo(9)); !errors.Is(err, aci.ErrResourceExhausted) {
+		t.Fatalf("UpTo(9) on 10 bytes: %v", err)
+	}
 	n = allocated(func() { _, err = s.ListWindows(ctx) })
 	if !errors.Is(err, aci.ErrProtocol) || !strings.Contains(err.Error(), "elements") {
 		t.Fatalf("an endless window list: %v", err)

@@ -20,6 +20,13 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
+// adminReadLimit is the largest message controld reads from a guestd, and
+// markerLimit the largest file it reads back (a checkpoint's marker).
+const (
+	adminReadLimit = 4 << 20
+	markerLimit    = 64 << 10
+)
+
 // settleTimeout bounds how long guestd waits for a still screen.
 const settleTimeout = 3 * time.Second
 
@@ -39,7 +46,9 @@ func (d Dialer) DialGuest(ctx context.Context, addr guestsock.Addr, token string
 	if name == "" {
 		name = "controld"
 	}
-	s, err := aci.DialSandbox(ctx, addr, token, aci.WithClientName(name))
+	// controld's requests get small replies (readiness, hashes, marker
+	// files): a guestd, as hostile as its sandbox, gets no room for more.
+	s, err := aci.DialSandbox(ctx, addr, token, aci.WithClientName(name), aci.WithReadLimit(adminReadLimit))
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +168,7 @@ func (g *guest) PutFile(ctx context.Context, path string, data []byte, mode uint
 }
 
 func (g *guest) GetFile(ctx context.Context, path string) ([]byte, error) {
-	return g.s.GetFile(ctx, path)
+	return g.s.GetFile(ctx, path, aci.UpTo(markerLimit))
 }
 
 func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.RestoredResult, error) {

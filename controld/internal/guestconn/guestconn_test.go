@@ -15,6 +15,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
@@ -132,5 +133,49 @@ func TestGuestOverACI(t *testing.T) {
 	}
 	if err := g.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
+	}
+}
+
+// A guestd is as hostile as its sandbox: controld reads back no marker file
+// larger than a marker, and no message larger than its small replies need.
+func TestHostileGuest(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	dir, err := os.MkdirTemp("", "gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock, err := guestsock.Self(filepath.Join(dir, "aci.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := acitest.NewUnixServer(sock.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	srv.Token = "admin"
+	srv.Handle = func(_ context.Context, m *aciv1.ClientMessage) *aciv1.ServerMessage {
+		if r := m.GetMemoryChallenge(); r != nil { // a reply far larger than any controld asks for
+			return &aciv1.ServerMessage{Id: m.GetId(), Reply: &aciv1.ServerMessage_MemoryChallenge{
+				MemoryChallenge: &aciv1.MemoryChallengeResponse{Mac: make([]byte, 8<<20)}}}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := guestconn.Dialer{}.DialGuest(ctx, sock, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.PutFile(ctx, "/marker", make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.GetFile(ctx, "/marker"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a 1 MiB marker: %v", err)
+	}
+	if _, err := g.MemoryChallenge(ctx, []byte("n")); err == nil {
+		t.Fatal("an 8 MiB reply was read")
 	}
 }
