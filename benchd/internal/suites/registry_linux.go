@@ -9,7 +9,7 @@ import "github.com/forkfleet/forkfleet/benchd/internal/suite"
 func init() {
 	for _, s := range []suite.Suite{
 		&actionSuite{}, &codecSuite{}, &stepSuite{}, &dedupSuite{}, &clientScale{},
-		&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &browserSuite{},
+		&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &networkSuite{}, &browserSuite{},
 		&screencastSuite{}, &guestCPUSuite{},
 	} {
 		suite.Register(s)
