@@ -279,7 +279,7 @@ func (s *networkSuite) throughput(ctx context.Context, env *suite.Env, c *contro
 	mbps := func(d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
 	for r := -1; r < 5; r++ {
 		t0 := time.Now()
-		resp, err := sess.Exec(ctx, &aciv1.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMs: 60000})
+		resp, err := sess.Exec(ctx, &aciv1.ExecRequest{Argv: []string{"/usr/bin/bash", "-c", script}, TimeoutMs: 60000})
 		d := time.Since(t0)
 		switch {
 		case err != nil || resp.GetExitCode() != 0:
