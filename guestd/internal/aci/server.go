@@ -219,7 +219,7 @@ func New(opts Options) (*Server, error) {
 	s.sandboxID.Store(&sid)
 	s.caps = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
 		"input", "windows", "clipboard", "events.ready", "cancel", "memory", "checkpoint", "restored.admin_token",
-		"screencast", "screencast.delta", screencast.CapabilityZlib}
+		"netprobe", "screencast", "screencast.delta", screencast.CapabilityZlib}
 	if opts.Runner != nil {
 		s.caps = append(s.caps, "exec", "launch")
 	}
