@@ -62,7 +62,9 @@ func run() error {
 		return err
 	}
 	nm, err := network.New(network.Config{
-		RunDir: cfg.Network.RunDir, Table: cfg.Network.Table, IfPrefix: cfg.Network.IfPrefix,
+		// Per containerd namespace: a second controld on the host (another
+		// namespace) keeps its sandboxes' network state apart.
+		RunDir: filepath.Join(cfg.Network.RunDir, cfg.Containerd.Namespace), Table: cfg.Network.Table, IfPrefix: cfg.Network.IfPrefix,
 		UplinkCIDR: netip.MustParsePrefix(cfg.Network.UplinkCIDR), MTU: cfg.Network.MTU,
 		DNSUpstream: upstreams, Logger: log,
 	})

@@ -82,7 +82,8 @@ type Manager struct {
 	nsDir  string
 	resolv string // resolv.conf bind-mounted into egress sandboxes
 
-	egressErr error // why egress cannot be set up here (nil: it can)
+	egressErr error    // why egress cannot be set up here (nil: it can)
+	hostLock  *os.File // held while this manager owns its table (lockHost)
 
 	mu    sync.Mutex
 	state map[string]*sandboxState
@@ -152,6 +153,9 @@ func New(cfg Config) (*Manager, error) {
 		m.egressErr = m.checkEgress()
 	}
 	if m.egressErr == nil {
+		m.egressErr = m.lockHost()
+	}
+	if m.egressErr == nil {
 		if err := m.ensureTable(); err != nil {
 			m.egressErr = err
 		}
@@ -218,11 +222,41 @@ func (m *Manager) load() error {
 	return nil
 }
 
-// Close stops the DNS stubs. Namespaces, links and rules stay: sandboxes
-// keep running, and the next Manager adopts them.
+// lockHost takes the host-wide lock of this manager's table: two managers
+// with one table, interface prefix and uplink range (two controlds on a
+// host configured alike) would hand out the same uplinks and prune each
+// other's. The second one gets no egress.
+func (m *Manager) lockHost() error {
+	path := filepath.Join(hostLockDir, "forkfleet-net-"+m.cfg.Table+".lock")
+	if err := os.MkdirAll(hostLockDir, 0o755); err != nil {
+		return fmt.Errorf("network: host lock: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("network: host lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "EGRESS_UNAVAILABLE",
+			"another process owns nftables table %s and its sandbox links (%s): give this controld its own network.table, if_prefix and uplink_cidr", m.cfg.Table, path)
+	}
+	m.hostLock = f
+	return nil
+}
+
+// hostLockDir holds the managers' host locks (a tmpfs: they die with the
+// boot, like what they guard).
+const hostLockDir = "/run/lock"
+
+// Close stops the DNS stubs and releases the host lock. Namespaces, links
+// and rules stay: sandboxes keep running, and the next Manager adopts them.
 func (m *Manager) Close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.hostLock != nil {
+		m.hostLock.Close()
+		m.hostLock = nil
+	}
 	for id, d := range m.dns {
 		d.close()
 		delete(m.dns, id)
@@ -599,7 +633,12 @@ func (m *Manager) Prune(ctx context.Context, keep func(id string) bool) error {
 			}
 		}
 	}
-	// Host links and chains of no kept sandbox.
+	// Host links and chains of no kept sandbox: only a manager that owns
+	// the table, prefix and uplink range (egress on, host lock held) may
+	// touch them; another controld's are not its to prune.
+	if m.egressErr != nil {
+		return errors.Join(errs...)
+	}
 	if links, err := netlink.LinkList(); err == nil {
 		for _, l := range links {
 			name := l.Attrs().Name
@@ -611,16 +650,14 @@ func (m *Manager) Prune(ctx context.Context, keep func(id string) bool) error {
 			}
 		}
 	}
-	if m.egressErr == nil {
-		chains, err := m.sandboxChains()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, n := range chains {
-			if !kept[n] {
-				if err := m.dropChain(n); err != nil {
-					errs = append(errs, err)
-				}
+	chains, err := m.sandboxChains()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range chains {
+		if !kept[n] {
+			if err := m.dropChain(n); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}

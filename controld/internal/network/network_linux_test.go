@@ -322,3 +322,42 @@ func queryA(ns, server, name string) (netip.Addr, error) {
 	a, _ := netip.AddrFromSlice(resp[len(resp)-4:])
 	return a, nil
 }
+
+// Two managers of one table: the second gets no egress and prunes nothing
+// of the first's host links and chains.
+func TestRootOneOwnerPerTable(t *testing.T) {
+	rootTest(t)
+	out := nettest.NewOutside(t, netip.MustParseAddr("198.18.255.254"))
+	cfg := testConfig(t, out.DNS)
+	m := newTestManager(t, cfg)
+	if _, err := m.Setup(context.Background(), "first", ModeEgress, Policy{}, false); err != nil {
+		t.Fatal(err)
+	}
+	second := cfg
+	second.RunDir = t.TempDir()
+	m2, err := New(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if m2.EgressError() == nil {
+		t.Fatal("a second manager of the same table got egress")
+	}
+	if err := m2.Prune(context.Background(), func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if n := countPrefixed(cfg.IfPrefix); n != 1 {
+		t.Errorf("the second manager's prune left %d of the first's links, want 1", n)
+	}
+}
+
+func countPrefixed(prefix string) int {
+	links, _ := netlink.LinkList()
+	n := 0
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, prefix) {
+			n++
+		}
+	}
+	return n
+}

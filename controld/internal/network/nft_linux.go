@@ -5,7 +5,9 @@ package network
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -125,8 +127,9 @@ func (m *Manager) sandboxChains() ([]int, error) {
 	return idx, nil
 }
 
-// RemoveTable deletes the host's table (tests; `deploy` documents the
-// manual undo).
+// RemoveTable deletes the host's table and its host lock file (tests;
+// deploy/README.md documents the manual undo).
 func (m *Manager) RemoveTable() error {
+	os.Remove(filepath.Join(hostLockDir, "forkfleet-net-"+m.cfg.Table+".lock"))
 	return nft("delete table inet " + m.cfg.Table)
 }
