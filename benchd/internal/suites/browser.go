@@ -238,7 +238,11 @@ func typeCounterPage(ctx context.Context, s *aci.Session) error {
 	if err := s.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
 		return err
 	}
-	if _, err := s.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+	// Chromium moves the focus into its address bar asynchronously after
+	// ctrl+l: a key typed at once can land before it (the first letter of
+	// the URL went missing now and then), so wait as a person would.
+	if _, err := s.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Wait(300 * time.Millisecond),
+		aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
 		return err
 	}
 	return waitTitle(ctx, s, func(t string) bool { return strings.HasPrefix(t, "counter ") })
@@ -261,13 +265,15 @@ func waitTitle(ctx context.Context, s *aci.Session, ok func(string) bool) error 
 		if err != nil {
 			return err
 		}
+		var titles []string
 		for _, w := range ws {
 			if ok(w.GetTitle()) {
 				return nil
 			}
+			titles = append(titles, w.GetTitle())
 		}
 		if time.Now().After(deadline) {
-			return errors.New("no window with the expected title in 60 s")
+			return fmt.Errorf("no window with the expected title in 60 s (windows %q)", titles)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

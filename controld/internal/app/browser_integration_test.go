@@ -79,7 +79,10 @@ func TestRealStackBrowser(t *testing.T) {
 	if err := sess.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+	// ctrl+l moves Chromium's focus into the address bar asynchronously
+	// (a key typed at once may land before it): wait as a person would.
+	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Wait(300 * time.Millisecond),
+		aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
 		t.Fatal(err)
 	}
 	waitTitle(t, ctx, sess, "counter page typed into the address bar at ready", func(title string) bool { return counterTitle.MatchString(title) })
