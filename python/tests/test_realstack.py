@@ -55,7 +55,7 @@ async def xterm(s: aci.Session):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         for w in await s.list_windows():
-            if getattr(w, "class") == "XTerm" and w.title != "second":
+            if getattr(w, "class") == "XTerm" and w.instance != "secondxterm":
                 return w
         await asyncio.sleep(0.2)
     raise AssertionError("no xterm window")
@@ -330,13 +330,14 @@ async def test_session_methods_on_guestd(stack, sandbox):
             await s.delete("/tmp/py", recursive=True)
             await s.clipboard_set("clip")
             assert await s.clipboard_get() == "clip"
-            pid = await s.launch(["xterm", "-title", "second"])
+            # Found by its instance name: the shell's prompt rewrites xterm's title.
+            pid = await s.launch(["xterm", "-name", "secondxterm"])
             assert pid > 0
             deadline = time.monotonic() + 20
-            while not any(w.title == "second" for w in await s.list_windows()):
+            while not any(w.instance == "secondxterm" for w in await s.list_windows()):
                 assert time.monotonic() < deadline, "launched xterm never mapped"
                 await asyncio.sleep(0.2)
-            second = [w for w in await s.list_windows() if w.title == "second"][0]
+            second = [w for w in await s.list_windows() if w.instance == "secondxterm"][0]
             await s.window_action(second.id, aci.pb.WINDOW_OP_CLOSE)
             # A failed action is in the step's outcomes; the step and its observation go on.
             r = await s.step([aci.key("NoSuchKey"), aci.move(1, 1)], observe=aci.jpeg(50))
