@@ -180,8 +180,8 @@ async def test_anthropic_actions_on_the_screen(stack, sandbox):
                 await s.get_file("/tmp/a2")
             # double_click selects a word (X PRIMARY), middle_click pastes it.
             # (X measures multi-click time in server time, which a loaded
-            # 2-core machine can stretch past xterm's 250 ms: one retry.)
-            for attempt in range(2):
+            # 2-core machine can stretch past xterm's 250 ms: retries.)
+            for attempt in range(3):
                 await comp.execute({"action": "type", "text": "clear; echo markerword"})
                 await comp.execute({"action": "key", "text": "Return"})
                 await asyncio.sleep(0.3)
@@ -190,7 +190,8 @@ async def test_anthropic_actions_on_the_screen(stack, sandbox):
                 plain = await settled_hash(s)
                 await comp.execute({"action": "double_click", "coordinate": [wx, wy]})
                 selected = await settled_hash(s)
-                assert selected != plain
+                if selected == plain:
+                    continue  # taken as two single clicks: nothing selected
                 await comp.execute({"action": "type", "text": "echo "})
                 await comp.execute({"action": "middle_click", "coordinate": [mx, my]})
                 await comp.execute({"action": "type", "text": f" > /tmp/a4{attempt}"})
@@ -271,14 +272,15 @@ async def test_openai_actions_on_the_screen(stack, sandbox):
             await comp.execute({"type": "type", "text": "echo gone > /tmp/o2"})
             await comp.execute({"type": "keypress", "keys": ["CTRL", "U"]})
             await comp.execute({"type": "keypress", "keys": ["ENTER"]})
-            for attempt in range(2):  # one retry, as in the Anthropic test
+            for attempt in range(3):  # retries, as in the Anthropic test
                 await comp.execute({"type": "type", "text": "clear; echo secondword"})
                 await comp.execute({"type": "keypress", "keys": ["ENTER"]})
                 await asyncio.sleep(0.3)
                 cw, ch = (g.width - 4) / 100, (g.height - 4) / 30
                 plain = await settled_hash(s)
                 await comp.execute({"type": "double_click", "x": int(g.x + 2 + 4 * cw), "y": int(g.y + 2 + 0.5 * ch)})
-                assert await settled_hash(s) != plain
+                if await settled_hash(s) == plain:
+                    continue  # taken as two single clicks: nothing selected
                 await comp.execute({"type": "type", "text": "echo "})
                 await comp.execute({"type": "click", "button": "wheel", "x": cx, "y": cy})
                 await comp.execute({"type": "type", "text": f" > /tmp/o3{attempt}"})
