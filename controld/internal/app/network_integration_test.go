@@ -463,3 +463,38 @@ func assertNoNetworks(t *testing.T, cfg network.Config) {
 		t.Errorf("sandbox chains left:\n%s", out)
 	}
 }
+
+// An egress create that finds an egress warm slot gets a working network
+// (the slot's namespaces, links, chain and DNS stub were made ahead).
+func TestRealStackEgressWarmSlot(t *testing.T) {
+	e := newNetEnv(t)
+	e.cfg.Boot.Precreate = 1
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	e.start(ctx)
+	defer e.stop()
+	egress := &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}
+	// The first egress create boots cold and asks for egress slots.
+	first := e.create(ctx, egress)
+	var slot *controldv1.CreateSandboxResponse
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		r := e.create(ctx, egress)
+		if r.Sandbox.GetBoot()[0].GetAt().AsDuration() == 0 { // create phase 0: a warm slot
+			slot = r
+			break
+		}
+		e.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r.Sandbox.Id})
+	}
+	if slot == nil {
+		t.Fatal("no egress create took a warm slot in 30 s")
+	}
+	for _, r := range []*controldv1.CreateSandboxResponse{first, slot} {
+		s := e.session(ctx, r.Endpoint)
+		if out, ok := probe(ctx, t, s, "get", "http://"+e.out.Addr.String()+"/"); !ok || !strings.HasPrefix(out, "200 outside ") {
+			t.Errorf("%s egress: %q", r.Sandbox.Id, out)
+		}
+		s.Close()
+		e.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r.Sandbox.Id})
+	}
+}

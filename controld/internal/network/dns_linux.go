@@ -95,9 +95,11 @@ func (d *dnsStub) serveUDP() {
 		go func() {
 			defer d.wg.Done()
 			defer func() { <-d.inflight }()
-			if ans := d.exchangeUDP(q); ans != nil {
-				d.udp.WriteToUDPAddrPort(ans, from)
+			ans := d.exchangeUDP(q)
+			if ans == nil {
+				ans = servfail(q) // fail fast: the client would wait out its timeout
 			}
+			d.udp.WriteToUDPAddrPort(ans, from)
 		}()
 	}
 }
@@ -168,7 +170,7 @@ func (d *dnsStub) relayTCP(c *net.TCPConn) {
 		}
 		ans := d.exchangeTCP(q)
 		if ans == nil {
-			return
+			ans = servfail(q)
 		}
 		c.SetDeadline(time.Now().Add(dnsTimeout))
 		if err := writeTCPMsg(c, ans); err != nil {
@@ -216,4 +218,35 @@ func writeTCPMsg(w io.Writer, b []byte) error {
 	copy(out[2:], b)
 	_, err := w.Write(out)
 	return err
+}
+
+// servfail answers a query the upstreams did not: its header (id, opcode,
+// question count) and question, with QR set and RCODE 2 (server failure).
+func servfail(q []byte) []byte {
+	out := append([]byte(nil), q...)
+	out[2] = out[2]&0x79 | 0x80             // QR=1, keep opcode and RD, clear AA and TC
+	out[3] = out[3]&0x70 | 0x02             // keep Z bits, RCODE=SERVFAIL, no RA
+	binary.BigEndian.PutUint32(out[6:], 0)  // no answers, no authority
+	binary.BigEndian.PutUint16(out[10:], 0) // no additional records
+	return trimQuestions(out, int(binary.BigEndian.Uint16(out[4:])))
+}
+
+// trimQuestions cuts a message after its question section (questions are
+// kept; what followed them in the query, an EDNS OPT record, is not).
+func trimQuestions(m []byte, qd int) []byte {
+	i := 12
+	for range qd {
+		for i < len(m) && m[i] != 0 {
+			if m[i]&0xc0 != 0 { // a compression pointer ends the name
+				i++
+				break
+			}
+			i += int(m[i]) + 1
+		}
+		i += 5 // the zero byte (or pointer's second byte), type, class
+	}
+	if i > len(m) {
+		return m[:12]
+	}
+	return m[:i]
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -360,4 +361,15 @@ func countPrefixed(prefix string) int {
 		}
 	}
 	return n
+}
+
+func TestServfail(t *testing.T) {
+	q := []byte{0xab, 0xcd, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1,
+		3, 'w', 'w', 'w', 0, 0, 1, 0, 1, // www. A IN
+		0, 0, 41, 16, 0, 0, 0, 0, 0, 0, 0} // OPT
+	got := servfail(q)
+	want := []byte{0xab, 0xcd, 0x81, 0x02, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'w', 'w', 'w', 0, 0, 1, 0, 1}
+	if !slices.Equal(got, want) {
+		t.Errorf("servfail\n got %x\nwant %x", got, want)
+	}
 }
