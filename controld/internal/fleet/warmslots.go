@@ -185,7 +185,9 @@ func (m *Manager) startSlots() {
 	ws := &warmSlots{pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
 	spec := m.slotSpec(false)
 	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
-	if nw, ok := networkerOf(m.rt); ok && nw.EgressUnavailable() == nil {
+	// Egress slots are made only once an egress create succeeded (which
+	// makes this controld the owner of the host's table).
+	if _, ok := networkerOf(m.rt); ok {
 		ws.egressKey = slotKey(m.slotSpec(true))
 	}
 	if rp, ok := pc.(RestorePrecreator); ok {

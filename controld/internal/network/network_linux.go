@@ -83,7 +83,8 @@ type Manager struct {
 	resolv string // resolv.conf bind-mounted into egress sandboxes
 
 	egressErr error    // why egress cannot be set up here (nil: it can)
-	hostLock  *os.File // held while this manager owns its table (lockHost)
+	hostMu    sync.Mutex
+	hostLock  *os.File // held while this manager owns its table (ownHost)
 
 	mu    sync.Mutex
 	state map[string]*sandboxState
@@ -152,14 +153,6 @@ func New(cfg Config) (*Manager, error) {
 	} else {
 		m.egressErr = m.checkEgress()
 	}
-	if m.egressErr == nil {
-		m.egressErr = m.lockHost()
-	}
-	if m.egressErr == nil {
-		if err := m.ensureTable(); err != nil {
-			m.egressErr = err
-		}
-	}
 	if m.egressErr != nil && !cfg.NoEgress {
 		m.log.Info("sandbox network mode egress is unavailable on this host", "reason", m.egressErr)
 	}
@@ -169,8 +162,41 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// EgressError says why ModeEgress cannot be set up on this host (nil: it can).
-func (m *Manager) EgressError() error { return m.egressErr }
+// EgressError says why ModeEgress cannot be set up on this host (nil: it
+// can). The first call that finds egress possible makes this manager the
+// owner of its table (see ownHost): a controld that never sets up egress
+// never takes the host's table from another.
+func (m *Manager) EgressError() error {
+	if m.egressErr != nil {
+		return m.egressErr
+	}
+	return m.ownHost()
+}
+
+// ownHost takes the host lock of this manager's table and builds the
+// table's base chains, once; it fails while another process owns them.
+func (m *Manager) ownHost() error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	if m.hostLock != nil {
+		return nil
+	}
+	if err := m.lockHost(); err != nil {
+		return err
+	}
+	if err := m.ensureTable(); err != nil {
+		m.hostLock.Close()
+		m.hostLock = nil
+		return err
+	}
+	return nil
+}
+
+func (m *Manager) ownsHost() bool {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	return m.hostLock != nil
+}
 
 func (m *Manager) checkEgress() error {
 	if _, err := exec.LookPath("nft"); err != nil {
@@ -210,7 +236,7 @@ func (m *Manager) load() error {
 		m.state[id] = &st
 		if st.Mode == ModeEgress {
 			m.used[st.Index] = true
-			if m.egressErr == nil {
+			if m.EgressError() == nil {
 				if d, err := startDNS(m.routerPath(id), m.cfg.DNSUpstream, m.log.With("sandbox", id)); err != nil {
 					m.log.Warn("network: restart DNS stub", "sandbox", id, "err", err)
 				} else {
@@ -251,12 +277,14 @@ const hostLockDir = "/run/lock"
 // Close stops the DNS stubs and releases the host lock. Namespaces, links
 // and rules stay: sandboxes keep running, and the next Manager adopts them.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.hostMu.Lock()
 	if m.hostLock != nil {
 		m.hostLock.Close()
 		m.hostLock = nil
 	}
+	m.hostMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for id, d := range m.dns {
 		d.close()
 		delete(m.dns, id)
@@ -296,8 +324,10 @@ func (m *Manager) NetNS(id string) string { return m.netnsPath(id) }
 // held down, nothing leaves before FinishRestore has closed such
 // connections. A pooled sandbox stays held until its claim.
 func (m *Manager) Setup(ctx context.Context, id string, mode Mode, policy Policy, hold bool) (sb Sandbox, err error) {
-	if mode == ModeEgress && m.egressErr != nil {
-		return sb, m.egressErr
+	if mode == ModeEgress {
+		if err := m.EgressError(); err != nil {
+			return sb, err
+		}
 	}
 	st := &sandboxState{Mode: mode, Index: -1, Policy: policy}
 	m.mu.Lock()
@@ -636,7 +666,7 @@ func (m *Manager) Prune(ctx context.Context, keep func(id string) bool) error {
 	// Host links and chains of no kept sandbox: only a manager that owns
 	// the table, prefix and uplink range (egress on, host lock held) may
 	// touch them; another controld's are not its to prune.
-	if m.egressErr != nil {
+	if !m.ownsHost() {
 		return errors.Join(errs...)
 	}
 	if links, err := netlink.LinkList(); err == nil {
