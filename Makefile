@@ -67,7 +67,8 @@ proto: tools python-tools
 	buf lint
 	buf generate
 
-## check: gofmt, go vet, buf lint/format, and generated code (Go and Python) up to date
+## check: gofmt, go vet, buf lint/format, generated code (Go and Python) up to date, and the committed
+## benchmark report (benchd/docs/benchmarks.md and its charts) rendered from the committed results
 check: tools python-tools
 	@bad=$$(gofmt -l $(MODULES) | grep -v '^api/gen/' || true); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
@@ -78,6 +79,7 @@ check: tools python-tools
 	@if [ -n "$$(git status --porcelain -- api/gen python/gen)" ]; then \
 	  echo "generated code is stale: run 'make proto' and commit api/gen and python/gen"; \
 	  git status --short -- api/gen python/gen; exit 1; fi
+	cd benchd && go run ./cmd/benchd report --check
 	@echo "check: ok"
 
 ## host: make this machine a forkfleet host (containerd, runc, CRIU, config)

@@ -4,7 +4,7 @@
 //	benchd list
 //	benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [suite flags]
 //	benchd compare OLD NEW [--threshold 15]
-//	benchd report [--results DIR] [--out docs/benchmarks.md]
+//	benchd report [--results DIR] [--out docs/benchmarks.md] [--check]
 //	benchd peers [packages]
 //	benchd peer ...   (internal: a synthetic ACI server for clientscale)
 package main
@@ -304,6 +304,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	dir := fs.String("results", defaultResultsRoot(), "results directory to read")
 	out := fs.String("out", defaultReportPath(), "Markdown file to write (charts go to <name>-charts/ next to it)")
+	check := fs.Bool("check", false, "write nothing; fail when the report on disk differs from what the results render (make check)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -318,6 +319,18 @@ func cmdReport(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, b := range bad {
 		fmt.Fprintf(stderr, "benchd report: ignoring invalid result: %v\n", b)
+	}
+	if *check {
+		if len(bad) > 0 {
+			fmt.Fprintln(stderr, "benchd report --check: invalid result files (see above)")
+			return exitFailed
+		}
+		if err := report.Check(ls, *out); err != nil {
+			fmt.Fprintf(stderr, "benchd report --check: %v\n", err)
+			return exitFailed
+		}
+		fmt.Fprintf(stdout, "%s matches the results in %s\n", *out, *dir)
+		return exitOK
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		fmt.Fprintf(stderr, "benchd report: %v\n", err)

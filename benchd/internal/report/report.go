@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,13 +22,19 @@ import (
 type Loaded struct {
 	Path string
 	*result.Result
+	// Later are runs of the same suite newer than this one that did not
+	// finish ok (failed or skipped), newest first: Latest shows the newest
+	// ok run and names these beside it.
+	Later []Loaded
 }
 
-// Latest walks dir for result files and returns the newest run per suite
-// (by started_at), in suite order. Files that are not valid results are
-// returned as errors alongside, never silently dropped.
+// Latest walks dir for result files and returns, per suite, the newest run
+// (by started_at) that finished ok, or the newest run when none did, in suite
+// order; newer runs that did not finish ok are kept in Later. Files that are
+// not valid results are returned as errors alongside, never silently
+// dropped.
 func Latest(dir string, order []string) ([]Loaded, []error, error) {
-	latest := map[string]Loaded{}
+	runs := map[string][]Loaded{}
 	var bad []error
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -41,13 +48,22 @@ func Latest(dir string, order []string) ([]Loaded, []error, error) {
 			bad = append(bad, err)
 			return nil
 		}
-		if cur, ok := latest[r.Suite]; !ok || r.StartedAt.After(cur.StartedAt) {
-			latest[r.Suite] = Loaded{Path: p, Result: r}
-		}
+		runs[r.Suite] = append(runs[r.Suite], Loaded{Path: p, Result: r})
 		return nil
 	})
 	if err != nil {
 		return nil, bad, err
+	}
+	latest := map[string]Loaded{}
+	for suite, rs := range runs {
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].StartedAt.After(rs[j].StartedAt) })
+		pick := slices.IndexFunc(rs, func(l Loaded) bool { return l.Status == result.StatusOK })
+		if pick < 0 {
+			pick = 0
+		}
+		l := rs[pick]
+		l.Later = rs[:pick]
+		latest[suite] = l
 	}
 	rank := map[string]int{}
 	for i, s := range order {
@@ -74,43 +90,117 @@ func Latest(dir string, order []string) ([]Loaded, []error, error) {
 }
 
 // Render writes outPath (Markdown) and its SVG charts into
-// <dir of outPath>/<name>-charts/. Chart files are rewritten on every render:
-// they are derived views; the result files are the record.
+// <dir of outPath>/<name>-charts/. Chart files are rewritten on every render
+// and charts no longer rendered are removed: they are derived views; the
+// result files are the record.
 func Render(results []Loaded, outPath string) error {
-	if len(results) == 0 {
-		return errors.New("no results to render")
+	files, err := Build(results, outPath)
+	if err != nil {
+		return err
 	}
-	outDir := filepath.Dir(outPath)
-	chartDirName := strings.TrimSuffix(filepath.Base(outPath), filepath.Ext(outPath)) + "-charts"
-	chartDir := filepath.Join(outDir, chartDirName)
+	chartDir := chartDirOf(outPath)
 	if err := os.MkdirAll(chartDir, 0o755); err != nil {
 		return err
 	}
+	old, _ := filepath.Glob(filepath.Join(chartDir, "*.svg"))
+	for _, p := range old {
+		if _, keep := files[p]; !keep {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+		}
+	}
+	for p, b := range files {
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Check renders the report in memory and compares it with what is on disk
+// at outPath: the Markdown and every chart byte for byte, and no chart on
+// disk that the render would not write. A nil error means the committed
+// report is exactly what `benchd report` would write from these results.
+func Check(results []Loaded, outPath string) error {
+	files, err := Build(results, outPath)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		have, err := os.ReadFile(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			problems = append(problems, p+": missing")
+		case err != nil:
+			return err
+		case string(have) != string(files[p]):
+			problems = append(problems, p+": differs from the render of the results")
+		}
+	}
+	onDisk, _ := filepath.Glob(filepath.Join(chartDirOf(outPath), "*.svg"))
+	for _, p := range onDisk {
+		if _, ok := files[p]; !ok {
+			problems = append(problems, p+": not rendered from any result (stale)")
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the report is out of date with the results (run `benchd report` and commit it):\n  %s",
+			strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+func chartDirOf(outPath string) string {
+	return filepath.Join(filepath.Dir(outPath), chartDirName(outPath))
+}
+
+func chartDirName(outPath string) string {
+	return strings.TrimSuffix(filepath.Base(outPath), filepath.Ext(outPath)) + "-charts"
+}
+
+// Build renders the report without writing it: file path (outPath, and
+// each chart under <dir of outPath>/<name>-charts/) to content.
+func Build(results []Loaded, outPath string) (map[string][]byte, error) {
+	if len(results) == 0 {
+		return nil, errors.New("no results to render")
+	}
+	outDir := filepath.Dir(outPath)
+	chartDir := chartDirOf(outPath)
+	files := map[string][]byte{}
 	var md strings.Builder
 	md.WriteString("# forkfleet benchmarks\n\n")
 	md.WriteString("Generated by `benchd report` from the latest result file of each suite. Every number below is ")
 	md.WriteString("reproducible with `benchd run --suite NAME`; rows marked *peer* were measured in the same run on ")
 	md.WriteString("the same host as ours. p50/p90 interpolate linearly; p99 appears only where n >= 100. Failed and ")
-	md.WriteString("unverified samples are counted apart and never enter a distribution.\n\n")
+	md.WriteString("unverified samples are counted apart and never enter a distribution. `make check` fails when this ")
+	md.WriteString("file or its charts differ from what `benchd report` renders from the committed results.\n\n")
 	md.WriteString("| suite | status | measured | host | result file |\n|---|---|---|---|---|\n")
 	for _, r := range results {
-		status := r.Status
-		if r.Reason != "" {
-			status += ": " + r.Reason
+		status := statusText(r.Result)
+		for _, l := range r.Later {
+			status += fmt.Sprintf("; a later run %s: %s ([%s](%s))", l.Status, l.Reason, filepath.Base(l.Path), rel(outDir, l.Path))
 		}
 		fmt.Fprintf(&md, "| [%s](#%s) | %s | %s | %s | [%s](%s) |\n", r.Suite, r.Suite, cell(status),
 			r.StartedAt.Format("2006-01-02 15:04Z"), cell(hostShort(r.Host)), filepath.Base(r.Path), rel(outDir, r.Path))
 	}
 	md.WriteString("\n")
 	for _, r := range results {
-		if err := renderSuite(&md, r, outDir, chartDir, chartDirName); err != nil {
-			return fmt.Errorf("%s: %w", r.Suite, err)
+		if err := renderSuite(&md, files, r, outDir, chartDir, chartDirName(outPath)); err != nil {
+			return nil, fmt.Errorf("%s: %w", r.Suite, err)
 		}
 	}
-	return os.WriteFile(outPath, []byte(md.String()), 0o644)
+	files[outPath] = []byte(md.String())
+	return files, nil
 }
 
-func renderSuite(md *strings.Builder, r Loaded, outDir, chartDir, chartDirName string) error {
+func renderSuite(md *strings.Builder, files map[string][]byte, r Loaded, outDir, chartDir, chartDirName string) error {
 	fmt.Fprintf(md, "## %s\n\n", r.Suite)
 	fmt.Fprintf(md, "Status **%s**", r.Status)
 	if r.Reason != "" {
@@ -118,6 +208,10 @@ func renderSuite(md *strings.Builder, r Loaded, outDir, chartDir, chartDirName s
 	}
 	fmt.Fprintf(md, ". Result: [%s](%s). Run %s to %s.\n\n", filepath.Base(r.Path), rel(outDir, r.Path),
 		r.StartedAt.Format("2006-01-02 15:04:05Z"), r.FinishedAt.Format("15:04:05Z"))
+	for _, l := range r.Later {
+		fmt.Fprintf(md, "A later run, [%s](%s) (%s), did not finish ok: %s.\n\n", filepath.Base(l.Path), rel(outDir, l.Path),
+			l.StartedAt.Format("2006-01-02 15:04:05Z"), statusText(l.Result))
+	}
 	h := r.Host
 	md.WriteString("| host | |\n|---|---|\n")
 	fmt.Fprintf(md, "| CPU | %s, %d cores, %.0f MHz |\n", cell(h.CPUModel), h.Cores, h.MHz)
@@ -155,9 +249,7 @@ func renderSuite(md *strings.Builder, r Loaded, outDir, chartDir, chartDirName s
 	charts := Charts(r.Result)
 	for i, c := range charts {
 		name := fmt.Sprintf("%s-%d.svg", r.Suite, i+1)
-		if err := os.WriteFile(filepath.Join(chartDir, name), []byte(c.SVG), 0o644); err != nil {
-			return err
-		}
+		files[filepath.Join(chartDir, name)] = []byte(c.SVG)
 		fmt.Fprintf(md, "![%s](%s/%s)\n\n", c.Title, chartDirName, name)
 	}
 	md.WriteString("| metric | labels | unit | n | p50 | p90 | p99 | min | max | failed | unverified | warm-up |\n")
@@ -360,6 +452,13 @@ func labelString(l map[string]string) string {
 		parts = append(parts, k+"="+l[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+func statusText(r *result.Result) string {
+	if r.Reason != "" {
+		return r.Status + ": " + r.Reason
+	}
+	return r.Status
 }
 
 func hostShort(h result.Host) string {

@@ -106,3 +106,119 @@ func TestSortedKeys(t *testing.T) {
 		t.Fatalf("%v", got)
 	}
 }
+
+// Check passes on a fresh render and names what is off once the report, a
+// chart or the results change.
+func TestCheck(t *testing.T) {
+	root := t.TempDir()
+	t0 := time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC)
+	write(t, root, mk("action", t0, row("action.ping", "ms", nil, 0.1, 0.2), row("action.bytes", "bytes", nil, 84)))
+	out := filepath.Join(t.TempDir(), "benchmarks.md")
+	load := func() []Loaded {
+		ls, _, err := Latest(root, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ls
+	}
+	if err := Check(load(), out); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("nothing rendered yet: %v", err)
+	}
+	if err := Render(load(), out); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(load(), out); err != nil {
+		t.Fatalf("fresh render: %v", err)
+	}
+	// A stale chart from an earlier render is removed by Render and named
+	// by Check.
+	stale := filepath.Join(filepath.Dir(out), "benchmarks-charts", "old-1.svg")
+	os.WriteFile(stale, []byte("<svg/>"), 0o644)
+	if err := Check(load(), out); err == nil || !strings.Contains(err.Error(), "old-1.svg") {
+		t.Fatalf("stale chart: %v", err)
+	}
+	if err := Render(load(), out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("Render kept a stale chart: %v", err)
+	}
+	// A newer result makes the committed report out of date.
+	write(t, root, mk("action", t0.Add(time.Hour), row("action.ping", "ms", nil, 0.3)))
+	if err := Check(load(), out); err == nil || !strings.Contains(err.Error(), "benchmarks.md: differs") {
+		t.Fatalf("newer result: %v", err)
+	}
+}
+
+// Bars three orders of magnitude apart get a log axis with decade ticks;
+// long labels are kept whole and the chart is wide enough for them.
+func TestBarChartLogAxisAndLabels(t *testing.T) {
+	long := "fork.fanout.wall n=8 tier=memory via=podman-restore-import-with-a-long-suffix"
+	svg := BarChart("fork: p50 in ms", "ms", []Bar{
+		{Label: "ours", Value: 0.25, P90: 0.3},
+		{Label: long, Value: 250, P90: 300, Baseline: true},
+	})
+	if !strings.Contains(svg, "log scale") {
+		t.Fatal("no log axis for a 1000x spread")
+	}
+	for _, tick := range []string{">0.1<", ">1<", ">10<", ">100<", ">1000<"} {
+		if !strings.Contains(svg, tick) {
+			t.Errorf("decade tick %s missing", tick)
+		}
+	}
+	if !strings.Contains(svg, long) || strings.Contains(svg, "…") {
+		t.Fatal("label truncated")
+	}
+	var doc struct {
+		Width int `xml:"width,attr"`
+		Rects []struct {
+			X     float64 `xml:"x,attr"`
+			Width float64 `xml:"width,attr"`
+		} `xml:"rect"`
+	}
+	if err := xml.Unmarshal([]byte(svg), &doc); err != nil {
+		t.Fatal(err)
+	}
+	// The small bar is readable (not a 1 px sliver) and the label column
+	// holds the long label.
+	bars := doc.Rects[1:]
+	if bars[0].Width < 40 {
+		t.Errorf("smallest bar %.1f px wide", bars[0].Width)
+	}
+	if bars[0].X < float64(len(long))*6 {
+		t.Errorf("label column %.0f px for a %d-character label", bars[0].X, len(long))
+	}
+	if doc.Width < int(bars[1].X+bars[1].Width) {
+		t.Errorf("chart %d px narrower than its bars", doc.Width)
+	}
+	// Close values keep a linear axis from 0.
+	if lin := BarChart("t", "ms", []Bar{{Label: "a", Value: 10}, {Label: "b", Value: 30}}); strings.Contains(lin, "log scale") {
+		t.Error("log axis for a 3x spread")
+	}
+}
+
+// A failed run newer than an ok one does not hide the ok one's numbers: the
+// report shows the ok run and names the failed one.
+func TestLatestOKOverLaterFailure(t *testing.T) {
+	root := t.TempDir()
+	t0 := time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC)
+	write(t, root, mk("browser", t0, row("browser.checkpoint", "ms", nil, 700)))
+	failed := mk("browser", t0.Add(time.Hour))
+	failed.Status, failed.Reason = result.StatusFailed, "page never loaded"
+	write(t, root, failed)
+	ls, _, err := Latest(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 1 || ls[0].Status != result.StatusOK || len(ls[0].Later) != 1 {
+		t.Fatalf("latest: %+v", ls)
+	}
+	out := filepath.Join(t.TempDir(), "benchmarks.md")
+	if err := Render(ls, out); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(out)
+	if !strings.Contains(string(md), "a later run failed: page never loaded") || !strings.Contains(string(md), "| browser.checkpoint |") {
+		t.Fatalf("report:\n%s", md)
+	}
+}
