@@ -487,9 +487,12 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 				return err
 			}
 		}
-		// The outside address of this sandbox is its uplink's.
-		return nft("table ip forkfleet {\n chain postrouting {\n  type nat hook postrouting priority srcnat; policy accept;\n  oifname \"" + routerUp + "\" masquerade\n }\n}\n")
+		return nil
 	})
+	if err == nil {
+		// The outside address of this sandbox is its uplink's.
+		err = routerNAT(rtPath)
+	}
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
@@ -842,6 +845,13 @@ var tcpStatesToClose = map[uint8]bool{1: true, 2: true, 3: true, 4: true, 5: tru
 // Connect (a pooled replica, connected at its claim). It returns how many
 // connections it closed.
 func (m *Manager) FinishRestore(id string, connect bool) (int, error) {
+	m.mu.Lock()
+	st, ok := m.state[id]
+	egress := ok && st.Mode == ModeEgress
+	m.mu.Unlock()
+	if !egress {
+		return 0, nil // loopback only: every peer is inside the sandbox
+	}
 	n, err := m.CloseOutside(id)
 	if err != nil || !connect {
 		return n, err

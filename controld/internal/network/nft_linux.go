@@ -58,8 +58,12 @@ func (m *Manager) ensureTable() error {
 func chainName(index int) string { return "sb_" + strconv.Itoa(index) }
 
 // setChain (re)writes sandbox chain index with policy p in one batch; with
-// create it also makes the chain and its verdict map entry.
+// create it also makes the chain and its verdict map entry. The empty
+// policy goes over netlink (openChain), the rest through nft.
 func (m *Manager) setChain(index int, p Policy, create bool) error {
+	if len(p.Allow) == 0 && len(p.Deny) == 0 {
+		return m.openChain(index)
+	}
 	t, c := m.cfg.Table, chainName(index)
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -75,23 +79,6 @@ func (m *Manager) setChain(index int, p Policy, create bool) error {
 	}
 	if err := nft(b.String()); err != nil {
 		return fmt.Errorf("policy chain %s: %w", c, err)
-	}
-	return nil
-}
-
-// dropChain removes sandbox chain index and its map entry; either may be
-// gone already.
-func (m *Manager) dropChain(index int) error {
-	t, c := m.cfg.Table, chainName(index)
-	// nft has no "delete if present" here (1.0.6): one command at a time,
-	// a missing object is fine.
-	for _, s := range []string{
-		fmt.Sprintf(`delete element inet %s egress { "%s" }`, t, m.hostIf(index)),
-		fmt.Sprintf("delete chain inet %s %s", t, c),
-	} {
-		if err := nft(s); err != nil && !strings.Contains(err.Error(), "No such file or directory") {
-			return err
-		}
 	}
 	return nil
 }
