@@ -417,6 +417,8 @@ type ForkResult struct {
 	Verification []*controldv1.VerifyResult
 	// Took is request to usable for this replica.
 	Took time.Duration
+	// Replica is controld's answer for this replica as received.
+	Replica *controldv1.ForkReplica
 }
 
 // Fork starts n replicas of the checkpoint concurrently. The error is for
@@ -437,7 +439,7 @@ func (ck *Checkpoint) Fork(ctx context.Context, n int, opts ...ForkOption) ([]Fo
 	}
 	out := make([]ForkResult, len(r.GetReplicas()))
 	for i, rep := range r.GetReplicas() {
-		res := ForkResult{Verification: rep.GetVerification(), Took: rep.GetTook().AsDuration()}
+		res := ForkResult{Verification: rep.GetVerification(), Took: rep.GetTook().AsDuration(), Replica: rep}
 		if rep.GetErrorCode() != 0 {
 			res.Err = replicaErr(rep)
 		} else if rep.GetSandbox() != nil {

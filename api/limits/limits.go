@@ -12,6 +12,8 @@ package limits
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -236,6 +238,42 @@ func format(f field, v int64) string {
 		return Bytes(v)
 	}
 	return fmt.Sprint(v)
+}
+
+// byteUnits are the suffixes ParseBytes takes, largest first.
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+// ParseBytes reads a size written as a whole number of B, KiB, MiB, GiB or
+// TiB ("512MiB", "4GiB", "1048576B"): controld's configuration and
+// forkfleetctl's flags write limits this way.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	for _, u := range byteUnits {
+		num, ok := strings.CutSuffix(t, u.suffix)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+		if err != nil || n < 0 || n > (1<<62)>>u.shift {
+			return 0, fmt.Errorf("size %q: want a non-negative whole number of B, KiB, MiB, GiB or TiB", t)
+		}
+		return n << u.shift, nil
+	}
+	return 0, fmt.Errorf("size %q: missing unit (B, KiB, MiB, GiB or TiB)", t)
+}
+
+// FormatBytes writes n in the largest unit of ParseBytes that keeps it
+// whole ("4GiB"); ParseBytes reads it back.
+func FormatBytes(n int64) string {
+	for _, u := range byteUnits {
+		if n != 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
 }
 
 // Bytes renders a byte count for messages: exact when small, otherwise in

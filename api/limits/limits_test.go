@@ -109,3 +109,23 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFormatBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+	}{{"512MiB", 512 << 20}, {"4GiB", 4 << 30}, {" 1 TiB", 1 << 40}, {"1048576B", 1 << 20}, {"0B", 0}} {
+		got, err := limits.ParseBytes(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("limits.ParseBytes(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+		if back, _ := limits.ParseBytes(limits.FormatBytes(tc.want)); back != tc.want {
+			t.Errorf("limits.FormatBytes(%d) = %q does not read back", tc.want, limits.FormatBytes(tc.want))
+		}
+	}
+	for _, bad := range []string{"", "2G", "-1MiB", "1.5GiB", "9999999999TiB"} {
+		if _, err := limits.ParseBytes(bad); err == nil {
+			t.Errorf("limits.ParseBytes(%q) accepted", bad)
+		}
+	}
+}

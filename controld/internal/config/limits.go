@@ -78,37 +78,17 @@ func HostRAM() (int64, error) {
 // Size is a byte count written as "512MiB", "4GiB" or "1048576B" in TOML.
 type Size int64
 
-var sizeUnits = []struct {
-	suffix string
-	shift  uint
-}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
-
 // MarshalText writes the largest unit that keeps the value whole.
-func (s Size) MarshalText() ([]byte, error) {
-	for _, u := range sizeUnits {
-		if s != 0 && s%(1<<u.shift) == 0 {
-			return []byte(strconv.FormatInt(int64(s)>>u.shift, 10) + u.suffix), nil
-		}
-	}
-	return []byte(strconv.FormatInt(int64(s), 10) + "B"), nil
-}
+func (s Size) MarshalText() ([]byte, error) { return []byte(limits.FormatBytes(int64(s))), nil }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler (limits.ParseBytes).
 func (s *Size) UnmarshalText(b []byte) error {
-	t := strings.TrimSpace(string(b))
-	for _, u := range sizeUnits {
-		num, ok := strings.CutSuffix(t, u.suffix)
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-		if err != nil || n < 0 || n > (1<<62)>>u.shift {
-			return fmt.Errorf("size %q: want a non-negative whole number of B, KiB, MiB, GiB or TiB", t)
-		}
-		*s = Size(n << u.shift)
-		return nil
+	n, err := limits.ParseBytes(string(b))
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("size %q: missing unit (B, KiB, MiB, GiB or TiB)", t)
+	*s = Size(n)
+	return nil
 }
 
 // Share is a size or a percentage of something the host has ("200%").
