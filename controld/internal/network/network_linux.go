@@ -82,7 +82,7 @@ type Manager struct {
 	nsDir  string
 	resolv string // resolv.conf bind-mounted into egress sandboxes
 
-	egressErr error    // why egress cannot be set up here (nil: it can)
+	egressErr error // why egress cannot be set up here (nil: it can)
 	hostMu    sync.Mutex
 	hostLock  *os.File // held while this manager owns its table (ownHost)
 
