@@ -67,7 +67,9 @@ func TestRealStackTokens(t *testing.T) {
 		}
 	}()
 
-	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	// The agent runs as root in this sandbox (and its forks): the probe is
+	// root in the sandbox, the strongest attacker short of a kernel bug.
+	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true, RunAsRoot: true})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -75,6 +77,9 @@ func TestRealStackTokens(t *testing.T) {
 	sess, err := aci.Dial(ctx, src.Endpoint.Url, src.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if who := shell(t, ctx, sess, "id -u"); who != "0" {
+		t.Fatalf("the probe runs as uid %s, want root", who)
 	}
 	seen := probeSecrets(t, ctx, sess, "source")
 	sess.Close()
