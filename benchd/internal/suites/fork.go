@@ -142,15 +142,16 @@ func checkpointRatios(rows []result.Row) []result.Row {
 }
 
 // ballast makes the sandbox hold ballMB of random bytes in one process's
-// memory and 100 MB on disk, using only coreutils of the minbase image: tail
-// -c buffers the last N bytes of a pipe that never reaches EOF.
+// memory and 100 MB on disk (its writable layer: /tmp, which the agent user
+// may write), using only coreutils of the minbase image: tail -c buffers the
+// last N bytes of a pipe that never reaches EOF.
 func (s *checkpointSuite) ballast(ctx context.Context, ep *controldv1.Endpoint) error {
 	sess, err := dialEndpoint(ctx, ep)
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	r, err := sess.Exec(ctx, &aciv1.ExecRequest{Argv: []string{"dd", "if=/dev/urandom", "of=/root/ballast", "bs=1M", "count=100"}, TimeoutMs: 120000})
+	r, err := sess.Exec(ctx, &aciv1.ExecRequest{Argv: []string{"dd", "if=/dev/urandom", "of=/tmp/ballast", "bs=1M", "count=100"}, TimeoutMs: 120000})
 	if err != nil {
 		return fmt.Errorf("disk ballast: %w", err)
 	}
