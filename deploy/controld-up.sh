@@ -65,6 +65,7 @@ mkdir -p /run/forkfleet /var/log/forkfleet
 if systemd_running; then
 	install -m 0644 "$UNIT_SRC" /etc/systemd/system/forkfleet-controld.service
 	systemctl daemon-reload
+	systemctl enable forkfleet-controld.service >/dev/null 2>&1
 	systemctl restart forkfleet-controld.service
 	say "restarted forkfleet-controld.service"
 else

@@ -1052,7 +1052,11 @@ step_units() {
 	done
 	if is_systemd_host; then
 		install_units
-		step units ok "forkfleet-containerd.service and forkfleet-controld.service in /etc/systemd/system"
+		# Enabled, so both come back after a reboot. controld starts once its
+		# binary is installed (deploy/controld-up.sh, make demo).
+		systemctl enable forkfleet-containerd.service forkfleet-controld.service >/dev/null 2>&1 ||
+			die "systemctl enable forkfleet-containerd.service forkfleet-controld.service failed"
+		step units ok "forkfleet-containerd.service and forkfleet-controld.service in /etc/systemd/system, enabled"
 	else
 		step units skip "PID 1 is $(cat /proc/1/comm), not systemd: units stay in deploy/systemd"
 	fi

@@ -30,11 +30,19 @@ func main() {
 	}
 }
 
+// version is set at link time (make build: -X main.version=$(git describe)).
+var version = "dev"
+
 func run() error {
 	cfg, flags, err := config.LoadArgs(os.Args[1:], os.Getenv)
 	if err != nil {
 		return err
 	}
+	if flags.Version {
+		fmt.Println("controld", version)
+		return nil
+	}
+	app.Version = version
 	if flags.PrintConfig {
 		b, err := cfg.Marshal()
 		if err != nil {
@@ -45,6 +53,11 @@ func run() error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
+	if flags.ConfigFile != "" {
+		log.Info("configuration", "file", flags.ConfigFile)
+	} else {
+		log.Info("configuration", "file", "none: built-in defaults", "default_file", config.DefaultFile)
+	}
 
 	exe, err := os.Executable()
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
+	"github.com/forkfleet/forkfleet/controld/internal/health"
 	"github.com/forkfleet/forkfleet/controld/internal/server"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 	"github.com/forkfleet/forkfleet/controld/internal/telemetry"
@@ -43,6 +44,9 @@ type Deps struct {
 	Logger  *slog.Logger      // nil: slog.Default()
 	// OnReady, when set, is called once every listener serves.
 	OnReady func(Addrs)
+	// Health, when set, is the checker controld reports into (tests add
+	// loops and checks of their own); nil: a fresh one.
+	Health *health.Checker
 }
 
 // Addrs are the bound addresses (useful with port 0 in tests).
@@ -66,6 +70,10 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	}
 	if deps.Dialer == nil {
 		deps.Dialer = guestconn.Dialer{}
+	}
+	hc := deps.Health
+	if hc == nil {
+		hc = health.New()
 	}
 	host := cfg.Host
 	if host == "" {
@@ -110,6 +118,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		return err
 	}
 	undo = append(undo, func() { st.Close() })
+	hc.AddCheck("store", func(context.Context) error { return st.Ping() })
 
 	// Listeners first: the gateway's bound address goes into endpoints.
 	lc := net.ListenConfig{}
@@ -182,6 +191,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		FrameSettle:   cfg.FrameSettle.D(),
 		WarmSlots:     cfg.Boot.Precreate,
 		Limits:        cfg.HostLimits(ram),
+		Health:        hc,
 		DropConnections: func(id string) {
 			if n := gwRef.DropSandbox(id); n > 0 {
 				log.Info("closed gateway connections for a checkpoint", "sandbox", id, "connections", n)
@@ -246,8 +256,21 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	}
 	log.Info("controld serving", "version", Version, "grpc_unix", addrs.GRPCUnix, "grpc_tcp", addrs.GRPCTCP,
 		"gateway", addrs.Gateway, "metrics", addrs.Metrics, "host", host)
+	hc.SetState(health.Serving)
 	if err := sdNotify("READY=1\nSTATUS=serving"); err != nil {
 		log.Warn("sd_notify READY", "err", err)
+	}
+	wdCtx, stopWatchdog := context.WithCancel(ctx)
+	defer stopWatchdog()
+	wdDone := make(chan struct{})
+	if iv, err := watchdogInterval(os.Getenv); err != nil {
+		log.Warn("systemd watchdog", "err", err)
+		close(wdDone)
+	} else if iv > 0 {
+		log.Info("systemd watchdog on", "interval", iv)
+		go func() { defer close(wdDone); watchdog(wdCtx, iv, hc, log) }()
+	} else {
+		close(wdDone)
 	}
 	if deps.OnReady != nil {
 		deps.OnReady(addrs)
@@ -261,7 +284,11 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		log.Error("controld: a listener failed; shutting down", "err", runErr)
 	}
 	undo = nil // the ordered shutdown below takes over
-	if err := sdNotify("STOPPING=1"); err != nil {
+	hc.SetState(health.Stopping)
+	// systemd stops watching once the unit is stopping; so does controld.
+	stopWatchdog()
+	<-wdDone
+	if err := sdNotify("STOPPING=1\nSTATUS=stopping"); err != nil {
 		log.Warn("sd_notify STOPPING", "err", err)
 	}
 	deadline := time.Now().Add(cfg.ShutdownTimeout.D())

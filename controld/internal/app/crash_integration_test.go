@@ -47,6 +47,9 @@ type procStack struct {
 	cfgPath string
 	logPath string
 	rt      *containerdrt.Runtime
+	// wrap, when set, runs controld through this command (controld's
+	// command line appended), e.g. to apply the systemd unit's hardening.
+	wrap []string
 
 	// Set by start.
 	cmd    *exec.Cmd
@@ -131,7 +134,8 @@ func (s *procStack) launch() <-chan error {
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== controld start %s\n", time.Now().Format(time.RFC3339Nano))
 
-	cmd := exec.Command(s.bin, "--config", s.cfgPath)
+	argv := append(slices.Clone(s.wrap), s.bin, "--config", s.cfgPath)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	// The environment overrides the file: name this test's namespace and
 	// containerd explicitly, whatever the caller's environment says.
 	for _, kv := range os.Environ() {

@@ -1,10 +1,17 @@
 package app
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/forkfleet/forkfleet/controld/internal/health"
 )
 
 func TestSdNotify(t *testing.T) {
@@ -27,5 +34,100 @@ func TestSdNotify(t *testing.T) {
 	n, err := c.Read(buf)
 	if err != nil || string(buf[:n]) != "READY=1" {
 		t.Fatalf("got %q %v", buf[:n], err)
+	}
+}
+
+func TestWatchdogInterval(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	for _, tc := range []struct {
+		env  func(string) string
+		want time.Duration
+		err  bool
+	}{
+		{env(), 0, false},
+		{env("WATCHDOG_USEC", "30000000"), 30 * time.Second, false},
+		{env("WATCHDOG_USEC", "30000000", "WATCHDOG_PID", strconv.Itoa(os.Getpid())), 30 * time.Second, false},
+		{env("WATCHDOG_USEC", "30000000", "WATCHDOG_PID", "1"), 0, false}, // for another process
+		{env("WATCHDOG_USEC", "soon"), 0, true},
+		{env("WATCHDOG_USEC", "0"), 0, true},
+	} {
+		got, err := watchdogInterval(tc.env)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("%q: %v, %v", tc.env("WATCHDOG_USEC"), got, err)
+		}
+	}
+}
+
+// The watchdog pings only while every loop makes progress: a stalled loop
+// stops the pings (systemd then restarts controld), its recovery resumes
+// them.
+func TestWatchdogFollowsHealth(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "notify")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Setenv("NOTIFY_SOCKET", path)
+	hc := health.New()
+	loop := hc.Loop("test loop", 250*time.Millisecond)
+	stalled := make(chan bool)
+	go func() { // the loop under watch: beats until told to stall
+		beat := true
+		tk := time.NewTicker(10 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case b, ok := <-stalled:
+				if !ok {
+					return
+				}
+				beat = !b
+			case <-tk.C:
+				if beat {
+					loop.Beat()
+				}
+			}
+		}
+	}()
+	defer close(stalled)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); watchdog(ctx, 40*time.Millisecond, hc, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	defer func() { cancel(); <-done }()
+
+	pings := func(d time.Duration) int {
+		n := 0
+		buf := make([]byte, 64)
+		end := time.Now().Add(d)
+		for time.Now().Before(end) {
+			c.SetReadDeadline(end)
+			k, err := c.Read(buf)
+			if err != nil {
+				break
+			}
+			if string(buf[:k]) == "WATCHDOG=1" {
+				n++
+			}
+		}
+		return n
+	}
+	if n := pings(300 * time.Millisecond); n < 3 {
+		t.Fatalf("healthy: %d pings in 300 ms", n)
+	}
+	stalled <- true
+	pings(350 * time.Millisecond) // past the loop's bound
+	if n := pings(300 * time.Millisecond); n != 0 {
+		t.Fatalf("stalled loop: %d pings", n)
+	}
+	stalled <- false
+	if n := pings(300 * time.Millisecond); n < 3 {
+		t.Fatalf("recovered: %d pings in 300 ms", n)
 	}
 }

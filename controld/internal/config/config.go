@@ -323,20 +323,30 @@ func (c *Config) GatewayHost() string {
 // TokenPath returns where the generated API token lives.
 func (c *Config) TokenPath() string { return filepath.Join(c.StateDir, "api.token") }
 
+// DefaultFile is the configuration file controld reads when --config is
+// not given; when it does not exist the built-in defaults apply.
+var DefaultFile = "/etc/forkfleet/controld.toml"
+
 // Flags binds command-line overrides for c to fs. Parse fs after loading the
 // file; use LoadArgs for the whole sequence.
 type Flags struct {
+	// ConfigFile is the file read: --config, or DefaultFile when it exists
+	// (empty: none, built-in defaults).
 	ConfigFile  string
 	PrintConfig bool
+	// Flags of the process rather than of the daemon's configuration.
+	Version bool
 }
 
 // LoadArgs builds the effective configuration from defaults, the file named
-// by --config, the environment and flags, in that order.
+// by --config (DefaultFile when it exists and --config is not given), the
+// environment and flags, in that order.
 func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error) {
 	c := Default()
 	var f Flags
 	fs := flag.NewFlagSet("controld", flag.ContinueOnError)
-	fs.StringVar(&f.ConfigFile, "config", "", "TOML config file overriding the built-in defaults")
+	fs.StringVar(&f.ConfigFile, "config", "", "TOML config file overriding the built-in defaults (default "+DefaultFile+" when it exists)")
+	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration and exit")
 	// Overrides are collected first and applied after the file, so a flag
 	// beats the file whatever the argument order.
@@ -356,6 +366,13 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	}
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if f.ConfigFile == "" && DefaultFile != "" {
+		// Only a missing default file means "defaults": one that exists but
+		// cannot be read is an error, as is a missing --config file.
+		if _, err := os.Stat(DefaultFile); err == nil || !errors.Is(err, os.ErrNotExist) {
+			f.ConfigFile = DefaultFile
+		}
 	}
 	if f.ConfigFile != "" {
 		if err := c.LoadFile(f.ConfigFile); err != nil {

@@ -8,6 +8,53 @@ import (
 	"time"
 )
 
+// The tests never read this host's /etc/forkfleet/controld.toml.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "config-test")
+	if err != nil {
+		panic(err)
+	}
+	DefaultFile = filepath.Join(dir, "absent.toml")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Without --config, DefaultFile is read when it exists; absent, the
+// built-in defaults apply; present but unreadable, or a missing --config
+// file, is an error.
+func TestDefaultFile(t *testing.T) {
+	saved := DefaultFile
+	t.Cleanup(func() { DefaultFile = saved })
+	dir := t.TempDir()
+	DefaultFile = filepath.Join(dir, "controld.toml")
+	none := func(string) string { return "" }
+
+	c, fl, err := LoadArgs(nil, none)
+	if err != nil || fl.ConfigFile != "" || c.Boot.Precreate != Default().Boot.Precreate {
+		t.Fatalf("absent default file: %v %+v", err, fl)
+	}
+	os.WriteFile(DefaultFile, []byte("[boot]\nprecreate = 3\n"), 0o600)
+	c, fl, err = LoadArgs(nil, none)
+	if err != nil || fl.ConfigFile != DefaultFile || c.Boot.Precreate != 3 {
+		t.Fatalf("default file: %v %+v %d", err, fl, c.Boot.Precreate)
+	}
+	// --config wins over the default file, which is then not read.
+	other := filepath.Join(dir, "other.toml")
+	os.WriteFile(other, []byte("[boot]\nprecreate = 2\n"), 0o600)
+	if c, _, err = LoadArgs([]string{"--config", other}, none); err != nil || c.Boot.Precreate != 2 {
+		t.Fatalf("--config: %v %d", err, c.Boot.Precreate)
+	}
+	if _, _, err := LoadArgs([]string{"--config", filepath.Join(dir, "missing.toml")}, none); err == nil {
+		t.Fatal("missing --config file accepted")
+	}
+	os.Remove(DefaultFile)
+	os.Mkdir(DefaultFile, 0o700) // exists, cannot be read as a file
+	if _, _, err := LoadArgs(nil, none); err == nil {
+		t.Fatal("unreadable default file ignored")
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	c := Default()
 	if err := c.Validate(); err != nil {

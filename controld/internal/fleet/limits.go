@@ -12,6 +12,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/controld/internal/health"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -34,6 +35,8 @@ func limitProbeOf(rt Runtime) (LimitProbe, bool) {
 
 // watchLimits polls the limit counters of running sandboxes until Close.
 func (m *Manager) watchLimits(probe LimitProbe) {
+	alive := m.opts.Health.Loop("limit poller", max(loopBound, 10*m.opts.LimitPoll))
+	defer alive.Done()
 	t := time.NewTicker(m.opts.LimitPoll)
 	defer t.Stop()
 	for {
@@ -41,12 +44,13 @@ func (m *Manager) watchLimits(probe LimitProbe) {
 		case <-m.ctx.Done():
 			return
 		case <-t.C:
-			m.pollLimits(probe)
+			m.pollLimits(probe, alive)
+			alive.Beat()
 		}
 	}
 }
 
-func (m *Manager) pollLimits(probe LimitProbe) {
+func (m *Manager) pollLimits(probe LimitProbe, alive *health.Loop) {
 	m.mu.Lock()
 	var running []*sandbox
 	for _, sb := range m.sandboxes {
@@ -73,6 +77,7 @@ func (m *Manager) pollLimits(probe LimitProbe) {
 			continue
 		}
 		m.noteLimits(sb, h)
+		alive.Beat()
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/controld/internal/health"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -70,7 +71,15 @@ type Options struct {
 	// LimitPoll is how often the kernel's limit counters of running
 	// sandboxes are read (a runtime implementing LimitProbe); 1 s when 0.
 	LimitPoll time.Duration
+	// Health is where the background loops report progress and the
+	// manager's own checks live (nil: a private checker).
+	Health *health.Checker
 }
+
+// loopBound is how long a background loop may go without progress before
+// controld counts as not alive (the systemd watchdog then restarts it): far
+// above any loop's period, below the unit's WatchdogSec.
+const loopBound = 20 * time.Second
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
 // lifecycle and the background work (readiness waits, TTL reaper, exit
@@ -182,6 +191,9 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Health == nil {
+		opts.Health = health.New()
+	}
 	if opts.Host == "" {
 		opts.Host, _ = os.Hostname()
 	}
@@ -209,6 +221,18 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		cancel()
 		return nil, err
 	}
+	// The manager's lock guards every record: held for long, every RPC
+	// waits behind it.
+	opts.Health.AddCheck("manager lock", func(ctx context.Context) error {
+		locked := make(chan struct{})
+		go func() { m.mu.Lock(); m.mu.Unlock(); close(locked) }()
+		select {
+		case <-locked:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("held past the check's deadline: %w", ctx.Err())
+		}
+	})
 	m.goBackground(func() { m.watchExits(exits) })
 	m.goBackground(m.reapLoop)
 	if probe, ok := limitProbeOf(m.rt); ok {

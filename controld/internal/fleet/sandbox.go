@@ -769,15 +769,23 @@ func (m *Manager) freezeThaw(ctx context.Context, id string, freeze bool) (*cont
 
 // watchExits marks sandboxes whose task ended on its own.
 func (m *Manager) watchExits(exits <-chan Exit) {
+	alive := m.opts.Health.Loop("exit watcher", loopBound)
+	defer alive.Done()
+	// Exits are rare: the ticker proves the loop is not stuck in one.
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
+		case <-t.C:
+			alive.Beat()
 		case ex, ok := <-exits:
 			if !ok {
 				return
 			}
 			m.handleExit(ex)
+			alive.Beat()
 		}
 	}
 }
@@ -823,6 +831,8 @@ func (m *Manager) handleExit(ex Exit) {
 
 // reapLoop deletes sandboxes past their TTL.
 func (m *Manager) reapLoop() {
+	alive := m.opts.Health.Loop("ttl reaper", max(loopBound, 10*m.opts.ReapInterval))
+	defer alive.Done()
 	t := time.NewTicker(m.opts.ReapInterval)
 	defer t.Stop()
 	for {
@@ -831,6 +841,7 @@ func (m *Manager) reapLoop() {
 			return
 		case now := <-t.C:
 			m.reapOnce(now)
+			alive.Beat()
 		}
 	}
 }

@@ -234,6 +234,10 @@ func (t *Tx) put(bucket []byte, id string, v any) error {
 	return t.tx.Bucket(bucket).Put([]byte(id), b)
 }
 
+// Ping commits an empty write: the health check that the store (its file
+// lock, its disk, the group-commit queue) still takes writes.
+func (s *Store) Ping() error { return s.Update(func(*Tx) error { return nil }) }
+
 // PutSandbox writes a sandbox record.
 func (t *Tx) PutSandbox(r *SandboxRecord) error {
 	return t.put(bucketSandboxes, r.Sandbox.GetId(), r)
