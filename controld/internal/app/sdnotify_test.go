@@ -99,7 +99,10 @@ func TestWatchdogFollowsHealth(t *testing.T) {
 	defer close(stalled)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); watchdog(ctx, 40*time.Millisecond, hc, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() {
+		defer close(done)
+		watchdog(ctx, 40*time.Millisecond, hc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
 	defer func() { cancel(); <-done }()
 
 	pings := func(d time.Duration) int {
