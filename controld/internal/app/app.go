@@ -105,7 +105,10 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		}
 	}()
 
-	tr, err := telemetry.NewTracing(ctx, cfg.Tracing.OTLPEndpoint, cfg.Tracing.OTLPInsecure, cfg.Tracing.ServiceName, Version)
+	tr, err := telemetry.NewTracing(ctx, telemetry.TraceConfig{
+		Endpoint: cfg.Tracing.OTLPEndpoint, Protocol: cfg.Tracing.OTLPProtocol, Insecure: cfg.Tracing.OTLPInsecure,
+		ServiceName: cfg.Tracing.ServiceName, Version: Version,
+	})
 	if err != nil {
 		return err
 	}

@@ -134,9 +134,14 @@ type Containerd struct {
 	Namespace string `toml:"namespace"`
 }
 
-// Tracing configures OpenTelemetry export.
+// Tracing configures OpenTelemetry export (see default.toml; the standard
+// OTEL_* variables apply, ApplyEnv).
 type Tracing struct {
+	// OTLPEndpoint: "https://host:port", "http://host:port" or "host:port".
 	OTLPEndpoint string `toml:"otlp_endpoint"`
+	// OTLPProtocol: "grpc" or "http/protobuf"; empty: grpc.
+	OTLPProtocol string `toml:"otlp_protocol"`
+	// OTLPInsecure: plaintext to an endpoint without a scheme.
 	OTLPInsecure bool   `toml:"otlp_insecure"`
 	ServiceName  string `toml:"service_name"`
 }
@@ -189,14 +194,42 @@ func (c *Config) LoadFile(path string) error {
 	return nil
 }
 
-// ApplyEnv applies the environment variables controld honours.
-func (c *Config) ApplyEnv(getenv func(string) string) {
-	if c.Tracing.OTLPEndpoint == "" {
-		if v := getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"); v != "" {
-			c.Tracing.OTLPEndpoint = v
-		} else if v := getenv("OTEL_EXPORTER_OTLP_ENDPOINT"); v != "" {
-			c.Tracing.OTLPEndpoint = v
+// ApplyEnv applies the environment variables controld honours: OpenTelemetry's
+// standard ones for traces (the signal-specific variable before the general
+// one; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn traces off)
+// and forkfleet's for containerd.
+func (c *Config) ApplyEnv(getenv func(string) string) error {
+	otel := func(name string) string {
+		if v := getenv("OTEL_EXPORTER_OTLP_TRACES_" + name); v != "" {
+			return v
 		}
+		return getenv("OTEL_EXPORTER_OTLP_" + name)
+	}
+	if v := otel("ENDPOINT"); v != "" {
+		c.Tracing.OTLPEndpoint = v
+	}
+	if v := otel("PROTOCOL"); v != "" {
+		c.Tracing.OTLPProtocol = v
+	}
+	if v := otel("INSECURE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("OTEL_EXPORTER_OTLP_INSECURE=%q: %w", v, err)
+		}
+		c.Tracing.OTLPInsecure = b
+	}
+	if v := getenv("OTEL_SERVICE_NAME"); v != "" {
+		c.Tracing.ServiceName = v
+	}
+	switch v := getenv("OTEL_TRACES_EXPORTER"); v {
+	case "", "otlp":
+	case "none":
+		c.Tracing.OTLPEndpoint = ""
+	default:
+		return fmt.Errorf("OTEL_TRACES_EXPORTER=%q: controld exports traces with otlp (or none)", v)
+	}
+	if v := getenv("OTEL_SDK_DISABLED"); strings.EqualFold(v, "true") {
+		c.Tracing.OTLPEndpoint = ""
 	}
 	if v := getenv("FORKFLEET_CONTAINERD_NAMESPACE"); v != "" {
 		c.Containerd.Namespace = v
@@ -204,6 +237,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 	if v := getenv("FORKFLEET_CONTAINERD_ADDRESS"); v != "" {
 		c.Containerd.Address = v
 	}
+	return nil
 }
 
 // Marshal renders c as TOML.
@@ -294,6 +328,14 @@ func (c *Config) Validate() error {
 	if c.Containerd.Namespace == "" {
 		errs = append(errs, errors.New("containerd.namespace: must be set"))
 	}
+	switch c.Tracing.OTLPProtocol {
+	case "", "grpc", "http/protobuf":
+	default:
+		errs = append(errs, fmt.Errorf("tracing.otlp_protocol %q: grpc or http/protobuf", c.Tracing.OTLPProtocol))
+	}
+	if e := c.Tracing.OTLPEndpoint; strings.Contains(e, "://") && !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+		errs = append(errs, fmt.Errorf("tracing.otlp_endpoint %q: https://host:port, http://host:port or host:port", e))
+	}
 	return errors.Join(errs...)
 }
 
@@ -379,7 +421,9 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 			return nil, nil, err
 		}
 	}
-	c.ApplyEnv(getenv)
+	if err := c.ApplyEnv(getenv); err != nil {
+		return nil, nil, err
+	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	str := func(name string, dst *string) {

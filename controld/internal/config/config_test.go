@@ -166,3 +166,47 @@ func TestLimitsConfig(t *testing.T) {
 		t.Fatalf("HostRAM = %d, %v", ram, err)
 	}
 }
+
+// The standard OTEL_* variables configure traces over the file (the
+// signal's own variable first); OTEL_TRACES_EXPORTER=none and
+// OTEL_SDK_DISABLED turn them off.
+func TestOTelEnvironment(t *testing.T) {
+	load := func(env map[string]string) (*Config, error) {
+		c, _, err := LoadArgs(nil, func(k string) string { return env[k] })
+		return c, err
+	}
+	c, err := load(map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT":        "http://general:4318",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://traces:4318",
+		"OTEL_EXPORTER_OTLP_PROTOCOL":        "http/protobuf",
+		"OTEL_EXPORTER_OTLP_INSECURE":        "true",
+		"OTEL_SERVICE_NAME":                  "controld-eu1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := c.Tracing; tr.OTLPEndpoint != "https://traces:4318" || tr.OTLPProtocol != "http/protobuf" || !tr.OTLPInsecure || tr.ServiceName != "controld-eu1" {
+		t.Fatalf("tracing %+v", tr)
+	}
+	if d := Default().Tracing; d.OTLPInsecure || d.OTLPEndpoint != "" || d.OTLPProtocol != "grpc" {
+		t.Fatalf("defaults %+v: plaintext must be asked for", d)
+	}
+	for _, off := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_TRACES_EXPORTER": "none"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_SDK_DISABLED": "true"},
+	} {
+		if c, err := load(off); err != nil || c.Tracing.OTLPEndpoint != "" {
+			t.Errorf("%v: endpoint %q, %v", off, c.Tracing.OTLPEndpoint, err)
+		}
+	}
+	for _, bad := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"},
+		{"OTEL_EXPORTER_OTLP_INSECURE": "maybe"},
+		{"OTEL_TRACES_EXPORTER": "zipkin"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector"},
+	} {
+		if _, err := load(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
