@@ -36,15 +36,24 @@ FUZZTIME ?= 300x
 
 .PHONY: build tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
 
+# Every binary reports this version (--version; controld also as
+# forkfleet_controld_build_info): git describe of the checkout, -dirty with
+# uncommitted changes.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GO_LDFLAGS := -X main.version=$(VERSION)
+
 ## build: compile every binary into bin/
 build:
 	@mkdir -p $(BIN)
-	cd guestd && go build -o $(BIN)/guestd ./cmd/guestd
-	cd controld && go build -o $(BIN)/controld ./cmd/controld
-	cd controld && CGO_ENABLED=0 go build -o $(BIN)/forkfleet-log ./cmd/forkfleet-log
-	cd controld && go build -o $(BIN)/forkfleet-image ./cmd/forkfleet-image
-	cd benchd && go build -o $(BIN)/benchd ./cmd/benchd
-	cd api && go build -o $(BIN)/forkfleetctl ./cmd/forkfleetctl
+	cd guestd && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/guestd ./cmd/guestd
+	cd controld && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/controld ./cmd/controld
+	cd controld && CGO_ENABLED=0 go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleet-log ./cmd/forkfleet-log
+	cd controld && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleet-image ./cmd/forkfleet-image
+	cd benchd && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/benchd ./cmd/benchd
+	cd api && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleetctl ./cmd/forkfleetctl
+	@for b in guestd controld forkfleet-log forkfleet-image benchd forkfleetctl; do \
+	  v=$$($(BIN)/$$b --version 2>&1 | awk '{print $$NF}'); \
+	  [ "$$v" = "$(VERSION)" ] || { echo "$$b reports version '$$v', want $(VERSION)"; exit 1; }; done
 
 ## tools: install the pinned code generators into .cache/bin
 tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc

@@ -77,3 +77,15 @@ host_apt_uri() {
 		[[ -n $uri ]] && { echo "$uri"; return; }
 	done
 }
+
+# guestd_version REPO: the version stamped into an image's guestd: the date
+# and commit of the last change to what guestd is built from (guestd/, api/),
+# -dirty with uncommitted changes there. It changes only when guestd's
+# sources do, so an image rebuilt for another reason keeps its guestd layer.
+guestd_version() {
+	local repo=$1 v
+	v=$(git -C "$repo" log -1 --format=%cd-%h --date=format:%Y%m%d -- guestd api 2>/dev/null) || v=
+	[[ -n $v ]] || { echo dev; return; }
+	git -C "$repo" diff --quiet HEAD -- guestd api 2>/dev/null || v=$v-dirty
+	echo "$v"
+}

@@ -105,7 +105,7 @@ if [[ -n ${GUESTD_BIN:-} ]]; then
 	[[ -x $GUESTD_BIN ]] || die "GUESTD_BIN=$GUESTD_BIN is not an executable file"
 	guestd=$GUESTD_BIN
 else
-	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o "$work/guestd" ./cmd/guestd) ||
+	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w -X main.version=$(guestd_version "$repo")" -o "$work/guestd" ./cmd/guestd) ||
 		die "guestd does not build; pass GUESTD_BIN=<path> to use a prebuilt binary"
 	guestd=$work/guestd
 fi

@@ -79,7 +79,7 @@ if [[ -n ${GUESTD_BIN:-} ]]; then
 else
 	[[ -d $repo/guestd/cmd/guestd ]] || die "no $repo/guestd/cmd/guestd yet; pass GUESTD_BIN=<path>"
 	t=$(now_ms)
-	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o "$work/guestd" ./cmd/guestd) ||
+	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w -X main.version=$(guestd_version "$repo")" -o "$work/guestd" ./cmd/guestd) ||
 		die "guestd does not build; pass GUESTD_BIN=<path> to use a prebuilt binary"
 	guestd=$work/guestd
 	log "guestd: built in $(secs $(($(now_ms) - t)))"

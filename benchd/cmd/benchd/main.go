@@ -32,6 +32,9 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/suites"
 )
 
+// version is set at link time (make build: -X main.version=$(git describe)).
+var version = "dev"
+
 // Exit codes.
 const (
 	exitOK         = 0
@@ -53,6 +56,7 @@ func usage(w io.Writer) {
   benchd compare OLD NEW [--threshold 15]
   benchd report [--results DIR] [--out FILE]
   benchd peers [packages]     the peers the suites measure (make peers installs them)
+  benchd version
 `)
 }
 
@@ -77,6 +81,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "benchd peer: %v\n", err)
 			return exitInfraError
 		}
+		return exitOK
+	case "version", "--version":
+		fmt.Fprintln(stdout, "benchd", version)
 		return exitOK
 	case "-h", "--help", "help":
 		usage(stdout)

@@ -51,7 +51,11 @@ func run() error {
 		_, err = os.Stdout.Write(b)
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := app.NewLogger(cfg.Log, os.Stderr)
+	if err != nil {
+		return err
+	}
+	// The runtime (and CRIU's log level with it) follows the default.
 	slog.SetDefault(log)
 	if flags.ConfigFile != "" {
 		log.Info("configuration", "file", flags.ConfigFile)

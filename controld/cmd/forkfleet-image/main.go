@@ -24,10 +24,14 @@ const usage = `usage:
                            --name REF --out DIR
   forkfleet-image import   [--address SOCK] [--namespace NS] [--snapshotter NAME] [--no-unpack] [--force] DIR
   forkfleet-image validate DIR
+  forkfleet-image version
 `
 
 // errUsage marks command-line mistakes (exit status 2).
 var errUsage = errors.New("usage error")
+
+// version is set at link time (make build: -X main.version=$(git describe)).
+var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -54,6 +58,9 @@ func run(ctx context.Context, args []string) error {
 		return cmdImport(ctx, args[1:])
 	case "validate":
 		return cmdValidate(args[1:])
+	case "version", "--version":
+		fmt.Println("forkfleet-image", version)
+		return nil
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil

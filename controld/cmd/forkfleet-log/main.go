@@ -36,10 +36,18 @@ func main() {
 	}
 }
 
+// version is set at link time (make build: -X main.version=$(git describe)).
+var version = "dev"
+
 func run() error {
 	path := flag.String("path", "", "log file (its older half goes to <path>.1)")
 	budget := flag.Int64("max", 0, "bytes kept, both files together")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("forkfleet-log", version)
+		return nil
+	}
 	if *path == "" || *budget < sandboxlog.MinBudget {
 		return fmt.Errorf("need -path and -max >= %d", sandboxlog.MinBudget)
 	}

@@ -113,7 +113,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		return err
 	}
 	undo = append(undo, func() { tr.Shutdown(context.Background()) })
-	reg := telemetry.NewRegistry()
+	reg := telemetry.NewRegistry(Version)
 	fm := fleet.NewMetrics(reg)
 
 	st, err := store.Open(filepath.Join(cfg.StateDir, "controld.db"))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -43,6 +44,25 @@ type Config struct {
 	Containerd Containerd `toml:"containerd"`
 	Tracing    Tracing    `toml:"tracing"`
 	Network    Network    `toml:"network"`
+	Log        Log        `toml:"log"`
+}
+
+// Log configures controld's own log (stderr; the journal under systemd).
+type Log struct {
+	// Level: debug, info, warn or error. At debug, CRIU's dump logs are
+	// verbose too (level 4; 2 otherwise).
+	Level string `toml:"level"`
+	// Format: text (logfmt) or json, one record per line.
+	Format string `toml:"format"`
+}
+
+// SlogLevel parses Level.
+func (l Log) SlogLevel() (slog.Level, error) {
+	var v slog.Level
+	if err := v.UnmarshalText([]byte(l.Level)); err != nil {
+		return 0, fmt.Errorf("log.level %q: debug, info, warn or error", l.Level)
+	}
+	return v, nil
 }
 
 // Network configures sandbox networks (see controld/docs/networking.md).
@@ -328,6 +348,12 @@ func (c *Config) Validate() error {
 	if c.Containerd.Namespace == "" {
 		errs = append(errs, errors.New("containerd.namespace: must be set"))
 	}
+	if _, err := c.Log.SlogLevel(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		errs = append(errs, fmt.Errorf("log.format %q: text or json", c.Log.Format))
+	}
 	switch c.Tracing.OTLPProtocol {
 	case "", "grpc", "http/protobuf":
 	default:
@@ -397,7 +423,7 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 		"host", "state-dir", "checkpoint-dir", "layers-dir", "default-image", "boot-timeout", "shutdown-timeout",
 		"grpc-unix", "grpc-tcp", "token-file", "gateway-listen", "gateway-advertise", "metrics-listen",
 		"containerd-address", "containerd-namespace", "otlp-endpoint", "boot-precreate",
-		"tls-cert", "tls-key", "tls-client-ca", "allow-plaintext-remote",
+		"tls-cert", "tls-key", "tls-client-ca", "allow-plaintext-remote", "log-level", "log-format",
 	} {
 		overrides[name] = new(string)
 		fs.Func(name, flagUsage[name], func(v string) error { *overrides[name] = v; return nil })
@@ -454,6 +480,8 @@ func LoadArgs(args []string, getenv func(string) string) (*Config, *Flags, error
 	str("tls-cert", &c.TLS.CertFile)
 	str("tls-key", &c.TLS.KeyFile)
 	str("tls-client-ca", &c.TLS.ClientCAFile)
+	str("log-level", &c.Log.Level)
+	str("log-format", &c.Log.Format)
 	if set["allow-plaintext-remote"] {
 		v, err := strconv.ParseBool(*overrides["allow-plaintext-remote"])
 		if err != nil {
@@ -502,6 +530,8 @@ var flagUsage = map[string]string{
 	"tls-key":                "PEM private key of tls-cert",
 	"tls-client-ca":          "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS)",
 	"allow-plaintext-remote": "true: allow plaintext gRPC TCP / gateway listeners on non-loopback addresses",
+	"log-level":              "debug, info, warn or error (debug: CRIU's dump logs at level 4 too)",
+	"log-format":             "text or json",
 }
 
 // Upstreams parses DNSUpstream (port 53 when none is given).

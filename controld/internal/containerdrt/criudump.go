@@ -35,6 +35,16 @@ const (
 	criuLogDebug    = 4
 )
 
+// criuLogLevel is the CRIU log level of controld's dumps: warnings and
+// errors (what a failed dump reports), all of CRIU's lines (about 9000 a
+// desktop dump, 25 ms of frozen time) only when controld logs at debug.
+func criuLogLevel(ctx context.Context, log *slog.Logger) int32 {
+	if log.Enabled(ctx, slog.LevelDebug) {
+		return criuLogDebug
+	}
+	return criuLogWarnings
+}
+
 // runcDefaultRoot is the shim's runc root when the task options name none;
 // runc's state of container id lives in <root>/<namespace>/<id>.
 const runcDefaultRoot = "/run/containerd/runc"
@@ -252,11 +262,7 @@ func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDi
 		return err
 	}
 	defer work.Close()
-	logLevel := int32(criuLogWarnings)
-	if r.log.Enabled(ctx, slog.LevelDebug) {
-		logLevel = criuLogDebug
-	}
-	opts, err := criuDumpRequest(st, img, work, r.cgroupV2, logLevel)
+	opts, err := criuDumpRequest(st, img, work, r.cgroupV2, criuLogLevel(ctx, r.log))
 	if err != nil {
 		return err
 	}

@@ -3,8 +3,11 @@
 package containerdrt
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -130,5 +133,20 @@ func TestCriuDumpRequest(t *testing.T) {
 	}{"cgroup", "/sys/fs/cgroup"})
 	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings); !errors.Is(err, errNoDirectDump) {
 		t.Errorf("cgroup v1 mount: %v", err)
+	}
+}
+
+// CRIU's dump log follows controld's log level: verbose only at debug (the
+// level's cost is frozen time).
+func TestCRIULogLevelFollowsControld(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		level slog.Level
+		want  int32
+	}{{slog.LevelDebug, criuLogDebug}, {slog.LevelInfo, criuLogWarnings}, {slog.LevelError, criuLogWarnings}} {
+		log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: tc.level}))
+		if got := criuLogLevel(ctx, log); got != tc.want {
+			t.Errorf("controld at %v: CRIU level %d, want %d", tc.level, got, tc.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"runtime"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -136,9 +137,15 @@ func NewTracing(ctx context.Context, cfg TraceConfig) (*Tracing, error) {
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process
-// collectors.
-func NewRegistry() *prometheus.Registry {
+// collectors and forkfleet_controld_build_info{version,goversion} 1.
+func NewRegistry(version string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "forkfleet", Subsystem: "controld", Name: "build_info",
+		Help:        "controld's version (git describe at build time) and Go version; always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	build.Set(1)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), build)
 	return reg
 }

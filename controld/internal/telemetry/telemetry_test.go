@@ -222,3 +222,26 @@ func TestTracingConfigErrors(t *testing.T) {
 		t.Fatalf("no endpoint: %v", err)
 	}
 }
+
+func TestRegistryBuildInfo(t *testing.T) {
+	reg := NewRegistry("v1.2.3-4-gabc")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "forkfleet_controld_build_info" {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["version"] != "v1.2.3-4-gabc" || labels["goversion"] == "" || m.GetGauge().GetValue() != 1 {
+			t.Fatalf("build_info %v = %v", labels, m.GetGauge().GetValue())
+		}
+		return
+	}
+	t.Fatal("no forkfleet_controld_build_info")
+}

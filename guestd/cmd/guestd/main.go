@@ -9,4 +9,10 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/guestd"
 )
 
-func main() { os.Exit(guestd.Main()) }
+// version is set at link time (make build: -X main.version=$(git describe)).
+var version = "dev"
+
+func main() {
+	guestd.Version = version
+	os.Exit(guestd.Main())
+}

@@ -31,7 +31,7 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
 )
 
-// Version is set at link time (-ldflags "-X ...guestd.Version=...").
+// Version is guestd's version: main's, set at link time (-X main.version).
 var Version = "dev"
 
 type options struct {
