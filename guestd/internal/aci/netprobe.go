@@ -83,11 +83,13 @@ func (s *Server) netProbeServe(ln net.Listener) {
 			defer func() { <-p.slots }()
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(netProbeTimeout))
-			line, err := bufio.NewReaderSize(c, netProbeMaxLine+1).ReadString('\n')
-			if err != nil || len(line) > netProbeMaxLine+1 {
+			// ReadSlice, not ReadString: a line longer than the buffer is
+			// refused, never accumulated.
+			line, err := bufio.NewReaderSize(c, netProbeMaxLine+1).ReadSlice('\n')
+			if err != nil {
 				return
 			}
-			nonce, err := hex.DecodeString(strings.TrimSpace(line))
+			nonce, err := hex.DecodeString(strings.TrimSpace(string(line)))
 			if err != nil || len(nonce) == 0 {
 				return
 			}
@@ -125,11 +127,11 @@ func (s *Server) netProbeDial(ctx context.Context, req *aciv1.NetProbeRequest) (
 	if _, err := fmt.Fprintf(c, "%x\n", req.GetNonce()); err != nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE, "", "net probe: %v", err)
 	}
-	line, err := bufio.NewReaderSize(c, 256).ReadString('\n')
+	line, err := bufio.NewReaderSize(c, 256).ReadSlice('\n')
 	if err != nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE, "", "net probe: no answer: %v", err)
 	}
-	mac, err := hex.DecodeString(strings.TrimSpace(line))
+	mac, err := hex.DecodeString(strings.TrimSpace(string(line)))
 	if err != nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "net probe: malformed answer")
 	}
