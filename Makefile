@@ -16,6 +16,9 @@ TOOLS := $(CURDIR)/.cache/bin
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+# What the operability tests drive controld with, as an operator would.
+GRPCURL_VERSION := v1.9.4
+GRPC_HEALTH_PROBE_VERSION := v0.4.62
 
 # The Python SDK (python/): Debian's python3-* packages only, installed into a
 # venv that sees them (--system-site-packages) with pip kept off any index.
@@ -34,7 +37,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
+.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
 
 # Every binary reports this version (--version; controld also as
 # forkfleet_controld_build_info): git describe of the checkout, -dirty with
@@ -64,6 +67,15 @@ $(TOOLS)/protoc-gen-go:
 	GOBIN=$(TOOLS) GOFLAGS= go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) GOFLAGS= go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+## test-tools: grpcurl and grpc-health-probe (Go module proxy, into .cache/bin), Debian's prometheus and
+## promtool (unpacked into /var/cache/forkfleet/prometheus/bin, not installed as a service)
+test-tools: $(TOOLS)/grpcurl $(TOOLS)/grpc-health-probe
+	deploy/host-setup.sh --prometheus
+$(TOOLS)/grpcurl:
+	GOBIN=$(TOOLS) GOFLAGS= go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+$(TOOLS)/grpc-health-probe:
+	GOBIN=$(TOOLS) GOFLAGS= go install github.com/grpc-ecosystem/grpc-health-probe@$(GRPC_HEALTH_PROBE_VERSION)
 
 ## python-tools: Debian's protoc and gRPC python plugin, which buf.gen.yaml names
 python-tools:
@@ -108,7 +120,7 @@ image-web: image
 	images/desktop-web/build.sh
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image image-web peers python-deps
+test: host image image-web peers python-deps test-tools
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack

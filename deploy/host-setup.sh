@@ -3,12 +3,14 @@
 #
 #   deploy/host-setup.sh                   set up (idempotent; about a second when done)
 #   deploy/host-setup.sh --packages P...   install Debian packages P (make peers), recorded for --uninstall
+#   deploy/host-setup.sh --prometheus      unpack Debian's prometheus and promtool into /var/cache/forkfleet/prometheus
+#                                          for the tests (make test-tools); nothing is installed or started
 #   deploy/host-setup.sh --stop            stop the project's containerd
 #   deploy/host-setup.sh --uninstall [--keep-caches]
 #                                          undo the setup: every sandbox, containerd namespace, image,
 #                                          snapshot, state, log, config, unit and package it installed;
 #                                          --keep-caches keeps the slow caches keyed by their inputs
-#                                          (containerd build, CRIU .debs, image base tarballs)
+#                                          (containerd build, CRIU .debs, image base tarballs, prometheus)
 #   deploy/host-setup.sh --help
 #
 # Called by `make demo` and `make test`. Needs root. Works on a fresh Debian 12
@@ -1204,10 +1206,11 @@ main_uninstall() {
 	rm -rf "$LIB_DIR"
 	if ((keep)); then
 		# Keyed by their inputs: the containerd build by its version, CRIU
-		# by its .debs' version, image bases by the hash of their inputs.
-		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images -exec rm -rf {} +
+		# by its .debs' version, image bases by the hash of their inputs,
+		# prometheus by its package's version.
+		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images ! -name prometheus -exec rm -rf {} +
 		find "$CACHE_DIR/images" -mindepth 1 -maxdepth 1 ! -name '*-base-*.tar' -exec rm -rf {} + 2>/dev/null || true
-		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar 2>/dev/null | paste -sd ' ')"
+		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar "$CACHE_DIR"/prometheus 2>/dev/null | paste -sd ' ')"
 	else
 		rm -rf "$CACHE_DIR"
 		step caches "done" "removed $CACHE_DIR"
@@ -1227,7 +1230,41 @@ main_uninstall() {
 # ---------------------------------------------------------------- main
 
 usage() {
-	sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+# ---------------------------------------------------------------- prometheus (tests)
+
+# The tests run a real Prometheus against controld (its dashboard's queries,
+# promtool check metrics, the alert rules' promtool tests). Debian's package
+# would install and start a server; only its two binaries are needed, so the
+# .deb is downloaded and unpacked into the cache, keyed by its version.
+readonly PROMETHEUS_CACHE=$CACHE_DIR/prometheus
+
+step_prometheus() {
+	local version dir deb
+	version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+	if [[ -z $version || $version == "(none)" ]]; then
+		apt_get update || die "apt-get update failed"
+		version=$(apt-cache policy prometheus | awk '/Candidate:/ {print $2}')
+	fi
+	[[ -n $version && $version != "(none)" ]] || die "no prometheus package in the Debian archive"
+	dir=$PROMETHEUS_CACHE/${version//[^A-Za-z0-9.+~-]/_}
+	if [[ -x $dir/bin/prometheus && -x $dir/bin/promtool ]]; then
+		ln -sfn "$dir/bin" "$PROMETHEUS_CACHE/bin"
+		step prometheus skip "prometheus $version in $PROMETHEUS_CACHE/bin"
+		return
+	fi
+	rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/deb"
+	(cd "$dir.tmp/deb" && apt_get download "prometheus=$version") || die "apt-get download prometheus=$version failed"
+	deb=$(compgen -G "$dir.tmp/deb/prometheus_*.deb" | head -n 1)
+	dpkg -x "$deb" "$dir.tmp/root" || die "dpkg -x $deb failed"
+	mkdir -p "$dir.tmp/bin"
+	cp "$dir.tmp/root/usr/bin/prometheus" "$dir.tmp/root/usr/bin/promtool" "$dir.tmp/bin/"
+	rm -rf "$dir.tmp/deb" "$dir.tmp/root" "$dir"
+	mv "$dir.tmp" "$dir"
+	ln -sfn "$dir/bin" "$PROMETHEUS_CACHE/bin"
+	step prometheus "done" "prometheus and promtool $version unpacked into $dir/bin ($PROMETHEUS_CACHE/bin)"
 }
 
 main_stop() {
@@ -1246,6 +1283,7 @@ main() {
 	case ${1:-} in
 	"") ;;
 	--stop) mode=stop ;;
+	--prometheus) mode=prometheus ;;
 	--packages)
 		mode=packages
 		shift
@@ -1285,6 +1323,10 @@ main() {
 		;;
 	packages)
 		step_apt "${pkgs[@]}"
+		return
+		;;
+	prometheus)
+		step_prometheus
 		return
 		;;
 	uninstall)

@@ -210,6 +210,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		mgr.Close(cctx)
 	})
 
+	reg.MustRegister(mgr.Collector())
 	gsrv := server.New(mgr, server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg})
 	gwRef = gateway.New(mgr, gateway.Options{
 		Log: log,
@@ -220,6 +221,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		},
 		MaxSessions: cfg.Gateway.MaxSessions,
 		TLS:         serverTLS,
+		Registerer:  reg,
 	})
 	gw := gateway.NewServer(gwRef)
 	var msrv *http.Server

@@ -67,15 +67,24 @@ func testConfig(t *testing.T) *config.Config {
 
 func start(t *testing.T, cfg *config.Config, rt *fleettest.Runtime) *daemon {
 	t.Helper()
+	d := startWith(t, cfg, app.Deps{Runtime: rt, Dialer: fleettest.Dialer{R: rt}})
+	d.rt = rt
+	return d
+}
+
+// startWith runs controld with deps (a quiet logger and OnReady filled in)
+// until the test ends.
+func startWith(t *testing.T, cfg *config.Config, deps app.Deps) *daemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemon{t: t, cfg: cfg, rt: rt, cancel: cancel, done: make(chan error, 1)}
+	d := &daemon{t: t, cfg: cfg, cancel: cancel, done: make(chan error, 1)}
 	ready := make(chan app.Addrs, 1)
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	deps.OnReady = func(a app.Addrs) { ready <- a }
 	go func() {
-		d.done <- app.Run(ctx, cfg, app.Deps{
-			Runtime: rt, Dialer: fleettest.Dialer{R: rt},
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			OnReady: func(a app.Addrs) { ready <- a },
-		})
+		d.done <- app.Run(ctx, cfg, deps)
 	}()
 	select {
 	case d.addrs = <-ready:
@@ -317,11 +326,22 @@ func TestControldEndToEnd(t *testing.T) {
 	for _, want := range []string{
 		"forkfleet_controld_boot_phase_seconds_bucket", "forkfleet_controld_api_request_seconds_bucket",
 		"forkfleet_controld_runtime_call_seconds_bucket", `forkfleet_controld_sandboxes{state="SANDBOX_STATE_READY"}`,
-		"forkfleet_controld_pool_claims_total", "forkfleet_controld_checkpoint_step_seconds_bucket",
+		"forkfleet_controld_checkpoint_step_seconds_bucket",
+		"forkfleet_controld_checkpoint_seconds_bucket", "forkfleet_controld_checkpoint_bytes_bucket", "forkfleet_controld_build_info",
+		"forkfleet_controld_sandbox_cpu_seconds_total{", "forkfleet_controld_sandbox_memory_bytes{", "forkfleet_controld_checkpoint_disk_bytes",
+		"forkfleet_controld_gateway_sessions", "forkfleet_controld_gateway_requests_total{",
 		"forkfleet_controld_fork_replicas_total",
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
+		}
+	}
+	// No series of the deleted pool outlives it.
+	if p := `pool="` + pr.Pool.Id + `"`; strings.Contains(string(body), p) {
+		for line := range strings.Lines(string(body)) {
+			if strings.Contains(line, p) {
+				t.Errorf("metrics still name deleted pool: %s", line)
+			}
 		}
 	}
 

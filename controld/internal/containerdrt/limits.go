@@ -18,7 +18,57 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
-var _ fleet.LimitProbe = (*Runtime)(nil)
+var (
+	_ fleet.LimitProbe = (*Runtime)(nil)
+	_ fleet.UsageProbe = (*Runtime)(nil)
+)
+
+// Usage implements fleet.UsageProbe from the sandbox's cgroups: CPU time
+// (cpuacct.usage, or cpu.stat's usage_usec on cgroup v2) and memory charged
+// (memory.usage_in_bytes, or memory.current). Two small file reads.
+func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
+	if err := validateID(id); err != nil {
+		return fleet.Usage{}, err
+	}
+	var u fleet.Usage
+	if r.cgroupV2 {
+		dir := filepath.Join(r.cfg.CgroupRoot, r.cgroupsPath(id))
+		usec, err := keyedValue(filepath.Join(dir, "cpu.stat"), "usage_usec")
+		if err != nil {
+			return u, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		mem, err := singleValue(filepath.Join(dir, "memory.current"))
+		if err != nil {
+			return u, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		return fleet.Usage{CPUSeconds: float64(usec) / 1e6, MemoryBytes: int64(mem)}, nil
+	}
+	ns, err := singleValue(filepath.Join(r.cfg.CgroupRoot, "cpuacct", r.cgroupsPath(id), "cpuacct.usage"))
+	if err != nil {
+		return u, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	mem, err := singleValue(filepath.Join(r.cfg.CgroupRoot, "memory", r.cgroupsPath(id), "memory.usage_in_bytes"))
+	if err != nil {
+		return u, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return fleet.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: int64(mem)}, nil
+}
+
+// singleValue reads a cgroup file holding one number.
+func singleValue(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, fmt.Errorf("%w: no cgroup file %s", errdefs.ErrNotFound, path)
+		}
+		return 0, fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+	}
+	n, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %w", errdefs.ErrInternal, path, err)
+	}
+	return n, nil
+}
 
 // LimitHits implements fleet.LimitProbe from the sandbox's cgroups (the
 // OOM kills of its memory cgroup, the forks its pids cgroup refused) and

@@ -205,11 +205,15 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	// Its first fork finds a container precreated too.
 	m.forkSlotsExpect(id)
-	tl := tier.String()
-	m.metrics.CheckpointStep.WithLabelValues("frozen", tl).Observe(res.Frozen.Seconds())
-	m.metrics.CheckpointStep.WithLabelValues("dump", tl).Observe(res.Dump.Seconds())
+	tl := tierLabel(tier)
+	m.metrics.CheckpointTotal.WithLabelValues(tl).Observe(time.Since(start).Seconds())
+	m.metrics.CheckpointFrozen.WithLabelValues(tl).Observe(res.Frozen.Seconds())
+	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY {
+		m.metrics.CheckpointStep.WithLabelValues("dump", tl).Observe(res.Dump.Seconds())
+		m.metrics.CheckpointBytes.WithLabelValues(tl, "memory").Observe(float64(res.MemoryBytes))
+	}
 	m.metrics.CheckpointStep.WithLabelValues("layer", tl).Observe(res.Layer.Seconds())
-	m.metrics.CheckpointStep.WithLabelValues("total", tl).Observe(time.Since(start).Seconds())
+	m.metrics.CheckpointBytes.WithLabelValues(tl, "layer").Observe(float64(res.LayerBytes))
 	if req.GetStop() {
 		if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
@@ -837,4 +841,12 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 		return nil, err
 	}
 	return m.checkpointView(id)
+}
+
+// tierLabel is a tier as a metric label: "memory" or "disk".
+func tierLabel(t controldv1.CheckpointTier) string {
+	if t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		return "disk"
+	}
+	return "memory"
 }

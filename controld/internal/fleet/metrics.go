@@ -15,6 +15,9 @@ type Metrics struct {
 	BootPhase        *prometheus.HistogramVec
 	RuntimeCall      *prometheus.HistogramVec
 	CheckpointStep   *prometheus.HistogramVec
+	CheckpointTotal  *prometheus.HistogramVec
+	CheckpointFrozen *prometheus.HistogramVec
+	CheckpointBytes  *prometheus.HistogramVec
 	Forks            *prometheus.CounterVec
 	ForkReplica      prometheus.Histogram
 	PoolSize         *prometheus.GaugeVec
@@ -49,8 +52,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"op", "code"}),
 		CheckpointStep: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "checkpoint_step_seconds",
-			Help: "Checkpoint durations by step (frozen, dump, layer, total) and tier.", Buckets: latencyBuckets,
+			Help: "Checkpoint steps by step (dump: CRIU; layer: the writable layer's copy) and tier; checkpoint_seconds has the whole.", Buckets: latencyBuckets,
 		}, []string{"step", "tier"}),
+		CheckpointTotal: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "checkpoint_seconds",
+			Help: "CreateCheckpoint from request to committed record, by tier.", Buckets: latencyBuckets,
+		}, []string{"tier"}),
+		CheckpointFrozen: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "checkpoint_frozen_seconds",
+			Help: "How long a checkpoint's source was frozen, by tier.", Buckets: latencyBuckets,
+		}, []string{"tier"}),
+		CheckpointBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "checkpoint_bytes",
+			Help: "Size of each checkpoint taken, by tier and part (memory: CRIU's images; layer: the writable layer).",
+			// 1 MiB to 64 GiB.
+			Buckets: prometheus.ExponentialBuckets(1<<20, 4, 9),
+		}, []string{"tier", "part"}),
 		Forks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "fork_replicas_total",
 			Help: "Fork replicas by outcome (a gRPC code name).",
@@ -69,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"pool"}),
 		PoolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_claims_total",
-			Help: "Pool claims by result (hit, miss, error).",
+			Help: "Pool claims by pool and result (hit, miss, error); a deleted pool's series go with it.",
 		}, []string{"pool", "result"}),
 		ClaimLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "pool_claim_seconds",
@@ -97,7 +114,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"limit"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.Forks,
+		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.CheckpointTotal,
+			m.CheckpointFrozen, m.CheckpointBytes, m.Forks,
 			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped,
 			m.BootSlots, m.WarmSlots, m.Admission, m.LimitHits)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -394,9 +395,12 @@ func (m *Manager) DeletePool(ctx context.Context, id string) error {
 	}
 	m.mu.Lock()
 	delete(m.pools, id)
-	m.mu.Unlock()
+	// Under the lock: a claim finishing now counts only while its pool is
+	// there (recordClaim), so no series of the pool outlives it.
 	m.metrics.PoolSize.DeleteLabelValues(id)
 	m.metrics.PoolAvailable.DeleteLabelValues(id)
+	m.metrics.PoolClaims.DeletePartialMatch(prometheus.Labels{"pool": id})
+	m.mu.Unlock()
 	return nil
 }
 
@@ -532,7 +536,11 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 func (m *Manager) recordClaim(p *pool, result string, t0 time.Time) {
 	d := time.Since(t0)
 	id := p.rec.Pool.Id
-	m.metrics.PoolClaims.WithLabelValues(id, result).Inc()
+	m.mu.Lock()
+	if m.pools[id] == p {
+		m.metrics.PoolClaims.WithLabelValues(id, result).Inc()
+	}
+	m.mu.Unlock()
 	m.metrics.ClaimLatency.WithLabelValues(result).Observe(d.Seconds())
 	if result != "miss" {
 		return

@@ -234,6 +234,19 @@ type LimitHits struct {
 	DiskUsed, DiskLimit int64
 }
 
+// UsageProbe is an optional Runtime extension: what a sandbox uses now,
+// read when Prometheus scrapes controld (per-sandbox metrics).
+type UsageProbe interface {
+	// Usage returns sandbox id's use (ErrNotFound once it is gone).
+	Usage(ctx context.Context, id string) (Usage, error)
+}
+
+// Usage is one sandbox's resource use.
+type Usage struct {
+	CPUSeconds  float64 // CPU time of all its processes since its task started
+	MemoryBytes int64   // memory charged to it now, page cache included
+}
+
 // DiskFull reports whether the writable layer is at its quota: less than
 // 1 MiB left, where writes already fail (the quota counts metadata and
 // whole blocks).

@@ -32,6 +32,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/connlimit"
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -56,6 +58,8 @@ type Options struct {
 	// TLS, when set, makes the Server serve TLS (wss://). Set ClientAuth
 	// and ClientCAs in it to require client certificates.
 	TLS *tls.Config
+	// Registerer, when set, gets the gateway's metrics (metrics.go).
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxSessions bounds spliced connections (each holds two sockets
@@ -80,6 +84,8 @@ type Gateway struct {
 	sessions int                  // spliced connections (each is two conns)
 	closed   bool
 	wg       sync.WaitGroup
+
+	metrics metrics
 }
 
 // New returns a gateway over router.
@@ -92,10 +98,11 @@ func New(router Router, opts Options) *Gateway {
 	}
 	g := &Gateway{router: router, log: opts.Log, opts: opts, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{},
 		unknownToken: rand.Text()}
+	g.register(opts.Registerer)
 	g.mux = http.NewServeMux()
-	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.serveACI)
+	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.counted("aci", g.serveACI))
 	if pr, ok := router.(PortRouter); ok {
-		g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/", g.servePort(pr))
+		g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/", g.counted("port", g.servePort(pr)))
 	}
 	return g
 }
@@ -342,7 +349,9 @@ func NewServer(g *Gateway) *Server {
 		Handler:  g,
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 	}
-	return &Server{g: g, srv: srv, handshakes: connlimit.Apply(srv, g.opts.Limits)}
+	s := &Server{g: g, srv: srv, handshakes: connlimit.Apply(srv, g.opts.Limits)}
+	s.register(g.opts.Registerer)
+	return s
 }
 
 // Handshakes counts connections that have not upgraded yet.

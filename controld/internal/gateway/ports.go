@@ -54,6 +54,13 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// count returns the connections open now.
+func (pc *portConns) count() int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return len(pc.conns)
+}
+
 func (pc *portConns) add(id string, c net.Conn) net.Conn {
 	t := &trackedConn{Conn: c, pc: pc}
 	pc.mu.Lock()

@@ -101,35 +101,29 @@ func (a auth) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, ha
 
 // --- metrics ---
 
+// metrics: one histogram of every call by method and code. Errors are its
+// series with code != "OK" (sum by (code) (rate(..._count{code!="OK"}))); a
+// separate error counter would only repeat its count.
 type metrics struct {
 	latency *prometheus.HistogramVec
-	errors  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "api_request_seconds",
-			Help:    "gRPC API latency by method and code.",
+			Help:    "gRPC API calls by method and code (errors: code != OK), and their latency.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
-		}, []string{"method", "code"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "forkfleet", Subsystem: "controld", Name: "api_errors_total",
-			Help: "gRPC API errors by method and code.",
 		}, []string{"method", "code"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.latency, m.errors)
+		reg.MustRegister(m.latency)
 	}
 	return m
 }
 
 func (m *metrics) observe(method string, start time.Time, err error) {
-	code := errdefs.Code(err).String()
-	m.latency.WithLabelValues(method, code).Observe(time.Since(start).Seconds())
-	if err != nil {
-		m.errors.WithLabelValues(method, code).Inc()
-	}
+	m.latency.WithLabelValues(method, errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
 }
 
 func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

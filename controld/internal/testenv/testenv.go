@@ -175,3 +175,39 @@ func BuildLogWriter(out string) error {
 	}
 	return nil
 }
+
+// PrometheusBin is where `make test-tools` (deploy/host-setup.sh
+// --prometheus) unpacks Debian's prometheus and promtool.
+const PrometheusBin = "/var/cache/forkfleet/prometheus/bin"
+
+// Tool returns the path of an operator's tool the tests drive controld with
+// (grpcurl, grpc-health-probe, prometheus, promtool; `make test-tools`
+// installs them): from PATH, the checkout's .cache/bin or PrometheusBin.
+// Missing, it skips t, or fails it under FORKFLEET_INTEGRATION=1 (make test
+// installs them first).
+func Tool(t testing.TB, name string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	dirs := []string{PrometheusBin}
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; d != filepath.Dir(d); d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.work")); err == nil {
+				dirs = append(dirs, filepath.Join(d, ".cache", "bin"))
+				break
+			}
+		}
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	if Enabled() {
+		t.Fatalf("FORKFLEET_INTEGRATION=1 but %s is not installed (make test-tools)", name)
+	}
+	t.Skipf("%s not installed (make test-tools)", name)
+	return ""
+}

@@ -335,6 +335,17 @@ func (r *Runtime) LimitHits(_ context.Context, id string) (fleet.LimitHits, erro
 	return r.hits[id], nil
 }
 
+// Usage implements fleet.UsageProbe for a running sandbox: a fixed use
+// (1.5 CPU seconds, 64 MiB), enough for the metrics to be there.
+func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.instances[id]; !ok {
+		return fleet.Usage{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return fleet.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20}, nil
+}
+
 // Spec returns the spec a running sandbox was booted or restored with.
 func (r *Runtime) Spec(id string) (fleet.BootSpec, bool) {
 	r.mu.Lock()
