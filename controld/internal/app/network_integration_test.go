@@ -51,6 +51,7 @@ type netEnv struct {
 	rt      *containerdrt.Runtime
 	stop    func()
 	gateway string
+	conn    *grpc.ClientConn
 	sbc     controldv1.SandboxServiceClient
 	ckc     controldv1.CheckpointServiceClient
 }
@@ -133,7 +134,7 @@ func (e *netEnv) start(ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.nm, e.rt, e.gateway = nm, rt, addrs.Gateway
+	e.nm, e.rt, e.gateway, e.conn = nm, rt, addrs.Gateway, conn
 	e.sbc, e.ckc = controldv1.NewSandboxServiceClient(conn), controldv1.NewCheckpointServiceClient(conn)
 	e.stop = func() {
 		conn.Close()
@@ -496,5 +497,56 @@ func TestRealStackEgressWarmSlot(t *testing.T) {
 		}
 		s.Close()
 		e.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r.Sandbox.Id})
+	}
+}
+
+// A pooled egress replica is held off the network until its claim, which
+// connects it under the claim's policy without a restore.
+func TestRealStackEgressPoolClaim(t *testing.T) {
+	e := newNetEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	e.start(ctx)
+	defer e.stop()
+	src := e.create(ctx, &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS})
+	s := e.session(ctx, src.Endpoint) // netprobe goes into the checkpoint's layer
+	s.Close()
+	ck, err := e.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Sandbox.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plc := controldv1.NewPoolServiceClient(e.conn)
+	pl, err := plc.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Checkpoint.Id}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plc.DeletePool(context.Background(), &controldv1.DeletePoolRequest{Id: pl.Pool.Id})
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		g, err := plc.GetPool(ctx, &controldv1.GetPoolRequest{Id: pl.Pool.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Pool.Available == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pool not filled in a minute")
+		}
+	}
+	deny := &controldv1.NetworkPolicy{Deny: []*controldv1.NetworkRule{{Cidr: "192.0.2.0/24"}}}
+	cr, err := plc.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: pl.Pool.Id, NetworkPolicy: deny})
+	if err != nil || !cr.Hit {
+		t.Fatalf("claim: hit %v, %v", cr.GetHit(), err)
+	}
+	if got := cr.Sandbox.GetNetwork().GetPolicy().GetDeny(); len(got) != 1 {
+		t.Errorf("claimed sandbox's policy %v", cr.Sandbox.GetNetwork())
+	}
+	sc := e.session(ctx, cr.Endpoint)
+	if out, ok := probe(ctx, t, sc, "get", "http://"+e.out.Addr.String()+"/"); !ok || !strings.HasPrefix(out, "200 outside ") {
+		t.Errorf("claimed replica's egress: %q", out)
+	}
+	sc.Close()
+	for _, id := range []string{cr.Sandbox.Id, src.Sandbox.Id} {
+		e.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: id})
 	}
 }
