@@ -71,8 +71,14 @@ func (c *controld) Close() error { return c.c.Close() }
 
 // create boots a default desktop and waits until it is usable.
 func (c *controld) create(ctx context.Context) (*controldv1.CreateSandboxResponse, error) {
+	return c.createImage(ctx, "")
+}
+
+// createImage boots image (controld's default when empty) and waits until
+// it is usable.
+func (c *controld) createImage(ctx context.Context, image string) (*controldv1.CreateSandboxResponse, error) {
 	return c.sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{
-		WaitReady: true, Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+		Image: image, WaitReady: true, Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
 }
 
 // remove deletes a sandbox, ignoring a context that already ended so cleanup

@@ -28,6 +28,7 @@ const (
 type bootSuite struct {
 	n     int
 	floor bool
+	image string
 }
 
 func (*bootSuite) Name() string { return "boot" }
@@ -37,6 +38,7 @@ func (*bootSuite) Description() string {
 func (b *bootSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&b.n, "boot-n", 10, "boots (--n overrides)")
 	fs.BoolVar(&b.floor, "boot-floor", true, "also time ctr run --rm IMAGE /bin/true, the runtime floor")
+	fs.StringVar(&b.image, "boot-image", "", "image to boot (default: controld's default image, which warm slots serve; another boots cold)")
 }
 func (b *bootSuite) Check(ctx context.Context, env *suite.Env) error {
 	return checkControld(ctx, env)
@@ -57,7 +59,7 @@ func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 		isWarm := i < warm
 		t0 := time.Now()
 		bctx, span := env.Tracer.Start(ctx, "boot", oteltrace.WithAttributes(attribute.Int("i", i), attribute.Bool("warmup", isWarm)))
-		resp, err := c.create(bctx)
+		resp, err := c.createImage(bctx, b.image)
 		created := time.Since(t0)
 		if err != nil {
 			span.RecordError(err)
