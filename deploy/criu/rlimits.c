@@ -26,30 +26,53 @@
 /*
  * /proc/<pid>/limits: a header, then one line per resource in RLIMIT_*
  * order, "%-25s %-20s %-20s %-10s" (name, soft, hard, units); a value is a
- * number or "unlimited".
+ * number or "unlimited". CRIU asks for every resource of a task in a row:
+ * the file is read once per task.
  */
-static int limit_from_proc(long pid, long res, struct rlimit64 *out)
+#define NLIMITS 16
+
+static long cached_pid;
+static struct rlimit64 cached[NLIMITS];
+
+static int read_limits(long pid)
 {
 	char path[64], line[256], soft[32], hard[32];
 	FILE *f;
-	int n = -1, ok = -1;
+	int n = 0;
 
 	snprintf(path, sizeof(path), "/proc/%ld/limits", pid);
 	f = fopen(path, "re");
 	if (!f)
 		return -1;
-	while (fgets(line, sizeof(line), f)) {
-		if (n++ != res)
-			continue;
-		if (strlen(line) > 47 && sscanf(line + 26, "%31s", soft) == 1 && sscanf(line + 47, "%31s", hard) == 1) {
-			out->rlim_cur = strcmp(soft, "unlimited") ? strtoull(soft, NULL, 10) : RLIM64_INFINITY;
-			out->rlim_max = strcmp(hard, "unlimited") ? strtoull(hard, NULL, 10) : RLIM64_INFINITY;
-			ok = 0;
-		}
-		break;
+	if (!fgets(line, sizeof(line), f)) { /* the header */
+		fclose(f);
+		return -1;
+	}
+	for (; n < NLIMITS && fgets(line, sizeof(line), f); n++) {
+		if (strlen(line) < 48 || sscanf(line + 26, "%31s", soft) != 1 || sscanf(line + 47, "%31s", hard) != 1)
+			break;
+		cached[n].rlim_cur = strcmp(soft, "unlimited") ? strtoull(soft, NULL, 10) : RLIM64_INFINITY;
+		cached[n].rlim_max = strcmp(hard, "unlimited") ? strtoull(hard, NULL, 10) : RLIM64_INFINITY;
 	}
 	fclose(f);
-	return ok;
+	if (n < NLIMITS) /* not the layout this reads: refuse like the kernel */
+		return -1;
+	cached_pid = pid;
+	return 0;
+}
+
+static int limit_from_proc(long pid, long res, struct rlimit64 *out)
+{
+	if (res < 0 || res >= NLIMITS)
+		return -1;
+	if (res == 0 || pid != cached_pid) {
+		/* A new task, or the same pid dumped again: read it afresh. */
+		cached_pid = 0;
+		if (read_limits(pid))
+			return -1;
+	}
+	*out = cached[res];
+	return 0;
 }
 
 long syscall(long nr, ...)
