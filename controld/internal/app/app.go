@@ -59,7 +59,10 @@ type Addrs struct {
 }
 
 // Run serves until ctx ends, then shuts down in order. Sandboxes keep
-// running; the next Run adopts them.
+// running; the next Run adopts them. gRPC (health and reflection) and the
+// metrics port answer from before startup reconciliation; the controld
+// services, the gateway, grpc.health.v1 SERVING, /readyz and READY=1 follow
+// it.
 func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	if deps.Runtime == nil {
 		return errors.New("controld: no runtime")
@@ -169,6 +172,41 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		gwHost = gwLn.Addr().String()
 	}
 
+	// gRPC and the metrics port serve from here on, before reconciliation
+	// (which may wait minutes for a dump a crashed controld left): health
+	// answers NOT_SERVING and /readyz 503 until it is done, the controld
+	// services UNAVAILABLE (reason STARTING), instead of connections that
+	// hang in the listen backlog.
+	gsrv := server.New(server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg})
+	undo = append(undo, gsrv.Stop)
+	var msrv *http.Server
+	if metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.Handle("GET /healthz", healthz(hc))
+		mux.Handle("GET /readyz", readyz(hc))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		undo = append(undo, func() { msrv.Close() })
+	}
+	serveErr := make(chan error, 4)
+	serve := func(name string, fn func() error) {
+		go func() {
+			if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	if unixLn != nil {
+		serve("grpc unix", func() error { return gsrv.Serve(unixLn) })
+	}
+	if tcpLn != nil {
+		serve("grpc tcp", func() error { return gsrv.Serve(tcpLn) })
+	}
+	if msrv != nil {
+		serve("metrics", func() error { return msrv.Serve(metricsLn) })
+	}
+	log.Info("controld starting: reconciling its records with the runtime", "version", Version)
+
 	// The gateway routes through the manager and the manager drops the
 	// gateway's connections before a freeze: tie the knot through gwRef,
 	// set before anything is served.
@@ -211,7 +249,6 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	})
 
 	reg.MustRegister(mgr.Collector())
-	gsrv := server.New(mgr, server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg})
 	gwRef = gateway.New(mgr, gateway.Options{
 		Log: log,
 		Limits: connlimit.Limits{
@@ -224,31 +261,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		Registerer:  reg,
 	})
 	gw := gateway.NewServer(gwRef)
-	var msrv *http.Server
-	if metricsLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	}
-
-	serveErr := make(chan error, 4)
-	serve := func(name string, fn func() error) {
-		go func() {
-			if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
-				serveErr <- fmt.Errorf("%s: %w", name, err)
-			}
-		}()
-	}
-	if unixLn != nil {
-		serve("grpc unix", func() error { return gsrv.Serve(unixLn) })
-	}
-	if tcpLn != nil {
-		serve("grpc tcp", func() error { return gsrv.Serve(tcpLn) })
-	}
 	serve("gateway", func() error { return gw.Serve(gwLn) })
-	if msrv != nil {
-		serve("metrics", func() error { return msrv.Serve(metricsLn) })
-	}
 	addrs := Addrs{Gateway: gwLn.Addr().String(), Token: token}
 	if unixLn != nil {
 		addrs.GRPCUnix = unixLn.Addr().String()
@@ -261,6 +274,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	}
 	log.Info("controld serving", "version", Version, "grpc_unix", addrs.GRPCUnix, "grpc_tcp", addrs.GRPCTCP,
 		"gateway", addrs.Gateway, "metrics", addrs.Metrics, "host", host)
+	gsrv.SetManager(mgr)
 	hc.SetState(health.Serving)
 	if err := sdNotify("READY=1\nSTATUS=serving"); err != nil {
 		log.Warn("sd_notify READY", "err", err)
@@ -290,6 +304,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	}
 	undo = nil // the ordered shutdown below takes over
 	hc.SetState(health.Stopping)
+	gsrv.Stopping() // health NOT_SERVING, to checks and watches alike
 	// systemd stops watching once the unit is stopping; so does controld.
 	stopWatchdog()
 	<-wdDone

@@ -1,20 +1,25 @@
 // Package server exposes the fleet Manager as controld's three gRPC
-// services. Errors are converted to gRPC status (with BadRequest/ErrorInfo
-// details) exactly once, in an interceptor; handlers return domain errors.
+// services, with grpc.health.v1 and server reflection beside them. Errors
+// are converted to gRPC status (with BadRequest/ErrorInfo details) exactly
+// once, in an interceptor; handlers return domain errors.
 package server
 
 import (
 	"context"
 	"crypto/subtle"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -26,32 +31,110 @@ import (
 type Options struct {
 	// Token is required as "authorization: Bearer <token>" from TCP peers.
 	// Unix-socket peers are trusted (the socket's permissions guard it).
+	// grpc.health.v1 answers without it (probes carry no token; health says
+	// nothing about sandboxes).
 	Token          string
 	TracerProvider trace.TracerProvider // nil: global
 	Registerer     prometheus.Registerer
 }
 
-// New returns a gRPC server with the three services registered.
-func New(m *fleet.Manager, opts Options) *grpc.Server {
+// Server is controld's gRPC server: the three controld services,
+// grpc.health.v1 and server reflection. It serves from the start, before
+// the manager exists: health answers NOT_SERVING and the controld services
+// UNAVAILABLE (reason STARTING) until SetManager, after startup
+// reconciliation.
+type Server struct {
+	*grpc.Server
+	h      *handlers
+	health *healthService
+}
+
+// healthService is grpc's health server whose Watch streams end once they
+// have told their client NOT_SERVING at shutdown: a load balancer's open
+// watch would otherwise hold the graceful stop until its deadline.
+type healthService struct {
+	*health.Server
+	stopping atomic.Bool
+}
+
+func (h *healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	return h.Server.Watch(req, &endingWatch{Health_WatchServer: stream, ctx: ctx, cancel: cancel, h: h})
+}
+
+// Stopping reports NOT_SERVING from now on and ends every watch after it
+// delivered that.
+func (h *healthService) Stopping() {
+	h.stopping.Store(true)
+	h.Server.Shutdown()
+}
+
+type endingWatch struct {
+	healthpb.Health_WatchServer
+	ctx    context.Context
+	cancel context.CancelFunc
+	h      *healthService
+}
+
+func (w *endingWatch) Context() context.Context { return w.ctx }
+
+func (w *endingWatch) Send(r *healthpb.HealthCheckResponse) error {
+	err := w.Health_WatchServer.Send(r)
+	if r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING && w.h.stopping.Load() {
+		w.cancel() // the watch returns: its last word was NOT_SERVING
+	}
+	return err
+}
+
+// The services whose health grpc.health.v1 reports ("" is the server's).
+var services = []string{
+	"", controldv1.SandboxService_ServiceDesc.ServiceName, controldv1.CheckpointService_ServiceDesc.ServiceName,
+	controldv1.PoolService_ServiceDesc.ServiceName,
+}
+
+// New returns a gRPC server with every service registered, not serving
+// the controld services yet (SetManager).
+func New(opts Options) *Server {
 	met := newMetrics(opts.Registerer)
 	var otelOpts []otelgrpc.Option
 	if opts.TracerProvider != nil {
 		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(opts.TracerProvider))
 	}
 	a := auth{token: opts.Token}
+	h := &handlers{}
 	s := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
 		// Outermost first: metrics see the final code, errors are converted
-		// once, auth runs before any handler.
-		grpc.ChainUnaryInterceptor(met.unary, errorsUnary, a.unary),
-		grpc.ChainStreamInterceptor(met.stream, errorsStream, a.stream),
+		// once, auth runs before any handler, and no controld handler runs
+		// before the manager is there.
+		grpc.ChainUnaryInterceptor(met.unary, errorsUnary, a.unary, h.readyUnary),
+		grpc.ChainStreamInterceptor(met.stream, errorsStream, a.stream, h.readyStream),
 	)
-	h := &handlers{m: m}
 	controldv1.RegisterSandboxServiceServer(s, h)
 	controldv1.RegisterCheckpointServiceServer(s, checkpoints{h: h})
 	controldv1.RegisterPoolServiceServer(s, pools{h: h})
-	return s
+	hs := &healthService{Server: health.NewServer()}
+	for _, name := range services {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	healthpb.RegisterHealthServer(s, hs)
+	reflection.Register(s)
+	return &Server{Server: s, h: h, health: hs}
 }
+
+// SetManager starts serving the controld services through m and reports
+// SERVING: call it once, after startup reconciliation.
+func (s *Server) SetManager(m *fleet.Manager) {
+	s.h.m.Store(m)
+	for _, name := range services {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+}
+
+// Stopping reports NOT_SERVING to every health check and watch from now on
+// (shutdown began) and ends the watches once they have seen it.
+func (s *Server) Stopping() { s.health.Stopping() }
 
 // --- errors ---
 
@@ -85,14 +168,24 @@ func (a auth) check(ctx context.Context) error {
 	return errdefs.WithReason(errdefs.ErrUnauthenticated, "BAD_TOKEN", "missing or invalid bearer token")
 }
 
-func (a auth) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// healthPrefix is grpc.health.v1's method prefix: probes (Kubernetes,
+// grpc_health_probe, load balancers) carry no token.
+const healthPrefix = "/grpc.health.v1.Health/"
+
+func (a auth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, healthPrefix) {
+		return handler(ctx, req)
+	}
 	if err := a.check(ctx); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
-func (a auth) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (a auth) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, healthPrefix) {
+		return handler(srv, ss)
+	}
 	if err := a.check(ss.Context()); err != nil {
 		return err
 	}
@@ -146,11 +239,36 @@ func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 // the other two services (their method sets differ).
 type handlers struct {
 	controldv1.UnimplementedSandboxServiceServer
-	m *fleet.Manager
+	m atomic.Pointer[fleet.Manager] // nil until SetManager
+}
+
+// mgr is the manager; the ready interceptors guarantee it is set.
+func (h *handlers) mgr() *fleet.Manager { return h.m.Load() }
+
+// controldService reports whether method belongs to one of controld's own
+// services (health and reflection answer from the start).
+func controldService(method string) bool { return strings.HasPrefix(method, "/forkfleet.controld.") }
+
+func errStarting() error {
+	return errdefs.WithReason(errdefs.ErrUnavailable, "STARTING", "controld is starting (reconciling its records with the runtime); retry shortly")
+}
+
+func (h *handlers) readyUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if controldService(info.FullMethod) && h.m.Load() == nil {
+		return nil, errStarting()
+	}
+	return handler(ctx, req)
+}
+
+func (h *handlers) readyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if controldService(info.FullMethod) && h.m.Load() == nil {
+		return errStarting()
+	}
+	return handler(srv, ss)
 }
 
 func (h *handlers) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
-	s, ep, err := h.m.CreateSandbox(ctx, req)
+	s, ep, err := h.mgr().CreateSandbox(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +276,7 @@ func (h *handlers) CreateSandbox(ctx context.Context, req *controldv1.CreateSand
 }
 
 func (h *handlers) GetSandbox(ctx context.Context, req *controldv1.GetSandboxRequest) (*controldv1.GetSandboxResponse, error) {
-	s, err := h.m.GetSandbox(ctx, req.GetId())
+	s, err := h.mgr().GetSandbox(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +284,7 @@ func (h *handlers) GetSandbox(ctx context.Context, req *controldv1.GetSandboxReq
 }
 
 func (h *handlers) ListSandboxes(ctx context.Context, req *controldv1.ListSandboxesRequest) (*controldv1.ListSandboxesResponse, error) {
-	ss, err := h.m.ListSandboxes(ctx, req)
+	ss, err := h.mgr().ListSandboxes(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -174,14 +292,14 @@ func (h *handlers) ListSandboxes(ctx context.Context, req *controldv1.ListSandbo
 }
 
 func (h *handlers) DeleteSandbox(ctx context.Context, req *controldv1.DeleteSandboxRequest) (*controldv1.DeleteSandboxResponse, error) {
-	if err := h.m.DeleteSandbox(ctx, req.GetId()); err != nil {
+	if err := h.mgr().DeleteSandbox(ctx, req.GetId()); err != nil {
 		return nil, err
 	}
 	return &controldv1.DeleteSandboxResponse{}, nil
 }
 
 func (h *handlers) WaitSandboxReady(ctx context.Context, req *controldv1.WaitSandboxReadyRequest) (*controldv1.WaitSandboxReadyResponse, error) {
-	s, err := h.m.WaitSandboxReady(ctx, req.GetId(), req.GetTimeout())
+	s, err := h.mgr().WaitSandboxReady(ctx, req.GetId(), req.GetTimeout())
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +307,7 @@ func (h *handlers) WaitSandboxReady(ctx context.Context, req *controldv1.WaitSan
 }
 
 func (h *handlers) WatchSandboxes(req *controldv1.WatchSandboxesRequest, stream grpc.ServerStreamingServer[controldv1.WatchSandboxesResponse]) error {
-	w, err := h.m.WatchSandboxes(stream.Context(), req)
+	w, err := h.mgr().WatchSandboxes(stream.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -211,7 +329,7 @@ func (h *handlers) WatchSandboxes(req *controldv1.WatchSandboxesRequest, stream 
 }
 
 func (h *handlers) GetSandboxEndpoint(ctx context.Context, req *controldv1.GetSandboxEndpointRequest) (*controldv1.GetSandboxEndpointResponse, error) {
-	ep, err := h.m.SandboxEndpoint(ctx, req.GetId())
+	ep, err := h.mgr().SandboxEndpoint(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +337,7 @@ func (h *handlers) GetSandboxEndpoint(ctx context.Context, req *controldv1.GetSa
 }
 
 func (h *handlers) SuspendSandbox(ctx context.Context, req *controldv1.SuspendSandboxRequest) (*controldv1.SuspendSandboxResponse, error) {
-	s, err := h.m.SuspendSandbox(ctx, req.GetId())
+	s, err := h.mgr().SuspendSandbox(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +345,7 @@ func (h *handlers) SuspendSandbox(ctx context.Context, req *controldv1.SuspendSa
 }
 
 func (h *handlers) ResumeSandbox(ctx context.Context, req *controldv1.ResumeSandboxRequest) (*controldv1.ResumeSandboxResponse, error) {
-	s, err := h.m.ResumeSandbox(ctx, req.GetId())
+	s, err := h.mgr().ResumeSandbox(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +353,7 @@ func (h *handlers) ResumeSandbox(ctx context.Context, req *controldv1.ResumeSand
 }
 
 func (h *handlers) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) (*controldv1.VerifySandboxResponse, error) {
-	res, err := h.m.VerifySandbox(ctx, req)
+	res, err := h.mgr().VerifySandbox(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +361,7 @@ func (h *handlers) VerifySandbox(ctx context.Context, req *controldv1.VerifySand
 }
 
 func (h *handlers) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.UpdateSandboxNetworkResponse, error) {
-	sb, err := h.m.UpdateSandboxNetwork(ctx, req)
+	sb, err := h.mgr().UpdateSandboxNetwork(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -251,11 +369,11 @@ func (h *handlers) UpdateSandboxNetwork(ctx context.Context, req *controldv1.Upd
 }
 
 func (h *handlers) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
-	return h.m.ExposePort(ctx, req)
+	return h.mgr().ExposePort(ctx, req)
 }
 
 func (h *handlers) UnexposePort(ctx context.Context, req *controldv1.UnexposePortRequest) (*controldv1.UnexposePortResponse, error) {
-	if err := h.m.UnexposePort(ctx, req); err != nil {
+	if err := h.mgr().UnexposePort(ctx, req); err != nil {
 		return nil, err
 	}
 	return &controldv1.UnexposePortResponse{}, nil
@@ -269,7 +387,7 @@ type checkpoints struct {
 var _ controldv1.CheckpointServiceServer = checkpoints{}
 
 func (c checkpoints) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.CreateCheckpointResponse, error) {
-	ck, err := c.h.m.CreateCheckpoint(ctx, req)
+	ck, err := c.h.mgr().CreateCheckpoint(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +395,7 @@ func (c checkpoints) CreateCheckpoint(ctx context.Context, req *controldv1.Creat
 }
 
 func (c checkpoints) GetCheckpoint(ctx context.Context, req *controldv1.GetCheckpointRequest) (*controldv1.GetCheckpointResponse, error) {
-	ck, err := c.h.m.GetCheckpoint(ctx, req.GetId())
+	ck, err := c.h.mgr().GetCheckpoint(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +403,7 @@ func (c checkpoints) GetCheckpoint(ctx context.Context, req *controldv1.GetCheck
 }
 
 func (c checkpoints) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpointsRequest) (*controldv1.ListCheckpointsResponse, error) {
-	cks, err := c.h.m.ListCheckpoints(ctx, req)
+	cks, err := c.h.mgr().ListCheckpoints(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -293,7 +411,7 @@ func (c checkpoints) ListCheckpoints(ctx context.Context, req *controldv1.ListCh
 }
 
 func (c checkpoints) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheckpointRequest) (*controldv1.DeleteCheckpointResponse, error) {
-	ids, err := c.h.m.DeleteCheckpoint(ctx, req.GetId(), req.GetCascade())
+	ids, err := c.h.mgr().DeleteCheckpoint(ctx, req.GetId(), req.GetCascade())
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +419,7 @@ func (c checkpoints) DeleteCheckpoint(ctx context.Context, req *controldv1.Delet
 }
 
 func (c checkpoints) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
-	reps, err := c.h.m.ForkCheckpoint(ctx, req)
+	reps, err := c.h.mgr().ForkCheckpoint(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -309,11 +427,11 @@ func (c checkpoints) ForkCheckpoint(ctx context.Context, req *controldv1.ForkChe
 }
 
 func (c checkpoints) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
-	return c.h.m.ExportCheckpoint(ctx, req)
+	return c.h.mgr().ExportCheckpoint(ctx, req)
 }
 
 func (c checkpoints) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
-	ck, err := c.h.m.ImportCheckpoint(ctx, req)
+	ck, err := c.h.mgr().ImportCheckpoint(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +446,7 @@ type pools struct {
 var _ controldv1.PoolServiceServer = pools{}
 
 func (p pools) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest) (*controldv1.CreatePoolResponse, error) {
-	pl, err := p.h.m.CreatePool(ctx, req)
+	pl, err := p.h.mgr().CreatePool(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +454,7 @@ func (p pools) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 }
 
 func (p pools) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*controldv1.GetPoolResponse, error) {
-	pl, err := p.h.m.GetPool(ctx, req.GetId())
+	pl, err := p.h.mgr().GetPool(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +462,7 @@ func (p pools) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*co
 }
 
 func (p pools) ListPools(ctx context.Context, _ *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
-	pls, err := p.h.m.ListPools(ctx)
+	pls, err := p.h.mgr().ListPools(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -352,14 +470,14 @@ func (p pools) ListPools(ctx context.Context, _ *controldv1.ListPoolsRequest) (*
 }
 
 func (p pools) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest) (*controldv1.DeletePoolResponse, error) {
-	if err := p.h.m.DeletePool(ctx, req.GetId()); err != nil {
+	if err := p.h.mgr().DeletePool(ctx, req.GetId()); err != nil {
 		return nil, err
 	}
 	return &controldv1.DeletePoolResponse{}, nil
 }
 
 func (p pools) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
-	s, ep, hit, took, err := p.h.m.ClaimPool(ctx, req)
+	s, ep, hit, took, err := p.h.mgr().ClaimPool(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,8 @@ func TestServerErrorsAuthMetrics(t *testing.T) {
 	}
 	defer m.Close(context.Background())
 	reg := prometheus.NewRegistry()
-	srv := server.New(m, server.Options{Token: "tok", Registerer: reg})
+	srv := server.New(server.Options{Token: "tok", Registerer: reg})
+	srv.SetManager(m)
 	uln, err := net.Listen("unix", filepath.Join(dir, "c.sock"))
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,10 @@ type Runtime struct {
 	StartErr     func(id string) error
 	// NoEgress makes the runtime refuse network mode egress.
 	NoEgress bool
+	// ListGate, when set, holds every List until it is closed (List is
+	// reconciliation's first look at the runtime: a test holds controld in
+	// its startup).
+	ListGate chan struct{}
 
 	mu        sync.Mutex
 	hits      map[string]fleet.LimitHits // SetLimitHits
@@ -453,8 +457,15 @@ func (r *Runtime) Delete(_ context.Context, id string) error {
 }
 
 // List implements fleet.Runtime.
-func (r *Runtime) List(context.Context) ([]fleet.Instance, error) {
+func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
 	r.count("list")
+	if g := r.ListGate; g != nil {
+		select {
+		case <-g:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]fleet.Instance, 0, len(r.instances)+len(r.precreated))
