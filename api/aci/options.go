@@ -3,6 +3,7 @@ package aci
 import (
 	"context"
 	"crypto/tls"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"time"
@@ -117,12 +118,16 @@ func WithJSON() DialOption {
 	return func(o *dialConfig) { o.json = true }
 }
 
-// Backoff bounds automatic reconnection.
+// Backoff bounds automatic reconnection. Every attempt waits a random time
+// ("full jitter"): attempt n (from 0) waits uniformly between 0 and
+// min(Max, Initial * 2^n), so sessions dropped together (a gateway or
+// controld restart, a checkpoint of many replicas) spread their redials
+// instead of arriving in lockstep.
 type Backoff struct {
-	// Initial delay before the second attempt (the first is immediate);
-	// 50 ms when 0.
+	// Initial bounds the wait before the first attempt (and doubles per
+	// attempt); 50 ms when 0.
 	Initial time.Duration
-	// Max delay between attempts; 2 s when 0.
+	// Max bounds every wait; 2 s when 0.
 	Max time.Duration
 	// MaxElapsed gives up after this long without a connection, closing the
 	// session with ErrConnectionLost; 0 retries until Close.
@@ -140,6 +145,16 @@ func (b Backoff) withDefaults() Backoff {
 		b.Max = b.Initial
 	}
 	return b
+}
+
+// wait returns how long attempt n (from 0) waits: uniform in [0, ceiling],
+// ceiling = min(Max, Initial * 2^n).
+func (b Backoff) wait(n int) time.Duration {
+	ceiling := b.Max
+	if n < 62 && b.Initial<<n > 0 && b.Initial<<n < b.Max {
+		ceiling = b.Initial << n
+	}
+	return time.Duration(rand.Int64N(int64(ceiling) + 1))
 }
 
 // WithReconnect makes the session redial automatically, with backoff, when

@@ -709,17 +709,14 @@ func (s *Session) reconnectLoop() {
 	}()
 	b := *s.cfg.reconnect
 	start := time.Now()
-	delay := time.Duration(0)
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-s.closeCh:
-				t.Stop()
-				return
-			}
+		t := time.NewTimer(b.wait(attempt)) // full jitter, the first attempt too
+		select {
+		case <-t.C:
+		case <-s.closeCh:
+			t.Stop()
+			return
 		}
 		if s.reconnectOnce(&lastErr) {
 			return
@@ -731,11 +728,6 @@ func (s *Session) reconnectLoop() {
 			s.installed = make(chan struct{})
 			s.mu.Unlock()
 			return
-		}
-		if delay == 0 {
-			delay = b.Initial
-		} else if delay *= 2; delay > b.Max {
-			delay = b.Max
 		}
 	}
 }

@@ -14,6 +14,7 @@ package client
 import (
 	"context"
 	"crypto/tls"
+	_ "embed"
 	"errors"
 	"fmt"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/forkfleet/forkfleet/api/aci"
@@ -38,6 +40,29 @@ const (
 	DefaultAddress   = "unix:///run/forkfleet/controld.sock"
 	DefaultTokenFile = "/var/lib/forkfleet/controld/api.token"
 )
+
+// Keepalive: with no frame from controld for KeepaliveTime the client
+// pings, and drops a connection whose ping goes unanswered for
+// KeepaliveTimeout (a controld host gone without a FIN, a NAT that forgot
+// the flow), so calls fail over to a new connection instead of hanging.
+// controld accepts pings this often (its keepalive enforcement allows half
+// of KeepaliveTime).
+const (
+	KeepaliveTime    = 30 * time.Second
+	KeepaliveTimeout = 10 * time.Second
+)
+
+// ServiceConfig (serviceconfig.json; the Python client carries the same) is
+// the gRPC service config Dial applies: calls that are safe to repeat
+// (reads, deletes, changes that end the same whatever the count) are
+// retried on UNAVAILABLE (controld starting, restarting, or a dropped
+// connection) up to 5 attempts with gRPC's jittered exponential backoff from
+// 100 ms to 2 s; a retry throttle stops retrying when most calls fail.
+// Callers with their own retry loop can pass grpc.WithDisableRetry through
+// WithGRPCDialOptions.
+//
+//go:embed serviceconfig.json
+var ServiceConfig string
 
 // Client talks to one controld. It is safe for concurrent use.
 type Client struct {
@@ -150,6 +175,10 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 			requireTLS: !local && !o.insecure && o.tls != nil,
 		}))
 	}
+	gopts = append(gopts,
+		grpc.WithDefaultServiceConfig(ServiceConfig),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true}),
+	)
 	gopts = append(gopts, o.grpcOpts...)
 	conn, err := grpc.NewClient(target, gopts...)
 	if err != nil {

@@ -238,3 +238,16 @@ def test_sync_session_through_the_client(fake):
         assert s.generation == 0
         s.close()
         sb.delete()
+
+
+def test_backoff_full_jitter():
+    """Attempt n waits uniformly in [0, min(max, initial * 2**n)]: sessions
+    dropped together spread their redials instead of arriving in lockstep."""
+    b = aci.Backoff(initial=0.05, max=2.0)
+    for n, ceiling in enumerate([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]):
+        waits = [b.wait(n) for _ in range(1024)]
+        assert all(0.0 <= w <= ceiling for w in waits)
+        assert min(waits) < ceiling / 20 and max(waits) > ceiling * 19 / 20
+        quarters = [sum(1 for w in waits if q * ceiling / 4 <= w < (q + 1) * ceiling / 4) for q in range(4)]
+        assert all(c > 1024 / 8 for c in quarters), quarters
+    assert 0.0 <= b.wait(10_000) <= 2.0

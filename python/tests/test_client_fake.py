@@ -246,3 +246,15 @@ def test_network_and_ports(fake):
         results = ck.fork(1, resources={"memory_bytes": 512 << 20})
         assert forkfleet.first_error(results) is None
         sb.delete()
+
+
+def test_service_config_matches_go_client():
+    """Both clients retry the same calls the same way: the Python client's
+    service config is the Go client's api/client/serviceconfig.json."""
+    import json
+    import pathlib
+
+    from forkfleet import client as client_mod
+
+    go = pathlib.Path(__file__).resolve().parents[2] / "api" / "client" / "serviceconfig.json"
+    assert json.loads(client_mod.SERVICE_CONFIG) == json.loads(go.read_text())

@@ -16,12 +16,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/keepalive"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -105,6 +107,12 @@ func New(opts Options) *Server {
 	h := &handlers{}
 	s := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
+		// Clients ping every client.KeepaliveTime (idle connections too);
+		// gRPC's default enforcement (one ping per 5 minutes) would answer
+		// them with GOAWAY. controld pings idle clients itself to find dead
+		// peers of long watches.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: client.KeepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
 		// Outermost first: metrics see the final code, errors are converted
 		// once, auth runs before any handler, and no controld handler runs
 		// before the manager is there.

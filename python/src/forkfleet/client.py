@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import datetime
 import ipaddress
+import json
 import os
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -35,10 +36,32 @@ from forkfleet.controld.v1 import controld_pb2_grpc as pbg
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncCheckpoint", "Client", "Sandbox", "Checkpoint",
     "ForkResult", "Claim", "sandboxes", "first_error", "DEFAULT_ADDRESS", "DEFAULT_TOKEN_FILE",
+
 ]
 
 DEFAULT_ADDRESS = "unix:///run/forkfleet/controld.sock"
 DEFAULT_TOKEN_FILE = "/var/lib/forkfleet/controld/api.token"
+
+
+# The gRPC service config both clients apply (the Go client's
+# api/client/serviceconfig.json; a test compares them): calls safe to repeat
+# are retried on UNAVAILABLE with jittered backoff, under a retry throttle.
+_RETRIED = {
+    "forkfleet.controld.v1.SandboxService": ["GetSandbox", "ListSandboxes", "DeleteSandbox", "WaitSandboxReady",
+                                             "WatchSandboxes", "GetSandboxEndpoint", "VerifySandbox",
+                                             "UpdateSandboxNetwork", "ExposePort"],
+    "forkfleet.controld.v1.CheckpointService": ["GetCheckpoint", "ListCheckpoints"],
+    "forkfleet.controld.v1.PoolService": ["GetPool", "ListPools"],
+    "grpc.health.v1.Health": ["Check"],
+}
+SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": svc, "method": m} for svc, ms in _RETRIED.items() for m in ms],
+        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"]},
+    }],
+    "retryThrottling": {"maxTokens": 20, "tokenRatio": 0.2},
+})
 
 # Large enough for a ListSandboxes of a big host; gRPC's default is 4 MiB.
 _MAX_MESSAGE = 64 << 20
@@ -176,7 +199,13 @@ class AsyncClient:
                 f"client: refusing to send a bearer token in plaintext to {target} "
                 "(use tls=True, or insecure=True on a trusted network)")
         opts = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                ("grpc.max_send_message_length", _MAX_MESSAGE), *channel_options]
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+                # As the Go client: idempotent calls retried on UNAVAILABLE,
+                # keepalive pings every 30 s (controld accepts every 15 s).
+                ("grpc.enable_retries", 1), ("grpc.service_config", SERVICE_CONFIG),
+                ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+                *channel_options]
         if tls and not target.startswith("unix:"):
             creds = grpc.ssl_channel_credentials() if tls is True else tls
             self._channel = grpc.aio.secure_channel(target, creds, options=opts)

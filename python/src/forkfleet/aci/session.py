@@ -8,6 +8,7 @@ import asyncio
 import collections
 import dataclasses
 import os
+import random
 import secrets
 import ssl as ssl_mod
 import time
@@ -44,9 +45,14 @@ _PUT_WINDOW = 4  # chunks in flight: overlaps transfer and disk writes
 
 @dataclasses.dataclass(frozen=True)
 class Backoff:
-    """Bounds automatic reconnection: the first attempt is immediate, then
-    ``initial`` doubling up to ``max`` seconds; ``max_elapsed`` > 0 gives up
-    after that long without a connection (0 retries until close)."""
+    """Bounds automatic reconnection with full jitter: attempt n (from 0)
+    waits a uniformly random time between 0 and min(``max``, ``initial`` *
+    2**n) seconds, so sessions dropped together do not redial in lockstep;
+    ``max_elapsed`` > 0 gives up after that long without a connection (0
+    retries until close)."""
+
+    def wait(self, attempt: int) -> float:
+        return random.uniform(0.0, min(self.max, self.initial * 2.0 ** min(attempt, 62)))
 
     initial: float = 0.05
     max: float = 2.0
@@ -408,11 +414,11 @@ class Session:
     async def _reconnect_loop(self) -> None:
         b = self._reconnect
         start = time.monotonic()
-        delay = 0.0
+        attempt = 0
         last = ""
         while not self._closed:
-            if delay:
-                await asyncio.sleep(delay)
+            await asyncio.sleep(b.wait(attempt))  # full jitter, the first attempt too
+            attempt += 1
             async with self._dial_lock:
                 if self._closed or not self._conn.dead:
                     return
@@ -434,7 +440,6 @@ class Session:
                 self._installed.set()
                 self._installed = asyncio.Event()
                 return
-            delay = b.initial if delay == 0 else min(delay * 2, b.max)
 
     async def _current(self, timeout: float | None = None) -> _Conn:
         deadline = None if timeout is None else time.monotonic() + timeout
