@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,6 +215,17 @@ func BenchmarkPingDirectUnix(b *testing.B) {
 func BenchmarkPingThroughGateway(b *testing.B) {
 	f := setup(b)
 	benchPing(b, func(ctx context.Context) (*aci.Session, error) { return aci.Dial(ctx, f.gwURL, token) })
+}
+
+// BenchmarkPingThroughGatewayTLS is the hop with TLS (wss://): the splice
+// then copies through TLS in user space.
+func BenchmarkPingThroughGatewayTLS(b *testing.B) {
+	certs := acitest.NewCerts(b)
+	f := setupWith(b, nil, gateway.Options{TLS: certs.ServerConfig(false)})
+	wss := "wss://" + strings.TrimPrefix(f.gwURL, "ws://")
+	benchPing(b, func(ctx context.Context) (*aci.Session, error) {
+		return aci.Dial(ctx, wss, token, aci.WithTLSConfig(certs.ClientConfig(false)))
+	})
 }
 
 // BenchmarkPingDirectTCP is the fair baseline for the gateway: the same
