@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -78,7 +79,9 @@ var DefaultCapabilities = []string{"codec.png", "codec.jpeg", "codec.none", "ded
 // NewServer starts a fake guestd on a loopback port. Close it when done.
 func NewServer() *Server {
 	s := newServer()
-	s.httpSrv = httptest.NewServer(s)
+	s.httpSrv = httptest.NewUnstartedServer(s)
+	connlimit.Apply(s.httpSrv.Config, connlimit.Limits{}) // guestd's bounds before the upgrade
+	s.httpSrv.Start()
 	return s
 }
 
@@ -92,6 +95,7 @@ func NewUnixServer(socketPath string) (*Server, error) {
 	s.httpSrv = httptest.NewUnstartedServer(s)
 	s.httpSrv.Listener.Close()
 	s.httpSrv.Listener = ln
+	connlimit.Apply(s.httpSrv.Config, connlimit.Limits{})
 	s.httpSrv.Start()
 	return s, nil
 }
