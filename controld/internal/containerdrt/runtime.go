@@ -371,7 +371,14 @@ func (r *Runtime) Close() error {
 		errs = append(errs, err)
 	}
 	if r.ownsNet {
+		// A runtime's own manager (mode none, under its state directory):
+		// its bind mounts would pin that directory (a test's temporary one)
+		// while sandboxes outlive the runtime; their namespaces stay with
+		// their processes.
 		r.net.Close()
+		if err := r.net.Forget(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -707,6 +707,32 @@ func (m *Manager) indexOf(name string) (int, bool) {
 	return n, err == nil && n >= 0 && strconv.Itoa(n) == s
 }
 
+// Forget drops every bind mount and state file of this manager's run
+// directory, leaving the namespaces to the processes in them: for a
+// manager that lives and dies with one runtime in a temporary directory
+// (tests, tools), whose sandboxes may outlive it. Nothing on the host is
+// touched (a manager that owns the host's table must not call it).
+func (m *Manager) Forget() error {
+	var errs []error
+	if ents, err := os.ReadDir(m.nsDir); err == nil {
+		for _, e := range ents {
+			if err := removeNetns(filepath.Join(m.nsDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if ents, err := filepath.Glob(filepath.Join(m.cfg.RunDir, "*.json")); err == nil {
+		for _, p := range ents {
+			os.Remove(p)
+		}
+	}
+	m.mu.Lock()
+	m.state = map[string]*sandboxState{}
+	m.used = map[int]bool{}
+	m.mu.Unlock()
+	return errors.Join(errs...)
+}
+
 // Sandboxes returns the ids with a network set up (for tests and checks).
 func (m *Manager) Sandboxes() []string {
 	m.mu.Lock()
