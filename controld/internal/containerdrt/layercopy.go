@@ -466,13 +466,52 @@ func (lc *layerCopier) copyFile(sdir, ddir int, name string, st *unix.Stat_t) er
 	}
 	out := os.NewFile(uintptr(dfd), name)
 	defer out.Close()
-	if _, err := io.CopyBuffer(out, in, lc.buf); err != nil {
+	if err := lc.copyData(out, in); err != nil {
 		return err
 	}
 	if err := copyMetaFd(sfd, dfd, st); err != nil {
 		return err
 	}
 	return setTimesFd(dfd, st)
+}
+
+// copyData copies in to out in the kernel. A sandbox with a disk quota
+// writes its layer on another filesystem than the checkpoint's (btrfs and
+// containerd's root), where copy_file_range fails with EXDEV and Go's copy
+// falls back to 32 KiB reads and writes through user space: sendfile copies
+// between any two files in the kernel (100 MB: 45 ms against 70 ms here).
+// The source may grow while the sandbox runs: both copy to its end.
+func (lc *layerCopier) copyData(out, in *os.File) error {
+	const chunk = 1 << 30
+	ofd, ifd := int(out.Fd()), int(in.Fd())
+	sendfile := false
+	for {
+		var n int
+		var err error
+		if sendfile {
+			n, err = unix.Sendfile(ofd, ifd, nil, chunk)
+		} else {
+			n, err = unix.CopyFileRange(ifd, nil, ofd, nil, chunk, 0)
+			if err != nil && !sendfile && (errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) ||
+				errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL)) {
+				sendfile = true
+				continue
+			}
+		}
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			if sendfile && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
+				// Neither works on these files: user space it is.
+				_, err = io.CopyBuffer(struct{ io.Writer }{out}, struct{ io.Reader }{in}, lc.buf)
+			}
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+	}
 }
 
 // copySymlink copies a symlink as a symlink (its target is data: it is

@@ -3,6 +3,9 @@
 package containerdrt
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -50,6 +53,47 @@ func TestLayerOfRefusesForeignPaths(t *testing.T) {
 	for _, l := range []string{"/etc", "/layers/ns/sb-2", "/layers/ns/sb-1/../../x"} {
 		if _, err := r.layerOf("sb-1", map[string]string{labelLayer: l}); err == nil {
 			t.Errorf("layer %q accepted", l)
+		}
+	}
+}
+
+// copyData copies within a filesystem and across two (the layers' btrfs and
+// containerd's root), where copy_file_range refuses: /dev/shm stands in for
+// the other filesystem here.
+func TestCopyDataAcrossFilesystems(t *testing.T) {
+	data := make([]byte, 3<<20+17)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "copydata-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	defer os.RemoveAll(shm)
+	dst := t.TempDir()
+	lc := newLayerCopier("", "")
+	for _, srcDir := range []string{dst, shm} {
+		src := filepath.Join(srcDir, "src")
+		if err := os.WriteFile(src, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		in, err := os.Open(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := os.Create(filepath.Join(dst, "out"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = lc.copyData(out, in)
+		in.Close()
+		out.Close()
+		if err != nil {
+			t.Fatalf("from %s: %v", srcDir, err)
+		}
+		got, _ := os.ReadFile(filepath.Join(dst, "out"))
+		if !bytes.Equal(got, data) {
+			t.Fatalf("from %s: copied %d bytes, not the %d written", srcDir, len(got), len(data))
 		}
 	}
 }
