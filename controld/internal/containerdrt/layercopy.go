@@ -479,7 +479,8 @@ func (lc *layerCopier) copyFile(sdir, ddir int, name string, st *unix.Stat_t) er
 // writes its layer on another filesystem than the checkpoint's (btrfs and
 // containerd's root), where copy_file_range fails with EXDEV and Go's copy
 // falls back to 32 KiB reads and writes through user space: sendfile copies
-// between any two files in the kernel (100 MB: 45 ms against 70 ms here).
+// between any two files in the kernel (a 100 MB layer: its first copy
+// about 10 ms slower than ext4 to ext4, 25 ms with the fallback).
 // The source may grow while the sandbox runs: both copy to its end.
 func (lc *layerCopier) copyData(out, in *os.File) error {
 	const chunk = 1 << 30
