@@ -236,7 +236,7 @@ func (e *fuzzEnv) prepare(tb testing.TB) {
 // run dispatches msg on both sessions: no panic, exactly one reply with
 // the request's id, and a reply that marshals.
 func (e *fuzzEnv) run(t *testing.T, msg *aciv1.ClientMessage) {
-	if _, ok := msg.GetRequest().(*aciv1.ClientMessage_Cancel); ok {
+	if _, ok := msg.GetRequest().(*aciv1.ClientMessage_Cancel); ok || msg.GetId() == 0 {
 		return // answered by the read loop, not the dispatcher
 	}
 	e.prepare(t)
