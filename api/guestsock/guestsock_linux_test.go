@@ -183,3 +183,47 @@ func TestParseStart(t *testing.T) {
 		t.Fatal("short stat accepted")
 	}
 }
+
+// BenchmarkDial is the cost of a checked dial (pinned process, openat2,
+// fstat, connect through /proc/self/fd) ...
+func BenchmarkDial(b *testing.B) {
+	benchDial(b, func(ctx context.Context, a Addr) (net.Conn, error) { return Dial(ctx, a) })
+}
+
+// ... and BenchmarkDialPath the plain connect(2) to /proc/<pid>/root/...
+// it replaced.
+func BenchmarkDialPath(b *testing.B) {
+	var d net.Dialer
+	benchDial(b, func(ctx context.Context, a Addr) (net.Conn, error) { return d.DialContext(ctx, "unix", a.String()) })
+}
+
+func benchDial(b *testing.B, dial func(context.Context, Addr) (net.Conn, error)) {
+	sock := filepath.Join(b.TempDir(), "aci.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	a, err := Self(sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		c, err := dial(ctx, a)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+}
