@@ -13,6 +13,7 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	_ "embed"
 	"errors"
@@ -28,6 +29,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -54,8 +57,10 @@ const (
 
 // ServiceConfig (serviceconfig.json; the Python client carries the same) is
 // the gRPC service config Dial applies: calls that are safe to repeat
-// (reads, deletes, changes that end the same whatever the count) are
-// retried on UNAVAILABLE (controld starting, restarting, or a dropped
+// (reads, deletes, changes that end the same whatever the count, and the
+// four creating calls, which carry a request id so that a repeat returns the
+// first attempt's result: the client gives each call one) are retried on
+// UNAVAILABLE (controld starting, restarting, or a dropped
 // connection) up to 5 attempts with gRPC's jittered exponential backoff from
 // 100 ms to 2 s; a retry throttle stops retrying when most calls fail.
 // Callers with their own retry loop can pass grpc.WithDisableRetry through
@@ -176,6 +181,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		}))
 	}
 	gopts = append(gopts,
+		grpc.WithChainUnaryInterceptor(setRequestID),
 		grpc.WithDefaultServiceConfig(ServiceConfig),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true}),
 	)
@@ -225,6 +231,33 @@ func isLocalTarget(target string) (bool, error) {
 		return false, fmt.Errorf("client: target %q: %w: want unix:///path or host:port", target, errdefs.ErrInvalidArgument)
 	}
 	return loopback.Host(host), nil
+}
+
+// setRequestID gives a creating call without a request id a fresh one
+// before it is sent (and retried): a retry of CreateSandbox,
+// CreateCheckpoint, ForkCheckpoint or ClaimPool then returns the first
+// attempt's result, whether it came through this client's methods or its
+// raw service clients.
+func setRequestID(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if m, ok := req.(proto.Message); ok {
+		if fd := m.ProtoReflect().Descriptor().Fields().ByName("request_id"); fd != nil && m.ProtoReflect().Get(fd).String() == "" {
+			// A copy: a caller that sends one request message twice means
+			// two calls.
+			c := proto.Clone(m)
+			c.ProtoReflect().Set(fd, protoreflect.ValueOfString(NewRequestID()))
+			req = c
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// NewRequestID returns a fresh request id (a random UUID).
+func NewRequestID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // bearer is a per-RPC "authorization: Bearer <token>" credential.

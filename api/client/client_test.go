@@ -100,14 +100,14 @@ func TestValidationErrors(t *testing.T) {
 		field string
 	}{
 		{"screen", []client.CreateOption{client.WithScreen(10, 800, 24)}, "screen.width"},
-		{"depth", []client.CreateOption{client.WithScreen(800, 600, 8)}, "screen.depth"},
+		{"depth", []client.CreateOption{client.WithScreen(800, 600, 12)}, "screen.depth"},
 		{"memory", []client.CreateOption{client.WithResources(&controldv1.Resources{MemoryBytes: 1024})}, "resources.memory_bytes"},
 		{"cpu", []client.CreateOption{client.WithResources(&controldv1.Resources{CpuMillis: -1})}, "resources.cpu_millis"},
 		{"disk over the maximum", []client.CreateOption{client.WithResources(&controldv1.Resources{DiskBytes: 1 << 50})}, "resources.disk_bytes"},
 		{"pids below the floor", []client.CreateOption{client.WithResources(&controldv1.Resources{PidsMax: 3})}, "resources.pids_max"},
-		{"labels", []client.CreateOption{client.WithLabels(map[string]string{"-bad": "x"})}, "labels"},
+		{"labels", []client.CreateOption{client.WithLabels(map[string]string{"bad key": "x"})}, `labels["bad key"]`},
 		{"ttl", []client.CreateOption{client.WithTTL(-time.Second)}, "ttl"},
-		{"env", []client.CreateOption{client.WithEnv(map[string]string{"A=B": "x"})}, "env"},
+		{"env", []client.CreateOption{client.WithEnv(map[string]string{"A=B": "x"})}, `env["A=B"]`},
 	} {
 		_, err := c.CreateSandbox(ctx, tc.opts...)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -191,8 +191,11 @@ func TestCheckpointForkLineage(t *testing.T) {
 	if _, err := ck.Fork(ctx, 0); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("fork 0: %v", err)
 	}
-	if _, err := c.Checkpoint("ck-missing").Fork(ctx, 1); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := c.Checkpoint("ck-aaaaaaaaaaaaaaaa").Fork(ctx, 1); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("fork missing: %v", err)
+	}
+	if _, err := c.Checkpoint("ck-missing").Fork(ctx, 1); errdefs.Field(err) != "checkpoint_id" {
+		t.Errorf("fork of a malformed id: %v", err)
 	}
 	info, _ := ck.Get(ctx)
 	if info.GetLiveForks() != 3 {
@@ -222,9 +225,9 @@ func TestCheckpointForkLineage(t *testing.T) {
 	if err != nil || exp.GetDigest() == "" {
 		t.Fatalf("Export = %v, %v", exp, err)
 	}
-	imported, err := c.ImportCheckpoint(ctx, "registry.example/ck:v1")
-	if err != nil || imported.ID() == ck.ID() {
-		t.Fatalf("Import = %v, %v", imported, err)
+	// An import keeps the checkpoint's name, which must be free here.
+	if _, err := c.ImportCheckpoint(ctx, "registry.example/ck:v1"); !errors.Is(err, errdefs.ErrAlreadyExists) || errdefs.Reason(err) != "CHECKPOINT_NAME_TAKEN" {
+		t.Fatalf("import while the name is taken: %v", err)
 	}
 	if _, err := c.ImportCheckpoint(ctx, "registry.example/none:v1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("import unknown: %v", err)
@@ -232,6 +235,13 @@ func TestCheckpointForkLineage(t *testing.T) {
 	deleted, err := ck.Delete(ctx, client.WithCascade())
 	if err != nil || len(deleted) != 2 {
 		t.Fatalf("cascade = %v, %v", deleted, err)
+	}
+	imported, err := c.ImportCheckpoint(ctx, "registry.example/ck:v1")
+	if err != nil {
+		t.Fatalf("Import: %v", err)
+	}
+	if imported.ID() == ck.ID() || imported.Info().GetName() != "golden" || imported.Info().GetLabels()["exp"] != "1" {
+		t.Fatalf("Import = %v", imported.Info())
 	}
 	// Checkpoint with stop.
 	sb2, _ := c.CreateSandbox(ctx)
@@ -278,7 +288,7 @@ func TestPools(t *testing.T) {
 	if hits != 2 {
 		t.Errorf("hits = %d, want 2", hits)
 	}
-	got, err := c.GetPool(ctx, "warm")
+	got, err := c.GetPool(ctx, p.GetId())
 	if err != nil || got.GetHits() != 2 || got.GetMisses() != 1 || got.GetAvailable() != 0 {
 		t.Fatalf("pool = %v, %v", got, err)
 	}
@@ -505,5 +515,66 @@ func TestSandboxACI(t *testing.T) {
 	s.Close()
 	if _, err := sb2.ACI(ctx, client.ViaUnix()); err == nil {
 		t.Error("ViaUnix with an unreachable socket succeeded")
+	}
+}
+
+// Creating calls: the client gives each one a request id (so its retries
+// are safe); WithRequestID makes repeats return the first result. Lists
+// follow their pages; a sandbox's TTL is extended; a pool resized.
+func TestRequestIDsPagesExtendUpdatePool(t *testing.T) {
+	c, _, ctx := setup(t)
+	mine := client.WithLabels(map[string]string{"t": "req"})
+	a, err := c.CreateSandbox(ctx, mine, client.WithRequestID("job-7"), client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.CreateSandbox(ctx, mine, client.WithRequestID("job-7"), client.WithWaitReady())
+	if err != nil || b.ID() != a.ID() {
+		t.Fatalf("repeat: %v %v", b, err)
+	}
+	if _, err := c.CreateSandbox(ctx, client.WithRequestID("job-7")); errdefs.Field(err) != "request_id" {
+		t.Fatalf("reused for another request: %v", err)
+	}
+	// Without an id, each call is its own: the raw service too (the
+	// client's interceptor sets a fresh id on a copy of the request).
+	req := &controldv1.CreateSandboxRequest{Labels: map[string]string{"t": "req"}}
+	for range 2 {
+		if _, err := c.SandboxService().CreateSandbox(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if req.GetRequestId() != "" {
+		t.Fatal("the caller's request was changed")
+	}
+	all, err := c.ListSandboxes(ctx, mine, client.WithPageSize(1))
+	if err != nil || len(all) != 3 || all[0].GetId() != a.ID() {
+		t.Fatalf("all pages: %d %v", len(all), err)
+	}
+	page, next, err := c.ListSandboxesPage(ctx, "", mine, client.WithPageSize(2))
+	if err != nil || len(page) != 2 || next == "" {
+		t.Fatalf("first page: %d %q %v", len(page), next, err)
+	}
+	if rest, next2, err := c.ListSandboxesPage(ctx, next, mine, client.WithPageSize(2)); err != nil || len(rest) != 1 || next2 != "" {
+		t.Fatalf("second page: %d %q %v", len(rest), next2, err)
+	}
+
+	if err := a.Extend(ctx, time.Hour); err != nil || a.Info().GetExpiresAt() == nil {
+		t.Fatalf("Extend: %v %v", a.Info(), err)
+	}
+	if err := a.Extend(ctx, -time.Second); errdefs.Field(err) != "ttl" {
+		t.Fatalf("Extend by a negative TTL: %v", err)
+	}
+	p, err := c.CreatePool(ctx, "resize", 1, client.WithImage(controldfake.DefaultImage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if up, err := c.UpdatePool(ctx, p.GetId(), 4); err != nil || up.GetSize() != 4 {
+		t.Fatalf("UpdatePool: %v %v", up, err)
+	}
+	if _, err := c.UpdatePool(ctx, p.GetId(), 65); errdefs.Field(err) != "size" {
+		t.Fatalf("UpdatePool 65: %v", err)
+	}
+	if pools, err := c.ListPools(ctx, client.WithPageSize(1)); err != nil || len(pools) != 1 {
+		t.Fatalf("ListPools: %v %v", pools, err)
 	}
 }

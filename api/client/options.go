@@ -49,6 +49,11 @@ type ListCheckpointsOption interface {
 	applyListCheckpoints(*controldv1.ListCheckpointsRequest)
 }
 
+// ListPoolsOption configures ListPools.
+type ListPoolsOption interface {
+	applyListPools(*controldv1.ListPoolsRequest)
+}
+
 // WatchOption filters Watch.
 type WatchOption interface {
 	applyWatch(*controldv1.WatchSandboxesRequest)
@@ -265,6 +270,52 @@ type rootOpt string
 func WithRoot(id string) ListCheckpointsOption { return rootOpt(id) }
 
 func (o rootOpt) applyListCheckpoints(r *controldv1.ListCheckpointsRequest) { r.RootId = string(o) }
+
+// ---- request ids: create, checkpoint, fork, claim
+
+// RequestIDOption works with the four creating calls.
+type RequestIDOption interface {
+	CreateOption
+	CheckpointOption
+	ForkOption
+	ClaimOption
+}
+
+type requestIDOpt string
+
+// WithRequestID sets the call's request id (1..128 characters of
+// [A-Za-z0-9._:-]): a repeat with the same id, even from another process or
+// after a controld restart, returns the first call's result instead of
+// creating again. Without it the client makes a fresh id per call, which
+// makes its own retries safe.
+func WithRequestID(id string) RequestIDOption { return requestIDOpt(id) }
+
+func (o requestIDOpt) applyCreate(r *controldv1.CreateSandboxRequest)        { r.RequestId = string(o) }
+func (o requestIDOpt) applyCheckpoint(r *controldv1.CreateCheckpointRequest) { r.RequestId = string(o) }
+func (o requestIDOpt) applyFork(r *controldv1.ForkCheckpointRequest)         { r.RequestId = string(o) }
+func (o requestIDOpt) applyClaim(r *controldv1.ClaimPoolRequest)             { r.RequestId = string(o) }
+
+// ---- page size: the List calls
+
+// PageOption works with the List calls.
+type PageOption interface {
+	ListOption
+	ListCheckpointsOption
+	ListPoolsOption
+}
+
+type pageSizeOpt int32
+
+// WithPageSize sets how many items each List request asks for (1..1000;
+// the server's 1000 by default). ListSandboxes and its kin still return
+// every item, a page per request; the Page variants return one.
+func WithPageSize(n int) PageOption { return pageSizeOpt(min(max(n, 0), 1<<30)) }
+
+func (o pageSizeOpt) applyList(r *controldv1.ListSandboxesRequest) { r.PageSize = int32(o) }
+func (o pageSizeOpt) applyListCheckpoints(r *controldv1.ListCheckpointsRequest) {
+	r.PageSize = int32(o)
+}
+func (o pageSizeOpt) applyListPools(r *controldv1.ListPoolsRequest) { r.PageSize = int32(o) }
 
 // ---- wait
 

@@ -53,6 +53,19 @@ func (f *flaky) GetSandbox(ctx context.Context, req *controldv1.GetSandboxReques
 	return f.Fake.GetSandbox(ctx, req)
 }
 
+// CreateSandbox creates, then loses its first answers (the connection
+// drops after controld did the work).
+func (f *flaky) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
+	resp, err := f.Fake.CreateSandbox(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.fail("CreateSandbox"); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 func (f *flaky) SuspendSandbox(ctx context.Context, req *controldv1.SuspendSandboxRequest) (*controldv1.SuspendSandboxResponse, error) {
 	if err := f.fail("SuspendSandbox"); err != nil {
 		return nil, err
@@ -97,6 +110,19 @@ func TestRetryPolicy(t *testing.T) {
 	}
 	if n := f.count("GetSandbox"); n != 3 {
 		t.Fatalf("GetSandbox attempts: %d, want 3", n)
+	}
+	// A create whose answers were lost is retried with the same request id
+	// (the client set one): one sandbox, not three.
+	created, err := c.CreateSandbox(ctx, client.WithLabels(map[string]string{"lost": "answers"}))
+	if err != nil {
+		t.Fatalf("CreateSandbox through two lost answers: %v", err)
+	}
+	if n := f.count("CreateSandbox"); n != 3 {
+		t.Fatalf("CreateSandbox attempts: %d, want 3", n)
+	}
+	l, _ := f.Fake.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{"lost": "answers"}})
+	if len(l.GetSandboxes()) != 1 || l.GetSandboxes()[0].GetId() != created.ID() {
+		t.Fatalf("sandboxes after retried creates: %v", l.GetSandboxes())
 	}
 	// Suspend is not in the retry policy: the first UNAVAILABLE is the
 	// caller's to judge.

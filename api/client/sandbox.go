@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -78,17 +79,54 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	return sb, nil
 }
 
-// ListSandboxes lists sandboxes (filter WithLabels, WithStates).
+// ListSandboxes lists every matching sandbox, oldest first (filter
+// WithLabels, WithStates), following the pages.
 func (c *Client) ListSandboxes(ctx context.Context, opts ...ListOption) ([]*controldv1.Sandbox, error) {
-	req := &controldv1.ListSandboxesRequest{}
+	return allPages(func(token string) ([]*controldv1.Sandbox, string, error) {
+		return c.ListSandboxesPage(ctx, token, opts...)
+	})
+}
+
+// ListSandboxesPage returns one page (WithPageSize) from pageToken ("":
+// the first) and the next page's token ("" after the last).
+func (c *Client) ListSandboxesPage(ctx context.Context, pageToken string, opts ...ListOption) ([]*controldv1.Sandbox, string, error) {
+	req := &controldv1.ListSandboxesRequest{PageToken: pageToken}
 	for _, o := range opts {
 		o.applyList(req)
 	}
 	r, err := c.sandboxes.ListSandboxes(ctx, req)
 	if err != nil {
-		return nil, convert(ctx, err)
+		return nil, "", convert(ctx, err)
 	}
-	return r.GetSandboxes(), nil
+	return r.GetSandboxes(), r.GetNextPageToken(), nil
+}
+
+// allPages collects the items of every page.
+func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) {
+	var out []T
+	token := ""
+	for {
+		items, next, err := page(token)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, nil
+		}
+		token = next
+	}
+}
+
+// Extend sets when the sandbox is deleted: ttl from now (longer or shorter
+// than before).
+func (sb *Sandbox) Extend(ctx context.Context, ttl time.Duration) error {
+	r, err := sb.c.sandboxes.ExtendSandbox(ctx, &controldv1.ExtendSandboxRequest{Id: sb.id, Ttl: durationpb.New(ttl)})
+	if err != nil {
+		return convert(ctx, err)
+	}
+	sb.set(r.GetSandbox())
+	return nil
 }
 
 // Get refreshes and returns the sandbox's state.
@@ -380,17 +418,26 @@ func (c *Client) GetCheckpoint(ctx context.Context, idOrName string) (*Checkpoin
 	return ck, nil
 }
 
-// ListCheckpoints lists checkpoints (filter WithLabels, WithRoot).
+// ListCheckpoints lists every matching checkpoint, oldest first (filter
+// WithLabels, WithRoot), following the pages.
 func (c *Client) ListCheckpoints(ctx context.Context, opts ...ListCheckpointsOption) ([]*controldv1.Checkpoint, error) {
-	req := &controldv1.ListCheckpointsRequest{}
+	return allPages(func(token string) ([]*controldv1.Checkpoint, string, error) {
+		return c.ListCheckpointsPage(ctx, token, opts...)
+	})
+}
+
+// ListCheckpointsPage returns one page from pageToken and the next page's
+// token.
+func (c *Client) ListCheckpointsPage(ctx context.Context, pageToken string, opts ...ListCheckpointsOption) ([]*controldv1.Checkpoint, string, error) {
+	req := &controldv1.ListCheckpointsRequest{PageToken: pageToken}
 	for _, o := range opts {
 		o.applyListCheckpoints(req)
 	}
 	r, err := c.checkpoints.ListCheckpoints(ctx, req)
 	if err != nil {
-		return nil, convert(ctx, err)
+		return nil, "", convert(ctx, err)
 	}
-	return r.GetCheckpoints(), nil
+	return r.GetCheckpoints(), r.GetNextPageToken(), nil
 }
 
 // Delete removes the checkpoint; one with children is refused
@@ -518,13 +565,35 @@ func (c *Client) GetPool(ctx context.Context, id string) (*controldv1.Pool, erro
 	return r.GetPool(), nil
 }
 
-// ListPools lists the pools.
-func (c *Client) ListPools(ctx context.Context) ([]*controldv1.Pool, error) {
-	r, err := c.pools.ListPools(ctx, &controldv1.ListPoolsRequest{})
+// ListPools lists every pool (by id), following the pages.
+func (c *Client) ListPools(ctx context.Context, opts ...ListPoolsOption) ([]*controldv1.Pool, error) {
+	return allPages(func(token string) ([]*controldv1.Pool, string, error) { return c.ListPoolsPage(ctx, token, opts...) })
+}
+
+// ListPoolsPage returns one page from pageToken and the next page's token.
+func (c *Client) ListPoolsPage(ctx context.Context, pageToken string, opts ...ListPoolsOption) ([]*controldv1.Pool, string, error) {
+	req := &controldv1.ListPoolsRequest{PageToken: pageToken}
+	for _, o := range opts {
+		o.applyListPools(req)
+	}
+	r, err := c.pools.ListPools(ctx, req)
+	if err != nil {
+		return nil, "", convert(ctx, err)
+	}
+	return r.GetPools(), r.GetNextPageToken(), nil
+}
+
+// UpdatePool changes a pool's size (1..64): a larger pool fills up, a
+// smaller one removes its warm members past the size.
+func (c *Client) UpdatePool(ctx context.Context, id string, size int) (*controldv1.Pool, error) {
+	if size < 1 || size > 1<<20 {
+		return nil, errdefs.InvalidField("size", "must be at least 1 (got %d)", size)
+	}
+	r, err := c.pools.UpdatePool(ctx, &controldv1.UpdatePoolRequest{Id: id, Size: uint32(size)})
 	if err != nil {
 		return nil, convert(ctx, err)
 	}
-	return r.GetPools(), nil
+	return r.GetPool(), nil
 }
 
 // DeletePool deletes a pool and its warm sandboxes.

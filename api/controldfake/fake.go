@@ -13,12 +13,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -33,6 +30,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 // DefaultImage is the image CreateSandbox uses when none is given; it is
@@ -65,32 +63,37 @@ type Fake struct {
 	Limits limits.Host
 
 	mu          sync.Mutex
-	seq         atomic.Uint64
 	images      map[string]bool
 	sandboxes   map[string]*controldv1.Sandbox
 	checkpoints map[string]*controldv1.Checkpoint
-	exported    map[string]string // reference -> checkpoint id
+	exported    map[string]*controldv1.Checkpoint // reference -> the checkpoint as exported (an image outlives it)
 	pools       map[string]*controldv1.Pool
 	watchers    map[*watcher]struct{}
 	endpoint    func(*controldv1.Sandbox) *controldv1.Endpoint
 	timers      map[*time.Timer]struct{}
 	readyCh     map[string]chan struct{} // closed when the sandbox leaves BOOTING
 	ports       map[string]string        // "sandbox/port" -> token (ExposePort)
+	expiry      map[string]*time.Timer   // sandbox id -> its TTL
+	dedup       rules.Dedup              // request ids
+	requests    requestStore
 	closed      bool
 }
 
 // New returns an empty Fake that knows DefaultImage.
 func New() *Fake {
-	return &Fake{
+	f := &Fake{
 		images:      map[string]bool{DefaultImage: true},
 		sandboxes:   make(map[string]*controldv1.Sandbox),
 		checkpoints: make(map[string]*controldv1.Checkpoint),
-		exported:    make(map[string]string),
+		exported:    make(map[string]*controldv1.Checkpoint),
 		pools:       make(map[string]*controldv1.Pool),
 		watchers:    make(map[*watcher]struct{}),
 		timers:      make(map[*time.Timer]struct{}),
 		readyCh:     make(map[string]chan struct{}),
+		expiry:      make(map[string]*time.Timer),
 	}
+	f.dedup.Store = &f.requests
+	return f
 }
 
 // Register adds the three services to s.
@@ -200,9 +203,9 @@ func (f *Fake) Close() {
 	clear(f.watchers)
 }
 
-func (f *Fake) after(d time.Duration, fn func()) {
+func (f *Fake) after(d time.Duration, fn func()) *time.Timer {
 	if f.closed {
-		return
+		return nil
 	}
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
@@ -214,47 +217,22 @@ func (f *Fake) after(d time.Duration, fn func()) {
 		}
 	})
 	f.timers[t] = struct{}{}
+	return t
 }
 
-func (f *Fake) newID(prefix string) string {
-	return fmt.Sprintf("%s-%06x", prefix, f.seq.Add(1))
+// expire deletes sandbox id after d (its TTL); the caller holds f.mu.
+func (f *Fake) expire(id string, d time.Duration) {
+	if t := f.expiry[id]; t != nil {
+		t.Stop()
+		delete(f.timers, t)
+	}
+	f.expiry[id] = f.after(d, func() {
+		delete(f.expiry, id)
+		f.deleteSandbox(id)
+	})
 }
 
-// ---- validation
-
-var badEnvName = regexp.MustCompile(`[=\x00]`)
-
-var labelKey = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9._/-]{0,62}[a-zA-Z0-9])?$`)
-
-func validLabels(field string, labels map[string]string) error {
-	for k, v := range labels {
-		if !labelKey.MatchString(k) {
-			return errdefs.InvalidField(field, "label key %q: want 1-64 characters [a-zA-Z0-9._/-], alphanumeric at both ends", k)
-		}
-		if len(v) > 256 {
-			return errdefs.InvalidField(field+"."+k, "label value longer than 256 bytes")
-		}
-	}
-	return nil
-}
-
-func validScreen(field string, s *controldv1.Screen) error {
-	if s == nil {
-		return nil
-	}
-	if s.GetWidth() < 64 || s.GetWidth() > 16384 {
-		return errdefs.InvalidField(field+".width", "must be 64..16384, got %d", s.GetWidth())
-	}
-	if s.GetHeight() < 64 || s.GetHeight() > 16384 {
-		return errdefs.InvalidField(field+".height", "must be 64..16384, got %d", s.GetHeight())
-	}
-	switch s.GetDepth() {
-	case 0, 16, 24, 32:
-	default:
-		return errdefs.InvalidField(field+".depth", "must be 16, 24 or 32, got %d", s.GetDepth())
-	}
-	return nil
-}
+// ---- validation: controld's rules (api/rules, api/limits, api/netpolicy)
 
 // limits returns the host limits in force.
 func (f *Fake) limits() limits.Host {
@@ -278,23 +256,6 @@ func (f *Fake) admit(res *controldv1.Resources) error {
 		}
 	}
 	return f.limits().Admit(held, limits.Of(res))
-}
-
-func validTTL(field string, d *durationpb.Duration) error {
-	if d == nil {
-		return nil
-	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-		return errdefs.InvalidField(field, "must be a positive duration")
-	}
-	return nil
-}
-
-func requireID(field, id string) error {
-	if id == "" {
-		return errdefs.InvalidField(field, "is required")
-	}
-	return nil
 }
 
 func notFound(kind, reason, id string) error {
@@ -338,7 +299,7 @@ func (f *Fake) newSandbox(image string, res *controldv1.Resources, scr *controld
 		scr = &controldv1.Screen{Width: scr.GetWidth(), Height: scr.GetHeight(), Depth: 24}
 	}
 	sb := &controldv1.Sandbox{
-		Id: f.newID("sb"), State: controldv1.SandboxState_SANDBOX_STATE_BOOTING, Image: image,
+		Id: rules.NewID(rules.PrefixSandbox), State: controldv1.SandboxState_SANDBOX_STATE_BOOTING, Image: image,
 		Resources: proto.CloneOf(res), Screen: proto.CloneOf(scr), Labels: maps.Clone(labels),
 		CreatedAt: timestamppb.New(now), Host: "fake",
 	}
@@ -347,8 +308,7 @@ func (f *Fake) newSandbox(image string, res *controldv1.Resources, scr *controld
 	}
 	if ttl != nil {
 		sb.ExpiresAt = timestamppb.New(now.Add(ttl.AsDuration()))
-		id := sb.Id
-		f.after(ttl.AsDuration(), func() { f.deleteSandbox(id) })
+		f.expire(sb.Id, ttl.AsDuration())
 	}
 	if mod != nil {
 		mod(sb)
@@ -388,26 +348,37 @@ func (f *Fake) leaveBooting(id string) {
 }
 
 func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
-	res, err := f.limits().Resolve("resources", req.GetResources(), nil)
+	resp, err := f.dedup.Do(ctx, controldv1.SandboxService_CreateSandbox_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.CreateSandboxResponse{} }, nil,
+		func(context.Context, rules.Request) (proto.Message, error) { return f.createSandbox(req) })
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	if err := validScreen("screen", req.GetScreen()); err != nil {
-		return nil, rpcErr(err)
+	return resp.(*controldv1.CreateSandboxResponse), nil
+}
+
+func (f *Fake) createSandbox(req *controldv1.CreateSandboxRequest) (*controldv1.CreateSandboxResponse, error) {
+	if err := rules.Image("image", req.GetImage()); err != nil {
+		return nil, err
 	}
-	for k := range req.GetEnv() {
-		if k == "" || badEnvName.MatchString(k) {
-			return nil, rpcErr(errdefs.InvalidField("env", "invalid variable name %q", k))
-		}
+	res, err := f.limits().Resolve("resources", req.GetResources(), nil)
+	if err != nil {
+		return nil, err
 	}
-	if err := validLabels("labels", req.GetLabels()); err != nil {
-		return nil, rpcErr(err)
+	if err := rules.Screen("screen", req.GetScreen()); err != nil {
+		return nil, err
 	}
-	if err := validTTL("ttl", req.GetTtl()); err != nil {
-		return nil, rpcErr(err)
+	if err := rules.Env("env", req.GetEnv()); err != nil {
+		return nil, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if _, err := rules.TTL("ttl", req.GetTtl()); err != nil {
+		return nil, err
 	}
 	if err := netpolicy.ValidateNetwork("network", req.GetNetwork()); err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	image := req.GetImage()
 	if image == "" {
@@ -416,11 +387,11 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 	f.mu.Lock()
 	if !f.images[image] {
 		f.mu.Unlock()
-		return nil, rpcErr(notFound("image", "IMAGE_NOT_FOUND", image))
+		return nil, notFound("image", "IMAGE_NOT_FOUND", image)
 	}
 	if err := f.admit(res); err != nil {
 		f.mu.Unlock()
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	nw := netpolicy.Normalize(req.GetNetwork())
 	sb := f.newSandbox(image, res, req.GetScreen(), req.GetLabels(), req.GetTtl(), req.GetWaitReady() || f.BootDelay <= 0,
@@ -430,8 +401,10 @@ func (f *Fake) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxR
 	return resp, nil
 }
 
-func (f *Fake) getSandbox(id string) (*controldv1.Sandbox, error) {
-	if err := requireID("id", id); err != nil {
+func (f *Fake) getSandbox(id string) (*controldv1.Sandbox, error) { return f.getSandboxField("id", id) }
+
+func (f *Fake) getSandboxField(field, id string) (*controldv1.Sandbox, error) {
+	if err := rules.SandboxID(field, id); err != nil {
 		return nil, err
 	}
 	sb, ok := f.sandboxes[id]
@@ -451,30 +424,30 @@ func (f *Fake) GetSandbox(ctx context.Context, req *controldv1.GetSandboxRequest
 	return &controldv1.GetSandboxResponse{Sandbox: proto.CloneOf(sb)}, nil
 }
 
-func labelsMatch(have, want map[string]string) bool {
-	for k, v := range want {
-		if have[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
 func (f *Fake) ListSandboxes(ctx context.Context, req *controldv1.ListSandboxesRequest) (*controldv1.ListSandboxesResponse, error) {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := rules.States("states", req.GetStates()); err != nil {
+		return nil, rpcErr(err)
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := &controldv1.ListSandboxesResponse{}
+	var all []*controldv1.Sandbox
 	for _, sb := range f.sandboxes {
-		if !labelsMatch(sb.GetLabels(), req.GetLabels()) {
+		if !rules.MatchLabels(sb.GetLabels(), req.GetLabels()) {
 			continue
 		}
 		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), sb.GetState()) {
 			continue
 		}
-		out.Sandboxes = append(out.Sandboxes, proto.CloneOf(sb))
+		all = append(all, proto.CloneOf(sb))
 	}
-	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].GetId() < out.Sandboxes[j].GetId() })
-	return out, nil
+	f.mu.Unlock()
+	page, next, err := rules.Page(all, rules.SandboxKey, req.GetPageSize(), req.GetPageToken(), req)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.ListSandboxesResponse{Sandboxes: page, NextPageToken: next}, nil
 }
 
 // deleteSandbox removes a sandbox; the caller holds f.mu.
@@ -504,12 +477,12 @@ func (f *Fake) DeleteSandbox(ctx context.Context, req *controldv1.DeleteSandboxR
 }
 
 func (f *Fake) WaitSandboxReady(ctx context.Context, req *controldv1.WaitSandboxReadyRequest) (*controldv1.WaitSandboxReadyResponse, error) {
-	timeout := 60 * time.Second
-	if t := req.GetTimeout(); t != nil {
-		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
-			return nil, rpcErr(errdefs.InvalidField("timeout", "must be a positive duration"))
-		}
-		timeout = t.AsDuration()
+	timeout, err := rules.Duration("timeout", req.GetTimeout(), rules.MaxWaitTimeout)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if timeout == 0 {
+		timeout = 60 * time.Second
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -602,72 +575,60 @@ func (f *Fake) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxR
 		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "NOT_FORKED",
 			"sandbox %q was not forked from a checkpoint (or it is gone)", req.GetId()))
 	}
-	levels := req.GetLevels()
-	if len(levels) == 0 {
-		levels = defaultLevels(ck.GetVerifyLevels())
-	}
-	results, err := verifyResults(ck, levels, "levels")
+	levels, err := rules.VerifyLevels("levels", req.GetLevels(), ck.GetVerifyLevels())
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	return &controldv1.VerifySandboxResponse{Results: results}, nil
+	return &controldv1.VerifySandboxResponse{Results: verifyResults(levels)}, nil
 }
 
-// defaultLevels is controld's: every supported level but FILESYSTEM, which
-// a caller asks for.
-func defaultLevels(supported []controldv1.VerifyLevel) []controldv1.VerifyLevel {
-	return slices.DeleteFunc(slices.Clone(supported), func(l controldv1.VerifyLevel) bool {
-		return l == controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM
-	})
-}
-
-func verifyResults(ck *controldv1.Checkpoint, levels []controldv1.VerifyLevel, field string) ([]*controldv1.VerifyResult, error) {
+// verifyResults are the fake's proofs: every level passes.
+func verifyResults(levels []controldv1.VerifyLevel) []*controldv1.VerifyResult {
 	var out []*controldv1.VerifyResult
-	for i, l := range levels {
-		if l == controldv1.VerifyLevel_VERIFY_LEVEL_NONE {
-			continue
-		}
-		if !slices.Contains(ck.GetVerifyLevels(), l) {
-			return nil, errdefs.InvalidField(fmt.Sprintf("%s[%d]", field, i), "checkpoint %q cannot prove %s", ck.GetId(), l)
-		}
+	for _, l := range levels {
 		out = append(out, &controldv1.VerifyResult{Level: l, Ok: true, Detail: "fake: verified", Took: durationpb.New(time.Millisecond)})
 	}
-	return out, nil
+	return out
 }
 
 // ---- checkpoints
 
 func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.CreateCheckpointResponse, error) {
-	if err := requireID("sandbox_id", req.GetSandboxId()); err != nil {
-		return nil, rpcErr(err)
-	}
-	if err := validLabels("labels", req.GetLabels()); err != nil {
-		return nil, rpcErr(err)
-	}
-	tier := req.GetTier()
-	switch tier {
-	case controldv1.CheckpointTier_CHECKPOINT_TIER_UNSPECIFIED:
-		tier = controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY
-	case controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, controldv1.CheckpointTier_CHECKPOINT_TIER_DISK:
-	default:
-		return nil, rpcErr(errdefs.InvalidField("tier", "unknown tier %d", tier))
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sb, err := f.getSandbox(req.GetSandboxId())
+	resp, err := f.dedup.Do(ctx, controldv1.CheckpointService_CreateCheckpoint_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.CreateCheckpointResponse{} }, nil,
+		func(context.Context, rules.Request) (proto.Message, error) { return f.createCheckpoint(req) })
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	if sb.GetState() != controldv1.SandboxState_SANDBOX_STATE_READY {
-		return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_STATE",
-			"cannot checkpoint sandbox %q: it is %s, not READY", sb.GetId(), sb.GetState()))
+	return resp.(*controldv1.CreateCheckpointResponse), nil
+}
+
+func (f *Fake) createCheckpoint(req *controldv1.CreateCheckpointRequest) (*controldv1.CreateCheckpointResponse, error) {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+		return nil, err
 	}
-	if name := req.GetName(); name != "" {
-		for _, ck := range f.checkpoints {
-			if ck.GetName() == name {
-				return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "checkpoint name %q is taken by %s", name, ck.GetId()))
-			}
-		}
+	tier, err := rules.Tier("tier", req.GetTier())
+	if err != nil {
+		return nil, err
+	}
+	if err := rules.Name("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandboxField("sandbox_id", req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if sb.GetState() != controldv1.SandboxState_SANDBOX_STATE_READY {
+		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_STATE",
+			"cannot checkpoint sandbox %q: it is %s, not READY", sb.GetId(), sb.GetState())
+	}
+	if err := f.nameFree(req.GetName()); err != nil {
+		return nil, err
 	}
 	levels := []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER}
 	var memBytes int64
@@ -678,7 +639,7 @@ func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheck
 	}
 	levels = append(levels, controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM)
 	ck := &controldv1.Checkpoint{
-		Id: f.newID("ck"), Name: req.GetName(), Tier: tier, State: controldv1.CheckpointState_CHECKPOINT_STATE_READY,
+		Id: rules.NewID(rules.PrefixCheckpoint), Name: req.GetName(), Tier: tier, State: controldv1.CheckpointState_CHECKPOINT_STATE_READY,
 		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(), RunAsRoot: sb.GetRunAsRoot(),
 		Screen: proto.CloneOf(sb.GetScreen()), Resources: proto.CloneOf(sb.GetResources()), Labels: maps.Clone(req.GetLabels()),
 		CreatedAt: timestamppb.Now(), MemoryBytes: memBytes, LayerBytes: 4 << 20, VerifyLevels: levels,
@@ -698,8 +659,21 @@ func (f *Fake) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheck
 	return &controldv1.CreateCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
 }
 
+// nameFree refuses a checkpoint name in use; the caller holds f.mu.
+func (f *Fake) nameFree(name string) error {
+	if name == "" {
+		return nil
+	}
+	for _, ck := range f.checkpoints {
+		if ck.GetName() == name {
+			return errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", name)
+		}
+	}
+	return nil
+}
+
 func (f *Fake) getCheckpoint(field, idOrName string) (*controldv1.Checkpoint, error) {
-	if err := requireID(field, idOrName); err != nil {
+	if err := rules.CheckpointRef(field, idOrName); err != nil {
 		return nil, err
 	}
 	if ck, ok := f.checkpoints[idOrName]; ok {
@@ -735,12 +709,15 @@ func (f *Fake) descendants(id string) []string {
 }
 
 func (f *Fake) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpointsRequest) (*controldv1.ListCheckpointsResponse, error) {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, rpcErr(err)
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	var ids []string
 	if root := req.GetRootId(); root != "" {
 		ck, err := f.getCheckpoint("root_id", root)
 		if err != nil {
+			f.mu.Unlock()
 			return nil, rpcErr(err)
 		}
 		ids = f.descendants(ck.GetId())
@@ -749,14 +726,18 @@ func (f *Fake) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpoi
 			ids = append(ids, id)
 		}
 	}
-	sort.Strings(ids)
-	out := &controldv1.ListCheckpointsResponse{}
+	var all []*controldv1.Checkpoint
 	for _, id := range ids {
-		if ck := f.checkpoints[id]; ck != nil && labelsMatch(ck.GetLabels(), req.GetLabels()) {
-			out.Checkpoints = append(out.Checkpoints, proto.CloneOf(ck))
+		if ck := f.checkpoints[id]; ck != nil && rules.MatchLabels(ck.GetLabels(), req.GetLabels()) {
+			all = append(all, proto.CloneOf(ck))
 		}
 	}
-	return out, nil
+	f.mu.Unlock()
+	page, next, err := rules.Page(all, rules.CheckpointKey, req.GetPageSize(), req.GetPageToken(), req)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.ListCheckpointsResponse{Checkpoints: page, NextPageToken: next}, nil
 }
 
 func (f *Fake) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheckpointRequest) (*controldv1.DeleteCheckpointResponse, error) {
@@ -787,35 +768,45 @@ func (f *Fake) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheck
 }
 
 func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
-	if n := req.GetCount(); n < 1 || n > 64 {
-		return nil, rpcErr(errdefs.InvalidField("count", "must be 1..64, got %d", n))
-	}
-	if err := validLabels("labels", req.GetLabels()); err != nil {
+	resp, err := f.dedup.Do(ctx, controldv1.CheckpointService_ForkCheckpoint_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.ForkCheckpointResponse{} }, nil,
+		func(context.Context, rules.Request) (proto.Message, error) { return f.forkCheckpoint(req) })
+	if err != nil {
 		return nil, rpcErr(err)
 	}
-	if err := validTTL("ttl", req.GetTtl()); err != nil {
-		return nil, rpcErr(err)
+	return resp.(*controldv1.ForkCheckpointResponse), nil
+}
+
+func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
+	if err := rules.CheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
+		return nil, err
+	}
+	if err := rules.ForkCount("count", req.GetCount()); err != nil {
+		return nil, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if _, err := rules.TTL("ttl", req.GetTtl()); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ck, err := f.getCheckpoint("checkpoint_id", req.GetCheckpointId())
 	if err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
-	levels := req.GetVerify()
-	if len(levels) == 0 {
-		levels = defaultLevels(ck.GetVerifyLevels())
-	}
-	if _, err := verifyResults(ck, levels, "verify"); err != nil {
-		return nil, rpcErr(err)
+	levels, err := rules.VerifyLevels("verify", req.GetVerify(), ck.GetVerifyLevels())
+	if err != nil {
+		return nil, err
 	}
 	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(ck.GetNetwork()), req.GetNetworkPolicy(), ck.GetNetwork().GetPolicy())
 	if err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	res, err := f.limits().Resolve("resources", req.GetResources(), ck.GetResources())
 	if err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	resp := &controldv1.ForkCheckpointResponse{}
 	for i := range int(req.GetCount()) {
@@ -834,15 +825,17 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 				sb.Network = &controldv1.Network{Mode: netpolicy.Mode(ck.GetNetwork()), Policy: proto.CloneOf(policy)}
 			})
 		ck.LiveForks++
-		results, _ := verifyResults(ck, levels, "verify")
 		resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
-			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: results, Took: durationpb.New(20 * time.Millisecond)})
+			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: verifyResults(levels), Took: durationpb.New(20 * time.Millisecond)})
 	}
 	return resp, nil
 }
 
 func (f *Fake) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
-	if err := requireID("reference", req.GetReference()); err != nil {
+	if err := rules.CheckpointRef("id", req.GetId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := reference(req.GetReference()); err != nil {
 		return nil, rpcErr(err)
 	}
 	f.mu.Lock()
@@ -851,24 +844,43 @@ func (f *Fake) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheck
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	f.exported[req.GetReference()] = ck.GetId()
+	f.exported[req.GetReference()] = proto.CloneOf(ck)
 	sum := sha256.Sum256([]byte(ck.GetId() + req.GetReference()))
 	return &controldv1.ExportCheckpointResponse{Reference: req.GetReference(), Digest: "sha256:" + hex.EncodeToString(sum[:]),
 		SizeBytes: ck.GetMemoryBytes() + ck.GetLayerBytes()}, nil
 }
 
+// reference checks an image reference to export to or import from.
+func reference(ref string) error {
+	if ref == "" {
+		return errdefs.InvalidField("reference", "required")
+	}
+	return rules.Image("reference", ref)
+}
+
+// ImportCheckpoint registers an exported checkpoint under a new id, its
+// name, labels and proofs kept (a name in use here is ALREADY_EXISTS), as
+// controld does.
 func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
-	if err := requireID("reference", req.GetReference()); err != nil {
+	if err := reference(req.GetReference()); err != nil {
 		return nil, rpcErr(err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	src, ok := f.checkpoints[f.exported[req.GetReference()]]
+	src, ok := f.exported[req.GetReference()]
 	if !ok {
 		return nil, rpcErr(notFound("checkpoint image", "IMAGE_NOT_FOUND", req.GetReference()))
 	}
+	if err := f.nameFree(src.GetName()); err != nil {
+		return nil, rpcErr(err)
+	}
 	ck := proto.CloneOf(src)
-	ck.Id, ck.Name, ck.ChildIds, ck.LiveForks, ck.CreatedAt = f.newID("ck"), "", nil, 0, timestamppb.Now()
+	ck.Id, ck.ChildIds, ck.LiveForks = rules.NewID(rules.PrefixCheckpoint), nil, 0
+	if parent, ok := f.checkpoints[ck.GetParentCheckpointId()]; ok {
+		parent.ChildIds = append(parent.ChildIds, ck.Id)
+	} else {
+		ck.ParentCheckpointId = ""
+	}
 	f.checkpoints[ck.Id] = ck
 	return &controldv1.ImportCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
 }
@@ -876,16 +888,31 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 // ---- pools
 
 func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest) (*controldv1.CreatePoolResponse, error) {
-	if err := requireID("name", req.GetName()); err != nil {
+	if err := rules.Name("name", req.GetName()); err != nil {
 		return nil, rpcErr(err)
 	}
-	if n := req.GetSize(); n < 1 || n > 64 {
-		return nil, rpcErr(errdefs.InvalidField("size", "must be 1..64, got %d", n))
+	switch src := req.GetSource().(type) {
+	case nil:
+		return nil, rpcErr(errdefs.InvalidField("source", "one of image or checkpoint_id is required"))
+	case *controldv1.CreatePoolRequest_Image:
+		if src.Image == "" {
+			return nil, rpcErr(errdefs.InvalidField("image", "must not be empty (omit it for a checkpoint pool)"))
+		}
+		if err := rules.Image("image", src.Image); err != nil {
+			return nil, rpcErr(err)
+		}
+	case *controldv1.CreatePoolRequest_CheckpointId:
+		if err := rules.CheckpointRef("checkpoint_id", src.CheckpointId); err != nil {
+			return nil, rpcErr(err)
+		}
 	}
-	if err := validScreen("screen", req.GetScreen()); err != nil {
+	if err := rules.PoolSize("size", req.GetSize()); err != nil {
 		return nil, rpcErr(err)
 	}
-	if err := validLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Screen("screen", req.GetScreen()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, rpcErr(err)
 	}
 	f.mu.Lock()
@@ -912,11 +939,11 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 		return nil, rpcErr(err)
 	}
 	for _, p := range f.pools {
-		if p.GetName() == req.GetName() {
-			return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "POOL_NAME_TAKEN", "pool name %q is taken by %s", req.GetName(), p.GetId()))
+		if req.GetName() != "" && p.GetName() == req.GetName() {
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrAlreadyExists, "POOL_NAME_TAKEN", "a pool named %q exists", req.GetName()))
 		}
 	}
-	p := &controldv1.Pool{Id: f.newID("pl"), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
+	p := &controldv1.Pool{Id: rules.NewID(rules.PrefixPool), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
 		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res, Network: nw}
 	switch src := req.GetSource().(type) {
 	case *controldv1.CreatePoolRequest_Image:
@@ -930,24 +957,17 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 			return nil, rpcErr(err)
 		}
 		p.CheckpointId, p.Frozen = ck.GetId(), true
-	default:
-		return nil, rpcErr(errdefs.InvalidField("source", "exactly one of image or checkpoint_id is required"))
 	}
 	f.pools[p.Id] = p
 	return &controldv1.CreatePoolResponse{Pool: proto.CloneOf(p)}, nil
 }
 
-func (f *Fake) getPool(id string) (*controldv1.Pool, error) {
-	if err := requireID("id", id); err != nil {
+func (f *Fake) getPool(field, id string) (*controldv1.Pool, error) {
+	if err := rules.PoolID(field, id); err != nil {
 		return nil, err
 	}
 	if p, ok := f.pools[id]; ok {
 		return p, nil
-	}
-	for _, p := range f.pools {
-		if p.GetName() == id {
-			return p, nil
-		}
 	}
 	return nil, notFound("pool", "POOL_NOT_FOUND", id)
 }
@@ -955,7 +975,7 @@ func (f *Fake) getPool(id string) (*controldv1.Pool, error) {
 func (f *Fake) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*controldv1.GetPoolResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p, err := f.getPool(req.GetId())
+	p, err := f.getPool("id", req.GetId())
 	if err != nil {
 		return nil, rpcErr(err)
 	}
@@ -964,19 +984,52 @@ func (f *Fake) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*co
 
 func (f *Fake) ListPools(ctx context.Context, req *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := &controldv1.ListPoolsResponse{}
+	var all []*controldv1.Pool
 	for _, p := range f.pools {
-		out.Pools = append(out.Pools, proto.CloneOf(p))
+		all = append(all, proto.CloneOf(p))
 	}
-	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].GetId() < out.Pools[j].GetId() })
-	return out, nil
+	f.mu.Unlock()
+	page, next, err := rules.Page(all, rules.PoolKey, req.GetPageSize(), req.GetPageToken(), req)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	return &controldv1.ListPoolsResponse{Pools: page, NextPageToken: next}, nil
+}
+
+// UpdatePool changes a pool's size as controld does: warm members past a
+// smaller size go, a larger pool fills up (after RefillDelay).
+func (f *Fake) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequest) (*controldv1.UpdatePoolResponse, error) {
+	if err := rules.PoolID("id", req.GetId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := rules.PoolSize("size", req.GetSize()); err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, err := f.getPool("id", req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	p.Size = req.GetSize()
+	if p.Available > p.Size {
+		p.Available = p.Size
+	}
+	if p.Available < p.Size && f.RefillDelay >= 0 {
+		id := p.GetId()
+		f.after(f.RefillDelay, func() {
+			if p, ok := f.pools[id]; ok {
+				p.Available = p.Size
+			}
+		})
+	}
+	return &controldv1.UpdatePoolResponse{Pool: proto.CloneOf(p)}, nil
 }
 
 func (f *Fake) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest) (*controldv1.DeletePoolResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p, err := f.getPool(req.GetId())
+	p, err := f.getPool("id", req.GetId())
 	if err != nil {
 		return nil, rpcErr(err)
 	}
@@ -985,29 +1038,39 @@ func (f *Fake) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest
 }
 
 func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
-	if err := requireID("pool_id", req.GetPoolId()); err != nil {
+	resp, err := f.dedup.Do(ctx, controldv1.PoolService_ClaimPool_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.ClaimPoolResponse{} }, nil,
+		func(context.Context, rules.Request) (proto.Message, error) { return f.claimPool(req) })
+	if err != nil {
 		return nil, rpcErr(err)
 	}
-	if err := validLabels("labels", req.GetLabels()); err != nil {
-		return nil, rpcErr(err)
+	return resp.(*controldv1.ClaimPoolResponse), nil
+}
+
+func (f *Fake) claimPool(req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
+	if err := rules.PoolID("pool_id", req.GetPoolId()); err != nil {
+		return nil, err
 	}
-	if err := validTTL("ttl", req.GetTtl()); err != nil {
-		return nil, rpcErr(err)
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if _, err := rules.TTL("ttl", req.GetTtl()); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p, err := f.getPool(req.GetPoolId())
+	p, err := f.getPool("pool_id", req.GetPoolId())
 	if err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(p.GetNetwork()), req.GetNetworkPolicy(), p.GetNetwork().GetPolicy())
 	if err != nil {
-		return nil, rpcErr(err)
+		return nil, err
 	}
 	hit := p.Available > 0
 	if !hit {
 		if err := f.admit(p.GetResources()); err != nil {
-			return nil, rpcErr(err)
+			return nil, err
 		}
 	}
 	took := 2 * time.Millisecond
@@ -1031,6 +1094,7 @@ func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 		labels = map[string]string{}
 	}
 	maps.Copy(labels, req.GetLabels())
+	labels[rules.PoolIDLabel] = p.GetId()
 	image := p.GetImage()
 	if ck, ok := f.checkpoints[p.GetCheckpointId()]; ok {
 		image = ck.GetImage()
@@ -1077,7 +1141,7 @@ func (f *Fake) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	sb, err := f.getSandbox(req.GetSandboxId())
+	sb, err := f.getSandboxField("sandbox_id", req.GetSandboxId())
 	if err != nil {
 		return nil, rpcErr(err)
 	}
@@ -1096,7 +1160,7 @@ func (f *Fake) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest
 		if n >= netpolicy.MaxExposedPorts {
 			return nil, rpcErr(errdefs.WithReason(errdefs.ErrResourceExhausted, "TOO_MANY_PORTS", "sandbox %s exposes %d ports already", sb.GetId(), n))
 		}
-		tok = "port-" + f.newID("tk")
+		tok = "port-" + rules.NewID("tk-")
 		f.ports[key] = tok
 	}
 	return &controldv1.ExposePortResponse{Url: fmt.Sprintf("http://fake-gateway/v1/sandboxes/%s/ports/%d/", sb.GetId(), req.GetPort()), Token: tok}, nil
@@ -1108,7 +1172,7 @@ func (f *Fake) UnexposePort(ctx context.Context, req *controldv1.UnexposePortReq
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := f.getSandbox(req.GetSandboxId()); err != nil {
+	if _, err := f.getSandboxField("sandbox_id", req.GetSandboxId()); err != nil {
 		return nil, rpcErr(err)
 	}
 	key := fmt.Sprintf("%s/%d", req.GetSandboxId(), req.GetPort())
@@ -1117,4 +1181,53 @@ func (f *Fake) UnexposePort(ctx context.Context, req *controldv1.UnexposePortReq
 	}
 	delete(f.ports, key)
 	return &controldv1.UnexposePortResponse{}, nil
+}
+
+// ExtendSandbox sets a sandbox's expiry to ttl from now, as controld does.
+func (f *Fake) ExtendSandbox(ctx context.Context, req *controldv1.ExtendSandboxRequest) (*controldv1.ExtendSandboxResponse, error) {
+	if err := rules.SandboxID("id", req.GetId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	ttl, err := rules.RequiredTTL("ttl", req.GetTtl())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandbox(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	sb.ExpiresAt = timestamppb.New(time.Now().Add(ttl))
+	f.expire(sb.GetId(), ttl)
+	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
+	return &controldv1.ExtendSandboxResponse{Sandbox: proto.CloneOf(sb)}, nil
+}
+
+// requestStore keeps the finished requests of request ids in memory.
+type requestStore struct {
+	mu sync.Mutex
+	m  map[string]*rules.RequestRecord
+}
+
+func (s *requestStore) GetRequest(key string) (*rules.RequestRecord, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[key], nil
+}
+
+func (s *requestStore) PutRequest(r *rules.RequestRecord) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]*rules.RequestRecord{}
+	}
+	now := time.Now()
+	for k, old := range s.m { // forget expired ids
+		if now.After(old.Expires) {
+			delete(s.m, k)
+		}
+	}
+	s.m[r.Key] = r
+	return nil
 }

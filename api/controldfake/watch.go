@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 // watcher is one WatchSandboxes stream. Events queue without bound (a fake
@@ -22,7 +23,7 @@ func (w *watcher) matches(sb *controldv1.Sandbox) bool {
 	if len(w.req.GetIds()) > 0 && !slices.Contains(w.req.GetIds(), sb.GetId()) {
 		return false
 	}
-	return labelsMatch(sb.GetLabels(), w.req.GetLabels())
+	return rules.MatchLabels(sb.GetLabels(), w.req.GetLabels())
 }
 
 // emit queues an event for every matching watcher; the caller holds f.mu.
@@ -40,6 +41,14 @@ func (f *Fake) emit(t controldv1.SandboxEventType, sb *controldv1.Sandbox, phase
 }
 
 func (f *Fake) WatchSandboxes(req *controldv1.WatchSandboxesRequest, stream grpc.ServerStreamingServer[controldv1.WatchSandboxesResponse]) error {
+	for i, id := range req.GetIds() {
+		if err := rules.SandboxID(rules.FieldIndex("ids", i), id); err != nil {
+			return rpcErr(err)
+		}
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return rpcErr(err)
+	}
 	w := &watcher{req: req, notify: make(chan struct{}, 1), done: make(chan struct{})}
 	f.mu.Lock()
 	if f.closed {

@@ -57,8 +57,8 @@ def test_invalid_arguments_name_the_field(fake):
             c.create_sandbox(resources=(0, 1))
         assert e.value.field == "resources.memory_bytes"
         with pytest.raises(forkfleet.InvalidArgument) as e:
-            c.create_sandbox(labels={"-bad": "x"})
-        assert e.value.field == "labels"
+            c.create_sandbox(labels={"bad key": "x"})
+        assert e.value.field == 'labels["bad key"]'
         with pytest.raises(forkfleet.InvalidArgument) as e:
             c.create_sandbox(ttl=-1)
         assert e.value.field == "ttl"
@@ -107,11 +107,15 @@ def test_checkpoints_fork_export_import(fake):
         assert e.value.reason == "CHECKPOINT_HAS_CHILDREN"
         exp = ck.export("registry.example/forkfleet/ck:" + lb["test"])
         assert exp.digest.startswith("sha256:") and exp.size_bytes > 0
-        imported = c.import_checkpoint(exp.reference)
-        assert imported.id != ck.id and imported.info.image == ck.info.image
+        # An import keeps the name, which must be free here (as controld).
+        with pytest.raises(forkfleet.AlreadyExists) as e:
+            c.import_checkpoint(exp.reference)
+        assert e.value.reason == "CHECKPOINT_NAME_TAKEN"
         with pytest.raises(forkfleet.NotFound):
             c.import_checkpoint("registry.example/none:0")
         assert set(ck.delete(cascade=True)) == {ck.id, child.id}
+        imported = c.import_checkpoint(exp.reference)
+        assert imported.id != ck.id and imported.info.image == ck.info.image and imported.info.name == name
         imported.delete()
         for r in replicas:
             r.delete()
@@ -137,9 +141,9 @@ def test_pools(fake):
         assert p.frozen and p.size == 1 and p.checkpoint_id == ck.id
         with pytest.raises(forkfleet.AlreadyExists):
             c.create_pool(name, 1, image="localhost/forkfleet/desktop:latest")
-        assert c.get_pool(name).id == p.id
+        assert c.get_pool(p.id).name == name
         assert p.id in [x.id for x in c.list_pools()]
-        first = c.claim(name, labels={"claim": "1"}, ttl=600)
+        first = c.claim(p.id, labels={"claim": "1"}, ttl=600)
         assert first.hit and isinstance(first.sandbox, forkfleet.Sandbox)
         assert first.sandbox.info.checkpoint_id == ck.id and first.sandbox.info.labels["claim"] == "1"
         with pytest.raises(forkfleet.FailedPrecondition) as e:
@@ -176,7 +180,7 @@ async def test_async_client_timeout_and_cancel(fake):
         # Canceling the task of a call cancels its RPC: a watch that would
         # wait forever ends.
         async def watch_forever():
-            async for _ in c.watch(ids=["sb-none"]):
+            async for _ in c.watch(ids=["sb-aaaaaaaaaaaaaaaa"]):
                 pass
         task = asyncio.create_task(watch_forever())
         await asyncio.sleep(0.2)
@@ -258,3 +262,31 @@ def test_service_config_matches_go_client():
 
     go = pathlib.Path(__file__).resolve().parents[2] / "api" / "client" / "serviceconfig.json"
     assert json.loads(client_mod.SERVICE_CONFIG) == json.loads(go.read_text())
+
+
+def test_request_ids_pages_extend_update_pool(fake):
+    """Creating calls carry a request id (a repeat returns the first result);
+    lists follow their pages; a sandbox's TTL is extended; a pool resized."""
+    lb = labels()
+    with forkfleet.Client(fake.target, token="") as c:
+        first = c.create_sandbox(labels=lb, request_id="py-req-1", wait_ready=True)
+        again = c.create_sandbox(labels=lb, request_id="py-req-1", wait_ready=True)
+        assert again.id == first.id
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.create_sandbox(labels={"other": "x"}, request_id="py-req-1")
+        assert e.value.field == "request_id"
+        # Without a request id the client makes one per call: two calls, two sandboxes.
+        c.create_sandbox(labels=lb)
+        c.create_sandbox(labels=lb)
+        got = c.list_sandboxes(labels=lb, page_size=1)  # three pages, followed
+        assert len(got) == 3 and got[0].id == first.id
+        info = first.extend(3600)
+        assert info.HasField("expires_at")
+        pool = c.create_pool("py-resize-" + lb["test"], 1, image="localhost/forkfleet/desktop:latest")
+        assert c.update_pool(pool.id, 3).size == 3
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.update_pool(pool.id, 0)
+        assert e.value.field == "size"
+        c.delete_pool(pool.id)
+        for s in got:
+            c.sandbox(s.id).delete()

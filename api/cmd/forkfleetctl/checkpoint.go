@@ -21,8 +21,8 @@ func checkpointCmd(g *globals) *cobra.Command {
 
 func checkpointCreateCmd(g *globals) *cobra.Command {
 	var (
-		tier, name string
-		stop       bool
+		tier, name, requestID string
+		stop                  bool
 	)
 	cmd := &cobra.Command{
 		Use:               "create SANDBOX",
@@ -34,6 +34,7 @@ func checkpointCreateCmd(g *globals) *cobra.Command {
 	fs.StringVar(&tier, "tier", "memory", "memory (processes, memory, writable layer) or disk (writable layer only)")
 	fs.StringVar(&name, "name", "", "a name, unique among checkpoints")
 	fs.BoolVar(&stop, "stop", false, "stop the source afterwards")
+	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same checkpoint")
 	labels := addKeyValues(fs, "label", "label of the checkpoint")
 	_ = cmd.RegisterFlagCompletionFunc("tier", cobra.FixedCompletions(sortedNames(tierByName), cobra.ShellCompDirectiveNoFileComp))
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
@@ -47,6 +48,9 @@ func checkpointCreateCmd(g *globals) *cobra.Command {
 		}
 		if stop {
 			opts = append(opts, client.WithStop())
+		}
+		if requestID != "" {
+			opts = append(opts, client.WithRequestID(requestID))
 		}
 		l, err := labels.Map()
 		if err != nil {
@@ -92,10 +96,11 @@ func checkpointListCmd(g *globals) *cobra.Command {
 	var root string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List checkpoints (ListCheckpoints)",
+		Short: "List checkpoints, oldest first (ListCheckpoints)",
 		Args:  usageArgs(cobra.NoArgs),
 	}
 	cmd.Flags().StringVar(&root, "root", "", "only checkpoints descending from this one (itself included)")
+	pg := addPageFlags(cmd.Flags())
 	labels := addKeyValues(cmd.Flags(), "label", "only checkpoints with this label")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		l, err := labels.Map()
@@ -110,11 +115,16 @@ func checkpointListCmd(g *globals) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		cks, err := c.ListCheckpoints(g.ctx, opts...)
+		cks, next, err := pages(pg, func(token string) ([]*controldv1.Checkpoint, string, error) {
+			return c.ListCheckpointsPage(g.ctx, token, append(opts, pg.option())...)
+		})
 		if err != nil {
 			return err
 		}
-		return g.emit(&controldv1.ListCheckpointsResponse{Checkpoints: cks}, func(w io.Writer) { checkpointRows(w, cks) })
+		return g.emit(&controldv1.ListCheckpointsResponse{Checkpoints: cks, NextPageToken: next}, func(w io.Writer) {
+			checkpointRows(w, cks)
+			pageFooter(w, next)
+		})
 	}
 	return cmd
 }
@@ -155,9 +165,10 @@ func checkpointDeleteCmd(g *globals) *cobra.Command {
 
 func checkpointForkCmd(g *globals) *cobra.Command {
 	var (
-		n      int
-		ttl    time.Duration
-		levels []string
+		n         int
+		ttl       time.Duration
+		levels    []string
+		requestID string
 	)
 	cmd := &cobra.Command{
 		Use:               "fork CHECKPOINT",
@@ -169,6 +180,7 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 	fs.IntVarP(&n, "count", "n", 1, "replicas")
 	fs.DurationVar(&ttl, "ttl", 0, "delete each replica this long after creation")
 	fs.StringArrayVar(&levels, "verify", nil, "verify every replica at this level (repeatable; none to skip; default: what the checkpoint supports)")
+	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same replicas")
 	labels := addKeyValues(fs, "label", "label of every replica")
 	res := addResourceFlags(fs)
 	pol := addPolicyFlags(fs)
@@ -180,6 +192,9 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		opts, err := forkOptions(ttl, levels, labels, res, pol)
 		if err != nil {
 			return err
+		}
+		if requestID != "" {
+			opts = append(opts, client.WithRequestID(requestID))
 		}
 		c, err := g.client()
 		if err != nil {

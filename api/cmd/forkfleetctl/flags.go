@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/forkfleet/forkfleet/api/client"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 )
@@ -250,4 +251,44 @@ func sortedNames[E ~int32](byName map[string]E) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// pageFlags are a List call's paging: without --page-size every page is
+// fetched; with it, one page, whose next token the output carries.
+type pageFlags struct {
+	size  int
+	token string
+}
+
+func addPageFlags(fs *pflag.FlagSet) *pageFlags {
+	p := &pageFlags{}
+	fs.IntVar(&p.size, "page-size", 0, "one page of at most this many (1..1000; its next token is printed); default: every page")
+	fs.StringVar(&p.token, "page-token", "", "the page after the one that printed this token (with the same filters)")
+	return p
+}
+
+func (p *pageFlags) option() client.PageOption { return client.WithPageSize(p.size) }
+
+// pages runs a List call: one page (from --page-token) with --page-size,
+// else every page.
+func pages[T any](p *pageFlags, page func(token string) ([]T, string, error)) ([]T, string, error) {
+	if p.size < 0 || p.size > 1000 {
+		return nil, "", usagef("--page-size %d: want 1..1000", p.size)
+	}
+	if p.size > 0 || p.token != "" {
+		return page(p.token)
+	}
+	var out []T
+	token := ""
+	for {
+		items, next, err := page(token)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, "", nil
+		}
+		token = next
+	}
 }

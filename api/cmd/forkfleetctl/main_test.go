@@ -137,6 +137,9 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"pool", "create", "p", "--size", "2", "--image", "i", "--checkpoint", "c"}, "exactly one"},
 		{[]string{"pool", "create", "p", "--image", "i"}, "--size 0"},
 		{[]string{"-o", "yaml", "sandbox", "list"}, `--output "yaml"`},
+		{[]string{"sandbox", "extend", "sb-x"}, "--ttl"},
+		{[]string{"pool", "resize", "pl-x"}, "--size 0"},
+		{[]string{"sandbox", "list", "--page-size", "5000"}, "--page-size 5000"},
 	} {
 		code, out, errOut := ctl(t, nowhere, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
@@ -225,9 +228,15 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if exp.GetDigest() == "" {
 		t.Fatalf("export: %v", exp)
 	}
-	if got := ok[*controldv1.ImportCheckpointResponse](t, target, "checkpoint", "import", "registry.example/ck:v1"); got.GetCheckpoint().GetId() == "" {
-		t.Fatalf("import: %v", got)
+	// An import keeps the checkpoint's name, taken here until it is gone.
+	if code, _, errOut := ctl(t, target, "checkpoint", "import", "registry.example/ck:v1"); code != exitError || !strings.Contains(errOut, "exists") {
+		t.Fatalf("import while the name is taken: %d %q", code, errOut)
 	}
+	again := ok[*controldv1.CreateCheckpointResponse](t, target, "checkpoint", "create", id, "--request-id", "cli-ck")
+	if got := ok[*controldv1.CreateCheckpointResponse](t, target, "checkpoint", "create", id, "--request-id", "cli-ck"); got.GetCheckpoint().GetId() != again.GetCheckpoint().GetId() {
+		t.Fatalf("checkpoint create with one request id twice: %v / %v", got, again)
+	}
+	ok[*controldv1.DeleteCheckpointResponse](t, target, "checkpoint", "delete", again.GetCheckpoint().GetId())
 
 	egress := ok[*controldv1.CreateSandboxResponse](t, target, "sandbox", "create", "--egress", "--allow", "203.0.113.0/24:tcp:443,8000-8100").GetSandbox()
 	if r := egress.GetNetwork().GetPolicy().GetAllow(); len(r) != 1 || r[0].GetPorts()[1].GetLast() != 8100 {
@@ -256,10 +265,33 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if claim.GetSandbox().GetId() == "" || claim.GetEndpoint() == nil {
 		t.Fatalf("claim: %v", claim)
 	}
+	if again := ok[*controldv1.ClaimPoolResponse](t, target, "pool", "claim", pl.GetId(), "--request-id", "cli-claim"); again.GetSandbox().GetId() !=
+		ok[*controldv1.ClaimPoolResponse](t, target, "pool", "claim", pl.GetId(), "--request-id", "cli-claim").GetSandbox().GetId() {
+		t.Fatal("claim with one request id twice: two sandboxes")
+	}
+	if got := ok[*controldv1.UpdatePoolResponse](t, target, "pool", "resize", pl.GetId(), "--size", "3"); got.GetPool().GetSize() != 3 {
+		t.Fatalf("resize: %v", got)
+	}
 	ok[*controldv1.DeletePoolResponse](t, target, "pool", "delete", pl.GetId())
 	del := ok[*controldv1.DeleteCheckpointResponse](t, target, "checkpoint", "delete", ck.GetId(), "--cascade")
 	if len(del.GetDeletedIds()) == 0 {
 		t.Fatalf("checkpoint delete: %v", del)
+	}
+	if got := ok[*controldv1.ImportCheckpointResponse](t, target, "checkpoint", "import", "registry.example/ck:v1"); got.GetCheckpoint().GetName() != "base" {
+		t.Fatalf("import: %v", got)
+	}
+	if got := ok[*controldv1.ExtendSandboxResponse](t, target, "sandbox", "extend", id, "--ttl", "2h"); got.GetSandbox().GetExpiresAt() == nil {
+		t.Fatalf("extend: %v", got)
+	}
+	// One page, then the rest by its token.
+	page := ok[*controldv1.ListSandboxesResponse](t, target, "sandbox", "list", "--page-size", "1")
+	if len(page.GetSandboxes()) != 1 || page.GetNextPageToken() == "" {
+		t.Fatalf("one page: %v", page)
+	}
+	rest := ok[*controldv1.ListSandboxesResponse](t, target, "sandbox", "list", "--page-token", page.GetNextPageToken(), "--page-size", "1000")
+	all := ok[*controldv1.ListSandboxesResponse](t, target, "sandbox", "list")
+	if len(rest.GetSandboxes())+1 != len(all.GetSandboxes()) || all.GetNextPageToken() != "" {
+		t.Fatalf("pages %d+1, all %d", len(rest.GetSandboxes()), len(all.GetSandboxes()))
 	}
 	ok[*controldv1.DeleteSandboxResponse](t, target, "sandbox", "delete", id)
 
@@ -276,7 +308,7 @@ func TestCommandsAgainstFake(t *testing.T) {
 	}
 
 	// What controld refuses exits 1 with its error.
-	if code, _, errOut := ctl(t, target, "sandbox", "get", "sb-0000000000000000"); code != exitError || !strings.Contains(errOut, "not found") {
+	if code, _, errOut := ctl(t, target, "sandbox", "get", "sb-aaaaaaaaaaaaaaaa"); code != exitError || !strings.Contains(errOut, "not found") {
 		t.Fatalf("not found: %d %q", code, errOut)
 	}
 }

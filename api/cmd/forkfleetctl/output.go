@@ -174,6 +174,13 @@ func verifyRows(w io.Writer, res []*controldv1.VerifyResult) {
 	}
 }
 
+// pageFooter names the next page's token under a table of one page.
+func pageFooter(w io.Writer, next string) {
+	if next != "" {
+		fmt.Fprintf(w, "\nmore: --page-token %s\n", next)
+	}
+}
+
 // --- values ---
 
 func waterfall(sb *controldv1.Sandbox) string {

@@ -14,7 +14,7 @@ import (
 
 func poolCmd(g *globals) *cobra.Command {
 	c := group("pool", "Keep warm sandboxes ready to claim (PoolService)", "pl", "pools")
-	c.AddCommand(poolCreateCmd(g), poolGetCmd(g), poolListCmd(g), poolDeleteCmd(g), poolClaimCmd(g))
+	c.AddCommand(poolCreateCmd(g), poolGetCmd(g), poolListCmd(g), poolDeleteCmd(g), poolClaimCmd(g), poolResizeCmd(g))
 	return c
 }
 
@@ -102,22 +102,55 @@ func poolGetCmd(g *globals) *cobra.Command {
 }
 
 func poolListCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List pools (ListPools)",
+		Short: "List pools by id (ListPools)",
 		Args:  usageArgs(cobra.NoArgs),
-		RunE: func(*cobra.Command, []string) error {
+	}
+	pg := addPageFlags(cmd.Flags())
+	cmd.RunE = func(*cobra.Command, []string) error {
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		pls, next, err := pages(pg, func(token string) ([]*controldv1.Pool, string, error) {
+			return c.ListPoolsPage(g.ctx, token, pg.option())
+		})
+		if err != nil {
+			return err
+		}
+		return g.emit(&controldv1.ListPoolsResponse{Pools: pls, NextPageToken: next}, func(w io.Writer) {
+			poolRows(w, pls)
+			pageFooter(w, next)
+		})
+	}
+	return cmd
+}
+
+func poolResizeCmd(g *globals) *cobra.Command {
+	var size int
+	cmd := &cobra.Command{
+		Use:               "resize POOL --size N",
+		Short:             "Change a pool's size: fill up to a larger one, remove warm members past a smaller one (UpdatePool)",
+		Args:              usageArgs(cobra.ExactArgs(1)),
+		ValidArgsFunction: g.completePools,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if size < 1 {
+				return usagef("--size %d: want at least 1", size)
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			pls, err := c.ListPools(g.ctx)
+			p, err := c.UpdatePool(g.ctx, args[0], size)
 			if err != nil {
 				return err
 			}
-			return g.emit(&controldv1.ListPoolsResponse{Pools: pls}, func(w io.Writer) { poolRows(w, pls) })
+			return g.emit(&controldv1.UpdatePoolResponse{Pool: p}, func(w io.Writer) { poolRows(w, []*controldv1.Pool{p}) })
 		},
 	}
+	cmd.Flags().IntVar(&size, "size", 0, "the new size, 1..64 (required)")
+	return cmd
 }
 
 func poolDeleteCmd(g *globals) *cobra.Command {
@@ -145,7 +178,10 @@ func poolDeleteCmd(g *globals) *cobra.Command {
 }
 
 func poolClaimCmd(g *globals) *cobra.Command {
-	var ttl time.Duration
+	var (
+		ttl       time.Duration
+		requestID string
+	)
 	cmd := &cobra.Command{
 		Use:               "claim POOL",
 		Short:             "Take a usable sandbox from a pool, warm on a hit (ClaimPool)",
@@ -154,12 +190,16 @@ func poolClaimCmd(g *globals) *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.DurationVar(&ttl, "ttl", 0, "delete the claimed sandbox this long after the claim")
+	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same sandbox")
 	labels := addKeyValues(fs, "label", "label of the claimed sandbox")
 	pol := addPolicyFlags(fs)
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		var opts []client.ClaimOption
 		if ttl != 0 {
 			opts = append(opts, client.WithTTL(ttl))
+		}
+		if requestID != "" {
+			opts = append(opts, client.WithRequestID(requestID))
 		}
 		l, err := labels.Map()
 		if err != nil {

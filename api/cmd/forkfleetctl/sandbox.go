@@ -21,17 +21,17 @@ func sandboxCmd(g *globals) *cobra.Command {
 	c.AddCommand(
 		sandboxCreateCmd(g), sandboxGetCmd(g), sandboxListCmd(g), sandboxDeleteCmd(g), sandboxWaitCmd(g),
 		sandboxWatchCmd(g), sandboxEndpointCmd(g), sandboxSuspendCmd(g), sandboxResumeCmd(g), sandboxVerifyCmd(g),
-		sandboxNetworkCmd(g), sandboxExposeCmd(g), sandboxUnexposeCmd(g), sandboxScreenshotCmd(g),
+		sandboxNetworkCmd(g), sandboxExposeCmd(g), sandboxUnexposeCmd(g), sandboxScreenshotCmd(g), sandboxExtendCmd(g),
 	)
 	return c
 }
 
 func sandboxCreateCmd(g *globals) *cobra.Command {
 	var (
-		image, screen string
-		ttl           time.Duration
-		root, noWait  bool
-		egress        bool
+		image, screen, requestID string
+		ttl                      time.Duration
+		root, noWait             bool
+		egress                   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -45,6 +45,7 @@ func sandboxCreateCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&root, "root", false, "run exec, launch and the session apps as root (default: the image's unprivileged user)")
 	fs.BoolVar(&noWait, "no-wait", false, "return once the sandbox is created, before it is usable")
 	fs.BoolVar(&egress, "egress", false, "network mode egress: the outside through NAT, under --allow/--deny (default: loopback only)")
+	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same sandbox (default: a fresh id)")
 	labels := addKeyValues(fs, "label", "label of the sandbox")
 	env := addKeyValues(fs, "env", "environment variable of the session")
 	res := addResourceFlags(fs)
@@ -62,6 +63,9 @@ func sandboxCreateCmd(g *globals) *cobra.Command {
 		}
 		if ttl != 0 {
 			opts = append(opts, client.WithTTL(ttl))
+		}
+		if requestID != "" {
+			opts = append(opts, client.WithRequestID(requestID))
 		}
 		spec, err := specOptions(screen, labels, res)
 		if err != nil {
@@ -127,10 +131,11 @@ func sandboxListCmd(g *globals) *cobra.Command {
 	var states []string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List sandboxes (ListSandboxes)",
+		Short: "List sandboxes, oldest first (ListSandboxes)",
 		Args:  usageArgs(cobra.NoArgs),
 	}
 	fs := cmd.Flags()
+	pg := addPageFlags(fs)
 	fs.StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable: any of them)")
 	labels := addKeyValues(fs, "label", "only sandboxes with this label")
 	_ = cmd.RegisterFlagCompletionFunc("state", cobra.FixedCompletions(sortedNames(stateByName), cobra.ShellCompDirectiveNoFileComp))
@@ -147,11 +152,17 @@ func sandboxListCmd(g *globals) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		sbs, err := c.ListSandboxes(g.ctx, client.WithLabels(l), client.WithStates(st...))
+		opts := []client.ListOption{client.WithLabels(l), client.WithStates(st...)}
+		sbs, next, err := pages(pg, func(token string) ([]*controldv1.Sandbox, string, error) {
+			return c.ListSandboxesPage(g.ctx, token, append(opts, pg.option())...)
+		})
 		if err != nil {
 			return err
 		}
-		return g.emit(&controldv1.ListSandboxesResponse{Sandboxes: sbs}, func(w io.Writer) { sandboxRows(w, sbs) })
+		return g.emit(&controldv1.ListSandboxesResponse{Sandboxes: sbs, NextPageToken: next}, func(w io.Writer) {
+			sandboxRows(w, sbs)
+			pageFooter(w, next)
+		})
 	}
 	return cmd
 }
@@ -561,3 +572,29 @@ func networkOption(egress bool, pol *policyFlags) (client.NetworkOption, error) 
 }
 
 func enumShort(name, prefix string) string { return strings.ToLower(strings.TrimPrefix(name, prefix)) }
+
+func sandboxExtendCmd(g *globals) *cobra.Command {
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:               "extend ID --ttl DURATION",
+		Short:             "Set when a sandbox is deleted: --ttl from now (ExtendSandbox)",
+		Args:              usageArgs(cobra.ExactArgs(1)),
+		ValidArgsFunction: g.completeSandboxes,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if ttl <= 0 {
+				return usagef("--ttl %v: want a positive duration, e.g. 2h", ttl)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb := c.Sandbox(args[0])
+			if err := sb.Extend(g.ctx, ttl); err != nil {
+				return err
+			}
+			return g.emit(&controldv1.ExtendSandboxResponse{Sandbox: sb.Info()}, func(w io.Writer) { sandboxDetail(w, sb.Info(), nil) })
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "delete the sandbox this long from now (required)")
+	return cmd
+}

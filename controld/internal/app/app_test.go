@@ -22,6 +22,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -277,7 +278,7 @@ func TestControldEndToEnd(t *testing.T) {
 		return err == nil && g.Pool.Available == 1
 	})
 	cl, err := d.pl.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: pr.Pool.Id, Labels: map[string]string{"app": "claimed"}})
-	if err != nil || !cl.Hit || cl.Sandbox.Labels[fleet.PoolIDLabel] != pr.Pool.Id {
+	if err != nil || !cl.Hit || cl.Sandbox.Labels[rules.PoolIDLabel] != pr.Pool.Id {
 		t.Fatalf("claim: %v %v", cl, err)
 	}
 	if _, err := d.pl.DeletePool(ctx, &controldv1.DeletePoolRequest{Id: pr.Pool.Id}); err != nil {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -23,6 +22,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -66,22 +66,58 @@ func refFromStore(r store.CheckpointRef) CheckpointRef {
 // after the runtime finished and the directory is in place under its final
 // name.
 func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.Checkpoint, error) {
+	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_CreateCheckpoint_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.CreateCheckpointResponse{} }, m.recoverCheckpoint,
+		func(ctx context.Context, r rules.Request) (proto.Message, error) {
+			ck, err := m.createCheckpoint(ctx, req, requestTag(r))
+			if err != nil {
+				return nil, err
+			}
+			return &controldv1.CreateCheckpointResponse{Checkpoint: ck}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return resp.(*controldv1.CreateCheckpointResponse).GetCheckpoint(), nil
+}
+
+// recoverCheckpoint answers a repeated CreateCheckpoint with the checkpoint
+// its first call committed (controld restarted before it answered).
+func (m *Manager) recoverCheckpoint(_ context.Context, key string, fp []byte) (proto.Message, bool, error) {
+	m.mu.Lock()
+	var found *store.CheckpointRecord
+	for _, c := range m.checkpoints {
+		if r := c.Request; r != nil && r.Key == key && time.Since(c.Checkpoint.GetCreatedAt().AsTime()) <= rules.RequestIDTTL {
+			found = c
+		}
+	}
+	m.mu.Unlock()
+	if found == nil {
+		return nil, false, nil
+	}
+	if err := rules.CheckFingerprint(key, fp, found.Request.Fingerprint); err != nil {
+		return nil, false, err
+	}
+	ck, err := m.checkpointView(found.Checkpoint.Id)
+	if err != nil {
+		return nil, false, nil // deleted meanwhile: a new one
+	}
+	return &controldv1.CreateCheckpointResponse{Checkpoint: ck}, true, nil
+}
+
+func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag) (*controldv1.Checkpoint, error) {
 	start := time.Now()
-	if err := validateSandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return nil, err
 	}
-	tier := req.GetTier()
-	switch tier {
-	case controldv1.CheckpointTier_CHECKPOINT_TIER_UNSPECIFIED:
-		tier = controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY
-	case controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, controldv1.CheckpointTier_CHECKPOINT_TIER_DISK:
-	default:
-		return nil, errdefs.InvalidField("tier", "unknown tier %d", tier)
-	}
-	if err := validateName("name", req.GetName()); err != nil {
+	tier, err := rules.Tier("tier", req.GetTier())
+	if err != nil {
 		return nil, err
 	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Name("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(req.GetSandboxId())
@@ -109,7 +145,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		}
 	}
 
-	id := newID(prefixCheckpoint)
+	id := rules.NewID(rules.PrefixCheckpoint)
 	ctx, span := m.tracer.Start(ctx, "checkpoint.create", trace.WithAttributes(
 		attribute.String("checkpoint.id", id), attribute.String("sandbox.id", src.Sandbox.Id), attribute.String("tier", tier.String())))
 	defer span.End()
@@ -198,6 +234,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		Network: netpolicy.Normalize(src.Sandbox.GetNetwork()),
 	}
 	rec.FSDigest = res.FSDigest
+	rec.Request = tag
 	rec.Checkpoint.VerifyLevels = levelsFor(tier, rec)
 	if err := m.commitCheckpoint(rec); err != nil {
 		m.dropRuntimeCheckpoint(res.Ref, final)
@@ -419,7 +456,7 @@ func (m *Manager) liveForksLocked(ckID string) int {
 
 // GetCheckpoint returns a checkpoint by id or name.
 func (m *Manager) GetCheckpoint(_ context.Context, idOrName string) (*controldv1.Checkpoint, error) {
-	if err := validateCheckpointRef("id", idOrName); err != nil {
+	if err := rules.CheckpointRef("id", idOrName); err != nil {
 		return nil, err
 	}
 	c, err := m.findCheckpoint(idOrName)
@@ -431,18 +468,20 @@ func (m *Manager) GetCheckpoint(_ context.Context, idOrName string) (*controldv1
 
 // ListCheckpoints returns checkpoints matching every label, limited to the
 // tree under root_id when set, oldest first.
-func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpointsRequest) ([]*controldv1.Checkpoint, error) {
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
-		return nil, err
+// ListCheckpoints returns the page of matching checkpoints the request asks
+// for (oldest first) and the next page's token.
+func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpointsRequest) ([]*controldv1.Checkpoint, string, error) {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, "", err
 	}
 	var within map[string]bool
 	if root := req.GetRootId(); root != "" {
-		if err := validateCheckpointRef("root_id", root); err != nil {
-			return nil, err
+		if err := rules.CheckpointRef("root_id", root); err != nil {
+			return nil, "", err
 		}
 		c, err := m.findCheckpoint(root)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		m.mu.Lock()
 		within = m.subtreeLocked(c.Checkpoint.Id)
@@ -454,20 +493,13 @@ func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpo
 		if within != nil && !within[id] {
 			continue
 		}
-		if !matchLabels(c.Checkpoint.Labels, req.GetLabels()) {
+		if !rules.MatchLabels(c.Checkpoint.Labels, req.GetLabels()) {
 			continue
 		}
 		out = append(out, m.checkpointViewLocked(c))
 	}
 	m.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		ti, tj := out[i].GetCreatedAt().AsTime(), out[j].GetCreatedAt().AsTime()
-		if !ti.Equal(tj) {
-			return ti.Before(tj)
-		}
-		return out[i].Id < out[j].Id
-	})
-	return out, nil
+	return rules.Page(out, rules.CheckpointKey, req.GetPageSize(), req.GetPageToken(), req)
 }
 
 // subtreeLocked returns root and its descendants.
@@ -492,7 +524,7 @@ func (m *Manager) subtreeLocked(root string) map[string]bool {
 // deepest first). Refused while children exist without cascade, while a
 // pool forks from it, or while forks of it run.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, idOrName string, cascade bool) ([]string, error) {
-	if err := validateCheckpointRef("id", idOrName); err != nil {
+	if err := rules.CheckpointRef("id", idOrName); err != nil {
 		return nil, err
 	}
 	m.ckMu.Lock()
@@ -594,7 +626,7 @@ func (m *Manager) deleteOneCheckpoint(ctx context.Context, id string) error {
 
 // VerifySandbox runs the verifiers of the sandbox's checkpoint against it.
 func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) ([]*controldv1.VerifyResult, error) {
-	if err := validateSandboxID("id", req.GetId()); err != nil {
+	if err := rules.SandboxID("id", req.GetId()); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(req.GetId())
@@ -611,7 +643,7 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 	if err != nil {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_GONE", "checkpoint %s of sandbox %s no longer exists", rec.Sandbox.CheckpointId, rec.Sandbox.Id)
 	}
-	levels, err := verifyLevels("levels", req.GetLevels(), ck.Checkpoint.VerifyLevels)
+	levels, err := rules.VerifyLevels("levels", req.GetLevels(), ck.Checkpoint.VerifyLevels)
 	if err != nil {
 		return nil, err
 	}
@@ -751,13 +783,13 @@ type exportedCheckpoint struct {
 
 // ExportCheckpoint writes a checkpoint as an OCI image (runtime permitting).
 func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
-	if err := validateCheckpointRef("id", req.GetId()); err != nil {
+	if err := rules.CheckpointRef("id", req.GetId()); err != nil {
 		return nil, err
 	}
 	if req.GetReference() == "" {
 		return nil, errdefs.InvalidField("reference", "required")
 	}
-	if err := validateImage("reference", req.GetReference()); err != nil {
+	if err := rules.Image("reference", req.GetReference()); err != nil {
 		return nil, err
 	}
 	c, err := m.findCheckpoint(req.GetId())
@@ -791,7 +823,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 	if req.GetReference() == "" {
 		return nil, errdefs.InvalidField("reference", "required")
 	}
-	if err := validateImage("reference", req.GetReference()); err != nil {
+	if err := rules.Image("reference", req.GetReference()); err != nil {
 		return nil, err
 	}
 	ex, err := exporterOf(m.rt)
@@ -800,7 +832,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 	}
 	ctx, span := m.tracer.Start(ctx, "checkpoint.import")
 	defer span.End()
-	id := newID(prefixCheckpoint)
+	id := rules.NewID(rules.PrefixCheckpoint)
 	tmp := m.tmpCheckpointDir(id)
 	ref, meta, err := ex.ImportCheckpoint(ctx, req.GetReference(), tmp)
 	if err != nil {

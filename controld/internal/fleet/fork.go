@@ -9,11 +9,13 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -23,17 +25,62 @@ const entropyBytes = 64
 // ForkCheckpoint starts count replicas of a checkpoint concurrently and
 // reports each one's outcome; a replica that fails is removed completely.
 func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) ([]*controldv1.ForkReplica, error) {
+	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_ForkCheckpoint_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.ForkCheckpointResponse{} }, m.recoverFork(req),
+		func(ctx context.Context, r rules.Request) (proto.Message, error) {
+			reps, err := m.forkCheckpoint(ctx, req, requestTag(r))
+			if err != nil {
+				return nil, err
+			}
+			return &controldv1.ForkCheckpointResponse{Replicas: reps}, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return resp.(*controldv1.ForkCheckpointResponse).GetReplicas(), nil
+}
+
+// recoverFork answers a repeated ForkCheckpoint whose first call left
+// replicas but no stored answer (controld restarted before it): the
+// replicas that became usable, and for the others the error that they were
+// lost (a replica interrupted before it was usable is removed at start).
+func (m *Manager) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recover {
+	return func(_ context.Context, key string, fp []byte) (proto.Message, bool, error) {
+		tagged := m.taggedSandboxes(key)
+		if len(tagged) == 0 {
+			return nil, false, nil
+		}
+		out := make([]*controldv1.ForkReplica, req.GetCount())
+		for _, sb := range tagged {
+			if err := rules.CheckFingerprint(key, fp, sb.rec.Request.Fingerprint); err != nil {
+				return nil, false, err
+			}
+			if i := sb.rec.Request.Index; i >= 0 && i < len(out) {
+				out[i] = &controldv1.ForkReplica{Sandbox: m.snapshot(sb), Endpoint: m.endpoint(sb), Took: durationpb.New(0)}
+			}
+		}
+		for i, r := range out {
+			if r == nil {
+				out[i] = &controldv1.ForkReplica{ErrorCode: int32(codes.Unavailable),
+					ErrorMessage: "replica lost: controld restarted before it was usable; fork again with a new request_id", Took: durationpb.New(0)}
+			}
+		}
+		return &controldv1.ForkCheckpointResponse{Replicas: out}, true, nil
+	}
+}
+
+func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest, tag *store.RequestTag) ([]*controldv1.ForkReplica, error) {
 	t0 := time.Now()
-	if err := validateCheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
+	if err := rules.CheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
 		return nil, err
 	}
-	if c := req.GetCount(); c < 1 || c > maxForkCount {
-		return nil, errdefs.InvalidField("count", "%d out of range 1..%d", c, maxForkCount)
-	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.ForkCount("count", req.GetCount()); err != nil {
 		return nil, err
 	}
-	ttl, err := durationField("ttl", req.GetTtl(), maxTTL)
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	ttl, err := rules.Duration("ttl", req.GetTtl(), rules.MaxTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +88,7 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	if err != nil {
 		return nil, err
 	}
-	levels, err := verifyLevels("verify", req.GetVerify(), ck.Checkpoint.VerifyLevels)
+	levels, err := rules.VerifyLevels("verify", req.GetVerify(), ck.Checkpoint.VerifyLevels)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +114,8 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	for i := range n {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy})
+			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy,
+				request: replicaTag(tag, i)})
 		}()
 	}
 	for range n {
@@ -88,6 +136,18 @@ type forkParams struct {
 	poolID    string
 	pooled    bool
 	freeze    bool // pools: freeze after verifying
+	// request tags the replica with the call (with a request id) making it.
+	request *store.RequestTag
+}
+
+// replicaTag is tag for replica i (nil without a request id).
+func replicaTag(tag *store.RequestTag, i int) *store.RequestTag {
+	if tag == nil {
+		return nil
+	}
+	t := *tag
+	t.Index = i
+	return &t
 }
 
 // forkReplica restores one replica, tells it who it is, verifies it and
@@ -126,7 +186,7 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 		image: ck.Checkpoint.Image, resources: p.resources, baseResources: ck.Checkpoint.Resources, screen: ck.Checkpoint.Screen,
 		env: ck.Env, labels: p.labels, ttl: p.ttl, checkpointID: ck.Checkpoint.Id,
 		generation: ck.Generation + 1, poolID: p.poolID, pooled: p.pooled, lazyRecord: true,
-		runAsRoot: ck.Checkpoint.GetRunAsRoot(),
+		runAsRoot: ck.Checkpoint.GetRunAsRoot(), request: p.request,
 	}
 	// The source's mode (the replica keeps its in-sandbox network).
 	sp.network = &controldv1.Network{Mode: netpolicy.Mode(ck.Checkpoint.GetNetwork()), Policy: p.policy}

@@ -173,7 +173,7 @@ func TestForkSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "pool filled", func() bool {
-		l, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
+		l, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
 		n := 0
 		for _, s := range l {
 			if s.PoolId != "" && s.State == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED {
@@ -194,7 +194,7 @@ func TestForkSlots(t *testing.T) {
 	})
 
 	// A deleted checkpoint's slot is discarded.
-	l, err := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
+	l, _, err := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
@@ -107,6 +108,11 @@ type Manager struct {
 	tombstones map[string]time.Time
 	ckMu       sync.Mutex // serializes checkpoint tree edits (create, delete, import)
 	slots      *warmSlots // nil: warm slots off
+	// requests makes the creating calls idempotent by request id: their
+	// responses in the store, what they created tagged with the id.
+	requests rules.Dedup
+	// requestSweep is when expired request ids were last forgotten.
+	requestSweep time.Time
 
 	wmu           sync.Mutex
 	watchers      map[*Watch]struct{}
@@ -210,6 +216,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		pools:       map[string]*pool{},
 		tombstones:  map[string]time.Time{},
 		watchers:    map[*Watch]struct{}{},
+		requests:    rules.Dedup{Store: opts.Store},
 	}
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)

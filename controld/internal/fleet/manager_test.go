@@ -19,6 +19,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
@@ -160,11 +161,11 @@ func TestCreateWaitGetListDelete(t *testing.T) {
 		t.Fatalf("defaults not applied: %+v", s)
 	}
 	other := e.ready(map[string]string{"team": "b"})
-	list, err := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{"team": "a"}})
+	list, _, err := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{"team": "a"}})
 	if err != nil || len(list) != 1 || list[0].Id != s.Id {
 		t.Fatalf("list by label: %v %v", list, err)
 	}
-	list, _ = e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{States: []controldv1.SandboxState{controldv1.SandboxState_SANDBOX_STATE_READY}})
+	list, _, _ = e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{States: []controldv1.SandboxState{controldv1.SandboxState_SANDBOX_STATE_READY}})
 	if len(list) != 2 {
 		t.Fatalf("list by state: %d", len(list))
 	}
@@ -228,7 +229,7 @@ func TestBootFailureAndReadinessTimeout(t *testing.T) {
 	}
 	_, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{})
 	wantCode(t, err, codes.NotFound, "")
-	if l, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{}); len(l) != 0 {
+	if l, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{}); len(l) != 0 {
 		t.Fatalf("failed create left %d records", len(l))
 	}
 	e.rt.BootErr = nil
@@ -408,7 +409,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 	if len(got.ChildIds) != 1 || got.ChildIds[0] != child.Id {
 		t.Fatalf("child ids %v", got.ChildIds)
 	}
-	tree, _ := e.m.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{RootId: ck.Id})
+	tree, _, _ := e.m.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{RootId: ck.Id})
 	if len(tree) != 2 {
 		t.Fatalf("tree %d", len(tree))
 	}
@@ -425,7 +426,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition, "")
 	_, err = e.m.DeleteCheckpoint(ctx, ck.Id, true)
 	wantCode(t, err, codes.FailedPrecondition, "")
-	all, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
+	all, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{})
 	for _, s := range all {
 		if err := e.m.DeleteSandbox(ctx, s.Id); err != nil {
 			t.Fatal(err)
@@ -606,7 +607,7 @@ func TestCheckpointFailureLeavesNoHalfCheckpoint(t *testing.T) {
 	e.rt.CheckpointErr = func(string) error { return errdefs.WithReason(errdefs.ErrInternal, "", "criu dump failed") }
 	_, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
 	wantCode(t, err, codes.Internal, "")
-	list, _ := e.m.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{})
+	list, _, _ := e.m.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{})
 	entries, _ := os.ReadDir(filepath.Join(e.dir, "checkpoints"))
 	if len(list) != 0 || len(entries) != 0 {
 		t.Fatalf("failed checkpoint left %d records, %d dirs", len(list), len(entries))
@@ -636,7 +637,7 @@ func TestPools(t *testing.T) {
 	if err != nil || !hit || ep.Token == "" {
 		t.Fatalf("claim: hit=%v err=%v", hit, err)
 	}
-	if s.Labels[fleet.PoolIDLabel] != p.Id || s.Labels["user"] != "x" || s.PoolId != p.Id || s.ExpiresAt == nil || s.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+	if s.Labels[rules.PoolIDLabel] != p.Id || s.Labels["user"] != "x" || s.PoolId != p.Id || s.ExpiresAt == nil || s.State != controldv1.SandboxState_SANDBOX_STATE_READY {
 		t.Fatalf("claimed sandbox %+v", s)
 	}
 	eventually(t, "image pool refilled", func() bool {
@@ -694,9 +695,9 @@ func TestPools(t *testing.T) {
 	if err := e.m.DeletePool(ctx, p.Id); err != nil {
 		t.Fatal(err)
 	}
-	left, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{"pool": "img"}})
+	left, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{"pool": "img"}})
 	for _, s := range left {
-		if s.Labels[fleet.PoolIDLabel] == "" {
+		if s.Labels[rules.PoolIDLabel] == "" {
 			t.Fatalf("unclaimed pool sandbox %s survived DeletePool", s.Id)
 		}
 	}

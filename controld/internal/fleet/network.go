@@ -11,6 +11,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
@@ -79,7 +80,7 @@ func (m *Manager) networker() (Networker, error) {
 
 // UpdateSandboxNetwork replaces a running sandbox's network policy.
 func (m *Manager) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.Sandbox, error) {
-	if err := validateSandboxID("id", req.GetId()); err != nil {
+	if err := rules.SandboxID("id", req.GetId()); err != nil {
 		return nil, err
 	}
 	if err := netpolicy.ValidatePolicy("policy", req.GetPolicy()); err != nil {
@@ -131,7 +132,7 @@ func (m *Manager) portURL(id string, port uint32) string {
 // ExposePort records an exposed port with a token of its own (the same
 // token again for a port exposed already).
 func (m *Manager) ExposePort(_ context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
-	if err := validateSandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	if err := netpolicy.ValidatePort("port", req.GetPort()); err != nil {
@@ -173,7 +174,7 @@ func (m *Manager) ExposePort(_ context.Context, req *controldv1.ExposePortReques
 // UnexposePort forgets an exposed port; connections through it go on
 // until they close.
 func (m *Manager) UnexposePort(_ context.Context, req *controldv1.UnexposePortRequest) error {
-	if err := validateSandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return err
 	}
 	if err := netpolicy.ValidatePort("port", req.GetPort()); err != nil {

@@ -146,7 +146,7 @@ func TestPoolClaimConnectsNetwork(t *testing.T) {
 	var member string
 	deadline := time.Now().Add(10 * time.Second)
 	for member == "" && time.Now().Before(deadline) {
-		ss, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{States: []controldv1.SandboxState{controldv1.SandboxState_SANDBOX_STATE_SUSPENDED}})
+		ss, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{States: []controldv1.SandboxState{controldv1.SandboxState_SANDBOX_STATE_SUSPENDED}})
 		for _, s := range ss {
 			if s.PoolId == p.Id {
 				member = s.Id

@@ -12,10 +12,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -47,7 +49,7 @@ type pool struct {
 
 // CreatePool records a pool and starts filling it.
 func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolRequest) (*controldv1.Pool, error) {
-	if err := validateName("name", req.GetName()); err != nil {
+	if err := rules.Name("name", req.GetName()); err != nil {
 		return nil, err
 	}
 	var (
@@ -62,11 +64,11 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 		if src.Image == "" {
 			return nil, errdefs.InvalidField("image", "must not be empty (omit it for a checkpoint pool)")
 		}
-		if err := validateImage("image", src.Image); err != nil {
+		if err := rules.Image("image", src.Image); err != nil {
 			return nil, err
 		}
 	case *controldv1.CreatePoolRequest_CheckpointId:
-		if err := validateCheckpointRef("checkpoint_id", src.CheckpointId); err != nil {
+		if err := rules.CheckpointRef("checkpoint_id", src.CheckpointId); err != nil {
 			return nil, err
 		}
 		ck, err := m.findCheckpoint(src.CheckpointId)
@@ -75,10 +77,10 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 		}
 		ckID, ckRes, ckNet = ck.Checkpoint.Id, ck.Checkpoint.GetResources(), ck.Checkpoint.GetNetwork()
 	}
-	if s := req.GetSize(); s < 1 || s > maxPoolSize {
-		return nil, errdefs.InvalidField("size", "%d out of range 1..%d", s, maxPoolSize)
+	if s := req.GetSize(); s < 1 || s > rules.MaxPoolSize {
+		return nil, errdefs.InvalidField("size", "%d out of range 1..%d", s, rules.MaxPoolSize)
 	}
-	if err := validateScreen("screen", req.GetScreen()); err != nil {
+	if err := rules.Screen("screen", req.GetScreen()); err != nil {
 		return nil, err
 	}
 	// The pool records its members' effective limits.
@@ -86,7 +88,7 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 	if err != nil {
 		return nil, err
 	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
 	if ckID != "" && req.GetScreen() != nil {
@@ -100,7 +102,7 @@ func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolReques
 		return nil, err
 	}
 	pb := &controldv1.Pool{
-		Id: newID(prefixPool), Name: req.GetName(), Image: req.GetImage(), CheckpointId: ckID,
+		Id: rules.NewID(rules.PrefixPool), Name: req.GetName(), Image: req.GetImage(), CheckpointId: ckID,
 		Size: req.GetSize(), Labels: copyMap(req.GetLabels()),
 		Screen: req.GetScreen(), Resources: res, Frozen: ckID != "", Network: nw,
 	}
@@ -219,6 +221,9 @@ func (m *Manager) replenish(ctx context.Context, p *pool) {
 		need := int(p.rec.Pool.Size) - len(warm) - len(warming)
 		m.poolViewLocked(p)
 		m.mu.Unlock()
+		if need < 0 { // made smaller while refills ran
+			m.trimPool(ctx, p)
+		}
 		if need > 0 {
 			// A warm-up (a CRIU restore or a desktop boot) takes the CPU
 			// a claim burst and its first requests need.
@@ -283,7 +288,7 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 		if ck == nil {
 			return checkpointNotFound(pb.CheckpointId)
 		}
-		levels := defaultLevels(ck.Checkpoint.VerifyLevels)
+		levels := rules.DefaultLevels(ck.Checkpoint.VerifyLevels)
 		// Not frozen by the fork: freezeWarm opens the session a claim
 		// pings over first.
 		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true,
@@ -324,7 +329,7 @@ func (m *Manager) findPool(id string) (*pool, error) {
 
 // GetPool returns a pool.
 func (m *Manager) GetPool(_ context.Context, id string) (*controldv1.Pool, error) {
-	if err := validatePoolID("id", id); err != nil {
+	if err := rules.PoolID("id", id); err != nil {
 		return nil, err
 	}
 	p, err := m.findPool(id)
@@ -336,27 +341,93 @@ func (m *Manager) GetPool(_ context.Context, id string) (*controldv1.Pool, error
 	return m.poolViewLocked(p), nil
 }
 
-// ListPools returns every pool, by name then id.
-func (m *Manager) ListPools(context.Context) ([]*controldv1.Pool, error) {
+// ListPools returns the page of pools the request asks for (by id) and the
+// next page's token.
+func (m *Manager) ListPools(_ context.Context, req *controldv1.ListPoolsRequest) ([]*controldv1.Pool, string, error) {
 	m.mu.Lock()
 	out := make([]*controldv1.Pool, 0, len(m.pools))
 	for _, p := range m.pools {
 		out = append(out, m.poolViewLocked(p))
 	}
 	m.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Name != out[j].Name {
-			return out[i].Name < out[j].Name
+	return rules.Page(out, rules.PoolKey, req.GetPageSize(), req.GetPageToken(), req)
+}
+
+// UpdatePool changes a pool's size: the replenisher fills a larger pool and
+// removes the warm members past a smaller one (newest first, warming ones
+// before warm ones); claimed sandboxes are not the pool's any more.
+func (m *Manager) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequest) (*controldv1.Pool, error) {
+	if err := rules.PoolID("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	if err := rules.PoolSize("size", req.GetSize()); err != nil {
+		return nil, err
+	}
+	p, err := m.findPool(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	id := req.GetId()
+	// In memory first: every write of the pool's record (claims' counters
+	// too) then carries the new size.
+	m.mu.Lock()
+	old := p.rec.Pool.Size
+	p.rec.Pool.Size = req.GetSize()
+	m.mu.Unlock()
+	if err := m.persistPool(p); err != nil {
+		m.mu.Lock()
+		p.rec.Pool.Size = old
+		m.mu.Unlock()
+		return nil, fmt.Errorf("pool %s: persist: %w", id, err)
+	}
+	m.mu.Lock()
+	if m.pools[id] != p {
+		m.mu.Unlock()
+		return nil, poolNotFound(id) // deleted meanwhile
+	}
+	m.metrics.PoolSize.WithLabelValues(id).Set(float64(req.GetSize()))
+	m.mu.Unlock()
+	m.trimPool(ctx, p)
+	m.kickPool(id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.poolViewLocked(p), nil
+}
+
+// trimPool removes the members past the pool's size.
+func (m *Manager) trimPool(ctx context.Context, p *pool) {
+	m.mu.Lock()
+	warm, warming := m.poolMembersLocked(p)
+	excess := len(warm) + len(warming) - int(p.rec.Pool.Size)
+	newestFirst := func(s []*sandbox) {
+		sort.Slice(s, func(i, j int) bool {
+			return s[i].rec.Sandbox.GetCreatedAt().AsTime().After(s[j].rec.Sandbox.GetCreatedAt().AsTime())
+		})
+	}
+	newestFirst(warming)
+	newestFirst(warm)
+	// Warm ones first: a warming one is a refill in progress, whose
+	// failure would hold the next refills back.
+	var drop []*sandbox
+	for _, sb := range append(warm, warming...) {
+		if len(drop) >= excess {
+			break
 		}
-		return out[i].Id < out[j].Id
-	})
-	return out, nil
+		sb.claimed = true // no claim takes it now
+		drop = append(drop, sb)
+	}
+	m.mu.Unlock()
+	for _, sb := range drop {
+		if err := m.deleteSandbox(ctx, sb, "pool made smaller"); err != nil {
+			m.log.Warn("remove a member past the pool's size", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+		}
+	}
 }
 
 // DeletePool stops refilling and deletes the pool's unclaimed sandboxes.
 // Claimed sandboxes are not touched.
 func (m *Manager) DeletePool(ctx context.Context, id string) error {
-	if err := validatePoolID("id", id); err != nil {
+	if err := rules.PoolID("id", id); err != nil {
 		return err
 	}
 	p, err := m.findPool(id)
@@ -407,14 +478,49 @@ func (m *Manager) DeletePool(ctx context.Context, id string) error {
 // ClaimPool hands out a usable sandbox: a warm one (a hit) or, when none is
 // available, a fresh boot or fork (a miss).
 func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
+	resp, err := m.requests.Do(ctx, controldv1.PoolService_ClaimPool_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.ClaimPoolResponse{} }, m.recoverClaim,
+		func(ctx context.Context, r rules.Request) (proto.Message, error) {
+			s, ep, hit, took, err := m.claimPool(ctx, req, requestTag(r))
+			if err != nil {
+				return nil, err
+			}
+			return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: ep, Hit: hit, Took: durationpb.New(took)}, nil
+		})
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	r := resp.(*controldv1.ClaimPoolResponse)
+	return r.GetSandbox(), r.GetEndpoint(), r.GetHit(), r.GetTook().AsDuration(), nil
+}
+
+// recoverClaim answers a repeated ClaimPool with the sandbox its first call
+// claimed (it failed to answer, or controld restarted).
+func (m *Manager) recoverClaim(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
+	tagged := m.taggedSandboxes(key)
+	if len(tagged) == 0 {
+		return nil, false, nil
+	}
+	sb := tagged[0]
+	if err := rules.CheckFingerprint(key, fp, sb.rec.Request.Fingerprint); err != nil {
+		return nil, false, err
+	}
+	s, err := m.waitSettled(ctx, sb)
+	if err != nil {
+		return nil, false, err
+	}
+	return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: m.endpoint(sb), Hit: sb.rec.Request.Hit, Took: durationpb.New(0)}, true, nil
+}
+
+func (m *Manager) claimPool(ctx context.Context, req *controldv1.ClaimPoolRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
 	t0 := time.Now()
-	if err := validatePoolID("pool_id", req.GetPoolId()); err != nil {
+	if err := rules.PoolID("pool_id", req.GetPoolId()); err != nil {
 		return nil, nil, false, 0, err
 	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, nil, false, 0, err
 	}
-	ttl, err := durationField("ttl", req.GetTtl(), maxTTL)
+	ttl, err := rules.Duration("ttl", req.GetTtl(), rules.MaxTTL)
 	if err != nil {
 		return nil, nil, false, 0, err
 	}
@@ -435,7 +541,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 	for k, v := range req.GetLabels() {
 		labels[k] = v
 	}
-	labels[PoolIDLabel] = p.rec.Pool.Id
+	labels[rules.PoolIDLabel] = p.rec.Pool.Id
 	p.claiming.Add(1)
 	defer func() {
 		p.lastClaim.Store(time.Now().UnixNano())
@@ -451,7 +557,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 			break
 		}
 		p.thawing.enter()
-		s, err := m.claimWarm(ctx, p, sb, labels, ttl, claimNet, t0)
+		s, err := m.claimWarm(ctx, p, sb, labels, ttl, claimNet, t0, claimTag(tag, true))
 		p.thawing.leave()
 		if err == nil {
 			// claimWarm persisted the hit with the sandbox.
@@ -467,7 +573,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 			return nil, nil, false, 0, ctx.Err()
 		}
 	}
-	s, ep, err := m.claimMiss(ctx, p, labels, ttl, claimNet, t0)
+	s, ep, err := m.claimMiss(ctx, p, labels, ttl, claimNet, t0, claimTag(tag, false))
 	if err != nil {
 		m.recordClaim(p, "error", t0)
 		return nil, nil, false, 0, err
@@ -493,7 +599,19 @@ func (m *Manager) takeWarm(p *pool) *sandbox {
 }
 
 // claimMiss serves a claim without a warm sandbox.
-func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+// claimTag is tag for a claim served warm (hit) or not (nil without a
+// request id).
+func claimTag(tag *store.RequestTag, hit bool) *store.RequestTag {
+	if tag == nil {
+		return nil
+	}
+	t := *tag
+	t.Hit = hit
+	return &t
+}
+
+func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+	tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	// In a burst larger than the pool, the hits of the same burst are still
 	// being handed out and used for the first time: a few ms that a restore
 	// or boot started now would stretch, while waiting for them delays this
@@ -510,15 +628,15 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		if ck == nil {
 			return nil, nil, checkpointNotFound(pb.CheckpointId)
 		}
-		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: defaultLevels(ck.Checkpoint.VerifyLevels),
-			poolID: pb.Id, policy: nw.GetPolicy()})
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
+			poolID: pb.Id, policy: nw.GetPolicy(), request: tag})
 		if rep.ErrorCode != 0 {
 			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errdefs.FromGRPC(statusError(rep)))
 		}
 		return rep.Sandbox, rep.Endpoint, nil
 	}
 	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true,
-		network: nw}, t0)
+		network: nw, request: tag}, t0)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -132,7 +132,8 @@ func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time)
 // returns only after both: a crash after Claim returned finds the sandbox
 // claimed (never back in the pool, never handed out twice). A crash before
 // can leave a claimed record nobody received: its TTL or a delete removes it.
-func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time) (*controldv1.Sandbox, error) {
+func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+	tag *store.RequestTag) (*controldv1.Sandbox, error) {
 	ctx, span := m.tracer.Start(ctx, "pool.claim")
 	defer span.End()
 	sb.op.Lock()
@@ -154,6 +155,7 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 		if ttl > 0 {
 			r.Sandbox.ExpiresAt = timestampNow(t0.Add(ttl))
 		}
+		r.Request = tag
 	}
 	claim(claimed)
 

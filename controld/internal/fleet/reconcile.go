@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -97,7 +98,7 @@ func isOurs(in Instance) bool {
 			return true
 		}
 	}
-	return strings.HasPrefix(in.ID, prefixSandbox)
+	return strings.HasPrefix(in.ID, rules.PrefixSandbox)
 }
 
 // adopt brings one stored sandbox back under management.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -43,24 +45,68 @@ const defaultWaitTimeout = 60 * time.Second
 // CreateSandbox validates req, records the sandbox and boots it. It returns
 // once the task runs (or, with wait_ready, once the desktop is usable).
 func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+	resp, err := m.requests.Do(ctx, controldv1.SandboxService_CreateSandbox_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.CreateSandboxResponse{} }, m.recoverCreate(req),
+		func(ctx context.Context, r rules.Request) (proto.Message, error) {
+			s, ep, err := m.createSandbox(ctx, req, requestTag(r))
+			if err != nil {
+				return nil, err
+			}
+			return &controldv1.CreateSandboxResponse{Sandbox: s, Endpoint: ep}, nil
+		})
+	if err != nil {
+		return nil, nil, err
+	}
+	r := resp.(*controldv1.CreateSandboxResponse)
+	return r.GetSandbox(), r.GetEndpoint(), nil
+}
+
+// recoverCreate finds the sandbox a first CreateSandbox with the same
+// request id made (it failed to answer, or controld restarted) and answers
+// as that call would have.
+func (m *Manager) recoverCreate(req *controldv1.CreateSandboxRequest) rules.Recover {
+	return func(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
+		tagged := m.taggedSandboxes(key)
+		if len(tagged) == 0 {
+			return nil, false, nil
+		}
+		sb := tagged[0]
+		if err := rules.CheckFingerprint(key, fp, sb.rec.Request.Fingerprint); err != nil {
+			return nil, false, err
+		}
+		if req.GetWaitReady() {
+			s, err := m.waitSettled(ctx, sb)
+			if err != nil {
+				return nil, false, err
+			}
+			return &controldv1.CreateSandboxResponse{Sandbox: s, Endpoint: m.endpoint(sb)}, true, nil
+		}
+		if err := m.waitStarted(ctx, sb); err != nil {
+			return nil, false, err
+		}
+		return &controldv1.CreateSandboxResponse{Sandbox: m.snapshot(sb), Endpoint: m.endpoint(sb)}, true, nil
+	}
+}
+
+func (m *Manager) createSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	t0 := time.Now()
-	if err := validateImage("image", req.GetImage()); err != nil {
+	if err := rules.Image("image", req.GetImage()); err != nil {
 		return nil, nil, err
 	}
 	res, err := m.opts.Limits.Resolve("resources", req.GetResources(), nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := validateScreen("screen", req.GetScreen()); err != nil {
+	if err := rules.Screen("screen", req.GetScreen()); err != nil {
 		return nil, nil, err
 	}
-	if err := validateEnv("env", req.GetEnv()); err != nil {
+	if err := rules.Env("env", req.GetEnv()); err != nil {
 		return nil, nil, err
 	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, nil, err
 	}
-	ttl, err := durationField("ttl", req.GetTtl(), maxTTL)
+	ttl, err := rules.Duration("ttl", req.GetTtl(), rules.MaxTTL)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -73,7 +119,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 	sb, err := m.newSandbox(sandboxParams{
 		image: req.GetImage(), resources: res, screen: req.GetScreen(),
 		env: req.GetEnv(), labels: req.GetLabels(), ttl: ttl, warmSlot: true, runAsRoot: req.GetRunAsRoot(),
-		network: netpolicy.Normalize(req.GetNetwork()),
+		network: netpolicy.Normalize(req.GetNetwork()), request: tag,
 	}, t0)
 	if err != nil {
 		return nil, nil, err
@@ -118,6 +164,8 @@ type sandboxParams struct {
 	warmSlot bool
 	// runAsRoot: the agent's processes run as root, not the image's user.
 	runAsRoot bool
+	// request tags the record with the call (with a request id) making it.
+	request *store.RequestTag
 }
 
 // newSandbox writes a CREATING record and registers it.
@@ -229,7 +277,7 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 		return nil, err
 	}
 	pb := &controldv1.Sandbox{
-		Id:           newID(prefixSandbox),
+		Id:           rules.NewID(rules.PrefixSandbox),
 		State:        controldv1.SandboxState_SANDBOX_STATE_CREATING,
 		Image:        p.image,
 		Resources:    res,
@@ -246,7 +294,8 @@ func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord
 		pb.ExpiresAt = timestamppb.New(t0.Add(p.ttl))
 	}
 	pb.Network = netpolicy.Normalize(p.network)
-	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: newToken(), Pooled: p.pooled}, nil
+	return &store.SandboxRecord{Sandbox: pb, Env: copyMap(p.env), ACIToken: newToken(), AdminToken: newToken(), Pooled: p.pooled,
+		Request: p.request}, nil
 }
 
 func copyMap(in map[string]string) map[string]string {
@@ -534,7 +583,7 @@ func (m *Manager) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.San
 
 // GetSandbox returns one sandbox.
 func (m *Manager) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox, error) {
-	if err := validateSandboxID("id", id); err != nil {
+	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(id)
@@ -546,7 +595,7 @@ func (m *Manager) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox,
 
 // SandboxEndpoint returns how to reach a sandbox's ACI.
 func (m *Manager) SandboxEndpoint(_ context.Context, id string) (*controldv1.Endpoint, error) {
-	if err := validateSandboxID("id", id); err != nil {
+	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(id)
@@ -564,18 +613,20 @@ func (m *Manager) SandboxEndpoint(_ context.Context, id string) (*controldv1.End
 
 // ListSandboxes returns the sandboxes matching every label and any state,
 // oldest first.
-func (m *Manager) ListSandboxes(_ context.Context, req *controldv1.ListSandboxesRequest) ([]*controldv1.Sandbox, error) {
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
-		return nil, err
+// ListSandboxes returns the page of matching sandboxes the request asks
+// for (oldest first) and the next page's token.
+func (m *Manager) ListSandboxes(_ context.Context, req *controldv1.ListSandboxesRequest) ([]*controldv1.Sandbox, string, error) {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, "", err
 	}
-	if err := validateStates("states", req.GetStates()); err != nil {
-		return nil, err
+	if err := rules.States("states", req.GetStates()); err != nil {
+		return nil, "", err
 	}
 	m.mu.Lock()
 	var out []*controldv1.Sandbox
 	for _, sb := range m.sandboxes {
 		s := sb.rec.Sandbox
-		if sb.deleting || !matchLabels(s.Labels, req.GetLabels()) {
+		if sb.deleting || !rules.MatchLabels(s.Labels, req.GetLabels()) {
 			continue
 		}
 		if len(req.GetStates()) > 0 && !containsState(req.GetStates(), s.State) {
@@ -584,18 +635,7 @@ func (m *Manager) ListSandboxes(_ context.Context, req *controldv1.ListSandboxes
 		out = append(out, proto.Clone(s).(*controldv1.Sandbox))
 	}
 	m.mu.Unlock()
-	sortSandboxes(out)
-	return out, nil
-}
-
-func sortSandboxes(s []*controldv1.Sandbox) {
-	sort.Slice(s, func(i, j int) bool {
-		ti, tj := s[i].GetCreatedAt().AsTime(), s[j].GetCreatedAt().AsTime()
-		if !ti.Equal(tj) {
-			return ti.Before(tj)
-		}
-		return s[i].Id < s[j].Id
-	})
+	return rules.Page(out, rules.SandboxKey, req.GetPageSize(), req.GetPageToken(), req)
 }
 
 func containsState(states []controldv1.SandboxState, s controldv1.SandboxState) bool {
@@ -609,10 +649,10 @@ func containsState(states []controldv1.SandboxState, s controldv1.SandboxState) 
 
 // WaitSandboxReady waits until the sandbox is usable.
 func (m *Manager) WaitSandboxReady(ctx context.Context, id string, timeout *durationpb.Duration) (*controldv1.Sandbox, error) {
-	if err := validateSandboxID("id", id); err != nil {
+	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
-	d, err := durationField("timeout", timeout, maxWaitTimeout)
+	d, err := rules.Duration("timeout", timeout, rules.MaxWaitTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -633,7 +673,7 @@ func (m *Manager) WaitSandboxReady(ctx context.Context, id string, timeout *dura
 // deleting an id deleted in the last 10 minutes (by this controld process)
 // succeeds; an id never seen is NotFound.
 func (m *Manager) DeleteSandbox(ctx context.Context, id string) error {
-	if err := validateSandboxID("id", id); err != nil {
+	if err := rules.SandboxID("id", id); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -728,7 +768,7 @@ func (m *Manager) ResumeSandbox(ctx context.Context, id string) (*controldv1.San
 }
 
 func (m *Manager) freezeThaw(ctx context.Context, id string, freeze bool) (*controldv1.Sandbox, error) {
-	if err := validateSandboxID("id", id); err != nil {
+	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(id)
@@ -873,6 +913,16 @@ func (m *Manager) reapOnce(now time.Time) {
 			m.log.Info("sandbox expired", "sandbox", sb.rec.Sandbox.GetId())
 		}
 	}
+	// Request ids are remembered for a day: forget the expired ones once a
+	// minute.
+	if now.Sub(m.requestSweep) >= time.Minute {
+		m.requestSweep = now
+		if n, err := m.st.DeleteExpiredRequests(now); err != nil {
+			m.log.Warn("forget expired request ids", "err", err)
+		} else if n > 0 {
+			m.log.Debug("forgot expired request ids", "count", n)
+		}
+	}
 }
 
 // waterfall records a sandbox's boot milestones: in its record (and watch
@@ -928,4 +978,59 @@ func (w *waterfall) end(err error) {
 		w.span.SetStatus(codes.Error, err.Error())
 	}
 	w.span.End()
+}
+
+// requestTag is the tag of what a call with request r creates (nil
+// without a request id).
+func requestTag(r rules.Request) *store.RequestTag {
+	if r.Key == "" {
+		return nil
+	}
+	return &store.RequestTag{Key: r.Key, Fingerprint: r.Fingerprint}
+}
+
+// taggedSandboxes returns the live sandboxes a call with request key made
+// within the request id's lifetime, by replica index.
+func (m *Manager) taggedSandboxes(key string) []*sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*sandbox
+	for _, sb := range m.sandboxes {
+		r := sb.rec.Request
+		if r == nil || r.Key != key || sb.deleting || time.Since(sb.rec.Sandbox.GetCreatedAt().AsTime()) > rules.RequestIDTTL {
+			continue
+		}
+		switch sb.rec.Sandbox.GetState() {
+		case controldv1.SandboxState_SANDBOX_STATE_FAILED, controldv1.SandboxState_SANDBOX_STATE_DELETED:
+			continue
+		}
+		out = append(out, sb)
+	}
+	slices.SortFunc(out, func(a, b *sandbox) int { return a.rec.Request.Index - b.rec.Request.Index })
+	return out
+}
+
+// ExtendSandbox sets when a sandbox is deleted: ttl from now.
+func (m *Manager) ExtendSandbox(_ context.Context, req *controldv1.ExtendSandboxRequest) (*controldv1.Sandbox, error) {
+	if err := rules.SandboxID("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	ttl, err := rules.RequiredTTL("ttl", req.GetTtl())
+	if err != nil {
+		return nil, err
+	}
+	sb, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	pooled := sb.rec.Pooled
+	m.mu.Unlock()
+	if pooled {
+		// A warm member is its pool's until claimed; a claim sets its TTL.
+		return nil, sandboxNotFound(req.GetId())
+	}
+	return m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.ExpiresAt = timestamppb.New(time.Now().Add(ttl))
+	})
 }

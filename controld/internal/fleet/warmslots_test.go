@@ -48,7 +48,7 @@ func TestWarmSlotTakenAndReplenished(t *testing.T) {
 	if _, err := e.m.GetSandbox(context.Background(), slot); errdefs.Code(err) != codes.NotFound {
 		t.Fatalf("a slot is visible through Get: %v", err)
 	}
-	if l, _ := e.m.ListSandboxes(context.Background(), &controldv1.ListSandboxesRequest{}); len(l) != 0 {
+	if l, _, _ := e.m.ListSandboxes(context.Background(), &controldv1.ListSandboxesRequest{}); len(l) != 0 {
 		t.Fatalf("slots listed: %v", l)
 	}
 
@@ -83,7 +83,7 @@ func TestWarmSlotTakenAndReplenished(t *testing.T) {
 	if err != nil || s2.Id != next {
 		t.Fatalf("second create %v %v, want slot %s", s2, err, next)
 	}
-	if l, _ := e.m.ListSandboxes(context.Background(), &controldv1.ListSandboxesRequest{}); len(l) != 2 {
+	if l, _, _ := e.m.ListSandboxes(context.Background(), &controldv1.ListSandboxesRequest{}); len(l) != 2 {
 		t.Fatalf("listed %d sandboxes, want 2", len(l))
 	}
 	// Deleting a slot-born sandbox deletes it like any other.

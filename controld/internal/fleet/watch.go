@@ -2,12 +2,15 @@ package fleet
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 // Watch is one subscriber to sandbox lifecycle events. Events arrive on C;
@@ -30,7 +33,7 @@ func (w *Watch) matches(s *controldv1.Sandbox) bool {
 	if len(w.ids) > 0 && !w.ids[s.GetId()] {
 		return false
 	}
-	return matchLabels(s.GetLabels(), w.labels)
+	return rules.MatchLabels(s.GetLabels(), w.labels)
 }
 
 // Err returns why C closed.
@@ -79,11 +82,11 @@ func (w *Watch) Close() {
 // ends with ctx.
 func (m *Manager) WatchSandboxes(ctx context.Context, req *controldv1.WatchSandboxesRequest) (*Watch, error) {
 	for i, id := range req.GetIds() {
-		if err := validateSandboxID(fieldIndex("ids", i), id); err != nil {
+		if err := rules.SandboxID(rules.FieldIndex("ids", i), id); err != nil {
 			return nil, err
 		}
 	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
 	ch := make(chan *controldv1.WatchSandboxesResponse, m.opts.WatchBuffer)
@@ -113,7 +116,7 @@ func (m *Manager) WatchSandboxes(ctx context.Context, req *controldv1.WatchSandb
 		m.wmu.Unlock()
 		return nil, errdefs.WithReason(errdefs.ErrUnavailable, "SHUTTING_DOWN", "controld is shutting down")
 	}
-	sortSandboxes(existing)
+	slices.SortFunc(existing, func(a, b *controldv1.Sandbox) int { return strings.Compare(rules.SandboxKey(a), rules.SandboxKey(b)) })
 	if len(existing) > cap(ch) {
 		m.wmu.Unlock()
 		return nil, errdefs.WithReason(errdefs.ErrResourceExhausted, "WATCH_TOO_LARGE",

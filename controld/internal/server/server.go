@@ -292,11 +292,11 @@ func (h *handlers) GetSandbox(ctx context.Context, req *controldv1.GetSandboxReq
 }
 
 func (h *handlers) ListSandboxes(ctx context.Context, req *controldv1.ListSandboxesRequest) (*controldv1.ListSandboxesResponse, error) {
-	ss, err := h.mgr().ListSandboxes(ctx, req)
+	ss, next, err := h.mgr().ListSandboxes(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return &controldv1.ListSandboxesResponse{Sandboxes: ss}, nil
+	return &controldv1.ListSandboxesResponse{Sandboxes: ss, NextPageToken: next}, nil
 }
 
 func (h *handlers) DeleteSandbox(ctx context.Context, req *controldv1.DeleteSandboxRequest) (*controldv1.DeleteSandboxResponse, error) {
@@ -387,6 +387,14 @@ func (h *handlers) UnexposePort(ctx context.Context, req *controldv1.UnexposePor
 	return &controldv1.UnexposePortResponse{}, nil
 }
 
+func (h *handlers) ExtendSandbox(ctx context.Context, req *controldv1.ExtendSandboxRequest) (*controldv1.ExtendSandboxResponse, error) {
+	sb, err := h.mgr().ExtendSandbox(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.ExtendSandboxResponse{Sandbox: sb}, nil
+}
+
 type checkpoints struct {
 	controldv1.UnimplementedCheckpointServiceServer
 	h *handlers
@@ -411,11 +419,11 @@ func (c checkpoints) GetCheckpoint(ctx context.Context, req *controldv1.GetCheck
 }
 
 func (c checkpoints) ListCheckpoints(ctx context.Context, req *controldv1.ListCheckpointsRequest) (*controldv1.ListCheckpointsResponse, error) {
-	cks, err := c.h.mgr().ListCheckpoints(ctx, req)
+	cks, next, err := c.h.mgr().ListCheckpoints(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return &controldv1.ListCheckpointsResponse{Checkpoints: cks}, nil
+	return &controldv1.ListCheckpointsResponse{Checkpoints: cks, NextPageToken: next}, nil
 }
 
 func (c checkpoints) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheckpointRequest) (*controldv1.DeleteCheckpointResponse, error) {
@@ -469,12 +477,20 @@ func (p pools) GetPool(ctx context.Context, req *controldv1.GetPoolRequest) (*co
 	return &controldv1.GetPoolResponse{Pool: pl}, nil
 }
 
-func (p pools) ListPools(ctx context.Context, _ *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
-	pls, err := p.h.mgr().ListPools(ctx)
+func (p pools) ListPools(ctx context.Context, req *controldv1.ListPoolsRequest) (*controldv1.ListPoolsResponse, error) {
+	pls, next, err := p.h.mgr().ListPools(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return &controldv1.ListPoolsResponse{Pools: pls}, nil
+	return &controldv1.ListPoolsResponse{Pools: pls, NextPageToken: next}, nil
+}
+
+func (p pools) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequest) (*controldv1.UpdatePoolResponse, error) {
+	pl, err := p.h.mgr().UpdatePool(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &controldv1.UpdatePoolResponse{Pool: pl}, nil
 }
 
 func (p pools) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest) (*controldv1.DeletePoolResponse, error) {

@@ -19,6 +19,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 var (
@@ -26,6 +27,7 @@ var (
 	bucketCheckpoints = []byte("checkpoints")
 	bucketPools       = []byte("pools")
 	bucketMeta        = []byte("meta")
+	bucketRequests    = []byte("requests")
 )
 
 // schemaVersion is bumped on incompatible record changes.
@@ -44,6 +46,20 @@ type SandboxRecord struct {
 	Pooled bool
 	// Ports are the sandbox's exposed TCP ports and their tokens.
 	Ports map[uint32]string
+	// Request names the call with a request id that created (or claimed)
+	// it, for a repeat of that call.
+	Request *RequestTag
+}
+
+// RequestTag marks what a call with a request id created, durable with the
+// thing itself: a repeat of the call after it failed, or after a restart of
+// controld, finds the result there when no response was stored.
+type RequestTag struct {
+	Key         string `json:"key"` // rules.RequestKey
+	Fingerprint []byte `json:"fp"`
+	// Index is a fork replica's position; Hit says a claim was served warm.
+	Index int  `json:"index,omitempty"`
+	Hit   bool `json:"hit,omitempty"`
 }
 
 // CheckpointRef mirrors fleet.CheckpointRef (the store does not import fleet).
@@ -75,6 +91,9 @@ type CheckpointRecord struct {
 	// FSDigest is the filesystem proof: the digest of the source's files
 	// outside volatile paths at the checkpoint.
 	FSDigest []byte
+	// Request names the CreateCheckpoint call with a request id that made
+	// it.
+	Request *RequestTag
 }
 
 // PoolRecord is a warm pool.
@@ -125,7 +144,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketCheckpoints, bucketPools, bucketMeta} {
+		for _, b := range [][]byte{bucketSandboxes, bucketCheckpoints, bucketPools, bucketMeta, bucketRequests} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -238,6 +257,54 @@ func (t *Tx) put(bucket []byte, id string, v any) error {
 // lock, its disk, the group-commit queue) still takes writes.
 func (s *Store) Ping() error { return s.Update(func(*Tx) error { return nil }) }
 
+// GetRequest returns the finished request stored under key, or nil
+// (rules.RequestStore).
+func (s *Store) GetRequest(key string) (*rules.RequestRecord, error) {
+	var out *rules.RequestRecord
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRequests).Get([]byte(key))
+		if v == nil {
+			return nil
+		}
+		out = new(rules.RequestRecord)
+		return json.Unmarshal(v, out)
+	})
+	return out, err
+}
+
+// PutRequest stores a finished request (rules.RequestStore).
+func (s *Store) PutRequest(r *rules.RequestRecord) error {
+	return s.Update(func(tx *Tx) error { return tx.put(bucketRequests, r.Key, r) })
+}
+
+// DeleteExpiredRequests forgets the requests that expired before now and
+// returns how many.
+func (s *Store) DeleteExpiredRequests(now time.Time) (int, error) {
+	var expired [][]byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
+			var r rules.RequestRecord
+			if json.Unmarshal(v, &r) != nil || now.After(r.Expires) {
+				expired = append(expired, append([]byte(nil), k...))
+			}
+			return nil
+		})
+	})
+	if err != nil || len(expired) == 0 {
+		return 0, err
+	}
+	err = s.Update(func(tx *Tx) error {
+		b := tx.tx.Bucket(bucketRequests)
+		for _, k := range expired {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return len(expired), err
+}
+
 // PutSandbox writes a sandbox record.
 func (t *Tx) PutSandbox(r *SandboxRecord) error {
 	return t.put(bucketSandboxes, r.Sandbox.GetId(), r)
@@ -327,6 +394,7 @@ type sandboxJSON struct {
 	ACISocket *addrJSON         `json:"aci_addr,omitempty"`
 	Pooled    bool              `json:"pooled,omitempty"`
 	Ports     map[uint32]string `json:"ports,omitempty"`
+	Request   *RequestTag       `json:"request,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -335,7 +403,7 @@ func (r *SandboxRecord) MarshalJSON() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := sandboxJSON{Sandbox: pb, Env: r.Env, ACIToken: r.ACIToken, AdminToken: r.AdminToken, Pooled: r.Pooled, Ports: r.Ports}
+	j := sandboxJSON{Sandbox: pb, Env: r.Env, ACIToken: r.ACIToken, AdminToken: r.AdminToken, Pooled: r.Pooled, Ports: r.Ports, Request: r.Request}
 	if !r.ACISocket.IsZero() {
 		j.ACISocket = &addrJSON{PID: r.ACISocket.PID, Start: r.ACISocket.Start, Path: r.ACISocket.Path}
 	}
@@ -352,7 +420,7 @@ func (r *SandboxRecord) UnmarshalJSON(b []byte) error {
 	if err := pjUnmarshal.Unmarshal(j.Sandbox, r.Sandbox); err != nil {
 		return err
 	}
-	r.Env, r.ACIToken, r.AdminToken, r.Pooled, r.Ports = j.Env, j.ACIToken, j.AdminToken, j.Pooled, j.Ports
+	r.Env, r.ACIToken, r.AdminToken, r.Pooled, r.Ports, r.Request = j.Env, j.ACIToken, j.AdminToken, j.Pooled, j.Ports, j.Request
 	r.ACISocket = guestsock.Addr{}
 	if a := j.ACISocket; a != nil {
 		r.ACISocket = guestsock.Addr{PID: a.PID, Start: a.Start, Path: a.Path}
@@ -379,6 +447,7 @@ type checkpointJSON struct {
 	NetPort     uint32            `json:"net_port,omitempty"`
 	NetValue    []byte            `json:"net_value,omitempty"`
 	FSDigest    []byte            `json:"fs_digest,omitempty"`
+	Request     *RequestTag       `json:"request,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -388,7 +457,7 @@ func (r *CheckpointRecord) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue,
-		r.NetPort, r.NetValue, r.FSDigest})
+		r.NetPort, r.NetValue, r.FSDigest, r.Request})
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
@@ -403,7 +472,7 @@ func (r *CheckpointRecord) UnmarshalJSON(b []byte) error {
 	}
 	r.Ref, r.Env, r.AdminToken, r.Generation = j.Ref, j.Env, j.AdminToken, j.Generation
 	r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue = j.FrameHash, j.MarkerPath, j.MarkerValue, j.MemoryValue
-	r.NetPort, r.NetValue, r.FSDigest = j.NetPort, j.NetValue, j.FSDigest
+	r.NetPort, r.NetValue, r.FSDigest, r.Request = j.NetPort, j.NetValue, j.FSDigest, j.Request
 	return nil
 }
 

@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import json
 import os
+import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import grpc
@@ -49,9 +50,9 @@ DEFAULT_TOKEN_FILE = "/var/lib/forkfleet/controld/api.token"
 _RETRIED = {
     "forkfleet.controld.v1.SandboxService": ["GetSandbox", "ListSandboxes", "DeleteSandbox", "WaitSandboxReady",
                                              "WatchSandboxes", "GetSandboxEndpoint", "VerifySandbox",
-                                             "UpdateSandboxNetwork", "ExposePort"],
-    "forkfleet.controld.v1.CheckpointService": ["GetCheckpoint", "ListCheckpoints"],
-    "forkfleet.controld.v1.PoolService": ["GetPool", "ListPools"],
+                                             "UpdateSandboxNetwork", "ExposePort", "CreateSandbox", "ExtendSandbox"],
+    "forkfleet.controld.v1.CheckpointService": ["GetCheckpoint", "ListCheckpoints", "CreateCheckpoint", "ForkCheckpoint"],
+    "forkfleet.controld.v1.PoolService": ["GetPool", "ListPools", "ClaimPool", "UpdatePool"],
     "grpc.health.v1.Health": ["Check"],
 }
 SERVICE_CONFIG = json.dumps({
@@ -231,6 +232,12 @@ class AsyncClient:
 
     async def _call(self, method: Callable[..., Awaitable[T]], req: Any, timeout: float | None) -> T:
         t = self._timeout if timeout is None else timeout
+        # The creating calls (CreateSandbox, CreateCheckpoint,
+        # ForkCheckpoint, ClaimPool) get a request id unless the caller gave
+        # one: gRPC's retries of them (SERVICE_CONFIG) then return the first
+        # attempt's result instead of creating twice.
+        if "request_id" in req.DESCRIPTOR.fields_by_name and not req.request_id:
+            req.request_id = str(uuid.uuid4())
         try:
             return await method(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -263,11 +270,24 @@ class AsyncClient:
         return sb
 
     async def list_sandboxes(self, *, labels: Mapping[str, str] | None = None,
-                             states: Sequence[int] = (), timeout: float | None = None) -> list[pb.Sandbox]:
-        """Lists sandboxes; every label must match, any of ``states`` (SandboxState values)."""
-        r = await self._call(self.sandbox_service.ListSandboxes,
-                             pb.ListSandboxesRequest(labels=dict(labels or {}), states=list(states)), timeout)
-        return list(r.sandboxes)
+                             states: Sequence[int] = (), page_size: int = 0, timeout: float | None = None) -> list[pb.Sandbox]:
+        """Lists sandboxes, oldest first; every label must match, any of
+        ``states`` (SandboxState values). Follows the pages (``page_size``
+        each, controld's 1000 when 0)."""
+        return await self._pages(self.sandbox_service.ListSandboxes, "sandboxes", timeout, lambda tok: pb.ListSandboxesRequest(
+            labels=dict(labels or {}), states=list(states), page_size=page_size, page_token=tok))
+
+    async def _pages(self, method: Callable[..., Awaitable[Any]], field: str, timeout: float | None,
+                     request: Callable[[str], Any]) -> list[Any]:
+        """Every item of a List call, page after page."""
+        out: list[Any] = []
+        token = ""
+        while True:
+            r = await self._call(method, request(token), timeout)
+            out.extend(getattr(r, field))
+            if not r.next_page_token:
+                return out
+            token = r.next_page_token
 
     async def watch(self, *, ids: Sequence[str] = (), labels: Mapping[str, str] | None = None
                     ) -> AsyncIterator[pb.WatchSandboxesResponse]:
@@ -302,10 +322,10 @@ class AsyncClient:
 
     async def list_checkpoints(self, *, labels: Mapping[str, str] | None = None, root: str = "",
                                timeout: float | None = None) -> list[pb.Checkpoint]:
-        """Lists checkpoints; ``root`` keeps those descending from it (itself included)."""
-        r = await self._call(self.checkpoint_service.ListCheckpoints,
-                             pb.ListCheckpointsRequest(labels=dict(labels or {}), root_id=root), timeout)
-        return list(r.checkpoints)
+        """Lists checkpoints, oldest first; ``root`` keeps those descending
+        from it (itself included). Follows the pages."""
+        return await self._pages(self.checkpoint_service.ListCheckpoints, "checkpoints", timeout,
+                                 lambda tok: pb.ListCheckpointsRequest(labels=dict(labels or {}), root_id=root, page_token=tok))
 
     async def import_checkpoint(self, reference: str, *, timeout: float | None = None) -> "AsyncCheckpoint":
         """Registers a checkpoint image written by :meth:`AsyncCheckpoint.export`."""
@@ -335,14 +355,20 @@ class AsyncClient:
         return (await self._call(self.pool_service.GetPool, pb.GetPoolRequest(id=id), timeout)).pool
 
     async def list_pools(self, *, timeout: float | None = None) -> list[pb.Pool]:
-        return list((await self._call(self.pool_service.ListPools, pb.ListPoolsRequest(), timeout)).pools)
+        """Lists pools by id, following the pages."""
+        return await self._pages(self.pool_service.ListPools, "pools", timeout, lambda tok: pb.ListPoolsRequest(page_token=tok))
+
+    async def update_pool(self, id: str, size: int, *, timeout: float | None = None) -> pb.Pool:
+        """Changes a pool's size: a larger pool fills up, a smaller one
+        removes its warm members past the size."""
+        return (await self._call(self.pool_service.UpdatePool, pb.UpdatePoolRequest(id=id, size=size), timeout)).pool
 
     async def delete_pool(self, id: str, *, timeout: float | None = None) -> None:
         await self._call(self.pool_service.DeletePool, pb.DeletePoolRequest(id=id), timeout)
 
     async def claim(self, pool: str, *, labels: Mapping[str, str] | None = None, ttl: Seconds | None = None,
                     timeout: float | None = None, **fields: Any) -> Claim:
-        """Takes a usable sandbox from a pool (id or name). Other
+        """Takes a usable sandbox from a pool (its id). Other
         ClaimPoolRequest fields (a network policy) go as keywords."""
         r = await self._call(self.pool_service.ClaimPool,
                              pb.ClaimPoolRequest(pool_id=pool, labels=dict(labels or {}), ttl=_duration(ttl), **fields),
@@ -455,6 +481,14 @@ class AsyncSandbox:
 
         opts = {**self.client._aci_options, **options}
         return await aci.dial(ep.url, token_source=token_source, timeout=timeout, **opts)
+
+    async def extend(self, ttl: Seconds, *, timeout: float | None = None) -> pb.Sandbox:
+        """Deletes the sandbox ``ttl`` seconds from now (longer or shorter
+        than before)."""
+        r = await self.client._call(self.client.sandbox_service.ExtendSandbox,
+                                    pb.ExtendSandboxRequest(id=self.id, ttl=_duration(ttl)), timeout)
+        self.info = r.sandbox
+        return r.sandbox
 
     async def checkpoint(self, *, tier: int = 0, name: str = "", labels: Mapping[str, str] | None = None,
                          stop: bool = False, timeout: float | None = None, **fields: Any) -> "AsyncCheckpoint":

@@ -117,7 +117,7 @@ class CheckpointTiming(_message.Message):
     def __init__(self, frozen: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., dump: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., layer: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., total: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimPoolRequest(_message.Message):
-    __slots__ = ["labels", "network_policy", "pool_id", "ttl"]
+    __slots__ = ["labels", "network_policy", "pool_id", "request_id", "ttl"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,12 +128,14 @@ class ClaimPoolRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
     network_policy: NetworkPolicy
     pool_id: str
+    request_id: str
     ttl: _duration_pb2.Duration
-    def __init__(self, pool_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+    def __init__(self, pool_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ClaimPoolResponse(_message.Message):
     __slots__ = ["endpoint", "hit", "sandbox", "took"]
@@ -148,7 +150,7 @@ class ClaimPoolResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., hit: bool = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CreateCheckpointRequest(_message.Message):
-    __slots__ = ["labels", "name", "sandbox_id", "stop", "tier"]
+    __slots__ = ["labels", "name", "request_id", "sandbox_id", "stop", "tier"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,15 +160,17 @@ class CreateCheckpointRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
     name: str
+    request_id: str
     sandbox_id: str
     stop: bool
     tier: CheckpointTier
-    def __init__(self, sandbox_id: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., stop: bool = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., stop: bool = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateCheckpointResponse(_message.Message):
     __slots__ = ["checkpoint"]
@@ -208,7 +212,7 @@ class CreatePoolResponse(_message.Message):
     def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ["env", "image", "labels", "network", "resources", "run_as_root", "screen", "ttl", "wait_ready"]
+    __slots__ = ["env", "image", "labels", "network", "request_id", "resources", "run_as_root", "screen", "ttl", "wait_ready"]
     class EnvEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +231,7 @@ class CreateSandboxRequest(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_ROOT_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FIELD_NUMBER: _ClassVar[int]
@@ -236,12 +241,13 @@ class CreateSandboxRequest(_message.Message):
     image: str
     labels: _containers.ScalarMap[str, str]
     network: Network
+    request_id: str
     resources: Resources
     run_as_root: bool
     screen: Screen
     ttl: _duration_pb2.Duration
     wait_ready: bool
-    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ...) -> None: ...
+    def __init__(self, image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., wait_ready: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ["endpoint", "sandbox"]
@@ -331,8 +337,22 @@ class ExposePortResponse(_message.Message):
     url: str
     def __init__(self, url: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
+class ExtendSandboxRequest(_message.Message):
+    __slots__ = ["id", "ttl"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, id: _Optional[str] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ExtendSandboxResponse(_message.Message):
+    __slots__ = ["sandbox"]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "count", "labels", "network_policy", "resources", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "count", "labels", "network_policy", "request_id", "resources", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +364,7 @@ class ForkCheckpointRequest(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
@@ -351,10 +372,11 @@ class ForkCheckpointRequest(_message.Message):
     count: int
     labels: _containers.ScalarMap[str, str]
     network_policy: NetworkPolicy
+    request_id: str
     resources: Resources
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
     __slots__ = ["replicas"]
@@ -453,7 +475,7 @@ class LimitReached(_message.Message):
     def __init__(self, limit: _Optional[_Union[SandboxLimit, str]] = ..., count: _Optional[int] = ..., first_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
-    __slots__ = ["labels", "root_id"]
+    __slots__ = ["labels", "page_size", "page_token", "root_id"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -462,29 +484,41 @@ class ListCheckpointsRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ROOT_ID_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
+    page_size: int
+    page_token: str
     root_id: str
-    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., root_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., root_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsResponse(_message.Message):
-    __slots__ = ["checkpoints"]
+    __slots__ = ["checkpoints", "next_page_token"]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     checkpoints: _containers.RepeatedCompositeFieldContainer[Checkpoint]
-    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[Checkpoint, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListPoolsRequest(_message.Message):
-    __slots__ = []
-    def __init__(self) -> None: ...
+    __slots__ = ["page_size", "page_token"]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
-    __slots__ = ["pools"]
+    __slots__ = ["next_page_token", "pools"]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    next_page_token: str
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
-    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListSandboxesRequest(_message.Message):
-    __slots__ = ["labels", "states"]
+    __slots__ = ["labels", "page_size", "page_token", "states"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -493,16 +527,22 @@ class ListSandboxesRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     labels: _containers.ScalarMap[str, str]
+    page_size: int
+    page_token: str
     states: _containers.RepeatedScalarFieldContainer[SandboxState]
-    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., states: _Optional[_Iterable[_Union[SandboxState, str]]] = ...) -> None: ...
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ..., states: _Optional[_Iterable[_Union[SandboxState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListSandboxesResponse(_message.Message):
-    __slots__ = ["sandboxes"]
+    __slots__ = ["next_page_token", "sandboxes"]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    next_page_token: str
     sandboxes: _containers.RepeatedCompositeFieldContainer[Sandbox]
-    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ...) -> None: ...
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[Sandbox, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Network(_message.Message):
     __slots__ = ["mode", "policy"]
@@ -683,6 +723,20 @@ class UnexposePortRequest(_message.Message):
 class UnexposePortResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
+
+class UpdatePoolRequest(_message.Message):
+    __slots__ = ["id", "size"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    size: int
+    def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class UpdatePoolResponse(_message.Message):
+    __slots__ = ["pool"]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: Pool
+    def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
 
 class UpdateSandboxNetworkRequest(_message.Message):
     __slots__ = ["id", "policy"]

@@ -80,6 +80,11 @@ class SandboxServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.FromString,
                 )
+        self.ExtendSandbox = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/ExtendSandbox',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -179,6 +184,14 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExtendSandbox(self, request, context):
+        """ExtendSandbox sets when a sandbox is deleted: ttl from now, later or
+        earlier than its expires_at was (also on a sandbox created without one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +259,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.UnexposePort,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.SerializeToString,
+            ),
+            'ExtendSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendSandbox,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +494,23 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/UnexposePort',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.UnexposePortResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExtendSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/ExtendSandbox',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -781,6 +816,11 @@ class PoolServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolResponse.FromString,
                 )
+        self.UpdatePool = channel.unary_unary(
+                '/forkfleet.controld.v1.PoolService/UpdatePool',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolResponse.FromString,
+                )
 
 
 class PoolServiceServicer(object):
@@ -819,6 +859,15 @@ class PoolServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePool(self, request, context):
+        """UpdatePool changes a pool's size: a larger pool fills up, a smaller one
+        removes the warm members past its size (claimed sandboxes are the
+        callers'). Hits and misses are kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -846,6 +895,11 @@ def add_PoolServiceServicer_to_server(servicer, server):
                     servicer.ClaimPool,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolResponse.SerializeToString,
+            ),
+            'UpdatePool': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePool,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -940,5 +994,22 @@ class PoolService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.PoolService/ClaimPool',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.ClaimPoolResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UpdatePool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.PoolService/UpdatePool',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
