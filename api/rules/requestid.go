@@ -85,6 +85,7 @@ type Dedup struct {
 
 	mu      sync.Mutex
 	flights map[string]*flight
+	wg      sync.WaitGroup // answers being stored
 }
 
 type flight struct {
@@ -145,43 +146,61 @@ func (d *Dedup) Do(ctx context.Context, method, requestID string, req proto.Mess
 		}
 		d.flights[key] = f
 		d.mu.Unlock()
-		resp, err := d.lead(ctx, key, fp, newResp, recover, call)
+		resp, store, err := d.lead(ctx, key, fp, newResp, recover, call)
 		d.mu.Lock()
 		f.resp = resp
-		delete(d.flights, key)
 		close(f.done)
+		if store == nil {
+			delete(d.flights, key)
+		}
 		d.mu.Unlock()
+		if store != nil {
+			// The answer goes to the caller now and to the store behind it
+			// (a durable write costs a disk flush: not on the call's path).
+			// Until it is there the flight answers repeats; a crash in
+			// between leaves recover to find the work.
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				store()
+				d.mu.Lock()
+				delete(d.flights, key)
+				d.mu.Unlock()
+			}()
+		}
 		return resp, err
 	}
 }
 
+// Wait returns once the answers given so far are stored (tests, shutdown).
+func (d *Dedup) Wait() { d.wg.Wait() }
+
 // lead is the one call of a key running now: the stored response, what
 // recover finds, or a fresh run, stored on success.
 func (d *Dedup) lead(ctx context.Context, key string, fp []byte, newResp func() proto.Message, recover Recover,
-	call Call) (proto.Message, error) {
+	call Call) (resp proto.Message, store func(), err error) {
 	now := time.Now
 	if d.Now != nil {
 		now = d.Now
 	}
 	rec, err := d.Store.GetRequest(key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rec != nil && now().Before(rec.Expires) {
 		if string(rec.Fingerprint) != string(fp) {
-			return nil, reused(key)
+			return nil, nil, reused(key)
 		}
 		resp := newResp()
 		if err := proto.Unmarshal(rec.Response, resp); err != nil {
-			return nil, fmt.Errorf("%w: stored response of %s: %w", errdefs.ErrInternal, key, err)
+			return nil, nil, fmt.Errorf("%w: stored response of %s: %w", errdefs.ErrInternal, key, err)
 		}
-		return resp, nil
+		return resp, nil, nil
 	}
-	var resp proto.Message
 	if recover != nil {
 		r, ok, err := recover(ctx, key, fp)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if ok {
 			resp = r
@@ -189,15 +208,17 @@ func (d *Dedup) lead(ctx context.Context, key string, fp []byte, newResp func() 
 	}
 	if resp == nil {
 		if resp, err = call(ctx, Request{Key: key, Fingerprint: fp}); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	// The work is done whether or not this write lands: a repeat that finds
-	// no record finds the work through recover.
-	if b, err := (proto.MarshalOptions{Deterministic: true}).Marshal(resp); err == nil {
-		_ = d.Store.PutRequest(&RequestRecord{Key: key, Fingerprint: fp, Response: b, Expires: now().Add(RequestIDTTL)})
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+	if err != nil {
+		return resp, nil, nil // never stored: repeats find the work through recover
 	}
-	return resp, nil
+	rec = &RequestRecord{Key: key, Fingerprint: fp, Response: b, Expires: now().Add(RequestIDTTL)}
+	// The work is done whether or not the write lands: a repeat that finds
+	// no record finds the work through recover.
+	return resp, func() { _ = d.Store.PutRequest(rec) }, nil
 }
 
 func reused(key string) error {

@@ -290,6 +290,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.CloseWatches()
 	select {
 	case <-done:
+		m.requests.Wait() // answers of request ids still being stored
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("fleet: background work still running at shutdown deadline: %w", ctx.Err())

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,9 +98,9 @@ func TestForkNetworkVerifier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var n atomic.Int32 // replicas restore concurrently
 	e.rt.OnRestore = func(_ fleet.BootSpec, g *fleettest.Guestd) {
-		if n++; n == 2 {
+		if n.Add(1) == 2 {
 			g.LoopbackDown = true
 		}
 	}
