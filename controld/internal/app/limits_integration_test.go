@@ -70,9 +70,11 @@ func run(t *testing.T, ctx context.Context, sess *aci.Session, script string, ti
 	return r
 }
 
-// A sandbox that prints without end, through its init's stdout and stderr
-// (which a root process of the sandbox can open), never keeps more than its
-// log budget on the host, and is not held up by its log.
+// A sandbox that prints without end never keeps more than its log budget on
+// the host, and is not held up by its log. The flood goes where a sandbox's
+// own output reaches the host: the output of a program guestd supervises
+// (xterm's stdout, which the agent user can open: guestd itself is not
+// dumpable, so its /proc/1/fd is closed to every sandbox process).
 func TestRealStackLogFlood(t *testing.T) {
 	s := newStackIn(t, "forkfleet-limits-it")
 	s.launch(0)
@@ -81,10 +83,14 @@ func TestRealStackLogFlood(t *testing.T) {
 	if got := sb.GetResources().GetLogBytes(); got != budget {
 		t.Fatalf("log budget %d", got)
 	}
-	// 64 MiB to stdout and 64 MiB to stderr, then a last line.
+	// Two writers of 64 MiB of lines each, then a last line.
 	start := time.Now()
-	r := run(t, s.ctx, sess, `head -c 67108864 /dev/zero | tr '\0' x >/proc/1/fd/1 &
-head -c 67108864 /dev/zero | tr '\0' y >/proc/1/fd/2; wait; echo the-last-line >/proc/1/fd/1`, time.Minute)
+	r := run(t, s.ctx, sess, `set -e
+for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = xterm ] && out=$p/fd/1 && break; done
+[ -n "$out" ] || { echo no xterm >&2; exit 3; }
+line=$(head -c 200 /dev/zero | tr '\0' x)
+yes "$line" | head -c 67108864 >$out &
+yes "${line}y" | head -c 67108864 >$out; wait; echo the-last-line >$out`, time.Minute)
 	if r.ExitCode != 0 {
 		t.Fatalf("flood: exit %d %s", r.ExitCode, r.Stderr)
 	}

@@ -44,12 +44,13 @@ import (
 //     its chain (the one runc installed; later ones only restrict further,
 //     the kernel applying every filter of the chain) is one this host
 //     installs: the filters found in this host's own memory checkpoints,
-//     kept in <StateDir>/seccomp-roots. With none known yet, import takes a
-//     throwaway checkpoint of a sandbox of the base image to learn it.
+//     kept in <StateDir>/seccomp-roots.v2. With none known yet, import takes
+//     a throwaway checkpoint of a sandbox of the base image to learn it.
 //
-// Libseccomp compiles the same profile to the same program, so checkpoints
-// exported by hosts with the same runtime pass; others are refused with
-// CHECKPOINT_POLICY.
+// Libseccomp compiles the same profile to the same program, and runc puts
+// a stub in front whose order varies run to run (filterDigest leaves it
+// out), so checkpoints exported by hosts with the same runtime pass; others
+// are refused with CHECKPOINT_POLICY.
 
 // Limits on the images read here: they come from another host.
 const (
@@ -57,7 +58,9 @@ const (
 	maxPolicyThreads    = 1 << 16
 )
 
-const seccompRootsFile = "seccomp-roots"
+// seccompRootsFile keeps the digests (filterDigest); v2 leaves runc's stub
+// out, so a v1 file is not read.
+const seccompRootsFile = "seccomp-roots.v2"
 
 // processPolicy is what a restored process may hold on this host.
 type processPolicy struct {
@@ -128,9 +131,71 @@ func (s *seccompRoots) learn(imageDir string) error {
 	return writeFileAtomic(s.path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
+// filterDigest names a filter program by what it lets through: the sha256
+// of the program after runc's ENOSYS stub (see enosysStubLen).
 func filterDigest(f *criuseccomp.SeccompFilter) string {
-	sum := sha256.Sum256(f.GetFilter())
+	prog := f.GetFilter()
+	sum := sha256.Sum256(prog[enosysStubLen(prog)*bpfInsnSize:])
 	return hex.EncodeToString(sum[:])
+}
+
+// Classic BPF as seccomp runs it (linux/filter.h, linux/seccomp.h).
+const (
+	bpfInsnSize   = 8 // struct sock_filter: code u16, jt u8, jf u8, k u32
+	bpfLdWAbs     = 0x20
+	bpfClassMask  = 0x07
+	bpfJmp        = 0x05
+	bpfOpMask     = 0xf0
+	bpfSrcX       = 0x08
+	bpfJA         = 0x00
+	bpfRetK       = 0x06
+	seccompENOSYS = 0x00050000 | 38 // SECCOMP_RET_ERRNO | ENOSYS
+)
+
+// enosysStubLen is the number of instructions of the stub runc puts before
+// libseccomp's program (it answers ENOSYS to syscalls newer than the
+// profile), 0 when prog does not start with one. runc orders the stub's
+// per-architecture blocks by a Go map walk, so one profile gives programs
+// that differ only there, run to run. Leaving the stub out of the digest is
+// sound for any prefix accepted here: loads of seccomp_data, forward jumps
+// that stay inside it or land just past it, and one ENOSYS return at its
+// end. Such a prefix can only refuse a call or hand it, registers holding
+// nothing but a load, to the rest of the program, which the digest covers.
+func enosysStubLen(prog []byte) int {
+	n := len(prog) / bpfInsnSize
+	insn := func(i int) (code uint16, jt, jf int, k uint32) {
+		in := prog[i*bpfInsnSize:]
+		return binary.LittleEndian.Uint16(in), int(in[2]), int(in[3]), binary.LittleEndian.Uint32(in[4:])
+	}
+	end := 0 // the first return, which must be the stub's ENOSYS
+	for ; end < n; end++ {
+		if code, _, _, _ := insn(end); code&bpfClassMask == bpfRetK {
+			break
+		}
+	}
+	if end == n {
+		return 0
+	}
+	if code, _, _, k := insn(end); code != bpfRetK || k != seccompENOSYS {
+		return 0
+	}
+	for i := 0; i < end; i++ {
+		code, jt, jf, k := insn(i)
+		switch {
+		case code == bpfLdWAbs:
+		case code&bpfClassMask == bpfJmp && code&bpfSrcX == 0:
+			far := max(jt, jf)
+			if code&bpfOpMask == bpfJA {
+				far = int(k)
+			}
+			if i+1+far > end+1 {
+				return 0
+			}
+		default:
+			return 0
+		}
+	}
+	return end + 1
 }
 
 // checkProcessState refuses CRIU images whose threads would hold more than

@@ -23,6 +23,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/archive"
@@ -182,7 +183,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef,
 	g, gctx := errgroup.WithContext(ctx)
 	if memory {
 		g.Go(func() error {
-			d, err := writeStreamBlob(gctx, cs, MediaTypeCheckpointCRIU, func(w io.Writer) error {
+			d, err := writeStreamBlob(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIU, func(w io.Writer) error {
 				return writeTreeTar(gctx, w, criuDir)
 			})
 			if err != nil {
@@ -618,7 +619,7 @@ func (r *Runtime) exportLayer(ctx context.Context, cs content.Store, layer strin
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
 	}
-	return writeStreamBlob(ctx, cs, ocispec.MediaTypeImageLayer, func(w io.Writer) error {
+	return writeStreamBlob(ctx, cs, r.client.LeasesService(), ocispec.MediaTypeImageLayer, func(w io.Writer) error {
 		return writeOverlayDiff(ctx, w, dir)
 	})
 }
@@ -788,12 +789,44 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 }
 
 // writeStreamBlob streams produce's output into the content store and
-// commits it under its digest. Content already present is kept as is.
-func writeStreamBlob(ctx context.Context, cs content.Store, mediaType string, produce func(io.Writer) error) (ocispec.Descriptor, error) {
+// commits it under its digest, held by ctx's lease. Content already present
+// is kept as is.
+func writeStreamBlob(ctx context.Context, cs content.Store, ls leases.Manager, mediaType string, produce func(io.Writer) error) (ocispec.Descriptor, error) {
+	// A blob that was already there is left out of the writer's lease by
+	// containerd (2.4): if its last owner was just deleted (an export of
+	// the same checkpoint again, a deleted image of it), a collection can
+	// remove it before the manifest that will hold it is written. Lease it
+	// by hand; should it be gone by then, the second pass writes it anew,
+	// which leases it.
+	for pass := 0; ; pass++ {
+		desc, existed, err := commitStreamBlob(ctx, cs, mediaType, produce)
+		if err != nil || !existed {
+			return desc, err
+		}
+		lid, ok := leases.FromContext(ctx)
+		if !ok {
+			return desc, fmt.Errorf("blob %s: %w: written without a lease", desc.Digest, errdefs.ErrInternal)
+		}
+		if err := ls.AddResource(ctx, leases.Lease{ID: lid}, leases.Resource{ID: desc.Digest.String(), Type: "content"}); err != nil {
+			return desc, fmt.Errorf("lease blob %s: %w", desc.Digest, convertErr(err))
+		}
+		_, err = cs.Info(ctx, desc.Digest)
+		if err == nil {
+			return desc, nil
+		}
+		if !cerrdefs.IsNotFound(err) || pass > 0 {
+			return desc, fmt.Errorf("blob %s: %w", desc.Digest, convertErr(err))
+		}
+	}
+}
+
+// commitStreamBlob is one pass of writeStreamBlob; existed reports content
+// that was in the store already.
+func commitStreamBlob(ctx context.Context, cs content.Store, mediaType string, produce func(io.Writer) error) (desc ocispec.Descriptor, existed bool, _ error) {
 	ref := "forkfleet-export-" + randomHex(8)
 	w, err := content.OpenWriter(ctx, cs, content.WithRef(ref))
 	if err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("content writer: %w", convertErr(err))
+		return desc, false, fmt.Errorf("content writer: %w", convertErr(err))
 	}
 	open := true
 	defer func() {
@@ -806,18 +839,21 @@ func writeStreamBlob(ctx context.Context, cs content.Store, mediaType string, pr
 	cnt := &countingWriter{w: io.MultiWriter(w, dg.Hash())}
 	bw := bufio.NewWriterSize(cnt, blobBufferBytes)
 	if err := produce(bw); err != nil {
-		return ocispec.Descriptor{}, convertWriteErr(err)
+		return desc, false, convertWriteErr(err)
 	}
 	if err := bw.Flush(); err != nil {
-		return ocispec.Descriptor{}, convertWriteErr(err)
+		return desc, false, convertWriteErr(err)
 	}
-	desc := ocispec.Descriptor{MediaType: mediaType, Digest: dg.Digest(), Size: cnt.n}
-	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil && !cerrdefs.IsAlreadyExists(err) {
-		return ocispec.Descriptor{}, fmt.Errorf("commit blob: %w", convertErr(err))
+	desc = ocispec.Descriptor{MediaType: mediaType, Digest: dg.Digest(), Size: cnt.n}
+	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil {
+		if !cerrdefs.IsAlreadyExists(err) {
+			return desc, false, fmt.Errorf("commit blob: %w", convertErr(err))
+		}
+		existed = true
 	}
 	open = false
 	w.Close()
-	return desc, nil
+	return desc, existed, nil
 }
 
 // convertWriteErr classifies a produce error: containerd's through

@@ -19,6 +19,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	cerrdefs "github.com/containerd/errdefs"
@@ -499,6 +500,75 @@ func exportBlobSize(t *testing.T, r *Runtime, d string) int64 {
 // opaque, imports it, and checks the merged view of the imported layer.
 // The layer is built through the snapshotter directly (testinit cannot
 // delete files), as Checkpoint builds its layers.
+// A blob the content store holds already, with nothing referencing it (its
+// image just deleted), is held by the lease of the export that writes it
+// again: else a collection due to that deletion removes it before the new
+// manifest references it, and the exported image lacks a layer.
+func TestIntegrationExportRewritesLeased(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, exportNamespace+"-again")
+	ctx := r.ctx(context.Background())
+	cs, ls := r.client.ContentStore(), r.client.LeasesService()
+	data := []byte("blob " + randomHex(8))
+	for pass := range 2 {
+		lctx, done, err := r.client.WithLease(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := writeStreamBlob(lctx, cs, ls, "application/octet-stream", func(w io.Writer) error {
+			_, err := w.Write(data)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lid, _ := leases.FromContext(lctx)
+		res, err := ls.ListResources(ctx, leases.Lease{ID: lid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(res, leases.Resource{ID: d.Digest.String(), Type: "content"}) {
+			t.Errorf("pass %d: the blob is not in the writer's lease: %v", pass, res)
+		}
+		// Released without a collection: the blob stays, unreferenced.
+		if err := done(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// End to end: the same checkpoint exported again and again, each
+	// image deleted before the next export.
+	if err := buildAndImport(r); err != nil {
+		t.Fatalf("test image: %v", err)
+	}
+	id := uniqueID("again")
+	bootT(t, r, testSpec(id))
+	ck := checkpointT(t, r, id, fleet.TierMemory, false)
+	is := r.client.ImageService()
+	for i := range 20 {
+		name := "localhost/forkfleet/ck-again:" + strconv.Itoa(i)
+		if _, err := r.ExportCheckpoint(ctx, ck.Ref, nil, name); err != nil {
+			t.Fatal(err)
+		}
+		img, err := is.Get(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := readCheckpointImage(ctx, cs, name, img.Target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range m.manifest.Layers {
+			if _, err := cs.Info(ctx, l.Digest); err != nil {
+				t.Errorf("export %d: %s (%s): %v", i, l.Annotations[ocispec.AnnotationTitle], l.Digest, err)
+			}
+		}
+		if err := is.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestIntegrationExportWhiteouts(t *testing.T) {
 	integration(t)
 	r := newTestRuntime(t, exportNamespace+"-wh")

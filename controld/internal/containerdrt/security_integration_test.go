@@ -337,7 +337,7 @@ func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec fu
 		for _, p := range cores {
 			rewriteCore(t, p, editCore)
 		}
-		d, err := writeStreamBlob(ctx, cs, MediaTypeCheckpointCRIU, func(w io.Writer) error { return writeTreeTar(ctx, w, dir) })
+		d, err := writeStreamBlob(ctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIU, func(w io.Writer) error { return writeTreeTar(ctx, w, dir) })
 		if err != nil {
 			t.Fatal(err)
 		}
