@@ -145,6 +145,31 @@ func TestMetricsPromtoolCheck(t *testing.T) {
 	if t.Failed() {
 		t.Logf("metrics:\n%s", strings.Join(grepLines(body, "forkfleet_controld_"), "\n"))
 	}
+
+	// A deleted pool's series go with it: its size, available and claims
+	// by result, and its warm members' CPU, memory and disk (labelled with
+	// the pool; the claimed ones were deleted by exercise).
+	pools, err := d.pl.ListPools(ctx, &controldv1.ListPoolsRequest{})
+	if err != nil || len(pools.Pools) != 1 {
+		t.Fatalf("pools: %v %v", pools, err)
+	}
+	pool := pools.Pools[0].Id
+	poolLabel := `pool="` + pool + `"`
+	if n := len(grepLines(body, poolLabel)); n < 3 {
+		t.Fatalf("before the delete, %d series of %s", n, poolLabel)
+	}
+	if _, err := d.pl.DeletePool(ctx, &controldv1.DeletePoolRequest{Id: pool}); err != nil {
+		t.Fatalf("delete pool: %v", err)
+	}
+	after := scrape(t, d)
+	if left := grepLines(after, poolLabel); len(left) > 0 {
+		t.Errorf("series of deleted pool %s:\n%s", pool, strings.Join(left, "\n"))
+	}
+	cmd = exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = bytes.NewReader(after)
+	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("promtool check metrics after the pool's delete: %v\n%s", err, out)
+	}
 }
 
 func grepLines(b []byte, sub string) []string {
