@@ -15,6 +15,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/screen"
 )
 
 // Limits of request fields.
@@ -28,8 +29,6 @@ const (
 	MaxName        = 128
 	MaxTTL         = 30 * 24 * time.Hour
 	MaxWaitTimeout = time.Hour
-	MinScreenEdge  = 64
-	MaxScreenEdge  = 8192
 	MaxForkCount   = 64
 	MaxPoolSize    = 64
 )
@@ -54,21 +53,19 @@ func Image(field, ref string) error {
 	return nil
 }
 
-// Screen checks an optional screen geometry.
+// Screen checks an optional screen geometry (package screen's bounds).
 func Screen(field string, s *controldv1.Screen) error {
 	if s == nil {
 		return nil
 	}
-	if w := s.GetWidth(); w < MinScreenEdge || w > MaxScreenEdge {
-		return errdefs.InvalidField(field+".width", "%d out of range %d..%d", w, MinScreenEdge, MaxScreenEdge)
+	if w := s.GetWidth(); !screen.EdgeOK(int(w)) {
+		return errdefs.InvalidField(field+".width", "%d out of range %d..%d", w, screen.MinEdge, screen.MaxEdge)
 	}
-	if h := s.GetHeight(); h < MinScreenEdge || h > MaxScreenEdge {
-		return errdefs.InvalidField(field+".height", "%d out of range %d..%d", h, MinScreenEdge, MaxScreenEdge)
+	if h := s.GetHeight(); !screen.EdgeOK(int(h)) {
+		return errdefs.InvalidField(field+".height", "%d out of range %d..%d", h, screen.MinEdge, screen.MaxEdge)
 	}
-	switch s.GetDepth() {
-	case 0, 8, 15, 16, 24, 30:
-	default:
-		return errdefs.InvalidField(field+".depth", "%d: must be 8, 15, 16, 24 or 30 (0 means 24)", s.GetDepth())
+	if d := s.GetDepth(); !screen.DepthOK(int(d)) {
+		return errdefs.InvalidField(field+".depth", "%d: must be %d (0 means %d)", d, screen.Depth, screen.Depth)
 	}
 	return nil
 }

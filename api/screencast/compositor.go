@@ -41,6 +41,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/api/screen"
 )
 
 // FormatZlib is the image format of zlib delta frames.
@@ -77,8 +78,8 @@ var (
 )
 
 // DefaultMaxFrameEdge bounds a keyframe's width and height unless
-// WithMaxFrame says otherwise: the largest screen controld boots.
-const DefaultMaxFrameEdge = 8192
+// WithMaxFrame says otherwise: the largest screen a sandbox can have.
+const DefaultMaxFrameEdge = screen.MaxEdge
 
 // Painting bounds per frame: every tile and zlib record costs its area, and
 // at least minPaintCost pixels (its own overhead), against paintFactor

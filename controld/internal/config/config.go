@@ -17,6 +17,8 @@ import (
 	"time"
 
 	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/forkfleet/forkfleet/api/screen"
 )
 
 //go:embed default.toml
@@ -305,8 +307,9 @@ func (c *Config) Validate() error {
 	if c.Network.MTU != 0 && (c.Network.MTU < 576 || c.Network.MTU > 65535) {
 		errs = append(errs, fmt.Errorf("network.mtu %d: 0 (the host's) or 576..65535", c.Network.MTU))
 	}
-	if c.DefaultScreen.Width == 0 || c.DefaultScreen.Height == 0 {
-		errs = append(errs, errors.New("default_screen: width and height must be positive"))
+	if d := c.DefaultScreen; !screen.EdgeOK(int(d.Width)) || !screen.EdgeOK(int(d.Height)) || !screen.DepthOK(int(d.Depth)) {
+		errs = append(errs, fmt.Errorf("default_screen %dx%dx%d: width and height %d..%d, depth %d (or 0)",
+			d.Width, d.Height, d.Depth, screen.MinEdge, screen.MaxEdge, screen.Depth))
 	}
 	if c.GRPC.UnixSocket == "" && c.GRPC.TCPAddress == "" {
 		errs = append(errs, errors.New("grpc: at least one of unix_socket and tcp_address must be set"))

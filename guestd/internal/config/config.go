@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/forkfleet/forkfleet/api/screen"
 )
 
 // DefaultPath is where the image installs the config file.
@@ -259,13 +261,11 @@ func ParseScreen(s string) (Screen, error) {
 }
 
 func (s Screen) validate() error {
-	if s.Width < 64 || s.Height < 64 || s.Width > 16384 || s.Height > 16384 {
-		return fmt.Errorf("screen %dx%d out of range (64..16384)", s.Width, s.Height)
+	if !screen.EdgeOK(s.Width) || !screen.EdgeOK(s.Height) {
+		return fmt.Errorf("screen %dx%d out of range (%d..%d)", s.Width, s.Height, screen.MinEdge, screen.MaxEdge)
 	}
-	switch s.Depth {
-	case 16, 24, 32:
-	default:
-		return fmt.Errorf("screen depth %d: want 16, 24 or 32", s.Depth)
+	if s.Depth != screen.Depth {
+		return fmt.Errorf("screen depth %d: want %d", s.Depth, screen.Depth)
 	}
 	return nil
 }

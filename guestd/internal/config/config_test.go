@@ -28,6 +28,8 @@ func TestDefaultAndEnv(t *testing.T) {
 func TestInvalid(t *testing.T) {
 	for name, body := range map[string]string{
 		"unknown field":       `{"display":":0","bogus":1}`,
+		"depth 16":            `{"display":":0","screen":{"width":800,"height":600,"depth":16},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
+		"wider than controld": `{"display":":0","screen":{"width":16384,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
 		"bad display":         `{"display":"0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"}}`,
 		"bad color":           `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"root_color":"blue"}`,
 		"no listener":         `{"display":":0","screen":{"width":800,"height":600,"depth":24},"xvfb":{"path":"/usr/bin/Xvfb"}}`,

@@ -702,10 +702,11 @@ func (x *LimitReached) GetMessage() string {
 }
 
 type Screen struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Width  uint32                 `protobuf:"varint,1,opt,name=width,proto3" json:"width,omitempty"`
-	Height uint32                 `protobuf:"varint,2,opt,name=height,proto3" json:"height,omitempty"`
-	// 24 when 0.
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Width and height: 64 to 8192 pixels (api/screen).
+	Width  uint32 `protobuf:"varint,1,opt,name=width,proto3" json:"width,omitempty"`
+	Height uint32 `protobuf:"varint,2,opt,name=height,proto3" json:"height,omitempty"`
+	// 0 or 24, the one depth a sandbox runs (guestd captures a 24-bit root).
 	Depth         uint32 `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
