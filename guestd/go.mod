@@ -1,6 +1,6 @@
 module github.com/forkfleet/forkfleet/guestd
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/coder/websocket v1.8.15
@@ -13,6 +13,10 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
-require github.com/klauspost/cpuid/v2 v2.2.10 // indirect
+require (
+	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+)
 
 replace github.com/forkfleet/forkfleet/api => ../api

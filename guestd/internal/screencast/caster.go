@@ -9,8 +9,9 @@
 // blocks, damage accumulates as a bounded union and the next frame covers
 // it, so a slow client costs guestd neither memory nor stale frames.
 //
-// The package does not know about sessions; see WIRING.md for how the ACI
-// server plugs Start, Stop and Keyframe into its requests and events.
+// The package does not know about sessions: the ACI server (internal/aci)
+// owns one Caster per display and plugs Start, Stop and Keyframe into its
+// requests and events.
 package screencast
 
 import (
