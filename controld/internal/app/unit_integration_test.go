@@ -1,8 +1,10 @@
 package app_test
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,10 +14,12 @@ import (
 
 // TestRealStackUnitHardening runs controld under its systemd unit's
 // confinement (NoNewPrivileges, the capability bounding set, UMask,
-// LimitNOFILE, OOMScoreAdjust, read from the unit file and applied with a
-// shell and setpriv, since these hosts have no systemd as PID 1) and takes
+// LimitNOFILE, OOMScoreAdjust and the seccomp-based settings, read from the
+// unit file and applied with a shell, setpriv and systemd's filters
+// (seccompExec), since these hosts have no systemd as PID 1) and takes
 // what the confinement could break: a boot, a live checkpoint (controld
-// runs CRIU's dump itself), a verified fork, deletes.
+// runs CRIU's dump itself), a verified fork, deletes. Then it tries each
+// seccomp-based setting the unit leaves out on a dump of that sandbox.
 func TestRealStackUnitHardening(t *testing.T) {
 	keys := parseUnit(t, filepath.Join(unitDir, "forkfleet-controld.service"))
 	s := newProcStack(t)
@@ -39,6 +43,14 @@ func TestRealStackUnitHardening(t *testing.T) {
 	if fields["Umask"] != "0077" {
 		t.Errorf("Umask %q", fields["Umask"])
 	}
+	for _, k := range keys {
+		if _, ok := seccompSettings[k.key]; ok || k.key == archNative {
+			if fields["Seccomp"] != "2" {
+				t.Errorf("%s=%s in the unit, but Seccomp %q (want 2, filtered)", k.key, k.value, fields["Seccomp"])
+			}
+			break
+		}
+	}
 	bnd, err := strconv.ParseUint(fields["CapBnd"], 16, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +61,39 @@ func TestRealStackUnitHardening(t *testing.T) {
 	}
 
 	s.checkpointForkDelete(src)
+
+	// The seccomp-based settings, each tried on its own against a dump of
+	// the same sandbox: every one breaks it. The kernel refuses
+	// PTRACE_O_SUSPEND_SECCOMP to a tracer under any seccomp filter, and
+	// CRIU needs it to dump processes that have one (runc gives every
+	// sandbox containerd's profile); RestrictSUIDSGID refuses openat2,
+	// with which controld reaches guestd's socket, before that. So the
+	// unit has none of them (deploy/README.md, "Hardening").
+	hardened := s.wrap
+	layersBefore, _ := s.checkpointLayers()
+	for _, setting := range append(slices.Sorted(maps.Keys(seccompSettings)), archNative) {
+		want := "suspending seccomp failed: Operation not permitted"
+		if setting == "RestrictSUIDSGID" {
+			want = "operation not permitted"
+		}
+		s.stop()
+		s.wrap = append(slices.Clone(hardened), seccompExec(t, []string{setting})...)
+		s.start()
+		_, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: src})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("checkpoint under %s: %v, want an error with %q", seccompSettingLine(setting), err, want)
+		} else {
+			t.Logf("%s breaks a dump: %s", seccompSettingLine(setting), firstLine(err.Error()))
+		}
+		if st := s.freezerState(src); st != "THAWED" {
+			t.Errorf("source freezer after the refused checkpoint under %s: %s", setting, st)
+		}
+		s.assertNoHalfCheckpoint(src, layersBefore)
+	}
+	s.stop()
+	s.wrap = hardened
+	s.start()
+
 	if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: src}); err != nil {
 		t.Fatal(err)
 	}
@@ -56,4 +101,17 @@ func TestRealStackUnitHardening(t *testing.T) {
 	if ids := s.containerIDs(); len(ids) != 0 {
 		t.Errorf("containers left in %s: %v", s.ns, ids)
 	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// seccompSettingLine is the unit line of a seccomp-based setting.
+func seccompSettingLine(setting string) string {
+	if setting == archNative {
+		return setting + "=native"
+	}
+	return setting + "=yes"
 }

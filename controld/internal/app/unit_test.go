@@ -56,16 +56,19 @@ var (
 	}
 	confinementKeys = map[string]bool{
 		"NoNewPrivileges": true, "CapabilityBoundingSet": true, "UMask": true, "LimitNOFILE": true, "OOMScoreAdjust": true,
+		"LockPersonality": true, "RestrictRealtime": true, "MemoryDenyWriteExecute": true, "RestrictSUIDSGID": true,
+		"SystemCallArchitectures": true,
 	}
 )
 
 // hardeningWrapper returns the command that applies the unit's
 // confinement to what it runs, as systemd would: umask, resource limit and
-// OOM score from a shell, then setpriv for no_new_privs and the capability
-// bounding set.
+// OOM score from a shell, setpriv for no_new_privs and the capability
+// bounding set, then systemd's seccomp filters for the seccomp-based
+// settings (seccompExec).
 func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 	t.Helper()
-	var script, setpriv []string
+	var script, setpriv, seccomp []string
 	for _, k := range keys {
 		if k.section != "Service" || lifecycleKeys[k.key] {
 			continue
@@ -97,12 +100,26 @@ func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 			// Lowering it takes CAP_SYS_RESOURCE too: applied where it can
 			// be (it does not concern CRIU).
 			script = append(script, "{ echo "+k.value+" > /proc/self/oom_score_adj; } 2>/dev/null || :")
+		case "LockPersonality", "RestrictRealtime", "MemoryDenyWriteExecute", "RestrictSUIDSGID":
+			if k.value != "yes" {
+				t.Fatalf("%s=%s: the test applies only yes", k.key, k.value)
+			}
+			seccomp = append(seccomp, k.key)
+		case "SystemCallArchitectures":
+			if k.value != "native" {
+				t.Fatalf("%s=%s: the test applies only native", k.key, k.value)
+			}
+			seccomp = append(seccomp, archNative)
 		default:
 			t.Fatalf("unit setting %s=%s: not applied by the hardening test", k.key, k.value)
 		}
 	}
 	script = append(script, `exec "$@"`)
-	return append([]string{"/bin/sh", "-ec", strings.Join(script, "; "), "sh", "setpriv"}, setpriv...)
+	wrap := append([]string{"/bin/sh", "-ec", strings.Join(script, "; "), "sh", "setpriv"}, setpriv...)
+	if len(seccomp) > 0 {
+		wrap = append(wrap, seccompExec(t, seccomp)...)
+	}
+	return wrap
 }
 
 // The units pass systemd-analyze verify, and every setting of controld's is
