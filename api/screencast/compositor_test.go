@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -87,14 +88,14 @@ func (z *zlibStream) records(t testing.TB, seq uint64, w, h int, recs ...rec) *a
 		for _, v := range []int32{r.r.GetX(), r.r.GetY(), r.r.GetWidth(), r.r.GetHeight()} {
 			in = binary.LittleEndian.AppendUint16(in, uint16(v))
 		}
-		if r.body[0] == zlibOpCopy {
+		if r.body[0] == wire.ZlibOpCopy {
 			in = binary.LittleEndian.AppendUint16(in, uint16(binary.LittleEndian.Uint32(r.body[1:])))
 			in = binary.LittleEndian.AppendUint16(in, uint16(binary.LittleEndian.Uint32(r.body[5:])))
 			continue
 		}
 		in = append(in, r.body[1:]...)
 	}
-	in = append(in, zlibOpEnd)
+	in = append(in, wire.ZlibOpEnd)
 	if _, err := z.zw.Write(in); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func (z *zlibStream) records(t testing.TB, seq uint64, w, h int, recs ...rec) *a
 }
 
 func raw(w, h int, b, g, r byte) []byte {
-	out := []byte{zlibOpRaw}
+	out := []byte{wire.ZlibOpRaw}
 	for i := 0; i < w*h; i++ {
 		out = append(out, b, g, r)
 	}
@@ -118,7 +119,7 @@ func raw(w, h int, b, g, r byte) []byte {
 }
 
 func copyOp(x, y int) []byte {
-	out := []byte{zlibOpCopy, 0, 0, 0, 0, 0, 0, 0, 0}
+	out := []byte{wire.ZlibOpCopy, 0, 0, 0, 0, 0, 0, 0, 0}
 	binary.LittleEndian.PutUint32(out[1:], uint32(x))
 	binary.LittleEndian.PutUint32(out[5:], uint32(y))
 	return out
@@ -149,7 +150,7 @@ func TestZlibTilesBothLayouts(t *testing.T) {
 		// raw 4x2 of (r=1,g=2,b=3), solid 3x3 of (r=9,g=8,b=7)
 		if err := c.Apply(z.frame(t, 2, 64, 48,
 			rec{rect(0, 0, 4, 2), raw(4, 2, 3, 2, 1)},
-			rec{rect(30, 30, 3, 3), []byte{zlibOpSolid, 7, 8, 9}})); err != nil {
+			rec{rect(30, 30, 3, 3), []byte{wire.ZlibOpSolid, 7, 8, 9}})); err != nil {
 			t.Fatal(err)
 		}
 		if got := pixelAt(c, 3, 1); got != [3]byte{1, 2, 3} {
@@ -280,7 +281,7 @@ func TestCompactDeltaFrames(t *testing.T) {
 	if err := c.Apply(f2); err != nil {
 		t.Fatal(err)
 	}
-	f3 := z.frame(t, 3, 0, 0, rec{rect(4, 1, 1, 1), []byte{zlibOpSolid, 1, 2, 3}})
+	f3 := z.frame(t, 3, 0, 0, rec{rect(4, 1, 1, 1), []byte{wire.ZlibOpSolid, 1, 2, 3}})
 	f3.CapturedAtDeltaUs = 250
 	if err := c.Apply(f3); err != nil {
 		t.Fatal(err)

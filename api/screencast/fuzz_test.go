@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -27,7 +28,7 @@ func FuzzApply(f *testing.F) {
 		{StreamId: 1, Seq: 2, Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG, Tiles: []*aciv1.Tile{{Rect: rect(1, 2, 8, 8), Data: pngOf(f, 8, 8, grey)}}},
 		{StreamId: 1, Seq: 2, Format: aciv1.ImageFormat_IMAGE_FORMAT_JPEG, Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 8, 8), Data: jb.Bytes()}}},
 		{StreamId: 1, Seq: 2, Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG, Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 16, 16), Data: pngBomb(8000, 8000)}}},
-		z.records(f, 2, w, h, rec{rect(0, 0, 4, 4), raw(4, 4, 1, 2, 3)}, rec{rect(8, 8, 16, 8), copyOp(0, 0)}, rec{rect(0, 40, 64, 8), []byte{zlibOpSolid, 9, 9, 9}}),
+		z.records(f, 2, w, h, rec{rect(0, 0, 4, 4), raw(4, 4, 1, 2, 3)}, rec{rect(8, 8, 16, 8), copyOp(0, 0)}, rec{rect(0, 40, 64, 8), []byte{wire.ZlibOpSolid, 9, 9, 9}}),
 		{StreamId: 1, Seq: 2, Format: FormatZlibTiles, Tiles: []*aciv1.Tile{{Rect: rect(0, 0, 2, 2), Data: []byte{0x62, 0x60, 0x00, 0x00}}}},
 		{StreamId: 1, Seq: 3, Keyframe: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG, Width: 32768, Height: 32768},
 	}

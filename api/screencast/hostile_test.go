@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -131,7 +132,7 @@ func TestPaintBound(t *testing.T) {
 	z := newZlibStream(t)
 	var recs []rec
 	for range 100000 {
-		recs = append(recs, rec{rect(0, 0, w, h), []byte{zlibOpSolid, 1, 2, 3}})
+		recs = append(recs, rec{rect(0, 0, w, h), []byte{wire.ZlibOpSolid, 1, 2, 3}})
 	}
 	zf := z.records(t, 2, w, h, recs...)
 	t.Logf("100000 full-frame fills in %d bytes", len(zf.GetZlibChunk()))
@@ -150,7 +151,7 @@ func TestPaintBound(t *testing.T) {
 	z = newZlibStream(t)
 	recs = recs[:0]
 	for range 100000 {
-		recs = append(recs, rec{rect(0, 0, 1, 1), []byte{zlibOpSolid, 1, 2, 3}})
+		recs = append(recs, rec{rect(0, 0, 1, 1), []byte{wire.ZlibOpSolid, 1, 2, 3}})
 	}
 	if err := c.Apply(z.records(t, 2, w, h, recs...)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("100000 one-pixel records: %v", err)

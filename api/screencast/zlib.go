@@ -8,6 +8,7 @@ import (
 	"image"
 	"io"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -21,12 +22,6 @@ import (
 // record per tile without a rect. Records: 0x00 raw B,G,R pixels, 0x01
 // copy from src x, y of the framebuffer as it is at that point, 0x02 solid
 // fill, 0x03 end.
-const (
-	zlibOpRaw   = 0
-	zlibOpCopy  = 1
-	zlibOpSolid = 2
-	zlibOpEnd   = 3
-)
 
 // syncFlushTail is the constant end of a sync flush that ZLIB_RECORDS
 // frames leave off.
@@ -166,7 +161,7 @@ func (z *zlibDecoder) applyRecords(c *Compositor, chunk []byte) (records int, er
 		if err != nil {
 			return i, z.fail(i, err)
 		}
-		if op[0] == zlibOpEnd {
+		if op[0] == wire.ZlibOpEnd {
 			return i, z.done(i)
 		}
 		op0 := op[0]
@@ -193,7 +188,7 @@ func (z *zlibDecoder) applyRecords(c *Compositor, chunk []byte) (records int, er
 // ZLIB_RECORDS, its rect) to r.
 func (z *zlibDecoder) record(c *Compositor, op byte, r image.Rectangle) error {
 	switch op {
-	case zlibOpRaw:
+	case wire.ZlibOpRaw:
 		w := r.Dx()
 		for y := 0; y < r.Dy(); y++ {
 			src, err := z.read(3 * w)
@@ -205,7 +200,7 @@ func (z *zlibDecoder) record(c *Compositor, op byte, r image.Rectangle) error {
 				c.putBGR(d[4*x:4*x+4:4*x+4], src[3*x], src[3*x+1], src[3*x+2])
 			}
 		}
-	case zlibOpSolid:
+	case wire.ZlibOpSolid:
 		px, err := z.read(3)
 		if err != nil {
 			return err
@@ -217,7 +212,7 @@ func (z *zlibDecoder) record(c *Compositor, op byte, r image.Rectangle) error {
 				c.putBGR(d[x:x+4:x+4], b, g, rr)
 			}
 		}
-	case zlibOpCopy:
+	case wire.ZlibOpCopy:
 		var sx, sy int
 		if z.legacy {
 			p, err := z.read(8)

@@ -8,7 +8,6 @@ package acitest
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
 	"net"
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
@@ -571,9 +571,7 @@ func (s *Server) handle(ctx context.Context, c *serverConn, m *aciv1.ClientMessa
 		if mark == nil {
 			return errReply(id, aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "", "no memory mark set")
 		}
-		mac := hmac.New(sha256.New, mark)
-		mac.Write(req.MemoryChallenge.GetNonce())
-		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_MemoryChallenge{MemoryChallenge: &aciv1.MemoryChallengeResponse{Mac: mac.Sum(nil)}}})
+		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_MemoryChallenge{MemoryChallenge: &aciv1.MemoryChallengeResponse{Mac: wire.ProofMAC(mark, req.MemoryChallenge.GetNonce())}}})
 	case *aciv1.ClientMessage_Restored:
 		if req.Restored.GetToken() == "" || req.Restored.GetAdminToken() == "" {
 			return errReply(id, aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT, "restored.token", "both tokens are required")

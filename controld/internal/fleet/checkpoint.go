@@ -3,8 +3,6 @@ package fleet
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
@@ -700,9 +699,7 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.C
 		if err != nil {
 			return false, fmt.Sprintf("memory challenge: %v", err)
 		}
-		mac := hmac.New(sha256.New, ck.MemoryValue)
-		mac.Write(nonce)
-		if !hmac.Equal(got, mac.Sum(nil)) {
+		if !wire.ProofOK(ck.MemoryValue, nonce, got) {
 			return false, "memory challenge answer does not match the value marked before the checkpoint"
 		}
 		return true, "in-memory value answers a fresh challenge"
@@ -714,9 +711,7 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.C
 		if err != nil {
 			return false, fmt.Sprintf("connect to the restored listener 127.0.0.1:%d from inside the replica: %v", ck.NetPort, err)
 		}
-		mac := hmac.New(sha256.New, ck.NetValue)
-		mac.Write(nonce)
-		if !hmac.Equal(got, mac.Sum(nil)) {
+		if !wire.ProofOK(ck.NetValue, nonce, got) {
 			return false, fmt.Sprintf("the listener on 127.0.0.1:%d answered, but not with the checkpoint's value", ck.NetPort)
 		}
 		return true, fmt.Sprintf("the restored listener on 127.0.0.1:%d accepts over the replica's loopback", ck.NetPort)

@@ -3,8 +3,6 @@ package aci
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -12,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 )
@@ -96,9 +95,7 @@ func (s *Server) netProbeServe(ln net.Listener) {
 			p.mu.Lock()
 			key := p.value
 			p.mu.Unlock()
-			m := hmac.New(sha256.New, key)
-			m.Write(nonce)
-			fmt.Fprintf(c, "%x\n", m.Sum(nil))
+			fmt.Fprintf(c, "%x\n", wire.ProofMAC(key, nonce))
 		}()
 	}
 }

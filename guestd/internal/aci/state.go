@@ -2,7 +2,6 @@ package aci
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
@@ -221,9 +221,7 @@ func (s *Server) memoryChallenge(req *aciv1.MemoryChallengeRequest) (*aciv1.Memo
 	if key == nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "", "no memory mark set")
 	}
-	m := hmac.New(sha256.New, key)
-	m.Write(req.GetNonce())
-	return &aciv1.MemoryChallengeResponse{Mac: m.Sum(nil)}, nil
+	return &aciv1.MemoryChallengeResponse{Mac: wire.ProofMAC(key, req.GetNonce())}, nil
 }
 
 // restored installs a replica's identity after a CRIU restore: its own

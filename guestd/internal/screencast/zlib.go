@@ -10,6 +10,7 @@ import (
 
 	"github.com/klauspost/compress/flate"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 )
@@ -44,11 +45,6 @@ const (
 	// CapabilityZlib is the HelloRequest/HelloResponse capability that
 	// enables zlib delta frames on a session.
 	CapabilityZlib = "screencast.zlib"
-
-	zlibOpRaw   = 0
-	zlibOpCopy  = 1
-	zlibOpSolid = 2
-	zlibOpEnd   = 3
 )
 
 // syncFlushTail ends every sync flush (the empty stored block's LEN and
@@ -118,7 +114,7 @@ func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]byte, error)
 		}
 		switch {
 		case t.copy:
-			b := rect(zlibOpCopy, t.rect)
+			b := rect(wire.ZlibOpCopy, t.rect)
 			b = binary.LittleEndian.AppendUint16(b, uint16(t.src.X))
 			b = binary.LittleEndian.AppendUint16(b, uint16(t.src.Y))
 			if _, err := z.zw.Write(b); err != nil {
@@ -126,12 +122,12 @@ func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]byte, error)
 			}
 		default:
 			if c, ok := solid(img, t.rect); ok {
-				if _, err := z.zw.Write(append(rect(zlibOpSolid, t.rect), c[0], c[1], c[2])); err != nil {
+				if _, err := z.zw.Write(append(rect(wire.ZlibOpSolid, t.rect), c[0], c[1], c[2])); err != nil {
 					return nil, err
 				}
 				break
 			}
-			if _, err := z.zw.Write(rect(zlibOpRaw, t.rect)); err != nil {
+			if _, err := z.zw.Write(rect(wire.ZlibOpRaw, t.rect)); err != nil {
 				return nil, err
 			}
 			w := t.rect.Dx()
@@ -150,7 +146,7 @@ func (z *zlibEncoder) encode(img encode.Image, tiles []zlibTile) ([]byte, error)
 			}
 		}
 	}
-	if _, err := z.zw.Write([]byte{zlibOpEnd}); err != nil {
+	if _, err := z.zw.Write([]byte{wire.ZlibOpEnd}); err != nil {
 		return nil, err
 	}
 	if err := z.zw.Flush(); err != nil {

@@ -8,7 +8,6 @@ package fleettest
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -848,9 +848,7 @@ func (s *guest) MemoryChallenge(ctx context.Context, nonce []byte) ([]byte, erro
 	if s.g.mark == nil {
 		return nil, fmt.Errorf("no memory mark: %w", errdefs.ErrFailedPrecondition)
 	}
-	mac := hmac.New(sha256.New, s.g.mark)
-	mac.Write(nonce)
-	return mac.Sum(nil), nil
+	return wire.ProofMAC(s.g.mark, nonce), nil
 }
 
 func (s *guest) NetProbeListen(ctx context.Context, value []byte) (uint32, error) {
@@ -878,9 +876,7 @@ func (s *guest) NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte
 	case s.g.netPort == 0 || port != s.g.netPort:
 		return nil, fmt.Errorf("net probe: connect: connection refused: %w", errdefs.ErrUnavailable)
 	}
-	mac := hmac.New(sha256.New, s.g.netValue)
-	mac.Write(nonce)
-	return mac.Sum(nil), nil
+	return wire.ProofMAC(s.g.netValue, nonce), nil
 }
 
 func (s *guest) FrameHash(ctx context.Context, _ time.Duration) ([]byte, error) {
