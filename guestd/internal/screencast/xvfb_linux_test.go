@@ -170,6 +170,9 @@ func TestXvfbTypingReconstruct(t *testing.T) {
 		}
 		defer c.Stop(id)
 	}
+	for _, cl := range cells {
+		cl.k.waitFrames(t, 0) // the keyframe: late on a busy host
+	}
 	time.Sleep(watchSettle + 100*time.Millisecond)
 	for _, cl := range cells {
 		if n := cl.k.count(); n != 1 {
