@@ -229,6 +229,13 @@ func TestBootFailureAndReadinessTimeout(t *testing.T) {
 	}
 	_, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{})
 	wantCode(t, err, codes.NotFound, "")
+	// Waiting for readiness, the caller gets the runtime's error too (not
+	// the DELETED state of the record the failure dropped).
+	_, _, err = e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	wantCode(t, err, codes.NotFound, "")
+	if !strings.Contains(err.Error(), "image missing") {
+		t.Fatalf("create waiting for readiness: %v, want the runtime's error", err)
+	}
 	if l, _, _ := e.m.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{}); len(l) != 0 {
 		t.Fatalf("failed create left %d records", len(l))
 	}

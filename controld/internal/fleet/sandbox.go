@@ -391,12 +391,15 @@ func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind stri
 	}
 	if err != nil {
 		// The create call reports this error, and the runtime left nothing:
-		// drop the record too rather than keep a FAILED ghost.
+		// drop the record too rather than keep a FAILED ghost. startErr is
+		// set first: forget wakes the callers waiting for the sandbox to
+		// settle, and they answer with it (waitSettled).
 		wf.end(err)
+		m.log.Warn("sandbox boot failed", "sandbox", spec.ID, "err", err)
+		sb.startErr = err
 		if ferr := m.forget(sb); ferr != nil {
 			m.log.Error("drop record of failed boot", "sandbox", spec.ID, "err", ferr)
 		}
-		sb.startErr = err
 		close(sb.started)
 		return
 	}
@@ -571,6 +574,10 @@ func (m *Manager) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.San
 	case <-sb.settled:
 	case <-ctx.Done():
 		return nil, errdefs.WithReason(errdefs.ErrDeadlineExceeded, "NOT_READY", "sandbox %s not ready: %v", sb.rec.Sandbox.GetId(), ctx.Err())
+	}
+	if sb.startErr != nil {
+		// The runtime did not boot it (set before settled closed).
+		return nil, sb.startErr
 	}
 	s := m.snapshot(sb)
 	switch s.State {
