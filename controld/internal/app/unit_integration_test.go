@@ -19,7 +19,8 @@ import (
 // (seccompExec), since these hosts have no systemd as PID 1) and takes
 // what the confinement could break: a boot, a live checkpoint (controld
 // runs CRIU's dump itself), a verified fork, deletes. Then it tries each
-// seccomp-based setting the unit leaves out on a dump of that sandbox.
+// seccomp-based setting the unit leaves out on a dump of that sandbox, and
+// a mount namespace of controld's own on a boot.
 func TestRealStackUnitHardening(t *testing.T) {
 	keys := parseUnit(t, filepath.Join(unitDir, "forkfleet-controld.service"))
 	s := newProcStack(t)
@@ -96,6 +97,24 @@ func TestRealStackUnitHardening(t *testing.T) {
 
 	if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: src}); err != nil {
 		t.Fatal(err)
+	}
+
+	// PrivateMounts=yes: the mount namespace of its own (mounts from the
+	// host propagate in, none out) that ProtectSystem, ProtectHome,
+	// PrivateTmp, ReadWritePaths and the other file-system settings are
+	// made in. The network namespace controld pins for a sandbox by a
+	// bind mount is then its alone: runc, started by containerd's shim
+	// in the host's mount namespace, finds an empty file at that path and
+	// cannot start the sandbox. Tried with no sandbox left, so that
+	// nothing controld pins there outlives the try.
+	s.stop()
+	s.wrap = append([]string{"unshare", "--mount", "--propagation", "slave"}, hardened...)
+	s.start()
+	_, err = s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "unit-hardening"}})
+	if want := "runc create failed"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("boot under PrivateMounts=yes: %v, want an error with %q", err, want)
+	} else {
+		t.Logf("PrivateMounts=yes breaks a boot: %s", firstLine(err.Error()))
 	}
 	s.stop()
 	if ids := s.containerIDs(); len(ids) != 0 {
