@@ -13,10 +13,10 @@ import (
 )
 
 // TestRealStackUnitHardening runs controld under its systemd unit's
-// confinement (NoNewPrivileges, the capability bounding set, UMask,
-// LimitNOFILE, OOMScoreAdjust and the seccomp-based settings, read from the
-// unit file and applied with a shell, setpriv and systemd's filters
-// (seccompExec), since these hosts have no systemd as PID 1) and takes
+// confinement (NoNewPrivileges, the capability bounding set, DevicePolicy,
+// UMask, LimitNOFILE, OOMScoreAdjust, read from the unit file and applied
+// with a shell, a devices cgroup and setpriv, since these hosts have no
+// systemd as PID 1) and takes
 // what the confinement could break: a boot, a live checkpoint (controld
 // runs CRIU's dump itself), a verified fork, deletes. Then it tries each
 // seccomp-based setting the unit leaves out on a dump of that sandbox, and
@@ -52,6 +52,9 @@ func TestRealStackUnitHardening(t *testing.T) {
 			break
 		}
 	}
+	if cg, err := os.ReadFile("/proc/" + strconv.Itoa(s.cmd.Process.Pid) + "/cgroup"); err != nil || !strings.Contains(string(cg), ":devices:/forkfleet-unit-test-") {
+		t.Errorf("DevicePolicy=closed: controld not in the test's devices cgroup: %v\n%s", err, cg)
+	}
 	bnd, err := strconv.ParseUint(fields["CapBnd"], 16, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +64,25 @@ func TestRealStackUnitHardening(t *testing.T) {
 		t.Errorf("CapBnd %s still holds CAP_SYS_MODULE or CAP_SYS_TIME", fields["CapBnd"])
 	}
 
+	// A file of the image deleted: the checkpoint's layer copy makes its
+	// whiteout (a 0:0 character device) under the unit's device policy.
+	sess := s.dialACI(src)
+	gone := shell(t, s.ctx, sess, `for f in ~/.bash_logout ~/.bashrc ~/.profile; do if [ -e "$f" ]; then rm "$f"; echo "$f"; break; fi; done`)
+	sess.Close()
+	if gone == "" {
+		t.Fatal("no file of the image's agent home to delete")
+	}
 	s.checkpointForkDelete(src)
+	// An egress sandbox: controld pins its namespace, wires its veth and
+	// loads its nft rules under the same confinement.
+	eg, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "unit-hardening"},
+		Network: &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}})
+	if err != nil {
+		t.Fatalf("egress sandbox: %v", err)
+	}
+	if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: eg.Sandbox.Id}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The seccomp-based settings, each tried on its own against a dump of
 	// the same sandbox: every one breaks it. The kernel refuses

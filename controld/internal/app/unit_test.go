@@ -2,10 +2,14 @@ package app_test
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
@@ -56,6 +60,7 @@ var (
 	}
 	confinementKeys = map[string]bool{
 		"NoNewPrivileges": true, "CapabilityBoundingSet": true, "UMask": true, "LimitNOFILE": true, "OOMScoreAdjust": true,
+		"DevicePolicy":    true,
 		"LockPersonality": true, "RestrictRealtime": true, "MemoryDenyWriteExecute": true, "RestrictSUIDSGID": true,
 		"SystemCallArchitectures": true,
 	}
@@ -88,6 +93,11 @@ func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 				caps = append(caps, "-"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
 			}
 			setpriv = append(setpriv, "--bounding-set", strings.Join(caps, ","))
+		case "DevicePolicy":
+			if k.value != "closed" {
+				t.Fatalf("%s=%s: the test applies only closed", k.key, k.value)
+			}
+			script = append(script, devicePolicyClosed(t)...)
 		case "UMask":
 			script = append(script, "umask "+k.value)
 		case "LimitNOFILE":
@@ -120,6 +130,39 @@ func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 		wrap = append(wrap, seccompExec(t, seccomp)...)
 	}
 	return wrap
+}
+
+// systemdClosedDevices are the devices DevicePolicy=closed allows
+// (systemd 252, src/core/cgroup.c): the pseudo devices, and the 0:0 nodes
+// of /run/systemd/inaccessible.
+var systemdClosedDevices = []string{
+	"c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", // null, zero, full, random, urandom
+	"c 5:0 rwm", "c 5:2 rwm", // tty, ptmx
+	"c 0:0 rwm", "b 0:0 rwm", // inaccessible chr, blk
+}
+
+var deviceCgroups atomic.Int32
+
+// devicePolicyClosed returns the shell lines that put the wrapper (and
+// what it execs) in a devices cgroup of its own allowing what systemd's
+// DevicePolicy=closed allows. cgroup v1 only (these hosts): on v2 systemd
+// attaches a BPF program instead, which a shell cannot.
+func devicePolicyClosed(t *testing.T) []string {
+	cg := fmt.Sprintf("/sys/fs/cgroup/devices/forkfleet-unit-test-%d-%d", os.Getpid(), deviceCgroups.Add(1))
+	t.Cleanup(func() {
+		// After the test's controld stopped (cleanups run last first).
+		if err := os.Remove(cg); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("remove devices cgroup: %v", err)
+		}
+	})
+	lines := []string{
+		`[ -d /sys/fs/cgroup/devices ] || { echo "DevicePolicy: the hardening test applies it with cgroup v1's devices controller only" >&2; exit 1; }`,
+		"mkdir -p " + cg, "echo a > " + cg + "/devices.deny",
+	}
+	for _, d := range systemdClosedDevices {
+		lines = append(lines, "echo '"+d+"' > "+cg+"/devices.allow")
+	}
+	return append(lines, "echo $$ > "+cg+"/cgroup.procs")
 }
 
 // The units pass systemd-analyze verify, and every setting of controld's is
