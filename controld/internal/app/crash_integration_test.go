@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,6 +51,11 @@ type procStack struct {
 	// wrap, when set, runs controld through this command (controld's
 	// command line appended), e.g. to apply the systemd unit's hardening.
 	wrap []string
+	// env is added to controld's environment (e.g. WATCHDOG_USEC).
+	env []string
+	// watchdogPings counts the WATCHDOG=1 controld sent, over all its
+	// starts.
+	watchdogPings atomic.Int32
 
 	// Set by start.
 	cmd    *exec.Cmd
@@ -147,6 +153,7 @@ func (s *procStack) launch() <-chan error {
 	}
 	cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+notifyPath,
 		"FORKFLEET_CONTAINERD_NAMESPACE="+s.ns, "FORKFLEET_CONTAINERD_ADDRESS="+s.address)
+	cmd.Env = append(cmd.Env, s.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		notify.Close()
@@ -158,22 +165,34 @@ func (s *procStack) launch() <-chan error {
 
 	ready := make(chan error, 1)
 	go func() {
+		// Reads until controld exits: READY=1 once, then its watchdog
+		// pings.
 		defer notify.Close()
 		buf := make([]byte, 4096)
+		isReady := false
 		for {
 			n, err := notify.Read(buf)
 			if err != nil {
-				ready <- err
+				if !isReady {
+					ready <- err
+				}
 				return
 			}
-			if bytes.Contains(buf[:n], []byte("READY=1")) {
-				ready <- nil
-				return
+			for _, m := range bytes.Split(buf[:n], []byte("\n")) {
+				switch string(m) {
+				case "READY=1":
+					if !isReady {
+						isReady = true
+						ready <- nil
+					}
+				case "WATCHDOG=1":
+					s.watchdogPings.Add(1)
+				}
 			}
 		}
 	}()
 	go func() {
-		// A controld that dies before READY unblocks the reader.
+		// A controld that exits unblocks the reader.
 		<-exited
 		notify.SetReadDeadline(time.Now())
 	}()

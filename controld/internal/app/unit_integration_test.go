@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"bytes"
 	"maps"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
@@ -25,6 +27,17 @@ func TestRealStackUnitHardening(t *testing.T) {
 	keys := parseUnit(t, filepath.Join(unitDir, "forkfleet-controld.service"))
 	s := newProcStack(t)
 	s.wrap = hardeningWrapper(t, keys)
+	// systemd's watchdog as the unit sets it: WATCHDOG_USEC from
+	// WatchdogSec.
+	for _, k := range keys {
+		if k.key == "WatchdogSec" {
+			d, err := time.ParseDuration(k.value)
+			if err != nil {
+				t.Fatalf("WatchdogSec=%s: %v", k.value, err)
+			}
+			s.env = append(s.env, "WATCHDOG_USEC="+strconv.FormatInt(d.Microseconds(), 10))
+		}
+	}
 	t.Logf("controld runs as: %s ...", strings.Join(s.wrap, " "))
 	src := s.startWithSandbox("unit-hardening")
 
@@ -82,6 +95,16 @@ func TestRealStackUnitHardening(t *testing.T) {
 	}
 	if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: eg.Sandbox.Id}); err != nil {
 		t.Fatal(err)
+	}
+	// Its health check passed under the confinement through all that:
+	// it pinged systemd's watchdog and never withheld a ping.
+	if n := s.watchdogPings.Load(); n == 0 {
+		t.Error("no WATCHDOG=1 from controld")
+	} else {
+		t.Logf("%d WATCHDOG=1 from controld", n)
+	}
+	if b, err := os.ReadFile(s.logPath); err != nil || bytes.Contains(b, []byte("controld is not alive")) || !bytes.Contains(b, []byte("systemd watchdog on")) {
+		t.Errorf("controld's log: the watchdog not on, or a ping withheld (%v)", err)
 	}
 
 	// The seccomp-based settings, each tried on its own against a dump of
