@@ -120,19 +120,16 @@ func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	var t client.Task
+	var layer string
 	if spec.DiskBytes > 0 {
 		// The container exists (its id was free): a layer of that id is
 		// debris of an earlier one, replaced.
-		var layer string
 		if layer, err = r.createLayer(id, spec.DiskBytes); err != nil {
 			r.cleanup(ctx, id, c, nil, true)
 			return nil, err
 		}
-		t, err = r.newTaskOnLayer(ctx, c, id, layer, stdio, opts)
-	} else {
-		t, err = c.NewTask(ctx, stdio, withTaskOptions(opts))
 	}
+	t, err := r.newTask(ctx, c, id, layer, stdio, opts)
 	if err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))

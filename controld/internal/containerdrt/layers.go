@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -165,20 +166,24 @@ func matchOwner(ms []mount.Mount, layer string) error {
 	return nil
 }
 
-// newTaskOnLayer creates c's task with its rootfs on layer: client.NewTask
-// always mounts the container's snapshot as it is, so the request is made
-// here, as NewTask would make it, with the rootfs mount of withLayer.
-func (r *Runtime) newTaskOnLayer(ctx context.Context, c client.Container, snapshotKey, layer string, stdio cio.Creator, opts *options.Options) (client.Task, error) {
+// newTask creates c's task on its snapshot (snapshotKey), with the rootfs
+// mount of rootfsMounts: client.NewTask always mounts the container's
+// snapshot as the snapshotter gives it, so the request is made here, as
+// NewTask would make it. layer is the sandbox's own writable layer ("" for
+// none: the snapshot's upper directory).
+func (r *Runtime) newTask(ctx context.Context, c client.Container, snapshotKey, layer string, stdio cio.Creator, opts *options.Options) (client.Task, error) {
 	ms, err := r.sn.Mounts(ctx, snapshotKey)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot mounts: %w", err)
 	}
-	rootfs, err := withLayer(ms, layer)
+	rootfs, err := rootfsMounts(ms, layer)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
 	}
-	if err := matchOwner(ms, layer); err != nil {
-		return nil, err
+	if layer != "" {
+		if err := matchOwner(ms, layer); err != nil {
+			return nil, err
+		}
 	}
 	io, err := stdio(c.ID())
 	if err != nil {
@@ -187,6 +192,7 @@ func (r *Runtime) newTaskOnLayer(ctx context.Context, c client.Container, snapsh
 	cfg := io.Config()
 	o, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {
+		io.Close()
 		return nil, err
 	}
 	if _, err := r.client.TaskService().Create(ctx, &tasks.CreateTaskRequest{
@@ -198,10 +204,40 @@ func (r *Runtime) newTaskOnLayer(ctx context.Context, c client.Container, snapsh
 		Terminal:    cfg.Terminal,
 		Options:     o,
 	}); err != nil {
+		io.Close()
 		return nil, errgrpc.ToNative(err)
 	}
 	return c.Task(ctx, nil)
 }
+
+// rootfsMounts is a sandbox's rootfs mount: the snapshot's overlay, on
+// layer when it has one, mounted "volatile". A sandbox's writable layer
+// never outlives the host's uptime (a host crash ends its processes, and
+// its task is never created again on the same snapshot), so overlayfs's
+// syncs of the upper directory buy nothing: without the option, every
+// copy-up of a lower file (a fork opening its checkpoint's files for
+// writing: a browser's profile databases, about 150 at a restore) ends in
+// an fsync, 3 to 10 ms each on these disks, paid inside CRIU's restore.
+// A checkpoint's layer is copied from the upper directory (page cache
+// included) and committed by controld, not by this mount.
+func rootfsMounts(ms []mount.Mount, layer string) ([]mount.Mount, error) {
+	if len(ms) != 1 || ms[0].Type != "overlay" {
+		return nil, fmt.Errorf("snapshot mounts %+v: want one overlay (an image with layers)", ms)
+	}
+	if layer != "" {
+		var err error
+		if ms, err = withLayer(ms, layer); err != nil {
+			return nil, err
+		}
+	}
+	m := ms[0]
+	m.Options = append(slices.Clip(m.Options), overlayVolatile)
+	return []mount.Mount{m}, nil
+}
+
+// overlayVolatile is overlayfs's option that omits syncs of the upper
+// directory (Linux 5.10).
+const overlayVolatile = "volatile"
 
 // removeOrphanLayers deletes the writable layers of this namespace whose
 // sandbox has no container (a crash between a layer's creation and its

@@ -40,6 +40,33 @@ func TestWithLayer(t *testing.T) {
 	}
 }
 
+// Every sandbox's rootfs is mounted volatile, on its layer or on the
+// snapshot's own upper directory, without changing the snapshot's mounts.
+func TestRootfsMountsVolatile(t *testing.T) {
+	opts := []string{"index=off", "workdir=/sn/7/work", "upperdir=/sn/7/fs", "lowerdir=/sn/3/fs:/sn/2/fs"}
+	ms := []mount.Mount{{Type: "overlay", Source: "overlay", Options: slices.Clip(slices.Clone(opts))}}
+	got, err := rootfsMounts(ms, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append(slices.Clone(opts), "volatile"); len(got) != 1 || !slices.Equal(got[0].Options, want) {
+		t.Fatalf("rootfsMounts = %+v, want options %v", got, want)
+	}
+	got, err = rootfsMounts(ms, "/layers/ns/sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"index=off", "workdir=/layers/ns/sb-1/work", "upperdir=/layers/ns/sb-1/upper", "lowerdir=/sn/3/fs:/sn/2/fs", "volatile"}; !slices.Equal(got[0].Options, want) {
+		t.Fatalf("rootfsMounts on a layer = %v, want %v", got[0].Options, want)
+	}
+	if !slices.Equal(ms[0].Options, opts) {
+		t.Fatalf("rootfsMounts changed the snapshot's mounts: %v", ms[0].Options)
+	}
+	if _, err := rootfsMounts([]mount.Mount{{Type: "bind", Source: "/sn/1/fs"}}, ""); err == nil {
+		t.Fatal("a bind rootfs was accepted")
+	}
+}
+
 // A container label naming a layer outside this runtime's is refused: the
 // checkpoint's copy reads what it names.
 func TestLayerOfRefusesForeignPaths(t *testing.T) {
