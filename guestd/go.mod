@@ -5,6 +5,7 @@ go 1.26.6
 require (
 	github.com/coder/websocket v1.8.15
 	github.com/forkfleet/forkfleet/api v0.0.0
+	github.com/godbus/dbus/v5 v5.1.0
 	github.com/jezek/xgb v1.1.1
 	github.com/klauspost/compress v1.20.4
 	github.com/zeebo/xxh3 v1.1.0

@@ -46,7 +46,7 @@ func (s *Session) Step(ctx context.Context, actions []*aciv1.Action, observe *ac
 func (s *Session) StepRequest(ctx context.Context, req *aciv1.StepRequest) (*aciv1.StepResponse, error) {
 	obsReq, ob := s.prepareObserve(req.GetObserve())
 	if obsReq != req.GetObserve() {
-		req = &aciv1.StepRequest{Actions: req.GetActions(), StopOnError: req.GetStopOnError(), Observe: obsReq}
+		req = &aciv1.StepRequest{Actions: req.GetActions(), StopOnError: req.GetStopOnError(), Observe: obsReq, ObserveTree: req.GetObserveTree()}
 	}
 	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Step{Step: req}})
 	if err != nil {
@@ -57,6 +57,11 @@ func (s *Session) StepRequest(ctx context.Context, req *aciv1.StepRequest) (*aci
 		return nil, unexpected("step", m)
 	}
 	s.finishObserve(ob, r.GetObservation())
+	if t := r.GetTree(); t != nil {
+		if err := checkTree(t); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 

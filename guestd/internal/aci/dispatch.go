@@ -6,6 +6,7 @@ import (
 	"time"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/fscred"
@@ -185,6 +186,23 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		if err == nil {
 			out.Reply = &aciv1.ServerMessage_ScreencastKeyframe{ScreencastKeyframe: &aciv1.ScreencastKeyframeResponse{}}
 		}
+	case *aciv1.ClientMessage_A11YTree:
+		if ss.srv.opts.A11y == nil {
+			return unimplemented(id, "a11y_tree")
+		}
+		var v *aciv1.A11YTreeResponse
+		if v, err = ss.srv.a11yTree(j.ctx, r.A11YTree, "a11y_tree"); err == nil {
+			out.Reply = &aciv1.ServerMessage_A11YTree{A11YTree: v}
+		}
+	case *aciv1.ClientMessage_A11YAction:
+		if ss.srv.opts.A11y == nil {
+			return unimplemented(id, "a11y_action")
+		}
+		if err = a11y.ValidateAction(r.A11YAction); err == nil {
+			if err = ss.srv.opts.A11y.Action(j.ctx, r.A11YAction); err == nil {
+				out.Reply = &aciv1.ServerMessage_A11YAction{A11YAction: &aciv1.A11YActionResponse{}}
+			}
+		}
 	case *aciv1.ClientMessage_Cancel:
 		// The read loop answers cancels; reaching here means a bug.
 		return errReply(id, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "cancel reached the executor").Proto())
@@ -204,7 +222,7 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 func drawsOnScreen(m *aciv1.ClientMessage) bool {
 	switch m.GetRequest().(type) {
 	case *aciv1.ClientMessage_Step, *aciv1.ClientMessage_WindowAction, *aciv1.ClientMessage_ClipboardSet,
-		*aciv1.ClientMessage_Launch, *aciv1.ClientMessage_Exec:
+		*aciv1.ClientMessage_Launch, *aciv1.ClientMessage_Exec, *aciv1.ClientMessage_A11YAction:
 		return true
 	}
 	return false

@@ -23,6 +23,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/fscred"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/screencast"
@@ -99,6 +100,10 @@ type Options struct {
 	// sandbox runs (a shell about to print its prompt draws no damage yet).
 	// nil: damage and drawing requests only (guestd not the sandbox's init).
 	SandboxCPU func() (time.Duration, error)
+
+	// A11y reads and acts on the accessibility tree (a11y_tree,
+	// a11y_action, step.observe_tree); nil: not advertised, UNIMPLEMENTED.
+	A11y *a11y.Client
 
 	Log *slog.Logger
 }
@@ -225,6 +230,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Files != nil {
 		s.caps = append(s.caps, "files", "files.chunked")
+	}
+	if opts.A11y != nil {
+		s.caps = append(s.caps, "a11y")
 	}
 	return s, nil
 }

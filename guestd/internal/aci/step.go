@@ -60,6 +60,20 @@ func (ss *session) step(ctx context.Context, r *aciv1.StepRequest) (*aciv1.StepR
 			resp.Observation = shot
 		}
 	}
+	if obs := r.GetObserveTree(); obs != nil {
+		var tree *aciv1.A11YTreeResponse
+		var err error
+		if ss.srv.opts.A11y == nil {
+			err = acierr.New(aciv1.ErrorCode_ERROR_CODE_UNIMPLEMENTED, "step.observe_tree", "a11y is not supported by this server (not in its capabilities)")
+		} else {
+			tree, err = ss.srv.a11yTree(ctx, obs, "step.observe_tree")
+		}
+		if err != nil {
+			resp.TreeError = toError(err, "step.observe_tree")
+		} else {
+			resp.Tree = tree
+		}
+	}
 	return resp, nil
 }
 

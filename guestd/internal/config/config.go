@@ -61,6 +61,10 @@ type Config struct {
 	// Ready is what "usable" requires of this image beyond X, the window
 	// manager and the painted root (docs/aci-spec.md, "Readiness").
 	Ready Ready `json:"ready"`
+	// A11y is the accessibility stack: the bus and the AT-SPI registry
+	// guestd starts before the apps, and what the apps are told. Absent: no
+	// accessibility bus (a11y_tree answers the bare desktop).
+	A11y *A11y `json:"a11y,omitempty"`
 
 	// From the environment only; never read from the file so a token cannot
 	// be baked into an image.
@@ -120,6 +124,45 @@ type ReadyWindow struct {
 	Class string `json:"class,omitempty"`
 	Title string `json:"title,omitempty"`
 	Focus bool   `json:"focus,omitempty"`
+}
+
+// A11y configures the accessibility (AT-SPI2) stack. guestd starts Bus (a
+// dbus-daemon, given --address=Address) and then Registry
+// (at-spi2-registryd) itself, instead of through at-spi-bus-launcher (whose
+// pidfd use blocks CRIU dumps), and only then the session apps. Every app,
+// launched program and exec'd command gets AT_SPI_BUS_ADDRESS=Address and
+// Env (the toolkits' switches: QT_ACCESSIBILITY=1, GTK_MODULES, ...).
+type A11y struct {
+	// Address is the bus's D-Bus address; only "unix:path=/absolute" is
+	// accepted (the socket's directory is created by guestd).
+	Address  string   `json:"address"`
+	Bus      Program  `json:"bus"`
+	Registry Program  `json:"registry"`
+	Env      []string `json:"env,omitempty"`
+}
+
+// SocketPath is the bus socket's path (Address without "unix:path=").
+func (a *A11y) SocketPath() string { return strings.TrimPrefix(a.Address, "unix:path=") }
+
+func (a *A11y) validate() error {
+	p, ok := strings.CutPrefix(a.Address, "unix:path=")
+	if !ok || !strings.HasPrefix(p, "/") || strings.ContainsAny(p, ",;=\x00") || len(p) > 100 {
+		return fmt.Errorf("a11y.address %q: want unix:path=/absolute/path (at most 100 bytes, no ',', ';' or '=')", a.Address)
+	}
+	for _, f := range []struct {
+		name string
+		p    Program
+	}{{"a11y.bus", a.Bus}, {"a11y.registry", a.Registry}} {
+		if !strings.HasPrefix(f.p.Path, "/") {
+			return fmt.Errorf("%s.path %q: want an absolute path", f.name, f.p.Path)
+		}
+	}
+	for i, e := range a.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return fmt.Errorf("a11y.env[%d] %q: want NAME=value", i, e)
+		}
+	}
+	return nil
 }
 
 // Bounds on the readiness conditions.
@@ -310,6 +353,11 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Ready.validate(); err != nil {
 		return err
+	}
+	if c.A11y != nil {
+		if err := c.A11y.validate(); err != nil {
+			return err
+		}
 	}
 	if c.Limits.MaxMessageBytes < 1<<20 || c.Limits.MaxMessageBytes > 1<<30 {
 		return fmt.Errorf("limits.max_message_bytes %d out of range (1 MiB..1 GiB)", c.Limits.MaxMessageBytes)

@@ -37,6 +37,10 @@ func TestInvalid(t *testing.T) {
 		"ready: empty window": `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"name":"x"}]}}`,
 		"ready: bad title":    `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"title":"(("}]}}`,
 		"ready: two focus":    `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"ready":{"windows":[{"class":"A","focus":true},{"class":"B","focus":true}]}}`,
+		"a11y: tcp address":   `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"a11y":{"address":"tcp:host=x","bus":{"path":"/b"},"registry":{"path":"/r"}}}`,
+		"a11y: relative bus":  `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"a11y":{"address":"unix:path=/run/a","bus":{"path":"b"},"registry":{"path":"/r"}}}`,
+		"a11y: bad env":       `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"a11y":{"address":"unix:path=/run/a","bus":{"path":"/b"},"registry":{"path":"/r"},"env":["NOEQUALS"]}}`,
+		"a11y: comma in path": `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"a11y":{"address":"unix:path=/run/a,guid=1","bus":{"path":"/b"},"registry":{"path":"/r"}}}`,
 		"bad restart":         `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"apps":[{"name":"a","path":"/bin/a","restart":"sometimes"}]}`,
 	} {
 		p := filepath.Join(t.TempDir(), "c.json")
@@ -44,6 +48,12 @@ func TestInvalid(t *testing.T) {
 		if _, err := Load(p, false, env(nil)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+	good := `{"display":":0","screen":{"width":800,"height":600,"depth":24},"listen":{"tcp":"127.0.0.1:1"},"xvfb":{"path":"/usr/bin/Xvfb"},"a11y":{"address":"unix:path=/run/forkfleet/a11y/bus","bus":{"path":"/usr/bin/dbus-daemon"},"registry":{"path":"/usr/libexec/at-spi2-registryd"},"env":["QT_ACCESSIBILITY=1"]}}`
+	p := filepath.Join(t.TempDir(), "a11y.json")
+	os.WriteFile(p, []byte(good), 0o644)
+	if c, err := Load(p, false, env(nil)); err != nil || c.A11y.SocketPath() != "/run/forkfleet/a11y/bus" {
+		t.Fatalf("a11y config: %v", err)
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "x"), true, env(map[string]string{EnvScreen: "12x"})); err == nil || !strings.Contains(err.Error(), EnvScreen) {
 		t.Fatalf("bad screen env: %v", err)

@@ -16,12 +16,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/aci"
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
@@ -148,6 +150,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	childEnv = append(sysops.SanitizedEnv(childEnv, "DISPLAY"), "DISPLAY="+cfg.Display)
 	childEnv = sysops.WithLocale(childEnv)
+	if a := cfg.A11y; a != nil {
+		// Every program of the session finds the accessibility bus and is
+		// told to expose itself on it (the toolkits' switches).
+		childEnv = append(sysops.SanitizedEnv(childEnv, "AT_SPI_BUS_ADDRESS"), "AT_SPI_BUS_ADDRESS="+a.Address)
+		childEnv = append(childEnv, a.Env...)
+	}
 	// The agent's processes run as the image's unprivileged user (root only
 	// for a sandbox created so); guestd stays root.
 	var agent *sysops.Identity
@@ -189,6 +197,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		// As the sandbox's init, /proc shows the sandbox only.
 		opts.SandboxCPU = sysops.OthersCPUTime
 	}
+	a11yAddr := ""
+	if cfg.A11y != nil {
+		a11yAddr = cfg.A11y.Address
+	}
+	access := a11y.New(a11yAddr)
+	opts.A11y = access
 	srv, err := aci.New(opts)
 	if err != nil {
 		rp.Close()
@@ -199,6 +213,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	defer func() { runShutdown(log, steps) }()
 	steps = append(steps, shutdownStep{"reaper", func(context.Context) error { rp.Close(); return nil }})
 	steps = append(steps, shutdownStep{"uploads", func(context.Context) error { files.Close(); return nil }})
+	steps = append(steps, shutdownStep{"a11y-client", func(context.Context) error { access.Close(); return nil }})
 
 	// Listeners first: a client can connect (and wait for the ReadyEvent)
 	// while X is still coming up.
@@ -252,7 +267,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}})
 
 	sup := supervise.New(rp, log, childEnv, o.grace)
-	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, agent: agent, supervising: supervising, trigger: make(chan struct{}, 1)}
+	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, agent: agent, access: access, supervising: supervising, trigger: make(chan struct{}, 1)}
 	dmCtx, dmCancel := context.WithCancel(context.Background())
 	dmDone := make(chan struct{})
 	go func() { defer close(dmDone); dm.run(dmCtx) }()
@@ -273,7 +288,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 			for _, a := range cfg.Apps {
 				order = append(order, a.Name)
 			}
-			order = append(order, cfg.WindowManager.Name, xvfbName(cfg))
+			order = append(order, cfg.WindowManager.Name)
+			if a := cfg.A11y; a != nil {
+				order = append(order, a11yName(a.Registry, "a11y-registry"), a11yName(a.Bus, "a11y-bus"))
+			}
+			order = append(order, xvfbName(cfg))
 			sup.Stop(order...)
 			return nil
 		}})
@@ -347,6 +366,7 @@ type desktopManager struct {
 	log         *slog.Logger
 	sup         *supervise.Supervisor
 	agent       *sysops.Identity // who the window manager and apps run as
+	access      *a11y.Client
 	supervising bool
 	trigger     chan struct{}
 	started     bool
@@ -375,6 +395,9 @@ func (m *desktopManager) run(ctx context.Context) {
 			if err := supervise.PaintRoot(m.cfg.Display, color); err != nil {
 				m.log.Warn("paint root", "err", err)
 			}
+		}
+		if m.cfg.A11y != nil {
+			d.SetKeySync(m.access.SyncRegistry)
 		}
 		m.srv.SetDesktop(d)
 		if m.supervising && !m.started {
@@ -424,6 +447,10 @@ func (m *desktopManager) open(ctx context.Context) *x11.Desktop {
 // screen, then starts the apps: an app that maps its window before the
 // window manager took over the root is never adopted and stays invisible.
 func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
+	a := m.cfg.A11y
+	if a != nil {
+		m.startBus(a)
+	}
 	wm := m.cfg.WindowManager
 	if wm.Path != "" {
 		name := wm.Name
@@ -431,9 +458,35 @@ func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
 			name = filepath.Base(wm.Path)
 		}
 		m.sup.Start(m.asAgent(supervise.Spec{Name: name, Path: wm.Path, Args: wm.Args, Env: wm.Env, Restart: config.RestartAlways}))
-		if err := waitWM(ctx, d, wmStartTimeout); err != nil {
-			m.log.Warn("window manager did not come up; starting apps anyway", "wm", name, "err", err)
+	}
+	if a != nil {
+		// The registry needs the bus (it connects at once) and X (its
+		// device event controller); it comes up while the window manager
+		// does.
+		wctx, cancel := context.WithTimeout(ctx, a11yStartTimeout)
+		if err := m.access.WaitBus(wctx); err != nil {
+			m.log.Warn("accessibility bus did not come up", "err", err)
 		}
+		cancel()
+		m.sup.Start(m.asAgent(supervise.Spec{Name: a11yName(a.Registry, "a11y-registry"), Path: a.Registry.Path,
+			Args: a.Registry.Args, Env: a.Registry.Env, Restart: config.RestartAlways}))
+	}
+	if wm.Path != "" {
+		if err := waitWM(ctx, d, wmStartTimeout); err != nil {
+			m.log.Warn("window manager did not come up; starting apps anyway", "wm", wm.Name, "err", err)
+		}
+	}
+	if a != nil {
+		// An app that starts before the registry holds its name registers
+		// with nobody and never shows in the tree.
+		t := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, a11yStartTimeout)
+		if err := m.access.WaitRegistry(wctx); err != nil {
+			m.log.Warn("accessibility registry did not come up; starting apps anyway", "err", err)
+		} else {
+			m.log.Info("accessibility bus and registry up", "waited", time.Since(t))
+		}
+		cancel()
 	}
 	for _, a := range m.cfg.Apps {
 		restart := a.Restart
@@ -443,6 +496,36 @@ func (m *desktopManager) startSession(ctx context.Context, d *x11.Desktop) {
 		m.sup.Start(m.asAgent(supervise.Spec{Name: a.Name, Path: a.Path, Args: a.Args, Env: a.Env, Restart: restart}))
 	}
 }
+
+// startBus starts the accessibility bus (dbus-daemon) as the agent user on
+// the configured socket, whose directory guestd makes the agent's.
+func (m *desktopManager) startBus(a *config.A11y) {
+	sock := a.SocketPath()
+	dir := filepath.Dir(sock)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		m.log.Warn("a11y bus directory", "dir", dir, "err", err)
+	}
+	if cred := m.agent.Credential(); cred != nil {
+		if err := os.Lchown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			m.log.Warn("a11y bus directory", "dir", dir, "err", err)
+		}
+	}
+	_ = os.Remove(sock) // a stale socket from a previous run
+	args := append(slices.Clone(a.Bus.Args), "--address="+a.Address)
+	m.sup.Start(m.asAgent(supervise.Spec{Name: a11yName(a.Bus, "a11y-bus"), Path: a.Bus.Path, Args: args, Env: a.Bus.Env,
+		Restart: config.RestartAlways}))
+}
+
+func a11yName(p config.Program, def string) string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return def
+}
+
+// a11yStartTimeout bounds the wait for the accessibility registry before
+// the apps start (it takes about 20 ms).
+const a11yStartTimeout = 3 * time.Second
 
 // asAgent makes a session program run as the agent user, with its login
 // variables (the program's own env entries still win) and in its home.

@@ -16,6 +16,7 @@ import (
 	"image"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jezek/xgb"
@@ -57,6 +58,25 @@ type Desktop struct {
 	seq   damageSeq
 	sel   chan xproto.SelectionNotifyEvent
 	props chan xproto.PropertyNotifyEvent
+
+	// keySync is a round trip through a channel other than X that an
+	// application may wait on, asleep, before it translates a key (see
+	// SetKeySync); nil: none.
+	keySync atomic.Pointer[func() error]
+}
+
+// SetKeySync makes typing through spare keycodes also flush f: with
+// accessibility on, toolkits hand every key event to the AT-SPI registry
+// and wait for its answer asleep in a nested loop (atk-bridge's
+// NotifyListenersSync), which looks like an idle event loop; a round trip to
+// the registry after the application's makes its answer arrive first, so
+// an application still busy with a key wakes before keysTaken looks again.
+func (d *Desktop) SetKeySync(f func() error) {
+	if f == nil {
+		d.keySync.Store(nil)
+		return
+	}
+	d.keySync.Store(&f)
 }
 
 // Open connects to display (":0", or "" for $DISPLAY), checks the XTEST,

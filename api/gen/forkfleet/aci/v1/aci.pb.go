@@ -371,6 +371,197 @@ func (CursorMode) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{4}
 }
 
+// A11yRoot says where an accessibility tree starts.
+type A11YRoot int32
+
+const (
+	// The whole desktop: every application on the accessibility bus.
+	A11YRoot_A11Y_ROOT_UNSPECIFIED A11YRoot = 0
+	A11YRoot_A11Y_ROOT_DESKTOP     A11YRoot = 1
+	// The window that holds the focus: the top-level accessible with the
+	// ACTIVE state (the X focus window's application when none says so).
+	A11YRoot_A11Y_ROOT_FOCUSED_WINDOW A11YRoot = 2
+	// The top-level window window_id (an X window id, as list_windows names
+	// it): its application's top-level accessible with the window's bounds.
+	A11YRoot_A11Y_ROOT_WINDOW A11YRoot = 3
+	// The deepest element at point (screen pixels) and its subtree.
+	A11YRoot_A11Y_ROOT_POINT A11YRoot = 4
+)
+
+// Enum value maps for A11YRoot.
+var (
+	A11YRoot_name = map[int32]string{
+		0: "A11Y_ROOT_UNSPECIFIED",
+		1: "A11Y_ROOT_DESKTOP",
+		2: "A11Y_ROOT_FOCUSED_WINDOW",
+		3: "A11Y_ROOT_WINDOW",
+		4: "A11Y_ROOT_POINT",
+	}
+	A11YRoot_value = map[string]int32{
+		"A11Y_ROOT_UNSPECIFIED":    0,
+		"A11Y_ROOT_DESKTOP":        1,
+		"A11Y_ROOT_FOCUSED_WINDOW": 2,
+		"A11Y_ROOT_WINDOW":         3,
+		"A11Y_ROOT_POINT":          4,
+	}
+)
+
+func (x A11YRoot) Enum() *A11YRoot {
+	p := new(A11YRoot)
+	*p = x
+	return p
+}
+
+func (x A11YRoot) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (A11YRoot) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_aci_v1_aci_proto_enumTypes[5].Descriptor()
+}
+
+func (A11YRoot) Type() protoreflect.EnumType {
+	return &file_forkfleet_aci_v1_aci_proto_enumTypes[5]
+}
+
+func (x A11YRoot) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use A11YRoot.Descriptor instead.
+func (A11YRoot) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{5}
+}
+
+// A11yField names optional node fields. Role, name, ids, children, app and
+// window are always filled.
+type A11YField int32
+
+const (
+	A11YField_A11Y_FIELD_UNSPECIFIED A11YField = 0
+	A11YField_A11Y_FIELD_BOUNDS      A11YField = 1
+	A11YField_A11Y_FIELD_STATES      A11YField = 2
+	A11YField_A11Y_FIELD_DESCRIPTION A11YField = 3
+	// The text of editable elements (inputs), at most 4 KiB each.
+	A11YField_A11Y_FIELD_TEXT A11YField = 4
+	// The current value of range elements (sliders, progress bars, spin
+	// buttons).
+	A11YField_A11Y_FIELD_VALUE   A11YField = 5
+	A11YField_A11Y_FIELD_ACTIONS A11YField = 6
+)
+
+// Enum value maps for A11YField.
+var (
+	A11YField_name = map[int32]string{
+		0: "A11Y_FIELD_UNSPECIFIED",
+		1: "A11Y_FIELD_BOUNDS",
+		2: "A11Y_FIELD_STATES",
+		3: "A11Y_FIELD_DESCRIPTION",
+		4: "A11Y_FIELD_TEXT",
+		5: "A11Y_FIELD_VALUE",
+		6: "A11Y_FIELD_ACTIONS",
+	}
+	A11YField_value = map[string]int32{
+		"A11Y_FIELD_UNSPECIFIED": 0,
+		"A11Y_FIELD_BOUNDS":      1,
+		"A11Y_FIELD_STATES":      2,
+		"A11Y_FIELD_DESCRIPTION": 3,
+		"A11Y_FIELD_TEXT":        4,
+		"A11Y_FIELD_VALUE":       5,
+		"A11Y_FIELD_ACTIONS":     6,
+	}
+)
+
+func (x A11YField) Enum() *A11YField {
+	p := new(A11YField)
+	*p = x
+	return p
+}
+
+func (x A11YField) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (A11YField) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_aci_v1_aci_proto_enumTypes[6].Descriptor()
+}
+
+func (A11YField) Type() protoreflect.EnumType {
+	return &file_forkfleet_aci_v1_aci_proto_enumTypes[6]
+}
+
+func (x A11YField) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use A11YField.Descriptor instead.
+func (A11YField) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{6}
+}
+
+type A11YActionKind int32
+
+const (
+	A11YActionKind_A11Y_ACTION_KIND_UNSPECIFIED A11YActionKind = 0
+	// Do the element's action named action (one of A11yNode.actions).
+	A11YActionKind_A11Y_ACTION_KIND_DO A11YActionKind = 1
+	// Give it the keyboard focus (Component.GrabFocus).
+	A11YActionKind_A11Y_ACTION_KIND_FOCUS A11YActionKind = 2
+	// Replace an editable element's text with text (EditableText).
+	A11YActionKind_A11Y_ACTION_KIND_SET_TEXT A11YActionKind = 3
+	// Set a range element's value (Value).
+	A11YActionKind_A11Y_ACTION_KIND_SET_VALUE A11YActionKind = 4
+	// Scroll its ancestors so it is on screen (Component.ScrollTo).
+	A11YActionKind_A11Y_ACTION_KIND_SCROLL_INTO_VIEW A11YActionKind = 5
+)
+
+// Enum value maps for A11YActionKind.
+var (
+	A11YActionKind_name = map[int32]string{
+		0: "A11Y_ACTION_KIND_UNSPECIFIED",
+		1: "A11Y_ACTION_KIND_DO",
+		2: "A11Y_ACTION_KIND_FOCUS",
+		3: "A11Y_ACTION_KIND_SET_TEXT",
+		4: "A11Y_ACTION_KIND_SET_VALUE",
+		5: "A11Y_ACTION_KIND_SCROLL_INTO_VIEW",
+	}
+	A11YActionKind_value = map[string]int32{
+		"A11Y_ACTION_KIND_UNSPECIFIED":      0,
+		"A11Y_ACTION_KIND_DO":               1,
+		"A11Y_ACTION_KIND_FOCUS":            2,
+		"A11Y_ACTION_KIND_SET_TEXT":         3,
+		"A11Y_ACTION_KIND_SET_VALUE":        4,
+		"A11Y_ACTION_KIND_SCROLL_INTO_VIEW": 5,
+	}
+)
+
+func (x A11YActionKind) Enum() *A11YActionKind {
+	p := new(A11YActionKind)
+	*p = x
+	return p
+}
+
+func (x A11YActionKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (A11YActionKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_aci_v1_aci_proto_enumTypes[7].Descriptor()
+}
+
+func (A11YActionKind) Type() protoreflect.EnumType {
+	return &file_forkfleet_aci_v1_aci_proto_enumTypes[7]
+}
+
+func (x A11YActionKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use A11YActionKind.Descriptor instead.
+func (A11YActionKind) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{7}
+}
+
 // ClientMessage is the only message a client sends.
 type ClientMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -409,6 +600,8 @@ type ClientMessage struct {
 	//	*ClientMessage_ReleaseScratch
 	//	*ClientMessage_NetProbeListen
 	//	*ClientMessage_NetProbe
+	//	*ClientMessage_A11YTree
+	//	*ClientMessage_A11YAction
 	Request       isClientMessage_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -737,6 +930,24 @@ func (x *ClientMessage) GetNetProbe() *NetProbeRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetA11YTree() *A11YTreeRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_A11YTree); ok {
+			return x.A11YTree
+		}
+	}
+	return nil
+}
+
+func (x *ClientMessage) GetA11YAction() *A11YActionRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_A11YAction); ok {
+			return x.A11YAction
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Request interface {
 	isClientMessage_Request()
 }
@@ -865,6 +1076,14 @@ type ClientMessage_NetProbe struct {
 	NetProbe *NetProbeRequest `protobuf:"bytes,32,opt,name=net_probe,json=netProbe,proto3,oneof"`
 }
 
+type ClientMessage_A11YTree struct {
+	A11YTree *A11YTreeRequest `protobuf:"bytes,33,opt,name=a11y_tree,json=a11yTree,proto3,oneof"`
+}
+
+type ClientMessage_A11YAction struct {
+	A11YAction *A11YActionRequest `protobuf:"bytes,34,opt,name=a11y_action,json=a11yAction,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Request() {}
 
 func (*ClientMessage_Ping) isClientMessage_Request() {}
@@ -927,6 +1146,10 @@ func (*ClientMessage_NetProbeListen) isClientMessage_Request() {}
 
 func (*ClientMessage_NetProbe) isClientMessage_Request() {}
 
+func (*ClientMessage_A11YTree) isClientMessage_Request() {}
+
+func (*ClientMessage_A11YAction) isClientMessage_Request() {}
+
 // ServerMessage is the only message a server sends.
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -966,6 +1189,8 @@ type ServerMessage struct {
 	//	*ServerMessage_ReleaseScratch
 	//	*ServerMessage_NetProbeListen
 	//	*ServerMessage_NetProbe
+	//	*ServerMessage_A11YTree
+	//	*ServerMessage_A11YAction
 	//	*ServerMessage_Event
 	Reply         isServerMessage_Reply `protobuf_oneof:"reply"`
 	unknownFields protoimpl.UnknownFields
@@ -1304,6 +1529,24 @@ func (x *ServerMessage) GetNetProbe() *NetProbeResponse {
 	return nil
 }
 
+func (x *ServerMessage) GetA11YTree() *A11YTreeResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_A11YTree); ok {
+			return x.A11YTree
+		}
+	}
+	return nil
+}
+
+func (x *ServerMessage) GetA11YAction() *A11YActionResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_A11YAction); ok {
+			return x.A11YAction
+		}
+	}
+	return nil
+}
+
 func (x *ServerMessage) GetEvent() *Event {
 	if x != nil {
 		if x, ok := x.Reply.(*ServerMessage_Event); ok {
@@ -1447,6 +1690,14 @@ type ServerMessage_NetProbe struct {
 	NetProbe *NetProbeResponse `protobuf:"bytes,33,opt,name=net_probe,json=netProbe,proto3,oneof"`
 }
 
+type ServerMessage_A11YTree struct {
+	A11YTree *A11YTreeResponse `protobuf:"bytes,34,opt,name=a11y_tree,json=a11yTree,proto3,oneof"`
+}
+
+type ServerMessage_A11YAction struct {
+	A11YAction *A11YActionResponse `protobuf:"bytes,35,opt,name=a11y_action,json=a11yAction,proto3,oneof"`
+}
+
 type ServerMessage_Event struct {
 	// Pushed without a request (id 0).
 	Event *Event `protobuf:"bytes,40,opt,name=event,proto3,oneof"`
@@ -1515,6 +1766,10 @@ func (*ServerMessage_ReleaseScratch) isServerMessage_Reply() {}
 func (*ServerMessage_NetProbeListen) isServerMessage_Reply() {}
 
 func (*ServerMessage_NetProbe) isServerMessage_Reply() {}
+
+func (*ServerMessage_A11YTree) isServerMessage_Reply() {}
+
+func (*ServerMessage_A11YAction) isServerMessage_Reply() {}
 
 func (*ServerMessage_Event) isServerMessage_Reply() {}
 
@@ -2690,7 +2945,11 @@ type StepRequest struct {
 	// The observation runs either way.
 	StopOnError bool `protobuf:"varint,2,opt,name=stop_on_error,json=stopOnError,proto3" json:"stop_on_error,omitempty"`
 	// The trailing observation; none when absent.
-	Observe       *ScreenshotRequest `protobuf:"bytes,3,opt,name=observe,proto3" json:"observe,omitempty"`
+	Observe *ScreenshotRequest `protobuf:"bytes,3,opt,name=observe,proto3" json:"observe,omitempty"`
+	// The accessibility tree, observed after the actions (and after the
+	// screenshot when both are asked for), in the same round trip; none when
+	// absent. Its if_none_match makes an unchanged tree cost a few bytes.
+	ObserveTree   *A11YTreeRequest `protobuf:"bytes,4,opt,name=observe_tree,json=observeTree,proto3" json:"observe_tree,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2742,6 +3001,13 @@ func (x *StepRequest) GetStopOnError() bool {
 func (x *StepRequest) GetObserve() *ScreenshotRequest {
 	if x != nil {
 		return x.Observe
+	}
+	return nil
+}
+
+func (x *StepRequest) GetObserveTree() *A11YTreeRequest {
+	if x != nil {
+		return x.ObserveTree
 	}
 	return nil
 }
@@ -2807,8 +3073,12 @@ type StepResponse struct {
 	Observation *ScreenshotResponse `protobuf:"bytes,2,opt,name=observation,proto3" json:"observation,omitempty"`
 	// Present when an observation was requested and failed.
 	ObservationError *Error `protobuf:"bytes,3,opt,name=observation_error,json=observationError,proto3" json:"observation_error,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Present when observe_tree was requested and succeeded.
+	Tree *A11YTreeResponse `protobuf:"bytes,4,opt,name=tree,proto3" json:"tree,omitempty"`
+	// Present when observe_tree was requested and failed.
+	TreeError     *Error `protobuf:"bytes,5,opt,name=tree_error,json=treeError,proto3" json:"tree_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepResponse) Reset() {
@@ -2858,6 +3128,20 @@ func (x *StepResponse) GetObservation() *ScreenshotResponse {
 func (x *StepResponse) GetObservationError() *Error {
 	if x != nil {
 		return x.ObservationError
+	}
+	return nil
+}
+
+func (x *StepResponse) GetTree() *A11YTreeResponse {
+	if x != nil {
+		return x.Tree
+	}
+	return nil
+}
+
+func (x *StepResponse) GetTreeError() *Error {
+	if x != nil {
+		return x.TreeError
 	}
 	return nil
 }
@@ -6544,11 +6828,640 @@ func (x *NetProbeResponse) GetMac() []byte {
 	return nil
 }
 
+// A11yTreeRequest reads the accessibility tree (AT-SPI2) of the desktop or
+// a part of it. Every application answers within app_timeout_ms or is
+// reported as timed out (the tree is then partial); the whole call answers
+// within timeout_ms.
+type A11YTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Root  A11YRoot               `protobuf:"varint,1,opt,name=root,proto3,enum=forkfleet.aci.v1.A11YRoot" json:"root,omitempty"`
+	// For A11Y_ROOT_WINDOW.
+	WindowId uint32 `protobuf:"varint,2,opt,name=window_id,json=windowId,proto3" json:"window_id,omitempty"`
+	// For A11Y_ROOT_POINT.
+	Point *Point `protobuf:"bytes,3,opt,name=point,proto3" json:"point,omitempty"`
+	// Levels below the root; 0: 64 (at most 256).
+	MaxDepth uint32 `protobuf:"varint,4,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	// Nodes in the reply; 0: 10000 (at most 20000). More are left out and the
+	// reply says truncated.
+	MaxNodes uint32 `protobuf:"varint,5,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
+	// Only elements with the SHOWING state (on screen, in a mapped window);
+	// an element that is not showing is left out with its subtree.
+	ShowingOnly bool `protobuf:"varint,6,opt,name=showing_only,json=showingOnly,proto3" json:"showing_only,omitempty"`
+	// The whole call; 0: 5000 ms (at most 60000).
+	TimeoutMs uint32 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Each application; 0: 1000 ms (at most timeout_ms).
+	AppTimeoutMs uint32 `protobuf:"varint,8,opt,name=app_timeout_ms,json=appTimeoutMs,proto3" json:"app_timeout_ms,omitempty"`
+	// Optional fields to fill; empty: all of them.
+	Fields []A11YField `protobuf:"varint,9,rep,packed,name=fields,proto3,enum=forkfleet.aci.v1.A11YField" json:"fields,omitempty"`
+	// The tree_hash of a previous reply: when the new tree hashes the same,
+	// the reply has not_modified and no nodes.
+	IfNoneMatch   []byte `protobuf:"bytes,10,opt,name=if_none_match,json=ifNoneMatch,proto3" json:"if_none_match,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *A11YTreeRequest) Reset() {
+	*x = A11YTreeRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YTreeRequest) ProtoMessage() {}
+
+func (x *A11YTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YTreeRequest.ProtoReflect.Descriptor instead.
+func (*A11YTreeRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *A11YTreeRequest) GetRoot() A11YRoot {
+	if x != nil {
+		return x.Root
+	}
+	return A11YRoot_A11Y_ROOT_UNSPECIFIED
+}
+
+func (x *A11YTreeRequest) GetWindowId() uint32 {
+	if x != nil {
+		return x.WindowId
+	}
+	return 0
+}
+
+func (x *A11YTreeRequest) GetPoint() *Point {
+	if x != nil {
+		return x.Point
+	}
+	return nil
+}
+
+func (x *A11YTreeRequest) GetMaxDepth() uint32 {
+	if x != nil {
+		return x.MaxDepth
+	}
+	return 0
+}
+
+func (x *A11YTreeRequest) GetMaxNodes() uint32 {
+	if x != nil {
+		return x.MaxNodes
+	}
+	return 0
+}
+
+func (x *A11YTreeRequest) GetShowingOnly() bool {
+	if x != nil {
+		return x.ShowingOnly
+	}
+	return false
+}
+
+func (x *A11YTreeRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *A11YTreeRequest) GetAppTimeoutMs() uint32 {
+	if x != nil {
+		return x.AppTimeoutMs
+	}
+	return 0
+}
+
+func (x *A11YTreeRequest) GetFields() []A11YField {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *A11YTreeRequest) GetIfNoneMatch() []byte {
+	if x != nil {
+		return x.IfNoneMatch
+	}
+	return nil
+}
+
+// A11yNode is one accessible element.
+type A11YNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its index in A11yTreeResponse.nodes: stable within one reply only.
+	Id uint32 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The AT-SPI role name: "push button", "entry", "link", "frame", ...
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// At most 4 KiB, like description.
+	Name        string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Description string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	// AT-SPI states as a bit set: bit n is state n of AtspiStateType
+	// (1 active, 7 editable, 8 enabled, 11 focusable, 12 focused, 23 selected,
+	// 24 sensitive, 25 showing, 30 visible, ...; docs/aci-spec.md lists them).
+	States uint64 `protobuf:"varint,5,opt,name=states,proto3" json:"states,omitempty"`
+	// Screen bounds, in the pixels of screenshots and input; absent for an
+	// element without a Component interface.
+	Bounds *Rect `protobuf:"bytes,6,opt,name=bounds,proto3" json:"bounds,omitempty"`
+	// The text of an editable element (A11Y_FIELD_TEXT).
+	Text string `protobuf:"bytes,7,opt,name=text,proto3" json:"text,omitempty"`
+	// The current value of a range element (A11Y_FIELD_VALUE).
+	Value *float64 `protobuf:"fixed64,8,opt,name=value,proto3,oneof" json:"value,omitempty"`
+	// The names of the actions a11y_action can do on it ("click", "press",
+	// "activate", "jump", ...).
+	Actions []string `protobuf:"bytes,9,rep,name=actions,proto3" json:"actions,omitempty"`
+	// Ids of its children in the reply, in order.
+	Children []uint32 `protobuf:"varint,10,rep,packed,name=children,proto3" json:"children,omitempty"`
+	// 1 + its application's index in A11yTreeResponse.apps; 0 for the
+	// desktop node.
+	App uint32 `protobuf:"varint,11,opt,name=app,proto3" json:"app,omitempty"`
+	// Id of its top-level window node (a frame, window or dialog), its own id
+	// for a top-level node, 0 when it has none (the desktop, an application).
+	Window uint32 `protobuf:"varint,12,opt,name=window,proto3" json:"window,omitempty"`
+	// The element's handle for a11y_action: "<bus name>:<object path>". It
+	// stays valid while the element lives, in a replica too.
+	Ref string `protobuf:"bytes,13,opt,name=ref,proto3" json:"ref,omitempty"`
+	// Some children were left out (max_depth, max_nodes, showing_only or the
+	// application's timeout).
+	ChildrenTruncated bool `protobuf:"varint,14,opt,name=children_truncated,json=childrenTruncated,proto3" json:"children_truncated,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *A11YNode) Reset() {
+	*x = A11YNode{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YNode) ProtoMessage() {}
+
+func (x *A11YNode) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YNode.ProtoReflect.Descriptor instead.
+func (*A11YNode) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *A11YNode) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *A11YNode) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *A11YNode) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *A11YNode) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *A11YNode) GetStates() uint64 {
+	if x != nil {
+		return x.States
+	}
+	return 0
+}
+
+func (x *A11YNode) GetBounds() *Rect {
+	if x != nil {
+		return x.Bounds
+	}
+	return nil
+}
+
+func (x *A11YNode) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *A11YNode) GetValue() float64 {
+	if x != nil && x.Value != nil {
+		return *x.Value
+	}
+	return 0
+}
+
+func (x *A11YNode) GetActions() []string {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *A11YNode) GetChildren() []uint32 {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *A11YNode) GetApp() uint32 {
+	if x != nil {
+		return x.App
+	}
+	return 0
+}
+
+func (x *A11YNode) GetWindow() uint32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *A11YNode) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *A11YNode) GetChildrenTruncated() bool {
+	if x != nil {
+		return x.ChildrenTruncated
+	}
+	return false
+}
+
+// A11yApp is one application on the accessibility bus.
+type A11YApp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The process on the other end of its bus connection.
+	Pid     int32  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	BusName string `protobuf:"bytes,3,opt,name=bus_name,json=busName,proto3" json:"bus_name,omitempty"`
+	// It did not answer within app_timeout_ms: its part of the tree is
+	// missing or incomplete.
+	TimedOut bool `protobuf:"varint,4,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// Why its part is missing, when it failed otherwise (for humans).
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// Its node id; 0 when it is not in the reply.
+	Node          uint32 `protobuf:"varint,6,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *A11YApp) Reset() {
+	*x = A11YApp{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YApp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YApp) ProtoMessage() {}
+
+func (x *A11YApp) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YApp.ProtoReflect.Descriptor instead.
+func (*A11YApp) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *A11YApp) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *A11YApp) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *A11YApp) GetBusName() string {
+	if x != nil {
+		return x.BusName
+	}
+	return ""
+}
+
+func (x *A11YApp) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *A11YApp) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *A11YApp) GetNode() uint32 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+type A11YTreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// nodes[0] is the root (the desktop, a window, or the element at the
+	// point). Empty with not_modified.
+	Nodes []*A11YNode `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Apps  []*A11YApp  `protobuf:"bytes,2,rep,name=apps,proto3" json:"apps,omitempty"`
+	// Some application timed out or failed (see apps): the tree is partial.
+	Partial bool `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
+	// Limits (max_nodes, max_depth, the reply's byte budget) left nodes out.
+	Truncated bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// 128-bit XXH3 of the tree (nodes and apps as sent, not_modified aside).
+	TreeHash    []byte `protobuf:"bytes,5,opt,name=tree_hash,json=treeHash,proto3" json:"tree_hash,omitempty"`
+	NotModified bool   `protobuf:"varint,6,opt,name=not_modified,json=notModified,proto3" json:"not_modified,omitempty"`
+	// False when the sandbox has no accessibility bus (an image without
+	// guestd.json "a11y"): the reply is then the bare desktop node.
+	Bus           bool   `protobuf:"varint,7,opt,name=bus,proto3" json:"bus,omitempty"`
+	DurationNs    uint64 `protobuf:"varint,8,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *A11YTreeResponse) Reset() {
+	*x = A11YTreeResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YTreeResponse) ProtoMessage() {}
+
+func (x *A11YTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YTreeResponse.ProtoReflect.Descriptor instead.
+func (*A11YTreeResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *A11YTreeResponse) GetNodes() []*A11YNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *A11YTreeResponse) GetApps() []*A11YApp {
+	if x != nil {
+		return x.Apps
+	}
+	return nil
+}
+
+func (x *A11YTreeResponse) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
+}
+
+func (x *A11YTreeResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *A11YTreeResponse) GetTreeHash() []byte {
+	if x != nil {
+		return x.TreeHash
+	}
+	return nil
+}
+
+func (x *A11YTreeResponse) GetNotModified() bool {
+	if x != nil {
+		return x.NotModified
+	}
+	return false
+}
+
+func (x *A11YTreeResponse) GetBus() bool {
+	if x != nil {
+		return x.Bus
+	}
+	return false
+}
+
+func (x *A11YTreeResponse) GetDurationNs() uint64 {
+	if x != nil {
+		return x.DurationNs
+	}
+	return 0
+}
+
+// A11yActionRequest acts on one element through its application.
+// Errors: an unknown or gone element is NOT_FOUND (field ref); an element
+// without the interface the kind needs, or an action name it does not have,
+// is FAILED_PRECONDITION; an application that does not answer within
+// timeout_ms is TIMEOUT; a sandbox without accessibility bus is UNAVAILABLE.
+type A11YActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A11yNode.ref.
+	Ref  string         `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Kind A11YActionKind `protobuf:"varint,2,opt,name=kind,proto3,enum=forkfleet.aci.v1.A11YActionKind" json:"kind,omitempty"`
+	// For A11Y_ACTION_KIND_DO.
+	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	// For A11Y_ACTION_KIND_SET_TEXT (at most 64 KiB).
+	Text string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	// For A11Y_ACTION_KIND_SET_VALUE.
+	Value float64 `protobuf:"fixed64,5,opt,name=value,proto3" json:"value,omitempty"`
+	// 0: 2000 ms (at most 60000).
+	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *A11YActionRequest) Reset() {
+	*x = A11YActionRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YActionRequest) ProtoMessage() {}
+
+func (x *A11YActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YActionRequest.ProtoReflect.Descriptor instead.
+func (*A11YActionRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *A11YActionRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *A11YActionRequest) GetKind() A11YActionKind {
+	if x != nil {
+		return x.Kind
+	}
+	return A11YActionKind_A11Y_ACTION_KIND_UNSPECIFIED
+}
+
+func (x *A11YActionRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *A11YActionRequest) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *A11YActionRequest) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *A11YActionRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type A11YActionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *A11YActionResponse) Reset() {
+	*x = A11YActionResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *A11YActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*A11YActionResponse) ProtoMessage() {}
+
+func (x *A11YActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use A11YActionResponse.ProtoReflect.Descriptor instead.
+func (*A11YActionResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{90}
+}
+
 var File_forkfleet_aci_v1_aci_proto protoreflect.FileDescriptor
 
 const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
-	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xdd\x11\n" +
+	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xe7\x12\n" +
 	"\rClientMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
 	"\x05hello\x18\x02 \x01(\v2\x1e.forkfleet.aci.v1.HelloRequestH\x00R\x05hello\x123\n" +
@@ -6588,8 +7501,11 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x0fcheckpoint_done\x18\x1d \x01(\v2'.forkfleet.aci.v1.CheckpointDoneRequestH\x00R\x0echeckpointDone\x12R\n" +
 	"\x0frelease_scratch\x18\x1e \x01(\v2'.forkfleet.aci.v1.ReleaseScratchRequestH\x00R\x0ereleaseScratch\x12S\n" +
 	"\x10net_probe_listen\x18\x1f \x01(\v2'.forkfleet.aci.v1.NetProbeListenRequestH\x00R\x0enetProbeListen\x12@\n" +
-	"\tnet_probe\x18  \x01(\v2!.forkfleet.aci.v1.NetProbeRequestH\x00R\bnetProbeB\t\n" +
-	"\arequest\"\xdc\x12\n" +
+	"\tnet_probe\x18  \x01(\v2!.forkfleet.aci.v1.NetProbeRequestH\x00R\bnetProbe\x12@\n" +
+	"\ta11y_tree\x18! \x01(\v2!.forkfleet.aci.v1.A11yTreeRequestH\x00R\ba11yTree\x12F\n" +
+	"\va11y_action\x18\" \x01(\v2#.forkfleet.aci.v1.A11yActionRequestH\x00R\n" +
+	"a11yActionB\t\n" +
+	"\arequest\"\xe8\x13\n" +
 	"\rServerMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.forkfleet.aci.v1.ErrorH\x00R\x05error\x127\n" +
@@ -6630,7 +7546,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x0fcheckpoint_done\x18\x1e \x01(\v2(.forkfleet.aci.v1.CheckpointDoneResponseH\x00R\x0echeckpointDone\x12S\n" +
 	"\x0frelease_scratch\x18\x1f \x01(\v2(.forkfleet.aci.v1.ReleaseScratchResponseH\x00R\x0ereleaseScratch\x12T\n" +
 	"\x10net_probe_listen\x18  \x01(\v2(.forkfleet.aci.v1.NetProbeListenResponseH\x00R\x0enetProbeListen\x12A\n" +
-	"\tnet_probe\x18! \x01(\v2\".forkfleet.aci.v1.NetProbeResponseH\x00R\bnetProbe\x12/\n" +
+	"\tnet_probe\x18! \x01(\v2\".forkfleet.aci.v1.NetProbeResponseH\x00R\bnetProbe\x12A\n" +
+	"\ta11y_tree\x18\" \x01(\v2\".forkfleet.aci.v1.A11yTreeResponseH\x00R\ba11yTree\x12G\n" +
+	"\va11y_action\x18# \x01(\v2$.forkfleet.aci.v1.A11yActionResponseH\x00R\n" +
+	"a11yAction\x12/\n" +
 	"\x05event\x18( \x01(\v2\x17.forkfleet.aci.v1.EventH\x00R\x05eventB\a\n" +
 	"\x05reply\"h\n" +
 	"\x05Error\x12/\n" +
@@ -6712,19 +7631,23 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	" \x01(\v2 .forkfleet.aci.v1.KeyComboActionH\x00R\bkeyCombo\x12?\n" +
 	"\ttype_text\x18\v \x01(\v2 .forkfleet.aci.v1.TypeTextActionH\x00R\btypeText\x122\n" +
 	"\x04wait\x18\f \x01(\v2\x1c.forkfleet.aci.v1.WaitActionH\x00R\x04waitB\b\n" +
-	"\x06action\"\xa4\x01\n" +
+	"\x06action\"\xea\x01\n" +
 	"\vStepRequest\x122\n" +
 	"\aactions\x18\x01 \x03(\v2\x18.forkfleet.aci.v1.ActionR\aactions\x12\"\n" +
 	"\rstop_on_error\x18\x02 \x01(\bR\vstopOnError\x12=\n" +
-	"\aobserve\x18\x03 \x01(\v2#.forkfleet.aci.v1.ScreenshotRequestR\aobserve\"_\n" +
+	"\aobserve\x18\x03 \x01(\v2#.forkfleet.aci.v1.ScreenshotRequestR\aobserve\x12D\n" +
+	"\fobserve_tree\x18\x04 \x01(\v2!.forkfleet.aci.v1.A11yTreeRequestR\vobserveTree\"_\n" +
 	"\rActionOutcome\x12-\n" +
 	"\x05error\x18\x01 \x01(\v2\x17.forkfleet.aci.v1.ErrorR\x05error\x12\x1f\n" +
 	"\vduration_ns\x18\x02 \x01(\x04R\n" +
-	"durationNs\"\xd9\x01\n" +
+	"durationNs\"\xc9\x02\n" +
 	"\fStepResponse\x12;\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x1f.forkfleet.aci.v1.ActionOutcomeR\boutcomes\x12F\n" +
 	"\vobservation\x18\x02 \x01(\v2$.forkfleet.aci.v1.ScreenshotResponseR\vobservation\x12D\n" +
-	"\x11observation_error\x18\x03 \x01(\v2\x17.forkfleet.aci.v1.ErrorR\x10observationError\"\xcc\x02\n" +
+	"\x11observation_error\x18\x03 \x01(\v2\x17.forkfleet.aci.v1.ErrorR\x10observationError\x126\n" +
+	"\x04tree\x18\x04 \x01(\v2\".forkfleet.aci.v1.A11yTreeResponseR\x04tree\x126\n" +
+	"\n" +
+	"tree_error\x18\x05 \x01(\v2\x17.forkfleet.aci.v1.ErrorR\ttreeError\"\xcc\x02\n" +
 	"\x11ScreenshotRequest\x125\n" +
 	"\x06format\x18\x01 \x01(\x0e2\x1d.forkfleet.aci.v1.ImageFormatR\x06format\x12\x18\n" +
 	"\aquality\x18\x02 \x01(\rR\aquality\x12.\n" +
@@ -6971,7 +7894,63 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x04port\x18\x01 \x01(\rR\x04port\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\fR\x05nonce\"$\n" +
 	"\x10NetProbeResponse\x12\x10\n" +
-	"\x03mac\x18\x01 \x01(\fR\x03mac*\xee\x02\n" +
+	"\x03mac\x18\x01 \x01(\fR\x03mac\"\x88\x03\n" +
+	"\x0fA11yTreeRequest\x12.\n" +
+	"\x04root\x18\x01 \x01(\x0e2\x1a.forkfleet.aci.v1.A11yRootR\x04root\x12\x1b\n" +
+	"\twindow_id\x18\x02 \x01(\rR\bwindowId\x12-\n" +
+	"\x05point\x18\x03 \x01(\v2\x17.forkfleet.aci.v1.PointR\x05point\x12\x1b\n" +
+	"\tmax_depth\x18\x04 \x01(\rR\bmaxDepth\x12\x1b\n" +
+	"\tmax_nodes\x18\x05 \x01(\rR\bmaxNodes\x12!\n" +
+	"\fshowing_only\x18\x06 \x01(\bR\vshowingOnly\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\a \x01(\rR\ttimeoutMs\x12$\n" +
+	"\x0eapp_timeout_ms\x18\b \x01(\rR\fappTimeoutMs\x123\n" +
+	"\x06fields\x18\t \x03(\x0e2\x1b.forkfleet.aci.v1.A11yFieldR\x06fields\x12\"\n" +
+	"\rif_none_match\x18\n" +
+	" \x01(\fR\vifNoneMatch\"\x86\x03\n" +
+	"\bA11yNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12\x16\n" +
+	"\x06states\x18\x05 \x01(\x04R\x06states\x12.\n" +
+	"\x06bounds\x18\x06 \x01(\v2\x16.forkfleet.aci.v1.RectR\x06bounds\x12\x12\n" +
+	"\x04text\x18\a \x01(\tR\x04text\x12\x19\n" +
+	"\x05value\x18\b \x01(\x01H\x00R\x05value\x88\x01\x01\x12\x18\n" +
+	"\aactions\x18\t \x03(\tR\aactions\x12\x1a\n" +
+	"\bchildren\x18\n" +
+	" \x03(\rR\bchildren\x12\x10\n" +
+	"\x03app\x18\v \x01(\rR\x03app\x12\x16\n" +
+	"\x06window\x18\f \x01(\rR\x06window\x12\x10\n" +
+	"\x03ref\x18\r \x01(\tR\x03ref\x12-\n" +
+	"\x12children_truncated\x18\x0e \x01(\bR\x11childrenTruncatedB\b\n" +
+	"\x06_value\"\x91\x01\n" +
+	"\aA11yApp\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x19\n" +
+	"\bbus_name\x18\x03 \x01(\tR\abusName\x12\x1b\n" +
+	"\ttimed_out\x18\x04 \x01(\bR\btimedOut\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x12\n" +
+	"\x04node\x18\x06 \x01(\rR\x04node\"\x9e\x02\n" +
+	"\x10A11yTreeResponse\x120\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1a.forkfleet.aci.v1.A11yNodeR\x05nodes\x12-\n" +
+	"\x04apps\x18\x02 \x03(\v2\x19.forkfleet.aci.v1.A11yAppR\x04apps\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\bR\apartial\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\x12\x1b\n" +
+	"\ttree_hash\x18\x05 \x01(\fR\btreeHash\x12!\n" +
+	"\fnot_modified\x18\x06 \x01(\bR\vnotModified\x12\x10\n" +
+	"\x03bus\x18\a \x01(\bR\x03bus\x12\x1f\n" +
+	"\vduration_ns\x18\b \x01(\x04R\n" +
+	"durationNs\"\xbc\x01\n" +
+	"\x11A11yActionRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x124\n" +
+	"\x04kind\x18\x02 \x01(\x0e2 .forkfleet.aci.v1.A11yActionKindR\x04kind\x12\x16\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12\x12\n" +
+	"\x04text\x18\x04 \x01(\tR\x04text\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\x01R\x05value\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\"\x14\n" +
+	"\x12A11yActionResponse*\xee\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n" +
@@ -7014,7 +7993,28 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x17CURSOR_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12CURSOR_MODE_HIDDEN\x10\x01\x12\x17\n" +
 	"\x13CURSOR_MODE_OVERLAY\x10\x02\x12\x16\n" +
-	"\x12CURSOR_MODE_EVENTS\x10\x03B?Z=github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1;aciv1b\x06proto3"
+	"\x12CURSOR_MODE_EVENTS\x10\x03*\x85\x01\n" +
+	"\bA11yRoot\x12\x19\n" +
+	"\x15A11Y_ROOT_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11A11Y_ROOT_DESKTOP\x10\x01\x12\x1c\n" +
+	"\x18A11Y_ROOT_FOCUSED_WINDOW\x10\x02\x12\x14\n" +
+	"\x10A11Y_ROOT_WINDOW\x10\x03\x12\x13\n" +
+	"\x0fA11Y_ROOT_POINT\x10\x04*\xb4\x01\n" +
+	"\tA11yField\x12\x1a\n" +
+	"\x16A11Y_FIELD_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11A11Y_FIELD_BOUNDS\x10\x01\x12\x15\n" +
+	"\x11A11Y_FIELD_STATES\x10\x02\x12\x1a\n" +
+	"\x16A11Y_FIELD_DESCRIPTION\x10\x03\x12\x13\n" +
+	"\x0fA11Y_FIELD_TEXT\x10\x04\x12\x14\n" +
+	"\x10A11Y_FIELD_VALUE\x10\x05\x12\x16\n" +
+	"\x12A11Y_FIELD_ACTIONS\x10\x06*\xcd\x01\n" +
+	"\x0eA11yActionKind\x12 \n" +
+	"\x1cA11Y_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13A11Y_ACTION_KIND_DO\x10\x01\x12\x1a\n" +
+	"\x16A11Y_ACTION_KIND_FOCUS\x10\x02\x12\x1d\n" +
+	"\x19A11Y_ACTION_KIND_SET_TEXT\x10\x03\x12\x1e\n" +
+	"\x1aA11Y_ACTION_KIND_SET_VALUE\x10\x04\x12%\n" +
+	"!A11Y_ACTION_KIND_SCROLL_INTO_VIEW\x10\x05B?Z=github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1;aciv1b\x06proto3"
 
 var (
 	file_forkfleet_aci_v1_aci_proto_rawDescOnce sync.Once
@@ -7028,225 +8028,248 @@ func file_forkfleet_aci_v1_aci_proto_rawDescGZIP() []byte {
 	return file_forkfleet_aci_v1_aci_proto_rawDescData
 }
 
-var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
 var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(ErrorCode)(0),                     // 0: forkfleet.aci.v1.ErrorCode
 	(MouseButton)(0),                   // 1: forkfleet.aci.v1.MouseButton
 	(ImageFormat)(0),                   // 2: forkfleet.aci.v1.ImageFormat
 	(WindowOp)(0),                      // 3: forkfleet.aci.v1.WindowOp
 	(CursorMode)(0),                    // 4: forkfleet.aci.v1.CursorMode
-	(*ClientMessage)(nil),              // 5: forkfleet.aci.v1.ClientMessage
-	(*ServerMessage)(nil),              // 6: forkfleet.aci.v1.ServerMessage
-	(*Error)(nil),                      // 7: forkfleet.aci.v1.Error
-	(*HelloRequest)(nil),               // 8: forkfleet.aci.v1.HelloRequest
-	(*HelloResponse)(nil),              // 9: forkfleet.aci.v1.HelloResponse
-	(*PingRequest)(nil),                // 10: forkfleet.aci.v1.PingRequest
-	(*PingResponse)(nil),               // 11: forkfleet.aci.v1.PingResponse
-	(*Point)(nil),                      // 12: forkfleet.aci.v1.Point
-	(*Rect)(nil),                       // 13: forkfleet.aci.v1.Rect
-	(*MoveAction)(nil),                 // 14: forkfleet.aci.v1.MoveAction
-	(*ClickAction)(nil),                // 15: forkfleet.aci.v1.ClickAction
-	(*ButtonAction)(nil),               // 16: forkfleet.aci.v1.ButtonAction
-	(*DragAction)(nil),                 // 17: forkfleet.aci.v1.DragAction
-	(*ScrollAction)(nil),               // 18: forkfleet.aci.v1.ScrollAction
-	(*KeyAction)(nil),                  // 19: forkfleet.aci.v1.KeyAction
-	(*KeyComboAction)(nil),             // 20: forkfleet.aci.v1.KeyComboAction
-	(*TypeTextAction)(nil),             // 21: forkfleet.aci.v1.TypeTextAction
-	(*WaitAction)(nil),                 // 22: forkfleet.aci.v1.WaitAction
-	(*Action)(nil),                     // 23: forkfleet.aci.v1.Action
-	(*StepRequest)(nil),                // 24: forkfleet.aci.v1.StepRequest
-	(*ActionOutcome)(nil),              // 25: forkfleet.aci.v1.ActionOutcome
-	(*StepResponse)(nil),               // 26: forkfleet.aci.v1.StepResponse
-	(*ScreenshotRequest)(nil),          // 27: forkfleet.aci.v1.ScreenshotRequest
-	(*ScreenshotResponse)(nil),         // 28: forkfleet.aci.v1.ScreenshotResponse
-	(*ReadyRequest)(nil),               // 29: forkfleet.aci.v1.ReadyRequest
-	(*ReadyResponse)(nil),              // 30: forkfleet.aci.v1.ReadyResponse
-	(*CursorPositionRequest)(nil),      // 31: forkfleet.aci.v1.CursorPositionRequest
-	(*CursorPositionResponse)(nil),     // 32: forkfleet.aci.v1.CursorPositionResponse
-	(*ScreenSizeRequest)(nil),          // 33: forkfleet.aci.v1.ScreenSizeRequest
-	(*ScreenSizeResponse)(nil),         // 34: forkfleet.aci.v1.ScreenSizeResponse
-	(*Window)(nil),                     // 35: forkfleet.aci.v1.Window
-	(*ListWindowsRequest)(nil),         // 36: forkfleet.aci.v1.ListWindowsRequest
-	(*ListWindowsResponse)(nil),        // 37: forkfleet.aci.v1.ListWindowsResponse
-	(*WindowActionRequest)(nil),        // 38: forkfleet.aci.v1.WindowActionRequest
-	(*WindowActionResponse)(nil),       // 39: forkfleet.aci.v1.WindowActionResponse
-	(*LaunchRequest)(nil),              // 40: forkfleet.aci.v1.LaunchRequest
-	(*LaunchResponse)(nil),             // 41: forkfleet.aci.v1.LaunchResponse
-	(*ClipboardGetRequest)(nil),        // 42: forkfleet.aci.v1.ClipboardGetRequest
-	(*ClipboardGetResponse)(nil),       // 43: forkfleet.aci.v1.ClipboardGetResponse
-	(*ClipboardSetRequest)(nil),        // 44: forkfleet.aci.v1.ClipboardSetRequest
-	(*ClipboardSetResponse)(nil),       // 45: forkfleet.aci.v1.ClipboardSetResponse
-	(*ExecRequest)(nil),                // 46: forkfleet.aci.v1.ExecRequest
-	(*ExecResponse)(nil),               // 47: forkfleet.aci.v1.ExecResponse
-	(*FilePutRequest)(nil),             // 48: forkfleet.aci.v1.FilePutRequest
-	(*FilePutResponse)(nil),            // 49: forkfleet.aci.v1.FilePutResponse
-	(*FileGetRequest)(nil),             // 50: forkfleet.aci.v1.FileGetRequest
-	(*FileGetResponse)(nil),            // 51: forkfleet.aci.v1.FileGetResponse
-	(*FileInfo)(nil),                   // 52: forkfleet.aci.v1.FileInfo
-	(*FileStatRequest)(nil),            // 53: forkfleet.aci.v1.FileStatRequest
-	(*FileStatResponse)(nil),           // 54: forkfleet.aci.v1.FileStatResponse
-	(*FileListRequest)(nil),            // 55: forkfleet.aci.v1.FileListRequest
-	(*FileListResponse)(nil),           // 56: forkfleet.aci.v1.FileListResponse
-	(*FileMkdirRequest)(nil),           // 57: forkfleet.aci.v1.FileMkdirRequest
-	(*FileMkdirResponse)(nil),          // 58: forkfleet.aci.v1.FileMkdirResponse
-	(*FileDeleteRequest)(nil),          // 59: forkfleet.aci.v1.FileDeleteRequest
-	(*FileDeleteResponse)(nil),         // 60: forkfleet.aci.v1.FileDeleteResponse
-	(*CancelRequest)(nil),              // 61: forkfleet.aci.v1.CancelRequest
-	(*CancelResponse)(nil),             // 62: forkfleet.aci.v1.CancelResponse
-	(*ScreencastStartRequest)(nil),     // 63: forkfleet.aci.v1.ScreencastStartRequest
-	(*ScreencastStartResponse)(nil),    // 64: forkfleet.aci.v1.ScreencastStartResponse
-	(*ScreencastStopRequest)(nil),      // 65: forkfleet.aci.v1.ScreencastStopRequest
-	(*ScreencastStopResponse)(nil),     // 66: forkfleet.aci.v1.ScreencastStopResponse
-	(*ScreencastKeyframeRequest)(nil),  // 67: forkfleet.aci.v1.ScreencastKeyframeRequest
-	(*ScreencastKeyframeResponse)(nil), // 68: forkfleet.aci.v1.ScreencastKeyframeResponse
-	(*Tile)(nil),                       // 69: forkfleet.aci.v1.Tile
-	(*ScreencastFrame)(nil),            // 70: forkfleet.aci.v1.ScreencastFrame
-	(*CursorEvent)(nil),                // 71: forkfleet.aci.v1.CursorEvent
-	(*ReadyEvent)(nil),                 // 72: forkfleet.aci.v1.ReadyEvent
-	(*Event)(nil),                      // 73: forkfleet.aci.v1.Event
-	(*MemoryMarkRequest)(nil),          // 74: forkfleet.aci.v1.MemoryMarkRequest
-	(*MemoryMarkResponse)(nil),         // 75: forkfleet.aci.v1.MemoryMarkResponse
-	(*MemoryChallengeRequest)(nil),     // 76: forkfleet.aci.v1.MemoryChallengeRequest
-	(*MemoryChallengeResponse)(nil),    // 77: forkfleet.aci.v1.MemoryChallengeResponse
-	(*RestoredRequest)(nil),            // 78: forkfleet.aci.v1.RestoredRequest
-	(*RestoredResponse)(nil),           // 79: forkfleet.aci.v1.RestoredResponse
-	(*CheckpointPrepareRequest)(nil),   // 80: forkfleet.aci.v1.CheckpointPrepareRequest
-	(*CheckpointPrepareResponse)(nil),  // 81: forkfleet.aci.v1.CheckpointPrepareResponse
-	(*CheckpointDoneRequest)(nil),      // 82: forkfleet.aci.v1.CheckpointDoneRequest
-	(*CheckpointDoneResponse)(nil),     // 83: forkfleet.aci.v1.CheckpointDoneResponse
-	(*ReleaseScratchRequest)(nil),      // 84: forkfleet.aci.v1.ReleaseScratchRequest
-	(*ReleaseScratchResponse)(nil),     // 85: forkfleet.aci.v1.ReleaseScratchResponse
-	(*NetProbeListenRequest)(nil),      // 86: forkfleet.aci.v1.NetProbeListenRequest
-	(*NetProbeListenResponse)(nil),     // 87: forkfleet.aci.v1.NetProbeListenResponse
-	(*NetProbeRequest)(nil),            // 88: forkfleet.aci.v1.NetProbeRequest
-	(*NetProbeResponse)(nil),           // 89: forkfleet.aci.v1.NetProbeResponse
-	nil,                                // 90: forkfleet.aci.v1.LaunchRequest.EnvEntry
-	nil,                                // 91: forkfleet.aci.v1.ExecRequest.EnvEntry
+	(A11YRoot)(0),                      // 5: forkfleet.aci.v1.A11yRoot
+	(A11YField)(0),                     // 6: forkfleet.aci.v1.A11yField
+	(A11YActionKind)(0),                // 7: forkfleet.aci.v1.A11yActionKind
+	(*ClientMessage)(nil),              // 8: forkfleet.aci.v1.ClientMessage
+	(*ServerMessage)(nil),              // 9: forkfleet.aci.v1.ServerMessage
+	(*Error)(nil),                      // 10: forkfleet.aci.v1.Error
+	(*HelloRequest)(nil),               // 11: forkfleet.aci.v1.HelloRequest
+	(*HelloResponse)(nil),              // 12: forkfleet.aci.v1.HelloResponse
+	(*PingRequest)(nil),                // 13: forkfleet.aci.v1.PingRequest
+	(*PingResponse)(nil),               // 14: forkfleet.aci.v1.PingResponse
+	(*Point)(nil),                      // 15: forkfleet.aci.v1.Point
+	(*Rect)(nil),                       // 16: forkfleet.aci.v1.Rect
+	(*MoveAction)(nil),                 // 17: forkfleet.aci.v1.MoveAction
+	(*ClickAction)(nil),                // 18: forkfleet.aci.v1.ClickAction
+	(*ButtonAction)(nil),               // 19: forkfleet.aci.v1.ButtonAction
+	(*DragAction)(nil),                 // 20: forkfleet.aci.v1.DragAction
+	(*ScrollAction)(nil),               // 21: forkfleet.aci.v1.ScrollAction
+	(*KeyAction)(nil),                  // 22: forkfleet.aci.v1.KeyAction
+	(*KeyComboAction)(nil),             // 23: forkfleet.aci.v1.KeyComboAction
+	(*TypeTextAction)(nil),             // 24: forkfleet.aci.v1.TypeTextAction
+	(*WaitAction)(nil),                 // 25: forkfleet.aci.v1.WaitAction
+	(*Action)(nil),                     // 26: forkfleet.aci.v1.Action
+	(*StepRequest)(nil),                // 27: forkfleet.aci.v1.StepRequest
+	(*ActionOutcome)(nil),              // 28: forkfleet.aci.v1.ActionOutcome
+	(*StepResponse)(nil),               // 29: forkfleet.aci.v1.StepResponse
+	(*ScreenshotRequest)(nil),          // 30: forkfleet.aci.v1.ScreenshotRequest
+	(*ScreenshotResponse)(nil),         // 31: forkfleet.aci.v1.ScreenshotResponse
+	(*ReadyRequest)(nil),               // 32: forkfleet.aci.v1.ReadyRequest
+	(*ReadyResponse)(nil),              // 33: forkfleet.aci.v1.ReadyResponse
+	(*CursorPositionRequest)(nil),      // 34: forkfleet.aci.v1.CursorPositionRequest
+	(*CursorPositionResponse)(nil),     // 35: forkfleet.aci.v1.CursorPositionResponse
+	(*ScreenSizeRequest)(nil),          // 36: forkfleet.aci.v1.ScreenSizeRequest
+	(*ScreenSizeResponse)(nil),         // 37: forkfleet.aci.v1.ScreenSizeResponse
+	(*Window)(nil),                     // 38: forkfleet.aci.v1.Window
+	(*ListWindowsRequest)(nil),         // 39: forkfleet.aci.v1.ListWindowsRequest
+	(*ListWindowsResponse)(nil),        // 40: forkfleet.aci.v1.ListWindowsResponse
+	(*WindowActionRequest)(nil),        // 41: forkfleet.aci.v1.WindowActionRequest
+	(*WindowActionResponse)(nil),       // 42: forkfleet.aci.v1.WindowActionResponse
+	(*LaunchRequest)(nil),              // 43: forkfleet.aci.v1.LaunchRequest
+	(*LaunchResponse)(nil),             // 44: forkfleet.aci.v1.LaunchResponse
+	(*ClipboardGetRequest)(nil),        // 45: forkfleet.aci.v1.ClipboardGetRequest
+	(*ClipboardGetResponse)(nil),       // 46: forkfleet.aci.v1.ClipboardGetResponse
+	(*ClipboardSetRequest)(nil),        // 47: forkfleet.aci.v1.ClipboardSetRequest
+	(*ClipboardSetResponse)(nil),       // 48: forkfleet.aci.v1.ClipboardSetResponse
+	(*ExecRequest)(nil),                // 49: forkfleet.aci.v1.ExecRequest
+	(*ExecResponse)(nil),               // 50: forkfleet.aci.v1.ExecResponse
+	(*FilePutRequest)(nil),             // 51: forkfleet.aci.v1.FilePutRequest
+	(*FilePutResponse)(nil),            // 52: forkfleet.aci.v1.FilePutResponse
+	(*FileGetRequest)(nil),             // 53: forkfleet.aci.v1.FileGetRequest
+	(*FileGetResponse)(nil),            // 54: forkfleet.aci.v1.FileGetResponse
+	(*FileInfo)(nil),                   // 55: forkfleet.aci.v1.FileInfo
+	(*FileStatRequest)(nil),            // 56: forkfleet.aci.v1.FileStatRequest
+	(*FileStatResponse)(nil),           // 57: forkfleet.aci.v1.FileStatResponse
+	(*FileListRequest)(nil),            // 58: forkfleet.aci.v1.FileListRequest
+	(*FileListResponse)(nil),           // 59: forkfleet.aci.v1.FileListResponse
+	(*FileMkdirRequest)(nil),           // 60: forkfleet.aci.v1.FileMkdirRequest
+	(*FileMkdirResponse)(nil),          // 61: forkfleet.aci.v1.FileMkdirResponse
+	(*FileDeleteRequest)(nil),          // 62: forkfleet.aci.v1.FileDeleteRequest
+	(*FileDeleteResponse)(nil),         // 63: forkfleet.aci.v1.FileDeleteResponse
+	(*CancelRequest)(nil),              // 64: forkfleet.aci.v1.CancelRequest
+	(*CancelResponse)(nil),             // 65: forkfleet.aci.v1.CancelResponse
+	(*ScreencastStartRequest)(nil),     // 66: forkfleet.aci.v1.ScreencastStartRequest
+	(*ScreencastStartResponse)(nil),    // 67: forkfleet.aci.v1.ScreencastStartResponse
+	(*ScreencastStopRequest)(nil),      // 68: forkfleet.aci.v1.ScreencastStopRequest
+	(*ScreencastStopResponse)(nil),     // 69: forkfleet.aci.v1.ScreencastStopResponse
+	(*ScreencastKeyframeRequest)(nil),  // 70: forkfleet.aci.v1.ScreencastKeyframeRequest
+	(*ScreencastKeyframeResponse)(nil), // 71: forkfleet.aci.v1.ScreencastKeyframeResponse
+	(*Tile)(nil),                       // 72: forkfleet.aci.v1.Tile
+	(*ScreencastFrame)(nil),            // 73: forkfleet.aci.v1.ScreencastFrame
+	(*CursorEvent)(nil),                // 74: forkfleet.aci.v1.CursorEvent
+	(*ReadyEvent)(nil),                 // 75: forkfleet.aci.v1.ReadyEvent
+	(*Event)(nil),                      // 76: forkfleet.aci.v1.Event
+	(*MemoryMarkRequest)(nil),          // 77: forkfleet.aci.v1.MemoryMarkRequest
+	(*MemoryMarkResponse)(nil),         // 78: forkfleet.aci.v1.MemoryMarkResponse
+	(*MemoryChallengeRequest)(nil),     // 79: forkfleet.aci.v1.MemoryChallengeRequest
+	(*MemoryChallengeResponse)(nil),    // 80: forkfleet.aci.v1.MemoryChallengeResponse
+	(*RestoredRequest)(nil),            // 81: forkfleet.aci.v1.RestoredRequest
+	(*RestoredResponse)(nil),           // 82: forkfleet.aci.v1.RestoredResponse
+	(*CheckpointPrepareRequest)(nil),   // 83: forkfleet.aci.v1.CheckpointPrepareRequest
+	(*CheckpointPrepareResponse)(nil),  // 84: forkfleet.aci.v1.CheckpointPrepareResponse
+	(*CheckpointDoneRequest)(nil),      // 85: forkfleet.aci.v1.CheckpointDoneRequest
+	(*CheckpointDoneResponse)(nil),     // 86: forkfleet.aci.v1.CheckpointDoneResponse
+	(*ReleaseScratchRequest)(nil),      // 87: forkfleet.aci.v1.ReleaseScratchRequest
+	(*ReleaseScratchResponse)(nil),     // 88: forkfleet.aci.v1.ReleaseScratchResponse
+	(*NetProbeListenRequest)(nil),      // 89: forkfleet.aci.v1.NetProbeListenRequest
+	(*NetProbeListenResponse)(nil),     // 90: forkfleet.aci.v1.NetProbeListenResponse
+	(*NetProbeRequest)(nil),            // 91: forkfleet.aci.v1.NetProbeRequest
+	(*NetProbeResponse)(nil),           // 92: forkfleet.aci.v1.NetProbeResponse
+	(*A11YTreeRequest)(nil),            // 93: forkfleet.aci.v1.A11yTreeRequest
+	(*A11YNode)(nil),                   // 94: forkfleet.aci.v1.A11yNode
+	(*A11YApp)(nil),                    // 95: forkfleet.aci.v1.A11yApp
+	(*A11YTreeResponse)(nil),           // 96: forkfleet.aci.v1.A11yTreeResponse
+	(*A11YActionRequest)(nil),          // 97: forkfleet.aci.v1.A11yActionRequest
+	(*A11YActionResponse)(nil),         // 98: forkfleet.aci.v1.A11yActionResponse
+	nil,                                // 99: forkfleet.aci.v1.LaunchRequest.EnvEntry
+	nil,                                // 100: forkfleet.aci.v1.ExecRequest.EnvEntry
 }
 var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
-	8,   // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
-	10,  // 1: forkfleet.aci.v1.ClientMessage.ping:type_name -> forkfleet.aci.v1.PingRequest
-	24,  // 2: forkfleet.aci.v1.ClientMessage.step:type_name -> forkfleet.aci.v1.StepRequest
-	27,  // 3: forkfleet.aci.v1.ClientMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	29,  // 4: forkfleet.aci.v1.ClientMessage.ready:type_name -> forkfleet.aci.v1.ReadyRequest
-	31,  // 5: forkfleet.aci.v1.ClientMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionRequest
-	33,  // 6: forkfleet.aci.v1.ClientMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeRequest
-	36,  // 7: forkfleet.aci.v1.ClientMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsRequest
-	38,  // 8: forkfleet.aci.v1.ClientMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionRequest
-	40,  // 9: forkfleet.aci.v1.ClientMessage.launch:type_name -> forkfleet.aci.v1.LaunchRequest
-	42,  // 10: forkfleet.aci.v1.ClientMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetRequest
-	44,  // 11: forkfleet.aci.v1.ClientMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetRequest
-	46,  // 12: forkfleet.aci.v1.ClientMessage.exec:type_name -> forkfleet.aci.v1.ExecRequest
-	48,  // 13: forkfleet.aci.v1.ClientMessage.file_put:type_name -> forkfleet.aci.v1.FilePutRequest
-	50,  // 14: forkfleet.aci.v1.ClientMessage.file_get:type_name -> forkfleet.aci.v1.FileGetRequest
-	53,  // 15: forkfleet.aci.v1.ClientMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatRequest
-	55,  // 16: forkfleet.aci.v1.ClientMessage.file_list:type_name -> forkfleet.aci.v1.FileListRequest
-	57,  // 17: forkfleet.aci.v1.ClientMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirRequest
-	59,  // 18: forkfleet.aci.v1.ClientMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteRequest
-	61,  // 19: forkfleet.aci.v1.ClientMessage.cancel:type_name -> forkfleet.aci.v1.CancelRequest
-	63,  // 20: forkfleet.aci.v1.ClientMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartRequest
-	65,  // 21: forkfleet.aci.v1.ClientMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopRequest
-	67,  // 22: forkfleet.aci.v1.ClientMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeRequest
-	74,  // 23: forkfleet.aci.v1.ClientMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkRequest
-	76,  // 24: forkfleet.aci.v1.ClientMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeRequest
-	78,  // 25: forkfleet.aci.v1.ClientMessage.restored:type_name -> forkfleet.aci.v1.RestoredRequest
-	80,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
-	82,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
-	84,  // 28: forkfleet.aci.v1.ClientMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchRequest
-	86,  // 29: forkfleet.aci.v1.ClientMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenRequest
-	88,  // 30: forkfleet.aci.v1.ClientMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeRequest
-	7,   // 31: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
-	9,   // 32: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
-	11,  // 33: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
-	26,  // 34: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
-	28,  // 35: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	30,  // 36: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
-	32,  // 37: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
-	34,  // 38: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	37,  // 39: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
-	39,  // 40: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
-	41,  // 41: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
-	43,  // 42: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
-	45,  // 43: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
-	47,  // 44: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
-	49,  // 45: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
-	51,  // 46: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
-	54,  // 47: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
-	56,  // 48: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
-	58,  // 49: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
-	60,  // 50: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
-	62,  // 51: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
-	64,  // 52: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
-	66,  // 53: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
-	68,  // 54: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
-	75,  // 55: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
-	77,  // 56: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
-	79,  // 57: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
-	81,  // 58: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
-	83,  // 59: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
-	85,  // 60: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
-	87,  // 61: forkfleet.aci.v1.ServerMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenResponse
-	89,  // 62: forkfleet.aci.v1.ServerMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeResponse
-	73,  // 63: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
-	0,   // 64: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
-	34,  // 65: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	12,  // 66: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
-	12,  // 67: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
-	1,   // 68: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	1,   // 69: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 70: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
-	12,  // 71: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
-	12,  // 72: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
-	1,   // 73: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	12,  // 74: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
-	14,  // 75: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
-	15,  // 76: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
-	16,  // 77: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
-	16,  // 78: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
-	17,  // 79: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
-	18,  // 80: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
-	19,  // 81: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 82: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
-	19,  // 83: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
-	20,  // 84: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
-	21,  // 85: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
-	22,  // 86: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
-	23,  // 87: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
-	27,  // 88: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	7,   // 89: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
-	25,  // 90: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
-	28,  // 91: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	7,   // 92: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
-	2,   // 93: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 94: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
-	2,   // 95: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 96: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
-	12,  // 97: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
-	13,  // 98: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
-	35,  // 99: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
-	3,   // 100: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
-	13,  // 101: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
-	90,  // 102: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
-	91,  // 103: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
-	52,  // 104: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
-	52,  // 105: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
-	2,   // 106: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	13,  // 107: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
-	4,   // 108: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
-	13,  // 109: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
-	2,   // 110: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
-	69,  // 111: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
-	12,  // 112: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
-	30,  // 113: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
-	72,  // 114: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
-	70,  // 115: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
-	71,  // 116: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
-	117, // [117:117] is the sub-list for method output_type
-	117, // [117:117] is the sub-list for method input_type
-	117, // [117:117] is the sub-list for extension type_name
-	117, // [117:117] is the sub-list for extension extendee
-	0,   // [0:117] is the sub-list for field type_name
+	11,  // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
+	13,  // 1: forkfleet.aci.v1.ClientMessage.ping:type_name -> forkfleet.aci.v1.PingRequest
+	27,  // 2: forkfleet.aci.v1.ClientMessage.step:type_name -> forkfleet.aci.v1.StepRequest
+	30,  // 3: forkfleet.aci.v1.ClientMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	32,  // 4: forkfleet.aci.v1.ClientMessage.ready:type_name -> forkfleet.aci.v1.ReadyRequest
+	34,  // 5: forkfleet.aci.v1.ClientMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionRequest
+	36,  // 6: forkfleet.aci.v1.ClientMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeRequest
+	39,  // 7: forkfleet.aci.v1.ClientMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsRequest
+	41,  // 8: forkfleet.aci.v1.ClientMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionRequest
+	43,  // 9: forkfleet.aci.v1.ClientMessage.launch:type_name -> forkfleet.aci.v1.LaunchRequest
+	45,  // 10: forkfleet.aci.v1.ClientMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetRequest
+	47,  // 11: forkfleet.aci.v1.ClientMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetRequest
+	49,  // 12: forkfleet.aci.v1.ClientMessage.exec:type_name -> forkfleet.aci.v1.ExecRequest
+	51,  // 13: forkfleet.aci.v1.ClientMessage.file_put:type_name -> forkfleet.aci.v1.FilePutRequest
+	53,  // 14: forkfleet.aci.v1.ClientMessage.file_get:type_name -> forkfleet.aci.v1.FileGetRequest
+	56,  // 15: forkfleet.aci.v1.ClientMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatRequest
+	58,  // 16: forkfleet.aci.v1.ClientMessage.file_list:type_name -> forkfleet.aci.v1.FileListRequest
+	60,  // 17: forkfleet.aci.v1.ClientMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirRequest
+	62,  // 18: forkfleet.aci.v1.ClientMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteRequest
+	64,  // 19: forkfleet.aci.v1.ClientMessage.cancel:type_name -> forkfleet.aci.v1.CancelRequest
+	66,  // 20: forkfleet.aci.v1.ClientMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartRequest
+	68,  // 21: forkfleet.aci.v1.ClientMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopRequest
+	70,  // 22: forkfleet.aci.v1.ClientMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeRequest
+	77,  // 23: forkfleet.aci.v1.ClientMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkRequest
+	79,  // 24: forkfleet.aci.v1.ClientMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeRequest
+	81,  // 25: forkfleet.aci.v1.ClientMessage.restored:type_name -> forkfleet.aci.v1.RestoredRequest
+	83,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
+	85,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
+	87,  // 28: forkfleet.aci.v1.ClientMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchRequest
+	89,  // 29: forkfleet.aci.v1.ClientMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenRequest
+	91,  // 30: forkfleet.aci.v1.ClientMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeRequest
+	93,  // 31: forkfleet.aci.v1.ClientMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
+	97,  // 32: forkfleet.aci.v1.ClientMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionRequest
+	10,  // 33: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
+	12,  // 34: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
+	14,  // 35: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
+	29,  // 36: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
+	31,  // 37: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	33,  // 38: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
+	35,  // 39: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
+	37,  // 40: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	40,  // 41: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
+	42,  // 42: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
+	44,  // 43: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
+	46,  // 44: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
+	48,  // 45: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
+	50,  // 46: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
+	52,  // 47: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
+	54,  // 48: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
+	57,  // 49: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
+	59,  // 50: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
+	61,  // 51: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
+	63,  // 52: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
+	65,  // 53: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
+	67,  // 54: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
+	69,  // 55: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
+	71,  // 56: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
+	78,  // 57: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
+	80,  // 58: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
+	82,  // 59: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
+	84,  // 60: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
+	86,  // 61: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
+	88,  // 62: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
+	90,  // 63: forkfleet.aci.v1.ServerMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenResponse
+	92,  // 64: forkfleet.aci.v1.ServerMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeResponse
+	96,  // 65: forkfleet.aci.v1.ServerMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
+	98,  // 66: forkfleet.aci.v1.ServerMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionResponse
+	76,  // 67: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
+	0,   // 68: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
+	37,  // 69: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	15,  // 70: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
+	15,  // 71: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
+	1,   // 72: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	1,   // 73: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	15,  // 74: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
+	15,  // 75: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
+	15,  // 76: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
+	1,   // 77: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	15,  // 78: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
+	17,  // 79: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
+	18,  // 80: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
+	19,  // 81: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
+	19,  // 82: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
+	20,  // 83: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
+	21,  // 84: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
+	22,  // 85: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
+	22,  // 86: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
+	22,  // 87: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
+	23,  // 88: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
+	24,  // 89: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
+	25,  // 90: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
+	26,  // 91: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
+	30,  // 92: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	93,  // 93: forkfleet.aci.v1.StepRequest.observe_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
+	10,  // 94: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
+	28,  // 95: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
+	31,  // 96: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	10,  // 97: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
+	96,  // 98: forkfleet.aci.v1.StepResponse.tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
+	10,  // 99: forkfleet.aci.v1.StepResponse.tree_error:type_name -> forkfleet.aci.v1.Error
+	2,   // 100: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 101: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
+	2,   // 102: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 103: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
+	15,  // 104: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
+	16,  // 105: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
+	38,  // 106: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
+	3,   // 107: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
+	16,  // 108: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
+	99,  // 109: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
+	100, // 110: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
+	55,  // 111: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
+	55,  // 112: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
+	2,   // 113: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 114: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
+	4,   // 115: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
+	16,  // 116: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
+	2,   // 117: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
+	72,  // 118: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
+	15,  // 119: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
+	33,  // 120: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
+	75,  // 121: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
+	73,  // 122: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
+	74,  // 123: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
+	5,   // 124: forkfleet.aci.v1.A11yTreeRequest.root:type_name -> forkfleet.aci.v1.A11yRoot
+	15,  // 125: forkfleet.aci.v1.A11yTreeRequest.point:type_name -> forkfleet.aci.v1.Point
+	6,   // 126: forkfleet.aci.v1.A11yTreeRequest.fields:type_name -> forkfleet.aci.v1.A11yField
+	16,  // 127: forkfleet.aci.v1.A11yNode.bounds:type_name -> forkfleet.aci.v1.Rect
+	94,  // 128: forkfleet.aci.v1.A11yTreeResponse.nodes:type_name -> forkfleet.aci.v1.A11yNode
+	95,  // 129: forkfleet.aci.v1.A11yTreeResponse.apps:type_name -> forkfleet.aci.v1.A11yApp
+	7,   // 130: forkfleet.aci.v1.A11yActionRequest.kind:type_name -> forkfleet.aci.v1.A11yActionKind
+	131, // [131:131] is the sub-list for method output_type
+	131, // [131:131] is the sub-list for method input_type
+	131, // [131:131] is the sub-list for extension type_name
+	131, // [131:131] is the sub-list for extension extendee
+	0,   // [0:131] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_aci_v1_aci_proto_init() }
@@ -7286,6 +8309,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ClientMessage_ReleaseScratch)(nil),
 		(*ClientMessage_NetProbeListen)(nil),
 		(*ClientMessage_NetProbe)(nil),
+		(*ClientMessage_A11YTree)(nil),
+		(*ClientMessage_A11YAction)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[1].OneofWrappers = []any{
 		(*ServerMessage_Error)(nil),
@@ -7320,6 +8345,8 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ServerMessage_ReleaseScratch)(nil),
 		(*ServerMessage_NetProbeListen)(nil),
 		(*ServerMessage_NetProbe)(nil),
+		(*ServerMessage_A11YTree)(nil),
+		(*ServerMessage_A11YAction)(nil),
 		(*ServerMessage_Event)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[18].OneofWrappers = []any{
@@ -7341,13 +8368,14 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*Event_Frame)(nil),
 		(*Event_Cursor)(nil),
 	}
+	file_forkfleet_aci_v1_aci_proto_msgTypes[86].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_aci_v1_aci_proto_rawDesc), len(file_forkfleet_aci_v1_aci_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   87,
+			NumEnums:      8,
+			NumMessages:   93,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

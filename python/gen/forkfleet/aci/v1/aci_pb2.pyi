@@ -4,6 +4,24 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+A11Y_ACTION_KIND_DO: A11yActionKind
+A11Y_ACTION_KIND_FOCUS: A11yActionKind
+A11Y_ACTION_KIND_SCROLL_INTO_VIEW: A11yActionKind
+A11Y_ACTION_KIND_SET_TEXT: A11yActionKind
+A11Y_ACTION_KIND_SET_VALUE: A11yActionKind
+A11Y_ACTION_KIND_UNSPECIFIED: A11yActionKind
+A11Y_FIELD_ACTIONS: A11yField
+A11Y_FIELD_BOUNDS: A11yField
+A11Y_FIELD_DESCRIPTION: A11yField
+A11Y_FIELD_STATES: A11yField
+A11Y_FIELD_TEXT: A11yField
+A11Y_FIELD_UNSPECIFIED: A11yField
+A11Y_FIELD_VALUE: A11yField
+A11Y_ROOT_DESKTOP: A11yRoot
+A11Y_ROOT_FOCUSED_WINDOW: A11yRoot
+A11Y_ROOT_POINT: A11yRoot
+A11Y_ROOT_UNSPECIFIED: A11yRoot
+A11Y_ROOT_WINDOW: A11yRoot
 CURSOR_MODE_EVENTS: CursorMode
 CURSOR_MODE_HIDDEN: CursorMode
 CURSOR_MODE_OVERLAY: CursorMode
@@ -41,6 +59,118 @@ WINDOW_OP_MINIMIZE: WindowOp
 WINDOW_OP_MOVE_RESIZE: WindowOp
 WINDOW_OP_RESTORE: WindowOp
 WINDOW_OP_UNSPECIFIED: WindowOp
+
+class A11yActionRequest(_message.Message):
+    __slots__ = ["action", "kind", "ref", "text", "timeout_ms", "value"]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    kind: A11yActionKind
+    ref: str
+    text: str
+    timeout_ms: int
+    value: float
+    def __init__(self, ref: _Optional[str] = ..., kind: _Optional[_Union[A11yActionKind, str]] = ..., action: _Optional[str] = ..., text: _Optional[str] = ..., value: _Optional[float] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class A11yActionResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class A11yApp(_message.Message):
+    __slots__ = ["bus_name", "error", "name", "node", "pid", "timed_out"]
+    BUS_NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    bus_name: str
+    error: str
+    name: str
+    node: int
+    pid: int
+    timed_out: bool
+    def __init__(self, name: _Optional[str] = ..., pid: _Optional[int] = ..., bus_name: _Optional[str] = ..., timed_out: bool = ..., error: _Optional[str] = ..., node: _Optional[int] = ...) -> None: ...
+
+class A11yNode(_message.Message):
+    __slots__ = ["actions", "app", "bounds", "children", "children_truncated", "description", "id", "name", "ref", "role", "states", "text", "value", "window"]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    app: int
+    bounds: Rect
+    children: _containers.RepeatedScalarFieldContainer[int]
+    children_truncated: bool
+    description: str
+    id: int
+    name: str
+    ref: str
+    role: str
+    states: int
+    text: str
+    value: float
+    window: int
+    def __init__(self, id: _Optional[int] = ..., role: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., states: _Optional[int] = ..., bounds: _Optional[_Union[Rect, _Mapping]] = ..., text: _Optional[str] = ..., value: _Optional[float] = ..., actions: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[int]] = ..., app: _Optional[int] = ..., window: _Optional[int] = ..., ref: _Optional[str] = ..., children_truncated: bool = ...) -> None: ...
+
+class A11yTreeRequest(_message.Message):
+    __slots__ = ["app_timeout_ms", "fields", "if_none_match", "max_depth", "max_nodes", "point", "root", "showing_only", "timeout_ms", "window_id"]
+    APP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    IF_NONE_MATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    POINT_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    SHOWING_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
+    app_timeout_ms: int
+    fields: _containers.RepeatedScalarFieldContainer[A11yField]
+    if_none_match: bytes
+    max_depth: int
+    max_nodes: int
+    point: Point
+    root: A11yRoot
+    showing_only: bool
+    timeout_ms: int
+    window_id: int
+    def __init__(self, root: _Optional[_Union[A11yRoot, str]] = ..., window_id: _Optional[int] = ..., point: _Optional[_Union[Point, _Mapping]] = ..., max_depth: _Optional[int] = ..., max_nodes: _Optional[int] = ..., showing_only: bool = ..., timeout_ms: _Optional[int] = ..., app_timeout_ms: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[A11yField, str]]] = ..., if_none_match: _Optional[bytes] = ...) -> None: ...
+
+class A11yTreeResponse(_message.Message):
+    __slots__ = ["apps", "bus", "duration_ns", "nodes", "not_modified", "partial", "tree_hash", "truncated"]
+    APPS_FIELD_NUMBER: _ClassVar[int]
+    BUS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NOT_MODIFIED_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TREE_HASH_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    apps: _containers.RepeatedCompositeFieldContainer[A11yApp]
+    bus: bool
+    duration_ns: int
+    nodes: _containers.RepeatedCompositeFieldContainer[A11yNode]
+    not_modified: bool
+    partial: bool
+    tree_hash: bytes
+    truncated: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[A11yNode, _Mapping]]] = ..., apps: _Optional[_Iterable[_Union[A11yApp, _Mapping]]] = ..., partial: bool = ..., truncated: bool = ..., tree_hash: _Optional[bytes] = ..., not_modified: bool = ..., bus: bool = ..., duration_ns: _Optional[int] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ["button_down", "button_up", "click", "drag", "key_combo", "key_down", "key_press", "key_up", "move", "scroll", "type_text", "wait"]
@@ -137,7 +267,9 @@ class ClickAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., button: _Optional[_Union[MouseButton, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    A11Y_ACTION_FIELD_NUMBER: _ClassVar[int]
+    A11Y_TREE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DONE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PREPARE_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +302,8 @@ class ClientMessage(_message.Message):
     SCREEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WINDOW_ACTION_FIELD_NUMBER: _ClassVar[int]
+    a11y_action: A11yActionRequest
+    a11y_tree: A11yTreeRequest
     cancel: CancelRequest
     checkpoint_done: CheckpointDoneRequest
     checkpoint_prepare: CheckpointPrepareRequest
@@ -202,7 +336,7 @@ class ClientMessage(_message.Message):
     screenshot: ScreenshotRequest
     step: StepRequest
     window_action: WindowActionRequest
-    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenRequest, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenRequest, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeRequest, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeRequest, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionRequest, _Mapping]] = ...) -> None: ...
 
 class ClipboardGetRequest(_message.Message):
     __slots__ = []
@@ -810,7 +944,9 @@ class ScrollAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., dx: _Optional[int] = ..., dy: _Optional[int] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ["cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    A11Y_ACTION_FIELD_NUMBER: _ClassVar[int]
+    A11Y_TREE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DONE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PREPARE_FIELD_NUMBER: _ClassVar[int]
@@ -845,6 +981,8 @@ class ServerMessage(_message.Message):
     SCREEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WINDOW_ACTION_FIELD_NUMBER: _ClassVar[int]
+    a11y_action: A11yActionResponse
+    a11y_tree: A11yTreeResponse
     cancel: CancelResponse
     checkpoint_done: CheckpointDoneResponse
     checkpoint_prepare: CheckpointPrepareResponse
@@ -879,27 +1017,33 @@ class ServerMessage(_message.Message):
     screenshot: ScreenshotResponse
     step: StepResponse
     window_action: WindowActionResponse
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenResponse, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenResponse, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeResponse, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeResponse, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ["actions", "observe", "stop_on_error"]
+    __slots__ = ["actions", "observe", "observe_tree", "stop_on_error"]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     OBSERVE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVE_TREE_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[Action]
     observe: ScreenshotRequest
+    observe_tree: A11yTreeRequest
     stop_on_error: bool
-    def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., stop_on_error: bool = ..., observe: _Optional[_Union[ScreenshotRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., stop_on_error: bool = ..., observe: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., observe_tree: _Optional[_Union[A11yTreeRequest, _Mapping]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ["observation", "observation_error", "outcomes"]
+    __slots__ = ["observation", "observation_error", "outcomes", "tree", "tree_error"]
     OBSERVATION_ERROR_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    TREE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
     observation: ScreenshotResponse
     observation_error: Error
     outcomes: _containers.RepeatedCompositeFieldContainer[ActionOutcome]
-    def __init__(self, outcomes: _Optional[_Iterable[_Union[ActionOutcome, _Mapping]]] = ..., observation: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., observation_error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    tree: A11yTreeResponse
+    tree_error: Error
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[ActionOutcome, _Mapping]]] = ..., observation: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., observation_error: _Optional[_Union[Error, _Mapping]] = ..., tree: _Optional[_Union[A11yTreeResponse, _Mapping]] = ..., tree_error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class Tile(_message.Message):
     __slots__ = ["data", "rect"]
@@ -971,4 +1115,13 @@ class WindowOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class CursorMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class A11yRoot(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class A11yField(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class A11yActionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

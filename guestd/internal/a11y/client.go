@@ -1,0 +1,233 @@
+package a11y
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+)
+
+// ErrNoBus: the sandbox has no accessibility bus (its image configures
+// none), or it is not up.
+var ErrNoBus = errors.New("a11y: no accessibility bus")
+
+// connectTimeout bounds dialing and authenticating to the bus.
+const connectTimeout = 2 * time.Second
+
+// Client is guestd's connection to the accessibility bus: one D-Bus
+// connection, opened at first use and again after it broke (a dump and
+// restore keeps it: the bus lives in the same sandbox).
+type Client struct {
+	addr string
+
+	mu     sync.Mutex
+	conn   *dbus.Conn
+	cancel context.CancelFunc
+}
+
+// New returns a Client of the bus at addr ("unix:path=..."); "" makes a
+// Client with no bus, whose trees are the bare desktop.
+func New(addr string) *Client { return &Client{addr: addr} }
+
+// HasBus reports whether the sandbox is configured with a bus.
+func (c *Client) HasBus() bool { return c != nil && c.addr != "" }
+
+// Close drops the connection.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLocked()
+}
+
+func (c *Client) dropLocked() {
+	if c.cancel != nil {
+		c.cancel()
+	}
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
+	c.conn, c.cancel = nil, nil
+}
+
+// drop forgets conn if it is still the current one: a call on it hung past
+// its deadline (a stopped bus), so the next request starts afresh and the
+// hung writer is unblocked by the close.
+func (c *Client) drop(conn *dbus.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == conn {
+		c.dropLocked()
+	}
+}
+
+// get returns the open connection, dialing it when needed.
+func (c *Client) get(ctx context.Context) (*dbus.Conn, error) {
+	if !c.HasBus() {
+		return nil, ErrNoBus
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil && c.conn.Connected() {
+		return c.conn, nil
+	}
+	c.dropLocked()
+	// The connection's context lives as long as the connection; a timer
+	// cancels it (closing the socket) if the handshake does not finish in
+	// time, so a bus that accepts and never answers cannot hold the caller.
+	cctx, cancel := context.WithCancel(context.Background())
+	deadline := connectTimeout
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < deadline {
+		deadline = time.Until(d)
+	}
+	timer := time.AfterFunc(deadline, cancel)
+	conn, err := dbus.Dial(c.addr, dbus.WithContext(cctx))
+	if err == nil {
+		if err = conn.Auth([]dbus.Auth{dbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err == nil {
+			err = conn.Hello()
+		}
+	}
+	if !timer.Stop() && err == nil {
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
+		cancel()
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, fmt.Errorf("%w: connect %s: %v", ErrNoBus, c.addr, err)
+	}
+	c.conn, c.cancel = conn, cancel
+	return conn, nil
+}
+
+// D-Bus error names that mean the object or its application is gone.
+func goneError(err error) bool {
+	var e dbus.Error
+	if errors.As(err, &e) {
+		switch e.Name {
+		case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.UnknownObject",
+			"org.freedesktop.DBus.Error.NameHasNoOwner", "org.freedesktop.DBus.Error.Disconnected":
+			return true
+		}
+	}
+	var pe *dbus.Error
+	if errors.As(err, &pe) {
+		return goneError(*pe)
+	}
+	return false
+}
+
+// unsupportedError: the object has no such method (an interface it lacks).
+func unsupportedError(err error) bool {
+	var e dbus.Error
+	if errors.As(err, &e) {
+		return e.Name == "org.freedesktop.DBus.Error.UnknownMethod" || e.Name == "org.freedesktop.DBus.Error.UnknownInterface" ||
+			strings.HasSuffix(e.Name, ".NotSupported")
+	}
+	var pe *dbus.Error
+	if errors.As(err, &pe) {
+		return unsupportedError(*pe)
+	}
+	return false
+}
+
+// call is one method call, bounded by ctx.
+func call(ctx context.Context, conn *dbus.Conn, r ref, method string, args []any, out ...any) error {
+	c := conn.Object(r.Bus, r.Path).CallWithContext(ctx, method, 0, args...)
+	if c.Err != nil {
+		return c.Err
+	}
+	return c.Store(out...)
+}
+
+// pending is one call in flight; wait stores its reply.
+type pending struct{ c *dbus.Call }
+
+// start sends a call without waiting for it: an application answers calls
+// in order, so sending a whole level at once costs one round trip, not one
+// per call.
+func start(ctx context.Context, conn *dbus.Conn, r ref, method string, args ...any) pending {
+	return pending{conn.Object(r.Bus, r.Path).GoWithContext(ctx, method, 0, make(chan *dbus.Call, 1), args...)}
+}
+
+func (p pending) wait(ctx context.Context, out ...any) error {
+	select {
+	case <-p.c.Done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if p.c.Err != nil {
+		return p.c.Err
+	}
+	return p.c.Store(out...)
+}
+
+// WaitBus waits until the bus accepts a connection.
+func (c *Client) WaitBus(ctx context.Context) error {
+	delay := time.Millisecond
+	for {
+		_, err := c.get(ctx)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		delay = min(2*delay, 20*time.Millisecond)
+	}
+}
+
+// WaitRegistry waits until the AT-SPI registry owns its name on the bus:
+// apps started before that would register with nobody and stay out of
+// the tree. guestd calls it between starting the registry and the apps.
+func (c *Client) WaitRegistry(ctx context.Context) error {
+	delay := time.Millisecond
+	for {
+		conn, err := c.get(ctx)
+		if err == nil {
+			var owned bool
+			if err = conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.NameHasOwner", 0, registryName).Store(&owned); err == nil && owned {
+				return nil
+			}
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if err == nil {
+				err = errors.New("the registry has not taken its name")
+			}
+			return fmt.Errorf("%w: %v", ctx.Err(), err)
+		case <-t.C:
+		}
+		delay = min(2*delay, 20*time.Millisecond)
+	}
+}
+
+// registrySyncTimeout bounds SyncRegistry: atk-bridge gives up on the
+// registry's answer to a key event after 500 ms too.
+const registrySyncTimeout = 500 * time.Millisecond
+
+// SyncRegistry is one round trip to the AT-SPI registry (Peer.Ping, which
+// it answers in order with everything it received before): an application
+// that handed it a key event before has its answer on the way once this
+// returns. guestd's typing waits on it (x11.Desktop.SetKeySync).
+func (c *Client) SyncRegistry() error {
+	ctx, cancel := context.WithTimeout(context.Background(), registrySyncTimeout)
+	defer cancel()
+	conn, err := c.get(ctx)
+	if err != nil {
+		return err
+	}
+	return conn.Object(registryName, rootPath).CallWithContext(ctx, "org.freedesktop.DBus.Peer.Ping", 0).Err
+}

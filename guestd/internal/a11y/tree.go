@@ -1,0 +1,807 @@
+package a11y
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/godbus/dbus/v5"
+	"github.com/zeebo/xxh3"
+	"google.golang.org/protobuf/proto"
+
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+)
+
+// Bounds of a tree request (docs/aci-spec.md, "a11y_tree").
+const (
+	DefaultMaxDepth   = 64
+	MaxDepth          = 256
+	DefaultMaxNodes   = 10000
+	MaxNodes          = 20000
+	DefaultTimeout    = 5 * time.Second
+	DefaultAppTimeout = time.Second
+	MaxTimeout        = 60 * time.Second
+	// MaxApps bounds the applications one tree reads (the rest are listed
+	// as not read).
+	MaxApps = 64
+	// maxString bounds a name, description or text; maxActions the actions
+	// of one element.
+	maxString  = 4096
+	maxActions = 32
+	// DefaultMaxBytes is the reply's byte budget: nodes past it are left
+	// out (truncated), so a tree always fits a message with room to spare.
+	DefaultMaxBytes = 8 << 20
+)
+
+// TreeOptions is a validated A11yTreeRequest.
+type TreeOptions struct {
+	Root        aciv1.A11YRoot
+	WindowID    uint32
+	X, Y        int
+	MaxDepth    int
+	MaxNodes    int
+	ShowingOnly bool
+	Timeout     time.Duration
+	AppTimeout  time.Duration
+	Fields      Fields
+	MaxBytes    int
+	IfNoneMatch []byte
+}
+
+// Fields is the set of optional node fields to fill.
+type Fields uint32
+
+func (f Fields) has(x aciv1.A11YField) bool { return f&(1<<x) != 0 }
+
+// AllFields fills every optional field.
+const AllFields = Fields(1<<aciv1.A11YField_A11Y_FIELD_BOUNDS | 1<<aciv1.A11YField_A11Y_FIELD_STATES |
+	1<<aciv1.A11YField_A11Y_FIELD_DESCRIPTION | 1<<aciv1.A11YField_A11Y_FIELD_TEXT |
+	1<<aciv1.A11YField_A11Y_FIELD_VALUE | 1<<aciv1.A11YField_A11Y_FIELD_ACTIONS)
+
+// WindowSource gives the X windows (list_windows) for the roots that name
+// one: the focused window, a window id, the window at a point.
+type WindowSource func() ([]desktop.Window, error)
+
+// item is what the tree knows of one accessible object.
+type item struct {
+	ref      ref
+	parent   ref
+	index    int32
+	count    int32 // children the application reports; -1: it manages them
+	ifaces   uint32
+	name     string
+	desc     string
+	role     uint32
+	states   uint64
+	children []ref
+	known    bool // children is the complete list
+	// Filled by fill.
+	bounds  *aciv1.Rect
+	text    string
+	value   *float64
+	actions []string
+}
+
+// Interface bits of item.ifaces.
+const (
+	hasComponent = 1 << iota
+	hasAction
+	hasText
+	hasEditable
+	hasValue
+)
+
+func ifaceBits(names []string) uint32 {
+	var b uint32
+	for _, n := range names {
+		switch n {
+		case ifComponent:
+			b |= hasComponent
+		case ifAction:
+			b |= hasAction
+		case ifText:
+			b |= hasText
+		case ifEditable:
+			b |= hasEditable
+		case ifValue:
+			b |= hasValue
+		}
+	}
+	return b
+}
+
+// cacheItem is one element of org.a11y.atspi.Cache.GetItems,
+// a((so)(so)(so)iiassusau).
+type cacheItem struct {
+	Obj, App, Parent ref
+	Index, Count     int32
+	Ifaces           []string
+	Name             string
+	Role             uint32
+	Desc             string
+	States           []uint32
+}
+
+// app is one application's part of a tree.
+type app struct {
+	ref      ref
+	pid      int32
+	items    map[dbus.ObjectPath]*item
+	parentOf map[dbus.ObjectPath]ref // of objects not in the cache
+	timedOut bool
+	err      error
+}
+
+// Tree reads the accessibility tree opts asks for.
+func (c *Client) Tree(ctx context.Context, opts TreeOptions, windows WindowSource) (*aciv1.A11YTreeResponse, error) {
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	resp := &aciv1.A11YTreeResponse{Bus: c.HasBus()}
+	desktopNode := &item{name: "main", role: roleDesktop, known: true}
+	if !c.HasBus() {
+		if opts.Root != aciv1.A11YRoot_A11Y_ROOT_DESKTOP && opts.Root != aciv1.A11YRoot_A11Y_ROOT_UNSPECIFIED {
+			return nil, ErrNoBus
+		}
+		return finish(resp, build(desktopNode, nil, desktopNode, opts), opts, t0), nil
+	}
+	conn, err := c.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Everything below runs in its own goroutine: a bus that stops reading
+	// can block a write, which no context interrupts. Past the deadline the
+	// connection is dropped (its close unblocks the writer) and the caller
+	// answers at once.
+	type result struct {
+		resp *aciv1.A11YTreeResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.tree(ctx, conn, opts, windows, desktopNode)
+		done <- result{r, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return finish(r.resp, nil, opts, t0), nil
+	case <-ctx.Done():
+		c.drop(conn)
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Client) tree(ctx context.Context, conn *dbus.Conn, opts TreeOptions, windows WindowSource, desktopNode *item) (*aciv1.A11YTreeResponse, error) {
+	// The applications: the registry's children of the desktop.
+	var appRefs []ref
+	rctx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
+	err := call(rctx, conn, ref{registryName, rootPath}, ifAccessible+".GetChildren", nil, &appRefs)
+	cancel()
+	if err != nil {
+		return nil, errors.Join(ErrNoBus, err)
+	}
+	appRefs = slices.DeleteFunc(appRefs, ref.null)
+	skipped := 0
+	if len(appRefs) > MaxApps {
+		skipped = len(appRefs) - MaxApps
+		appRefs = appRefs[:MaxApps]
+	}
+	desktopNode.children = appRefs
+
+	// Which application (and top-level object) the root needs.
+	want, err := c.pickRoot(ctx, conn, opts, windows, appRefs)
+	if err != nil {
+		return nil, err
+	}
+	readOpts := opts
+	if opts.Root == aciv1.A11YRoot_A11Y_ROOT_POINT {
+		// The element at the point is found by its bounds.
+		readOpts.Fields |= 1 << aciv1.A11YField_A11Y_FIELD_BOUNDS
+	}
+	apps := make([]*app, len(appRefs))
+	var wg sync.WaitGroup
+	for i, r := range appRefs {
+		apps[i] = &app{ref: r}
+		if want.app != "" && r.Bus != want.app {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			actx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
+			defer cancel()
+			apps[i].read(actx, conn, readOpts, want.top)
+		}()
+	}
+	wg.Wait()
+
+	var root *item
+	switch {
+	case want.app == "":
+		root = desktopNode
+	default:
+		for _, a := range apps {
+			if a.ref.Bus == want.app && a.items != nil {
+				root = a.items[want.top.Path]
+			}
+		}
+		if root == nil {
+			return nil, errTimeout("the window's application did not answer within %v", opts.AppTimeout)
+		}
+	}
+	if opts.Root == aciv1.A11YRoot_A11Y_ROOT_POINT {
+		root = deepestAt(root, apps, opts.X, opts.Y)
+	}
+	resp := build(root, apps, desktopNode, opts)
+	resp.Bus = true
+	if skipped > 0 {
+		resp.Partial = true
+	}
+	return resp, nil
+}
+
+// rootWant says which application (unique bus name) and top-level object a
+// tree starts from; empty app: the desktop.
+type rootWant struct {
+	app string
+	top ref
+}
+
+func (c *Client) pickRoot(ctx context.Context, conn *dbus.Conn, opts TreeOptions, windows WindowSource, apps []ref) (rootWant, error) {
+	switch opts.Root {
+	case aciv1.A11YRoot_A11Y_ROOT_UNSPECIFIED, aciv1.A11YRoot_A11Y_ROOT_DESKTOP:
+		return rootWant{}, nil
+	}
+	ws, err := windows()
+	if err != nil {
+		return rootWant{}, err
+	}
+	var win *desktop.Window
+	switch opts.Root {
+	case aciv1.A11YRoot_A11Y_ROOT_FOCUSED_WINDOW:
+		for i := range ws {
+			if ws[i].Focused {
+				win = &ws[i]
+			}
+		}
+		if win == nil {
+			return rootWant{}, errNotFound("no window holds the focus")
+		}
+	case aciv1.A11YRoot_A11Y_ROOT_WINDOW:
+		for i := range ws {
+			if ws[i].ID == opts.WindowID {
+				win = &ws[i]
+			}
+		}
+		if win == nil {
+			return rootWant{}, errNotFoundField("a11y_tree.window_id", "no window %#x", opts.WindowID)
+		}
+	case aciv1.A11YRoot_A11Y_ROOT_POINT:
+		// The focused window when it holds the point, else the last mapped
+		// one listed that does (the client list is in mapping order).
+		for i := range ws {
+			w := &ws[i]
+			if !w.Mapped || w.Minimized || opts.X < w.X || opts.Y < w.Y || opts.X >= w.X+w.Width || opts.Y >= w.Y+w.Height {
+				continue
+			}
+			if win == nil || !win.Focused {
+				win = w
+			}
+		}
+		if win == nil {
+			return rootWant{}, errNotFoundField("a11y_tree.point", "no window at (%d,%d)", opts.X, opts.Y)
+		}
+	}
+	return c.topFor(ctx, conn, opts, win, apps)
+}
+
+// topFor finds the top-level accessible of X window w: the application whose
+// bus connection belongs to the window's process, then, among its top-level
+// objects, the ACTIVE one for the focused window, else the one whose bounds
+// overlap the window's most.
+func (c *Client) topFor(ctx context.Context, conn *dbus.Conn, opts TreeOptions, w *desktop.Window, apps []ref) (rootWant, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
+	defer cancel()
+	pids := make([]pending, len(apps))
+	for i, a := range apps {
+		pids[i] = pending{conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.Bus)}
+	}
+	for i, a := range apps {
+		var pid uint32
+		if pids[i].wait(ctx, &pid) != nil || int(pid) != w.PID || w.PID == 0 {
+			continue
+		}
+		var tops []ref
+		if err := call(ctx, conn, a, ifAccessible+".GetChildren", nil, &tops); err != nil {
+			return rootWant{}, errTimeoutOr(err, "application %s", a.Bus)
+		}
+		type cand struct {
+			r       ref
+			states  uint64
+			overlap int
+		}
+		var best *cand
+		for _, t := range tops {
+			var st []uint32
+			var ext [4]int32
+			if call(ctx, conn, t, ifAccessible+".GetState", nil, &st) != nil {
+				continue
+			}
+			_ = call(ctx, conn, t, ifComponent+".GetExtents", []any{coordScreen}, &ext)
+			cd := &cand{r: t, states: states(st), overlap: overlap(ext, w)}
+			better := best == nil
+			if !better && w.Focused && has(cd.states, StateActive) != has(best.states, StateActive) {
+				better = has(cd.states, StateActive)
+			} else if !better && has(cd.states, StateShowing) != has(best.states, StateShowing) {
+				better = has(cd.states, StateShowing)
+			} else if !better {
+				better = cd.overlap > best.overlap
+			}
+			if better {
+				best = cd
+			}
+		}
+		if best != nil {
+			return rootWant{app: a.Bus, top: best.r}, nil
+		}
+	}
+	return rootWant{}, errNotFound("window %#x (pid %d) has no accessible application", w.ID, w.PID)
+}
+
+func overlap(ext [4]int32, w *desktop.Window) int {
+	x0, y0 := max(int(ext[0]), w.X), max(int(ext[1]), w.Y)
+	x1, y1 := min(int(ext[0]+ext[2]), w.X+w.Width), min(int(ext[1]+ext[3]), w.Y+w.Height)
+	if x1 <= x0 || y1 <= y0 {
+		return 0
+	}
+	return (x1 - x0) * (y1 - y0)
+}
+
+// read loads one application's objects: its cache in one call
+// (Cache.GetItems), then, level by level, the children the cache lacks, and
+// finally the optional fields of what the tree will show, each level's
+// calls sent at once. start: the object to walk from (the application when
+// null). Past ctx's deadline the application is marked timed out and keeps
+// what it had.
+func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start ref) {
+	a.items = map[dbus.ObjectPath]*item{}
+	a.parentOf = map[dbus.ObjectPath]ref{}
+	defer func() {
+		if a.err != nil && (errors.Is(a.err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+			a.timedOut, a.err = true, nil
+		}
+	}()
+	pid := pending{conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.ref.Bus)}
+	// The bus answers the pid, the application does not have to.
+	var upid uint32
+	if pid.wait(ctx, &upid) == nil {
+		a.pid = int32(upid)
+	}
+	var cached []cacheItem
+	err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
+	if err != nil && !unsupportedError(err) && !goneError(err) {
+		a.err = err
+		return
+	}
+	for _, ci := range cached {
+		if ci.Obj.Bus != a.ref.Bus || ci.Obj.null() {
+			continue
+		}
+		a.items[ci.Obj.Path] = &item{ref: ci.Obj, parent: ci.Parent, index: ci.Index, count: ci.Count,
+			ifaces: ifaceBits(ci.Ifaces), name: clip(ci.Name), desc: clip(ci.Desc), role: ci.Role, states: states(ci.States)}
+	}
+	// Children from the cache: the objects naming a parent, in index order.
+	for _, it := range a.items {
+		if p, ok := a.items[it.parent.Path]; ok && it.parent.Bus == a.ref.Bus && p != it {
+			p.children = append(p.children, it.ref)
+		}
+	}
+	for _, it := range a.items {
+		if len(it.children) > 1 {
+			slices.SortStableFunc(it.children, func(x, y ref) int { return int(a.items[x.Path].index - a.items[y.Path].index) })
+		}
+		// Complete only when the count matches and the indexes are 0..n-1.
+		it.known = it.count >= 0 && int(it.count) == len(it.children)
+		for i, ch := range it.children {
+			if it.known && a.items[ch.Path].index != int32(i) {
+				it.known = false
+			}
+		}
+	}
+	if start.null() {
+		start = ref{a.ref.Bus, rootPath}
+	}
+	// Walk level by level from start, fetching what the cache lacks.
+	level := []ref{start}
+	seen := map[dbus.ObjectPath]bool{}
+	var shown []*item
+	for depth := 0; len(level) > 0 && depth <= opts.MaxDepth && len(shown) < opts.MaxNodes; depth++ {
+		if err := a.fetchItems(ctx, conn, level); err != nil {
+			a.err = err
+			break
+		}
+		var parents []*item
+		for _, r := range level {
+			it := a.items[r.Path]
+			if it == nil || seen[r.Path] {
+				continue
+			}
+			seen[r.Path] = true
+			if opts.ShowingOnly && it.role != roleApplication && !has(it.states, StateShowing) {
+				continue
+			}
+			shown = append(shown, it)
+			if depth < opts.MaxDepth && !has(it.states, StateDefunct) {
+				parents = append(parents, it)
+			}
+		}
+		if err := a.fetchChildren(ctx, conn, parents); err != nil {
+			a.err = err
+			break
+		}
+		level = level[:0:0]
+		for _, p := range parents {
+			level = append(level, p.children...)
+		}
+	}
+	if a.err == nil {
+		a.err = fill(ctx, conn, shown, opts.Fields)
+	}
+}
+
+// fetchItems loads the objects of refs the cache did not hold, four calls
+// each, all sent at once.
+func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error {
+	type q struct {
+		r                          ref
+		role, state, ifaces, props pending
+	}
+	var qs []q
+	for _, r := range refs {
+		if r.Bus != a.ref.Bus || a.items[r.Path] != nil {
+			continue
+		}
+		qs = append(qs, q{r: r,
+			role:   start(ctx, conn, r, ifAccessible+".GetRole"),
+			state:  start(ctx, conn, r, ifAccessible+".GetState"),
+			ifaces: start(ctx, conn, r, ifAccessible+".GetInterfaces"),
+
+			props: start(ctx, conn, r, ifProperties+".GetAll", ifAccessible),
+		})
+	}
+	for _, q := range qs {
+		it := &item{ref: q.r, count: -1, parent: a.parentOf[q.r.Path]}
+		var st []uint32
+		var ifs []string
+		var props map[string]dbus.Variant
+		if err := q.role.wait(ctx, &it.role); err != nil {
+			if goneError(err) || unsupportedError(err) {
+				continue // gone since its parent listed it
+			}
+			return err
+		}
+		if err := errors.Join(q.state.wait(ctx, &st), q.ifaces.wait(ctx, &ifs), q.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		it.states, it.ifaces = states(st), ifaceBits(ifs)
+		if v, ok := props["Name"].Value().(string); ok {
+			it.name = clip(v)
+		}
+		if v, ok := props["Description"].Value().(string); ok {
+			it.desc = clip(v)
+		}
+		if v, ok := props["ChildCount"].Value().(int32); ok {
+			it.count = v
+		}
+		a.items[q.r.Path] = it
+	}
+	return nil
+}
+
+// fetchChildren asks GetChildren of every parent whose children the cache
+// does not list completely, all at once.
+func (a *app) fetchChildren(ctx context.Context, conn *dbus.Conn, parents []*item) error {
+	type q struct {
+		it *item
+		p  pending
+	}
+	var qs []q
+	for _, it := range parents {
+		if !it.known {
+			qs = append(qs, q{it, start(ctx, conn, it.ref, ifAccessible+".GetChildren")})
+		}
+	}
+	for _, q := range qs {
+		var kids []ref
+		if err := q.p.wait(ctx, &kids); err != nil {
+			if goneError(err) || unsupportedError(err) {
+				continue
+			}
+			return err
+		}
+		q.it.children = slices.DeleteFunc(kids, ref.null)
+		q.it.known = true
+		for _, k := range q.it.children {
+			a.parentOf[k.Path] = q.it.ref
+		}
+	}
+	return nil
+}
+
+// fill asks the optional fields of items: bounds, editable text, value and
+// actions, every call sent at once.
+func fill(ctx context.Context, conn *dbus.Conn, items []*item, f Fields) error {
+	type q struct {
+		it                     *item
+		ext, text, val, action pending
+	}
+	qs := make([]q, 0, len(items))
+	for _, it := range items {
+		x := q{it: it}
+		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && it.ifaces&hasComponent != 0 {
+			x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
+		}
+		// Editable: the EditableText interface, or the EDITABLE state
+		// (Chromium's inputs have Text without EditableText).
+		if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && it.ifaces&hasText != 0 && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
+			x.text = start(ctx, conn, it.ref, ifText+".GetText", int32(0), int32(-1))
+		}
+		if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && it.ifaces&hasValue != 0 {
+			x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
+		}
+		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && it.ifaces&hasAction != 0 {
+			x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
+		}
+		qs = append(qs, x)
+	}
+	for _, x := range qs {
+		var err error
+		if x.ext.c != nil {
+			var e struct{ X, Y, W, H int32 }
+			if err = x.ext.wait(ctx, &e); err == nil && e.W > 0 && e.H > 0 {
+				x.it.bounds = &aciv1.Rect{X: e.X, Y: e.Y, Width: e.W, Height: e.H}
+			}
+		}
+		if x.text.c != nil && err == nil {
+			var s string
+			if err = x.text.wait(ctx, &s); err == nil {
+				x.it.text = clip(s)
+			}
+		}
+		if x.val.c != nil && err == nil {
+			var v dbus.Variant
+			if err = x.val.wait(ctx, &v); err == nil {
+				if d, ok := v.Value().(float64); ok {
+					x.it.value = &d
+				}
+			}
+		}
+		if x.action.c != nil && err == nil {
+			var acts []actionInfo
+			if err = x.action.wait(ctx, &acts); err == nil {
+				x.it.actions = make([]string, min(len(acts), maxActions))
+				for i := range x.it.actions {
+					x.it.actions[i] = clip(acts[i].Name)
+				}
+			}
+		}
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nameActions(ctx, conn, items)
+}
+
+// actionInfo is one element of Action.GetActions, a(sss).
+type actionInfo struct{ Name, Desc, Key string }
+
+// nameActions asks GetName for the actions GetActions left unnamed: the
+// bridge fills GetActions with localized names, which Chromium leaves
+// empty, so its actions are named one call each (all sent at once).
+func nameActions(ctx context.Context, conn *dbus.Conn, items []*item) error {
+	type q struct {
+		name *string
+		p    pending
+	}
+	var qs []q
+	for _, it := range items {
+		for i := range it.actions {
+			if it.actions[i] == "" {
+				qs = append(qs, q{&it.actions[i], start(ctx, conn, it.ref, ifAction+".GetName", int32(i))})
+			}
+		}
+	}
+	for _, x := range qs {
+		var s string
+		if err := x.p.wait(ctx, &s); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		*x.name = clip(s)
+	}
+	return nil
+}
+
+// deepestAt is the deepest showing element under root whose bounds hold
+// (x, y); its later siblings win (they are drawn above). root itself when
+// none does.
+func deepestAt(root *item, apps []*app, x, y int) *item {
+	lookup := itemLookup(apps)
+	cur := root
+	for depth := 0; depth < MaxDepth; depth++ {
+		var next *item
+		for _, r := range cur.children {
+			ch := lookup(r)
+			if ch == nil || ch.bounds == nil || !has(ch.states, StateShowing) {
+				continue
+			}
+			b := ch.bounds
+			if x >= int(b.X) && y >= int(b.Y) && x < int(b.X+b.Width) && y < int(b.Y+b.Height) {
+				next = ch
+			}
+		}
+		if next == nil {
+			return cur
+		}
+		cur = next
+	}
+	return cur
+}
+
+func itemLookup(apps []*app) func(ref) *item {
+	byBus := map[string]*app{}
+	for _, a := range apps {
+		byBus[a.ref.Bus] = a
+	}
+	return func(r ref) *item {
+		if a := byBus[r.Bus]; a != nil && a.items != nil {
+			return a.items[r.Path]
+		}
+		return nil
+	}
+}
+
+// build numbers the tree from root in pre-order (ids are positions in the
+// reply), within the node, depth and byte limits.
+func build(root *item, apps []*app, desktopNode *item, opts TreeOptions) *aciv1.A11YTreeResponse {
+	resp := &aciv1.A11YTreeResponse{}
+	lookup := itemLookup(apps)
+	appIndex := map[string]uint32{}
+	for i, a := range apps {
+		appIndex[a.ref.Bus] = uint32(i + 1)
+		pa := &aciv1.A11YApp{BusName: a.ref.Bus, Pid: a.pid, TimedOut: a.timedOut}
+		if a.err != nil {
+			pa.Error = a.err.Error()
+		}
+		if root := lookup(ref{a.ref.Bus, rootPath}); root != nil {
+			pa.Name = root.name
+		}
+		if a.timedOut || a.err != nil {
+			resp.Partial = true
+		}
+		resp.Apps = append(resp.Apps, pa)
+	}
+	bytes := 0
+	seen := map[ref]bool{}
+	var walk func(it *item, depth int, window uint32) uint32
+	walk = func(it *item, depth int, window uint32) uint32 {
+		id := uint32(len(resp.Nodes))
+		n := &aciv1.A11YNode{Id: id, Role: RoleName(it.role), Name: it.name}
+		if it != desktopNode {
+			n.Ref = it.ref.String()
+			n.App = appIndex[it.ref.Bus]
+		}
+		if window == 0 && isTopLevel(it) {
+			window = id
+		}
+		n.Window = window
+		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_STATES) {
+			n.States = it.states
+		}
+		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_DESCRIPTION) {
+			n.Description = it.desc
+		}
+		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) {
+			n.Bounds = it.bounds
+		}
+		n.Text, n.Value, n.Actions = it.text, it.value, it.actions
+		bytes += 48 + len(n.Role) + len(n.Name) + len(n.Description) + len(n.Text) + len(n.Ref)
+		for _, a := range n.Actions {
+			bytes += 2 + len(a)
+		}
+		resp.Nodes = append(resp.Nodes, n)
+		if it.count != 0 && (!it.known || len(it.children) > 0) && depth >= opts.MaxDepth {
+			n.ChildrenTruncated = true
+			resp.Truncated = true
+			return id
+		}
+		for _, r := range it.children {
+			ch := lookup(r)
+			if ch == nil {
+				if it == desktopNode {
+					// An application that timed out or failed before its
+					// root was read: a node of its own, so the reply says
+					// where the gap is.
+					ch = &item{ref: ref{r.Bus, rootPath}, role: roleApplication, known: true}
+				} else {
+					n.ChildrenTruncated = true
+					continue
+				}
+			}
+			if seen[ch.ref] {
+				continue // a cycle, or an object listed twice
+			}
+			if opts.ShowingOnly && ch.role != roleApplication && !has(ch.states, StateShowing) {
+				continue
+			}
+			if len(resp.Nodes) >= opts.MaxNodes || bytes >= opts.MaxBytes {
+				n.ChildrenTruncated = true
+				resp.Truncated = true
+				break
+			}
+			seen[ch.ref] = true
+			n.Children = append(n.Children, walk(ch, depth+1, window))
+		}
+		if it != desktopNode && !it.known {
+			n.ChildrenTruncated = true
+		}
+		return id
+	}
+	seen[root.ref] = true
+	walk(root, 0, 0)
+	appOf := map[string]int{}
+	for i, a := range apps {
+		appOf[ref{a.ref.Bus, rootPath}.String()] = i
+	}
+	for _, n := range resp.Nodes {
+		if i, ok := appOf[n.Ref]; ok {
+			resp.Apps[i].Node = n.Id
+		}
+	}
+	return resp
+}
+
+// isTopLevel: a window an application shows (a child of its application
+// object).
+func isTopLevel(it *item) bool {
+	return it.parent.Path == rootPath && it.role != roleApplication && it.role != roleDesktop
+}
+
+// finish hashes the tree and applies if_none_match.
+func finish(resp, built *aciv1.A11YTreeResponse, opts TreeOptions, t0 time.Time) *aciv1.A11YTreeResponse {
+	if built != nil {
+		built.Bus = resp.Bus
+		resp = built
+	}
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&aciv1.A11YTreeResponse{Nodes: resp.Nodes, Apps: resp.Apps, Partial: resp.Partial, Truncated: resp.Truncated})
+	h := xxh3.Hash128(b).Bytes()
+	resp.TreeHash = h[:]
+	if len(opts.IfNoneMatch) == len(h) && string(opts.IfNoneMatch) == string(h[:]) {
+		resp.Nodes, resp.Apps, resp.NotModified = nil, nil, true
+	}
+	resp.DurationNs = uint64(time.Since(t0))
+	return resp
+}
+
+// clip bounds a string from an application to maxString bytes, cut at a
+// rune boundary, and makes it valid UTF-8 (proto strings must be).
+func clip(s string) string {
+	if len(s) > maxString {
+		cut := maxString
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
