@@ -32,12 +32,14 @@ const (
 
 // AT-SPI states this package looks at (AtspiStateType bit numbers).
 const (
-	StateActive   = 1
-	StateDefunct  = 6
-	StateEditable = 7
-	StateFocused  = 12
-	StateShowing  = 25
-	StateVisible  = 30
+	StateActive     = 1
+	StateDefunct    = 6
+	StateEditable   = 7
+	StateFocused    = 12
+	stateFocusable  = 11
+	stateSelectable = 22
+	StateShowing    = 25
+	StateVisible    = 30
 )
 
 // AT-SPI roles this package looks at (AtspiRole).

@@ -147,20 +147,65 @@ func call(ctx context.Context, conn *dbus.Conn, r ref, method string, args []any
 }
 
 // pending is one call in flight; wait stores its reply.
-type pending struct{ c *dbus.Call }
+type pending struct {
+	c *dbus.Call
+	// arrived: a window saw its reply come (and took Done's signal).
+	arrived *bool
+}
+
+// window bounds the calls in flight to one application. An application
+// answers in order and cannot be told to drop calls: a request that gives
+// up on one leaves its queue behind, and the next request would wait for
+// all of it. With at most maxInFlight queued, that costs the next request
+// a few milliseconds, and the application is kept busy all the same.
+type window struct {
+	fifo []pending
+}
+
+const maxInFlight = 64
+
+type windowKey struct{}
+
+// withWindow gives ctx (one application's deadline) a window: every call
+// started with it counts against the bound.
+func withWindow(ctx context.Context) context.Context {
+	return context.WithValue(ctx, windowKey{}, &window{})
+}
 
 // start sends a call without waiting for it: an application answers calls
 // in order, so sending a whole level at once costs one round trip, not one
-// per call.
+// per call. Under a window (withWindow) it first waits for the oldest
+// call when maxInFlight are out.
 func start(ctx context.Context, conn *dbus.Conn, r ref, method string, args ...any) pending {
-	return pending{conn.Object(r.Bus, r.Path).GoWithContext(ctx, method, 0, make(chan *dbus.Call, 1), args...)}
+	w, _ := ctx.Value(windowKey{}).(*window)
+	if w != nil && len(w.fifo) >= maxInFlight {
+		old := w.fifo[0]
+		w.fifo = w.fifo[1:]
+		if !*old.arrived {
+			select {
+			case <-old.c.Done:
+				*old.arrived = true
+			case <-ctx.Done():
+			}
+		}
+	}
+	p := pending{c: conn.Object(r.Bus, r.Path).GoWithContext(ctx, method, 0, make(chan *dbus.Call, 1), args...), arrived: new(bool)}
+	if w != nil {
+		w.fifo = append(w.fifo, p)
+	}
+	return p
 }
 
 func (p pending) wait(ctx context.Context, out ...any) error {
-	select {
-	case <-p.c.Done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if p.arrived == nil || !*p.arrived {
+		select {
+		case <-p.c.Done:
+			if p.arrived != nil {
+				*p.arrived = true
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	if p.c.Err != nil {
 		return p.c.Err

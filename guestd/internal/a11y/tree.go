@@ -186,6 +186,9 @@ func (c *Client) tree(ctx context.Context, conn *dbus.Conn, opts TreeOptions, wi
 	err := call(rctx, conn, ref{registryName, rootPath}, ifAccessible+".GetChildren", nil, &appRefs)
 	cancel()
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, errTimeout("the accessibility registry did not answer within %v", opts.AppTimeout)
+		}
 		return nil, errors.Join(ErrNoBus, err)
 	}
 	appRefs = slices.DeleteFunc(appRefs, ref.null)
@@ -218,7 +221,7 @@ func (c *Client) tree(ctx context.Context, conn *dbus.Conn, opts TreeOptions, wi
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
 			defer cancel()
-			apps[i].read(actx, conn, readOpts, want.top)
+			apps[i].read(withWindow(actx), conn, readOpts, want.top)
 		}()
 	}
 	wg.Wait()
@@ -312,7 +315,7 @@ func (c *Client) topFor(ctx context.Context, conn *dbus.Conn, opts TreeOptions, 
 	defer cancel()
 	pids := make([]pending, len(apps))
 	for i, a := range apps {
-		pids[i] = pending{conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.Bus)}
+		pids[i] = pending{c: conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.Bus)}
 	}
 	for i, a := range apps {
 		var pid uint32
@@ -379,7 +382,7 @@ func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start
 			a.timedOut, a.err = true, nil
 		}
 	}()
-	pid := pending{conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.ref.Bus)}
+	pid := pending{c: conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.ref.Bus)}
 	// The bus answers the pid, the application does not have to.
 	var upid uint32
 	if pid.wait(ctx, &upid) == nil {
@@ -515,7 +518,12 @@ func (a *app) fetchChildren(ctx context.Context, conn *dbus.Conn, parents []*ite
 	}
 	var qs []q
 	for _, it := range parents {
-		if !it.known {
+		switch {
+		case it.known:
+		case it.count == 0:
+			// A leaf by its ChildCount: no call (most elements are leaves).
+			it.known = true
+		default:
 			qs = append(qs, q{it, start(ctx, conn, it.ref, ifAccessible+".GetChildren")})
 		}
 	}
@@ -557,47 +565,68 @@ func fill(ctx context.Context, conn *dbus.Conn, items []*item, f Fields) error {
 		if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && it.ifaces&hasValue != 0 {
 			x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
 		}
-		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && it.ifaces&hasAction != 0 {
+		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && it.ifaces&hasAction != 0 && actionable(it) {
 			x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
 		}
 		qs = append(qs, x)
 	}
+	// Each field stands alone: an element that fails one (an interface it
+	// lists and does not serve) keeps the others; only the deadline stops.
 	for _, x := range qs {
-		var err error
 		if x.ext.c != nil {
 			var e struct{ X, Y, W, H int32 }
-			if err = x.ext.wait(ctx, &e); err == nil && e.W > 0 && e.H > 0 {
+			if x.ext.wait(ctx, &e) == nil && e.W > 0 && e.H > 0 {
 				x.it.bounds = &aciv1.Rect{X: e.X, Y: e.Y, Width: e.W, Height: e.H}
 			}
 		}
-		if x.text.c != nil && err == nil {
+		if x.text.c != nil {
 			var s string
-			if err = x.text.wait(ctx, &s); err == nil {
+			if x.text.wait(ctx, &s) == nil {
 				x.it.text = clip(s)
 			}
 		}
-		if x.val.c != nil && err == nil {
+		if x.val.c != nil {
 			var v dbus.Variant
-			if err = x.val.wait(ctx, &v); err == nil {
+			if x.val.wait(ctx, &v) == nil {
 				if d, ok := v.Value().(float64); ok {
 					x.it.value = &d
 				}
 			}
 		}
-		if x.action.c != nil && err == nil {
+		if x.action.c != nil {
 			var acts []actionInfo
-			if err = x.action.wait(ctx, &acts); err == nil {
+			if x.action.wait(ctx, &acts) == nil {
 				x.it.actions = make([]string, min(len(acts), maxActions))
 				for i := range x.it.actions {
 					x.it.actions[i] = clip(acts[i].Name)
 				}
 			}
 		}
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 	return nameActions(ctx, conn, items)
+}
+
+// actionable: elements whose actions an agent uses, the ones that take the
+// focus or a selection, or have a control's role. The others' actions are
+// the toolkit's generic ones (Chromium gives every element
+// "showContextMenu", its text "clickAncestor"), and naming them costs
+// calls on every element of a page.
+func actionable(it *item) bool {
+	if has(it.states, stateFocusable) || has(it.states, stateSelectable) {
+		return true
+	}
+	switch it.role {
+	case 7, 8, 11, 35, 37, 43, 44, 45, 51, 52, 62, 79, 88, 91, 32, 129:
+		// check box, check menu item, combo box, menu item, page tab,
+		// push button, radio button, radio menu item, slider, spin
+		// button, toggle button, entry, link, tree item, list item, push
+		// button menu
+		return true
+	}
+	return false
 }
 
 // actionInfo is one element of Action.GetActions, a(sss).

@@ -6981,8 +6981,11 @@ type A11YNode struct {
 	Text string `protobuf:"bytes,7,opt,name=text,proto3" json:"text,omitempty"`
 	// The current value of a range element (A11Y_FIELD_VALUE).
 	Value *float64 `protobuf:"fixed64,8,opt,name=value,proto3,oneof" json:"value,omitempty"`
-	// The names of the actions a11y_action can do on it ("click", "press",
-	// "activate", "jump", ...).
+	// The names of the actions a11y_action can do on it ("press",
+	// "activate", "jump", ...), for elements an agent acts on: those that take
+	// the focus or a selection, or have a control's role (buttons, links,
+	// inputs, check boxes, menu items, tabs, list and tree items, ...). Other
+	// elements' actions are the toolkit's generic ones and are left out.
 	Actions []string `protobuf:"bytes,9,rep,name=actions,proto3" json:"actions,omitempty"`
 	// Ids of its children in the reply, in order.
 	Children []uint32 `protobuf:"varint,10,rep,packed,name=children,proto3" json:"children,omitempty"`

@@ -1,0 +1,256 @@
+package a11y
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+)
+
+// testBus runs a private dbus-daemon (Debian's dbus-daemon, which
+// deploy/host-setup.sh installs) with the image's kind of configuration.
+func testBus(t testing.TB) string {
+	t.Helper()
+	const daemon = "/usr/bin/dbus-daemon"
+	if _, err := os.Stat(daemon); err != nil {
+		t.Fatalf("%s is missing (deploy/host-setup.sh installs dbus-daemon): %v", daemon, err)
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "bus")
+	conf := filepath.Join(dir, "bus.conf")
+	os.WriteFile(conf, []byte(`<busconfig><type>session</type><listen>unix:path=`+sock+`</listen><auth>EXTERNAL</auth>
+<policy context="default"><allow user="*"/><allow send_destination="*" eavesdrop="true"/><allow eavesdrop="true"/><allow own="*"/></policy>
+<limit name="max_replies_per_connection">65536</limit></busconfig>`), 0o644)
+	cmd := exec.Command(daemon, "--nofork", "--nopidfile", "--nosyslog", "--config-file="+conf)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for i := 0; i < 200; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			return "unix:path=" + sock
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("dbus-daemon did not listen")
+	return ""
+}
+
+// fakeToolkit is an application on the bus the way atk-bridge shows one:
+// objects under rootPath and /n/<i>, a frame with n children, each a
+// button with an action (no Cache interface, like Chromium's).
+type fakeToolkit struct {
+	conn  *dbus.Conn
+	n     int
+	stall chan struct{} // when set, every call waits on it (a stopped app)
+}
+
+func connect(t testing.TB, addr string) *dbus.Conn {
+	t.Helper()
+	c, err := dbus.Connect(addr, dbus.WithAuth(dbus.AuthExternal(strconv.Itoa(os.Getuid()))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeToolkit {
+	f := &fakeToolkit{conn: connect(t, addr), n: n, stall: stall}
+	self := f.conn.Names()[0]
+	node := func(msg dbus.Message) int {
+		p := string(msg.Headers[dbus.FieldPath].Value().(dbus.ObjectPath))
+		if f.stall != nil {
+			<-f.stall
+		}
+		switch {
+		case p == string(rootPath):
+			return -2
+		case p == "/frame":
+			return -1
+		}
+		i, err := strconv.Atoi(strings.TrimPrefix(p, "/n/"))
+		if err != nil || i >= n {
+			return -3
+		}
+		return i
+	}
+	unknown := dbus.NewError("org.freedesktop.DBus.Error.UnknownObject", []any{"no such object"})
+	acc := map[string]any{
+		"GetRole": func(msg dbus.Message) (uint32, *dbus.Error) {
+			switch node(msg) {
+			case -2:
+				return roleApplication, nil
+			case -1:
+				return 23, nil
+			case -3:
+				return 0, unknown
+			}
+			return 43, nil
+		},
+		"GetState": func(msg dbus.Message) ([]uint32, *dbus.Error) {
+			if node(msg) == -3 {
+				return nil, unknown
+			}
+			return []uint32{1<<StateShowing | 1<<stateFocusable | 1<<StateVisible, 0}, nil
+		},
+		"GetInterfaces": func(msg dbus.Message) ([]string, *dbus.Error) {
+			return []string{ifAccessible, ifComponent, ifAction}, nil
+		},
+		"GetChildren": func(msg dbus.Message) ([]ref, *dbus.Error) {
+			switch node(msg) {
+			case -2:
+				return []ref{{self, "/frame"}}, nil
+			case -1:
+				kids := make([]ref, n)
+				for i := range kids {
+					kids[i] = ref{self, dbus.ObjectPath(fmt.Sprintf("/n/%d", i))}
+				}
+				return kids, nil
+			}
+			return nil, nil
+		},
+	}
+	props := map[string]any{
+		"GetAll": func(msg dbus.Message, iface string) (map[string]dbus.Variant, *dbus.Error) {
+			i := node(msg)
+			name, count := fmt.Sprintf("button %d", i), int32(0)
+			switch i {
+			case -2:
+				name, count = "fake", 1
+			case -1:
+				name, count = "Fake window", int32(n)
+			}
+			return map[string]dbus.Variant{"Name": dbus.MakeVariant(name), "Description": dbus.MakeVariant(""), "ChildCount": dbus.MakeVariant(count)}, nil
+		},
+	}
+	comp := map[string]any{
+		"GetExtents": func(msg dbus.Message, coord uint32) (struct{ X, Y, W, H int32 }, *dbus.Error) {
+			i := int32(node(msg))
+			return struct{ X, Y, W, H int32 }{10, 20 + 30*max(i, 0), 100, 25}, nil
+		},
+	}
+	act := map[string]any{
+		"GetActions": func(msg dbus.Message) ([]actionInfo, *dbus.Error) {
+			node(msg)
+			return []actionInfo{{}}, nil // unnamed, as Chromium's
+		},
+		"GetName": func(msg dbus.Message, i int32) (string, *dbus.Error) { node(msg); return "press", nil },
+	}
+	for iface, table := range map[string]map[string]any{ifAccessible: acc, ifProperties: props, ifComponent: comp, ifAction: act} {
+		for _, p := range []dbus.ObjectPath{rootPath, "/frame", "/n"} {
+			if err := f.conn.ExportSubtreeMethodTable(table, p, iface); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return f
+}
+
+// startRegistry owns the registry's name and lists apps as the desktop's
+// children.
+func startRegistry(t testing.TB, addr string, apps ...*fakeToolkit) {
+	c := connect(t, addr)
+	var refs []ref
+	for _, a := range apps {
+		refs = append(refs, ref{a.conn.Names()[0], rootPath})
+	}
+	if err := c.ExportMethodTable(map[string]any{
+		"GetChildren": func() ([]ref, *dbus.Error) { return refs, nil },
+	}, rootPath, ifAccessible); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.RequestName(registryName, dbus.NameFlagDoNotQueue); err != nil || r != dbus.RequestNameReplyPrimaryOwner {
+		t.Fatalf("registry name: %v %v", r, err)
+	}
+}
+
+func TestTreeOverDBus(t *testing.T) {
+	addr := testBus(t)
+	app := startToolkit(t, addr, 50, nil)
+	startRegistry(t, addr, app)
+	c := New(addr)
+	defer c.Close()
+	if err := c.WaitRegistry(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Tree(context.Background(), opts(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Nodes) != 53 || r.Partial || !r.Bus {
+		t.Fatalf("%d nodes (partial %v, bus %v), want desktop, app, frame and 50 buttons", len(r.Nodes), r.Partial, r.Bus)
+	}
+	b := r.Nodes[3]
+	if b.Role != "push button" || b.Name != "button 0" || b.Bounds.GetY() != 20 || len(b.Actions) != 1 || b.Actions[0] != "press" || b.Window != 2 || b.App != 1 {
+		t.Errorf("first button: %v", b)
+	}
+	if r.Apps[0].Pid != int32(os.Getpid()) || r.Apps[0].Name != "fake" {
+		t.Errorf("app: %v", r.Apps[0])
+	}
+	// Actions go to the element by ref.
+	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: b.Ref, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_DO, Action: "open"}); err == nil || !strings.Contains(err.Error(), "no action") {
+		t.Errorf("unknown action: %v", err)
+	}
+	gone := strings.Replace(b.Ref, "/n/0", "/n/999", 1)
+	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: gone, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_FOCUS}); err == nil || !strings.Contains(err.Error(), "NOT_FOUND") {
+		t.Errorf("gone element: %v", err)
+	}
+}
+
+// A stopped application costs its timeout and leaves a partial tree; the
+// others are whole, and the next tree is not held up by its queue.
+func TestTreeStoppedApp(t *testing.T) {
+	addr := testBus(t)
+	stall := make(chan struct{})
+	live := startToolkit(t, addr, 5, nil)
+	stopped := startToolkit(t, addr, 5, stall)
+	startRegistry(t, addr, live, stopped)
+	c := New(addr)
+	defer c.Close()
+	o := opts()
+	o.AppTimeout = 200 * time.Millisecond
+	t0 := time.Now()
+	r, err := c.Tree(context.Background(), o, nil)
+	took := time.Since(t0)
+	close(stall)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Partial || r.Apps[0].TimedOut || !r.Apps[1].TimedOut {
+		t.Fatalf("partial %v apps %v", r.Partial, r.Apps)
+	}
+	if took > 2*time.Second {
+		t.Errorf("a stopped app held the tree %v with a 200 ms timeout", took)
+	}
+	if n := len(r.Nodes); n != 1+1+1+5+1 {
+		t.Errorf("%d nodes: want the live app's 7 and the stopped app's node", n)
+	}
+}
+
+func BenchmarkTreeOverDBus(b *testing.B) {
+	addr := testBus(b)
+	app := startToolkit(b, addr, 1000, nil)
+	startRegistry(b, addr, app)
+	c := New(addr)
+	defer c.Close()
+	o := opts()
+	o.AppTimeout = 30 * time.Second
+	o.Timeout = 30 * time.Second
+	b.ResetTimer()
+	for range b.N {
+		if r, err := c.Tree(context.Background(), o, nil); err != nil || len(r.Nodes) != 1003 {
+			b.Fatal(err)
+		}
+	}
+}
