@@ -616,6 +616,7 @@ func (s *procStack) checkpointForkDelete(src string) {
 // and deleting that checkpoint removes its directory and layer. Opt in with
 // FORKFLEET_INTEGRATION=1.
 func TestRealStackCrashDuringCheckpoint(t *testing.T) {
+	probe := testenv.Tool(t, "grpc-health-probe")
 	s := newProcStack(t)
 	ctx := s.ctx
 	src := s.startWithSandbox("crash")
@@ -721,6 +722,11 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 		t.Fatal("controld served while the interrupted dump was still running")
 	case <-time.After(2 * time.Second):
 	}
+	// Its listeners answer, and say so: not serving while it reconciles.
+	unixAddr := "unix://" + s.cfg.GRPC.UnixSocket
+	if code, out := healthProbe(t, probe, "-addr", unixAddr); code != 4 || !strings.Contains(out, "NOT_SERVING") {
+		t.Errorf("grpc-health-probe while reconciliation waits for the dump: exit %d %q, want 4 NOT_SERVING", code, out)
+	}
 	if e := s.checkpointDirEntries(); len(e) != 1 {
 		t.Errorf("checkpoint dir while the interrupted dump runs: %v, want its temporary dir untouched", e)
 	}
@@ -731,6 +737,9 @@ func TestRealStackCrashDuringCheckpoint(t *testing.T) {
 	resumed := time.Now()
 	s.await(ready)
 	t.Logf("controld READY %v after the dump resumed (%v after the restart)", time.Since(resumed), time.Since(restart))
+	if code, out := healthProbe(t, probe, "-addr", unixAddr); code != 0 {
+		t.Errorf("grpc-health-probe once READY: exit %d %q, want SERVING", code, out)
+	}
 	if dumpRunning() {
 		t.Error("controld served before the interrupted dump ended")
 	}
