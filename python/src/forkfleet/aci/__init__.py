@@ -11,6 +11,8 @@ The generated messages are in forkfleet.aci.v1.aci_pb2.
 from forkfleet.aci.actions import (BACK, FORWARD, LEFT, MIDDLE, RIGHT, button_down, button_up, click, click_button,
                                    click_here, double_click, drag, hash_only, jpeg, key, key_down, key_up, middle_click,
                                    move, png, right_click, scroll, triple_click, type_text, wait)
+from forkfleet.aci.a11y import (STATE_NAMES, check_tree, do_action, focus, has_state, render_tree, scroll_into_view,
+                                set_text, set_value, states)
 from forkfleet.aci.framecache import DEFAULT_FRAME_CACHE_BYTES, FrameCache, FrameCacheStats
 from forkfleet.aci.session import (DEFAULT_CAPABILITIES, DEFAULT_READ_LIMIT, PROTOCOL_VERSION, SUBPROTOCOL, Backoff,
                                    Call, Screenshot, Session, StepResult, SyncSession, dial, dial_sync, dial_unix)
@@ -25,4 +27,6 @@ __all__ = [
     "move", "click", "click_button", "click_here", "double_click", "triple_click", "right_click", "middle_click",
     "button_down", "button_up", "drag", "scroll", "key", "key_down", "key_up", "type_text", "wait",
     "png", "jpeg", "hash_only", "LEFT", "MIDDLE", "RIGHT", "BACK", "FORWARD",
+    "render_tree", "check_tree", "do_action", "focus", "set_text", "set_value", "scroll_into_view", "has_state",
+    "states", "STATE_NAMES",
 ]

@@ -19,7 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from forkfleet import _imaging, _sync, errors
-from forkfleet.aci import _ws
+from forkfleet.aci import _ws, a11y
 from forkfleet.aci.framecache import FrameCache, shape_of
 from forkfleet.aci.v1 import aci_pb2 as a
 
@@ -564,15 +564,21 @@ class Session:
         return time.perf_counter() - t
 
     async def step(self, actions: Sequence[a.Action], observe: a.ScreenshotRequest | None = None, *,
-                   stop_on_error: bool = False, timeout: float | None = None) -> StepResult:
+                   stop_on_error: bool = False, observe_tree: a.A11yTreeRequest | None = None,
+                   timeout: float | None = None) -> StepResult:
         """Runs actions in order, then the observation (none when observe is
-        None), in one round trip. Per-action failures are in the result's
+        None) and the accessibility tree (``observe_tree``, capability
+        "a11y"), in one round trip. Per-action failures are in the result's
         outcomes, not raised (``raise_for_errors()`` raises them)."""
         obs_req, ob = self._prepare_observe(observe)
         req = a.StepRequest(actions=actions, stop_on_error=stop_on_error)
         if obs_req is not None:
             req.observe.CopyFrom(obs_req)
+        if observe_tree is not None:
+            req.observe_tree.CopyFrom(observe_tree)
         r = await self._expect(a.ClientMessage(step=req), "step", timeout)
+        if r.HasField("tree"):
+            a11y.check_tree(r.tree)
         obs = self._finish_observe(ob, r.observation) if r.HasField("observation") else None
         return StepResult(r, obs)
 
@@ -670,6 +676,21 @@ class Session:
     async def screen_size(self, *, timeout: float | None = None) -> tuple[int, int]:
         r = await self._expect(a.ClientMessage(screen_size=a.ScreenSizeRequest()), "screen_size", timeout)
         return r.width, r.height
+
+    async def a11y_tree(self, req: a.A11yTreeRequest | None = None, *, timeout: float | None = None,
+                        **fields: Any) -> a.A11yTreeResponse:
+        """The accessibility tree (capability "a11y"; ``root=``, ``max_nodes=``,
+        ``showing_only=``, ``if_none_match=`` ... as in A11yTreeRequest). Applications
+        that did not answer in time are marked in ``apps`` and the tree has
+        ``partial``; ``aci.render_tree`` makes the prompt text."""
+        if req is None:
+            req = a.A11yTreeRequest(**fields)
+        return a11y.check_tree(await self._expect(a.ClientMessage(a11y_tree=req), "a11y_tree", timeout))
+
+    async def a11y_action(self, req: a.A11yActionRequest, *, timeout: float | None = None) -> None:
+        """Acts on one element (``aci.do_action(ref, "press")``, ``focus``,
+        ``set_text``, ``set_value``, ``scroll_into_view``)."""
+        await self._expect(a.ClientMessage(a11y_action=req), "a11y_action", timeout)
 
     async def list_windows(self, *, timeout: float | None = None) -> list[a.Window]:
         return list((await self._expect(a.ClientMessage(list_windows=a.ListWindowsRequest()), "list_windows",
