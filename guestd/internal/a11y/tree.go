@@ -94,6 +94,10 @@ const (
 	hasText
 	hasEditable
 	hasValue
+	// ifacesUnread: the interfaces were not asked (an element read one by
+	// one): its fields are asked by what its role and states say, and an
+	// interface it lacks answers an error, which costs what asking would.
+	ifacesUnread
 )
 
 func ifaceBits(names []string) uint32 {
@@ -464,8 +468,8 @@ func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start
 // each, all sent at once.
 func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error {
 	type q struct {
-		r                          ref
-		role, state, ifaces, props pending
+		r                  ref
+		role, state, props pending
 	}
 	var qs []q
 	for _, r := range refs {
@@ -473,17 +477,14 @@ func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error
 			continue
 		}
 		qs = append(qs, q{r: r,
-			role:   start(ctx, conn, r, ifAccessible+".GetRole"),
-			state:  start(ctx, conn, r, ifAccessible+".GetState"),
-			ifaces: start(ctx, conn, r, ifAccessible+".GetInterfaces"),
-
+			role:  start(ctx, conn, r, ifAccessible+".GetRole"),
+			state: start(ctx, conn, r, ifAccessible+".GetState"),
 			props: start(ctx, conn, r, ifProperties+".GetAll", ifAccessible),
 		})
 	}
 	for _, q := range qs {
 		it := &item{ref: q.r, count: -1, parent: a.parentOf[q.r.Path]}
 		var st []uint32
-		var ifs []string
 		var props map[string]dbus.Variant
 		if err := q.role.wait(ctx, &it.role); err != nil {
 			if goneError(err) || unsupportedError(err) {
@@ -491,10 +492,10 @@ func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error
 			}
 			return err
 		}
-		if err := errors.Join(q.state.wait(ctx, &st), q.ifaces.wait(ctx, &ifs), q.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
+		if err := errors.Join(q.state.wait(ctx, &st), q.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
-		it.states, it.ifaces = states(st), ifaceBits(ifs)
+		it.states, it.ifaces = states(st), ifacesUnread
 		if v, ok := props["Name"].Value().(string); ok {
 			it.name = clip(v)
 		}
@@ -554,18 +555,19 @@ func fill(ctx context.Context, conn *dbus.Conn, items []*item, f Fields) error {
 	qs := make([]q, 0, len(items))
 	for _, it := range items {
 		x := q{it: it}
-		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && it.ifaces&hasComponent != 0 {
+		try := func(iface uint32) bool { return it.ifaces&(iface|ifacesUnread) != 0 }
+		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) {
 			x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
 		}
 		// Editable: the EditableText interface, or the EDITABLE state
 		// (Chromium's inputs have Text without EditableText).
-		if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && it.ifaces&hasText != 0 && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
+		if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && try(hasText) && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
 			x.text = start(ctx, conn, it.ref, ifText+".GetText", int32(0), int32(-1))
 		}
-		if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && it.ifaces&hasValue != 0 {
+		if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && (it.ifaces&hasValue != 0 || it.ifaces&ifacesUnread != 0 && rangeRole(it.role)) {
 			x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
 		}
-		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && it.ifaces&hasAction != 0 && actionable(it) {
+		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && actionable(it) {
 			x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
 		}
 		qs = append(qs, x)
@@ -624,6 +626,15 @@ func actionable(it *item) bool {
 		// push button, radio button, radio menu item, slider, spin
 		// button, toggle button, entry, link, tree item, list item, push
 		// button menu
+		return true
+	}
+	return false
+}
+
+// rangeRole: roles whose elements have a value (AtspiValue).
+func rangeRole(r uint32) bool {
+	switch r {
+	case 15, 42, 48, 51, 52, 103: // dial, progress bar, scroll bar, slider, spin button, level bar
 		return true
 	}
 	return false
