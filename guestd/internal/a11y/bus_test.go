@@ -208,6 +208,25 @@ func TestTreeOverDBus(t *testing.T) {
 	}
 }
 
+// An application listing more children than max_nodes has only max_nodes
+// of them read.
+func TestTreeMaxNodesBoundsReads(t *testing.T) {
+	addr := testBus(t)
+	app := startToolkit(t, addr, 5000, nil)
+	startRegistry(t, addr, app)
+	c := New(addr)
+	defer c.Close()
+	o := opts()
+	o.MaxNodes = 100
+	r, err := c.Tree(context.Background(), o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Nodes) != 100 || !r.Truncated {
+		t.Fatalf("%d nodes, truncated %v", len(r.Nodes), r.Truncated)
+	}
+}
+
 // A stopped application costs its timeout and leaves a partial tree; the
 // others are whole, and the next tree is not held up by its queue.
 func TestTreeStoppedApp(t *testing.T) {

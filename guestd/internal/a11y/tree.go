@@ -431,6 +431,9 @@ func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start
 	seen := map[dbus.ObjectPath]bool{}
 	var shown []*item
 	for depth := 0; len(level) > 0 && depth <= opts.MaxDepth && len(shown) < opts.MaxNodes; depth++ {
+		// No more of a level is read than the reply can hold: an
+		// application listing a million children costs max_nodes reads.
+		level = level[:min(len(level), opts.MaxNodes-len(shown))]
 		if err := a.fetchItems(ctx, conn, level); err != nil {
 			a.err = err
 			break
