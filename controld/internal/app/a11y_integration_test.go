@@ -355,3 +355,33 @@ func abs(v int32) int32 {
 	}
 	return v
 }
+
+// TestRealStackA11ySlimDesktop: the slim desktop has no accessibility bus
+// (xterm exposes nothing, openbox nothing): its tree is the bare desktop
+// node, flagged, and the roots that need an application are UNAVAILABLE.
+// Own namespace forkfleet-a11y-slim-it (testenv).
+func TestRealStackA11ySlimDesktop(t *testing.T) {
+	s := newStackIn(t, "forkfleet-a11y-slim-it")
+	s.launch(0)
+	ctx := s.ctx
+	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: cr.Sandbox.Id}) })
+	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	tree, err := sess.A11yTree(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree.Bus || len(tree.Nodes) != 1 || tree.Nodes[0].Role != "desktop frame" || len(tree.TreeHash) != 16 {
+		t.Fatalf("slim desktop's tree: bus %v, nodes %v", tree.Bus, tree.Nodes)
+	}
+	if _, err := sess.A11yTree(ctx, &aciv1.A11YTreeRequest{Root: aciv1.A11YRoot_A11Y_ROOT_FOCUSED_WINDOW}); !errors.Is(err, aci.ErrUnavailable) {
+		t.Errorf("focused window without a bus: %v, want UNAVAILABLE", err)
+	}
+}
