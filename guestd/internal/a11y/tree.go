@@ -24,7 +24,7 @@ const (
 	DefaultMaxNodes   = 10000
 	MaxNodes          = 20000
 	DefaultTimeout    = 5 * time.Second
-	DefaultAppTimeout = time.Second
+	DefaultAppTimeout = 3 * time.Second
 	MaxTimeout        = 60 * time.Second
 	// MaxApps bounds the applications one tree reads (the rest are listed
 	// as not read).

@@ -6849,7 +6849,7 @@ type A11YTreeRequest struct {
 	ShowingOnly bool `protobuf:"varint,6,opt,name=showing_only,json=showingOnly,proto3" json:"showing_only,omitempty"`
 	// The whole call; 0: 5000 ms (at most 60000).
 	TimeoutMs uint32 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	// Each application; 0: 1000 ms (at most timeout_ms).
+	// Each application; 0: 3000 ms (at most timeout_ms).
 	AppTimeoutMs uint32 `protobuf:"varint,8,opt,name=app_timeout_ms,json=appTimeoutMs,proto3" json:"app_timeout_ms,omitempty"`
 	// Optional fields to fill; empty: all of them.
 	Fields []A11YField `protobuf:"varint,9,rep,packed,name=fields,proto3,enum=forkfleet.aci.v1.A11YField" json:"fields,omitempty"`
