@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 )
@@ -63,7 +61,7 @@ func (c *Client) Action(ctx context.Context, r *aciv1.A11YActionRequest) error {
 	return acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "a11y_action: %v", err)
 }
 
-func act(ctx context.Context, conn *dbus.Conn, target ref, r *aciv1.A11YActionRequest) error {
+func act(ctx context.Context, conn *wireConn, target ref, r *aciv1.A11YActionRequest) error {
 	// The element must exist: a stale ref is NOT_FOUND, not an action on
 	// whatever reuses the path.
 	var st []uint32
@@ -105,9 +103,8 @@ func act(ctx context.Context, conn *dbus.Conn, target ref, r *aciv1.A11YActionRe
 			return err
 		}
 	case aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_VALUE:
-		c := conn.Object(target.Bus, target.Path).CallWithContext(ctx, ifProperties+".Set", 0, ifValue, "CurrentValue", dbus.MakeVariant(r.GetValue()))
-		if c.Err != nil {
-			return c.Err
+		if err := call(ctx, conn, target, ifProperties+".Set", []any{ifValue, "CurrentValue", r.GetValue()}); err != nil {
+			return err
 		}
 		ok = true
 	case aciv1.A11YActionKind_A11Y_ACTION_KIND_SCROLL_INTO_VIEW:

@@ -9,15 +9,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/godbus/dbus/v5"
 )
 
 // AT-SPI2 names (at-spi2-core's xml/ interface definitions).
 const (
 	registryName  = "org.a11y.atspi.Registry"
-	rootPath      = dbus.ObjectPath("/org/a11y/atspi/accessible/root")
-	nullPath      = dbus.ObjectPath("/org/a11y/atspi/null")
-	cachePath     = dbus.ObjectPath("/org/a11y/atspi/cache")
+	rootPath      = objectPath("/org/a11y/atspi/accessible/root")
+	nullPath      = objectPath("/org/a11y/atspi/null")
+	cachePath     = objectPath("/org/a11y/atspi/cache")
 	ifAccessible  = "org.a11y.atspi.Accessible"
 	ifCache       = "org.a11y.atspi.Cache"
 	ifComponent   = "org.a11y.atspi.Component"
@@ -91,11 +90,39 @@ var StateNames = [...]string{
 	"read only",
 }
 
+// objectPath is a D-Bus object path.
+type objectPath string
+
+// IsValid: "/" or "/"-separated non-empty elements of [A-Za-z0-9_].
+func (p objectPath) IsValid() bool {
+	if p == "/" {
+		return true
+	}
+	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' {
+		return false
+	}
+	prev := byte('/')
+	for i := 1; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '/':
+			if prev == '/' {
+				return false
+			}
+		case c == '_', c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		default:
+			return false
+		}
+		prev = c
+	}
+	return true
+}
+
 // ref names one accessible object: its application's unique bus name and
 // its object path.
 type ref struct {
 	Bus  string
-	Path dbus.ObjectPath
+	Path objectPath
 }
 
 func (r ref) null() bool { return r.Bus == "" || r.Path == nullPath || r.Path == "" }
@@ -110,7 +137,7 @@ func parseRef(s string) (ref, bool) {
 	if i <= 0 || !strings.HasPrefix(s, ":") || len(s) > 1024 {
 		return ref{}, false
 	}
-	r := ref{Bus: s[:i], Path: dbus.ObjectPath(s[i+1:])}
+	r := ref{Bus: s[:i], Path: objectPath(s[i+1:])}
 	if !r.Path.IsValid() || strings.ContainsAny(r.Bus, "/ \x00") {
 		return ref{}, false
 	}

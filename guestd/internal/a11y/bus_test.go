@@ -55,6 +55,12 @@ type fakeToolkit struct {
 	stall chan struct{} // when set, every call waits on it (a stopped app)
 }
 
+// dref is a ref as godbus marshals it, (so).
+type dref struct {
+	Bus  string
+	Path dbus.ObjectPath
+}
+
 func connect(t testing.TB, addr string) *dbus.Conn {
 	t.Helper()
 	c, err := dbus.Connect(addr, dbus.WithAuth(dbus.AuthExternal(strconv.Itoa(os.Getuid()))))
@@ -107,14 +113,14 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 		"GetInterfaces": func(msg dbus.Message) ([]string, *dbus.Error) {
 			return []string{ifAccessible, ifComponent, ifAction}, nil
 		},
-		"GetChildren": func(msg dbus.Message) ([]ref, *dbus.Error) {
+		"GetChildren": func(msg dbus.Message) ([]dref, *dbus.Error) {
 			switch node(msg) {
 			case -2:
-				return []ref{{self, "/frame"}}, nil
+				return []dref{{self, "/frame"}}, nil
 			case -1:
-				kids := make([]ref, n)
+				kids := make([]dref, n)
 				for i := range kids {
-					kids[i] = ref{self, dbus.ObjectPath(fmt.Sprintf("/n/%d", i))}
+					kids[i] = dref{self, dbus.ObjectPath(fmt.Sprintf("/n/%d", i))}
 				}
 				return kids, nil
 			}
@@ -141,14 +147,14 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 		},
 	}
 	act := map[string]any{
-		"GetActions": func(msg dbus.Message) ([]actionInfo, *dbus.Error) {
+		"GetActions": func(msg dbus.Message) ([]struct{ Name, Desc, Key string }, *dbus.Error) {
 			node(msg)
-			return []actionInfo{{}}, nil // unnamed, as Chromium's
+			return []struct{ Name, Desc, Key string }{{}}, nil // unnamed, as Chromium's
 		},
 		"GetName": func(msg dbus.Message, i int32) (string, *dbus.Error) { node(msg); return "press", nil },
 	}
 	for iface, table := range map[string]map[string]any{ifAccessible: acc, ifProperties: props, ifComponent: comp, ifAction: act} {
-		for _, p := range []dbus.ObjectPath{rootPath, "/frame", "/n"} {
+		for _, p := range []dbus.ObjectPath{dbus.ObjectPath(rootPath), "/frame", "/n"} {
 			if err := f.conn.ExportSubtreeMethodTable(table, p, iface); err != nil {
 				t.Fatal(err)
 			}
@@ -161,13 +167,13 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 // children.
 func startRegistry(t testing.TB, addr string, apps ...*fakeToolkit) {
 	c := connect(t, addr)
-	var refs []ref
+	var refs []dref
 	for _, a := range apps {
-		refs = append(refs, ref{a.conn.Names()[0], rootPath})
+		refs = append(refs, dref{a.conn.Names()[0], dbus.ObjectPath(rootPath)})
 	}
 	if err := c.ExportMethodTable(map[string]any{
-		"GetChildren": func() ([]ref, *dbus.Error) { return refs, nil },
-	}, rootPath, ifAccessible); err != nil {
+		"GetChildren": func() ([]dref, *dbus.Error) { return refs, nil },
+	}, dbus.ObjectPath(rootPath), ifAccessible); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := c.RequestName(registryName, dbus.NameFlagDoNotQueue); err != nil || r != dbus.RequestNameReplyPrimaryOwner {
@@ -271,5 +277,18 @@ func BenchmarkTreeOverDBus(b *testing.B) {
 		if r, err := c.Tree(context.Background(), o, nil); err != nil || len(r.Nodes) != 1003 {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestSyncRegistry(t *testing.T) {
+	addr := testBus(t)
+	c := New(addr)
+	defer c.Close()
+	if err := c.SyncRegistry(); err == nil {
+		t.Fatal("ping without a registry succeeded")
+	}
+	startRegistry(t, addr)
+	if err := c.SyncRegistry(); err != nil {
+		t.Fatal(err)
 	}
 }

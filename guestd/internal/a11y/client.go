@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/godbus/dbus/v5"
 )
 
 // ErrNoBus: the sandbox has no accessibility bus (its image configures
@@ -21,14 +17,13 @@ var ErrNoBus = errors.New("a11y: no accessibility bus")
 const connectTimeout = 2 * time.Second
 
 // Client is guestd's connection to the accessibility bus: one D-Bus
-// connection, opened at first use and again after it broke (a dump and
-// restore keeps it: the bus lives in the same sandbox).
+// connection (wire.go), opened at first use and again after it broke (a
+// dump and restore keeps it: the bus lives in the same sandbox).
 type Client struct {
 	addr string
 
-	mu     sync.Mutex
-	conn   *dbus.Conn
-	cancel context.CancelFunc
+	mu   sync.Mutex
+	conn *wireConn
 }
 
 // New returns a Client of the bus at addr ("unix:path=..."); "" makes a
@@ -46,19 +41,15 @@ func (c *Client) Close() {
 }
 
 func (c *Client) dropLocked() {
-	if c.cancel != nil {
-		c.cancel()
-	}
 	if c.conn != nil {
 		_ = c.conn.Close()
 	}
-	c.conn, c.cancel = nil, nil
+	c.conn = nil
 }
 
 // drop forgets conn if it is still the current one: a call on it hung past
-// its deadline (a stopped bus), so the next request starts afresh and the
-// hung writer is unblocked by the close.
-func (c *Client) drop(conn *dbus.Conn) {
+// its deadline (a stopped bus), so the next request starts afresh.
+func (c *Client) drop(conn *wireConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conn == conn {
@@ -67,7 +58,7 @@ func (c *Client) drop(conn *dbus.Conn) {
 }
 
 // get returns the open connection, dialing it when needed.
-func (c *Client) get(ctx context.Context) (*dbus.Conn, error) {
+func (c *Client) get(ctx context.Context) (*wireConn, error) {
 	if !c.HasBus() {
 		return nil, ErrNoBus
 	}
@@ -77,38 +68,20 @@ func (c *Client) get(ctx context.Context) (*dbus.Conn, error) {
 		return c.conn, nil
 	}
 	c.dropLocked()
-	// The connection's context lives as long as the connection; a timer
-	// cancels it (closing the socket) if the handshake does not finish in
-	// time, so a bus that accepts and never answers cannot hold the caller.
-	cctx, cancel := context.WithCancel(context.Background())
-	deadline := connectTimeout
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < deadline {
-		deadline = time.Until(d)
-	}
-	timer := time.AfterFunc(deadline, cancel)
-	conn, err := dbus.Dial(c.addr, dbus.WithContext(cctx))
-	if err == nil {
-		if err = conn.Auth([]dbus.Auth{dbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err == nil {
-			err = conn.Hello()
-		}
-	}
-	if !timer.Stop() && err == nil {
-		err = context.DeadlineExceeded
-	}
+	// A bus that accepts and never answers cannot hold the caller.
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn, err := dialWire(dctx, c.addr)
 	if err != nil {
-		cancel()
-		if conn != nil {
-			_ = conn.Close()
-		}
 		return nil, fmt.Errorf("%w: connect %s: %v", ErrNoBus, c.addr, err)
 	}
-	c.conn, c.cancel = conn, cancel
+	c.conn = conn
 	return conn, nil
 }
 
 // D-Bus error names that mean the object or its application is gone.
 func goneError(err error) bool {
-	var e dbus.Error
+	var e *dbusError
 	if errors.As(err, &e) {
 		switch e.Name {
 		case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.UnknownObject",
@@ -116,41 +89,30 @@ func goneError(err error) bool {
 			return true
 		}
 	}
-	var pe *dbus.Error
-	if errors.As(err, &pe) {
-		return goneError(*pe)
-	}
 	return false
 }
 
 // unsupportedError: the object has no such method (an interface it lacks).
 func unsupportedError(err error) bool {
-	var e dbus.Error
+	var e *dbusError
 	if errors.As(err, &e) {
 		return e.Name == "org.freedesktop.DBus.Error.UnknownMethod" || e.Name == "org.freedesktop.DBus.Error.UnknownInterface" ||
 			strings.HasSuffix(e.Name, ".NotSupported")
 	}
-	var pe *dbus.Error
-	if errors.As(err, &pe) {
-		return unsupportedError(*pe)
-	}
 	return false
 }
 
+// busRef is the bus daemon itself.
+var busRef = ref{"org.freedesktop.DBus", "/org/freedesktop/DBus"}
+
 // call is one method call, bounded by ctx.
-func call(ctx context.Context, conn *dbus.Conn, r ref, method string, args []any, out ...any) error {
-	c := conn.Object(r.Bus, r.Path).CallWithContext(ctx, method, 0, args...)
-	if c.Err != nil {
-		return c.Err
-	}
-	return c.Store(out...)
+func call(ctx context.Context, conn *wireConn, r ref, method string, args []any, out ...any) error {
+	return conn.call(ctx, r, method, args, out...)
 }
 
 // pending is one call in flight; wait stores its reply.
 type pending struct {
-	c *dbus.Call
-	// arrived: a window saw its reply come (and took Done's signal).
-	arrived *bool
+	wc *wireCall
 }
 
 // window bounds the calls in flight to one application. An application
@@ -176,42 +138,25 @@ func withWindow(ctx context.Context) context.Context {
 // in order, so sending a whole level at once costs one round trip, not one
 // per call. Under a window (withWindow) it first waits for the oldest
 // call when maxInFlight are out.
-func start(ctx context.Context, conn *dbus.Conn, r ref, method string, args ...any) pending {
+func start(ctx context.Context, conn *wireConn, r ref, method string, args ...any) pending {
 	w, _ := ctx.Value(windowKey{}).(*window)
 	if w != nil && len(w.fifo) >= maxInFlight {
 		old := w.fifo[0]
 		w.fifo = w.fifo[1:]
-		if !*old.arrived {
-			select {
-			case <-old.c.Done:
-				*old.arrived = true
-			case <-ctx.Done():
-			}
+		conn.flush()
+		select {
+		case <-old.wc.done:
+		case <-ctx.Done():
 		}
 	}
-	p := pending{c: conn.Object(r.Bus, r.Path).GoWithContext(ctx, method, 0, make(chan *dbus.Call, 1), args...), arrived: new(bool)}
+	p := pending{wc: conn.send(ctx, r, method, args)}
 	if w != nil {
 		w.fifo = append(w.fifo, p)
 	}
 	return p
 }
 
-func (p pending) wait(ctx context.Context, out ...any) error {
-	if p.arrived == nil || !*p.arrived {
-		select {
-		case <-p.c.Done:
-			if p.arrived != nil {
-				*p.arrived = true
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if p.c.Err != nil {
-		return p.c.Err
-	}
-	return p.c.Store(out...)
-}
+func (p pending) wait(ctx context.Context, out ...any) error { return p.wc.wait(ctx, out...) }
 
 // WaitBus waits until the bus accepts a connection.
 func (c *Client) WaitBus(ctx context.Context) error {
@@ -241,7 +186,7 @@ func (c *Client) WaitRegistry(ctx context.Context) error {
 		conn, err := c.get(ctx)
 		if err == nil {
 			var owned bool
-			if err = conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.NameHasOwner", 0, registryName).Store(&owned); err == nil && owned {
+			if err = call(ctx, conn, busRef, "org.freedesktop.DBus.NameHasOwner", []any{registryName}, &owned); err == nil && owned {
 				return nil
 			}
 		}
@@ -263,10 +208,13 @@ func (c *Client) WaitRegistry(ctx context.Context) error {
 // registry's answer to a key event after 500 ms too.
 const registrySyncTimeout = 500 * time.Millisecond
 
-// SyncRegistry is one round trip to the AT-SPI registry (Peer.Ping, which
+// SyncRegistry is two round trips to the AT-SPI registry (Peer.Ping, which
 // it answers in order with everything it received before): an application
 // that handed it a key event before has its answer on the way once this
-// returns. guestd's typing waits on it (x11.Desktop.SetKeySync).
+// returns. Two, because the bus may forward the first ping ahead of an
+// application's message that reached it at the same moment; by the second,
+// it has read everything sent before the first. guestd's typing waits on it
+// (x11.Desktop.SetKeySync).
 func (c *Client) SyncRegistry() error {
 	ctx, cancel := context.WithTimeout(context.Background(), registrySyncTimeout)
 	defer cancel()
@@ -274,5 +222,10 @@ func (c *Client) SyncRegistry() error {
 	if err != nil {
 		return err
 	}
-	return conn.Object(registryName, rootPath).CallWithContext(ctx, "org.freedesktop.DBus.Peer.Ping", 0).Err
+	for range 2 {
+		if err := call(ctx, conn, ref{registryName, rootPath}, "org.freedesktop.DBus.Peer.Ping", nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }

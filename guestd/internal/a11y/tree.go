@@ -9,7 +9,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/godbus/dbus/v5"
 	"github.com/zeebo/xxh3"
 	"google.golang.org/protobuf/proto"
 
@@ -135,8 +134,8 @@ type cacheItem struct {
 type app struct {
 	ref      ref
 	pid      int32
-	items    map[dbus.ObjectPath]*item
-	parentOf map[dbus.ObjectPath]ref // of objects not in the cache
+	items    map[objectPath]*item
+	parentOf map[objectPath]ref // of objects not in the cache
 	timedOut bool
 	err      error
 }
@@ -183,7 +182,7 @@ func (c *Client) Tree(ctx context.Context, opts TreeOptions, windows WindowSourc
 	}
 }
 
-func (c *Client) tree(ctx context.Context, conn *dbus.Conn, opts TreeOptions, windows WindowSource, desktopNode *item) (*aciv1.A11YTreeResponse, error) {
+func (c *Client) tree(ctx context.Context, conn *wireConn, opts TreeOptions, windows WindowSource, desktopNode *item) (*aciv1.A11YTreeResponse, error) {
 	// The applications: the registry's children of the desktop.
 	var appRefs []ref
 	rctx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
@@ -262,7 +261,7 @@ type rootWant struct {
 	top ref
 }
 
-func (c *Client) pickRoot(ctx context.Context, conn *dbus.Conn, opts TreeOptions, windows WindowSource, apps []ref) (rootWant, error) {
+func (c *Client) pickRoot(ctx context.Context, conn *wireConn, opts TreeOptions, windows WindowSource, apps []ref) (rootWant, error) {
 	switch opts.Root {
 	case aciv1.A11YRoot_A11Y_ROOT_UNSPECIFIED, aciv1.A11YRoot_A11Y_ROOT_DESKTOP:
 		return rootWant{}, nil
@@ -314,12 +313,12 @@ func (c *Client) pickRoot(ctx context.Context, conn *dbus.Conn, opts TreeOptions
 // bus connection belongs to the window's process, then, among its top-level
 // objects, the ACTIVE one for the focused window, else the one whose bounds
 // overlap the window's most.
-func (c *Client) topFor(ctx context.Context, conn *dbus.Conn, opts TreeOptions, w *desktop.Window, apps []ref) (rootWant, error) {
+func (c *Client) topFor(ctx context.Context, conn *wireConn, opts TreeOptions, w *desktop.Window, apps []ref) (rootWant, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
 	defer cancel()
 	pids := make([]pending, len(apps))
 	for i, a := range apps {
-		pids[i] = pending{c: conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.Bus)}
+		pids[i] = start(ctx, conn, busRef, "org.freedesktop.DBus.GetConnectionUnixProcessID", a.Bus)
 	}
 	for i, a := range apps {
 		var pid uint32
@@ -375,18 +374,18 @@ func overlap(ext [4]int32, w *desktop.Window) int {
 // read loads one application's objects: its cache in one call
 // (Cache.GetItems), then, level by level, the children the cache lacks, and
 // finally the optional fields of what the tree will show, each level's
-// calls sent at once. start: the object to walk from (the application when
+// calls sent at once. from: the object to walk from (the application when
 // null). Past ctx's deadline the application is marked timed out and keeps
 // what it had.
-func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start ref) {
-	a.items = map[dbus.ObjectPath]*item{}
-	a.parentOf = map[dbus.ObjectPath]ref{}
+func (a *app) read(ctx context.Context, conn *wireConn, opts TreeOptions, from ref) {
+	a.items = map[objectPath]*item{}
+	a.parentOf = map[objectPath]ref{}
 	defer func() {
 		if a.err != nil && (errors.Is(a.err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 			a.timedOut, a.err = true, nil
 		}
 	}()
-	pid := pending{c: conn.BusObject().GoWithContext(ctx, "org.freedesktop.DBus.GetConnectionUnixProcessID", 0, make(chan *dbus.Call, 1), a.ref.Bus)}
+	pid := start(ctx, conn, busRef, "org.freedesktop.DBus.GetConnectionUnixProcessID", a.ref.Bus)
 	// The bus answers the pid, the application does not have to.
 	var upid uint32
 	if pid.wait(ctx, &upid) == nil {
@@ -423,12 +422,12 @@ func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start
 			}
 		}
 	}
-	if start.null() {
-		start = ref{a.ref.Bus, rootPath}
+	if from.null() {
+		from = ref{a.ref.Bus, rootPath}
 	}
-	// Walk level by level from start, fetching what the cache lacks.
-	level := []ref{start}
-	seen := map[dbus.ObjectPath]bool{}
+	// Walk level by level from the start, fetching what the cache lacks.
+	level := []ref{from}
+	seen := map[objectPath]bool{}
 	var shown []*item
 	for depth := 0; len(level) > 0 && depth <= opts.MaxDepth && len(shown) < opts.MaxNodes; depth++ {
 		// No more of a level is read than the reply can hold: an
@@ -469,7 +468,7 @@ func (a *app) read(ctx context.Context, conn *dbus.Conn, opts TreeOptions, start
 
 // fetchItems loads the objects of refs the cache did not hold, four calls
 // each, all sent at once.
-func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error {
+func (a *app) fetchItems(ctx context.Context, conn *wireConn, refs []ref) error {
 	type q struct {
 		r                  ref
 		role, state, props pending
@@ -488,7 +487,7 @@ func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error
 	for _, q := range qs {
 		it := &item{ref: q.r, count: -1, parent: a.parentOf[q.r.Path]}
 		var st []uint32
-		var props map[string]dbus.Variant
+		var props map[string]any
 		if err := q.role.wait(ctx, &it.role); err != nil {
 			if goneError(err) || unsupportedError(err) {
 				continue // gone since its parent listed it
@@ -499,13 +498,13 @@ func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error
 			return ctx.Err()
 		}
 		it.states, it.ifaces = states(st), ifacesUnread
-		if v, ok := props["Name"].Value().(string); ok {
+		if v, ok := props["Name"].(string); ok {
 			it.name = clip(v)
 		}
-		if v, ok := props["Description"].Value().(string); ok {
+		if v, ok := props["Description"].(string); ok {
 			it.desc = clip(v)
 		}
-		if v, ok := props["ChildCount"].Value().(int32); ok {
+		if v, ok := props["ChildCount"].(int32); ok {
 			it.count = v
 		}
 		a.items[q.r.Path] = it
@@ -515,7 +514,7 @@ func (a *app) fetchItems(ctx context.Context, conn *dbus.Conn, refs []ref) error
 
 // fetchChildren asks GetChildren of every parent whose children the cache
 // does not list completely, all at once.
-func (a *app) fetchChildren(ctx context.Context, conn *dbus.Conn, parents []*item) error {
+func (a *app) fetchChildren(ctx context.Context, conn *wireConn, parents []*item) error {
 	type q struct {
 		it *item
 		p  pending
@@ -550,7 +549,7 @@ func (a *app) fetchChildren(ctx context.Context, conn *dbus.Conn, parents []*ite
 
 // fill asks the optional fields of items: bounds, editable text, value and
 // actions, every call sent at once.
-func fill(ctx context.Context, conn *dbus.Conn, items []*item, f Fields) error {
+func fill(ctx context.Context, conn *wireConn, items []*item, f Fields) error {
 	type q struct {
 		it                     *item
 		ext, text, val, action pending
@@ -578,27 +577,27 @@ func fill(ctx context.Context, conn *dbus.Conn, items []*item, f Fields) error {
 	// Each field stands alone: an element that fails one (an interface it
 	// lists and does not serve) keeps the others; only the deadline stops.
 	for _, x := range qs {
-		if x.ext.c != nil {
+		if x.ext.wc != nil {
 			var e struct{ X, Y, W, H int32 }
 			if x.ext.wait(ctx, &e) == nil && e.W > 0 && e.H > 0 {
 				x.it.bounds = &aciv1.Rect{X: e.X, Y: e.Y, Width: e.W, Height: e.H}
 			}
 		}
-		if x.text.c != nil {
+		if x.text.wc != nil {
 			var s string
 			if x.text.wait(ctx, &s) == nil {
 				x.it.text = clip(s)
 			}
 		}
-		if x.val.c != nil {
-			var v dbus.Variant
+		if x.val.wc != nil {
+			var v any
 			if x.val.wait(ctx, &v) == nil {
-				if d, ok := v.Value().(float64); ok {
+				if d, ok := v.(float64); ok {
 					x.it.value = &d
 				}
 			}
 		}
-		if x.action.c != nil {
+		if x.action.wc != nil {
 			var acts []actionInfo
 			if x.action.wait(ctx, &acts) == nil {
 				x.it.actions = make([]string, min(len(acts), maxActions))
@@ -649,7 +648,7 @@ type actionInfo struct{ Name, Desc, Key string }
 // nameActions asks GetName for the actions GetActions left unnamed: the
 // bridge fills GetActions with localized names, which Chromium leaves
 // empty, so its actions are named one call each (all sent at once).
-func nameActions(ctx context.Context, conn *dbus.Conn, items []*item) error {
+func nameActions(ctx context.Context, conn *wireConn, items []*item) error {
 	type q struct {
 		name *string
 		p    pending

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 )
@@ -16,12 +14,12 @@ import (
 // fakeApp builds an application's items as a cache would hold them: a
 // frame with a button, an entry and a hidden label.
 func fakeApp(bus string) *app {
-	a := &app{ref: ref{bus, rootPath}, pid: 42, items: map[dbus.ObjectPath]*item{}}
-	add := func(path string, parent dbus.ObjectPath, index int32, role uint32, name string, st uint64, kids ...string) *item {
-		it := &item{ref: ref{bus, dbus.ObjectPath(path)}, parent: ref{bus, parent}, index: index, role: role, name: name,
+	a := &app{ref: ref{bus, rootPath}, pid: 42, items: map[objectPath]*item{}}
+	add := func(path string, parent objectPath, index int32, role uint32, name string, st uint64, kids ...string) *item {
+		it := &item{ref: ref{bus, objectPath(path)}, parent: ref{bus, parent}, index: index, role: role, name: name,
 			states: st, count: int32(len(kids)), known: true, ifaces: hasComponent}
 		for _, k := range kids {
-			it.children = append(it.children, ref{bus, dbus.ObjectPath(k)})
+			it.children = append(it.children, ref{bus, objectPath(k)})
 		}
 		a.items[it.ref.Path] = it
 		return it
@@ -97,7 +95,7 @@ func TestBuildLimits(t *testing.T) {
 
 func TestBuildPartialApp(t *testing.T) {
 	a := fakeApp(":1.5")
-	late := &app{ref: ref{":1.9", rootPath}, items: map[dbus.ObjectPath]*item{}, timedOut: true}
+	late := &app{ref: ref{":1.9", rootPath}, items: map[objectPath]*item{}, timedOut: true}
 	desk := &item{name: "main", role: roleDesktop, known: true, children: []ref{a.ref, late.ref}}
 	r := build(desk, []*app{a, late}, desk, opts())
 	if !r.Partial || !r.Apps[1].TimedOut {
