@@ -8,7 +8,6 @@ package a11y
 import (
 	"strconv"
 	"strings"
-
 )
 
 // AT-SPI2 names (at-spi2-core's xml/ interface definitions).
