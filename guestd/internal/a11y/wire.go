@@ -262,6 +262,9 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 		}
 		code := d.byte()
 		s := d.signature()
+		if s == "" || sigLen(s) != len(s) {
+			return fmt.Errorf("header field signature %q", s)
+		}
 		v, err := d.value(s)
 		if err != nil {
 			return err
@@ -289,6 +292,10 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 	var vals []any
 	for s := sig; s != "" && bd.err == nil; {
 		n := sigLen(s)
+		if n == 0 {
+			bd.fail("signature %q", sig)
+			break
+		}
 		v, err := bd.value(s[:n])
 		if err != nil {
 			bd.err = err
@@ -407,9 +414,11 @@ func (d *decoder) align(n int) {
 }
 
 func (d *decoder) take(n int) []byte {
-	if d.err != nil || n < 0 || d.pos+n > len(d.b) {
+	if d.err != nil || n < 0 || n > len(d.b)-d.pos {
 		d.fail("truncated")
-		return make([]byte, max(n, 0))
+		// Zeros for the fixed-size readers; never sized by what the
+		// message claims.
+		return make([]byte, 8)
 	}
 	p := d.b[d.pos : d.pos+n]
 	d.pos += n
@@ -468,6 +477,9 @@ type variant struct {
 func (d *decoder) value(sig string) (any, error) {
 	if d.depth > 64 {
 		d.fail("nested too deep")
+	}
+	if sig == "" {
+		d.fail("empty signature")
 	}
 	if d.err != nil {
 		return nil, d.err
