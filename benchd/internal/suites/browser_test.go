@@ -35,3 +35,22 @@ func TestBrowserRatios(t *testing.T) {
 		t.Fatalf("ratios %v, want checkpoint 3x and fork 5x", got)
 	}
 }
+
+// The fork suite's ratios take its bare rows against podman's bare-desktop
+// restore; the reference shape's rows (no peer of that shape) get none.
+func TestForkRatiosSameShape(t *testing.T) {
+	row := func(metric string, baseline bool, p50 float64, kv ...string) result.Row {
+		r := result.Single(metric, "ms", labels(kv...), p50)
+		r.Baseline = baseline
+		return r
+	}
+	rows := []result.Row{
+		row("fork.fanout.wall", false, 100, "tier", "memory", "n", "1"),
+		row("fork.fanout.wall", false, 900, "tier", "memory", "n", "1", "shape", "ram-300MB+disk-100MB"),
+		row("peer.podman_restore.wall", true, 400, "n", "1", "shape", "bare-desktop"),
+	}
+	got := forkRatios(rows)
+	if len(got) != 1 || *got[0].P50 != 4 {
+		t.Fatalf("ratios %+v, want one of 4x", got)
+	}
+}

@@ -248,11 +248,15 @@ type forkSuite struct {
 	settle  time.Duration
 	ksmWait time.Duration
 	peer    bool
+	// The reference shape (issue #18): a sandbox holding ramMB in one
+	// process plus 100 MB on disk, forked eagerly shapeNs ways.
+	ramMB   int
+	shapeNs intList
 }
 
 func (*forkSuite) Name() string { return "fork" }
 func (*forkSuite) Description() string {
-	return "fork N in {1,2,4,8,16} verified replicas from one checkpoint, memory and disk tiers: wall, per replica, memory per replica"
+	return "fork N in {1,2,4,8,16} verified replicas from one checkpoint, memory and disk tiers, and the reference shape (300 MB RAM + 100 MB disk) N in {1,4,8}: wall, per replica, memory per replica"
 }
 func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	f.ns = intList{1, 2, 4, 8, 16}
@@ -261,6 +265,9 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&f.settle, "fork-settle", time.Second, "wait after a fork before reading replica memory")
 	fs.DurationVar(&f.ksmWait, "fork-ksm-wait", 15*time.Second, "on the last repetition per N, read replica memory again this long after the fork (KSM merges over time; 0 disables)")
 	fs.BoolVar(&f.peer, "fork-podman", true, "also measure podman restore --import of the same image, N=1 and N=4, as the fork's peer")
+	f.shapeNs = intList{1, 4, 8}
+	fs.IntVar(&f.ramMB, "fork-ram-mb", 300, "RAM held by the reference shape's ballast process, forked --fork-shape-ns ways (memory tier; 0: no reference shape)")
+	fs.Var(&f.shapeNs, "fork-shape-ns", "replica counts of the reference shape")
 }
 
 // Peers: podman's restore of the same container, unless --fork-podman=false.
@@ -300,11 +307,43 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	if len(rows) == 0 {
 		return nil, errors.New("no fork tier could be measured")
 	}
+	if f.ramMB > 0 {
+		rows = append(rows, f.referenceShape(ctx, env, c, reps)...)
+	}
 	if f.peer {
 		rows = append(rows, f.podmanRows(ctx, env, image, reps)...)
 		rows = append(rows, forkRatios(rows)...)
 	}
 	return rows, nil
+}
+
+// referenceShape forks the reference shape (ramMB of RAM one process holds
+// and touches, 100 MB written on disk) from a memory-tier checkpoint: the
+// figure that grows with the sandbox's memory under eager restore.
+func (f *forkSuite) referenceShape(ctx context.Context, env *suite.Env, c *controld, reps int) []result.Row {
+	shape := fmt.Sprintf("ram-%dMB+disk-100MB", f.ramMB)
+	ref, err := c.create(ctx)
+	if err != nil {
+		env.Notef("reference shape not forked: create: %v", err)
+		return nil
+	}
+	defer c.remove(ctx, ref.GetSandbox().GetId())
+	if err := (&checkpointSuite{ballMB: f.ramMB}).ballast(ctx, ref.GetEndpoint()); err != nil {
+		env.Notef("reference shape not forked: %v", err)
+		return nil
+	}
+	r, err := c.ck.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: ref.GetSandbox().GetId(),
+		Labels: map[string]string{benchLabel: "1"}})
+	if err != nil {
+		env.Notef("reference shape not forked: checkpoint: %v", err)
+		return nil
+	}
+	defer c.removeCheckpoint(ctx, r.GetCheckpoint().GetId())
+	var rows []result.Row
+	for _, n := range f.shapeNs {
+		rows = append(rows, f.forkN(ctx, env, c, r.GetCheckpoint().GetId(), "memory", n, reps, "shape", shape)...)
+	}
+	return rows
 }
 
 // forkN forks n replicas of checkpoint ckID reps times: wall clock, per
@@ -415,10 +454,18 @@ func (f *forkSuite) podmanRows(ctx context.Context, env *suite.Env, image string
 // forkRatios divides podman's restore wall clock (all N verified) by ours
 // for the same N, per tier.
 func forkRatios(rows []result.Row) []result.Row {
-	peer := map[string]float64{}
+	// A ratio compares the same shape: the fork suite's bare rows carry
+	// no shape label, its podman rows "bare-desktop".
+	shapeOf := func(r result.Row) string {
+		if s := r.Labels["shape"]; s != "" {
+			return s
+		}
+		return "bare-desktop"
+	}
+	peer := map[[2]string]float64{}
 	for _, r := range rows {
 		if r.Baseline && r.Metric == "peer.podman_restore.wall" && r.P50 != nil {
-			peer[r.Labels["n"]] = *r.P50
+			peer[[2]string{shapeOf(r), r.Labels["n"]}] = *r.P50
 		}
 	}
 	var out []result.Row
@@ -426,7 +473,7 @@ func forkRatios(rows []result.Row) []result.Row {
 		if r.Baseline || r.Metric != "fork.fanout.wall" || r.P50 == nil || *r.P50 <= 0 {
 			continue
 		}
-		if p, ok := peer[r.Labels["n"]]; ok {
+		if p, ok := peer[[2]string{shapeOf(r), r.Labels["n"]}]; ok {
 			out = append(out, result.Single("fork.speedup_vs_podman", "x", labels("tier", r.Labels["tier"], "n", r.Labels["n"]), p / *r.P50))
 		}
 	}
