@@ -51,10 +51,11 @@ build:
 	cd guestd && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/guestd ./cmd/guestd
 	cd controld && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/controld ./cmd/controld
 	cd controld && CGO_ENABLED=0 go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleet-log ./cmd/forkfleet-log
+	cd controld && CGO_ENABLED=0 go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleet-nethook ./cmd/forkfleet-nethook
 	cd controld && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleet-image ./cmd/forkfleet-image
 	cd benchd && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/benchd ./cmd/benchd
 	cd api && go build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/forkfleetctl ./cmd/forkfleetctl
-	@for b in guestd controld forkfleet-log forkfleet-image benchd forkfleetctl; do \
+	@for b in guestd controld forkfleet-log forkfleet-nethook forkfleet-image benchd forkfleetctl; do \
 	  v=$$($(BIN)/$$b --version 2>&1 | awk '{print $$NF}'); \
 	  [ "$$v" = "$(VERSION)" ] || { echo "$$b reports version '$$v', want $(VERSION)"; exit 1; }; done
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs and (re)starts controld on a host prepared by host-setup.sh.
 #
-#   deploy/controld-up.sh BINARY   install BINARY as /usr/local/bin/controld (and the
-#                                  forkfleet-log beside it) and (re)start it
+#   deploy/controld-up.sh BINARY   install BINARY as /usr/local/bin/controld (and its
+#                                  helpers forkfleet-log and forkfleet-nethook beside
+#                                  it) and (re)start it
 #   deploy/controld-up.sh --stop   stop it (sandboxes keep running; controld reconciles at start)
 #
 # Under systemd it uses forkfleet-controld.service (Type=notify). Elsewhere it
@@ -10,9 +11,10 @@
 set -euo pipefail
 
 readonly BIN_DST=/usr/local/bin/controld
-# The log writer the runtime hands containerd's shim for every sandbox's
-# stdio; controld finds it beside its own binary.
-readonly LOG_WRITER_DST=/usr/local/bin/forkfleet-log
+# controld's helpers, found beside its own binary: the log writer the
+# runtime hands containerd's shim for every sandbox's stdio, and the hook
+# runc runs for every sandbox's network (controld/cmd/forkfleet-nethook).
+readonly HELPERS=(forkfleet-log forkfleet-nethook)
 readonly PIDFILE=/run/forkfleet/controld.pid
 readonly LOG=/var/log/forkfleet/controld.log
 readonly SOCK=/run/forkfleet/controld.sock
@@ -54,10 +56,12 @@ fi
 
 src=${1:-}
 if [ -z "$src" ] || [ ! -x "$src" ]; then die "usage: $0 BINARY | --stop"; fi
-log_writer_src="$(dirname "$src")/forkfleet-log"
-[ -x "$log_writer_src" ] || die "$log_writer_src missing: controld needs its log writer beside it (make build makes both)"
-install -m 0755 "$log_writer_src" "$LOG_WRITER_DST.new"
-mv -f "$LOG_WRITER_DST.new" "$LOG_WRITER_DST"
+for h in "${HELPERS[@]}"; do
+	h_src="$(dirname "$src")/$h"
+	[ -x "$h_src" ] || die "$h_src missing: controld needs its helpers beside it (make build makes them)"
+	install -m 0755 "$h_src" "/usr/local/bin/$h.new"
+	mv -f "/usr/local/bin/$h.new" "/usr/local/bin/$h"
+done
 install -m 0755 "$src" "$BIN_DST.new"
 mv -f "$BIN_DST.new" "$BIN_DST"
 mkdir -p /run/forkfleet /var/log/forkfleet

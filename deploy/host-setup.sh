@@ -1045,6 +1045,56 @@ step_layers() {
 	fi
 }
 
+# ---------------------------------------------------------------- 8e. user namespaces
+
+# Every sandbox runs in a user namespace of its own, its ids 0..65535 a range
+# of host ids no other sandbox holds (controld/internal/userns): root in a
+# sandbox is an unprivileged user of the host. The ranges are subordinate
+# ids of the name "forkfleet" in /etc/subuid and /etc/subgid, so that no
+# other tool (useradd, podman) hands them out. No user of that name is
+# made: nothing logs in as it, it only names the reservation. Default
+# 2^30 ids from 2^30 (16384 sandboxes at once), above the range useradd
+# allocates from (SUB_UID_MAX 600100000) and below 2^31 (signed 32-bit
+# ids); FORKFLEET_SUBID_START and FORKFLEET_SUBID_COUNT choose others at
+# the first setup. An entry already there is kept.
+readonly SUBID_USER=forkfleet
+
+subid_entry() { awk -F: -v u="$SUBID_USER" '$1 == u {print $2 ":" $3; exit}' "$1" 2>/dev/null; }
+
+# subid_overlaps FILE START COUNT: prints the first other entry of FILE
+# whose ids meet [START, START+COUNT).
+subid_overlaps() {
+	awk -F: -v u="$SUBID_USER" -v s="$2" -v n="$3" \
+		'$1 != u && NF >= 3 && $2 < s + n && s < $2 + $3 {print; exit}' "$1" 2>/dev/null
+}
+
+step_userns() {
+	local start=${FORKFLEET_SUBID_START:-1073741824} count=${FORKFLEET_SUBID_COUNT:-1073741824} f added=() have
+	local max
+	max=$(cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0)
+	((max > 0)) || die "user namespaces are off (user.max_user_namespaces=$max): sandboxes run in user namespaces of their own (set it, or userns.enabled=false in controld's config)"
+	((count >= 65536 && start > 0 && start + count <= 4294967295)) ||
+		die "FORKFLEET_SUBID_START=$start FORKFLEET_SUBID_COUNT=$count: at least 65536 ids, all below 2^32"
+	for f in /etc/subuid /etc/subgid; do
+		have=$(subid_entry "$f")
+		if [[ -n $have ]]; then
+			continue
+		fi
+		local other
+		other=$(subid_overlaps "$f" "$start" "$count")
+		[[ -z $other ]] || die "$f: the range $start+$count for $SUBID_USER meets '$other' (choose FORKFLEET_SUBID_START)"
+		[[ -f $f ]] || install -m 0644 /dev/null "$f"
+		printf '%s:%s:%s\n' "$SUBID_USER" "$start" "$count" >>"$f"
+		added+=("$f")
+	done
+	if ((${#added[@]})); then
+		for f in "${added[@]}"; do record_original "${f#/etc/}" added; done
+		step userns "done" "reserved $SUBID_USER:$start:$count in ${added[*]} ($((count / 65536)) sandbox ranges)"
+	else
+		step userns skip "$SUBID_USER's subordinate ids: uids $(subid_entry /etc/subuid), gids $(subid_entry /etc/subgid)"
+	fi
+}
+
 # ---------------------------------------------------------------- 9. systemd units
 
 step_units() {
@@ -1173,7 +1223,7 @@ main_uninstall() {
 	for b in containerd containerd-shim-runc-v2 ctr; do
 		remove_if_ours "/usr/local/bin/$b" "$CONTAINERD_CACHE/$b"
 	done
-	rm -f /usr/local/bin/controld /usr/local/bin/forkfleet-log "$SUPERVISOR" "$CONNTRACK_SYSCTL" "$FORWARD_SYSCTL"
+	rm -f /usr/local/bin/controld /usr/local/bin/forkfleet-log /usr/local/bin/forkfleet-nethook "$SUPERVISOR" "$CONNTRACK_SYSCTL" "$FORWARD_SYSCTL"
 	rmdir "$(dirname "$SUPERVISOR")" 2>/dev/null || true
 	is_our_wrapper "$CRIU_WRAPPER" && rm -f "$CRIU_WRAPPER"
 	rm -rf "$CRIU_PREFIX"
@@ -1183,6 +1233,13 @@ main_uninstall() {
 		systemctl daemon-reload || true
 	fi
 	step files "done" "removed the installed binaries, CRIU, units and sysctl file"
+	# The sandboxes' subordinate ids, where this script reserved them.
+	for f in /etc/subuid /etc/subgid; do
+		if grep -qx "${f#/etc/}=added" "$ORIGINALS" 2>/dev/null && [[ -f $f ]]; then
+			sed -i "/^$SUBID_USER:/d" "$f"
+			step userns "done" "removed $SUBID_USER's subordinate ids from $f"
+		fi
+	done
 	# Kernel settings back to what they were before the first setup.
 	if [[ -f $ORIGINALS ]]; then
 		while IFS='=' read -r key val; do
@@ -1349,6 +1406,7 @@ main() {
 	step_conntrack
 	step_forward
 	step_layers
+	step_userns
 	step_units
 	step_env
 	printf 'host-setup: ready in %d ms: containerd %s at %s (namespace %s), runc %s, criu %s (%s)\n' \

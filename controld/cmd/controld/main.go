@@ -18,6 +18,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 func main() {
@@ -71,6 +72,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	netHook, err := containerdrt.NetHookPath(exe)
+	if err != nil {
+		return err
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -90,15 +95,23 @@ func run() error {
 	}
 	// Last to go: sandboxes keep their networks; the DNS stubs stop.
 	defer nm.Close()
+	var ranges *userns.Pool
+	if cfg.UserNS.Enabled {
+		if ranges, err = userns.Load(userns.Config{}); err != nil {
+			return fmt.Errorf("userns: %w (or userns.enabled = false)", err)
+		}
+	}
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		LogWriter:      logWriter,
+		NetHook:        netHook,
 		LayersDir:      cfg.LayersDir,
 		Address:        cfg.Containerd.Address,
 		Namespace:      cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir,
 		// Per controld: its CRIU config, logs and work dirs are its own.
-		StateDir: filepath.Join(cfg.StateDir, "runtime"),
-		Network:  nm,
+		StateDir:       filepath.Join(cfg.StateDir, "runtime"),
+		Network:        nm,
+		UserNamespaces: ranges,
 	})
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)

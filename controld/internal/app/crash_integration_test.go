@@ -90,11 +90,11 @@ func newProcStack(t *testing.T) *procStack {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build controld: %v\n%s", err, out)
 	}
-	// controld finds forkfleet-log beside its binary, as when installed.
-	if err := testenv.BuildLogWriter(filepath.Join(filepath.Dir(s.bin), containerdrt.LogWriterName)); err != nil {
+	// controld finds its helpers beside its binary, as when installed.
+	if err := testenv.BuildHelpers(filepath.Dir(s.bin)); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("built controld and forkfleet-log in %v", time.Since(start))
+	t.Logf("built controld and its helpers in %v", time.Since(start))
 	b, err := cfg.Marshal()
 	if err != nil {
 		t.Fatal(err)

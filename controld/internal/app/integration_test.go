@@ -308,8 +308,8 @@ func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, sta
 	t.Helper()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
-		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir, LogWriter: testenv.LogWriter(t),
-		LayersDir: testenv.LayersDir(),
+		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir, LogWriter: testenv.LogWriter(t), NetHook: testenv.NetHook(t),
+		LayersDir: testenv.LayersDir(), UserNamespaces: testenv.UserNamespaces(t, cfg.UserNS.Enabled),
 	})
 	if err != nil {
 		t.Fatalf("runtime: %v", err)

@@ -112,7 +112,8 @@ func (e *netEnv) start(ctx context.Context) {
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
 		Address: e.cfg.Containerd.Address, Namespace: e.cfg.Containerd.Namespace,
 		CheckpointRoot: e.cfg.CheckpointDir, StateDir: filepath.Join(e.cfg.StateDir, "runtime"),
-		LogWriter: testenv.LogWriter(t), LayersDir: testenv.LayersDir(), Network: nm,
+		LogWriter: testenv.LogWriter(t), NetHook: testenv.NetHook(t), LayersDir: testenv.LayersDir(), Network: nm,
+		UserNamespaces: testenv.UserNamespaces(t, e.cfg.UserNS.Enabled),
 	})
 	if err != nil {
 		t.Fatalf("runtime: %v", err)

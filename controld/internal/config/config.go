@@ -46,7 +46,18 @@ type Config struct {
 	Containerd Containerd `toml:"containerd"`
 	Tracing    Tracing    `toml:"tracing"`
 	Network    Network    `toml:"network"`
+	UserNS     UserNS     `toml:"userns"`
 	Log        Log        `toml:"log"`
+}
+
+// UserNS configures the sandboxes' user namespaces (docs/security.md,
+// "User namespaces").
+type UserNS struct {
+	// Enabled runs every sandbox in a user namespace of its own, mapped to
+	// a range of host ids no other sandbox holds (from the subordinate ids
+	// of "forkfleet" in /etc/subuid and /etc/subgid); false: sandboxes run
+	// in the host's user namespace, root in a sandbox is root on the host.
+	Enabled bool `toml:"enabled"`
 }
 
 // Log configures controld's own log (stderr; the journal under systemd).

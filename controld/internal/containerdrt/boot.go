@@ -73,19 +73,25 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 	if err != nil {
 		return nil, err
 	}
+	rng, err := r.takeRange(ctx, spec.ID)
+	if err != nil {
+		return nil, err
+	}
 	nsb, err := r.setupNetwork(ctx, spec, false)
 	if err != nil {
+		r.releaseRange(spec.ID, rng)
 		return nil, err
 	}
 	c, err := r.client.NewContainer(ctx, spec.ID,
 		client.WithImage(img),
 		client.WithSnapshotter(r.cfg.Snapshotter),
-		client.WithNewSnapshot(spec.ID, img),
+		client.WithNewSnapshot(spec.ID, img, snapshotOpts(rng)...),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
-		client.WithNewSpec(r.sandboxSpecOpts(oci.WithImageConfig(img), spec, criuOpts, nsb, runLayoutRootfs)...),
+		client.WithNewSpec(r.sandboxSpecOpts(oci.WithImageConfig(img), spec, criuOpts, nsb, rng, runLayoutRootfs)...),
 		client.WithContainerLabels(withImageDigest(r.labelsOf(spec), img.Target().Digest.String())),
 	)
 	if err != nil {
+		r.releaseRange(spec.ID, rng) // the container was not made: its range is not its spec's
 		if !cerrdefs.IsAlreadyExists(err) {
 			r.cleanup(ctx, spec.ID, nil, nil, true)
 		} else {
@@ -230,7 +236,8 @@ func unpackKey(img client.Image) string {
 }
 
 // cleanup removes what a failed or deleted sandbox left: task, container,
-// snapshot (key id), cgroups, log. It runs past the caller's ctx.
+// snapshot (key id), cgroups, log, its user namespace range and a fork's
+// image directory. It runs past the caller's ctx.
 func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t client.Task, removeLog bool) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
@@ -242,6 +249,17 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 		}
 	}
 	if c != nil {
+		// Its processes are gone: its range may go to another sandbox.
+		if t == nil || len(errs) == 0 {
+			if err := r.releaseRangeOf(ctx, id, c); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if info, err := c.Info(ctx, client.WithoutRefreshedMetadata); err == nil {
+			if err := r.removeForkImages(id, info.Labels); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete container: %w", err))
 		}

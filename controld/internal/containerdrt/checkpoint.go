@@ -192,6 +192,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	}
 
 	copier := newLayerCopier(srcUpper, dstUpper)
+	if copier.owner, err = rangeOfContainer(info); err != nil {
+		return res, err
+	}
 	t := time.Now()
 	if err := copier.First(ctx); err != nil {
 		return res, fmt.Errorf("copy writable layer: %w", layerCopyErr(err))
@@ -437,6 +440,9 @@ func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir stri
 		err = r.dumpRunc(ctx, id, imageDir, work)
 	}
 	if err == nil {
+		if err := shareImages(imageDir); err != nil {
+			return fmt.Errorf("sandbox %s: checkpoint images: %w: %w", id, errdefs.ErrInternal, err)
+		}
 		return nil
 	}
 	logPath := filepath.Join(work, "dump.log")

@@ -66,6 +66,10 @@ const seccompRootsFile = "seccomp-roots.v2"
 type processPolicy struct {
 	caps  uint64          // bounding set of the host's sandbox spec
 	roots map[string]bool // sha256 of the first seccomp filters the host installs
+	// userns: the host runs sandboxes in user namespaces of their own, and
+	// so must the images (CRIU makes the one the images say, and the host's
+	// sandboxes without one otherwise run in the host's).
+	userns bool
 }
 
 // seccompRoots is the set of first seccomp filters this host's sandboxes
@@ -201,6 +205,9 @@ func enosysStubLen(prog []byte) int {
 // checkProcessState refuses CRIU images whose threads would hold more than
 // pol allows once restored.
 func checkProcessState(imageDir string, pol processPolicy) error {
+	if _, err := checkImagesLayout(imageDir, pol.userns); err != nil {
+		return err
+	}
 	filters, err := readSeccompFilters(imageDir)
 	if err != nil {
 		return err
@@ -385,7 +392,7 @@ func (r *Runtime) processPolicy(ctx context.Context, image string) (processPolic
 		return processPolicy{}, err
 	}
 	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: "forkfleet-policy"},
-		r.sandboxSpecOpts(withImageProcess(proc), fleet.BootSpec{ID: "forkfleet-policy"}, nil, network.Sandbox{}, runLayoutRootfs)...)
+		r.sandboxSpecOpts(withImageProcess(proc), fleet.BootSpec{ID: "forkfleet-policy"}, nil, network.Sandbox{}, nil, runLayoutRootfs)...)
 	if err != nil {
 		return processPolicy{}, fmt.Errorf("host policy: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -395,7 +402,7 @@ func (r *Runtime) processPolicy(ctx context.Context, image string) (processPolic
 			caps |= 1 << i
 		}
 	}
-	pol := processPolicy{caps: caps, roots: r.seccomp.snapshot()}
+	pol := processPolicy{caps: caps, roots: r.seccomp.snapshot(), userns: r.cfg.UserNamespaces != nil}
 	if len(pol.roots) == 0 {
 		if err := r.learnSeccomp(ctx, image); err != nil {
 			return processPolicy{}, fmt.Errorf("learn this host's seccomp filter: %w", err)

@@ -400,6 +400,9 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 		if err := checkProcessState(filepath.Join(dir, criuImageDir), pol); err != nil {
 			return ref, nil, fmt.Errorf("import %s: %w", name, err)
 		}
+		if err := shareImages(filepath.Join(dir, criuImageDir)); err != nil {
+			return ref, nil, fmt.Errorf("import %s: %w: %w", name, errdefs.ErrInternal, err)
+		}
 	}
 
 	meta.Snapshot = committed

@@ -52,18 +52,27 @@ func integration(t *testing.T) {
 	testenv.RealStack(t)
 }
 
-func newTestRuntime(t *testing.T, namespace string) *Runtime {
+// newTestRuntime is a runtime in namespace whose sandboxes run as
+// controld's do by default (user namespaces of their own); opts change its
+// configuration.
+func newTestRuntime(t *testing.T, namespace string, opts ...func(*Config)) *Runtime {
 	t.Helper()
 	state := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, err := New(ctx, Config{
+	cfg := Config{
 		Address:        testenv.Address(),
 		Namespace:      testenv.Namespace(namespace),
 		StateDir:       state,
 		CheckpointRoot: filepath.Join(state, "checkpoints"),
 		CgroupParent:   testenv.CgroupParent(testCgroupParent),
-	})
+		NetHook:        testenv.NetHook(t),
+		UserNamespaces: testenv.UserNamespaces(t),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	r, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("New: %v (is containerd up at %s?)", err, testenv.Address())
 	}

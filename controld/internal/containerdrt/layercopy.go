@@ -4,6 +4,7 @@ package containerdrt
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 // racyWindow: a file whose ctime is this close to (or after) the start of
@@ -56,6 +58,11 @@ type layerCopier struct {
 	links    map[inode]string     // source inode -> relative path in dst
 	start    time.Time            // when the first pass began
 	buf      []byte
+	// owner, when set, is the range of the sandbox whose layer is copied:
+	// its writable layer holds host ids, a committed layer the sandbox's
+	// own (as image layers do), which every fork mounts idmapped with its
+	// own range.
+	owner *userns.Range
 
 	second bool
 	racy   unix.Timespec
@@ -145,7 +152,7 @@ func (lc *layerCopier) walk(ctx context.Context, second bool) error {
 	root := &dirNode{rel: ".", src: src, dst: dst}
 	cur := statOf(&st)
 	if prev, ok := lc.seen["."]; !second || !ok || prev != cur || !timespecBefore(cur.ctime, lc.racy) {
-		if err := copyMetaFd(src, dst, &st); err != nil {
+		if err := lc.copyMetaFd(src, dst, &st); err != nil {
 			return fmt.Errorf("copy .: %w", err)
 		}
 		root.dirty = true
@@ -320,9 +327,9 @@ func (lc *layerCopier) copyEntry(ctx context.Context, d *dirNode, name string, d
 	case unix.S_IFREG:
 		err = lc.copyFile(d.src, dfd, name, &st)
 	case unix.S_IFLNK:
-		err = copySymlink(d.src, dfd, name, &st)
+		err = lc.copySymlink(d.src, dfd, name, &st)
 	case unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO:
-		err = copyNode(d.src, dfd, name, &st)
+		err = lc.copyNode(d.src, dfd, name, &st)
 	default:
 		return false, fmt.Errorf("unsupported file type %o", typ)
 	}
@@ -385,7 +392,7 @@ func (lc *layerCopier) copySubdir(ctx context.Context, d *dirNode, name, rel str
 		if child.dst, err = unix.Openat(pfd, name, openDir, 0); err != nil {
 			return false, err
 		}
-		if err := copyMetaFd(sfd, child.dst, &st); err != nil {
+		if err := lc.copyMetaFd(sfd, child.dst, &st); err != nil {
 			return false, err
 		}
 		child.dirty = true
@@ -469,7 +476,7 @@ func (lc *layerCopier) copyFile(sdir, ddir int, name string, st *unix.Stat_t) er
 	if err := lc.copyData(out, in); err != nil {
 		return err
 	}
-	if err := copyMetaFd(sfd, dfd, st); err != nil {
+	if err := lc.copyMetaFd(sfd, dfd, st); err != nil {
 		return err
 	}
 	return setTimesFd(dfd, st)
@@ -517,7 +524,7 @@ func (lc *layerCopier) copyData(out, in *os.File) error {
 
 // copySymlink copies a symlink as a symlink (its target is data: it is
 // never resolved).
-func copySymlink(sdir, ddir int, name string, st *unix.Stat_t) error {
+func (lc *layerCopier) copySymlink(sdir, ddir int, name string, st *unix.Stat_t) error {
 	target, err := readlinkat(sdir, name)
 	if err != nil {
 		return err
@@ -525,16 +532,16 @@ func copySymlink(sdir, ddir int, name string, st *unix.Stat_t) error {
 	if err := unix.Symlinkat(target, ddir, name); err != nil {
 		return err
 	}
-	return copyMetaAt(sdir, ddir, name, st)
+	return lc.copyMetaAt(sdir, ddir, name, st)
 }
 
 // copyNode copies a device node or FIFO (overlay whiteouts are 0/0
 // character devices); nothing is opened.
-func copyNode(sdir, ddir int, name string, st *unix.Stat_t) error {
+func (lc *layerCopier) copyNode(sdir, ddir int, name string, st *unix.Stat_t) error {
 	if err := unix.Mknodat(ddir, name, st.Mode, int(st.Rdev)); err != nil {
 		return err
 	}
-	return copyMetaAt(sdir, ddir, name, st)
+	return lc.copyMetaAt(sdir, ddir, name, st)
 }
 
 func readlinkat(dir int, name string) (string, error) {
@@ -553,11 +560,12 @@ func readlinkat(dir int, name string) (string, error) {
 // copyMetaFd copies owner, xattrs (overlay's opaque/redirect markers, file
 // capabilities) and permission bits between open files. chown clears
 // setuid bits and file capabilities, so it goes first.
-func copyMetaFd(src, dst int, st *unix.Stat_t) error {
-	if err := unix.Fchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+func (lc *layerCopier) copyMetaFd(src, dst int, st *unix.Stat_t) error {
+	uid, gid := lc.ownerOf(st)
+	if err := unix.Fchown(dst, int(uid), int(gid)); err != nil {
 		return err
 	}
-	if err := copyXattrs(fdXattrs{src}, fdXattrs{dst}); err != nil {
+	if err := copyXattrs(fdXattrs{src}, fdXattrs{dst}, lc.xattrValue); err != nil {
 		return err
 	}
 	return unix.Fchmod(dst, st.Mode&0o7777)
@@ -565,11 +573,12 @@ func copyMetaFd(src, dst int, st *unix.Stat_t) error {
 
 // copyMetaAt is copyMetaFd for entries that are not opened (symlinks,
 // device nodes), named in open directories, followed by their times.
-func copyMetaAt(sdir, ddir int, name string, st *unix.Stat_t) error {
-	if err := unix.Fchownat(ddir, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+func (lc *layerCopier) copyMetaAt(sdir, ddir int, name string, st *unix.Stat_t) error {
+	uid, gid := lc.ownerOf(st)
+	if err := unix.Fchownat(ddir, name, int(uid), int(gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return err
 	}
-	if err := copyXattrs(atXattrs{sdir, name}, atXattrs{ddir, name}); err != nil {
+	if err := copyXattrs(atXattrs{sdir, name}, atXattrs{ddir, name}, lc.xattrValue); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
@@ -578,6 +587,31 @@ func copyMetaAt(sdir, ddir int, name string, st *unix.Stat_t) error {
 		}
 	}
 	return unix.UtimesNanoAt(ddir, name, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// ownerOf is the owner a copied entry gets: the source's, in the
+// sandbox's own ids when its layer holds host ids (owner).
+func (lc *layerCopier) ownerOf(st *unix.Stat_t) (uint32, uint32) {
+	if lc.owner == nil {
+		return st.Uid, st.Gid
+	}
+	return lc.owner.SandboxIDs(st.Uid, st.Gid)
+}
+
+// xattrValue is the value an xattr is copied with. A namespaced file
+// capability (version 3) names the host uid of the root it applies to: in
+// the sandbox's own ids it applies to whichever root mounts the layer (the
+// kernel stores root 0 as version 2).
+func (lc *layerCopier) xattrValue(name string, val []byte) []byte {
+	const capV3, capV3Size = 0x03000000, 24
+	if lc.owner == nil || name != "security.capability" || len(val) != capV3Size ||
+		binary.LittleEndian.Uint32(val)&0xff000000 != capV3 {
+		return val
+	}
+	root, _ := lc.owner.SandboxIDs(binary.LittleEndian.Uint32(val[20:]), lc.owner.GID)
+	out := slices.Clone(val)
+	binary.LittleEndian.PutUint32(out[20:], root)
+	return out
 }
 
 func setTimesFd(fd int, st *unix.Stat_t) error {
@@ -631,7 +665,7 @@ func (p pathXattrs) set(name string, val []byte) error {
 }
 func (p pathXattrs) remove(name string) error { return unix.Lremovexattr(string(p), name) }
 
-func copyXattrs(src, dst xattrFile) error {
+func copyXattrs(src, dst xattrFile, value func(name string, val []byte) []byte) error {
 	names, err := listXattrs(src)
 	if err != nil {
 		return err
@@ -646,7 +680,7 @@ func copyXattrs(src, dst xattrFile) error {
 			}
 			return fmt.Errorf("get xattr %s: %w", name, err)
 		}
-		if err := dst.set(name, val); err != nil {
+		if err := dst.set(name, value(name, val)); err != nil {
 			return fmt.Errorf("set xattr %s: %w", name, err)
 		}
 	}

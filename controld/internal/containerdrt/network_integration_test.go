@@ -126,6 +126,7 @@ func newEgressRuntime(t *testing.T, out *nettest.Outside) *Runtime {
 	r, err := New(ctx, Config{
 		Address: testenv.Address(), Namespace: testenv.Namespace(testNamespace), StateDir: state,
 		CheckpointRoot: filepath.Join(state, "checkpoints"), CgroupParent: testenv.CgroupParent(testCgroupParent), Network: nm,
+		NetHook: testenv.NetHook(t), UserNamespaces: testenv.UserNamespaces(t),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
 
@@ -86,6 +87,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.C
 		err = fmt.Errorf("%w%s", err, criuLogErrors(filepath.Join(work, "restore.log"), "criu restore.log"))
 	}
 	os.RemoveAll(work)
+	os.RemoveAll(forkImagesDir(from.Dir, spec.ID)) // restored: CRIU read them
 	if err == nil && from.Tier == fleet.TierMemory {
 		// Connections to the outside were restored with the rest (CRIU
 		// tcp-established, so those within the sandbox survive): their
@@ -139,18 +141,42 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	if err != nil {
 		return nil, err
 	}
-	nsb, err := r.setupNetwork(ctx, spec, from.Tier == fleet.TierMemory)
+	rng, err := r.takeRange(ctx, spec.ID)
 	if err != nil {
 		return nil, err
 	}
-	// The whole spec from this host's policy and the checkpoint's (pinned)
-	// image, with the fork's own cgroup, limits, network namespace and
-	// identity, as for a boot: nothing of the checkpoint's spec.json (whose
-	// capabilities, seccomp profile, mounts and devices are its writer's).
-	// Only process state (CRIU images) and the layer come from a checkpoint.
-	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: spec.ID},
-		r.sandboxSpecOpts(withImageProcess(proc), spec, criuOpts, nsb, meta.RunLayout)...)
+	// A memory-tier fork restores from its own view of the images (its
+	// range's user namespace), made before anything else of it.
+	var restore *restorePaths
+	if from.Tier == fleet.TierMemory {
+		images, err := forkImages(from.Dir, spec.ID, rng)
+		if err != nil {
+			r.releaseRange(spec.ID, rng)
+			return nil, err
+		}
+		restore = &restorePaths{image: images, work: r.restoreWorkDir(spec.ID)}
+	}
+	// What is made before the container goes with it on error.
+	undo := func() {
+		r.releaseRange(spec.ID, rng)
+		os.RemoveAll(forkImagesDir(from.Dir, spec.ID))
+	}
+	nsb, err := r.setupNetwork(ctx, spec, from.Tier == fleet.TierMemory)
 	if err != nil {
+		undo()
+		return nil, err
+	}
+	// The whole spec from this host's policy and the checkpoint's (pinned)
+	// image, with the fork's own cgroup, limits, network namespace, user
+	// namespace and identity, as for a boot: nothing of the checkpoint's
+	// spec.json (whose capabilities, seccomp profile, mounts and devices are
+	// its writer's). Only process state (CRIU images, the user namespace's
+	// mappings rewritten to the fork's range) and the layer come from a
+	// checkpoint.
+	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: spec.ID},
+		r.sandboxSpecOpts(withImageProcess(proc), spec, criuOpts, nsb, rng, meta.RunLayout)...)
+	if err != nil {
+		undo()
 		r.cleanup(ctx, spec.ID, nil, nil, true)
 		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -159,16 +185,15 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	labels[labelCheckpoint] = from.Dir
 	labels[labelTier] = meta.Tier
 
-	var restore *restorePaths
-	if from.Tier == fleet.TierMemory {
-		restore = &restorePaths{image: filepath.Join(from.Dir, criuImageDir), work: r.restoreWorkDir(spec.ID)}
+	if restore != nil {
 		if err := os.RemoveAll(restore.work); err != nil {
+			undo()
 			r.cleanup(ctx, spec.ID, nil, nil, true)
 			return nil, fmt.Errorf("restore work dir: %w: %w", errdefs.ErrInternal, err)
 		}
 	}
 	opts := []client.NewContainerOpts{
-		withForkSnapshot(r.cfg.Snapshotter, spec.ID, meta.Snapshot),
+		withForkSnapshot(r.cfg.Snapshotter, spec.ID, meta.Snapshot, snapshotOpts(rng)...),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
 		client.WithSpec(s),
 		client.WithContainerLabels(labels),
@@ -178,6 +203,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	}
 	c, err := r.client.NewContainer(ctx, spec.ID, opts...)
 	if err != nil {
+		undo()
 		if !cerrdefs.IsAlreadyExists(err) {
 			r.cleanup(ctx, spec.ID, nil, nil, true)
 		} else {
@@ -191,9 +217,9 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 // withForkSnapshot prepares the fork's writable snapshot on top of the
 // committed checkpoint layer inside NewContainer, so NewContainer's lease
 // covers it until the container record references it.
-func withForkSnapshot(snapshotter, key, parent string) client.NewContainerOpts {
+func withForkSnapshot(snapshotter, key, parent string, opts ...snapshots.Opt) client.NewContainerOpts {
 	return func(ctx context.Context, c *client.Client, ctr *containers.Container) error {
-		if _, err := c.SnapshotService(snapshotter).Prepare(ctx, key, parent); err != nil {
+		if _, err := c.SnapshotService(snapshotter).Prepare(ctx, key, parent, opts...); err != nil {
 			return err
 		}
 		ctr.Snapshotter = snapshotter

@@ -29,6 +29,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 // Defaults for Config fields left empty.
@@ -114,26 +115,45 @@ type Config struct {
 	// LogWriter is the logging binary (forkfleet-log) the shim starts for
 	// every task with a log budget (BootSpec.LogBytes); see LogWriterPath.
 	LogWriter string
+	// NetHook is the hook (forkfleet-nethook) runc runs once it has made a
+	// sandbox's namespaces, at a boot and at a restore, to finish its
+	// network (network.Attach); see NetHookPath. Required.
+	NetHook string
 	// Network sets up every sandbox's network namespace (see package
 	// network); nil: a manager of mode none only, under StateDir/net.
 	Network *network.Manager
+	// UserNamespaces, when set, runs every sandbox in a user namespace of
+	// its own, mapped to a range of host ids reserved for it (userns.go);
+	// nil: sandboxes run in the host's user namespace.
+	UserNamespaces *userns.Pool
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// LogWriterName is the log writer's binary, installed beside controld.
-const LogWriterName = "forkfleet-log"
+// The helper binaries installed beside controld: the log writer the shim
+// runs for every sandbox's stdio, and the hook runc runs for every
+// sandbox's network.
+const (
+	LogWriterName = "forkfleet-log"
+	NetHookName   = "forkfleet-nethook"
+)
 
-// LogWriterPath finds the log writer for a binary at exe: beside it (as
-// make build and deploy/controld-up.sh put it), else on PATH.
-func LogWriterPath(exe string) (string, error) {
-	p := filepath.Join(filepath.Dir(exe), LogWriterName)
+// LogWriterPath finds the log writer for a binary at exe (helperPath).
+func LogWriterPath(exe string) (string, error) { return helperPath(exe, LogWriterName) }
+
+// NetHookPath finds the network hook for a binary at exe (helperPath).
+func NetHookPath(exe string) (string, error) { return helperPath(exe, NetHookName) }
+
+// helperPath finds helper name for a binary at exe: beside it (as make
+// build and deploy/controld-up.sh put it), else on PATH.
+func helperPath(exe, name string) (string, error) {
+	p := filepath.Join(filepath.Dir(exe), name)
 	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
 		return p, nil
 	}
-	p, err := exec.LookPath(LogWriterName)
+	p, err := exec.LookPath(name)
 	if err != nil {
-		return "", fmt.Errorf("%s is neither beside %s nor on PATH (make build; deploy/controld-up.sh installs it beside controld): %w", LogWriterName, exe, err)
+		return "", fmt.Errorf("%s is neither beside %s nor on PATH (make build; deploy/controld-up.sh installs it beside controld): %w", name, exe, err)
 	}
 	return filepath.Abs(p)
 }
@@ -217,6 +237,9 @@ func (c *Config) validate() error {
 	if c.LogWriter != "" && !filepath.IsAbs(c.LogWriter) {
 		return errdefs.InvalidField("log_writer", "%q is not an absolute path (the shim runs it)", c.LogWriter)
 	}
+	if !filepath.IsAbs(c.NetHook) {
+		return errdefs.InvalidField("net_hook", "%q is not an absolute path (runc runs it; NetHookPath finds it)", c.NetHook)
+	}
 	if c.RunTmpfsBytes < 0 || c.DevShmBytes < 0 {
 		return errdefs.InvalidField("tmpfs_bytes", "tmpfs sizes must not be negative (run %d, dev %d)", c.RunTmpfsBytes, c.DevShmBytes)
 	}
@@ -291,13 +314,6 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := writeFileAtomic(criuConfig, []byte(strings.Join(criuOpts, "\n")+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("containerdrt: criu config: %w", err)
 	}
-	emptyDir := filepath.Join(cfg.StateDir, "empty")
-	if err := os.MkdirAll(emptyDir, 0o555); err != nil {
-		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
-	}
-	if err := os.Chmod(emptyDir, 0o555); err != nil {
-		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
-	}
 	netm, ownsNet := cfg.Network, false
 	if netm == nil {
 		var err error
@@ -305,6 +321,18 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("containerdrt: %w", err)
 		}
 		ownsNet = true
+	}
+	// Beside the resolver file: what sandboxes bind-mount from the host.
+	emptyDir := filepath.Join(netm.ShareDir(), "empty")
+	err := os.MkdirAll(emptyDir, 0o555)
+	if err == nil {
+		err = os.Chmod(emptyDir, 0o555)
+	}
+	if err != nil {
+		if ownsNet {
+			netm.Close()
+		}
+		return nil, fmt.Errorf("containerdrt: empty dir: %w", err)
 	}
 	c, err := client.New(cfg.Address,
 		client.WithDefaultNamespace(cfg.Namespace),
@@ -341,6 +369,17 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			netm.Close()
 		}
 		return nil, fmt.Errorf("containerdrt: containerd at %s: %w", cfg.Address, convertErr(err))
+	}
+	if cfg.UserNamespaces != nil {
+		if err := r.checkIDMappedSnapshots(r.ctx(ctx)); err != nil {
+			c.Close()
+			if ownsNet {
+				netm.Close()
+			}
+			return nil, fmt.Errorf("containerdrt: %w", err)
+		}
+		// Reservations of sandboxes that are gone (a crash, a killed test).
+		cfg.UserNamespaces.Reclaim(func(owner string) bool { return r.ownerGone(r.ctx(ctx), owner) })
 	}
 	return r, nil
 }

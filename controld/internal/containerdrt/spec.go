@@ -19,6 +19,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 // Environment variables guestd reads.
@@ -64,6 +65,10 @@ var droppedCaps = []string{
 }
 
 const cpuPeriod = 100_000 // µs
+
+// netHookTimeout bounds the network hook (seconds): runc fails the create
+// or restore past it. The hook takes about a millisecond.
+const netHookTimeout = 10
 
 // CPU weight (cgroup v2's cpu.weight, 1..10000, 100 an ordinary process) as
 // cgroup v1 cpu.shares (2..262144, 1024 an ordinary process): linear, so
@@ -188,8 +193,9 @@ const resolvConfPath = "/etc/resolv.conf"
 
 // withSandbox applies what every sandbox (booted or forked) gets: its own
 // cgroup, limits, tmpfs sizes, capabilities, the CRIU config annotation and
-// its network namespace (made by controld, lo up; in mode egress with the
-// resolver file of the sandbox's DNS stub).
+// its network: a namespace of its own, made by runc (or CRIU) and finished
+// by the network hook (in mode egress with the resolver file of the
+// sandbox's DNS stub).
 func (r *Runtime) withSandbox(spec fleet.BootSpec, nsb network.Sandbox) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Linux == nil {
@@ -234,17 +240,25 @@ func (r *Runtime) withSandbox(spec fleet.BootSpec, nsb network.Sandbox) oci.Spec
 		}
 		s.Linux.Resources = res
 
-		// The namespace controld made for this sandbox, by path: runc joins
-		// it at boot, and runc and CRIU treat it as external on checkpoint
-		// and restore (a fork's processes are restored into its own, set up
-		// like its source's). Replace any path a source spec carried.
+		// A network namespace of its own, made by runc at a boot and by
+		// CRIU at a restore, inside the sandbox's user namespace; runc then
+		// runs the network hook (createRuntime: after the namespaces exist,
+		// before the sandbox's process runs; on CRIU's setup-namespaces
+		// notification at a restore), which pins it and finishes the
+		// network controld prepared (network.Attach). No other hook runs.
 		nss := s.Linux.Namespaces[:0]
 		for _, ns := range s.Linux.Namespaces {
 			if ns.Type != specs.NetworkNamespace {
 				nss = append(nss, ns)
 			}
 		}
-		s.Linux.Namespaces = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: nsb.NetNS})
+		s.Linux.Namespaces = append(nss, specs.LinuxNamespace{Type: specs.NetworkNamespace})
+		timeout := netHookTimeout
+		s.Hooks = &specs.Hooks{CreateRuntime: []specs.Hook{{
+			Path:    r.cfg.NetHook,
+			Args:    append([]string{NetHookName}, nsb.HookArgs...),
+			Timeout: &timeout,
+		}}}
 
 		mounts := s.Mounts[:0]
 		for _, m := range s.Mounts {
@@ -337,14 +351,14 @@ func setSizeOption(opts []string, size int64) []string {
 	return append(out, "size="+strconv.FormatInt(size, 10))
 }
 
-// sandboxSpecOpts builds the OCI spec of a sandbox from this host's policy
-// and its image alone: a fresh boot (image: oci.WithImageConfig) and every
+// sandboxSpecOpts builds the OCI spec of a sandbox from this host's policy,
+// its image and its user namespace range (nil: the host's) alone: a fresh boot (image: oci.WithImageConfig) and every
 // restore (image: withImageProcess; a checkpoint's spec is never reused: an
 // imported one is whatever its writer wanted, capabilities and host mounts
 // included). Only runLayout comes from a checkpoint, and it picks between
 // two local layouts. The seccomp profile comes last: containerd's default
 // profile depends on the capabilities.
-func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, runLayout string) []oci.SpecOpts {
+func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, rng *userns.Range, runLayout string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		image,
 		withImageCRIUOptions(criuOpts),
@@ -355,7 +369,7 @@ func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec fleet.BootSpec, criuO
 	if runLayout == runLayoutRootfs {
 		opts = append(opts, withRunOnRootfs)
 	}
-	opts = append(opts, r.withSandbox(spec, nsb))
+	opts = append(opts, r.withSandbox(spec, nsb), withUserNamespace(rng))
 	return append(opts, seccomp.WithDefaultProfile())
 }
 

@@ -28,7 +28,7 @@ import (
 )
 
 func testRuntimeConfig(t *testing.T) *Runtime {
-	cfg := Config{Address: "/nonexistent.sock", StateDir: t.TempDir(), CheckpointRoot: "/var/lib/ck"}
+	cfg := Config{Address: "/nonexistent.sock", StateDir: t.TempDir(), CheckpointRoot: "/var/lib/ck", NetHook: "/usr/local/bin/forkfleet-nethook"}
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
@@ -38,12 +38,14 @@ func testRuntimeConfig(t *testing.T) *Runtime {
 
 func TestConfigValidate(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"no address":         {},
-		"relative state":     {Address: "/a", StateDir: "state"},
-		"bad namespace":      {Address: "/a", Namespace: "no spaces"},
-		"relative ckpt":      {Address: "/a", CheckpointRoot: "ck"},
-		"multiline options":  {Address: "/a", CRIUOptions: []string{"tcp-close\nshell-job"}},
-		"negative /dev size": {Address: "/a", DevShmBytes: -1},
+		"no address":         {NetHook: "/h"},
+		"relative state":     {Address: "/a", NetHook: "/h", StateDir: "state"},
+		"bad namespace":      {Address: "/a", NetHook: "/h", Namespace: "no spaces"},
+		"relative ckpt":      {Address: "/a", NetHook: "/h", CheckpointRoot: "ck"},
+		"multiline options":  {Address: "/a", NetHook: "/h", CRIUOptions: []string{"tcp-close\nshell-job"}},
+		"negative /dev size": {Address: "/a", NetHook: "/h", DevShmBytes: -1},
+		"no network hook":    {Address: "/a"},
+		"relative hook":      {Address: "/a", NetHook: "forkfleet-nethook"},
 	} {
 		cfg.setDefaults()
 		if err := cfg.validate(); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -121,7 +123,8 @@ func TestWithSandboxSpec(t *testing.T) {
 		},
 	}
 	spec := fleet.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20, Network: fleet.NetworkSpec{Mode: network.ModeEgress}}
-	nsb := network.Sandbox{NetNS: "/run/forkfleet/net/ns/fork-1", ResolvConf: "/run/forkfleet/net/resolv.conf"}
+	nsb := network.Sandbox{NetNS: "/run/forkfleet/net/ns/fork-1", ResolvConf: "/run/forkfleet/net/resolv.conf",
+		HookArgs: []string{"-pin", "/run/forkfleet/net/ns/fork-1", "-router", "/run/forkfleet/net/ns/fork-1.rt"}}
 	if err := r.withSandbox(spec, nsb)(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
@@ -140,8 +143,12 @@ func TestWithSandboxSpec(t *testing.T) {
 			netns = append(netns, ns)
 		}
 	}
-	if len(netns) != 1 || netns[0].Path != nsb.NetNS {
-		t.Errorf("network namespaces %+v, want only the fork's own %s", netns, nsb.NetNS)
+	if len(netns) != 1 || netns[0].Path != "" {
+		t.Errorf("network namespaces %+v, want one of the fork's own, made by runc (no path)", netns)
+	}
+	if h := s.Hooks; h == nil || len(h.CreateRuntime) != 1 || len(h.Prestart)+len(h.CreateContainer)+len(h.StartContainer)+len(h.Poststart)+len(h.Poststop) != 0 ||
+		h.CreateRuntime[0].Path != r.cfg.NetHook || !slices.Equal(h.CreateRuntime[0].Args, append([]string{NetHookName}, nsb.HookArgs...)) {
+		t.Errorf("hooks %+v, want only the network hook with %v", h, nsb.HookArgs)
 	}
 	if !hasMount(s, resolvConfPath) || s.Annotations[networkAnnotation] != "egress" {
 		t.Errorf("egress sandbox: no resolver mount or mode annotation: %+v %v", s.Mounts, s.Annotations)

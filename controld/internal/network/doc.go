@@ -1,8 +1,10 @@
 // Package network is controld's sandbox networking: the network namespace
-// of every sandbox, created by controld before the sandbox's processes run
-// (runc and CRIU then treat it as external), and for the egress mode a
-// per-sandbox router namespace, its uplink to the host, NAT, a DNS stub and
-// the sandbox's policy in the host's nftables table.
+// of every sandbox, made by runc (a boot) or CRIU (a restore) inside the
+// sandbox's user namespace and finished by the network hook runc runs
+// before any process of the sandbox does (Attach, forkfleet-nethook), and
+// for the egress mode a per-sandbox router namespace, its uplink to the
+// host, NAT, a DNS stub and the sandbox's policy in the host's nftables
+// table, prepared by controld beforehand (Setup).
 //
 // Layout (mode egress; none has only the first namespace, with lo up):
 //
@@ -22,6 +24,7 @@
 // policy (forward); controld answers DNS for the sandbox from a socket it
 // owns in the router namespace and forwards the queries to the host's
 // resolver. State that must survive a controld restart lives in RunDir
-// (namespace bind mounts, one JSON file per sandbox) and in the table;
+// (namespace bind mounts, the sandbox's made by the hook, one JSON file per
+// sandbox) and in the table;
 // Prune removes what no live sandbox owns.
 package network

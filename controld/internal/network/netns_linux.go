@@ -44,9 +44,19 @@ func newNetns(path string) error {
 	return nil
 }
 
-// removeNetns unmounts and removes a namespace made by newNetns; the
-// namespace itself goes once nothing else holds it. A missing path is not
-// an error.
+// newPin makes the empty file a sandbox's network namespace is bound to
+// once the namespace exists (Attach).
+func newPin(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// removeNetns unmounts and removes a namespace made by newNetns, or a pin
+// (bound or not); the namespace itself goes once nothing else holds it. A
+// missing path is not an error.
 func removeNetns(path string) error {
 	err := unix.Unmount(path, unix.MNT_DETACH)
 	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {

@@ -36,6 +36,7 @@ var (
 // Defaults of Config.
 const (
 	DefaultRunDir   = "/run/forkfleet/net"
+	DefaultShareDir = "/run/forkfleet/share"
 	DefaultTable    = "forkfleet"
 	DefaultIfPrefix = "ffh"
 )
@@ -56,6 +57,13 @@ type Config struct {
 	// RunDir holds the namespace bind mounts (ns/) and one state file per
 	// sandbox; it belongs on a tmpfs (namespaces do not outlive a reboot).
 	RunDir string
+	// ShareDir holds what sandboxes bind-mount from the host (the resolver
+	// file of egress sandboxes, and the runtime's empty directory over
+	// masked paths): any sandbox's root reaches it by path (CRIU binds them
+	// from inside a restored sandbox's user namespace), so it is
+	// world-readable and holds nothing else; the same for every manager on
+	// the host (its content is constant).
+	ShareDir string
 	// Table is the host's nftables table (family inet) owned by this
 	// manager; IfPrefix starts the names of its host-side interfaces;
 	// UplinkCIDR is split into the sandboxes' /30 uplinks. Two managers on
@@ -102,7 +110,12 @@ type sandboxState struct {
 
 // Sandbox is what the runtime puts into a sandbox's OCI spec.
 type Sandbox struct {
-	NetNS      string // the network namespace's path
+	// NetNS is where the sandbox's network namespace is pinned once its
+	// hook ran (see Attach): what CloseOutside, DialPort and tests enter.
+	NetNS string
+	// HookArgs are the arguments of the sandbox's createRuntime hook,
+	// forkfleet-nethook (RunHook), after its name.
+	HookArgs   []string
 	ResolvConf string // bind-mount over /etc/resolv.conf ("" in mode none)
 }
 
@@ -111,6 +124,9 @@ type Sandbox struct {
 func New(cfg Config) (*Manager, error) {
 	if cfg.RunDir == "" {
 		cfg.RunDir = DefaultRunDir
+	}
+	if cfg.ShareDir == "" {
+		cfg.ShareDir = DefaultShareDir
 	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
@@ -133,10 +149,18 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UplinkCIDR = cfg.UplinkCIDR.Masked()
 	m := &Manager{
 		cfg: cfg, log: cfg.Logger, nsDir: filepath.Join(cfg.RunDir, "ns"),
-		resolv: filepath.Join(cfg.RunDir, "resolv.conf"),
+		resolv: filepath.Join(cfg.ShareDir, "resolv.conf"),
 		state:  map[string]*sandboxState{}, used: map[int]bool{}, dns: map[string]*dnsStub{},
 	}
 	if err := os.MkdirAll(m.nsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	// Searchable by every sandbox's root whatever controld's umask (0077
+	// under its unit).
+	if err := os.MkdirAll(cfg.ShareDir, 0o755); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	if err := os.Chmod(cfg.ShareDir, 0o755); err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	if err := writeFileAtomic(m.resolv, []byte("nameserver "+GatewayAddr.Addr().String()+"\noptions edns0\n"), 0o644); err != nil {
@@ -310,12 +334,20 @@ func (m *Manager) uplink(index int) (host, router netip.Prefix) {
 
 func (m *Manager) maxIndex() int { return 1 << (32 - m.cfg.UplinkCIDR.Bits() - 2) }
 
+// ShareDir returns the directory of what sandboxes bind-mount from the
+// host (Config.ShareDir).
+func (m *Manager) ShareDir() string { return m.cfg.ShareDir }
+
 // NetNS returns the path of a sandbox's network namespace.
 func (m *Manager) NetNS(id string) string { return m.netnsPath(id) }
 
-// Setup creates sandbox id's network: its namespace with lo up, and in mode
-// egress its router namespace, uplink, NAT, DNS stub and policy. On error
-// nothing is left. An id set up already is ErrAlreadyExists.
+// Setup prepares sandbox id's network: the pin its namespace will be bound
+// to, and in mode egress its router namespace, uplink, NAT, DNS stub and
+// policy, with the sandbox's end of its link parked in the router
+// namespace. The namespace itself is made by runc (boot) or CRIU (restore)
+// inside the sandbox's user namespace, and the hook (Sandbox.HookArgs)
+// finishes the network there (Attach). On error nothing is left. An id set
+// up already is ErrAlreadyExists.
 //
 // With hold, the sandbox's link is held down at its router until
 // FinishRestore or Connect. A restore needs that: a restored TCP connection
@@ -359,15 +391,17 @@ func (m *Manager) Setup(ctx context.Context, id string, mode Mode, policy Policy
 	if err := m.writeState(id, st); err != nil {
 		return sb, err
 	}
-	if err := m.setupNetns(id); err != nil {
+	if err := newPin(m.netnsPath(id)); err != nil {
 		return sb, fmt.Errorf("network of %s: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	sb.NetNS = m.netnsPath(id)
+	sb.HookArgs = []string{"-pin", sb.NetNS}
 	if mode == ModeEgress {
 		if err := m.setupEgress(id, st, hold); err != nil {
 			return sb, fmt.Errorf("network of %s: %w: %w", id, errdefs.ErrInternal, err)
 		}
 		sb.ResolvConf = m.resolv
+		sb.HookArgs = append(sb.HookArgs, "-router", m.routerPath(id))
 	}
 	return sb, nil
 }
@@ -381,23 +415,6 @@ func (m *Manager) writeState(id string, st *sandboxState) error {
 		return fmt.Errorf("network of %s: state: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	return nil
-}
-
-// setupNetns makes the sandbox's namespace and brings lo up: runc does that
-// for a namespace it creates at boot, but nothing does for the one a
-// restore gets, and a fork without loopback is not a copy.
-func (m *Manager) setupNetns(id string) error {
-	path := m.netnsPath(id)
-	if err := newNetns(path); err != nil {
-		return err
-	}
-	return withHandle(path, func(h *netlink.Handle) error {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return h.LinkSetUp(lo)
-	})
 }
 
 func withHandle(path string, fn func(*netlink.Handle) error) error {
@@ -415,17 +432,14 @@ func withHandle(path string, fn func(*netlink.Handle) error) error {
 }
 
 // setupEgress builds the router namespace and both links (see the package
-// doc), the router's NAT, the host's chain for the sandbox and its DNS stub.
+// doc; the sandbox's end of its link stays in the router namespace, down,
+// until Attach moves it in), the router's NAT, the host's chain for the
+// sandbox and its DNS stub.
 func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error {
-	sbPath, rtPath := m.netnsPath(id), m.routerPath(id)
+	rtPath := m.routerPath(id)
 	if err := newNetns(rtPath); err != nil {
 		return err
 	}
-	sbNS, err := netns.GetFromPath(sbPath)
-	if err != nil {
-		return err
-	}
-	defer sbNS.Close()
 	rtNS, err := netns.GetFromPath(rtPath)
 	if err != nil {
 		return err
@@ -454,12 +468,13 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 		return err
 	}
 
-	// Router side: the sandbox link (its other end goes straight into the
-	// sandbox's namespace), addresses, default route to the host, forwarding.
+	// Router side: the sandbox link (its other end parked here until the
+	// sandbox's namespace exists), addresses, default route to the host,
+	// forwarding.
 	err = withHandle(rtPath, func(h *netlink.Handle) error {
 		if err := h.LinkAdd(&netlink.Veth{
 			LinkAttrs: netlink.LinkAttrs{Name: routerIn, MTU: mtu},
-			PeerName:  sandboxIf, PeerMTU: uint32(mtu), PeerNamespace: netlink.NsFd(sbNS),
+			PeerName:  sandboxIf, PeerMTU: uint32(mtu),
 		}); err != nil {
 			return fmt.Errorf("sandbox link: %w", err)
 		}
@@ -495,20 +510,6 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 	}
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
-	}
-
-	// Sandbox side: address and default route; no IPv6 on the link.
-	err = withHandle(sbPath, func(h *netlink.Handle) error {
-		if err := linkAddr(h, sandboxIf, SandboxAddr, true); err != nil {
-			return err
-		}
-		return h.RouteAdd(&netlink.Route{Gw: net.IP(GatewayAddr.Addr().AsSlice())})
-	})
-	if err == nil {
-		err = inNetns(sbPath, func() error { return writeSysctl("net/ipv6/conf/"+sandboxIf+"/disable_ipv6", "1") })
-	}
-	if err != nil {
-		return fmt.Errorf("sandbox link: %w", err)
 	}
 
 	if err := m.setChain(st.Index, st.Policy, true); err != nil {

@@ -6,14 +6,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,6 +119,31 @@ func listenIn(t *testing.T, ns, addr string) net.Listener {
 	return ln
 }
 
+// attach does what runc and the network hook do for a sandbox: a process
+// in network and user namespaces of its own (a sandbox's init, root mapped
+// to an unprivileged host id), then the hook with its pid, as runc runs it.
+func attach(t *testing.T, sb Sandbox) {
+	t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWNET | syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 3 << 28, Size: 65536}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 3 << 28, Size: 65536}},
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	state := fmt.Sprintf(`{"ociVersion":"1.0.2","id":"x","status":"creating","pid":%d,"bundle":"/b"}`, cmd.Process.Pid)
+	if err := RunHook(sb.HookArgs, strings.NewReader(state)); err != nil {
+		t.Fatalf("hook %v: %v", sb.HookArgs, err)
+	}
+	// Run again (runc never does), the hook refuses: the pin is taken.
+	if err := RunHook(sb.HookArgs, strings.NewReader(state)); !errors.Is(err, errPinned) {
+		t.Errorf("second hook run: %v, want %v", err, errPinned)
+	}
+}
+
 func loUp(t *testing.T, ns string) bool {
 	t.Helper()
 	up := false
@@ -144,6 +172,7 @@ func TestRootSandboxNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	attach(t, none)
 	if !loUp(t, none.NetNS) {
 		t.Error("mode none: lo is down")
 	}
@@ -160,6 +189,8 @@ func TestRootSandboxNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	attach(t, open)
+	attach(t, closed)
 	if !loUp(t, open.NetNS) || open.ResolvConf == "" {
 		t.Errorf("egress sandbox: lo up %v, resolv.conf %q", loUp(t, open.NetNS), open.ResolvConf)
 	}

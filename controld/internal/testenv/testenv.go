@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 // Environment variables the real-stack tests read.
@@ -139,6 +140,23 @@ func ImportImage(ctx context.Context, c *client.Client, ns, name string) (string
 	return ref, nil
 }
 
+// UserNamespaces is the pool of user namespace ranges the tests' sandboxes
+// run in, as controld's do by default: the subordinate ids
+// deploy/host-setup.sh reserves, shared with every runtime on the host.
+// With enabled false (a config's userns.enabled), none: sandboxes run in
+// the host's user namespace.
+func UserNamespaces(t testing.TB, enabled ...bool) *userns.Pool {
+	t.Helper()
+	if len(enabled) > 0 && !enabled[0] {
+		return nil
+	}
+	p, err := userns.Load(userns.Config{})
+	if err != nil {
+		t.Fatalf("user namespace ranges (make test runs deploy/host-setup.sh, which reserves them): %v", err)
+	}
+	return p
+}
+
 // LayersDir is where the tests' sandboxes keep their writable layers (a
 // btrfs with quotas): the host's, which deploy/host-setup.sh mounts (its
 // host.env names it); each test namespace gets its own directory there.
@@ -153,25 +171,40 @@ func LayersDir() string {
 // shim for every sandbox with a log budget (controld always sets one), into
 // a directory of t's and returns its path (containerdrt.Config.LogWriter).
 // Built per test: the go build cache makes it a link of a small binary.
-func LogWriter(t testing.TB) string {
+func LogWriter(t testing.TB) string { return helper(t, "forkfleet-log") }
+
+// NetHook builds forkfleet-nethook, the hook runc runs for every sandbox's
+// network, as LogWriter does (containerdrt.Config.NetHook).
+func NetHook(t testing.TB) string { return helper(t, "forkfleet-nethook") }
+
+func helper(t testing.TB, name string) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "forkfleet-log")
-	if err := BuildLogWriter(out); err != nil {
+	out := filepath.Join(t.TempDir(), name)
+	if err := BuildHelpers(filepath.Dir(out), name); err != nil {
 		t.Fatal(err)
 	}
 	return out
 }
 
-// BuildLogWriter builds forkfleet-log at out.
-func BuildLogWriter(out string) error {
+// Helpers are the binaries controld finds beside its own.
+var Helpers = []string{"forkfleet-log", "forkfleet-nethook"}
+
+// BuildHelpers builds the named helper binaries (controld/cmd/<name>) into
+// dir, all of Helpers when none is named.
+func BuildHelpers(dir string, names ...string) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		return fmt.Errorf("the go tool is not on PATH to build forkfleet-log: %w", err)
+		return fmt.Errorf("the go tool is not on PATH to build controld's helpers: %w", err)
 	}
-	cmd := exec.Command(goBin, "build", "-o", out, "github.com/forkfleet/forkfleet/controld/cmd/forkfleet-log")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build forkfleet-log: %v\n%s", err, b)
+	if len(names) == 0 {
+		names = Helpers
+	}
+	for _, name := range names {
+		cmd := exec.Command(goBin, "build", "-o", filepath.Join(dir, name), "github.com/forkfleet/forkfleet/controld/cmd/"+name)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", name, err, b)
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@
 //	set VALUE           replace it
 //	write PATH CONTENT  write a file (kept open, like a log)
 //	read PATH           a file's content
+//	chown PATH ID       give PATH (not followed) owner and group ID
 //	env NAME            an environment variable
 //	pid                 the process id
 //	symlink TARGET LINK replace LINK with a symlink to TARGET (an attack:
@@ -116,6 +117,13 @@ func serve(c net.Conn, logf *os.File) {
 			reply = "error " + err.Error()
 		} else {
 			reply = string(b)
+		}
+	case "chown":
+		path, id, _ := strings.Cut(arg, " ")
+		n, _ := strconv.Atoi(id)
+		reply = "ok"
+		if err := os.Lchown(path, n, n); err != nil {
+			reply = "error " + err.Error()
 		}
 	case "env":
 		reply = os.Getenv(arg)
