@@ -22,7 +22,7 @@ import (
 // what the confinement could break: a boot, a live checkpoint (controld
 // runs CRIU's dump itself), a verified fork, deletes. Then it tries each
 // seccomp-based setting the unit leaves out on a dump of that sandbox, and
-// a mount namespace of controld's own on a boot.
+// a mount namespace of controld's own on boots, a checkpoint and a fork.
 func TestRealStackUnitHardening(t *testing.T) {
 	keys := parseUnit(t, filepath.Join(unitDir, "forkfleet-controld.service"))
 	s := newProcStack(t)
@@ -146,19 +146,32 @@ func TestRealStackUnitHardening(t *testing.T) {
 	// PrivateMounts=yes: the mount namespace of its own (mounts from the
 	// host propagate in, none out) that ProtectSystem, ProtectHome,
 	// PrivateTmp, ReadWritePaths and the other file-system settings are
-	// made in. The network namespace controld pins for a sandbox by a
-	// bind mount is then its alone: runc, started by containerd's shim
-	// in the host's mount namespace, finds an empty file at that path and
-	// cannot start the sandbox. Tried with no sandbox left, so that
-	// nothing controld pins there outlives the try.
+	// made in. A sandbox's own network namespace is made by runc and bound
+	// by runc's network hook in the host's mount namespace, which controld
+	// sees: a boot in mode none, its checkpoint and a verified fork work.
+	// The router namespace controld makes and pins for an egress sandbox
+	// by a bind mount is then its alone: the hook, run by runc in the
+	// host's mount namespace, finds an empty file at that path and the
+	// sandbox does not start. Tried with no sandbox left, so that nothing
+	// controld pins there outlives the try.
 	s.stop()
 	s.wrap = append([]string{"unshare", "--mount", "--propagation", "slave"}, hardened...)
 	s.start()
-	_, err = s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "unit-hardening"}})
+	labels := map[string]string{"test": "unit-hardening"}
+	cr, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: labels})
+	if err != nil {
+		t.Fatalf("boot in mode none under PrivateMounts=yes: %v", err)
+	}
+	s.checkpointForkDelete(cr.Sandbox.Id)
+	if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: cr.Sandbox.Id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: labels,
+		Network: &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}})
 	if want := "runc create failed"; err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("boot under PrivateMounts=yes: %v, want an error with %q", err, want)
+		t.Errorf("egress boot under PrivateMounts=yes: %v, want an error with %q", err, want)
 	} else {
-		t.Logf("PrivateMounts=yes breaks a boot: %s", firstLine(err.Error()))
+		t.Logf("PrivateMounts=yes breaks an egress boot: %s", firstLine(err.Error()))
 	}
 	s.stop()
 	if ids := s.containerIDs(); len(ids) != 0 {
