@@ -20,6 +20,7 @@ const (
 	ifCache       = "org.a11y.atspi.Cache"
 	ifComponent   = "org.a11y.atspi.Component"
 	ifAction      = "org.a11y.atspi.Action"
+	ifApplication = "org.a11y.atspi.Application"
 	ifText        = "org.a11y.atspi.Text"
 	ifEditable    = "org.a11y.atspi.EditableText"
 	ifValue       = "org.a11y.atspi.Value"

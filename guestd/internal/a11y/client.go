@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +26,10 @@ type Client struct {
 
 	mu   sync.Mutex
 	conn *wireConn
+	// peers are direct connections to applications' own D-Bus servers
+	// (Application.GetApplicationBusAddress), by bus name: a tree's calls
+	// skip the bus daemon, which otherwise relays each of them twice.
+	peers map[string]*wireConn
 }
 
 // New returns a Client of the bus at addr ("unix:path=..."); "" makes a
@@ -45,6 +51,81 @@ func (c *Client) dropLocked() {
 		_ = c.conn.Close()
 	}
 	c.conn = nil
+	for name, p := range c.peers {
+		_ = p.Close()
+		delete(c.peers, name)
+	}
+}
+
+// peerTimeout bounds asking an application for its address and connecting.
+const peerTimeout = 500 * time.Millisecond
+
+// peer returns a direct connection to application bus (pid: its process),
+// or conn (the bus) when the application has no server of its own or it
+// does not answer. The address comes from the application: only a unix
+// socket path is dialed, as the application's own user, and what answers
+// must speak D-Bus within peerTimeout.
+func (c *Client) peer(ctx context.Context, conn *wireConn, bus string, pid int32) *wireConn {
+	c.mu.Lock()
+	p := c.peers[bus]
+	c.mu.Unlock()
+	if p != nil && p.Connected() {
+		return p
+	}
+	if pid <= 0 {
+		return conn
+	}
+	uid, gid, ok := procIDs(int(pid))
+	if !ok {
+		return conn
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
+	defer cancel()
+	var addr string
+	if call(ctx, conn, ref{bus, rootPath}, ifApplication+".GetApplicationBusAddress", nil, &addr) != nil {
+		return conn
+	}
+	path, ok := strings.CutPrefix(addr, "unix:path=")
+	if !ok || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, ",;=\x00") || len(path) > 107 {
+		return conn
+	}
+	p, err := dialPeer(ctx, path, uid, gid)
+	if err != nil {
+		return conn
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.peers == nil {
+		c.peers = map[string]*wireConn{}
+	}
+	if old := c.peers[bus]; old != nil {
+		_ = old.Close()
+	}
+	c.peers[bus] = p
+	return p
+}
+
+// procIDs reads a process's real uid and gid.
+func procIDs(pid int) (uid, gid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, false
+	}
+	uid, gid = -1, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		switch k {
+		case "Uid":
+			uid, _ = strconv.Atoi(f[0])
+		case "Gid":
+			gid, _ = strconv.Atoi(f[0])
+		}
+	}
+	return uid, gid, uid >= 0 && gid >= 0
 }
 
 // drop forgets conn if it is still the current one: a call on it hung past
@@ -143,7 +224,7 @@ func start(ctx context.Context, conn *wireConn, r ref, method string, args ...an
 	if w != nil && len(w.fifo) >= maxInFlight {
 		old := w.fifo[0]
 		w.fifo = w.fifo[1:]
-		conn.flush()
+		conn.flush(ctx)
 		select {
 		case <-old.wc.done:
 		case <-ctx.Done():

@@ -224,7 +224,7 @@ func (c *Client) tree(ctx context.Context, conn *wireConn, opts TreeOptions, win
 			defer wg.Done()
 			actx, cancel := context.WithTimeout(ctx, opts.AppTimeout)
 			defer cancel()
-			apps[i].read(withWindow(actx), conn, readOpts, want.top)
+			apps[i].read(withWindow(actx), c, conn, readOpts, want.top)
 		}()
 	}
 	wg.Wait()
@@ -377,7 +377,7 @@ func overlap(ext [4]int32, w *desktop.Window) int {
 // calls sent at once. from: the object to walk from (the application when
 // null). Past ctx's deadline the application is marked timed out and keeps
 // what it had.
-func (a *app) read(ctx context.Context, conn *wireConn, opts TreeOptions, from ref) {
+func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOptions, from ref) {
 	a.items = map[objectPath]*item{}
 	a.parentOf = map[objectPath]ref{}
 	defer func() {
@@ -391,6 +391,8 @@ func (a *app) read(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 	if pid.wait(ctx, &upid) == nil {
 		a.pid = int32(upid)
 	}
+	// The application's own server when it has one: its calls skip the bus.
+	conn = c.peer(ctx, conn, a.ref.Bus, a.pid)
 	var cached []cacheItem
 	err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
 	if err != nil && !unsupportedError(err) && !goneError(err) {
@@ -537,6 +539,11 @@ func (a *app) fetchChildren(ctx context.Context, conn *wireConn, parents []*item
 				continue
 			}
 			return err
+		}
+		for i := range kids {
+			if kids[i].Bus == "" && kids[i].Path != "" {
+				kids[i].Bus = a.ref.Bus // a direct connection may leave its own name out
+			}
 		}
 		q.it.children = slices.DeleteFunc(kids, ref.null)
 		q.it.known = true

@@ -10,10 +10,13 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // wireConn is guestd's own D-Bus client for the tree's calls: a tree is
@@ -67,11 +70,18 @@ func dialWire(ctx context.Context, addr string) (*wireConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return handshake(ctx, nc, os.Getuid(), true)
+}
+
+// handshake authenticates nc as uid (EXTERNAL: the peer checks it against
+// the socket's credentials) and, on a bus, says Hello (an application's
+// own server has none).
+func handshake(ctx context.Context, nc net.Conn, id int, hello bool) (*wireConn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
 	r := bufio.NewReaderSize(nc, 64<<10)
-	uid := strconv.Itoa(os.Getuid())
+	uid := strconv.Itoa(id)
 	if _, err := fmt.Fprintf(nc, "\x00AUTH EXTERNAL %x\r\n", uid); err != nil {
 		nc.Close()
 		return nil, err
@@ -88,6 +98,9 @@ func dialWire(ctx context.Context, addr string) (*wireConn, error) {
 	nc.SetDeadline(time.Time{})
 	c := &wireConn{nc: nc, w: bufio.NewWriterSize(nc, 16<<10), pending: map[uint32]*wireCall{}, done: make(chan struct{})}
 	go c.read(r)
+	if !hello {
+		return c, nil
+	}
 	var name string
 	if err := c.call(ctx, ref{"org.freedesktop.DBus", "/org/freedesktop/DBus"}, "org.freedesktop.DBus.Hello", nil, &name); err != nil {
 		c.Close()
@@ -167,14 +180,19 @@ func (c *wireConn) call(ctx context.Context, to ref, method string, args []any, 
 	return wc.wait(ctx, out...)
 }
 
-// flush sends the calls written so far.
-func (c *wireConn) flush() {
+// flush sends the calls written so far, giving up (and closing) at ctx's
+// deadline: a peer that stops reading cannot hold the caller.
+func (c *wireConn) flush(ctx context.Context) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.w.Buffered() == 0 {
 		return
 	}
-	c.nc.SetWriteDeadline(time.Now().Add(connectTimeout))
+	dl := time.Now().Add(connectTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	c.nc.SetWriteDeadline(dl)
 	if err := c.w.Flush(); err != nil {
 		c.nc.Close()
 	}
@@ -182,7 +200,7 @@ func (c *wireConn) flush() {
 
 func (wc *wireCall) wait(ctx context.Context, out ...any) error {
 	if wc.conn != nil {
-		wc.conn.flush()
+		wc.conn.flush(ctx)
 	}
 	select {
 	case <-wc.done:
@@ -734,4 +752,36 @@ func toRef(v any) (ref, bool) {
 	bus, ok1 := f[0].(string)
 	path, ok2 := f[1].(string)
 	return ref{bus, objectPath(path)}, ok1 && ok2
+}
+
+// dialPeer connects to an application's own D-Bus server at path as the
+// application's user: atk-bridge's server admits its own uid only, and
+// SO_PEERCRED, which EXTERNAL is checked against, records the effective
+// ids at connect. The ids change on a fresh thread locked to its goroutine
+// and never unlocked, so the thread exits with it (as in fscred).
+func dialPeer(ctx context.Context, path string, uid, gid int) (*wireConn, error) {
+	type result struct {
+		nc  net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(gid), ^uintptr(0)); e != 0 {
+			ch <- result{err: fmt.Errorf("setresgid: %w", e)}
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0)); e != 0 {
+			ch <- result{err: fmt.Errorf("setresuid: %w", e)}
+			return
+		}
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "unix", path)
+		ch <- result{nc, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, r.err
+	}
+	return handshake(ctx, r.nc, uid, false)
 }
