@@ -565,7 +565,10 @@ func fill(ctx context.Context, conn *wireConn, items []*item, f Fields) error {
 	for _, it := range items {
 		x := q{it: it}
 		try := func(iface uint32) bool { return it.ifaces&(iface|ifacesUnread) != 0 }
-		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) {
+		// Bounds of what is on screen only: an element off screen (most
+		// of a long page) has no pixels to point at, and its extents are
+		// the costliest call a browser answers.
+		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) && has(it.states, StateShowing) {
 			x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
 		}
 		// Editable: the EditableText interface, or the EDITABLE state

@@ -6975,7 +6975,8 @@ type A11YNode struct {
 	// 24 sensitive, 25 showing, 30 visible, ...; docs/aci-spec.md lists them).
 	States uint64 `protobuf:"varint,5,opt,name=states,proto3" json:"states,omitempty"`
 	// Screen bounds, in the pixels of screenshots and input; absent for an
-	// element without a Component interface.
+	// element without a Component interface or without the SHOWING state (off
+	// screen, in a hidden tab: a11y_action SCROLL_INTO_VIEW brings it in).
 	Bounds *Rect `protobuf:"bytes,6,opt,name=bounds,proto3" json:"bounds,omitempty"`
 	// The text of an editable element (A11Y_FIELD_TEXT).
 	Text string `protobuf:"bytes,7,opt,name=text,proto3" json:"text,omitempty"`
