@@ -55,6 +55,18 @@ const (
 	KeepaliveTimeout = 10 * time.Second
 )
 
+// ServerKeepalive is the keepalive of a server of this API (controld, and
+// the fake that stands in for it): it accepts the pings of KeepaliveTime,
+// idle connections included (gRPC's default enforcement, one ping per 5
+// minutes, answers them with GOAWAY "too_many_pings"), and pings idle
+// clients itself to find dead peers of long watches.
+func ServerKeepalive() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+	}
+}
+
 // ServiceConfig (serviceconfig.json; the Python client carries the same) is
 // the gRPC service config Dial applies: calls that are safe to repeat
 // (reads, deletes, changes that end the same whatever the count, and the

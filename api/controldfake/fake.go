@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
@@ -103,9 +104,10 @@ func (f *Fake) Register(s *grpc.Server) {
 	controldv1.RegisterPoolServiceServer(s, f)
 }
 
-// ServerOptions returns the interceptors enforcing Token.
+// ServerOptions returns controld's keepalive and the interceptors
+// enforcing Token.
 func (f *Fake) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append(client.ServerKeepalive(),
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := f.auth(ctx); err != nil {
 				return nil, err
@@ -118,7 +120,7 @@ func (f *Fake) ServerOptions() []grpc.ServerOption {
 			}
 			return h(srv, ss)
 		}),
-	}
+	)
 }
 
 func (f *Fake) auth(ctx context.Context) error {

@@ -138,8 +138,10 @@ class Stack:
         if not os.path.exists(os.path.join(layout, "index.json")):
             pytest.fail(f"no desktop image layout at {layout}: build it with `make image` (make test does)")
         controld = go_build(bindir, "controld", "./cmd/controld", "controld")
-        # controld runs it beside itself; static, as make build builds it.
+        # controld runs them beside itself (the log writer, runc's network
+        # hook); static, as make build builds them.
         go_build(bindir, "controld", "./cmd/forkfleet-log", "forkfleet-log", cgo=False)
+        go_build(bindir, "controld", "./cmd/forkfleet-nethook", "forkfleet-nethook", cgo=False)
         image_tool = go_build(bindir, "controld", "./cmd/forkfleet-image", "forkfleet-image")
         r = subprocess.run([image_tool, "import", "--address", address, "--namespace", self.namespace, layout],
                            capture_output=True, text=True)

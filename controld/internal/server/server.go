@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
@@ -105,20 +104,14 @@ func New(opts Options) *Server {
 	}
 	a := auth{token: opts.Token}
 	h := &handlers{}
-	s := grpc.NewServer(
+	s := grpc.NewServer(append(client.ServerKeepalive(),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
-		// Clients ping every client.KeepaliveTime (idle connections too);
-		// gRPC's default enforcement (one ping per 5 minutes) would answer
-		// them with GOAWAY. controld pings idle clients itself to find dead
-		// peers of long watches.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: client.KeepaliveTime / 2, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
 		// Outermost first: metrics see the final code, errors are converted
 		// once, auth runs before any handler, and no controld handler runs
 		// before the manager is there.
 		grpc.ChainUnaryInterceptor(met.unary, errorsUnary, a.unary, h.readyUnary),
 		grpc.ChainStreamInterceptor(met.stream, errorsStream, a.stream, h.readyStream),
-	)
+	)...)
 	controldv1.RegisterSandboxServiceServer(s, h)
 	controldv1.RegisterCheckpointServiceServer(s, checkpoints{h: h})
 	controldv1.RegisterPoolServiceServer(s, pools{h: h})
