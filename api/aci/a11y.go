@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -88,15 +89,7 @@ func checkTree(r *aciv1.A11YTreeResponse) error {
 }
 
 // StateNames are the AT-SPI state names, by bit of A11yNode.States.
-var StateNames = [...]string{
-	"invalid", "active", "armed", "busy", "checked", "collapsed", "defunct", "editable", "enabled",
-	"expandable", "expanded", "focusable", "focused", "has tooltip", "horizontal", "iconified", "modal",
-	"multi line", "multiselectable", "opaque", "pressed", "resizable", "selectable", "selected",
-	"sensitive", "showing", "single line", "stale", "transient", "vertical", "visible",
-	"manages descendants", "indeterminate", "required", "truncated", "animated", "invalid entry",
-	"supports autocompletion", "selectable text", "is default", "visited", "checkable", "has popup",
-	"read only",
-}
+var StateNames = wire.A11yStates
 
 // AT-SPI state bits of A11yNode.States.
 const (

@@ -32,3 +32,15 @@ const (
 	ZlibOpSolid = 2 // rect, B, G, R
 	ZlibOpEnd   = 3 // the frame's last record
 )
+
+// A11yStates names the bits of A11yNode.states: AT-SPI's AtspiStateType, by
+// bit number.
+var A11yStates = [...]string{
+	"invalid", "active", "armed", "busy", "checked", "collapsed", "defunct", "editable", "enabled",
+	"expandable", "expanded", "focusable", "focused", "has tooltip", "horizontal", "iconified", "modal",
+	"multi line", "multiselectable", "opaque", "pressed", "resizable", "selectable", "selected",
+	"sensitive", "showing", "single line", "stale", "transient", "vertical", "visible",
+	"manages descendants", "indeterminate", "required", "truncated", "animated", "invalid entry",
+	"supports autocompletion", "selectable text", "is default", "visited", "checkable", "has popup",
+	"read only",
+}

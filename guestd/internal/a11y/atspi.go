@@ -8,6 +8,8 @@ package a11y
 import (
 	"strconv"
 	"strings"
+
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 )
 
 // AT-SPI2 names (at-spi2-core's xml/ interface definitions).
@@ -80,15 +82,7 @@ func RoleName(r uint32) string {
 }
 
 // StateNames are AtspiStateType's names, by bit number.
-var StateNames = [...]string{
-	"invalid", "active", "armed", "busy", "checked", "collapsed", "defunct", "editable", "enabled",
-	"expandable", "expanded", "focusable", "focused", "has tooltip", "horizontal", "iconified", "modal",
-	"multi line", "multiselectable", "opaque", "pressed", "resizable", "selectable", "selected",
-	"sensitive", "showing", "single line", "stale", "transient", "vertical", "visible",
-	"manages descendants", "indeterminate", "required", "truncated", "animated", "invalid entry",
-	"supports autocompletion", "selectable text", "is default", "visited", "checkable", "has popup",
-	"read only",
-}
+var StateNames = wire.A11yStates
 
 // objectPath is a D-Bus object path.
 type objectPath string
