@@ -477,8 +477,8 @@ func sigLen(s string) int {
 			}
 			i += n
 		}
-		if i >= len(s) {
-			return 0
+		if i >= len(s) || i == 1 {
+			return 0 // unterminated, or empty: D-Bus has no empty struct
 		}
 		return i + 1
 	}
@@ -564,9 +564,15 @@ func (d *decoder) value(sig string) (any, error) {
 		}
 		var out []any
 		for d.pos < end && d.err == nil {
+			at := d.pos
 			v, err := d.value(elem)
 			if err != nil {
 				return nil, err
+			}
+			if d.pos == at {
+				// An element that takes no bytes would repeat forever.
+				d.fail("array of %q: an element of no size", elem)
+				return nil, d.err
 			}
 			out = append(out, v)
 		}
