@@ -239,7 +239,15 @@ func TestRealStackA11y(t *testing.T) {
 	if r, err := sess.Run(ctx, "kill", "-KILL", strconv.Itoa(pid)); err != nil || r.ExitCode != 0 {
 		t.Fatalf("SIGKILL l3afpad: %v %s", err, r.GetStderr())
 	}
-	before := waitTree(t, ctx, sess, nil, func(tr *aciv1.A11YTreeResponse) bool { return len(tr.Apps) == 1 && !tr.Partial })
+	// The window manager hands the browser's window back its active state a
+	// moment after l3afpad's is gone: the replica must match the settled
+	// tree (two reads in a row alike), not one from before that.
+	var prev *aciv1.A11YTreeResponse
+	before := waitTree(t, ctx, sess, nil, func(tr *aciv1.A11YTreeResponse) bool {
+		settled := len(tr.Apps) == 1 && !tr.Partial && prev != nil && treeDiff(prev, tr) == ""
+		prev = tr
+		return settled
+	})
 	sess.Close()
 
 	// A replica's tree equals the source's.
