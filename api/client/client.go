@@ -34,6 +34,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/internal/loopback"
 )
@@ -312,7 +313,7 @@ func convert(ctx context.Context, err error) error {
 		}
 	}
 	if ctxErr != nil && !errors.Is(err, ctxErr) {
-		return fmt.Errorf("%w: %w", ctxErr, errdefs.FromGRPC(err))
+		return fmt.Errorf("%w: %w", ctxErr, errgrpc.FromGRPC(err))
 	}
-	return errdefs.FromGRPC(err)
+	return errgrpc.FromGRPC(err)
 }

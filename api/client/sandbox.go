@@ -16,6 +16,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 )
@@ -625,5 +626,5 @@ func (c *Client) ClaimPool(ctx context.Context, poolID string, opts ...ClaimOpti
 
 // replicaErr turns a ForkReplica's error fields into an errdefs error.
 func replicaErr(rep *controldv1.ForkReplica) error {
-	return errdefs.FromGRPC(status.Error(codes.Code(rep.GetErrorCode()), rep.GetErrorMessage()))
+	return errgrpc.FromGRPC(status.Error(codes.Code(rep.GetErrorCode()), rep.GetErrorMessage()))
 }

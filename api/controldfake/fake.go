@@ -28,6 +28,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
@@ -265,7 +266,7 @@ func notFound(kind, reason, id string) error {
 }
 
 // rpcErr converts at the service boundary, as controld does.
-func rpcErr(err error) error { return errdefs.ToGRPC(err) }
+func rpcErr(err error) error { return errgrpc.ToGRPC(err) }
 
 // ---- sandboxes
 
@@ -818,7 +819,7 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 		}
 		if err != nil {
 			resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
-				ErrorCode: int32(errdefs.Code(err)), ErrorMessage: err.Error(), Took: durationpb.New(5 * time.Millisecond)})
+				ErrorCode: int32(errgrpc.Code(err)), ErrorMessage: err.Error(), Took: durationpb.New(5 * time.Millisecond)})
 			continue
 		}
 		sb := f.newSandbox(ck.GetImage(), res, ck.GetScreen(), req.GetLabels(), req.GetTtl(), true,

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 )
@@ -78,8 +79,8 @@ func TestAdmit(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "add up to 2 GiB, and 2 GiB more would pass the host's 3 GiB") {
 		t.Fatalf("memory: %v", err)
 	}
-	if errdefs.Code(err).String() != "ResourceExhausted" {
-		t.Fatal(errdefs.Code(err))
+	if errgrpc.Code(err).String() != "ResourceExhausted" {
+		t.Fatal(errgrpc.Code(err))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
@@ -85,7 +86,7 @@ func (s *networkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, e
 	probe, err := c.sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Network: &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS},
 		Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
 	if err != nil {
-		if errors.Is(errdefs.FromGRPC(err), errdefs.ErrFailedPrecondition) {
+		if errors.Is(errgrpc.FromGRPC(err), errdefs.ErrFailedPrecondition) {
 			return nil, suite.Skipf("controld offers no mode egress: %v", err)
 		}
 		return nil, err

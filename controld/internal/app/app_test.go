@@ -21,6 +21,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
@@ -131,8 +132,8 @@ func (d *daemon) stop() {
 
 func code(t *testing.T, err error, want codes.Code, field string) {
 	t.Helper()
-	err = errdefs.FromGRPC(err)
-	if got := errdefs.Code(err); got != want {
+	err = errgrpc.FromGRPC(err)
+	if got := errgrpc.Code(err); got != want {
 		t.Fatalf("error %v: code %v, want %v", err, got, want)
 	}
 	if field != "" && errdefs.Field(err) != field {
@@ -313,7 +314,7 @@ func TestControldEndToEnd(t *testing.T) {
 	eventually(t, "ttl expiry", func() bool {
 		_, err := d.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: short.Sandbox.Id})
 		// The reaper drops the record, then the container: wait for both.
-		return errdefs.Code(errdefs.FromGRPC(err)) == codes.NotFound && !rt.Has(short.Sandbox.Id)
+		return errgrpc.Code(errgrpc.FromGRPC(err)) == codes.NotFound && !rt.Has(short.Sandbox.Id)
 	})
 
 	// Metrics.

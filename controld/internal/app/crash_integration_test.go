@@ -26,6 +26,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
@@ -811,7 +812,7 @@ func TestRealStackCheckpointDumpFailure(t *testing.T) {
 	if c := st.Code(); c != codes.FailedPrecondition && c != codes.Internal {
 		t.Errorf("code %v, want FAILED_PRECONDITION or INTERNAL", c)
 	}
-	if cls := errdefs.FromGRPC(err); !errors.Is(cls, errdefs.ErrFailedPrecondition) && !errors.Is(cls, errdefs.ErrInternal) {
+	if cls := errgrpc.FromGRPC(err); !errors.Is(cls, errdefs.ErrFailedPrecondition) && !errors.Is(cls, errdefs.ErrInternal) {
 		t.Errorf("error class of %v: not one of forkfleet's", cls)
 	}
 	if msg := st.Message(); !strings.Contains(msg, "criu dump") || !strings.Contains(msg, "ghost file") {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/controldfake"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
 
@@ -168,14 +169,14 @@ func TestFakeFollowsControld(t *testing.T) {
 			return err
 		}},
 	} {
-		re, fe := errdefs.FromGRPC(tc.call(&real)), errdefs.FromGRPC(tc.call(&fk))
+		re, fe := errgrpc.FromGRPC(tc.call(&real)), errgrpc.FromGRPC(tc.call(&fk))
 		if re == nil || fe == nil {
 			t.Errorf("%s: controld %v, fake %v: both must refuse", tc.name, re, fe)
 			continue
 		}
-		if errdefs.Code(re) != errdefs.Code(fe) || errdefs.Field(re) != errdefs.Field(fe) || errdefs.Reason(re) != errdefs.Reason(fe) {
+		if errgrpc.Code(re) != errgrpc.Code(fe) || errdefs.Field(re) != errdefs.Field(fe) || errdefs.Reason(re) != errdefs.Reason(fe) {
 			t.Errorf("%s:\n  controld %v (code %v, field %q, reason %q)\n  fake     %v (code %v, field %q, reason %q)", tc.name,
-				re, errdefs.Code(re), errdefs.Field(re), errdefs.Reason(re), fe, errdefs.Code(fe), errdefs.Field(fe), errdefs.Reason(fe))
+				re, errgrpc.Code(re), errdefs.Field(re), errdefs.Reason(re), fe, errgrpc.Code(fe), errdefs.Field(fe), errdefs.Reason(fe))
 		}
 	}
 	// And what they accept, they answer alike: a request id's repeat.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
@@ -89,7 +90,7 @@ func TestHealthFollowsStartupAndShutdown(t *testing.T) {
 	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 	defer ccancel()
 	_, err = controldv1.NewSandboxServiceClient(conn).ListSandboxes(cctx, &controldv1.ListSandboxesRequest{})
-	if err = errdefs.FromGRPC(err); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Reason(err) != "STARTING" {
+	if err = errgrpc.FromGRPC(err); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Reason(err) != "STARTING" {
 		t.Fatalf("a call during reconciliation: %v, want UNAVAILABLE STARTING", err)
 	}
 	metricsURL := "http://" + cfg.Metrics.Listen

@@ -15,6 +15,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
@@ -305,7 +306,7 @@ func TestRealStackLimits(t *testing.T) {
 		// a full one answers RESOURCE_EXHAUSTED saying so (and the agents'
 		// sessions are closed, as by any checkpoint).
 		_, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: sb.Id})
-		if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "disk quota exceeded") {
+		if !errors.Is(errgrpc.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "disk quota exceeded") {
 			t.Fatalf("checkpoint of a full sandbox: %v", err)
 		}
 		sess = s.dial(sb.Id)
@@ -406,7 +407,7 @@ func TestRealStackAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
-	if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "admits at most 2") {
+	if !errors.Is(errgrpc.FromGRPC(err), errdefs.ErrResourceExhausted) || !strings.Contains(fmt.Sprint(err), "admits at most 2") {
 		t.Fatalf("a third sandbox on a host admitting 2: %v", err)
 	}
 	after, err := s.rt.List(s.ctx)

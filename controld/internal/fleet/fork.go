@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
@@ -155,7 +156,7 @@ func replicaTag(tag *store.RequestTag, i int) *store.RequestTag {
 func (m *Manager) forkReplica(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) *controldv1.ForkReplica {
 	sb, rep, err := m.forkStart(ctx, t0, ck, p)
 	if err != nil {
-		code := errdefs.Code(err)
+		code := errgrpc.Code(err)
 		if code == codes.Unknown {
 			code = codes.Internal
 		}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -100,7 +101,7 @@ func (e *env) ready(labels map[string]string) *controldv1.Sandbox {
 
 func wantCode(t *testing.T, err error, code codes.Code, field string) {
 	t.Helper()
-	if got := errdefs.Code(err); got != code {
+	if got := errgrpc.Code(err); got != code {
 		t.Fatalf("error %v: code %v, want %v", err, got, code)
 	}
 	if field != "" {
@@ -326,7 +327,7 @@ func TestSuspendResumeTTLAndExit(t *testing.T) {
 	}
 	eventually(t, "ttl expiry", func() bool {
 		_, err := e.m.GetSandbox(ctx, short.Id)
-		return errdefs.Code(err) == codes.NotFound && !e.rt.Has(short.Id)
+		return errgrpc.Code(err) == codes.NotFound && !e.rt.Has(short.Id)
 	})
 
 	e.rt.Exit(s.Id, 3)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 )
 
 // Metrics are the manager's Prometheus instruments.
@@ -141,7 +141,7 @@ func (r *instrumented) Unwrap() Runtime { return r.rt }
 func (r *instrumented) track(op string) func(*error) {
 	start := time.Now()
 	return func(err *error) {
-		r.m.RuntimeCall.WithLabelValues(op, errdefs.Code(*err).String()).Observe(time.Since(start).Seconds())
+		r.m.RuntimeCall.WithLabelValues(op, errgrpc.Code(*err).String()).Observe(time.Since(start).Seconds())
 	}
 }
 

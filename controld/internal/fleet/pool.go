@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
@@ -631,7 +632,7 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
 			poolID: pb.Id, policy: nw.GetPolicy(), request: tag})
 		if rep.ErrorCode != 0 {
-			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errdefs.FromGRPC(statusError(rep)))
+			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errgrpc.FromGRPC(statusError(rep)))
 		}
 		return rep.Sandbox, rep.Endpoint, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
@@ -121,7 +122,7 @@ func TestCreateSandboxRequestIDAfterFailure(t *testing.T) {
 	slow := &controldv1.CreateSandboxRequest{RequestId: "slow", WaitReady: true, Labels: map[string]string{"req": "slow"}}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if _, _, err := e.m.CreateSandbox(short, slow); !errors.Is(err, context.DeadlineExceeded) && errdefs.Code(err) != codes.DeadlineExceeded {
+	if _, _, err := e.m.CreateSandbox(short, slow); !errors.Is(err, context.DeadlineExceeded) && errgrpc.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("first call: %v, want its deadline", err)
 	}
 	s, _, err = e.m.CreateSandbox(ctx, slow)
@@ -289,7 +290,7 @@ func TestExtendSandbox(t *testing.T) {
 	if _, err := e.m.ExtendSandbox(ctx, &controldv1.ExtendSandboxRequest{Id: s.Id, Ttl: durationpb.New(20 * time.Millisecond)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "expired", func() bool { _, err := e.m.GetSandbox(ctx, s.Id); return errdefs.Code(err) == codes.NotFound })
+	eventually(t, "expired", func() bool { _, err := e.m.GetSandbox(ctx, s.Id); return errgrpc.Code(err) == codes.NotFound })
 	_, err = e.m.ExtendSandbox(ctx, &controldv1.ExtendSandboxRequest{Id: s.Id, Ttl: durationpb.New(time.Hour)})
 	wantCode(t, err, codes.NotFound, "")
 	s2 := e.ready(nil)

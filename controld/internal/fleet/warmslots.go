@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
@@ -318,7 +319,7 @@ func (m *Manager) precreateSlot(ws *warmSlots, egress bool) error {
 	defer cancel()
 	start := time.Now()
 	err := ws.pc.Precreate(ctx, spec)
-	m.metrics.RuntimeCall.WithLabelValues("precreate", errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
+	m.metrics.RuntimeCall.WithLabelValues("precreate", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err
 	}
@@ -466,7 +467,7 @@ func (m *Manager) discardSlot(id string) {
 	defer cancel()
 	start := time.Now()
 	err := ws.pc.Discard(ctx, id)
-	m.metrics.RuntimeCall.WithLabelValues("discard", errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
+	m.metrics.RuntimeCall.WithLabelValues("discard", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		// The runtime's own Close, or reconciliation at the next start (a
 		// container without a record), removes it.
@@ -668,7 +669,7 @@ func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) e
 	defer cancel()
 	start := time.Now()
 	err = fs.rp.PrecreateRestore(ctx, spec, refFromStore(ck.Ref))
-	m.metrics.RuntimeCall.WithLabelValues("precreate_restore", errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
+	m.metrics.RuntimeCall.WithLabelValues("precreate_restore", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err
 	}

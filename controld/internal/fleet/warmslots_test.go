@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
@@ -45,7 +46,7 @@ func waitSlots(t *testing.T, e *env, n int) []string {
 func TestWarmSlotTakenAndReplenished(t *testing.T) {
 	e := slotEnv(t, 1, nil)
 	slot := waitSlots(t, e, 1)[0]
-	if _, err := e.m.GetSandbox(context.Background(), slot); errdefs.Code(err) != codes.NotFound {
+	if _, err := e.m.GetSandbox(context.Background(), slot); errgrpc.Code(err) != codes.NotFound {
 		t.Fatalf("a slot is visible through Get: %v", err)
 	}
 	if l, _, _ := e.m.ListSandboxes(context.Background(), &controldv1.ListSandboxesRequest{}); len(l) != 0 {

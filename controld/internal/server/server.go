@@ -24,6 +24,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
@@ -141,11 +142,11 @@ func (s *Server) Stopping() { s.health.Stopping() }
 
 func errorsUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
-	return resp, errdefs.ToGRPC(err)
+	return resp, errgrpc.ToGRPC(err)
 }
 
 func errorsStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return errdefs.ToGRPC(handler(srv, ss))
+	return errgrpc.ToGRPC(handler(srv, ss))
 }
 
 // --- auth ---
@@ -217,7 +218,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 func (m *metrics) observe(method string, start time.Time, err error) {
-	m.latency.WithLabelValues(method, errdefs.Code(err).String()).Observe(time.Since(start).Seconds())
+	m.latency.WithLabelValues(method, errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
 }
 
 func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

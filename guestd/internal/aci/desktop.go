@@ -10,7 +10,7 @@ import (
 // Desktop is what the ACI needs from the X display. The real one is
 // x11.Desktop (guestd/internal/x11); tests may use fakes. Every method is safe
 // for concurrent use. Errors that the client caused (bad key name, unknown
-// window) wrap desktop.ErrInvalid or desktop.ErrNotFound so the
+// window) wrap errdefs.ErrInvalidArgument or errdefs.ErrNotFound so the
 // dispatcher can map them to typed ACI codes.
 type Desktop interface {
 	// ScreenSize is the root window size in pixels.
@@ -111,7 +111,7 @@ type ScreenMirror interface {
 	// CaptureScreenSynced calls fn with the whole screen as of the
 	// caller's most recent DamageSeqSync (or later). The frame is valid
 	// only until fn returns and must not be modified. An error wrapping
-	// desktop.ErrUnavailable before fn runs means no mirror: capture
+	// errdefs.ErrUnavailable before fn runs means no mirror: capture
 	// another way.
 	CaptureScreenSynced(fn func(f *desktop.Frame) error) error
 }

@@ -3,10 +3,9 @@ package aci
 import (
 	"errors"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
-	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 )
 
 // toError maps any error from a Desktop, the encoder or sysops to a typed
@@ -17,13 +16,13 @@ func toError(err error, field string) *aciv1.Error {
 	}
 	code := aciv1.ErrorCode_ERROR_CODE_UNSPECIFIED
 	switch {
-	case errors.Is(err, desktop.ErrInvalid), errors.Is(err, encode.ErrInvalid):
+	case errors.Is(err, errdefs.ErrInvalidArgument):
 		code = aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT
-	case errors.Is(err, desktop.ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound):
 		code = aciv1.ErrorCode_ERROR_CODE_NOT_FOUND
-	case errors.Is(err, desktop.ErrUnavailable):
+	case errors.Is(err, errdefs.ErrUnavailable):
 		code = aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE
-	case errors.Is(err, desktop.ErrTimeout):
+	case errors.Is(err, errdefs.ErrDeadlineExceeded):
 		code = aciv1.ErrorCode_ERROR_CODE_TIMEOUT
 	}
 	e := acierr.From(err)

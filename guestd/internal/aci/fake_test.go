@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -97,14 +98,14 @@ func (f *fakeDesktop) ClipboardGet(context.Context) (string, error) {
 func (f *fakeDesktop) KeyCombo(ks []string) error {
 	for _, k := range ks {
 		if strings.HasPrefix(k, "bogus") {
-			return fmt.Errorf("%w: unknown key %q", desktop.ErrInvalid, k)
+			return fmt.Errorf("%w: unknown key %q", errdefs.ErrInvalidArgument, k)
 		}
 	}
 	return f.log("combo %s", strings.Join(ks, "+"))
 }
 func (f *fakeDesktop) key(op, k string) error {
 	if strings.HasPrefix(k, "bogus") {
-		return fmt.Errorf("%w: unknown key %q", desktop.ErrInvalid, k)
+		return fmt.Errorf("%w: unknown key %q", errdefs.ErrInvalidArgument, k)
 	}
 	return f.log("%s %s", op, k)
 }
@@ -146,7 +147,7 @@ func (f *fakeDesktop) SetWindowState(id uint32, s desktop.WindowState) error {
 }
 func (f *fakeDesktop) win(id uint32, op string) error {
 	if id != 7 {
-		return fmt.Errorf("%w: window %d", desktop.ErrNotFound, id)
+		return fmt.Errorf("%w: window %d", errdefs.ErrNotFound, id)
 	}
 	return f.log("%s %d", op, id)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
@@ -298,7 +299,7 @@ func (ss *session) screenshot(ctx context.Context, r *aciv1.ScreenshotRequest, f
 	captured := false
 	if m, ok := d.(ScreenMirror); ok && seqOK && !key.cursor.drawn && region == image.Rect(0, 0, sw, sh) {
 		err = m.CaptureScreenSynced(func(f *desktop.Frame) error { captured = true; return process(f) })
-		if err != nil && !captured && errors.Is(err, desktop.ErrUnavailable) {
+		if err != nil && !captured && errors.Is(err, errdefs.ErrUnavailable) {
 			err = nil // no mirror on this display
 		} else {
 			captured = true

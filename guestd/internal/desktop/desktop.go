@@ -3,17 +3,8 @@
 package desktop
 
 import (
-	"errors"
 	"image"
 	"time"
-)
-
-// Errors a Desktop implementation wraps so the ACI maps them to typed codes.
-var (
-	ErrInvalid     = errors.New("invalid argument")
-	ErrNotFound    = errors.New("not found")
-	ErrUnavailable = errors.New("unavailable")
-	ErrTimeout     = errors.New("timeout")
 )
 
 // Frame is a BGRX pixel buffer, 4 bytes per pixel.

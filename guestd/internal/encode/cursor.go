@@ -3,6 +3,8 @@ package encode
 import (
 	"fmt"
 	"image"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // CompositeARGB draws a premultiplied-alpha ARGB sprite (w x h, row-major,
@@ -14,7 +16,7 @@ func CompositeARGB(img Image, x, y int, argb []uint32, w, h int) error {
 		return err
 	}
 	if w < 0 || h < 0 || len(argb) < w*h {
-		return fmt.Errorf("%w: sprite %dx%d with %d pixels", ErrInvalid, w, h, len(argb))
+		return fmt.Errorf("%w: sprite %dx%d with %d pixels", errdefs.ErrInvalidArgument, w, h, len(argb))
 	}
 	r := image.Rect(x, y, x+w, y+h).Intersect(img.Bounds())
 	for py := r.Min.Y; py < r.Max.Y; py++ {

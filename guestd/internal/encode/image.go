@@ -5,14 +5,11 @@
 package encode
 
 import (
-	"errors"
 	"fmt"
 	"image"
-)
 
-// ErrInvalid is wrapped by every error caused by bad arguments (malformed
-// image, out-of-range quality, mismatched sizes).
-var ErrInvalid = errors.New("encode: invalid argument")
+	"github.com/forkfleet/forkfleet/api/errdefs"
+)
 
 // Image is a BGRX frame: 4 bytes per pixel in memory order B, G, R, X (the
 // X byte is ignored). Row y starts at Pix[y*Stride]; Stride may include
@@ -27,13 +24,13 @@ type Image struct {
 // Validate reports whether the geometry is consistent with Pix.
 func (m Image) Validate() error {
 	if m.Width <= 0 || m.Height <= 0 {
-		return fmt.Errorf("%w: image size %dx%d", ErrInvalid, m.Width, m.Height)
+		return fmt.Errorf("%w: image size %dx%d", errdefs.ErrInvalidArgument, m.Width, m.Height)
 	}
 	if m.Stride < m.Width*4 {
-		return fmt.Errorf("%w: stride %d < 4*width %d", ErrInvalid, m.Stride, m.Width*4)
+		return fmt.Errorf("%w: stride %d < 4*width %d", errdefs.ErrInvalidArgument, m.Stride, m.Width*4)
 	}
 	if need := (m.Height-1)*m.Stride + m.Width*4; len(m.Pix) < need {
-		return fmt.Errorf("%w: pixel buffer %d bytes, need %d", ErrInvalid, len(m.Pix), need)
+		return fmt.Errorf("%w: pixel buffer %d bytes, need %d", errdefs.ErrInvalidArgument, len(m.Pix), need)
 	}
 	return nil
 }

@@ -1,6 +1,10 @@
 package encode
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+)
 
 // DefaultJPEGQuality is the quality used when the caller passes 0.
 const DefaultJPEGQuality = 80
@@ -17,10 +21,10 @@ func EncodeJPEG(dst []byte, img Image, quality int) ([]byte, error) {
 		quality = DefaultJPEGQuality
 	}
 	if quality < 1 || quality > 100 {
-		return dst, fmt.Errorf("%w: jpeg quality %d not in 1..100", ErrInvalid, quality)
+		return dst, fmt.Errorf("%w: jpeg quality %d not in 1..100", errdefs.ErrInvalidArgument, quality)
 	}
 	if img.Width > 65535 || img.Height > 65535 {
-		return dst, fmt.Errorf("%w: image %dx%d exceeds the JPEG size limit", ErrInvalid, img.Width, img.Height)
+		return dst, fmt.Errorf("%w: image %dx%d exceeds the JPEG size limit", errdefs.ErrInvalidArgument, img.Width, img.Height)
 	}
 	return encodeJPEG(dst, img, quality)
 }

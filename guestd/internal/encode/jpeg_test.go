@@ -7,6 +7,8 @@ import (
 	"image/jpeg"
 	"math"
 	"testing"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // psnr of a decoded image against the source frame, over R, G and B.
@@ -67,7 +69,7 @@ func TestJPEG(t *testing.T) {
 		})
 	}
 	for _, q := range []int{-1, 101} {
-		if _, err := EncodeJPEG(nil, photoLike(8, 8, 0), q); !errors.Is(err, ErrInvalid) {
+		if _, err := EncodeJPEG(nil, photoLike(8, 8, 0), q); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("quality %d: %v", q, err)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"runtime"
 	"unsafe"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // JPEGBackend names the JPEG implementation compiled in.
@@ -69,7 +71,7 @@ func encodeJPEG(dst []byte, img Image, quality int) ([]byte, error) {
 
 	need := C.tjBufSize(C.int(img.Width), C.int(img.Height), C.TJSAMP_420)
 	if need == C.ulong(^C.ulong(0)) {
-		return dst, fmt.Errorf("%w: tjBufSize rejected %dx%d", ErrInvalid, img.Width, img.Height)
+		return dst, fmt.Errorf("%w: tjBufSize rejected %dx%d", errdefs.ErrInvalidArgument, img.Width, img.Height)
 	}
 	if c.cap < need {
 		if c.buf != nil {

@@ -5,6 +5,8 @@ import (
 	"image"
 	"reflect"
 	"testing"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 func TestScaledSize(t *testing.T) {
@@ -66,7 +68,7 @@ func TestDownscale(t *testing.T) {
 	if out, _ := Downscale(nil, flat, 1280); &out.Pix[0] != &flat.Pix[0] {
 		t.Error("fitting frame was copied")
 	}
-	if _, err := Downscale(nil, flat, -1); !errors.Is(err, ErrInvalid) {
+	if _, err := Downscale(nil, flat, -1); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Error(err)
 	}
 }
@@ -133,7 +135,7 @@ func TestCompositeARGB(t *testing.T) {
 	if got := img.Pix[o : o+3]; !reflect.DeepEqual(got, want) {
 		t.Fatalf("blended pixel %v want %v", got, want)
 	}
-	if err := CompositeARGB(img, 0, 0, sprite, 3, 3); !errors.Is(err, ErrInvalid) {
+	if err := CompositeARGB(img, 0, 0, sprite, 3, 3); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatal(err)
 	}
 }
@@ -158,7 +160,7 @@ func TestDiffTiles(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v want %v", got, want)
 	}
-	if _, err := DiffTiles(nil, prev, sparseDesktop(10, 10, 0)); !errors.Is(err, ErrInvalid) {
+	if _, err := DiffTiles(nil, prev, sparseDesktop(10, 10, 0)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatal(err)
 	}
 }

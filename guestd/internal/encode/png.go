@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/compress/flate"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // PNG filter types (PNG spec 9.2).
@@ -77,14 +79,14 @@ func (e *PNGEncoder) params(img Image) (level, workers int, err error) {
 		return 0, 0, err
 	}
 	if img.Width > 1<<24 || img.Height > 1<<24 {
-		return 0, 0, fmt.Errorf("%w: image %dx%d too large for PNG", ErrInvalid, img.Width, img.Height)
+		return 0, 0, fmt.Errorf("%w: image %dx%d too large for PNG", errdefs.ErrInvalidArgument, img.Width, img.Height)
 	}
 	level = e.Level
 	if level == 0 {
 		level = flate.BestSpeed
 	}
 	if level < 1 || level > 9 {
-		return 0, 0, fmt.Errorf("%w: flate level %d not in 1..9", ErrInvalid, level)
+		return 0, 0, fmt.Errorf("%w: flate level %d not in 1..9", errdefs.ErrInvalidArgument, level)
 	}
 	workers = e.Concurrency
 	if workers <= 0 {
@@ -187,7 +189,7 @@ func assemblePNG(dst []byte, w, h int, parts []pngPart) ([]byte, error) {
 		adler = adler32Combine(adler, p.adler, p.n)
 	}
 	if idatLen > 1<<31-1 {
-		return dst, fmt.Errorf("%w: compressed image exceeds the PNG chunk limit", ErrInvalid)
+		return dst, fmt.Errorf("%w: compressed image exceeds the PNG chunk limit", errdefs.ErrInvalidArgument)
 	}
 
 	total := 8 + (12 + 13) + (12 + idatLen) + 12

@@ -12,6 +12,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // checkRGB compares a decoded image with the source BGRX frame pixel by pixel.
@@ -168,7 +170,7 @@ func TestPNGLevels(t *testing.T) {
 		}
 		checkRGB(t, img, src)
 	}
-	if _, err := (&PNGEncoder{Level: 10}).Encode(nil, src); !errors.Is(err, ErrInvalid) {
+	if _, err := (&PNGEncoder{Level: 10}).Encode(nil, src); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("level 10: %v", err)
 	}
 }
@@ -179,7 +181,7 @@ func TestPNGInvalid(t *testing.T) {
 		{Pix: make([]byte, 10), Stride: 4, Width: 1, Height: 3},
 		{Pix: make([]byte, 100), Stride: 4, Width: 2, Height: 2},
 	} {
-		if _, err := EncodePNG(nil, m); !errors.Is(err, ErrInvalid) {
+		if _, err := EncodePNG(nil, m); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%+v: err %v", m, err)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // ScaledSize is the size of a w x h frame whose long edge is limited to
@@ -31,7 +33,7 @@ func Downscale(dst []byte, src Image, maxLongEdge int) (Image, error) {
 		return Image{}, err
 	}
 	if maxLongEdge < 0 {
-		return Image{}, fmt.Errorf("%w: max long edge %d", ErrInvalid, maxLongEdge)
+		return Image{}, fmt.Errorf("%w: max long edge %d", errdefs.ErrInvalidArgument, maxLongEdge)
 	}
 	dw, dh := ScaledSize(src.Width, src.Height, maxLongEdge)
 	if dw == src.Width && dh == src.Height {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"image"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // TileSize is the edge of the delta-screencast tiles.
@@ -21,7 +23,7 @@ func DiffTiles(dst []image.Rectangle, prev, cur Image) ([]image.Rectangle, error
 		return dst, err
 	}
 	if prev.Width != cur.Width || prev.Height != cur.Height {
-		return dst, fmt.Errorf("%w: frame sizes differ: %dx%d vs %dx%d", ErrInvalid,
+		return dst, fmt.Errorf("%w: frame sizes differ: %dx%d vs %dx%d", errdefs.ErrInvalidArgument,
 			prev.Width, prev.Height, cur.Width, cur.Height)
 	}
 	cols := (cur.Width + TileSize - 1) / TileSize

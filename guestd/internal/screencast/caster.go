@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
@@ -140,7 +141,7 @@ func WithGate(gate <-chan struct{}) StartOption { return func(c *startConfig) { 
 // "screencast_start".
 func (c *Caster) Start(ctx context.Context, req *aciv1.ScreencastStartRequest, send SendFunc, opts ...StartOption) (uint32, error) {
 	if send == nil {
-		return 0, fmt.Errorf("screencast: nil send function: %w", desktop.ErrInvalid)
+		return 0, fmt.Errorf("screencast: nil send function: %w", errdefs.ErrInvalidArgument)
 	}
 	var sc startConfig
 	for _, o := range opts {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -36,7 +37,7 @@ func (d *fakeDisplay) ScreenSize() (int, int) { return d.w, d.h }
 
 func (d *fakeDisplay) Capture(r image.Rectangle, dst *desktop.Frame) error {
 	if r.Empty() || !r.In(image.Rect(0, 0, d.w, d.h)) {
-		return fmt.Errorf("capture %v: %w", r, desktop.ErrInvalid)
+		return fmt.Errorf("capture %v: %w", r, errdefs.ErrInvalidArgument)
 	}
 	d.captures.Add(1)
 	d.captured.Add(int64(r.Dx() * r.Dy()))

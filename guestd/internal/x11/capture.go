@@ -11,6 +11,7 @@ import (
 	"github.com/jezek/xgb/xproto"
 	"golang.org/x/sys/unix"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -52,14 +53,14 @@ func checkFormat(setup *xproto.SetupInfo, scr *xproto.ScreenInfo) error {
 	}
 	if bpp != 32 || (scr.RootDepth != 24 && scr.RootDepth != 32) || setup.ImageByteOrder != xproto.ImageOrderLSBFirst {
 		return fmt.Errorf("x11: capture needs a 24/32-bit root with 32 bpp LSB-first pixels, have depth %d, %d bpp, byte order %d: %w",
-			scr.RootDepth, bpp, setup.ImageByteOrder, desktop.ErrUnavailable)
+			scr.RootDepth, bpp, setup.ImageByteOrder, errdefs.ErrUnavailable)
 	}
 	for _, dp := range scr.AllowedDepths {
 		for _, v := range dp.Visuals {
 			if v.VisualId == scr.RootVisual &&
 				(v.RedMask != 0xff0000 || v.GreenMask != 0xff00 || v.BlueMask != 0xff) {
 				return fmt.Errorf("x11: capture needs 0xRRGGBB visual masks, have %06x/%06x/%06x: %w",
-					v.RedMask, v.GreenMask, v.BlueMask, desktop.ErrUnavailable)
+					v.RedMask, v.GreenMask, v.BlueMask, errdefs.ErrUnavailable)
 			}
 		}
 	}
@@ -135,7 +136,7 @@ func (d *Desktop) SHMEnabled() (bool, error) {
 // enough.
 func (d *Desktop) Capture(r image.Rectangle, dst *desktop.Frame) error {
 	if dst == nil {
-		return fmt.Errorf("x11: capture: nil frame: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: capture: nil frame: %w", errdefs.ErrInvalidArgument)
 	}
 	return d.CaptureView(r, func(f *desktop.Frame) error {
 		setFrame(dst, r, f.Pix)
@@ -151,10 +152,10 @@ func (d *Desktop) Capture(r image.Rectangle, dst *desktop.Frame) error {
 // returned as is.
 func (d *Desktop) CaptureView(r image.Rectangle, fn func(f *desktop.Frame) error) error {
 	if fn == nil {
-		return fmt.Errorf("x11: capture: nil callback: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: capture: nil callback: %w", errdefs.ErrInvalidArgument)
 	}
 	if r.Empty() || !r.In(image.Rect(0, 0, d.width, d.height)) {
-		return fmt.Errorf("x11: capture: rectangle %v not inside the %dx%d screen: %w", r, d.width, d.height, desktop.ErrInvalid)
+		return fmt.Errorf("x11: capture: rectangle %v not inside the %dx%d screen: %w", r, d.width, d.height, errdefs.ErrInvalidArgument)
 	}
 	if d.cap.formatErr != nil {
 		return d.cap.formatErr

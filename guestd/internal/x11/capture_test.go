@@ -9,6 +9,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -121,7 +122,7 @@ func TestCapturePixelExact(t *testing.T) {
 	}
 
 	for _, r := range []image.Rectangle{{}, image.Rect(-1, 0, 10, 10), image.Rect(0, 0, screenW+1, 10)} {
-		if err := d.Capture(r, &f); !isErr(err, desktop.ErrInvalid) {
+		if err := d.Capture(r, &f); !isErr(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("capture %v: %v, want ErrInvalid", r, err)
 		}
 	}
@@ -189,7 +190,7 @@ func TestConnectionLoss(t *testing.T) {
 	checks["ClipboardSet"] = d.ClipboardSet("x")
 	checks["WatchDamage"] = d.WatchDamage(context.Background(), make(chan image.Rectangle))
 	for name, err := range checks {
-		if !isErr(err, desktop.ErrUnavailable) {
+		if !isErr(err, errdefs.ErrUnavailable) {
 			t.Errorf("%s after server death: %v, want ErrUnavailable", name, err)
 		}
 	}

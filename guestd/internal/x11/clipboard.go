@@ -12,7 +12,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 const (
@@ -57,7 +57,7 @@ func (d *Desktop) serverTime(ctx context.Context) (xproto.Timestamp, error) {
 				return e.Time, nil
 			}
 		case <-d.dead:
-			return 0, fmt.Errorf("x11: wait for server time: connection lost: %w", desktop.ErrUnavailable)
+			return 0, fmt.Errorf("x11: wait for server time: connection lost: %w", errdefs.ErrUnavailable)
 		case <-ctx.Done():
 			return 0, ctxErr(ctx)
 		}
@@ -78,10 +78,10 @@ func drainProps(ch chan xproto.PropertyNotifyEvent) {
 // asks (UTF8_STRING, STRING, TEXT, TARGETS, TIMESTAMP).
 func (d *Desktop) ClipboardSet(text string) error {
 	if len(text) > maxClipboardSet {
-		return fmt.Errorf("x11: clipboard text of %d bytes exceeds %d: %w", len(text), maxClipboardSet, desktop.ErrInvalid)
+		return fmt.Errorf("x11: clipboard text of %d bytes exceeds %d: %w", len(text), maxClipboardSet, errdefs.ErrInvalidArgument)
 	}
 	if !utf8.ValidString(text) {
-		return fmt.Errorf("x11: clipboard text is not valid UTF-8: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: clipboard text is not valid UTF-8: %w", errdefs.ErrInvalidArgument)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), defaultClipboardTimeout)
 	defer cancel()
@@ -100,7 +100,7 @@ func (d *Desktop) ClipboardSet(text string) error {
 		return xerr("GetSelectionOwner", err)
 	}
 	if r == nil || r.Owner != d.win {
-		return fmt.Errorf("x11: could not take ownership of CLIPBOARD: %w", desktop.ErrUnavailable)
+		return fmt.Errorf("x11: could not take ownership of CLIPBOARD: %w", errdefs.ErrUnavailable)
 	}
 	return nil
 }
@@ -177,7 +177,7 @@ func fromLatin1(b []byte) string {
 
 // ClipboardGet returns the text on CLIPBOARD ("" when nobody owns it or
 // the owner offers no text). Without a deadline on ctx it gives up after
-// two seconds with desktop.ErrTimeout.
+// two seconds with errdefs.ErrDeadlineExceeded.
 func (d *Desktop) ClipboardGet(ctx context.Context) (string, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -230,7 +230,7 @@ func (d *Desktop) convert(ctx context.Context, target xproto.Atom) (string, bool
 	select {
 	case ev = <-d.sel:
 	case <-d.dead:
-		return "", false, fmt.Errorf("x11: clipboard: connection lost: %w", desktop.ErrUnavailable)
+		return "", false, fmt.Errorf("x11: clipboard: connection lost: %w", errdefs.ErrUnavailable)
 	case <-ctx.Done():
 		return "", false, fmt.Errorf("x11: clipboard owner did not answer: %w", ctxErr(ctx))
 	}
@@ -252,7 +252,7 @@ func (d *Desktop) convert(ctx context.Context, target xproto.Atom) (string, bool
 		return decodeText(target, data), true, nil
 	}
 	if r.BytesAfter > 0 {
-		return "", false, fmt.Errorf("x11: clipboard text exceeds %d bytes: %w", maxClipboardGet, desktop.ErrInvalid)
+		return "", false, fmt.Errorf("x11: clipboard text exceeds %d bytes: %w", maxClipboardGet, errdefs.ErrInvalidArgument)
 	}
 	return decodeText(r.Type, r.Value), true, nil
 }
@@ -277,7 +277,7 @@ func (d *Desktop) readIncr(ctx context.Context) ([]byte, error) {
 				continue
 			}
 		case <-d.dead:
-			return nil, fmt.Errorf("x11: clipboard: connection lost: %w", desktop.ErrUnavailable)
+			return nil, fmt.Errorf("x11: clipboard: connection lost: %w", errdefs.ErrUnavailable)
 		case <-ctx.Done():
 			return nil, fmt.Errorf("x11: clipboard INCR transfer stalled: %w", ctxErr(ctx))
 		}
@@ -292,7 +292,7 @@ func (d *Desktop) readIncr(ctx context.Context) ([]byte, error) {
 			return data, nil
 		}
 		if len(data)+len(r.Value) > maxClipboardGet {
-			return nil, fmt.Errorf("x11: clipboard text exceeds %d bytes: %w", maxClipboardGet, desktop.ErrInvalid)
+			return nil, fmt.Errorf("x11: clipboard text exceeds %d bytes: %w", maxClipboardGet, errdefs.ErrInvalidArgument)
 		}
 		data = append(data, r.Value...)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 func TestClipboard(t *testing.T) {
@@ -48,10 +48,10 @@ func TestClipboard(t *testing.T) {
 	if s, err := d1.ClipboardGet(ctx); err != nil || s != big {
 		t.Fatalf("large converted clipboard: %d bytes %v", len(s), err)
 	}
-	if err := d1.ClipboardSet(strings.Repeat("x", maxClipboardSet+1)); !isErr(err, desktop.ErrInvalid) {
+	if err := d1.ClipboardSet(strings.Repeat("x", maxClipboardSet+1)); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("oversized set: %v", err)
 	}
-	if err := d1.ClipboardSet("\xff"); !isErr(err, desktop.ErrInvalid) {
+	if err := d1.ClipboardSet("\xff"); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("invalid UTF-8: %v", err)
 	}
 
@@ -62,7 +62,7 @@ func TestClipboard(t *testing.T) {
 	c.sync()
 	tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if _, err := d1.ClipboardGet(tctx); !isErr(err, desktop.ErrTimeout) {
+	if _, err := d1.ClipboardGet(tctx); !isErr(err, errdefs.ErrDeadlineExceeded) {
 		t.Fatalf("silent owner: %v, want ErrTimeout", err)
 	}
 }

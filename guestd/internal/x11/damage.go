@@ -12,7 +12,7 @@ import (
 	"github.com/jezek/xgb/xfixes"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // maxPendingRects is how many rectangles a slow watcher may have queued
@@ -137,16 +137,16 @@ func (w *watcher) take() []image.Rectangle {
 
 // WatchDamage delivers the rectangles of screen changes (root
 // coordinates) to ch until ctx ends, then returns ctx.Err(); it returns
-// an error wrapping desktop.ErrUnavailable if the connection is lost. It
+// an error wrapping errdefs.ErrUnavailable if the connection is lost. It
 // blocks, so run it in its own goroutine. When ch is not drained,
 // rectangles queue up and coalesce into their bounding box; the X event
 // goroutine never waits. ch is not closed. Any number of watchers may run.
 func (d *Desktop) WatchDamage(ctx context.Context, ch chan<- image.Rectangle) error {
 	if ch == nil {
-		return fmt.Errorf("x11: watch damage: nil channel: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: watch damage: nil channel: %w", errdefs.ErrInvalidArgument)
 	}
 	if !d.alive() {
-		return fmt.Errorf("x11: watch damage: connection lost: %w", desktop.ErrUnavailable)
+		return fmt.Errorf("x11: watch damage: connection lost: %w", errdefs.ErrUnavailable)
 	}
 	w := &watcher{signal: make(chan struct{}, 1)}
 	m := &d.dmg
@@ -171,7 +171,7 @@ func (d *Desktop) WatchDamage(ctx context.Context, ch chan<- image.Rectangle) er
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-d.dead:
-			return fmt.Errorf("x11: watch damage: connection lost: %w", desktop.ErrUnavailable)
+			return fmt.Errorf("x11: watch damage: connection lost: %w", errdefs.ErrUnavailable)
 		case <-w.signal:
 		}
 		for _, r := range w.take() {
@@ -180,7 +180,7 @@ func (d *Desktop) WatchDamage(ctx context.Context, ch chan<- image.Rectangle) er
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-d.dead:
-				return fmt.Errorf("x11: watch damage: connection lost: %w", desktop.ErrUnavailable)
+				return fmt.Errorf("x11: watch damage: connection lost: %w", errdefs.ErrUnavailable)
 			}
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/jezek/xgb/damage"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // damageSyncTimeout bounds one DamageSeqSync round trip: a server that does
@@ -115,7 +115,7 @@ func (m *damageSeq) marker(e xproto.ClientMessageEvent) bool {
 // returned is still current at the second. It takes one round trip. The
 // counter is per Desktop: results of different Desktops (a reconnect)
 // must not be compared. It fails with an error wrapping
-// desktop.ErrUnavailable when the server cannot support it or the
+// errdefs.ErrUnavailable when the server cannot support it or the
 // connection is lost.
 func (d *Desktop) DamageSeqSync(ctx context.Context) (uint64, error) {
 	if err := ctx.Err(); err != nil {
@@ -123,10 +123,10 @@ func (d *Desktop) DamageSeqSync(ctx context.Context) (uint64, error) {
 	}
 	m := &d.seq
 	if m.err != nil {
-		return 0, fmt.Errorf("x11: damage sequence: %v: %w", m.err, desktop.ErrUnavailable)
+		return 0, fmt.Errorf("x11: damage sequence: %v: %w", m.err, errdefs.ErrUnavailable)
 	}
 	if !d.alive() {
-		return 0, fmt.Errorf("x11: damage sequence: connection lost: %w", desktop.ErrUnavailable)
+		return 0, fmt.Errorf("x11: damage sequence: connection lost: %w", errdefs.ErrUnavailable)
 	}
 	// Sending under the lock keeps tokens in wire order.
 	m.mu.Lock()
@@ -156,9 +156,9 @@ func (d *Desktop) DamageSeqSync(ctx context.Context) (uint64, error) {
 		case <-ctx.Done():
 			return 0, ctxErr(ctx)
 		case <-d.dead:
-			return 0, fmt.Errorf("x11: damage sequence: connection lost: %w", desktop.ErrUnavailable)
+			return 0, fmt.Errorf("x11: damage sequence: connection lost: %w", errdefs.ErrUnavailable)
 		case <-t.C:
-			return 0, fmt.Errorf("x11: damage sequence: no answer within %s: %w", damageSyncTimeout, desktop.ErrUnavailable)
+			return 0, fmt.Errorf("x11: damage sequence: no answer within %s: %w", damageSyncTimeout, errdefs.ErrUnavailable)
 		}
 	}
 }

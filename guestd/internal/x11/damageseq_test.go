@@ -11,6 +11,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -69,7 +70,7 @@ func TestDamageSeqSync(t *testing.T) {
 	}
 	x.stop()
 	<-d.Done()
-	if _, err := d.DamageSeqSync(ctx); !isErr(err, desktop.ErrUnavailable) {
+	if _, err := d.DamageSeqSync(ctx); !isErr(err, errdefs.ErrUnavailable) {
 		t.Errorf("after server death: %v, want ErrUnavailable", err)
 	}
 }
@@ -97,7 +98,7 @@ func TestCaptureViewMatchesCapture(t *testing.T) {
 			t.Fatalf("CaptureView %v: %v, called %v", r, err, called)
 		}
 	}
-	if err := d.CaptureView(image.Rect(0, 0, screenW+1, 1), func(*desktop.Frame) error { return nil }); !isErr(err, desktop.ErrInvalid) {
+	if err := d.CaptureView(image.Rect(0, 0, screenW+1, 1), func(*desktop.Frame) error { return nil }); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("off-screen view: %v", err)
 	}
 }
@@ -144,7 +145,7 @@ func TestCaptureScreenSynced(t *testing.T) {
 			t.Fatalf("round %d: %v, called %v", i, err, called)
 		}
 	}
-	if err := d.CaptureScreenSynced(nil); !isErr(err, desktop.ErrInvalid) {
+	if err := d.CaptureScreenSynced(nil); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("nil callback: %v", err)
 	}
 }

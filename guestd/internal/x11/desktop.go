@@ -26,12 +26,13 @@ import (
 	"github.com/jezek/xgb/xproto"
 	"github.com/jezek/xgb/xtest"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
 // Desktop is a connection to one X display. All methods are safe for
 // concurrent use. When the connection dies every method fails with an
-// error wrapping desktop.ErrUnavailable; reconnecting means calling Open
+// error wrapping errdefs.ErrUnavailable; reconnecting means calling Open
 // again.
 type Desktop struct {
 	conn   *xgb.Conn
@@ -93,7 +94,7 @@ func Open(ctx context.Context, display string) (*Desktop, error) {
 	go func() {
 		conn, err := xgb.NewConnDisplay(display)
 		if err != nil {
-			ch <- result{nil, fmt.Errorf("x11: connect to display %q: %v: %w", display, err, desktop.ErrUnavailable)}
+			ch <- result{nil, fmt.Errorf("x11: connect to display %q: %v: %w", display, err, errdefs.ErrUnavailable)}
 			return
 		}
 		d, err := newDesktop(conn)
@@ -129,7 +130,7 @@ func newDesktop(conn *xgb.Conn) (*Desktop, error) {
 	}
 	for _, name := range []string{"XTEST", "XFIXES", "DAMAGE"} {
 		if err := initExtension(conn, name); err != nil {
-			return nil, fmt.Errorf("x11: %s extension: %v: %w", name, err, desktop.ErrUnavailable)
+			return nil, fmt.Errorf("x11: %s extension: %v: %w", name, err, errdefs.ErrUnavailable)
 		}
 	}
 	// XFIXES and DAMAGE refuse requests until the client announced its
@@ -185,7 +186,7 @@ const closeTimeout = 2 * time.Second
 
 // Close puts back remapped keycodes, closes the connection and releases
 // the shared-memory segment. Calls in flight fail with
-// desktop.ErrUnavailable. Close is idempotent; it returns an error only
+// errdefs.ErrUnavailable. Close is idempotent; it returns an error only
 // when the server did not let go of the connection in time (a frozen
 // server), in which case the rest is released when the process exits.
 func (d *Desktop) Close() error {
@@ -206,7 +207,7 @@ func (d *Desktop) Close() error {
 			d.cap.release()
 		case <-time.After(closeTimeout):
 			d.closeErr = fmt.Errorf("x11: close: X server did not release the connection within %s: %w",
-				closeTimeout, desktop.ErrUnavailable)
+				closeTimeout, errdefs.ErrUnavailable)
 		}
 	})
 	return d.closeErr
@@ -296,11 +297,11 @@ func xerr(op string, err error) error {
 		return nil
 	}
 	if errors.Is(err, io.EOF) {
-		return fmt.Errorf("x11: %s: connection to X server lost: %w", op, desktop.ErrUnavailable)
+		return fmt.Errorf("x11: %s: connection to X server lost: %w", op, errdefs.ErrUnavailable)
 	}
 	switch err.(type) {
 	case xproto.WindowError, xproto.DrawableError:
-		return fmt.Errorf("x11: %s: %v: %w", op, err, desktop.ErrNotFound)
+		return fmt.Errorf("x11: %s: %v: %w", op, err, errdefs.ErrNotFound)
 	}
 	return fmt.Errorf("x11: %s: %w", op, err)
 }
@@ -308,7 +309,7 @@ func xerr(op string, err error) error {
 // errNilReply covers xgb returning neither reply nor error, which happens
 // only when the connection closes under an unchecked cookie.
 func errNilReply(op string) error {
-	return fmt.Errorf("x11: %s: no reply: %w", op, desktop.ErrUnavailable)
+	return fmt.Errorf("x11: %s: no reply: %w", op, errdefs.ErrUnavailable)
 }
 
 // await runs f and waits for it or ctx, whichever ends first. X requests
@@ -335,7 +336,7 @@ func await[T any](ctx context.Context, f func() (T, error)) (T, error) {
 
 func ctxErr(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("x11: %w: %w", desktop.ErrTimeout, ctx.Err())
+		return fmt.Errorf("x11: %w: %w", errdefs.ErrDeadlineExceeded, ctx.Err())
 	}
 	return ctx.Err()
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/jezek/xgb/xproto"
 	"github.com/jezek/xgb/xtest"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // Limits on one call, so a bad request cannot queue minutes of input.
@@ -231,7 +231,7 @@ func (d *Desktop) keyFor(ks uint32) (keyPos, error) {
 		}
 	}
 	if best < 0 {
-		return keyPos{}, fmt.Errorf("x11: no spare keycode to type keysym 0x%x: %w", ks, desktop.ErrUnavailable)
+		return keyPos{}, fmt.Errorf("x11: no spare keycode to type keysym 0x%x: %w", ks, errdefs.ErrUnavailable)
 	}
 	if d.in.scratch[best].pressed > d.in.taken {
 		// The slot's last character may still be waiting for its
@@ -408,7 +408,7 @@ func (d *Desktop) shiftKey() (xproto.Keycode, error) {
 // MoveTo moves the pointer to (x, y) in root coordinates.
 func (d *Desktop) MoveTo(x, y int) error {
 	if x < 0 || y < 0 || x >= d.width || y >= d.height {
-		return fmt.Errorf("x11: move to (%d,%d): outside the %dx%d screen: %w", x, y, d.width, d.height, desktop.ErrInvalid)
+		return fmt.Errorf("x11: move to (%d,%d): outside the %dx%d screen: %w", x, y, d.width, d.height, errdefs.ErrInvalidArgument)
 	}
 	d.in.mu.Lock()
 	defer d.in.mu.Unlock()
@@ -418,7 +418,7 @@ func (d *Desktop) MoveTo(x, y int) error {
 
 func checkButton(b int) error {
 	if b < 1 || b > 9 {
-		return fmt.Errorf("x11: button %d not in 1..9: %w", b, desktop.ErrInvalid)
+		return fmt.Errorf("x11: button %d not in 1..9: %w", b, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -451,7 +451,7 @@ func (d *Desktop) Click(button, count int) error {
 		return err
 	}
 	if count < 1 || count > maxClicks {
-		return fmt.Errorf("x11: click count %d not in 1..%d: %w", count, maxClicks, desktop.ErrInvalid)
+		return fmt.Errorf("x11: click count %d not in 1..%d: %w", count, maxClicks, errdefs.ErrInvalidArgument)
 	}
 	d.in.mu.Lock()
 	defer d.in.mu.Unlock()
@@ -466,7 +466,7 @@ func (d *Desktop) Click(button, count int) error {
 // (7), dx<0 left (6), one click per notch.
 func (d *Desktop) Scroll(dx, dy int) error {
 	if dx < -maxScroll || dx > maxScroll || dy < -maxScroll || dy > maxScroll {
-		return fmt.Errorf("x11: scroll (%d,%d) beyond %d notches: %w", dx, dy, maxScroll, desktop.ErrInvalid)
+		return fmt.Errorf("x11: scroll (%d,%d) beyond %d notches: %w", dx, dy, maxScroll, errdefs.ErrInvalidArgument)
 	}
 	d.in.mu.Lock()
 	defer d.in.mu.Unlock()
@@ -573,7 +573,7 @@ func (d *Desktop) KeyUp(name string) error {
 // KeyCombo presses the keys in order and releases them in reverse.
 func (d *Desktop) KeyCombo(names []string) error {
 	if len(names) == 0 || len(names) > maxComboKeys {
-		return fmt.Errorf("x11: key combo of %d keys, want 1..%d: %w", len(names), maxComboKeys, desktop.ErrInvalid)
+		return fmt.Errorf("x11: key combo of %d keys, want 1..%d: %w", len(names), maxComboKeys, errdefs.ErrInvalidArgument)
 	}
 	syms := make([]uint32, len(names))
 	for i, n := range names {
@@ -617,10 +617,10 @@ func (d *Desktop) KeyCombo(names []string) error {
 // shifted symbols are typed with Shift. "\n" is Return, "\t" Tab.
 func (d *Desktop) TypeText(text string) error {
 	if len(text) > maxTypeLength {
-		return fmt.Errorf("x11: text of %d bytes exceeds %d: %w", len(text), maxTypeLength, desktop.ErrInvalid)
+		return fmt.Errorf("x11: text of %d bytes exceeds %d: %w", len(text), maxTypeLength, errdefs.ErrInvalidArgument)
 	}
 	if !utf8.ValidString(text) {
-		return fmt.Errorf("x11: text is not valid UTF-8: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: text is not valid UTF-8: %w", errdefs.ErrInvalidArgument)
 	}
 	d.in.mu.Lock()
 	defer d.in.mu.Unlock()

@@ -16,7 +16,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 func TestPointer(t *testing.T) {
@@ -42,7 +42,7 @@ func TestPointer(t *testing.T) {
 			t.Fatalf("CursorPosition %d,%d %v want %v", x, y, err, p)
 		}
 	}
-	if err := d.MoveTo(screenW, 0); !isErr(err, desktop.ErrInvalid) {
+	if err := d.MoveTo(screenW, 0); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("off-screen move: %v", err)
 	}
 
@@ -91,11 +91,11 @@ func TestPointer(t *testing.T) {
 	expectButtons("middle down/up", 2)
 
 	for _, b := range []int{0, 10} {
-		if err := d.ButtonDown(b); !isErr(err, desktop.ErrInvalid) {
+		if err := d.ButtonDown(b); !isErr(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("button %d: %v", b, err)
 		}
 	}
-	if err := d.Click(1, 0); !isErr(err, desktop.ErrInvalid) {
+	if err := d.Click(1, 0); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("zero clicks: %v", err)
 	}
 }
@@ -267,11 +267,11 @@ func TestKeyboard(t *testing.T) {
 
 	for _, bad := range []string{"", "nosuchkey", "ctrl+c"} {
 		err := d.KeyDown(bad)
-		if !errors.Is(err, desktop.ErrInvalid) {
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("KeyDown(%q): %v, want ErrInvalid", bad, err)
 		}
 	}
-	if err := d.KeyCombo([]string{"ctrl", "bogus"}); !isErr(err, desktop.ErrInvalid) {
+	if err := d.KeyCombo([]string{"ctrl", "bogus"}); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("combo with bad key: %v", err)
 	}
 }

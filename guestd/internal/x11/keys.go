@@ -9,7 +9,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // keyAliases are the friendly, case-insensitive names agents use.
@@ -65,7 +65,7 @@ var keysymByRune = sync.OnceValue(func() map[rune]uint32 {
 // "0x..." keysym value.
 func resolveKey(name string) (uint32, error) {
 	if name == "" {
-		return 0, fmt.Errorf("x11: empty key name: %w", desktop.ErrInvalid)
+		return 0, fmt.Errorf("x11: empty key name: %w", errdefs.ErrInvalidArgument)
 	}
 	if ks, ok := keyAliases[strings.ToLower(name)]; ok {
 		return ks, nil
@@ -89,7 +89,7 @@ func resolveKey(name string) (uint32, error) {
 			return uint32(ks), nil
 		}
 	}
-	return 0, fmt.Errorf("x11: unknown key name %q: %w", name, desktop.ErrInvalid)
+	return 0, fmt.Errorf("x11: unknown key name %q: %w", name, errdefs.ErrInvalidArgument)
 }
 
 func cutPrefixFold(s, prefix string) (string, bool) {

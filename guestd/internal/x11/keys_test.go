@@ -5,7 +5,7 @@ package x11
 import (
 	"testing"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 func TestResolveKey(t *testing.T) {
@@ -22,7 +22,7 @@ func TestResolveKey(t *testing.T) {
 	} {
 		got, err := resolveKey(name)
 		if want == 0 {
-			if !isErr(err, desktop.ErrInvalid) {
+			if !isErr(err, errdefs.ErrInvalidArgument) {
 				t.Errorf("%q: %x %v, want ErrInvalid", name, got, err)
 			}
 			continue

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -39,7 +40,7 @@ func TestCloseReleases(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- d.WatchDamage(context.Background(), make(chan image.Rectangle)) }()
 		d.Close()
-		if err := <-errc; !isErr(err, desktop.ErrUnavailable) {
+		if err := <-errc; !isErr(err, errdefs.ErrUnavailable) {
 			t.Fatalf("watcher after Close: %v", err)
 		}
 		if err := d.Close(); err != nil {
@@ -53,7 +54,7 @@ func TestCloseReleases(t *testing.T) {
 
 func TestOpenNoServer(t *testing.T) {
 	_, err := Open(context.Background(), ":199")
-	if !isErr(err, desktop.ErrUnavailable) {
+	if !isErr(err, errdefs.ErrUnavailable) {
 		t.Fatalf("Open of a display without server: %v, want ErrUnavailable", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -11,6 +11,7 @@ import (
 	"github.com/jezek/xgb/xproto"
 	"golang.org/x/sys/unix"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -76,15 +77,15 @@ func (r *dirtyRows) take() (y0, y1 int) {
 // first (at or after the moment the frame must reflect). The frame aliases
 // the mirror and is valid only until fn returns; fn must not modify it.
 // Other CaptureScreenSynced calls wait for fn; Capture and CaptureView do
-// not. It fails with an error wrapping desktop.ErrUnavailable, before
+// not. It fails with an error wrapping errdefs.ErrUnavailable, before
 // calling fn, when the server cannot support a mirror (no DAMAGE counting
 // or no MIT-SHM); fn's error is returned as is.
 func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 	if fn == nil {
-		return fmt.Errorf("x11: capture: nil callback: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: capture: nil callback: %w", errdefs.ErrInvalidArgument)
 	}
 	if d.seq.err != nil {
-		return fmt.Errorf("x11: screen mirror: %v: %w", d.seq.err, desktop.ErrUnavailable)
+		return fmt.Errorf("x11: screen mirror: %v: %w", d.seq.err, errdefs.ErrUnavailable)
 	}
 	if d.cap.formatErr != nil {
 		return d.cap.formatErr
@@ -97,7 +98,7 @@ func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 			m.err = d.attachMirror(m)
 		}
 		if m.err != nil {
-			return fmt.Errorf("x11: screen mirror: %v: %w", m.err, desktop.ErrUnavailable)
+			return fmt.Errorf("x11: screen mirror: %v: %w", m.err, errdefs.ErrUnavailable)
 		}
 	}
 	// Rows drawn after this take are either inside the rows read below or
@@ -128,7 +129,7 @@ func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 			m.on, m.err = false, err
 			unix.SysvShmDetach(m.buf)
 			m.buf = nil
-			return fmt.Errorf("x11: screen mirror: %v: %w", err, desktop.ErrUnavailable)
+			return fmt.Errorf("x11: screen mirror: %v: %w", err, errdefs.ErrUnavailable)
 		}
 	}
 	m.valid = true

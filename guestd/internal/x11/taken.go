@@ -17,7 +17,7 @@ import (
 	"github.com/jezek/xgb/res"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/fscred"
 )
 
@@ -120,7 +120,7 @@ func (d *Desktop) keysTaken(pid int) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("x11: the application receiving the keys (pid %d) has not taken those typed so far within %s: %w",
-				pid, keysTakenTimeout, desktop.ErrTimeout)
+				pid, keysTakenTimeout, errdefs.ErrDeadlineExceeded)
 		}
 		time.Sleep(delay)
 		delay = min(2*delay, 16*time.Millisecond)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -102,7 +103,7 @@ func (d *Desktop) ListWindows() ([]desktop.Window, error) {
 	for i, id := range ids {
 		w, err := d.collectWindow(id, &cks[i], active)
 		if err != nil {
-			if errors.Is(err, desktop.ErrNotFound) {
+			if errors.Is(err, errdefs.ErrNotFound) {
 				continue // destroyed while we were reading it
 			}
 			return nil, err
@@ -217,7 +218,7 @@ func (d *Desktop) lookupWindow(id uint32) (wm bool, err error) {
 		return false, err
 	}
 	if !slices.Contains(ids, xproto.Window(id)) {
-		return false, fmt.Errorf("x11: window 0x%x: %w", id, desktop.ErrNotFound)
+		return false, fmt.Errorf("x11: window 0x%x: %w", id, errdefs.ErrNotFound)
 	}
 	return wm, nil
 }
@@ -325,7 +326,7 @@ func (d *Desktop) CloseWindow(id uint32) error {
 // way); without one, ConfigureWindow.
 func (d *Desktop) MoveResizeWindow(id uint32, x, y, w, h int) error {
 	if w < 1 || h < 1 || w > 32767 || h > 32767 || x < -32768 || x > 32767 || y < -32768 || y > 32767 {
-		return fmt.Errorf("x11: move/resize to %dx%d+%d+%d: out of range: %w", w, h, x, y, desktop.ErrInvalid)
+		return fmt.Errorf("x11: move/resize to %dx%d+%d+%d: out of range: %w", w, h, x, y, errdefs.ErrInvalidArgument)
 	}
 	wm, err := d.lookupWindow(id)
 	if err != nil {
@@ -362,14 +363,14 @@ func (d *Desktop) MoveResizeWindow(id uint32, x, y, w, h int) error {
 // fullscreens a window. It needs an EWMH window manager.
 func (d *Desktop) SetWindowState(id uint32, state desktop.WindowState) error {
 	if state < desktop.WindowMaximize || state > desktop.WindowFullscreen {
-		return fmt.Errorf("x11: window state %d: %w", state, desktop.ErrInvalid)
+		return fmt.Errorf("x11: window state %d: %w", state, errdefs.ErrInvalidArgument)
 	}
 	wm, err := d.lookupWindow(id)
 	if err != nil {
 		return err
 	}
 	if !wm {
-		return fmt.Errorf("x11: changing window state needs an EWMH window manager, none is running: %w", desktop.ErrUnavailable)
+		return fmt.Errorf("x11: changing window state needs an EWMH window manager, none is running: %w", errdefs.ErrUnavailable)
 	}
 	win := xproto.Window(id)
 	a := &d.atoms

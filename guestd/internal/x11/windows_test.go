@@ -11,6 +11,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -83,11 +84,11 @@ func TestWindowsNoWM(t *testing.T) {
 	if w := mustFind(t, d, a); w.X != 10 || w.Y != 20 || w.Width != 640 || w.Height != 480 {
 		t.Fatalf("after move/resize: %+v", w)
 	}
-	if err := d.MoveResizeWindow(uint32(a), 0, 0, 0, 10); !isErr(err, desktop.ErrInvalid) {
+	if err := d.MoveResizeWindow(uint32(a), 0, 0, 0, 10); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("zero width: %v", err)
 	}
 
-	if err := d.SetWindowState(uint32(a), desktop.WindowMaximize); !isErr(err, desktop.ErrUnavailable) {
+	if err := d.SetWindowState(uint32(a), desktop.WindowMaximize); !isErr(err, errdefs.ErrUnavailable) {
 		t.Fatalf("maximize without WM: %v", err)
 	}
 
@@ -109,7 +110,7 @@ func TestWindowsNoWM(t *testing.T) {
 		"move":     d.MoveResizeWindow(0xdead, 0, 0, 10, 10),
 		"state":    d.SetWindowState(0xdead, desktop.WindowMinimize),
 	} {
-		if !isErr(err, desktop.ErrNotFound) {
+		if !isErr(err, errdefs.ErrNotFound) {
 			t.Errorf("%s unknown window: %v", name, err)
 		}
 	}
@@ -197,10 +198,10 @@ func TestWindowsOpenbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectDeleteRequest(t, c, a)
-	if err := d.SetWindowState(uint32(a), desktop.WindowState(99)); !isErr(err, desktop.ErrInvalid) {
+	if err := d.SetWindowState(uint32(a), desktop.WindowState(99)); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad state: %v", err)
 	}
-	if err := d.ActivateWindow(0xdead); !isErr(err, desktop.ErrNotFound) {
+	if err := d.ActivateWindow(0xdead); !isErr(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown window: %v", err)
 	}
 }
