@@ -88,6 +88,7 @@ type Client struct {
 	sandboxes   controldv1.SandboxServiceClient
 	checkpoints controldv1.CheckpointServiceClient
 	pools       controldv1.PoolServiceClient
+	hosts       controldv1.HostServiceClient
 	aciOpts     []aci.DialOption
 	// gatewayTLS is the TLS configuration for HTTPS requests to controld's
 	// gateway (exposed ports): Dial's WithTLS; nil means system roots.
@@ -225,6 +226,7 @@ func NewFromConn(conn *grpc.ClientConn, aciOpts ...aci.DialOption) *Client {
 		sandboxes:   controldv1.NewSandboxServiceClient(conn),
 		checkpoints: controldv1.NewCheckpointServiceClient(conn),
 		pools:       controldv1.NewPoolServiceClient(conn),
+		hosts:       controldv1.NewHostServiceClient(conn),
 		aciOpts:     aciOpts,
 	}
 }
@@ -297,6 +299,16 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 func (c *Client) SandboxService() controldv1.SandboxServiceClient       { return c.sandboxes }
 func (c *Client) CheckpointService() controldv1.CheckpointServiceClient { return c.checkpoints }
 func (c *Client) PoolService() controldv1.PoolServiceClient             { return c.pools }
+
+// HostStatus reports controld's host: its name (what records' host fields
+// say), memory, admitted sandboxes against its admission limits, and pools.
+func (c *Client) HostStatus(ctx context.Context) (*controldv1.GetHostStatusResponse, error) {
+	r, err := c.hosts.GetHostStatus(ctx, &controldv1.GetHostStatusRequest{})
+	if err != nil {
+		return nil, convert(ctx, err)
+	}
+	return r, nil
+}
 
 // convert maps an RPC error onto the errdefs classes. A context error of
 // the caller stays a context error.

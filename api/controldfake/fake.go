@@ -1,4 +1,4 @@
-// Package controldfake is an in-memory controld: the three gRPC services of
+// Package controldfake is an in-memory controld: the four gRPC services of
 // forkfleet.controld.v1 with controld's validation rules, error codes and
 // details (BadRequest naming the field, ErrorInfo reasons), lifecycle
 // events, checkpoint lineage, per-replica fork results and pools with hit
@@ -39,14 +39,23 @@ import (
 // known to a new Fake.
 const DefaultImage = "localhost/forkfleet/desktop:latest"
 
-// Fake implements controldv1.SandboxServiceServer, CheckpointServiceServer
-// and PoolServiceServer. Its exported fields configure behavior; set them
+// Fake implements controldv1.SandboxServiceServer, CheckpointServiceServer,
+// PoolServiceServer and HostServiceServer. Its exported fields configure behavior; set them
 // before serving.
 type Fake struct {
 	controldv1.UnimplementedSandboxServiceServer
 	controldv1.UnimplementedCheckpointServiceServer
 	controldv1.UnimplementedPoolServiceServer
+	controldv1.UnimplementedHostServiceServer
 
+	// Host is the host name the fake reports (GetHostStatus) and puts in
+	// its records' host fields; "fake" when empty. Fakes standing in for
+	// the hosts of one fleet take distinct names.
+	Host string
+	// MemoryTotalBytes is the host RAM GetHostStatus reports
+	// (Limits.MaxMemoryBytes when 0); memory_available_bytes is what the
+	// admitted sandboxes leave of it.
+	MemoryTotalBytes int64
 	// Token, when set, is required as a bearer credential on every RPC.
 	Token string
 	// BootDelay: a sandbox created without wait_ready stays BOOTING this
@@ -98,11 +107,12 @@ func New() *Fake {
 	return f
 }
 
-// Register adds the three services to s.
+// Register adds the four services to s.
 func (f *Fake) Register(s *grpc.Server) {
 	controldv1.RegisterSandboxServiceServer(s, f)
 	controldv1.RegisterCheckpointServiceServer(s, f)
 	controldv1.RegisterPoolServiceServer(s, f)
+	controldv1.RegisterHostServiceServer(s, f)
 }
 
 // ServerOptions returns controld's keepalive and the interceptors
@@ -248,6 +258,12 @@ func (f *Fake) limits() limits.Host {
 // admit applies controld's admission to one more sandbox with res; the
 // caller holds f.mu.
 func (f *Fake) admit(res *controldv1.Resources) error {
+	return f.limits().Admit(f.held(), limits.Of(res))
+}
+
+// held is what the fake's sandboxes hold against admission, counted as
+// controld counts; the caller holds f.mu.
+func (f *Fake) held() limits.Usage {
 	var held limits.Usage
 	for _, sb := range f.sandboxes {
 		switch sb.GetState() {
@@ -258,7 +274,36 @@ func (f *Fake) admit(res *controldv1.Resources) error {
 			held = held.Add(limits.Of(sb.GetResources()))
 		}
 	}
-	return f.limits().Admit(held, limits.Of(res))
+	return held
+}
+
+// host is the name in the fake's records and host status.
+func (f *Fake) host() string {
+	if f.Host == "" {
+		return "fake"
+	}
+	return f.Host
+}
+
+// GetHostStatus reports the fake's host as controld does (limits.Host.Status
+// for admission); its memory is MemoryTotalBytes less what is admitted.
+func (f *Fake) GetHostStatus(ctx context.Context, req *controldv1.GetHostStatusRequest) (*controldv1.GetHostStatusResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	lim := f.limits()
+	st := lim.Status(f.held())
+	st.Host, st.Version = f.host(), "controldfake"
+	st.MemoryTotalBytes = f.MemoryTotalBytes
+	if st.MemoryTotalBytes == 0 {
+		st.MemoryTotalBytes = lim.MaxMemoryBytes
+	}
+	st.MemoryAvailableBytes = max(0, st.MemoryTotalBytes-st.AdmittedMemoryBytes)
+	st.Checkpoints = uint32(len(f.checkpoints))
+	for _, id := range slices.Sorted(maps.Keys(f.pools)) {
+		p := f.pools[id]
+		st.Pools = append(st.Pools, &controldv1.PoolStatus{Id: p.GetId(), Name: p.GetName(), Size: p.GetSize(), Available: p.GetAvailable()})
+	}
+	return st, nil
 }
 
 func notFound(kind, reason, id string) error {
@@ -304,7 +349,7 @@ func (f *Fake) newSandbox(image string, res *controldv1.Resources, scr *controld
 	sb := &controldv1.Sandbox{
 		Id: rules.NewID(rules.PrefixSandbox), State: controldv1.SandboxState_SANDBOX_STATE_BOOTING, Image: image,
 		Resources: proto.CloneOf(res), Screen: proto.CloneOf(scr), Labels: maps.Clone(labels),
-		CreatedAt: timestamppb.New(now), Host: "fake",
+		CreatedAt: timestamppb.New(now), Host: f.host(),
 	}
 	if sb.Resources == nil {
 		sb.Resources = &controldv1.Resources{}
@@ -646,7 +691,7 @@ func (f *Fake) createCheckpoint(req *controldv1.CreateCheckpointRequest) (*contr
 		SourceSandboxId: sb.GetId(), ParentCheckpointId: sb.GetCheckpointId(), Image: sb.GetImage(), RunAsRoot: sb.GetRunAsRoot(),
 		Screen: proto.CloneOf(sb.GetScreen()), Resources: proto.CloneOf(sb.GetResources()), Labels: maps.Clone(req.GetLabels()),
 		CreatedAt: timestamppb.Now(), MemoryBytes: memBytes, LayerBytes: 4 << 20, VerifyLevels: levels,
-		Network: netpolicy.Normalize(sb.GetNetwork()),
+		Network: netpolicy.Normalize(sb.GetNetwork()), Host: f.host(),
 		Timing: &controldv1.CheckpointTiming{Frozen: durationpb.New(40 * time.Millisecond), Dump: durationpb.New(30 * time.Millisecond),
 			Layer: durationpb.New(10 * time.Millisecond), Total: durationpb.New(60 * time.Millisecond)},
 	}
@@ -878,7 +923,7 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 		return nil, rpcErr(err)
 	}
 	ck := proto.CloneOf(src)
-	ck.Id, ck.ChildIds, ck.LiveForks = rules.NewID(rules.PrefixCheckpoint), nil, 0
+	ck.Id, ck.ChildIds, ck.LiveForks, ck.Host = rules.NewID(rules.PrefixCheckpoint), nil, 0, f.host()
 	if parent, ok := f.checkpoints[ck.GetParentCheckpointId()]; ok {
 		parent.ChildIds = append(parent.ChildIds, ck.Id)
 	} else {
@@ -947,7 +992,7 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 		}
 	}
 	p := &controldv1.Pool{Id: rules.NewID(rules.PrefixPool), Name: req.GetName(), Size: req.GetSize(), Available: req.GetSize(),
-		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res, Network: nw}
+		Labels: maps.Clone(req.GetLabels()), Screen: proto.CloneOf(req.GetScreen()), Resources: res, Network: nw, Host: f.host()}
 	switch src := req.GetSource().(type) {
 	case *controldv1.CreatePoolRequest_Image:
 		if !f.images[src.Image] {

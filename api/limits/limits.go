@@ -295,3 +295,16 @@ func Bytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %siB", v, suffix)
 }
+
+// Status fills the admission fields of a host status (GetHostStatus) for a
+// host holding held: controld and the fake report the same numbers Admit
+// decides by.
+func (h Host) Status(held Usage) *controldv1.GetHostStatusResponse {
+	return &controldv1.GetHostStatusResponse{
+		Sandboxes:           uint32(held.Sandboxes),
+		MaxSandboxes:        uint32(h.MaxSandboxes),
+		AdmittedMemoryBytes: held.MemoryBytes,
+		MaxMemoryBytes:      h.MaxMemoryBytes,
+		DefaultMemoryBytes:  h.Default.GetMemoryBytes(),
+	}
+}

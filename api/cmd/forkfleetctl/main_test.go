@@ -201,6 +201,10 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if got := ok[*controldv1.ResumeSandboxResponse](t, target, "sandbox", "resume", id); got.GetSandbox().GetState() != controldv1.SandboxState_SANDBOX_STATE_READY {
 		t.Fatalf("resume: %v", got)
 	}
+	if got := ok[*controldv1.GetHostStatusResponse](t, target, "host", "status"); got.GetHost() != "fake" || got.GetSandboxes() != 1 ||
+		got.GetAdmittedMemoryBytes() != 2<<30 || got.GetMaxMemoryBytes() == 0 {
+		t.Fatalf("host status: %v", got)
+	}
 	ev := ok[*controldv1.WatchSandboxesResponse](t, target, "sandbox", "watch", id, "--count", "1")
 	if ev.GetType() != controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_EXISTING || ev.GetSandbox().GetId() != id {
 		t.Fatalf("watch: %v", ev)

@@ -177,7 +177,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	// answers NOT_SERVING and /readyz 503 until it is done, the controld
 	// services UNAVAILABLE (reason STARTING), instead of connections that
 	// hang in the listen backlog.
-	gsrv := server.New(server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg})
+	gsrv := server.New(server.Options{Token: token, TracerProvider: tr.Provider, Registerer: reg, Version: Version})
 	undo = append(undo, gsrv.Stop)
 	var msrv *http.Server
 	if metricsLn != nil {

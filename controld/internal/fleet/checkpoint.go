@@ -440,6 +440,9 @@ func (m *Manager) checkpointView(id string) (*controldv1.Checkpoint, error) {
 func (m *Manager) checkpointViewLocked(c *store.CheckpointRecord) *controldv1.Checkpoint {
 	v := proto.Clone(c.Checkpoint).(*controldv1.Checkpoint)
 	v.LiveForks = uint32(m.liveForksLocked(c.Checkpoint.Id))
+	// This host holds it, whichever host took it (an import's record says
+	// its source's).
+	v.Host = m.opts.Host
 	return v
 }
 

@@ -201,6 +201,7 @@ func (m *Manager) poolMembersLocked(p *pool) (warm, warming []*sandbox) {
 
 func (m *Manager) poolViewLocked(p *pool) *controldv1.Pool {
 	v := p.recordLocked().Pool
+	v.Host = m.opts.Host
 	warm, _ := m.poolMembersLocked(p)
 	v.Available = uint32(len(warm))
 	m.metrics.PoolAvailable.WithLabelValues(v.Id).Set(float64(v.Available))

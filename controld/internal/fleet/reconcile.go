@@ -105,6 +105,9 @@ func isOurs(in Instance) bool {
 func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]Instance) error {
 	id := r.Sandbox.Id
 	in, present := byID[id]
+	// Records name the host that owns them now (config "host" may have
+	// changed since): clients route by it.
+	r.Sandbox.Host = m.opts.Host
 	sb := &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
 	close(sb.started)
 	state := r.Sandbox.State

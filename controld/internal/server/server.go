@@ -1,4 +1,4 @@
-// Package server exposes the fleet Manager as controld's three gRPC
+// Package server exposes the fleet Manager as controld's four gRPC
 // services, with grpc.health.v1 and server reflection beside them. Errors
 // are converted to gRPC status (with BadRequest/ErrorInfo details) exactly
 // once, in an interceptor; handlers return domain errors.
@@ -38,9 +38,11 @@ type Options struct {
 	Token          string
 	TracerProvider trace.TracerProvider // nil: global
 	Registerer     prometheus.Registerer
+	// Version is reported by GetHostStatus.
+	Version string
 }
 
-// Server is controld's gRPC server: the three controld services,
+// Server is controld's gRPC server: the four controld services,
 // grpc.health.v1 and server reflection. It serves from the start, before
 // the manager exists: health answers NOT_SERVING and the controld services
 // UNAVAILABLE (reason STARTING) until SetManager, after startup
@@ -92,7 +94,7 @@ func (w *endingWatch) Send(r *healthpb.HealthCheckResponse) error {
 // The services whose health grpc.health.v1 reports ("" is the server's).
 var services = []string{
 	"", controldv1.SandboxService_ServiceDesc.ServiceName, controldv1.CheckpointService_ServiceDesc.ServiceName,
-	controldv1.PoolService_ServiceDesc.ServiceName,
+	controldv1.PoolService_ServiceDesc.ServiceName, controldv1.HostService_ServiceDesc.ServiceName,
 }
 
 // New returns a gRPC server with every service registered, not serving
@@ -116,6 +118,7 @@ func New(opts Options) *Server {
 	controldv1.RegisterSandboxServiceServer(s, h)
 	controldv1.RegisterCheckpointServiceServer(s, checkpoints{h: h})
 	controldv1.RegisterPoolServiceServer(s, pools{h: h})
+	controldv1.RegisterHostServiceServer(s, hosts{h: h, version: opts.Version})
 	hs := &healthService{Server: health.NewServer()}
 	for _, name := range services {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -500,4 +503,21 @@ func (p pools) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) 
 		return nil, err
 	}
 	return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: ep, Hit: hit, Took: durationpb.New(took)}, nil
+}
+
+type hosts struct {
+	controldv1.UnimplementedHostServiceServer
+	h       *handlers
+	version string
+}
+
+var _ controldv1.HostServiceServer = hosts{}
+
+func (h hosts) GetHostStatus(ctx context.Context, req *controldv1.GetHostStatusRequest) (*controldv1.GetHostStatusResponse, error) {
+	st, err := h.h.mgr().HostStatus()
+	if err != nil {
+		return nil, err
+	}
+	st.Version = h.version
+	return st, nil
 }

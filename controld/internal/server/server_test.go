@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
 	"github.com/forkfleet/forkfleet/controld/internal/server"
@@ -147,5 +148,84 @@ func TestServerErrorsAuthMetrics(t *testing.T) {
 	}
 	if errSeries < 3 {
 		t.Fatalf("api error series %d", errSeries)
+	}
+}
+
+func TestHostStatus(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rt := fleettest.NewRuntime()
+	lim := limits.Default()
+	lim.MaxSandboxes, lim.MaxMemoryBytes = 7, 6<<30
+	m, err := fleet.New(context.Background(), fleet.Options{
+		Runtime: rt, Dialer: fleettest.Dialer{R: rt}, Store: st, GatewayHost: "127.0.0.1:7480",
+		DefaultImage: "img", CheckpointDir: filepath.Join(dir, "ck"), Host: "node-a", Limits: lim,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	srv := server.New(server.Options{Registerer: prometheus.NewRegistry(), Version: "v9"})
+	srv.SetManager(m)
+	ln, err := net.Listen("unix", filepath.Join(dir, "c.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.GracefulStop()
+	conn, err := grpc.NewClient("unix://"+ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	sb, err := controldv1.NewSandboxServiceClient(conn).CreateSandbox(ctx, &controldv1.CreateSandboxRequest{
+		Resources: &controldv1.Resources{MemoryBytes: 2 << 30}, WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := sb.GetSandbox().GetHost(); h != "node-a" {
+		t.Fatalf("sandbox host %q", h)
+	}
+	pl, err := controldv1.NewPoolServiceClient(conn).CreatePool(ctx, &controldv1.CreatePoolRequest{Name: "p", Source: &controldv1.CreatePoolRequest_Image{Image: "img"}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := pl.GetPool().GetHost(); h != "node-a" {
+		t.Fatalf("pool host %q", h)
+	}
+	ck, err := controldv1.NewCheckpointServiceClient(conn).CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: sb.GetSandbox().GetId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ck.GetCheckpoint().GetHost(); h != "node-a" {
+		t.Fatalf("checkpoint host %q", h)
+	}
+
+	hs, err := controldv1.NewHostServiceClient(conn).GetHostStatus(ctx, &controldv1.GetHostStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs.Host != "node-a" || hs.Version != "v9" || hs.MaxSandboxes != 7 || hs.MaxMemoryBytes != 6<<30 ||
+		hs.DefaultMemoryBytes != lim.Default.MemoryBytes || hs.Checkpoints != 1 {
+		t.Fatalf("status %v", hs)
+	}
+	if hs.MemoryTotalBytes <= 0 || hs.MemoryAvailableBytes <= 0 || hs.MemoryAvailableBytes > hs.MemoryTotalBytes {
+		t.Fatalf("memory %d of %d", hs.MemoryAvailableBytes, hs.MemoryTotalBytes)
+	}
+	// The sandbox and the pool's member (warming or warm) are admitted.
+	if hs.Sandboxes < 1 || hs.AdmittedMemoryBytes < 2<<30 {
+		t.Fatalf("admitted %d sandboxes, %d bytes", hs.Sandboxes, hs.AdmittedMemoryBytes)
+	}
+	if len(hs.Pools) != 1 || hs.Pools[0].Id != pl.GetPool().GetId() || hs.Pools[0].Name != "p" || hs.Pools[0].Size != 1 {
+		t.Fatalf("pools %v", hs.Pools)
 	}
 }

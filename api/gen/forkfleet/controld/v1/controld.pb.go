@@ -7,7 +7,11 @@
 // as "SANDBOX_NOT_FOUND") for everything else.
 //
 // Ids are host-independent ("sb-...", "ck-...", "pl-..."): a sandbox id names
-// the same sandbox wherever it runs.
+// the same sandbox wherever it runs. Records name the host that owns them
+// (Sandbox.host, Checkpoint.host, Pool.host, as GetHostStatusResponse.host
+// says): a client of many controlds routes every later call for a record to
+// the endpoint whose host status names that host, and only to endpoints it
+// was configured with (controld/docs/hosts.md).
 //
 // Retries: the four calls that create something (CreateSandbox,
 // CreateCheckpoint, ForkCheckpoint, ClaimPool) take a request_id. A call
@@ -2306,7 +2310,9 @@ type Checkpoint struct {
 	// asks for another, under the same policy.
 	Network *Network `protobuf:"bytes,18,opt,name=network,proto3" json:"network,omitempty"`
 	// The source ran its agent as root; its forks do too.
-	RunAsRoot     bool `protobuf:"varint,19,opt,name=run_as_root,json=runAsRoot,proto3" json:"run_as_root,omitempty"`
+	RunAsRoot bool `protobuf:"varint,19,opt,name=run_as_root,json=runAsRoot,proto3" json:"run_as_root,omitempty"`
+	// The host holding it (GetHostStatusResponse.host).
+	Host          string `protobuf:"bytes,20,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2472,6 +2478,13 @@ func (x *Checkpoint) GetRunAsRoot() bool {
 		return x.RunAsRoot
 	}
 	return false
+}
+
+func (x *Checkpoint) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
 }
 
 type CreateCheckpointRequest struct {
@@ -3382,7 +3395,9 @@ type Pool struct {
 	// The members' network: an image pool's as asked, a checkpoint pool's
 	// mode is the checkpoint's. Members reach nothing until claimed; a claim
 	// applies this policy (or the claim's own).
-	Network       *Network `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	Network *Network `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	// The host keeping it (GetHostStatusResponse.host).
+	Host          string `protobuf:"bytes,14,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3506,6 +3521,13 @@ func (x *Pool) GetNetwork() *Network {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *Pool) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
 }
 
 type CreatePoolRequest struct {
@@ -4830,6 +4852,248 @@ func (x *ExtendSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type GetHostStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHostStatusRequest) Reset() {
+	*x = GetHostStatusRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHostStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHostStatusRequest) ProtoMessage() {}
+
+func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHostStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetHostStatusRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{69}
+}
+
+type GetHostStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host's name (controld's config "host", the kernel's hostname by
+	// default; the node's name on Kubernetes): what Sandbox.host,
+	// Checkpoint.host and Pool.host say. Unique among the hosts of a fleet.
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// controld's version.
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// The host's RAM and what the kernel could still give without swapping
+	// (/proc/meminfo MemTotal, MemAvailable).
+	MemoryTotalBytes     int64 `protobuf:"varint,3,opt,name=memory_total_bytes,json=memoryTotalBytes,proto3" json:"memory_total_bytes,omitempty"`
+	MemoryAvailableBytes int64 `protobuf:"varint,4,opt,name=memory_available_bytes,json=memoryAvailableBytes,proto3" json:"memory_available_bytes,omitempty"`
+	// Admission (see Resources): the sandboxes the host holds (every one with
+	// a container: booting, ready, suspended, pooled, stopped) and the most it
+	// admits; the sum of their memory limits and the most it admits. A
+	// request past either is RESOURCE_EXHAUSTED (HOST_AT_CAPACITY).
+	Sandboxes           uint32 `protobuf:"varint,5,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	MaxSandboxes        uint32 `protobuf:"varint,6,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	AdmittedMemoryBytes int64  `protobuf:"varint,7,opt,name=admitted_memory_bytes,json=admittedMemoryBytes,proto3" json:"admitted_memory_bytes,omitempty"`
+	MaxMemoryBytes      int64  `protobuf:"varint,8,opt,name=max_memory_bytes,json=maxMemoryBytes,proto3" json:"max_memory_bytes,omitempty"`
+	// The memory limit a sandbox gets when its request leaves it 0.
+	DefaultMemoryBytes int64 `protobuf:"varint,9,opt,name=default_memory_bytes,json=defaultMemoryBytes,proto3" json:"default_memory_bytes,omitempty"`
+	// Checkpoints held here.
+	Checkpoints uint32 `protobuf:"varint,10,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// Every pool and its warm members.
+	Pools         []*PoolStatus `protobuf:"bytes,11,rep,name=pools,proto3" json:"pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHostStatusResponse) Reset() {
+	*x = GetHostStatusResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHostStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHostStatusResponse) ProtoMessage() {}
+
+func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHostStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetHostStatusResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *GetHostStatusResponse) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *GetHostStatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *GetHostStatusResponse) GetMemoryTotalBytes() int64 {
+	if x != nil {
+		return x.MemoryTotalBytes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetMemoryAvailableBytes() int64 {
+	if x != nil {
+		return x.MemoryAvailableBytes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetSandboxes() uint32 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetMaxSandboxes() uint32 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetAdmittedMemoryBytes() int64 {
+	if x != nil {
+		return x.AdmittedMemoryBytes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetMaxMemoryBytes() int64 {
+	if x != nil {
+		return x.MaxMemoryBytes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetDefaultMemoryBytes() int64 {
+	if x != nil {
+		return x.DefaultMemoryBytes
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetCheckpoints() uint32 {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return 0
+}
+
+func (x *GetHostStatusResponse) GetPools() []*PoolStatus {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+// PoolStatus is a pool's fill, as in Pool.
+type PoolStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Size          uint32                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Available     uint32                 `protobuf:"varint,4,opt,name=available,proto3" json:"available,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolStatus) Reset() {
+	*x = PoolStatus{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolStatus) ProtoMessage() {}
+
+func (x *PoolStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
+func (*PoolStatus) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *PoolStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PoolStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PoolStatus) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *PoolStatus) GetAvailable() uint32 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
 var File_forkfleet_controld_v1_controld_proto protoreflect.FileDescriptor
 
 const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
@@ -4973,7 +5237,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x06frozen\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06frozen\x12-\n" +
 	"\x04dump\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04dump\x12/\n" +
 	"\x05layer\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05layer\x12/\n" +
-	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xb5\a\n" +
+	"\x05total\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xc9\a\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -4998,7 +5262,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\n" +
 	"live_forks\x18\x11 \x01(\rR\tliveForks\x128\n" +
 	"\anetwork\x18\x12 \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x12\x1e\n" +
-	"\vrun_as_root\x18\x13 \x01(\bR\trunAsRoot\x1a9\n" +
+	"\vrun_as_root\x18\x13 \x01(\bR\trunAsRoot\x12\x12\n" +
+	"\x04host\x18\x14 \x01(\tR\x04host\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x02\n" +
@@ -5078,7 +5343,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x18ImportCheckpointResponse\x12A\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2!.forkfleet.controld.v1.CheckpointR\n" +
-	"checkpoint\"\x88\x04\n" +
+	"checkpoint\"\x9c\x04\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -5093,7 +5358,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	" \x01(\v2\x1d.forkfleet.controld.v1.ScreenR\x06screen\x12>\n" +
 	"\tresources\x18\v \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06frozen\x18\f \x01(\bR\x06frozen\x128\n" +
-	"\anetwork\x18\r \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x1a9\n" +
+	"\anetwork\x18\r \x01(\v2\x1e.forkfleet.controld.v1.NetworkR\anetwork\x12\x12\n" +
+	"\x04host\x18\x0e \x01(\tR\x04host\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x03\n" +
@@ -5180,7 +5446,27 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"Q\n" +
 	"\x15ExtendSandboxResponse\x128\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox*\x86\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\"\x16\n" +
+	"\x14GetHostStatusRequest\"\xd7\x03\n" +
+	"\x15GetHostStatusResponse\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12,\n" +
+	"\x12memory_total_bytes\x18\x03 \x01(\x03R\x10memoryTotalBytes\x124\n" +
+	"\x16memory_available_bytes\x18\x04 \x01(\x03R\x14memoryAvailableBytes\x12\x1c\n" +
+	"\tsandboxes\x18\x05 \x01(\rR\tsandboxes\x12#\n" +
+	"\rmax_sandboxes\x18\x06 \x01(\rR\fmaxSandboxes\x122\n" +
+	"\x15admitted_memory_bytes\x18\a \x01(\x03R\x13admittedMemoryBytes\x12(\n" +
+	"\x10max_memory_bytes\x18\b \x01(\x03R\x0emaxMemoryBytes\x120\n" +
+	"\x14default_memory_bytes\x18\t \x01(\x03R\x12defaultMemoryBytes\x12 \n" +
+	"\vcheckpoints\x18\n" +
+	" \x01(\rR\vcheckpoints\x127\n" +
+	"\x05pools\x18\v \x03(\v2!.forkfleet.controld.v1.PoolStatusR\x05pools\"b\n" +
+	"\n" +
+	"PoolStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\x12\x1c\n" +
+	"\tavailable\x18\x04 \x01(\rR\tavailable*\x86\x02\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5262,7 +5548,9 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"DeletePool\x12(.forkfleet.controld.v1.DeletePoolRequest\x1a).forkfleet.controld.v1.DeletePoolResponse\x12^\n" +
 	"\tClaimPool\x12'.forkfleet.controld.v1.ClaimPoolRequest\x1a(.forkfleet.controld.v1.ClaimPoolResponse\x12a\n" +
 	"\n" +
-	"UpdatePool\x12(.forkfleet.controld.v1.UpdatePoolRequest\x1a).forkfleet.controld.v1.UpdatePoolResponseBIZGgithub.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1;controldv1b\x06proto3"
+	"UpdatePool\x12(.forkfleet.controld.v1.UpdatePoolRequest\x1a).forkfleet.controld.v1.UpdatePoolResponse2y\n" +
+	"\vHostService\x12j\n" +
+	"\rGetHostStatus\x12+.forkfleet.controld.v1.GetHostStatusRequest\x1a,.forkfleet.controld.v1.GetHostStatusResponseBIZGgithub.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1;controldv1b\x06proto3"
 
 var (
 	file_forkfleet_controld_v1_controld_proto_rawDescOnce sync.Once
@@ -5277,7 +5565,7 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: forkfleet.controld.v1.SandboxState
 	(SandboxLimit)(0),                    // 1: forkfleet.controld.v1.SandboxLimit
@@ -5356,51 +5644,54 @@ var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(*UnexposePortResponse)(nil),         // 74: forkfleet.controld.v1.UnexposePortResponse
 	(*ExtendSandboxRequest)(nil),         // 75: forkfleet.controld.v1.ExtendSandboxRequest
 	(*ExtendSandboxResponse)(nil),        // 76: forkfleet.controld.v1.ExtendSandboxResponse
-	nil,                                  // 77: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                  // 78: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 79: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 80: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 81: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                  // 82: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                  // 83: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                  // 84: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                  // 85: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                  // 86: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                  // 87: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                  // 88: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 89: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 90: google.protobuf.Duration
+	(*GetHostStatusRequest)(nil),         // 77: forkfleet.controld.v1.GetHostStatusRequest
+	(*GetHostStatusResponse)(nil),        // 78: forkfleet.controld.v1.GetHostStatusResponse
+	(*PoolStatus)(nil),                   // 79: forkfleet.controld.v1.PoolStatus
+	nil,                                  // 80: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                  // 81: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 82: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 83: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 84: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                  // 85: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                  // 86: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                  // 87: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                  // 88: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                  // 89: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                  // 90: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                  // 91: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 92: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 93: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	89,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	89,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	90,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	92,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	92,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	93,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
 	8,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
 	10,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	77,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	89,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	89,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	89,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	80,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	92,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	92,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	92,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	11,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
 	9,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
 	68,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
 	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
 	10,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	78,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	79,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	90,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	81,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	82,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	93,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	68,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
 	12,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
 	12,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	80,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	83,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
 	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
 	12,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	90,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	93,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
 	12,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	81,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	84,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
 	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
 	12,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	11,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
@@ -5408,56 +5699,56 @@ var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	12,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	12,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	90,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	93,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
 	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
 	32,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	90,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	90,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	90,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	90,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	93,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	93,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	93,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	93,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
 	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
 	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
 	10,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	82,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	89,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	85,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	92,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
 	35,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
 	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
 	68,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
 	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	83,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	86,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
 	36,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
 	36,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	84,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	87,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
 	36,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	85,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	90,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	88,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	93,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
 	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
 	8,   // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
 	67,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
 	32,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	90,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	93,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
 	46,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
 	36,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	86,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	89,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
 	10,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
 	68,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
 	10,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	87,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	90,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
 	68,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
 	52,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	52,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	52,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	88,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	90,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	91,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	93,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
 	67,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	90,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	93,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
 	52,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	7,   // 87: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
 	65,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
@@ -5467,67 +5758,70 @@ var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	67,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	67,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	90,  // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	93,  // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	12,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	14,  // 97: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	16,  // 98: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	18,  // 99: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	20,  // 100: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	22,  // 101: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	24,  // 102: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	26,  // 103: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	28,  // 104: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	30,  // 105: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	33,  // 106: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	69,  // 107: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	71,  // 108: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
-	73,  // 109: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
-	75,  // 110: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
-	37,  // 111: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	39,  // 112: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	41,  // 113: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	43,  // 114: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	45,  // 115: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	48,  // 116: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	50,  // 117: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	53,  // 118: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	55,  // 119: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	57,  // 120: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	59,  // 121: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	61,  // 122: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	63,  // 123: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
-	15,  // 124: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	17,  // 125: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	19,  // 126: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	21,  // 127: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	23,  // 128: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	25,  // 129: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	27,  // 130: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	29,  // 131: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	31,  // 132: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	34,  // 133: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	70,  // 134: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	72,  // 135: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
-	74,  // 136: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
-	76,  // 137: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
-	38,  // 138: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	40,  // 139: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	42,  // 140: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	44,  // 141: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	47,  // 142: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	49,  // 143: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	51,  // 144: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	54,  // 145: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	56,  // 146: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	58,  // 147: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	60,  // 148: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	62,  // 149: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	64,  // 150: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
-	124, // [124:151] is the sub-list for method output_type
-	97,  // [97:124] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	79,  // 97: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
+	14,  // 98: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	16,  // 99: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	18,  // 100: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	20,  // 101: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	22,  // 102: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	24,  // 103: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	26,  // 104: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	28,  // 105: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	30,  // 106: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	33,  // 107: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	69,  // 108: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	71,  // 109: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	73,  // 110: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	75,  // 111: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
+	37,  // 112: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	39,  // 113: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	41,  // 114: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	43,  // 115: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	45,  // 116: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	48,  // 117: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	50,  // 118: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	53,  // 119: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	55,  // 120: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	57,  // 121: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	59,  // 122: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	61,  // 123: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	63,  // 124: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
+	77,  // 125: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
+	15,  // 126: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	17,  // 127: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	19,  // 128: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	21,  // 129: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	23,  // 130: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	25,  // 131: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	27,  // 132: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	29,  // 133: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	31,  // 134: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	34,  // 135: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	70,  // 136: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	72,  // 137: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	74,  // 138: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	76,  // 139: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
+	38,  // 140: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	40,  // 141: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	42,  // 142: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	44,  // 143: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	47,  // 144: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	49,  // 145: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	51,  // 146: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	54,  // 147: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	56,  // 148: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	58,  // 149: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	60,  // 150: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	62,  // 151: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	64,  // 152: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
+	78,  // 153: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
+	126, // [126:154] is the sub-list for method output_type
+	98,  // [98:126] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -5545,9 +5839,9 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   81,
+			NumMessages:   84,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_forkfleet_controld_v1_controld_proto_goTypes,
 		DependencyIndexes: file_forkfleet_controld_v1_controld_proto_depIdxs,

@@ -7,7 +7,11 @@
 // as "SANDBOX_NOT_FOUND") for everything else.
 //
 // Ids are host-independent ("sb-...", "ck-...", "pl-..."): a sandbox id names
-// the same sandbox wherever it runs.
+// the same sandbox wherever it runs. Records name the host that owns them
+// (Sandbox.host, Checkpoint.host, Pool.host, as GetHostStatusResponse.host
+// says): a client of many controlds routes every later call for a record to
+// the endpoint whose host status names that host, and only to endpoints it
+// was configured with (controld/docs/hosts.md).
 //
 // Retries: the four calls that create something (CreateSandbox,
 // CreateCheckpoint, ForkCheckpoint, ClaimPool) take a request_id. A call
@@ -1323,6 +1327,118 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdatePool",
 			Handler:    _PoolService_UpdatePool_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "forkfleet/controld/v1/controld.proto",
+}
+
+const (
+	HostService_GetHostStatus_FullMethodName = "/forkfleet.controld.v1.HostService/GetHostStatus"
+)
+
+// HostServiceClient is the client API for HostService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// HostService reports the host a controld runs on: what clients of many
+// controlds place new sandboxes and forks by.
+type HostServiceClient interface {
+	// GetHostStatus is cheap (no runtime or disk work: the manager's counts,
+	// /proc/meminfo): clients may call it before every placement.
+	GetHostStatus(ctx context.Context, in *GetHostStatusRequest, opts ...grpc.CallOption) (*GetHostStatusResponse, error)
+}
+
+type hostServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewHostServiceClient(cc grpc.ClientConnInterface) HostServiceClient {
+	return &hostServiceClient{cc}
+}
+
+func (c *hostServiceClient) GetHostStatus(ctx context.Context, in *GetHostStatusRequest, opts ...grpc.CallOption) (*GetHostStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetHostStatusResponse)
+	err := c.cc.Invoke(ctx, HostService_GetHostStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// HostServiceServer is the server API for HostService service.
+// All implementations must embed UnimplementedHostServiceServer
+// for forward compatibility.
+//
+// HostService reports the host a controld runs on: what clients of many
+// controlds place new sandboxes and forks by.
+type HostServiceServer interface {
+	// GetHostStatus is cheap (no runtime or disk work: the manager's counts,
+	// /proc/meminfo): clients may call it before every placement.
+	GetHostStatus(context.Context, *GetHostStatusRequest) (*GetHostStatusResponse, error)
+	mustEmbedUnimplementedHostServiceServer()
+}
+
+// UnimplementedHostServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedHostServiceServer struct{}
+
+func (UnimplementedHostServiceServer) GetHostStatus(context.Context, *GetHostStatusRequest) (*GetHostStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetHostStatus not implemented")
+}
+func (UnimplementedHostServiceServer) mustEmbedUnimplementedHostServiceServer() {}
+func (UnimplementedHostServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafeHostServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to HostServiceServer will
+// result in compilation errors.
+type UnsafeHostServiceServer interface {
+	mustEmbedUnimplementedHostServiceServer()
+}
+
+func RegisterHostServiceServer(s grpc.ServiceRegistrar, srv HostServiceServer) {
+	// If the following call panics, it indicates UnimplementedHostServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&HostService_ServiceDesc, srv)
+}
+
+func _HostService_GetHostStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetHostStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServiceServer).GetHostStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HostService_GetHostStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServiceServer).GetHostStatus(ctx, req.(*GetHostStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// HostService_ServiceDesc is the grpc.ServiceDesc for HostService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var HostService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "forkfleet.controld.v1.HostService",
+	HandlerType: (*HostServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetHostStatus",
+			Handler:    _HostService_GetHostStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

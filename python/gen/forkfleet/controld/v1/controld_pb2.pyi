@@ -56,7 +56,7 @@ class BootPhase(_message.Message):
     def __init__(self, name: _Optional[str] = ..., at: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ["child_ids", "created_at", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "network", "parent_checkpoint_id", "resources", "run_as_root", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
+    __slots__ = ["child_ids", "created_at", "host", "id", "image", "labels", "layer_bytes", "live_forks", "memory_bytes", "name", "network", "parent_checkpoint_id", "resources", "run_as_root", "screen", "source_sandbox_id", "state", "tier", "timing", "verify_levels"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class Checkpoint(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +86,7 @@ class Checkpoint(_message.Message):
     VERIFY_LEVELS_FIELD_NUMBER: _ClassVar[int]
     child_ids: _containers.RepeatedScalarFieldContainer[str]
     created_at: _timestamp_pb2.Timestamp
+    host: str
     id: str
     image: str
     labels: _containers.ScalarMap[str, str]
@@ -102,7 +104,7 @@ class Checkpoint(_message.Message):
     tier: CheckpointTier
     timing: CheckpointTiming
     verify_levels: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[CheckpointTier, str]] = ..., state: _Optional[_Union[CheckpointState, str]] = ..., source_sandbox_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., image: _Optional[str] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., layer_bytes: _Optional[int] = ..., timing: _Optional[_Union[CheckpointTiming, _Mapping]] = ..., child_ids: _Optional[_Iterable[str]] = ..., verify_levels: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., live_forks: _Optional[int] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., run_as_root: bool = ..., host: _Optional[str] = ...) -> None: ...
 
 class CheckpointTiming(_message.Message):
     __slots__ = ["dump", "frozen", "layer", "total"]
@@ -412,6 +414,36 @@ class GetCheckpointResponse(_message.Message):
     checkpoint: Checkpoint
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
+class GetHostStatusRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class GetHostStatusResponse(_message.Message):
+    __slots__ = ["admitted_memory_bytes", "checkpoints", "default_memory_bytes", "host", "max_memory_bytes", "max_sandboxes", "memory_available_bytes", "memory_total_bytes", "pools", "sandboxes", "version"]
+    ADMITTED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    admitted_memory_bytes: int
+    checkpoints: int
+    default_memory_bytes: int
+    host: str
+    max_memory_bytes: int
+    max_sandboxes: int
+    memory_available_bytes: int
+    memory_total_bytes: int
+    pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
+    sandboxes: int
+    version: str
+    def __init__(self, host: _Optional[str] = ..., version: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., sandboxes: _Optional[int] = ..., max_sandboxes: _Optional[int] = ..., admitted_memory_bytes: _Optional[int] = ..., max_memory_bytes: _Optional[int] = ..., default_memory_bytes: _Optional[int] = ..., checkpoints: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ...) -> None: ...
+
 class GetPoolRequest(_message.Message):
     __slots__ = ["id"]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -571,7 +603,7 @@ class NetworkRule(_message.Message):
     def __init__(self, cidr: _Optional[str] = ..., protocol: _Optional[_Union[NetworkProtocol, str]] = ..., ports: _Optional[_Iterable[_Union[PortRange, _Mapping]]] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ["available", "checkpoint_id", "frozen", "hits", "id", "image", "labels", "misses", "name", "network", "resources", "screen", "size"]
+    __slots__ = ["available", "checkpoint_id", "frozen", "hits", "host", "id", "image", "labels", "misses", "name", "network", "resources", "screen", "size"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -583,6 +615,7 @@ class Pool(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     FROZEN_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -596,6 +629,7 @@ class Pool(_message.Message):
     checkpoint_id: str
     frozen: bool
     hits: int
+    host: str
     id: str
     image: str
     labels: _containers.ScalarMap[str, str]
@@ -605,7 +639,19 @@ class Pool(_message.Message):
     resources: Resources
     screen: Screen
     size: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., screen: _Optional[_Union[Screen, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., frozen: bool = ..., network: _Optional[_Union[Network, _Mapping]] = ..., host: _Optional[str] = ...) -> None: ...
+
+class PoolStatus(_message.Message):
+    __slots__ = ["available", "id", "name", "size"]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    available: int
+    id: str
+    name: str
+    size: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[int] = ..., available: _Optional[int] = ...) -> None: ...
 
 class PortRange(_message.Message):
     __slots__ = ["first", "last"]

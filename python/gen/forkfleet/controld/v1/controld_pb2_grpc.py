@@ -1013,3 +1013,72 @@ class PoolService(object):
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.UpdatePoolResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class HostServiceStub(object):
+    """HostService reports the host a controld runs on: what clients of many
+    controlds place new sandboxes and forks by.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetHostStatus = channel.unary_unary(
+                '/forkfleet.controld.v1.HostService/GetHostStatus',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusResponse.FromString,
+                )
+
+
+class HostServiceServicer(object):
+    """HostService reports the host a controld runs on: what clients of many
+    controlds place new sandboxes and forks by.
+    """
+
+    def GetHostStatus(self, request, context):
+        """GetHostStatus is cheap (no runtime or disk work: the manager's counts,
+        /proc/meminfo): clients may call it before every placement.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_HostServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetHostStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHostStatus,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'forkfleet.controld.v1.HostService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class HostService(object):
+    """HostService reports the host a controld runs on: what clients of many
+    controlds place new sandboxes and forks by.
+    """
+
+    @staticmethod
+    def GetHostStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.HostService/GetHostStatus',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetHostStatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

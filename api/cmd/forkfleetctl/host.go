@@ -1,0 +1,50 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
+)
+
+func hostCmd(g *globals) *cobra.Command {
+	c := group("host", "The host controld runs on (HostService)", "hosts")
+	c.AddCommand(hostStatusCmd(g))
+	return c
+}
+
+func hostStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the host's memory, admitted sandboxes and pools (GetHostStatus)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(*cobra.Command, []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.HostStatus(g.ctx)
+			if err != nil {
+				return err
+			}
+			return g.emit(st, func(w io.Writer) { hostDetail(w, st) })
+		},
+	}
+}
+
+func hostDetail(w io.Writer, st *controldv1.GetHostStatusResponse) {
+	row := func(k, format string, args ...any) { fmt.Fprintf(w, "%s\t"+format+"\n", append([]any{k}, args...)...) }
+	row("host", "%s", st.GetHost())
+	row("version", "%s", st.GetVersion())
+	row("memory", "%s available of %s", limits.Bytes(st.GetMemoryAvailableBytes()), limits.Bytes(st.GetMemoryTotalBytes()))
+	row("sandboxes", "%d of %d", st.GetSandboxes(), st.GetMaxSandboxes())
+	row("admitted memory", "%s of %s (default per sandbox %s)", limits.Bytes(st.GetAdmittedMemoryBytes()),
+		limits.Bytes(st.GetMaxMemoryBytes()), limits.Bytes(st.GetDefaultMemoryBytes()))
+	row("checkpoints", "%d", st.GetCheckpoints())
+	for _, p := range st.GetPools() {
+		row("pool "+p.GetId(), "%s: %d of %d warm", dash(p.GetName()), p.GetAvailable(), p.GetSize())
+	}
+}
