@@ -303,20 +303,8 @@ func checkpointImportCmd(g *globals) *cobra.Command {
 }
 
 func (g *globals) completeCheckpoints(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	c, err := g.client()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	cks, err := c.ListCheckpoints(g.ctx)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []string
-	for _, ck := range cks {
-		out = append(out, ck.GetId()+"\t"+tierName(ck.GetTier())+" "+ck.GetName())
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+	return complete(g, args, func(c *client.Client) ([]*controldv1.Checkpoint, error) { return c.ListCheckpoints(g.ctx) },
+		func(ck *controldv1.Checkpoint) string {
+			return ck.GetId() + "\t" + tierName(ck.GetTier()) + " " + ck.GetName()
+		})
 }

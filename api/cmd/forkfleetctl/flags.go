@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/forkfleet/forkfleet/api/client"
@@ -291,4 +292,26 @@ func pages[T any](p *pageFlags, page func(token string) ([]T, string, error)) ([
 		}
 		token = next
 	}
+}
+
+// complete completes a command's first argument with one "id\tdescription"
+// row per item that list returns. It offers nothing when controld cannot be
+// reached: completion never fails loudly.
+func complete[T any](g *globals, args []string, list func(*client.Client) ([]T, error), row func(T) string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := g.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	items, err := list(c)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		out = append(out, row(it))
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }

@@ -237,20 +237,6 @@ func poolClaimCmd(g *globals) *cobra.Command {
 }
 
 func (g *globals) completePools(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	c, err := g.client()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	pls, err := c.ListPools(g.ctx)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []string
-	for _, p := range pls {
-		out = append(out, p.GetId()+"\t"+p.GetName())
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+	return complete(g, args, func(c *client.Client) ([]*controldv1.Pool, error) { return c.ListPools(g.ctx) },
+		func(p *controldv1.Pool) string { return p.GetId() + "\t" + p.GetName() })
 }

@@ -501,25 +501,11 @@ func sandboxScreenshotCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// completeSandboxes completes the first argument with the ids controld
-// lists (nothing when it cannot be reached: completion never fails loudly).
 func (g *globals) completeSandboxes(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	c, err := g.client()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	sbs, err := c.ListSandboxes(g.ctx)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []string
-	for _, sb := range sbs {
-		out = append(out, sb.GetId()+"\t"+stateName(sb.GetState())+" "+sb.GetImage())
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+	return complete(g, args, func(c *client.Client) ([]*controldv1.Sandbox, error) { return c.ListSandboxes(g.ctx) },
+		func(sb *controldv1.Sandbox) string {
+			return sb.GetId() + "\t" + stateName(sb.GetState()) + " " + sb.GetImage()
+		})
 }
 
 // specOptions are the options CreateSandbox and CreatePool share: screen,

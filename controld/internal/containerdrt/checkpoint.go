@@ -29,6 +29,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
@@ -371,14 +372,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 			}
 		}
 	}
-	if err := writeFileAtomic(filepath.Join(spec.Dir, specFile), info.Spec.GetValue(), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(spec.Dir, specFile), info.Spec.GetValue(), 0o600); err != nil {
 		return res, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
 	}
 	mb, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
 		return res, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := writeFileAtomic(filepath.Join(spec.Dir, metaFile), mb, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(spec.Dir, metaFile), mb, 0o600); err != nil {
 		return res, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
 	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 )
 
 // CRIU options per image. An image names what its apps need from CRIU in
@@ -168,7 +169,7 @@ func (r *Runtime) criuConfigFor(imageOpts []string) (string, error) {
 	if b, err := os.ReadFile(p); err == nil && string(b) == body {
 		return p, nil
 	}
-	if err := writeFileAtomic(p, []byte(body), 0o644); err != nil {
+	if err := atomicfile.Write(p, []byte(body), 0o644); err != nil {
 		return "", fmt.Errorf("containerdrt: criu config: %w: %w", errdefs.ErrInternal, err)
 	}
 	return p, nil

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 )
@@ -132,7 +133,7 @@ func (s *seccompRoots) learn(imageDir string) error {
 			}
 		}
 	})
-	return writeFileAtomic(s.path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	return atomicfile.Write(s.path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
 // filterDigest names a filter program by what it lets through: the sha256

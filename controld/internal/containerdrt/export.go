@@ -38,6 +38,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -422,10 +423,10 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 	if err != nil {
 		return ref, nil, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, specFile), ck.exported.Spec, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, specFile), ck.exported.Spec, 0o600); err != nil {
 		return ref, nil, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, metaFile), mb, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, metaFile), mb, 0o600); err != nil {
 		return ref, nil, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
 	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{

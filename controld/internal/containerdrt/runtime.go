@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
@@ -311,7 +312,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		criuOpts = append(slices.Clip(criuOpts), "cgroup-yard "+yard)
 	}
 	criuConfig := filepath.Join(cfg.StateDir, "criu.conf")
-	if err := writeFileAtomic(criuConfig, []byte(strings.Join(criuOpts, "\n")+"\n"), 0o644); err != nil {
+	if err := atomicfile.Write(criuConfig, []byte(strings.Join(criuOpts, "\n")+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("containerdrt: criu config: %w", err)
 	}
 	netm, ownsNet := cfg.Network, false
@@ -529,26 +530,6 @@ func convertErr(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", class, err)
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // maskedDirCandidates are the directories among containerd's default masked

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 )
 
 // The in-sandbox side, the same in every sandbox (and so in every fork).
@@ -163,7 +164,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := os.Chmod(cfg.ShareDir, 0o755); err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	if err := writeFileAtomic(m.resolv, []byte("nameserver "+GatewayAddr.Addr().String()+"\noptions edns0\n"), 0o644); err != nil {
+	if err := atomicfile.Write(m.resolv, []byte("nameserver "+GatewayAddr.Addr().String()+"\noptions edns0\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	if m.cfg.MTU <= 0 {
@@ -411,7 +412,7 @@ func (m *Manager) writeState(id string, st *sandboxState) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(m.statePath(id), b, 0o600); err != nil {
+	if err := atomicfile.Write(m.statePath(id), b, 0o600); err != nil {
 		return fmt.Errorf("network of %s: state: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	return nil
@@ -840,26 +841,6 @@ func resolvConfNameservers(path string) []netip.AddrPort {
 		}
 	}
 	return out
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // tcpStatesToClose are the TCP states of a connection that may still talk
