@@ -16,21 +16,9 @@ import (
 // puts it on every client window it manages), or without one to the child
 // of the root that contains it. 0: the keys go nowhere (focus None, the root).
 func (d *Desktop) InputFocus() (uint32, error) {
-	f, err := xproto.GetInputFocus(d.conn).Reply()
+	w, err := d.keyWindow()
 	if err != nil {
-		return 0, xerr("GetInputFocus", err)
-	}
-	if f == nil {
-		return 0, errNilReply("GetInputFocus")
-	}
-	w := f.Focus
-	switch w {
-	case xproto.InputFocusNone:
-		return 0, nil
-	case xproto.InputFocusPointerRoot:
-		if w, err = d.windowUnderPointer(); err != nil {
-			return 0, err
-		}
+		return 0, err
 	}
 	for range 32 { // client windows nest a few levels deep at most
 		if w == d.root || w == 0 {
@@ -52,6 +40,25 @@ func (d *Desktop) InputFocus() (uint32, error) {
 		w = t.Parent
 	}
 	return 0, nil
+}
+
+// keyWindow returns the window key events go to now: the focus window, or
+// under PointerRoot focus the window under the pointer; 0 under focus None.
+func (d *Desktop) keyWindow() (xproto.Window, error) {
+	f, err := xproto.GetInputFocus(d.conn).Reply()
+	if err != nil {
+		return 0, xerr("GetInputFocus", err)
+	}
+	if f == nil {
+		return 0, errNilReply("GetInputFocus")
+	}
+	switch f.Focus {
+	case xproto.InputFocusNone:
+		return 0, nil
+	case xproto.InputFocusPointerRoot:
+		return d.windowUnderPointer()
+	}
+	return f.Focus, nil
 }
 
 // windowWatchMask is selected on client windows while someone watches:

@@ -33,21 +33,9 @@ var keysTakenTimeout = 10 * time.Second
 // client guestd cannot watch (no X-Resource, another pid namespace, or
 // guestd itself).
 func (d *Desktop) keyRecipient() (int, error) {
-	f, err := xproto.GetInputFocus(d.conn).Reply()
+	w, err := d.keyWindow()
 	if err != nil {
-		return 0, xerr("GetInputFocus", err)
-	}
-	if f == nil {
-		return 0, errNilReply("GetInputFocus")
-	}
-	w := f.Focus
-	switch w {
-	case xproto.InputFocusNone:
-		return 0, nil
-	case xproto.InputFocusPointerRoot:
-		if w, err = d.windowUnderPointer(); err != nil {
-			return 0, err
-		}
+		return 0, err
 	}
 	if w == d.root || w == 0 {
 		return 0, nil
