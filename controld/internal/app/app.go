@@ -27,6 +27,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/server"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 	"github.com/forkfleet/forkfleet/controld/internal/telemetry"
@@ -39,7 +40,7 @@ var Version = "dev"
 // (containerdrt in production, a fake or containerdrt in tests) and,
 // optionally, the guest dialer.
 type Deps struct {
-	Runtime fleet.Runtime     // required
+	Runtime runtime.Runtime   // required
 	Dialer  fleet.GuestDialer // nil: guestconn over the ACI client
 	Logger  *slog.Logger      // nil: slog.Default()
 	// OnReady, when set, is called once every listener serves.

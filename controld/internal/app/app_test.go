@@ -28,6 +28,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 type daemon struct {
@@ -371,7 +372,7 @@ func TestControldEndToEnd(t *testing.T) {
 	// and removes the orphan.
 	vanished := fr.Replicas[1].Sandbox.Id
 	rt.Vanish(vanished)
-	rt.Adopt(fleet.Instance{ID: "sb-orphanorphanorph", Status: fleet.StatusRunning, Labels: map[string]string{fleet.LabelManaged: "controld"}})
+	rt.Adopt(runtime.Instance{ID: "sb-orphanorphanorph", Status: runtime.StatusRunning, Labels: map[string]string{fleet.LabelManaged: "controld"}})
 	d = start(t, cfg, rt)
 	g, err := d.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: keep})
 	if err != nil || g.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {

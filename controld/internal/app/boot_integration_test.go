@@ -28,6 +28,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/config"
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // bootStack is controld on the real containerd in its own namespace
@@ -142,7 +143,7 @@ func (s *bootStack) waitSlots(n int) {
 }
 
 // runtimeIDs returns the runtime's sandboxes by status.
-func (s *bootStack) runtimeIDs(status fleet.InstanceStatus) []string {
+func (s *bootStack) runtimeIDs(status runtime.InstanceStatus) []string {
 	s.t.Helper()
 	insts, err := s.rt.List(s.ctx)
 	if err != nil {
@@ -189,7 +190,7 @@ func TestRealStackWarmSlots(t *testing.T) {
 	ctx := s.ctx
 	s.launch(1)
 	s.waitSlots(1)
-	slots := s.runtimeIDs(fleet.StatusCreated)
+	slots := s.runtimeIDs(runtime.StatusCreated)
 	if len(slots) != 1 {
 		t.Fatalf("precreated containers %v, want one slot", slots)
 	}
@@ -218,7 +219,7 @@ func TestRealStackWarmSlots(t *testing.T) {
 		t.Fatal("hit not counted")
 	}
 	s.waitSlots(1)
-	refill := s.runtimeIDs(fleet.StatusCreated)
+	refill := s.runtimeIDs(runtime.StatusCreated)
 	if len(refill) != 1 || refill[0] == slots[0] {
 		t.Fatalf("refilled slots %v", refill)
 	}
@@ -227,7 +228,7 @@ func TestRealStackWarmSlots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("non-matching create: %v", err)
 	}
-	if other.Sandbox.Id == refill[0] || !slices.Equal(s.runtimeIDs(fleet.StatusCreated), refill) {
+	if other.Sandbox.Id == refill[0] || !slices.Equal(s.runtimeIDs(runtime.StatusCreated), refill) {
 		t.Fatal("a non-matching create took the slot")
 	}
 	if _, err := firstShot(ctx, other.Endpoint); err != nil {
@@ -236,7 +237,7 @@ func TestRealStackWarmSlots(t *testing.T) {
 
 	// A crashed controld's slot: created, not started, labelled, no record.
 	leftover := "sb-" + randomLower(16)
-	if err := s.rt.Precreate(ctx, fleet.BootSpec{
+	if err := s.rt.Precreate(ctx, runtime.BootSpec{
 		ID: leftover, Image: s.image, Width: 1280, Height: 800, Depth: 24,
 		ACIToken: randomLower(16), AdminToken: randomLower(16),
 		Labels: map[string]string{fleet.LabelManaged: "controld", fleet.LabelSandboxID: leftover},
@@ -244,12 +245,12 @@ func TestRealStackWarmSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.stop()
-	if got := s.runtimeIDs(fleet.StatusCreated); !slices.Equal(got, []string{leftover}) {
+	if got := s.runtimeIDs(runtime.StatusCreated); !slices.Equal(got, []string{leftover}) {
 		t.Fatalf("after shutdown, precreated containers %v, want only the leftover %s", got, leftover)
 	}
 	s.launch(1)
 	s.waitSlots(1)
-	if got := s.runtimeIDs(fleet.StatusCreated); len(got) != 1 || got[0] == leftover {
+	if got := s.runtimeIDs(runtime.StatusCreated); len(got) != 1 || got[0] == leftover {
 		t.Fatalf("after restart, precreated containers %v (leftover %s)", got, leftover)
 	}
 	for _, id := range []string{cr.Sandbox.Id, other.Sandbox.Id} {
@@ -293,9 +294,9 @@ func TestBootLatency(t *testing.T) {
 	results := map[string][]time.Duration{}
 	add := func(k string, d time.Duration) { results[k] = append(results[k], d) }
 
-	spec := func() fleet.BootSpec {
+	spec := func() runtime.BootSpec {
 		id := "sb-" + randomLower(16)
-		return fleet.BootSpec{ID: id, Image: s.image, Width: 1280, Height: 800, Depth: 24,
+		return runtime.BootSpec{ID: id, Image: s.image, Width: 1280, Height: 800, Depth: 24,
 			ACIToken: randomLower(32), AdminToken: randomLower(32),
 			Labels: map[string]string{fleet.LabelManaged: "controld", fleet.LabelSandboxID: id}}
 	}
@@ -358,8 +359,8 @@ func TestBootLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	fres, err := s.rt.Checkpoint(ctx, fsrc.ID, fleet.CheckpointSpec{
-		Dir: filepath.Join(s.cfg.CheckpointDir, "floor-"+randomLower(8)), Tier: fleet.TierMemory})
+	fres, err := s.rt.Checkpoint(ctx, fsrc.ID, runtime.CheckpointSpec{
+		Dir: filepath.Join(s.cfg.CheckpointDir, "floor-"+randomLower(8)), Tier: runtime.TierMemory})
 	if err != nil {
 		t.Fatalf("floor checkpoint: %v", err)
 	}
@@ -416,7 +417,7 @@ func TestBootLatency(t *testing.T) {
 		return r.Sandbox, r.Endpoint, nil
 	}
 	// Runtime floors: prepare (not timed), then boot or restore to usable.
-	viaRuntime := func(name string, prepare func(fleet.BootSpec) error, start func(fleet.BootSpec) (fleet.Instance, error), token func(fleet.BootSpec) string) func() {
+	viaRuntime := func(name string, prepare func(runtime.BootSpec) error, start func(runtime.BootSpec) (runtime.Instance, error), token func(runtime.BootSpec) string) func() {
 		return func() {
 			sp := spec()
 			if prepare != nil {
@@ -439,10 +440,10 @@ func TestBootLatency(t *testing.T) {
 			}
 		}
 	}
-	boot := func(sp fleet.BootSpec) (fleet.Instance, error) { return s.rt.Boot(ctx, sp) }
-	restore := func(sp fleet.BootSpec) (fleet.Instance, error) { return s.rt.Restore(ctx, sp, fres.Ref) }
-	own := func(sp fleet.BootSpec) string { return sp.ACIToken }
-	source := func(fleet.BootSpec) string { return fsrc.AdminToken }
+	boot := func(sp runtime.BootSpec) (runtime.Instance, error) { return s.rt.Boot(ctx, sp) }
+	restore := func(sp runtime.BootSpec) (runtime.Instance, error) { return s.rt.Restore(ctx, sp, fres.Ref) }
+	own := func(sp runtime.BootSpec) string { return sp.ACIToken }
+	source := func(runtime.BootSpec) string { return fsrc.AdminToken }
 
 	variants := map[string]func(){
 		// The same boot as a default create, but with an env var, so it
@@ -452,9 +453,9 @@ func TestBootLatency(t *testing.T) {
 		"slot":    viaControld("controld warm-slot boot", create(&controldv1.CreateSandboxRequest{WaitReady: true})),
 		"fork":    viaControld("controld boot as fork", fork),
 		"f-cold":  viaRuntime("floor: runtime cold boot", nil, boot, own),
-		"f-pre":   viaRuntime("floor: runtime precreated boot", func(sp fleet.BootSpec) error { return s.rt.Precreate(ctx, sp) }, boot, own),
+		"f-pre":   viaRuntime("floor: runtime precreated boot", func(sp runtime.BootSpec) error { return s.rt.Precreate(ctx, sp) }, boot, own),
 		"f-fork":  viaRuntime("floor: runtime fork", nil, restore, source),
-		"f-pfork": viaRuntime("floor: runtime precreated fork", func(sp fleet.BootSpec) error { return s.rt.PrecreateRestore(ctx, sp, fres.Ref) }, restore, source),
+		"f-pfork": viaRuntime("floor: runtime precreated fork", func(sp runtime.BootSpec) error { return s.rt.PrecreateRestore(ctx, sp, fres.Ref) }, restore, source),
 	}
 	keys := make([]string, 0, len(variants))
 	for k := range variants {

@@ -16,7 +16,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -286,7 +286,7 @@ func TestDashboardQueries(t *testing.T) {
 	if err != nil || len(l.Sandboxes) == 0 {
 		t.Fatalf("running sandboxes: %v %v", l, err)
 	}
-	d.rt.SetLimitHits(l.Sandboxes[0].Id, fleet.LimitHits{OOMKills: 1})
+	d.rt.SetLimitHits(l.Sandboxes[0].Id, runtime.LimitHits{OOMKills: 1})
 	// Rates need two scrapes after the activity; the limit poller a second.
 	time.Sleep(4 * time.Second)
 	checkDashboard(t, p, nil)

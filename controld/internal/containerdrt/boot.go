@@ -25,8 +25,8 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/sandboxlog"
 )
 
@@ -45,12 +45,12 @@ type sandbox struct {
 }
 
 // Boot creates and starts a sandbox from an image.
-func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance, error) {
+func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Instance, error) {
 	if err := validateBootSpec(spec); err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	if spec.Image == "" {
-		return fleet.Instance{}, errdefs.InvalidField("image", "required")
+		return runtime.Instance{}, errdefs.InvalidField("image", "required")
 	}
 	ctx = r.ctx(ctx)
 	if sb := r.takePrecreated(ctx, spec.ID, bootFingerprint(spec)); sb != nil {
@@ -58,13 +58,13 @@ func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance
 	}
 	sb, err := r.createBoot(ctx, spec)
 	if err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	return r.start(ctx, sb, spec.Network.Policy)
 }
 
 // createBoot creates the container and its task without starting it.
-func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox, error) {
+func (r *Runtime) createBoot(ctx context.Context, spec runtime.BootSpec) (*sandbox, error) {
 	img, err := r.image(ctx, spec.Image)
 	if err != nil {
 		return nil, err
@@ -109,7 +109,7 @@ func (r *Runtime) createBoot(ctx context.Context, spec fleet.BootSpec) (*sandbox
 
 // createTask creates the task of a new container; restore carries the CRIU
 // paths of a memory-tier fork. On error the container is removed.
-func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.Container, restore *restorePaths) (*sandbox, error) {
+func (r *Runtime) createTask(ctx context.Context, spec runtime.BootSpec, c client.Container, restore *restorePaths) (*sandbox, error) {
 	id := spec.ID
 	opts := r.runcOptions()
 	if restore != nil {
@@ -145,7 +145,7 @@ func (r *Runtime) createTask(ctx context.Context, spec fleet.BootSpec, c client.
 
 // labelsOf is a new sandbox's container labels: sandboxLabels, and where
 // its writable layer lives when it has a disk budget.
-func (r *Runtime) labelsOf(spec fleet.BootSpec) map[string]string {
+func (r *Runtime) labelsOf(spec runtime.BootSpec) map[string]string {
 	l := sandboxLabels(spec)
 	if spec.DiskBytes > 0 {
 		l[labelLayer] = r.layerDir(spec.ID)
@@ -156,7 +156,7 @@ func (r *Runtime) labelsOf(spec fleet.BootSpec) map[string]string {
 // setupNetwork makes the sandbox's network namespace (and in mode egress
 // its router, uplink, DNS stub and policy) before its container exists. An
 // id whose network exists already is refused without touching it.
-func (r *Runtime) setupNetwork(ctx context.Context, spec fleet.BootSpec, forRestore bool) (network.Sandbox, error) {
+func (r *Runtime) setupNetwork(ctx context.Context, spec runtime.BootSpec, forRestore bool) (network.Sandbox, error) {
 	nsb, err := r.net.Setup(ctx, spec.ID, spec.Network.Mode, spec.Network.Policy, forRestore || spec.Network.Hold)
 	if err != nil {
 		return nsb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -167,27 +167,27 @@ func (r *Runtime) setupNetwork(ctx context.Context, spec fleet.BootSpec, forRest
 // start starts a created task, with the policy the request asked for (a
 // precreated sandbox was made with another one, maybe); on error the
 // sandbox is removed.
-func (r *Runtime) start(ctx context.Context, sb *sandbox, policy network.Policy) (fleet.Instance, error) {
+func (r *Runtime) start(ctx context.Context, sb *sandbox, policy network.Policy) (runtime.Instance, error) {
 	if err := r.net.SetPolicy(ctx, sb.id, policy); err != nil {
 		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: network policy: %w", sb.id, err)
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: network policy: %w", sb.id, err)
 	}
 	if err := sb.task.Start(ctx); err != nil {
 		tail := r.logTail(sb.id) // before cleanup removes the log
 		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: start: %w%s", sb.id, convertErr(err), tail)
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: start: %w%s", sb.id, convertErr(err), tail)
 	}
 	started := time.Now()
 	info, err := sb.container.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
 		r.cleanup(ctx, sb.id, sb.container, sb.task, true)
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", sb.id, convertErr(err))
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", sb.id, convertErr(err))
 	}
 	pid := sb.task.Pid()
-	return fleet.Instance{
+	return runtime.Instance{
 		ID:            sb.id,
 		PID:           pid,
-		Status:        fleet.StatusRunning,
+		Status:        runtime.StatusRunning,
 		ACISocket:     aciSocket(pid),
 		Labels:        userLabels(info.Labels),
 		CreatedAt:     info.CreatedAt,
@@ -360,13 +360,13 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 }
 
 // List returns every forkfleet sandbox in the namespace.
-func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
+func (r *Runtime) List(ctx context.Context) ([]runtime.Instance, error) {
 	ctx = r.ctx(ctx)
 	cs, err := r.client.ContainerService().List(ctx, sandboxFilter)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", convertErr(err))
 	}
-	out := make([]fleet.Instance, 0, len(cs))
+	out := make([]runtime.Instance, 0, len(cs))
 	for _, c := range cs {
 		inst, err := r.instance(ctx, c)
 		if err != nil {
@@ -378,25 +378,25 @@ func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
 }
 
 // Get returns one sandbox as List would.
-func (r *Runtime) Get(ctx context.Context, id string) (fleet.Instance, error) {
+func (r *Runtime) Get(ctx context.Context, id string) (runtime.Instance, error) {
 	if err := validateID(id); err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	ctx = r.ctx(ctx)
 	c, err := r.client.ContainerService().Get(ctx, id)
 	if err != nil {
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 	}
 	if c.Labels[labelSandbox] != "true" {
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	return r.instance(ctx, c)
 }
 
-func (r *Runtime) instance(ctx context.Context, c containers.Container) (fleet.Instance, error) {
-	inst := fleet.Instance{
+func (r *Runtime) instance(ctx context.Context, c containers.Container) (runtime.Instance, error) {
+	inst := runtime.Instance{
 		ID:        c.ID,
-		Status:    fleet.StatusStopped,
+		Status:    runtime.StatusStopped,
 		Labels:    userLabels(c.Labels),
 		CreatedAt: c.CreatedAt,
 	}
@@ -406,17 +406,17 @@ func (r *Runtime) instance(ctx context.Context, c containers.Container) (fleet.I
 		if cerrdefs.IsNotFound(err) {
 			return inst, nil
 		}
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: task: %w", c.ID, convertErr(err))
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: task: %w", c.ID, convertErr(err))
 	}
 	p := st.GetProcess()
 	inst.PID = p.GetPid()
 	inst.Status = taskStatus(p.GetStatus())
-	if inst.Status == fleet.StatusRunning {
+	if inst.Status == runtime.StatusRunning {
 		if fst, err := r.freezerState(c.ID); err == nil && fst != freezerThawed {
-			inst.Status = fleet.StatusFrozen
+			inst.Status = runtime.StatusFrozen
 		}
 	}
-	if inst.Status == fleet.StatusRunning || inst.Status == fleet.StatusFrozen {
+	if inst.Status == runtime.StatusRunning || inst.Status == runtime.StatusFrozen {
 		inst.ACISocket = aciSocket(inst.PID)
 		inst.TaskStartedAt = bootTicksTime(inst.ACISocket.Start)
 	}
@@ -516,7 +516,7 @@ func (r *Runtime) logTail(id string) string {
 // writer (forkfleet-log, started by the shim), which keeps the most recent
 // LogBytes and never blocks the sandbox; without, appended to one file
 // (tests of the runtime alone: controld always sets a budget).
-func (r *Runtime) stdio(spec fleet.BootSpec) (cio.Creator, error) {
+func (r *Runtime) stdio(spec runtime.BootSpec) (cio.Creator, error) {
 	if spec.LogBytes == 0 {
 		return cio.LogFile(r.logPath(spec.ID)), nil
 	}
@@ -571,18 +571,18 @@ func taskGetRequest(id string) *tasks.GetRequest {
 	return &tasks.GetRequest{ContainerID: id}
 }
 
-func taskStatus(s tasktypes.Status) fleet.InstanceStatus {
+func taskStatus(s tasktypes.Status) runtime.InstanceStatus {
 	switch s {
 	case tasktypes.Status_CREATED:
-		return fleet.StatusCreated
+		return runtime.StatusCreated
 	case tasktypes.Status_RUNNING:
-		return fleet.StatusRunning
+		return runtime.StatusRunning
 	case tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
-		return fleet.StatusFrozen
+		return runtime.StatusFrozen
 	case tasktypes.Status_STOPPED:
-		return fleet.StatusStopped
+		return runtime.StatusStopped
 	}
-	return fleet.StatusUnknown
+	return runtime.StatusUnknown
 }
 
 // criuLogErrors returns CRIU's error lines from a dump or restore log (the

@@ -30,8 +30,8 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Files in a checkpoint directory.
@@ -83,7 +83,7 @@ func (r *Runtime) validateCheckpointDir(field, dir string) error {
 // changes made since the first copy are copied, and the sandbox is thawed
 // (or killed, with spec.Stop). The frozen window holds only the dump and
 // the small second copy.
-func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.CheckpointSpec) (res fleet.CheckpointResult, retErr error) {
+func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.CheckpointSpec) (res runtime.CheckpointResult, retErr error) {
 	begin := time.Now()
 	if err := validateID(id); err != nil {
 		return res, err
@@ -91,7 +91,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	if err := r.validateCheckpointDir("dir", spec.Dir); err != nil {
 		return res, err
 	}
-	if spec.Tier != fleet.TierMemory && spec.Tier != fleet.TierDisk {
+	if spec.Tier != runtime.TierMemory && spec.Tier != runtime.TierDisk {
 		return res, errdefs.InvalidField("tier", "unknown tier %d", spec.Tier)
 	}
 	ctx = r.ctx(ctx)
@@ -129,7 +129,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 		}
 		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 	}
-	if s := taskStatus(st.GetProcess().GetStatus()); s != fleet.StatusRunning && s != fleet.StatusFrozen {
+	if s := taskStatus(st.GetProcess().GetStatus()); s != runtime.StatusRunning && s != runtime.StatusFrozen {
 		return res, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	fst, ferr := r.freezerState(id)
@@ -229,7 +229,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	}()
 	pid := st.GetProcess().GetPid()
 	for attempt := 1; ; attempt++ {
-		if spec.Tier == fleet.TierMemory && !wasFrozen {
+		if spec.Tier == runtime.TierMemory && !wasFrozen {
 			n, err := waitUnixSettled(ctx, pid, r.procsFile(id), r.cfg.SettleTimeout)
 			switch {
 			case ctx.Err() != nil:
@@ -259,7 +259,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 				return res, fmt.Errorf("after freeze: %w", err)
 			}
 		}
-		if spec.Tier != fleet.TierMemory {
+		if spec.Tier != runtime.TierMemory {
 			break
 		}
 		t = time.Now()
@@ -358,7 +358,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	if keys := info.Labels[labelEnvKeys]; keys != "" {
 		meta.EnvKeys = strings.Split(keys, ",")
 	}
-	if spec.Tier == fleet.TierMemory {
+	if spec.Tier == runtime.TierMemory {
 		if meta.MemoryBytes, err = dirSize(filepath.Join(spec.Dir, criuImageDir)); err != nil {
 			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
 		}
@@ -391,7 +391,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.Checkpoi
 	committedOK = true
 	r.refillLayer(srcInfo.Parent)
 
-	res.Ref = fleet.CheckpointRef{Dir: spec.Dir, Snapshot: committed, Image: info.Image, Tier: spec.Tier}
+	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: committed, Image: info.Image, Tier: spec.Tier}
 	res.MemoryBytes = meta.MemoryBytes
 	res.LayerBytes = meta.LayerBytes
 	res.Total = time.Since(begin)
@@ -631,7 +631,7 @@ func specLayout(specJSON []byte) (sandboxLayout, error) {
 // DeleteCheckpoint releases a checkpoint: its directory goes, and its
 // committed layer loses its GC root. The layer itself is removed now when
 // no fork still uses it, otherwise by containerd's GC after the last fork.
-func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref fleet.CheckpointRef) error {
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRef) error {
 	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
 		return err
 	}

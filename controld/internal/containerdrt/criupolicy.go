@@ -28,8 +28,8 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // A memory-tier restore recreates processes as CRIU dumped them: their
@@ -393,7 +393,7 @@ func (r *Runtime) processPolicy(ctx context.Context, image string) (processPolic
 		return processPolicy{}, err
 	}
 	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: "forkfleet-policy"},
-		r.sandboxSpecOpts(withImageProcess(proc), fleet.BootSpec{ID: "forkfleet-policy"}, nil, network.Sandbox{}, nil, runLayoutRootfs)...)
+		r.sandboxSpecOpts(withImageProcess(proc), runtime.BootSpec{ID: "forkfleet-policy"}, nil, network.Sandbox{}, nil, runLayoutRootfs)...)
 	if err != nil {
 		return processPolicy{}, fmt.Errorf("host policy: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -419,7 +419,7 @@ func (r *Runtime) learnSeccomp(ctx context.Context, image string) error {
 	id := "forkfleet-policy-" + randomHex(6)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := r.Boot(ctx, fleet.BootSpec{ID: id, Image: image, ACIToken: randomHex(16), AdminToken: randomHex(16)}); err != nil {
+	if _, err := r.Boot(ctx, runtime.BootSpec{ID: id, Image: image, ACIToken: randomHex(16), AdminToken: randomHex(16)}); err != nil {
 		return err
 	}
 	defer r.Delete(context.WithoutCancel(ctx), id)
@@ -428,7 +428,7 @@ func (r *Runtime) learnSeccomp(ctx context.Context, image string) error {
 		root = r.workDir("")
 	}
 	dir := filepath.Join(root, ".policy-"+id)
-	res, err := r.Checkpoint(ctx, id, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory, Stop: true})
+	res, err := r.Checkpoint(ctx, id, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory, Stop: true})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,6 @@
 // Package containerdrt is controld's sandbox runtime on containerd, runc and
 // CRIU: it boots desktop sandboxes, freezes them, checkpoints them live and
-// forks replicas from a checkpoint. It implements fleet.Runtime.
+// forks replicas from a checkpoint. It implements runtime.Runtime.
 //
 // Layout of a sandbox (id X):
 //   - containerd container X (runtime io.containerd.runc.v2) with labels

@@ -10,7 +10,7 @@ import (
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/typeurl/v2"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Exits delivers the ids of forkfleet sandboxes whose task exited on its
@@ -18,17 +18,17 @@ import (
 // are not reported). The channel closes when ctx ends. When the event stream
 // breaks (containerd restarted), Exits resubscribes and then reports every
 // sandbox found stopped, so an exit may be reported twice but not lost.
-func (r *Runtime) Exits(ctx context.Context) (<-chan fleet.Exit, error) {
+func (r *Runtime) Exits(ctx context.Context) (<-chan runtime.Exit, error) {
 	nctx := r.ctx(ctx)
 	if _, err := r.client.Version(nctx); err != nil {
 		return nil, fmt.Errorf("containerd: %w", convertErr(err))
 	}
-	out := make(chan fleet.Exit, 64)
+	out := make(chan runtime.Exit, 64)
 	go r.exitLoop(nctx, out)
 	return out, nil
 }
 
-func (r *Runtime) exitLoop(ctx context.Context, out chan<- fleet.Exit) {
+func (r *Runtime) exitLoop(ctx context.Context, out chan<- runtime.Exit) {
 	defer close(out)
 	filter := fmt.Sprintf(`topic=="/tasks/exit",namespace==%q`, r.cfg.Namespace)
 	backoff := 100 * time.Millisecond
@@ -63,7 +63,7 @@ func (r *Runtime) exitLoop(ctx context.Context, out chan<- fleet.Exit) {
 				if !r.reportable(ctx, te.ContainerID) {
 					continue
 				}
-				exit := fleet.Exit{ID: te.ContainerID, Status: te.ExitStatus}
+				exit := runtime.Exit{ID: te.ContainerID, Status: te.ExitStatus}
 				if te.ExitedAt != nil {
 					exit.ExitedAt = te.ExitedAt.AsTime()
 				}
@@ -96,17 +96,17 @@ func (r *Runtime) reportable(ctx context.Context, id string) bool {
 
 // reportStopped reports sandboxes whose task stopped while the event
 // stream was down.
-func (r *Runtime) reportStopped(ctx context.Context, out chan<- fleet.Exit) {
+func (r *Runtime) reportStopped(ctx context.Context, out chan<- runtime.Exit) {
 	list, err := r.List(ctx)
 	if err != nil {
 		return
 	}
 	for _, inst := range list {
-		if inst.Status != fleet.StatusStopped || r.isQuiet(inst.ID) {
+		if inst.Status != runtime.StatusStopped || r.isQuiet(inst.ID) {
 			continue
 		}
 		select {
-		case out <- fleet.Exit{ID: inst.ID, ExitedAt: time.Now()}:
+		case out <- runtime.Exit{ID: inst.ID, ExitedAt: time.Now()}:
 		case <-ctx.Done():
 			return
 		}

@@ -39,7 +39,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Checkpoint images. An exported checkpoint is an OCI image manifest with
@@ -101,7 +101,7 @@ type exportedMeta struct {
 	Metadata   []byte          `json:"metadata,omitempty"`
 }
 
-var _ fleet.CheckpointExporter = (*Runtime)(nil)
+var _ runtime.CheckpointExporter = (*Runtime)(nil)
 
 func validateReference(field, ref string) error {
 	if ref == "" {
@@ -119,7 +119,7 @@ func validateReference(field, ref string) error {
 // reference in the runtime's namespace (see ArtifactTypeCheckpoint),
 // replacing what the name pointed to before. Exporting the same checkpoint
 // again writes nothing new and yields the same digest.
-func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef, metadata []byte, name string) (res fleet.ExportResult, err error) {
+func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRef, metadata []byte, name string) (res runtime.ExportResult, err error) {
 	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
 		return res, err
 	}
@@ -148,7 +148,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef,
 	if err != nil {
 		return res, fmt.Errorf("checkpoint %s: spec: %w: %w", ref.Dir, errdefs.ErrInternal, err)
 	}
-	memory := meta.Tier == tierName(fleet.TierMemory)
+	memory := meta.Tier == tierName(runtime.TierMemory)
 	criuDir := filepath.Join(ref.Dir, criuImageDir)
 	if memory {
 		if fi, err := os.Stat(criuDir); err != nil || !fi.IsDir() {
@@ -285,7 +285,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef,
 	for _, l := range layers {
 		size += l.Size
 	}
-	return fleet.ExportResult{Reference: name, Digest: manDesc.Digest.String(), SizeBytes: size}, nil
+	return runtime.ExportResult{Reference: name, Digest: manDesc.Digest.String(), SizeBytes: size}, nil
 }
 
 // ImportCheckpoint materialises the checkpoint image reference (written by
@@ -293,7 +293,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref fleet.CheckpointRef,
 // as a checkpoint directory dir plus a committed snapshot stacked on the
 // base image's layers. The base image must be present in the namespace
 // under the name the checkpoint was taken from.
-func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref fleet.CheckpointRef, metadata []byte, retErr error) {
+func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref runtime.CheckpointRef, metadata []byte, retErr error) {
 	if err := validateReference("reference", name); err != nil {
 		return ref, nil, err
 	}
@@ -436,7 +436,7 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref f
 		return ref, nil, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
 	}
 	committedOK = true
-	return fleet.CheckpointRef{Dir: dir, Snapshot: committed, Image: meta.Image, Tier: ck.tier}, ck.exported.Metadata, nil
+	return runtime.CheckpointRef{Dir: dir, Snapshot: committed, Image: meta.Image, Tier: ck.tier}, ck.exported.Metadata, nil
 }
 
 // checkpointImage is a parsed checkpoint image.
@@ -446,7 +446,7 @@ type checkpointImage struct {
 	diffs    []ocispec.Descriptor
 	exported exportedMeta
 	ckMeta   checkpointMeta
-	tier     fleet.CheckpointTier
+	tier     runtime.CheckpointTier
 }
 
 func notCheckpointImage(name, format string, args ...any) error {
@@ -497,10 +497,10 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 		return nil, notCheckpointImage(name, "artifact type %q, want %q", m.ArtifactType, ArtifactTypeCheckpoint)
 	}
 	switch m.Annotations[AnnotationTier] {
-	case tierName(fleet.TierMemory):
-		ck.tier = fleet.TierMemory
-	case tierName(fleet.TierDisk):
-		ck.tier = fleet.TierDisk
+	case tierName(runtime.TierMemory):
+		ck.tier = runtime.TierMemory
+	case tierName(runtime.TierDisk):
+		ck.tier = runtime.TierDisk
 	default:
 		return nil, notCheckpointImage(name, "tier %q", m.Annotations[AnnotationTier])
 	}
@@ -514,7 +514,7 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 		return nil, notCheckpointImage(name, "last layer is not %s", MediaTypeCheckpointMeta)
 	}
 	ls = ls[:len(ls)-1]
-	if ck.tier == fleet.TierMemory {
+	if ck.tier == runtime.TierMemory {
 		if len(ls) == 0 || ls[0].MediaType != MediaTypeCheckpointCRIU {
 			return nil, notCheckpointImage(name, "memory tier without %s layer", MediaTypeCheckpointCRIU)
 		}

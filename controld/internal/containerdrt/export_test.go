@@ -28,7 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -267,7 +267,7 @@ func TestIntegrationExportImport(t *testing.T) {
 	mustCall(t, src, "set "+memValue)
 	mustCall(t, src, "write /var/lib/state/value "+fileValue)
 	mustCall(t, src, "write /var/lib/state/big "+strings.Repeat("y", 1<<20))
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	deleteQuiet(r, src.ID)
 
 	metadata := []byte(`{"record":"opaque to the runtime"}`)
@@ -352,7 +352,7 @@ func TestIntegrationExportImport(t *testing.T) {
 	if !bytes.Equal(gotMeta, metadata) {
 		t.Errorf("metadata %q, want %q", gotMeta, metadata)
 	}
-	if ref.Dir != dir || ref.Tier != fleet.TierMemory || ref.Image != base || ref.Snapshot == "" || ref.Snapshot == res.Ref.Snapshot {
+	if ref.Dir != dir || ref.Tier != runtime.TierMemory || ref.Image != base || ref.Snapshot == "" || ref.Snapshot == res.Ref.Snapshot {
 		t.Errorf("imported ref %+v", ref)
 	}
 	if info, err := r.sn.Stat(ctx, ref.Snapshot); err != nil || info.Labels[snapshotLabelGCRoot] == "" {
@@ -377,7 +377,7 @@ func TestIntegrationExportImport(t *testing.T) {
 	// A checkpoint of that fork sits on the imported layer: two diffs.
 	mustCall(t, fork, "write /var/lib/state/second second-"+fork.ID)
 	mustCall(t, fork, "set grand-"+memValue)
-	res2 := checkpointT(t, r, fork.ID, fleet.TierMemory, false)
+	res2 := checkpointT(t, r, fork.ID, runtime.TierMemory, false)
 	ex2, err := r.ExportCheckpoint(ctx, res2.Ref, nil, ckRef2)
 	if err != nil {
 		t.Fatalf("export of a fork's checkpoint: %v", err)
@@ -436,14 +436,14 @@ func TestIntegrationExportImport(t *testing.T) {
 	if err := is.Delete(ctx, incomplete, images.SynchronousDelete()); err != nil {
 		t.Error(err)
 	}
-	if _, err := r.ExportCheckpoint(ctx, fleet.CheckpointRef{Dir: "/elsewhere/ck"}, nil, ckRef); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := r.ExportCheckpoint(ctx, runtime.CheckpointRef{Dir: "/elsewhere/ck"}, nil, ckRef); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("export outside the checkpoint root: %v", err)
 	}
 
 	// Cleanup leaves nothing: forks, imported checkpoints, images, blobs.
 	deleteQuiet(r, grand.ID)
 	deleteQuiet(r, fork.ID)
-	for _, rf := range []fleet.CheckpointRef{res2.Ref, ref, ref2} {
+	for _, rf := range []runtime.CheckpointRef{res2.Ref, ref, ref2} {
 		if err := r.DeleteCheckpoint(ctx, rf); err != nil {
 			t.Errorf("DeleteCheckpoint %s: %v", rf.Dir, err)
 		}
@@ -543,7 +543,7 @@ func TestIntegrationExportRewritesLeased(t *testing.T) {
 	}
 	id := uniqueID("again")
 	bootT(t, r, testSpec(id))
-	ck := checkpointT(t, r, id, fleet.TierMemory, false)
+	ck := checkpointT(t, r, id, runtime.TierMemory, false)
 	is := r.client.ImageService()
 	for i := range 20 {
 		name := "localhost/forkfleet/ck-again:" + strconv.Itoa(i)
@@ -629,10 +629,10 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("wh"))
 	must(os.MkdirAll(dir, 0o700))
 	mb, _ := json.Marshal(checkpointMeta{Version: metaVersion, Source: "synthetic", Image: testImage, Snapshotter: r.cfg.Snapshotter,
-		Snapshot: committed, Tier: tierName(fleet.TierDisk), CreatedAt: time.Now().UTC()})
+		Snapshot: committed, Tier: tierName(runtime.TierDisk), CreatedAt: time.Now().UTC()})
 	must(os.WriteFile(filepath.Join(dir, metaFile), mb, 0o600))
 	must(os.WriteFile(filepath.Join(dir, specFile), []byte(`{"ociVersion":"1.2.0"}`), 0o600))
-	src := fleet.CheckpointRef{Dir: dir, Snapshot: committed, Image: testImage, Tier: fleet.TierDisk}
+	src := runtime.CheckpointRef{Dir: dir, Snapshot: committed, Image: testImage, Tier: runtime.TierDisk}
 	t.Cleanup(func() { r.DeleteCheckpoint(context.Background(), src) })
 
 	ex, err := r.ExportCheckpoint(ctx, src, nil, ckRef)
@@ -648,7 +648,7 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 		t.Fatalf("import: %v", err)
 	}
 	t.Cleanup(func() { r.DeleteCheckpoint(context.Background(), ref) })
-	if len(meta) != 0 || ref.Tier != fleet.TierDisk {
+	if len(meta) != 0 || ref.Tier != runtime.TierDisk {
 		t.Errorf("imported %+v, metadata %q", ref, meta)
 	}
 	if _, err := os.Stat(filepath.Join(dir2, criuImageDir)); !errors.Is(err, os.ErrNotExist) {
@@ -702,7 +702,7 @@ func TestIntegrationExportDesktop(t *testing.T) {
 			t.Errorf("namespace %s not empty after the test: %v", r.cfg.Namespace, err)
 		}
 	})
-	spec := fleet.BootSpec{
+	spec := runtime.BootSpec{
 		ID: uniqueID("exdesk"), Image: image, MemoryBytes: 1 << 30,
 		Width: 1280, Height: 800, Depth: 24,
 		ACIToken: "aci-" + randomHex(8), AdminToken: "admin-" + randomHex(8),
@@ -723,7 +723,7 @@ func TestIntegrationExportDesktop(t *testing.T) {
 		t.Fatal(err)
 	}
 	srcProcs := sandboxProcs(t, r, src.ID)
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	deleteQuiet(r, src.ID)
 
 	start := time.Now()

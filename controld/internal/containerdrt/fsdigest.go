@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // The filesystem proof of a fork: a digest of the sandbox's files outside
@@ -45,7 +45,7 @@ const (
 	fsDigestMaxBytes   = 4 << 30
 )
 
-var _ fleet.LayerDigester = (*Runtime)(nil)
+var _ runtime.LayerDigester = (*Runtime)(nil)
 
 // LayerDigest returns the filesystem digest of a running sandbox.
 func (r *Runtime) LayerDigest(ctx context.Context, id string) ([]byte, error) {

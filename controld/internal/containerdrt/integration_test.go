@@ -14,7 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -28,8 +28,8 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/ocilayout"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -130,7 +130,7 @@ func buildAndImport(r *Runtime) error {
 	}
 	desc, err := w.WriteImage(ctx, ocilayout.Image{
 		Config: ocispec.Image{
-			Platform: ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH},
+			Platform: ocispec.Platform{OS: "linux", Architecture: goruntime.GOARCH},
 			Config: ocispec.ImageConfig{
 				Entrypoint: []string{"/testinit"},
 				Env:        []string{"PATH=/"},
@@ -220,7 +220,7 @@ func call(sock guestsock.Addr, cmd string, timeout time.Duration) (string, error
 	return strings.TrimSuffix(line, "\n"), nil
 }
 
-func mustCall(t *testing.T, inst fleet.Instance, cmd string) string {
+func mustCall(t *testing.T, inst runtime.Instance, cmd string) string {
 	t.Helper()
 	reply, err := call(inst.ACISocket, cmd, 5*time.Second)
 	if err != nil {
@@ -230,7 +230,7 @@ func mustCall(t *testing.T, inst fleet.Instance, cmd string) string {
 }
 
 // waitSocket waits until the sandbox's guest socket accepts a connection.
-func waitSocket(t *testing.T, inst fleet.Instance, timeout time.Duration) time.Duration {
+func waitSocket(t *testing.T, inst runtime.Instance, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for {
@@ -246,8 +246,8 @@ func waitSocket(t *testing.T, inst fleet.Instance, timeout time.Duration) time.D
 	}
 }
 
-func testSpec(id string) fleet.BootSpec {
-	return fleet.BootSpec{
+func testSpec(id string) runtime.BootSpec {
+	return runtime.BootSpec{
 		ID:          id,
 		Image:       testImage,
 		CPUMillis:   1000,
@@ -263,7 +263,7 @@ func uniqueID(prefix string) string {
 	return fmt.Sprintf("%s-%s", prefix, randomHex(4))
 }
 
-func bootT(t *testing.T, r *Runtime, spec fleet.BootSpec) fleet.Instance {
+func bootT(t *testing.T, r *Runtime, spec runtime.BootSpec) runtime.Instance {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -324,7 +324,7 @@ func TestIntegrationBootListFreezeDelete(t *testing.T) {
 
 	spec := testSpec(uniqueID("boot"))
 	inst := bootT(t, r, spec)
-	if inst.PID == 0 || inst.Status != fleet.StatusRunning {
+	if inst.PID == 0 || inst.Status != runtime.StatusRunning {
 		t.Fatalf("instance %+v", inst)
 	}
 	if got := mustCall(t, inst, "env FORKFLEET_SANDBOX_ID"); got != spec.ID {
@@ -357,13 +357,13 @@ func TestIntegrationBootListFreezeDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found *fleet.Instance
+	var found *runtime.Instance
 	for i := range list {
 		if list[i].ID == spec.ID {
 			found = &list[i]
 		}
 	}
-	if found == nil || found.Status != fleet.StatusRunning || found.PID != inst.PID ||
+	if found == nil || found.Status != runtime.StatusRunning || found.PID != inst.PID ||
 		found.Labels["owner"] != "test" || found.ACISocket != inst.ACISocket || found.TaskStartedAt.IsZero() {
 		t.Fatalf("List: %+v", found)
 	}
@@ -376,7 +376,7 @@ func TestIntegrationBootListFreezeDelete(t *testing.T) {
 	if err := r.Freeze(ctx, spec.ID); err != nil {
 		t.Fatalf("second Freeze: %v", err)
 	}
-	if got, _ := r.Get(ctx, spec.ID); got.Status != fleet.StatusFrozen {
+	if got, _ := r.Get(ctx, spec.ID); got.Status != runtime.StatusFrozen {
 		t.Errorf("status after Freeze = %v", got.Status)
 	}
 	if _, err := call(inst.ACISocket, "get", 200*time.Millisecond); err == nil {
@@ -431,13 +431,13 @@ func TestIntegrationBootListFreezeDelete(t *testing.T) {
 	}
 }
 
-func checkpointT(t *testing.T, r *Runtime, id string, tier fleet.CheckpointTier, stop bool) fleet.CheckpointResult {
+func checkpointT(t *testing.T, r *Runtime, id string, tier runtime.CheckpointTier, stop bool) runtime.CheckpointResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("ckpt"))
 	var hooks []string
-	res, err := r.Checkpoint(ctx, id, fleet.CheckpointSpec{
+	res, err := r.Checkpoint(ctx, id, runtime.CheckpointSpec{
 		Dir:  dir,
 		Tier: tier,
 		Stop: stop,
@@ -466,7 +466,7 @@ func checkpointT(t *testing.T, r *Runtime, id string, tier fleet.CheckpointTier,
 	return res
 }
 
-func restoreT(t *testing.T, r *Runtime, spec fleet.BootSpec, ref fleet.CheckpointRef) fleet.Instance {
+func restoreT(t *testing.T, r *Runtime, spec runtime.BootSpec, ref runtime.CheckpointRef) runtime.Instance {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -502,12 +502,12 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 		t.Fatal(got)
 	}
 
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
-	if res.MemoryBytes == 0 || res.LayerBytes < 1<<20 || res.Ref.Snapshot == "" || res.Ref.Tier != fleet.TierMemory {
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	if res.MemoryBytes == 0 || res.LayerBytes < 1<<20 || res.Ref.Snapshot == "" || res.Ref.Tier != runtime.TierMemory {
 		t.Errorf("result %+v", res)
 	}
 	// The source keeps running, thawed, with its state.
-	if got, _ := r.Get(ctx, src.ID); got.Status != fleet.StatusRunning {
+	if got, _ := r.Get(ctx, src.ID); got.Status != runtime.StatusRunning {
 		t.Errorf("source status after checkpoint = %v", got.Status)
 	}
 	if got := mustCall(t, src, "get"); got != memValue {
@@ -517,7 +517,7 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 
 	// Fork 2 concurrently.
 	var wg sync.WaitGroup
-	forks := make([]fleet.Instance, 2)
+	forks := make([]runtime.Instance, 2)
 	errs := make([]error, 2)
 	start := time.Now()
 	for i := range forks {
@@ -562,7 +562,7 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 	// A fork can itself be checkpointed and forked (its layer stacks on the
 	// checkpoint's).
 	mustCall(t, forks[1], "set grandchild-value")
-	res2 := checkpointT(t, r, forks[1].ID, fleet.TierMemory, false)
+	res2 := checkpointT(t, r, forks[1].ID, runtime.TierMemory, false)
 	grand := restoreT(t, r, testSpec(uniqueID("grand")), res2.Ref)
 	if got := mustCall(t, grand, "get"); got != "grandchild-value" {
 		t.Errorf("fork of a fork: memory %q", got)
@@ -596,7 +596,7 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 
 	// N=4 fan-out wall.
 	start = time.Now()
-	fan := make([]fleet.Instance, 4)
+	fan := make([]runtime.Instance, 4)
 	errs = make([]error, 4)
 	for i := range fan {
 		wg.Add(1)
@@ -641,7 +641,7 @@ func TestIntegrationCheckpointFork(t *testing.T) {
 
 // waitX waits until the sandbox's X server (display :0) completes an X11
 // connection setup.
-func waitX(inst fleet.Instance, timeout time.Duration) error {
+func waitX(inst runtime.Instance, timeout time.Duration) error {
 	sock := inst.ACISocket
 	sock.Path = "/tmp/.X11-unix/X0"
 	deadline := time.Now().Add(timeout)
@@ -741,7 +741,7 @@ func TestIntegrationDiskTierAndStop(t *testing.T) {
 	fileValue := "disk-" + randomHex(8)
 	mustCall(t, src, "write /var/lib/state/value "+fileValue)
 
-	res := checkpointT(t, r, src.ID, fleet.TierDisk, true)
+	res := checkpointT(t, r, src.ID, runtime.TierDisk, true)
 	// controld writes a checkpoint to a temporary directory and renames it.
 	moved := filepath.Join(r.cfg.CheckpointRoot, uniqueID("moved"))
 	if err := os.Rename(res.Ref.Dir, moved); err != nil {
@@ -761,7 +761,7 @@ func TestIntegrationDiskTierAndStop(t *testing.T) {
 	}
 	// Stop: the source is stopped, not reported as an exit, not deleted.
 	got, err := r.Get(ctx, src.ID)
-	if err != nil || got.Status != fleet.StatusStopped {
+	if err != nil || got.Status != runtime.StatusStopped {
 		t.Errorf("source after Stop: %+v, %v", got, err)
 	}
 	spec := testSpec(uniqueID("diskfork"))
@@ -780,7 +780,7 @@ func TestIntegrationDiskTierAndStop(t *testing.T) {
 	}
 	// A memory-tier ref to a disk checkpoint is refused.
 	bad := res.Ref
-	bad.Tier = fleet.TierMemory
+	bad.Tier = runtime.TierMemory
 	if _, err := r.Restore(ctx, testSpec(uniqueID("x")), bad); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Restore with the wrong tier: %v", err)
 	}
@@ -810,7 +810,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 		t.Errorf("unsettled unix connections with one held: %d (%v), want 1", n, err)
 	}
 	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("failed"))
-	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory})
+	_, err = r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory})
 	held.Close()
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Checkpoint with an external unix connection: %v, want ErrFailedPrecondition", err)
@@ -843,7 +843,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 		return c.Close()
 	}
 	r.cfg.DumpAttempts = 1
-	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory, AfterFreeze: connectWhileFrozen})
+	_, err = r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory, AfterFreeze: connectWhileFrozen})
 	r.cfg.DumpAttempts = 3
 	if err == nil || !strings.Contains(err.Error(), "criu dump") {
 		t.Fatalf("Checkpoint with a connection queued during the freeze: %v, want a CRIU failure", err)
@@ -864,7 +864,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 
 	// With retries the same race is absorbed: thaw, let the sandbox accept
 	// and close it, dump again.
-	res, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory, AfterFreeze: connectWhileFrozen})
+	res, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory, AfterFreeze: connectWhileFrozen})
 	if err != nil {
 		t.Fatalf("Checkpoint with a retried dump: %v", err)
 	}
@@ -874,7 +874,7 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	}
 
 	// A failing hook aborts too, and thaws.
-	_, err = r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory,
+	_, err = r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory,
 		AfterFreeze: func(context.Context) error { return errors.New("hook says no") }})
 	if err == nil || !strings.Contains(err.Error(), "hook says no") {
 		t.Errorf("Checkpoint with failing hook: %v", err)
@@ -886,10 +886,10 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: dir, Tier: fleet.TierMemory}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if _, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory}); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("Checkpoint into an existing dir: %v", err)
 	}
-	if _, err := r.Checkpoint(ctx, src.ID, fleet.CheckpointSpec{Dir: "/etc/ckpt", Tier: fleet.TierMemory}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: "/etc/ckpt", Tier: runtime.TierMemory}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Checkpoint outside the checkpoint root: %v", err)
 	}
 }
@@ -912,9 +912,9 @@ func TestIntegrationCheckpointRacingConnections(t *testing.T) {
 			}
 			conns = append(conns, c)
 		}
-		res, err := r.Checkpoint(context.Background(), src.ID, fleet.CheckpointSpec{
+		res, err := r.Checkpoint(context.Background(), src.ID, runtime.CheckpointSpec{
 			Dir:  filepath.Join(r.cfg.CheckpointRoot, uniqueID("race")),
-			Tier: fleet.TierMemory,
+			Tier: runtime.TierMemory,
 			BeforeFreeze: func(context.Context) error {
 				for _, c := range conns {
 					c.Close()
@@ -985,7 +985,7 @@ func TestIntegrationExits(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no exit reported")
 	}
-	if got, _ := r.Get(ctx, dying.ID); got.Status != fleet.StatusStopped {
+	if got, _ := r.Get(ctx, dying.ID); got.Status != runtime.StatusStopped {
 		t.Errorf("status after exit: %v", got.Status)
 	}
 	cancel()
@@ -1006,7 +1006,7 @@ func TestIntegrationPrecreate(t *testing.T) {
 	}
 	t.Cleanup(func() { deleteQuiet(r, spec.ID) })
 	t.Logf("precreate %v", time.Since(start))
-	if got, _ := r.Get(ctx, spec.ID); got.Status != fleet.StatusCreated {
+	if got, _ := r.Get(ctx, spec.ID); got.Status != runtime.StatusCreated {
 		t.Errorf("precreated status %v", got.Status)
 	}
 	if err := r.Precreate(ctx, spec); !errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -1016,7 +1016,7 @@ func TestIntegrationPrecreate(t *testing.T) {
 	mustCall(t, src, "set precreated-value")
 	mustCall(t, src, "write /var/lib/state/value pre")
 
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	fork := testSpec(uniqueID("prefork"))
 	start = time.Now()
 	if err := r.PrecreateRestore(ctx, fork, res.Ref); err != nil {
@@ -1075,7 +1075,7 @@ func desktopRuntime(t *testing.T) (*Runtime, context.Context, string) {
 func TestIntegrationDesktop(t *testing.T) {
 	integration(t)
 	r, ctx, image := desktopRuntime(t)
-	spec := fleet.BootSpec{
+	spec := runtime.BootSpec{
 		ID: uniqueID("desktop"), Image: image, MemoryBytes: 1 << 30,
 		Width: 1280, Height: 800, Depth: 24,
 		ACIToken: "aci-" + randomHex(8), AdminToken: "admin-" + randomHex(8),
@@ -1104,7 +1104,7 @@ func TestIntegrationDesktop(t *testing.T) {
 			t.Fatalf("source processes changed while settling: %v, then %v", srcProcs, now)
 		}
 		t.Logf("source processes: %v", srcProcs)
-		res := checkpointT(t, r, inst.ID, fleet.TierMemory, false)
+		res := checkpointT(t, r, inst.ID, runtime.TierMemory, false)
 		if _, err := waitDial(inst.ACISocket, 5*time.Second); err != nil {
 			t.Errorf("source guestd after checkpoint: %v", err)
 		}
@@ -1177,7 +1177,7 @@ func TestIntegrationDumpPaths(t *testing.T) {
 			t.Fatal(got)
 		}
 		r.dumpViaRunc = viaRunc
-		res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+		res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 		r.dumpViaRunc = false
 		ents, err := os.ReadDir(filepath.Join(res.Ref.Dir, criuImageDir))
 		if err != nil {

@@ -5,7 +5,7 @@ package containerdrt
 import (
 	"strings"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Container labels. Every forkfleet sandbox carries labelSandbox; List and
@@ -41,7 +41,7 @@ const (
 	sandboxFilter = `labels."` + labelSandbox + `"==true`
 )
 
-func sandboxLabels(spec fleet.BootSpec) map[string]string {
+func sandboxLabels(spec runtime.BootSpec) map[string]string {
 	l := map[string]string{
 		labelSandbox: "true",
 		labelImage:   spec.Image,
@@ -72,11 +72,11 @@ func userLabels(l map[string]string) map[string]string {
 	return out
 }
 
-func tierName(t fleet.CheckpointTier) string {
+func tierName(t runtime.CheckpointTier) string {
 	switch t {
-	case fleet.TierMemory:
+	case runtime.TierMemory:
 		return "memory"
-	case fleet.TierDisk:
+	case runtime.TierDisk:
 		return "disk"
 	}
 	return ""

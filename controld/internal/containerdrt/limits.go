@@ -15,22 +15,22 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/btrfs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 var (
-	_ fleet.LimitProbe = (*Runtime)(nil)
-	_ fleet.UsageProbe = (*Runtime)(nil)
+	_ runtime.LimitProbe = (*Runtime)(nil)
+	_ runtime.UsageProbe = (*Runtime)(nil)
 )
 
-// Usage implements fleet.UsageProbe from the sandbox's cgroups: CPU time
+// Usage implements runtime.UsageProbe from the sandbox's cgroups: CPU time
 // (cpuacct.usage, or cpu.stat's usage_usec on cgroup v2) and memory charged
 // (memory.usage_in_bytes, or memory.current). Two small file reads.
-func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
+func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	if err := validateID(id); err != nil {
-		return fleet.Usage{}, err
+		return runtime.Usage{}, err
 	}
-	var u fleet.Usage
+	var u runtime.Usage
 	if r.cgroupV2 {
 		dir := filepath.Join(r.cfg.CgroupRoot, r.cgroupsPath(id))
 		usec, err := keyedValue(filepath.Join(dir, "cpu.stat"), "usage_usec")
@@ -41,7 +41,7 @@ func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
 		if err != nil {
 			return u, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		return fleet.Usage{CPUSeconds: float64(usec) / 1e6, MemoryBytes: int64(mem)}, nil
+		return runtime.Usage{CPUSeconds: float64(usec) / 1e6, MemoryBytes: int64(mem)}, nil
 	}
 	ns, err := singleValue(filepath.Join(r.cfg.CgroupRoot, "cpuacct", r.cgroupsPath(id), "cpuacct.usage"))
 	if err != nil {
@@ -51,7 +51,7 @@ func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
 	if err != nil {
 		return u, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	return fleet.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: int64(mem)}, nil
+	return runtime.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: int64(mem)}, nil
 }
 
 // singleValue reads a cgroup file holding one number.
@@ -70,15 +70,15 @@ func singleValue(path string) (uint64, error) {
 	return n, nil
 }
 
-// LimitHits implements fleet.LimitProbe from the sandbox's cgroups (the
+// LimitHits implements runtime.LimitProbe from the sandbox's cgroups (the
 // OOM kills of its memory cgroup, the forks its pids cgroup refused) and
 // its writable layer's quota group. It reads files only: cheap enough to
 // poll every sandbox every second.
-func (r *Runtime) LimitHits(_ context.Context, id string) (fleet.LimitHits, error) {
+func (r *Runtime) LimitHits(_ context.Context, id string) (runtime.LimitHits, error) {
 	if err := validateID(id); err != nil {
-		return fleet.LimitHits{}, err
+		return runtime.LimitHits{}, err
 	}
-	var h fleet.LimitHits
+	var h runtime.LimitHits
 	memFile, memKey := filepath.Join(r.cfg.CgroupRoot, "memory", r.cgroupsPath(id), "memory.oom_control"), "oom_kill"
 	pidsFile := filepath.Join(r.cfg.CgroupRoot, "pids", r.cgroupsPath(id), "pids.events")
 	if r.cgroupV2 {

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-var _ fleet.Networker = (*Runtime)(nil)
+var _ runtime.Networker = (*Runtime)(nil)
 
 // SetNetworkPolicy replaces a sandbox's network policy.
 func (r *Runtime) SetNetworkPolicy(ctx context.Context, id string, p network.Policy) error {

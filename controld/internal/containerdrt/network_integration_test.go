@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/network/nettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -47,12 +47,12 @@ func TestIntegrationForkLoopback(t *testing.T) {
 	if got := mustCall(t, src, "hold 127.0.0.1:7000"); got != "value "+val {
 		t.Fatalf("hold: %s", got)
 	}
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	if got := mustCall(t, src, "held ping"); got != "echo ping "+val {
 		t.Errorf("source's in-sandbox connection after the checkpoint: %s", got)
 	}
 
-	forks := make([]fleet.Instance, 3)
+	forks := make([]runtime.Instance, 3)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i := range forks {
@@ -164,7 +164,7 @@ func TestIntegrationForkEgress(t *testing.T) {
 	if got := mustCall(t, src, "hold "+network.SandboxAddr.Addr().String()+":7000"); !strings.HasPrefix(got, "value ") {
 		t.Fatalf("hold: %s", got)
 	}
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	if got := mustCall(t, src, "fetch "+outside+" /"); !strings.HasPrefix(got, "HTTP/1.0 200") {
 		t.Errorf("source egress after the checkpoint: %s", got)
 	}
@@ -231,7 +231,7 @@ func TestIntegrationForkClosesOutsideConnections(t *testing.T) {
 	if got := mustCall(t, src, "hold "+out.Addr.String()+":81"); got != "value outside" {
 		t.Fatalf("hold outside: %s", got)
 	}
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	fspec := testSpec(uniqueID("egconnf"))
 	fspec.Network.Mode = network.ModeEgress
 	t.Cleanup(func() { deleteQuiet(r, fspec.ID) })

@@ -10,15 +10,15 @@ import (
 	"fmt"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 type precreated = sandbox
 
 var (
-	_ fleet.Precreator        = (*Runtime)(nil)
-	_ fleet.RestorePrecreator = (*Runtime)(nil)
+	_ runtime.Precreator        = (*Runtime)(nil)
+	_ runtime.RestorePrecreator = (*Runtime)(nil)
 )
 
 // Precreate does everything Boot(spec) does except starting: the snapshot,
@@ -28,7 +28,7 @@ var (
 // precreated sandbox and boots normally; Delete removes it. Precreated
 // sandboxes are remembered in memory only: Close removes them; after a
 // crash List shows them as StatusCreated and the caller deletes them.
-func (r *Runtime) Precreate(ctx context.Context, spec fleet.BootSpec) error {
+func (r *Runtime) Precreate(ctx context.Context, spec runtime.BootSpec) error {
 	if err := validateBootSpec(spec); err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func (r *Runtime) Precreate(ctx context.Context, spec fleet.BootSpec) error {
 // final Start, where runc restore runs: the fork's snapshot, container and
 // shim exist afterwards. A later Restore with identical arguments only
 // starts it.
-func (r *Runtime) PrecreateRestore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) error {
+func (r *Runtime) PrecreateRestore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) error {
 	if err := r.validateRestore(spec, from); err != nil {
 		return err
 	}
@@ -135,20 +135,20 @@ func (r *Runtime) dropPrecreated(id string) {
 	}
 }
 
-func bootFingerprint(spec fleet.BootSpec) string {
-	return fingerprint("boot", spec, fleet.CheckpointRef{})
+func bootFingerprint(spec runtime.BootSpec) string {
+	return fingerprint("boot", spec, runtime.CheckpointRef{})
 }
 
-func restoreFingerprint(spec fleet.BootSpec, from fleet.CheckpointRef) string {
+func restoreFingerprint(spec runtime.BootSpec, from runtime.CheckpointRef) string {
 	return fingerprint("restore", spec, from)
 }
 
-func fingerprint(kind string, spec fleet.BootSpec, from fleet.CheckpointRef) string {
+func fingerprint(kind string, spec runtime.BootSpec, from runtime.CheckpointRef) string {
 	spec.Network.Policy = network.Policy{} // applied at start, not at create
 	b, err := json.Marshal(struct {
 		Kind string
-		Spec fleet.BootSpec
-		From fleet.CheckpointRef
+		Spec runtime.BootSpec
+		From runtime.CheckpointRef
 	}{kind, spec, from})
 	if err != nil {
 		panic(err) // plain data always marshals

@@ -18,7 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	cerrdefs "github.com/containerd/errdefs"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Snapshot name prefixes that exist only while a Checkpoint, an
@@ -35,9 +35,9 @@ var transientSnapshotPrefixes = []string{
 // second; the bound only matters when runc or CRIU hang.
 const DumpWaitTimeout = 2 * time.Minute
 
-var _ fleet.CheckpointRecoverer = (*Runtime)(nil)
+var _ runtime.CheckpointRecoverer = (*Runtime)(nil)
 
-// RecoverCheckpoints implements fleet.CheckpointRecoverer. A controld killed
+// RecoverCheckpoints implements runtime.CheckpointRecoverer. A controld killed
 // during Checkpoint leaves work that outlives it: its CRIU (or runc and
 // CRIU under containerd's shim) finishes the dump (CRIU then restores the
 // freezer state it found, FROZEN, since the runtime froze the sandbox
@@ -49,7 +49,7 @@ var _ fleet.CheckpointRecoverer = (*Runtime)(nil)
 // directory they write into before they end would leave the sandbox frozen
 // again or the dump failed half way), then removes the rest. keep names the
 // checkpoints controld has records of; their layers stay.
-func (r *Runtime) RecoverCheckpoints(ctx context.Context, keep []fleet.CheckpointRef) error {
+func (r *Runtime) RecoverCheckpoints(ctx context.Context, keep []runtime.CheckpointRef) error {
 	ctx = r.ctx(ctx)
 	cs, err := r.client.ContainerService().List(ctx, sandboxFilter)
 	if err != nil {
@@ -267,7 +267,7 @@ func isTransientSnapshot(name string) bool {
 // releaseUnreferencedLayers releases committed checkpoint layers (still
 // marked as a checkpoint's) that no kept ref names: a checkpoint committed
 // in the runtime whose record was never written.
-func (r *Runtime) releaseUnreferencedLayers(ctx context.Context, keep []fleet.CheckpointRef) error {
+func (r *Runtime) releaseUnreferencedLayers(ctx context.Context, keep []runtime.CheckpointRef) error {
 	kept := make(map[string]bool, len(keep))
 	for _, k := range keep {
 		if k.Snapshot != "" {

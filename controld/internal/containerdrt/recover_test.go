@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	cerrdefs "github.com/containerd/errdefs"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 func TestRuncCheckpointOf(t *testing.T) {
@@ -127,7 +127,7 @@ func TestIntegrationRecoverCheckpoints(t *testing.T) {
 		t.Fatal("no lease holds the prepared layer")
 	}
 
-	if err := r.RecoverCheckpoints(context.Background(), []fleet.CheckpointRef{{Dir: "/nowhere", Snapshot: kept}}); err != nil {
+	if err := r.RecoverCheckpoints(context.Background(), []runtime.CheckpointRef{{Dir: "/nowhere", Snapshot: kept}}); err != nil {
 		t.Fatalf("RecoverCheckpoints: %v", err)
 	}
 	if info, err := r.sn.Stat(ctx, kept); err != nil || info.Labels[snapshotLabelGCRoot] == "" {

@@ -16,8 +16,8 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // pinnedImage returns the image a checkpoint's source booted from: by name
@@ -52,14 +52,14 @@ type restorePaths struct {
 	work  string // this fork's own work dir: parallel restores must not share restore.log
 }
 
-func (r *Runtime) validateRestore(spec fleet.BootSpec, from fleet.CheckpointRef) error {
+func (r *Runtime) validateRestore(spec runtime.BootSpec, from runtime.CheckpointRef) error {
 	if err := validateBootSpec(spec); err != nil {
 		return err
 	}
 	if err := r.validateCheckpointDir("from.dir", from.Dir); err != nil {
 		return err
 	}
-	if from.Tier != fleet.TierMemory && from.Tier != fleet.TierDisk {
+	if from.Tier != runtime.TierMemory && from.Tier != runtime.TierDisk {
 		return errdefs.InvalidField("from.tier", "unknown tier %d", from.Tier)
 	}
 	return nil
@@ -69,26 +69,26 @@ func (r *Runtime) validateRestore(spec fleet.BootSpec, from fleet.CheckpointRef)
 // committed layer (an O(1) overlay prepare), its own cgroup and network
 // namespace; memory tier: runc restore of the CRIU images; disk tier: a
 // fresh boot of the source's spec with the fork's identity.
-func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) (fleet.Instance, error) {
+func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (runtime.Instance, error) {
 	if err := r.validateRestore(spec, from); err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	ctx = r.ctx(ctx)
 	sb := r.takePrecreated(ctx, spec.ID, restoreFingerprint(spec, from))
 	if sb == nil {
 		var err error
 		if sb, err = r.createRestore(ctx, spec, from); err != nil {
-			return fleet.Instance{}, err
+			return runtime.Instance{}, err
 		}
 	}
 	work := r.restoreWorkDir(spec.ID)
 	inst, err := r.start(ctx, sb, spec.Network.Policy)
-	if err != nil && from.Tier == fleet.TierMemory {
+	if err != nil && from.Tier == runtime.TierMemory {
 		err = fmt.Errorf("%w%s", err, criuLogErrors(filepath.Join(work, "restore.log"), "criu restore.log"))
 	}
 	os.RemoveAll(work)
 	os.RemoveAll(forkImagesDir(from.Dir, spec.ID)) // restored: CRIU read them
-	if err == nil && from.Tier == fleet.TierMemory {
+	if err == nil && from.Tier == runtime.TierMemory {
 		// Connections to the outside were restored with the rest (CRIU
 		// tcp-established, so those within the sandbox survive): their
 		// peers know only the source. Closed at once, while the replica's
@@ -96,7 +96,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, from fleet.C
 		n, cerr := r.net.FinishRestore(spec.ID, !spec.Network.Hold)
 		if cerr != nil {
 			r.cleanup(ctx, spec.ID, sb.container, sb.task, true)
-			return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, cerr)
+			return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, cerr)
 		}
 		if n > 0 {
 			r.log.DebugContext(ctx, "closed the replica's connections to the outside", "sandbox", spec.ID, "count", n)
@@ -109,7 +109,7 @@ func (r *Runtime) restoreWorkDir(id string) string { return r.workDir(id + "-res
 
 // createRestore creates the fork's container and task (the shim holds the
 // restore options; runc restore runs at Start).
-func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from fleet.CheckpointRef) (*sandbox, error) {
+func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (*sandbox, error) {
 	meta, err := readMeta(from.Dir)
 	if err != nil {
 		return nil, err
@@ -148,7 +148,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 	// A memory-tier fork restores from its own view of the images (its
 	// range's user namespace), made before anything else of it.
 	var restore *restorePaths
-	if from.Tier == fleet.TierMemory {
+	if from.Tier == runtime.TierMemory {
 		images, err := forkImages(from.Dir, spec.ID, rng)
 		if err != nil {
 			r.releaseRange(spec.ID, rng)
@@ -161,7 +161,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec fleet.BootSpec, from f
 		r.releaseRange(spec.ID, rng)
 		os.RemoveAll(forkImagesDir(from.Dir, spec.ID))
 	}
-	nsb, err := r.setupNetwork(ctx, spec, from.Tier == fleet.TierMemory)
+	nsb, err := r.setupNetwork(ctx, spec, from.Tier == runtime.TierMemory)
 	if err != nil {
 		undo()
 		return nil, err

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // mountPoints returns the mount points of a sandbox's init process.
@@ -48,7 +48,7 @@ func TestIntegrationRunOnRootfs(t *testing.T) {
 		t.Fatalf("/run is a %s mount in a new sandbox, want it on the writable layer", fsType)
 	}
 	mustCall(t, src, "set run-on-rootfs")
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	meta, err := readMeta(res.Ref.Dir)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestIntegrationRunOnRootfs(t *testing.T) {
 	if fsType, ok := mountPoints(t, f.PID)["/run"]; ok {
 		t.Errorf("/run is a %s mount in a fork", fsType)
 	}
-	disk := checkpointT(t, r, src.ID, fleet.TierDisk, false)
+	disk := checkpointT(t, r, src.ID, runtime.TierDisk, false)
 	d := restoreT(t, r, testSpec(uniqueID("runfsd")), disk.Ref)
 	if fsType, ok := mountPoints(t, d.PID)["/run"]; ok {
 		t.Errorf("/run is a %s mount in a disk-tier fork", fsType)
@@ -82,14 +82,14 @@ func TestIntegrationPrecreatedRestoreDiscard(t *testing.T) {
 
 	src := bootT(t, r, testSpec(uniqueID("pdsrc")))
 	mustCall(t, src, "set precreated-discard")
-	res := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 
 	for _, how := range []string{"discard", "delete"} {
 		f := testSpec(uniqueID("pd" + how))
 		if err := r.PrecreateRestore(ctx, f, res.Ref); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := r.Get(ctx, f.ID); got.Status != fleet.StatusCreated || got.PID != 0 {
+		if got, _ := r.Get(ctx, f.ID); got.Status != runtime.StatusCreated || got.PID != 0 {
 			t.Errorf("precreated fork: status %v pid %d, want created without a process", got.Status, got.PID)
 		}
 		start := time.Now()

@@ -28,8 +28,8 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
@@ -247,7 +247,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// Runtime is fleet.Runtime on containerd + runc + CRIU. It is safe for
+// Runtime is runtime.Runtime on containerd + runc + CRIU. It is safe for
 // concurrent use.
 type Runtime struct {
 	cfg    Config
@@ -290,7 +290,7 @@ type Runtime struct {
 	precreated map[string]*precreated
 }
 
-var _ fleet.Runtime = (*Runtime)(nil)
+var _ runtime.Runtime = (*Runtime)(nil)
 
 // New connects to containerd and prepares the runtime's state directory.
 func New(ctx context.Context, cfg Config) (*Runtime, error) {

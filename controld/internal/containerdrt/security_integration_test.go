@@ -34,6 +34,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Root tests of issue #12's paths from a sandbox to the host. They run in
@@ -88,7 +89,7 @@ func (r oneRoute) Route(id string) (fleet.Route, error) {
 
 // gatewayUpgrade sends an authenticated ACI upgrade through a real gateway
 // routing id to inst's socket and returns the HTTP status.
-func gatewayUpgrade(t *testing.T, inst fleet.Instance, token string) int {
+func gatewayUpgrade(t *testing.T, inst runtime.Instance, token string) int {
 	t.Helper()
 	g := gateway.New(oneRoute{inst.ID: {Token: token, ACISocket: inst.ACISocket}}, gateway.Options{})
 	srv := gateway.NewServer(g)
@@ -264,7 +265,7 @@ func TestIntegrationLayerCopyRace(t *testing.T) {
 	}
 
 	// Whole checkpoints, their committed layers read back.
-	for i, tier := range []fleet.CheckpointTier{fleet.TierDisk, fleet.TierMemory, fleet.TierDisk, fleet.TierMemory, fleet.TierDisk} {
+	for i, tier := range []runtime.CheckpointTier{runtime.TierDisk, runtime.TierMemory, runtime.TierDisk, runtime.TierMemory, runtime.TierDisk} {
 		res := checkpointT(t, r, inst.ID, tier, false)
 		key := "forkfleet-test-view-" + randomHex(4)
 		vms, err := r.sn.View(ctx, key, res.Ref.Snapshot)
@@ -388,7 +389,7 @@ func rewriteCore(t *testing.T, path string, edit func(*criucore.CoreEntry)) {
 
 // statusField returns a field of the /proc status of a sandbox's init (and
 // of every thread: they must agree).
-func statusField(t *testing.T, inst fleet.Instance, field string) string {
+func statusField(t *testing.T, inst runtime.Instance, field string) string {
 	t.Helper()
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", inst.PID))
 	if err != nil || len(tasks) == 0 {
@@ -433,8 +434,8 @@ func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
 	if wantCaps == "" {
 		t.Fatal("no CapBnd in the source's status")
 	}
-	mem := checkpointT(t, r, src.ID, fleet.TierMemory, false)
-	disk := checkpointT(t, r, src.ID, fleet.TierDisk, false)
+	mem := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	disk := checkpointT(t, r, src.ID, runtime.TierDisk, false)
 
 	// The host's own checkpoint passes its own policy.
 	pol, err := r.processPolicy(ctx, testImage)
@@ -456,7 +457,7 @@ func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		ref  fleet.CheckpointRef
+		ref  runtime.CheckpointRef
 	}{{"memory", mem.Ref}, {"disk", disk.Ref}} {
 		t.Run(tc.name, func(t *testing.T) {
 			exported := "localhost/forkfleet/sec-it-ck:" + randomHex(4)

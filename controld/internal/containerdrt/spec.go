@@ -17,8 +17,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
@@ -84,7 +84,7 @@ func cpuShares(weight uint32) uint64 {
 	return min(max(uint64(weight)*sharesPer100/100, minCPUShares), maxCPUShares)
 }
 
-func validateBootSpec(spec fleet.BootSpec) error {
+func validateBootSpec(spec runtime.BootSpec) error {
 	if err := validateID(spec.ID); err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func validateBootSpec(spec fleet.BootSpec) error {
 	return nil
 }
 
-func screenOf(spec fleet.BootSpec) string {
+func screenOf(spec runtime.BootSpec) string {
 	w, h, d := spec.Width, spec.Height, spec.Depth
 	if w == 0 || h == 0 {
 		w, h = 1280, 800
@@ -131,7 +131,7 @@ func screenOf(spec fleet.BootSpec) string {
 }
 
 // sandboxEnv is what the runtime adds to the image's environment.
-func sandboxEnv(spec fleet.BootSpec) []string {
+func sandboxEnv(spec runtime.BootSpec) []string {
 	env := []string{
 		EnvACIToken + "=" + spec.ACIToken,
 		EnvAdminToken + "=" + spec.AdminToken,
@@ -196,7 +196,7 @@ const resolvConfPath = "/etc/resolv.conf"
 // its network: a namespace of its own, made by runc (or CRIU) and finished
 // by the network hook (in mode egress with the resolver file of the
 // sandbox's DNS stub).
-func (r *Runtime) withSandbox(spec fleet.BootSpec, nsb network.Sandbox) oci.SpecOpts {
+func (r *Runtime) withSandbox(spec runtime.BootSpec, nsb network.Sandbox) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Linux == nil {
 			s.Linux = &specs.Linux{}
@@ -358,7 +358,7 @@ func setSizeOption(opts []string, size int64) []string {
 // included). Only runLayout comes from a checkpoint, and it picks between
 // two local layouts. The seccomp profile comes last: containerd's default
 // profile depends on the capabilities.
-func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec fleet.BootSpec, criuOpts []string, nsb network.Sandbox, rng *userns.Range, runLayout string) []oci.SpecOpts {
+func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec runtime.BootSpec, criuOpts []string, nsb network.Sandbox, rng *userns.Range, runLayout string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		image,
 		withImageCRIUOptions(criuOpts),

@@ -10,8 +10,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 func hasMount(s *oci.Spec, dest string) bool {
@@ -24,7 +24,7 @@ func hasMount(s *oci.Spec, dest string) bool {
 func TestRunLayout(t *testing.T) {
 	r := testRuntimeConfig(t)
 	ctx := context.Background()
-	spec := fleet.BootSpec{ID: "sb-1"}
+	spec := runtime.BootSpec{ID: "sb-1"}
 	s := &oci.Spec{Mounts: []specs.Mount{
 		{Destination: "/dev", Type: "tmpfs"},
 		{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
@@ -40,7 +40,7 @@ func TestRunLayout(t *testing.T) {
 	if !hasMount(s, "/dev") {
 		t.Fatal("/dev dropped")
 	}
-	if err := r.withSandbox(fleet.BootSpec{ID: "fork-1"}, network.Sandbox{})(ctx, nil, nil, s); err != nil {
+	if err := r.withSandbox(runtime.BootSpec{ID: "fork-1"}, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	if hasMount(s, "/run") {
@@ -48,7 +48,7 @@ func TestRunLayout(t *testing.T) {
 	}
 
 	old := &oci.Spec{Mounts: []specs.Mount{{Destination: "/run", Type: "tmpfs", Options: []string{"size=65536k"}}}}
-	if err := r.withSandbox(fleet.BootSpec{ID: "fork-2"}, network.Sandbox{})(ctx, nil, nil, old); err != nil {
+	if err := r.withSandbox(runtime.BootSpec{ID: "fork-2"}, network.Sandbox{})(ctx, nil, nil, old); err != nil {
 		t.Fatal(err)
 	}
 	if !hasMount(old, "/run") || old.Annotations[runLayoutAnnotation] != "" {
@@ -61,7 +61,7 @@ func TestRunLayout(t *testing.T) {
 func TestSpecLimits(t *testing.T) {
 	r := testRuntimeConfig(t)
 	ctx := context.Background()
-	spec := fleet.BootSpec{ID: "sb-1", MemoryBytes: 256 << 20, CPUWeight: 100, CPUMillis: 1500, PidsMax: 512}
+	spec := runtime.BootSpec{ID: "sb-1", MemoryBytes: 256 << 20, CPUWeight: 100, CPUMillis: 1500, PidsMax: 512}
 	s := &oci.Spec{}
 	if err := r.withSandbox(spec, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestSpecLimits(t *testing.T) {
 	if p := res.Pids; p == nil || *p.Limit != 512 {
 		t.Fatalf("pids %+v", p)
 	}
-	fork := fleet.BootSpec{ID: "fork-1", MemoryBytes: 128 << 20, CPUWeight: 1, PidsMax: 64}
+	fork := runtime.BootSpec{ID: "fork-1", MemoryBytes: 128 << 20, CPUWeight: 1, PidsMax: 64}
 	if err := r.withSandbox(fork, network.Sandbox{})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // TestIntegrationTimings measures each step several times on the desktop
@@ -27,13 +27,13 @@ func TestIntegrationTimings(t *testing.T) {
 		reps = n
 	}
 	r, ctx, image := desktopRuntime(t)
-	spec := func(prefix string) fleet.BootSpec {
-		return fleet.BootSpec{ID: uniqueID(prefix), Image: image, MemoryBytes: 1 << 30,
+	spec := func(prefix string) runtime.BootSpec {
+		return runtime.BootSpec{ID: uniqueID(prefix), Image: image, MemoryBytes: 1 << 30,
 			ACIToken: "a-" + randomHex(8), AdminToken: "b-" + randomHex(8)}
 	}
 	samples := map[string][]time.Duration{}
 	add := func(k string, d time.Duration) { samples[k] = append(samples[k], d) }
-	usable := func(inst fleet.Instance) error {
+	usable := func(inst runtime.Instance) error {
 		if _, err := waitDial(inst.ACISocket, 10*time.Second); err != nil {
 			return err
 		}
@@ -44,7 +44,7 @@ func TestIntegrationTimings(t *testing.T) {
 	warm := bootT(t, r, spec("warm"))
 	deleteQuiet(r, warm.ID)
 
-	var srcRef fleet.CheckpointRef
+	var srcRef runtime.CheckpointRef
 	for i := range reps {
 		// Cold boot: request to guestd socket and Xvfb answering.
 		s := spec("tboot")
@@ -77,8 +77,8 @@ func TestIntegrationTimings(t *testing.T) {
 
 		// Live checkpoint of the settled desktop.
 		time.Sleep(500 * time.Millisecond)
-		res, err := r.Checkpoint(ctx, s.ID, fleet.CheckpointSpec{
-			Dir: fmt.Sprintf("%s/t%d-%s", r.cfg.CheckpointRoot, i, randomHex(4)), Tier: fleet.TierMemory})
+		res, err := r.Checkpoint(ctx, s.ID, runtime.CheckpointSpec{
+			Dir: fmt.Sprintf("%s/t%d-%s", r.cfg.CheckpointRoot, i, randomHex(4)), Tier: runtime.TierMemory})
 		if err != nil {
 			t.Fatal(err)
 		}

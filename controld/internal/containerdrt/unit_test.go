@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 func testRuntimeConfig(t *testing.T) *Runtime {
@@ -55,19 +55,19 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestValidateBootSpec(t *testing.T) {
-	good := fleet.BootSpec{ID: "sb-1", Image: "img", MemoryBytes: 64 << 20, Env: map[string]string{"A": "b"}}
+	good := runtime.BootSpec{ID: "sb-1", Image: "img", MemoryBytes: 64 << 20, Env: map[string]string{"A": "b"}}
 	if err := validateBootSpec(good); err != nil {
 		t.Fatal(err)
 	}
-	for name, mut := range map[string]func(*fleet.BootSpec){
-		"bad id":        func(s *fleet.BootSpec) { s.ID = "no/slash" },
-		"empty id":      func(s *fleet.BootSpec) { s.ID = "" },
-		"negative cpu":  func(s *fleet.BootSpec) { s.CPUMillis = -1 },
-		"tiny memory":   func(s *fleet.BootSpec) { s.MemoryBytes = 1 << 20 },
-		"reserved env":  func(s *fleet.BootSpec) { s.Env = map[string]string{"FORKFLEET_ACI_TOKEN": "x"} },
-		"bad env name":  func(s *fleet.BootSpec) { s.Env = map[string]string{"A=B": "x"} },
-		"huge label":    func(s *fleet.BootSpec) { s.Labels = map[string]string{"k": strings.Repeat("v", 5000)} },
-		"empty label k": func(s *fleet.BootSpec) { s.Labels = map[string]string{"": "v"} },
+	for name, mut := range map[string]func(*runtime.BootSpec){
+		"bad id":        func(s *runtime.BootSpec) { s.ID = "no/slash" },
+		"empty id":      func(s *runtime.BootSpec) { s.ID = "" },
+		"negative cpu":  func(s *runtime.BootSpec) { s.CPUMillis = -1 },
+		"tiny memory":   func(s *runtime.BootSpec) { s.MemoryBytes = 1 << 20 },
+		"reserved env":  func(s *runtime.BootSpec) { s.Env = map[string]string{"FORKFLEET_ACI_TOKEN": "x"} },
+		"bad env name":  func(s *runtime.BootSpec) { s.Env = map[string]string{"A=B": "x"} },
+		"huge label":    func(s *runtime.BootSpec) { s.Labels = map[string]string{"k": strings.Repeat("v", 5000)} },
+		"empty label k": func(s *runtime.BootSpec) { s.Labels = map[string]string{"": "v"} },
 	} {
 		s := good
 		mut(&s)
@@ -78,7 +78,7 @@ func TestValidateBootSpec(t *testing.T) {
 }
 
 func TestEnv(t *testing.T) {
-	spec := fleet.BootSpec{ID: "sb", ACIToken: "a", AdminToken: "b", Width: 1920, Height: 1080,
+	spec := runtime.BootSpec{ID: "sb", ACIToken: "a", AdminToken: "b", Width: 1920, Height: 1080,
 		Env: map[string]string{"Z": "1", "PATH": "/custom"}}
 	env := mergeEnv([]string{"PATH=/usr/bin", "HOME=/root"}, sandboxEnv(spec))
 	want := []string{"HOME=/root", "FORKFLEET_ACI_TOKEN=a", "FORKFLEET_ADMIN_TOKEN=b", "FORKFLEET_SANDBOX_ID=sb",
@@ -122,7 +122,7 @@ func TestWithSandboxSpec(t *testing.T) {
 			{Destination: "/run", Type: "tmpfs", Options: []string{"nosuid", "size=65536k"}},
 		},
 	}
-	spec := fleet.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20, Network: fleet.NetworkSpec{Mode: network.ModeEgress}}
+	spec := runtime.BootSpec{ID: "fork-1", CPUMillis: 500, MemoryBytes: 128 << 20, Network: runtime.NetworkSpec{Mode: network.ModeEgress}}
 	nsb := network.Sandbox{NetNS: "/run/forkfleet/net/ns/fork-1", ResolvConf: "/run/forkfleet/net/resolv.conf",
 		HookArgs: []string{"-pin", "/run/forkfleet/net/ns/fork-1", "-router", "/run/forkfleet/net/ns/fork-1.rt"}}
 	if err := r.withSandbox(spec, nsb)(ctx, nil, nil, s); err != nil {
@@ -153,7 +153,7 @@ func TestWithSandboxSpec(t *testing.T) {
 	if !hasMount(s, resolvConfPath) || s.Annotations[networkAnnotation] != "egress" {
 		t.Errorf("egress sandbox: no resolver mount or mode annotation: %+v %v", s.Mounts, s.Annotations)
 	}
-	if err := r.withSandbox(fleet.BootSpec{ID: "fork-2"}, network.Sandbox{NetNS: "/x"})(ctx, nil, nil, s); err != nil {
+	if err := r.withSandbox(runtime.BootSpec{ID: "fork-2"}, network.Sandbox{NetNS: "/x"})(ctx, nil, nil, s); err != nil {
 		t.Fatal(err)
 	}
 	if hasMount(s, resolvConfPath) || s.Annotations[networkAnnotation] != "none" {
@@ -215,7 +215,7 @@ func TestWithSandboxSpec(t *testing.T) {
 }
 
 func TestLabels(t *testing.T) {
-	spec := fleet.BootSpec{ID: "x", Image: "img", Labels: map[string]string{"owner": "me"}, Env: map[string]string{"B": "", "A": ""}}
+	spec := runtime.BootSpec{ID: "x", Image: "img", Labels: map[string]string{"owner": "me"}, Env: map[string]string{"B": "", "A": ""}}
 	l := sandboxLabels(spec)
 	if l[labelSandbox] != "true" || l[labelImage] != "img" || l[labelEnvKeys] != "A,B" || l[labelScreen] != "1280x800x24" {
 		t.Errorf("labels %v", l)
@@ -226,8 +226,8 @@ func TestLabels(t *testing.T) {
 }
 
 func TestFingerprint(t *testing.T) {
-	a := fleet.BootSpec{ID: "x", Image: "img", Env: map[string]string{"A": "1", "B": "2"}}
-	b := fleet.BootSpec{ID: "x", Image: "img", Env: map[string]string{"B": "2", "A": "1"}}
+	a := runtime.BootSpec{ID: "x", Image: "img", Env: map[string]string{"A": "1", "B": "2"}}
+	b := runtime.BootSpec{ID: "x", Image: "img", Env: map[string]string{"B": "2", "A": "1"}}
 	if bootFingerprint(a) != bootFingerprint(b) {
 		t.Error("fingerprint depends on map order")
 	}
@@ -235,7 +235,7 @@ func TestFingerprint(t *testing.T) {
 	if bootFingerprint(a) == bootFingerprint(b) {
 		t.Error("fingerprint ignores the token")
 	}
-	if bootFingerprint(a) == restoreFingerprint(a, fleet.CheckpointRef{}) {
+	if bootFingerprint(a) == restoreFingerprint(a, runtime.CheckpointRef{}) {
 		t.Error("boot and restore fingerprints collide")
 	}
 }

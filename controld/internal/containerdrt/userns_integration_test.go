@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
@@ -42,7 +42,7 @@ func hostIDs(t *testing.T, pid uint32) (uids, gids []string, uidMap string) {
 // sandboxRange is the range a sandbox's container holds, checked against
 // what the host sees of its init: root in the sandbox is the range's first
 // uid on the host, in every id the kernel keeps, never uid 0.
-func sandboxRange(t *testing.T, r *Runtime, inst fleet.Instance) userns.Range {
+func sandboxRange(t *testing.T, r *Runtime, inst runtime.Instance) userns.Range {
 	t.Helper()
 	c, err := r.client.LoadContainer(r.ctx(context.Background()), inst.ID)
 	if err != nil {
@@ -74,7 +74,7 @@ func sandboxRange(t *testing.T, r *Runtime, inst fleet.Instance) userns.Range {
 
 // hostOwner is the owner the host sees of a file in a sandbox's root (the
 // test trusts its own sandbox's links; controld never does this).
-func hostOwner(t *testing.T, inst fleet.Instance, path string) (uint32, uint32) {
+func hostOwner(t *testing.T, inst runtime.Instance, path string) (uint32, uint32) {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Lstat(fmt.Sprintf("/proc/%d/root%s", inst.PID, path), &st); err != nil {
@@ -121,9 +121,9 @@ func TestIntegrationUserNamespace(t *testing.T) {
 
 	// Memory tier: each replica runs in a range of its own, with the
 	// source's memory and files (in the replica's ids).
-	mem := checkpointT(t, r, src.ID, fleet.TierMemory, false)
+	mem := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 	seen := map[userns.Range]string{rng: src.ID}
-	verify := func(f fleet.Instance) {
+	verify := func(f runtime.Instance) {
 		t.Helper()
 		frng := sandboxRange(t, r, f)
 		if other, ok := seen[frng]; ok {
@@ -150,7 +150,7 @@ func TestIntegrationUserNamespace(t *testing.T) {
 		}
 	}
 	// Twelve restores of one checkpoint, one after another.
-	var forks []fleet.Instance
+	var forks []runtime.Instance
 	for range 12 {
 		f := restoreT(t, r, testSpec(uniqueID("unsf")), mem.Ref)
 		verify(f)
@@ -178,11 +178,11 @@ func TestIntegrationUserNamespace(t *testing.T) {
 	verify(restoreT(t, r, slot, mem.Ref))
 
 	// A replica checkpointed in turn (its range is not its source's).
-	grand := checkpointT(t, r, forks[0].ID, fleet.TierMemory, false)
+	grand := checkpointT(t, r, forks[0].ID, runtime.TierMemory, false)
 	verify(restoreT(t, r, testSpec(uniqueID("unsg")), grand.Ref))
 
 	// Disk tier: the layer only, booted in the replica's range.
-	disk := checkpointT(t, r, src.ID, fleet.TierDisk, false)
+	disk := checkpointT(t, r, src.ID, runtime.TierDisk, false)
 	d := restoreT(t, r, testSpec(uniqueID("unsd")), disk.Ref)
 	drng := sandboxRange(t, r, d)
 	if got := mustCall(t, d, "read /var/lib/userns/agent-file"); got != "by-agent" {

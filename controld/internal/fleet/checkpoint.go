@@ -22,6 +22,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -46,19 +47,11 @@ func levelsFor(t controldv1.CheckpointTier, rec *store.CheckpointRecord) []contr
 	return out
 }
 
-func tierToRuntime(t controldv1.CheckpointTier) CheckpointTier {
+func tierToRuntime(t controldv1.CheckpointTier) runtime.CheckpointTier {
 	if t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
-		return TierDisk
+		return runtime.TierDisk
 	}
-	return TierMemory
-}
-
-func refToStore(r CheckpointRef) store.CheckpointRef {
-	return store.CheckpointRef{Dir: r.Dir, Snapshot: r.Snapshot, Image: r.Image, Tier: int(r.Tier)}
-}
-
-func refFromStore(r store.CheckpointRef) CheckpointRef {
-	return CheckpointRef{Dir: r.Dir, Snapshot: r.Snapshot, Image: r.Image, Tier: CheckpointTier(r.Tier)}
+	return runtime.TierMemory
 }
 
 // CreateCheckpoint captures a READY sandbox. The record is written only
@@ -166,7 +159,7 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		rec.NetValue = randomBytes(32)
 	}
 	tmp := m.tmpCheckpointDir(id)
-	spec := CheckpointSpec{
+	spec := runtime.CheckpointSpec{
 		Dir:  tmp,
 		Tier: tierToRuntime(tier),
 		Stop: req.GetStop(),
@@ -210,7 +203,7 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	if res.Ref.Image == "" {
 		res.Ref.Image = src.Sandbox.Image
 	}
-	rec.Ref = refToStore(res.Ref)
+	rec.Ref = res.Ref
 	rec.Checkpoint = &controldv1.Checkpoint{
 		Id:                 id,
 		Name:               req.GetName(),
@@ -401,7 +394,7 @@ func cloneCheckpoint(r *store.CheckpointRecord) *store.CheckpointRecord {
 }
 
 // dropRuntimeCheckpoint undoes a runtime checkpoint that never got a record.
-func (m *Manager) dropRuntimeCheckpoint(ref CheckpointRef, dir string) {
+func (m *Manager) dropRuntimeCheckpoint(ref runtime.CheckpointRef, dir string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), time.Minute)
 	defer cancel()
 	ref.Dir = dir
@@ -601,7 +594,7 @@ func (m *Manager) deleteOneCheckpoint(ctx context.Context, id string) error {
 		return nil
 	}
 	m.dropForkSlots(id)
-	if err := m.rt.DeleteCheckpoint(ctx, refFromStore(c.Ref)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := m.rt.DeleteCheckpoint(ctx, c.Ref); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	if err := os.RemoveAll(c.Ref.Dir); err != nil {
@@ -719,7 +712,7 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.C
 		}
 		return true, fmt.Sprintf("the restored listener on 127.0.0.1:%d accepts over the replica's loopback", ck.NetPort)
 	case controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM:
-		d, ok := layerDigesterOf(m.rt)
+		d, ok := runtime.As[runtime.LayerDigester](m.rt)
 		if !ok {
 			return false, "the runtime cannot digest a sandbox's files"
 		}
@@ -808,7 +801,7 @@ func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCh
 	}
 	ctx, span := m.tracer.Start(ctx, "checkpoint.export")
 	defer span.End()
-	res, err := ex.ExportCheckpoint(ctx, refFromStore(rec.Ref), meta, req.GetReference())
+	res, err := ex.ExportCheckpoint(ctx, rec.Ref, meta, req.GetReference())
 	if err != nil {
 		return nil, fmt.Errorf("export checkpoint %s: %w", rec.Checkpoint.Id, err)
 	}
@@ -856,7 +849,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 		ref.Dir = final
 	}
 	rec := ec.Record
-	rec.Ref = refToStore(ref)
+	rec.Ref = ref
 	rec.Checkpoint.Id = id
 	rec.Checkpoint.ChildIds = nil
 	rec.Checkpoint.LiveForks = 0

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Collector returns the metrics read when Prometheus scrapes: each running
@@ -110,10 +111,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func usageProbeOf(rt Runtime) (UsageProbe, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
+func usageProbeOf(rt runtime.Runtime) (runtime.UsageProbe, bool) {
+	if u, ok := rt.(interface{ Unwrap() runtime.Runtime }); ok {
 		rt = u.Unwrap()
 	}
-	p, ok := rt.(UsageProbe)
+	p, ok := rt.(runtime.UsageProbe)
 	return p, ok
 }

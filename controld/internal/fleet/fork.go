@@ -17,6 +17,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -197,13 +198,13 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 // newForkSandbox registers a fork's sandbox; with useSlot it takes a
 // container pre-created for forks of ckID when one is ready.
 func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
-	take := func(rec *store.SandboxRecord) (BootSpec, bool) {
+	take := func(rec *store.SandboxRecord) (runtime.BootSpec, bool) {
 		if useSlot {
 			if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
 				return s.spec, true
 			}
 		}
-		return BootSpec{}, false
+		return runtime.BootSpec{}, false
 	}
 	return m.registerSandbox(p, t0, take, m.discardSlot)
 }
@@ -236,7 +237,7 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 		wf.kind = "pool"
 	}
 	rctx, rcancel := uncancelable(wctx)
-	inst, err := m.rt.Restore(rctx, spec, refFromStore(ck.Ref))
+	inst, err := m.rt.Restore(rctx, spec, ck.Ref)
 	rcancel()
 	sb.startErr = err
 	close(sb.started)

@@ -12,9 +12,10 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-// restorePrecreating adds fleet.RestorePrecreator to the fake runtime: a
+// restorePrecreating adds runtime.RestorePrecreator to the fake runtime: a
 // precreated fork is remembered, and a Restore with the identical spec and
 // checkpoint counts as a start-only restore.
 type restorePrecreating struct {
@@ -26,13 +27,13 @@ type restorePrecreating struct {
 }
 
 type precreatedFork struct {
-	spec fleet.BootSpec
-	ref  fleet.CheckpointRef
+	spec runtime.BootSpec
+	ref  runtime.CheckpointRef
 }
 
-var _ fleet.RestorePrecreator = (*restorePrecreating)(nil)
+var _ runtime.RestorePrecreator = (*restorePrecreating)(nil)
 
-func (r *restorePrecreating) PrecreateRestore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) error {
+func (r *restorePrecreating) PrecreateRestore(ctx context.Context, spec runtime.BootSpec, ref runtime.CheckpointRef) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -45,7 +46,7 @@ func (r *restorePrecreating) PrecreateRestore(ctx context.Context, spec fleet.Bo
 	return nil
 }
 
-func (r *restorePrecreating) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) (fleet.Instance, error) {
+func (r *restorePrecreating) Restore(ctx context.Context, spec runtime.BootSpec, ref runtime.CheckpointRef) (runtime.Instance, error) {
 	r.mu.Lock()
 	p, ok := r.pre[spec.ID]
 	delete(r.pre, spec.ID)

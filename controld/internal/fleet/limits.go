@@ -13,6 +13,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -25,16 +26,16 @@ import (
 
 const defaultLimitPoll = time.Second
 
-func limitProbeOf(rt Runtime) (LimitProbe, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
+func limitProbeOf(rt runtime.Runtime) (runtime.LimitProbe, bool) {
+	if u, ok := rt.(interface{ Unwrap() runtime.Runtime }); ok {
 		rt = u.Unwrap()
 	}
-	p, ok := rt.(LimitProbe)
+	p, ok := rt.(runtime.LimitProbe)
 	return p, ok
 }
 
 // watchLimits polls the limit counters of running sandboxes until Close.
-func (m *Manager) watchLimits(probe LimitProbe) {
+func (m *Manager) watchLimits(probe runtime.LimitProbe) {
 	alive := m.opts.Health.Loop("limit poller", max(loopBound, 10*m.opts.LimitPoll))
 	defer alive.Done()
 	t := time.NewTicker(m.opts.LimitPoll)
@@ -50,7 +51,7 @@ func (m *Manager) watchLimits(probe LimitProbe) {
 	}
 }
 
-func (m *Manager) pollLimits(probe LimitProbe, alive *health.Loop) {
+func (m *Manager) pollLimits(probe runtime.LimitProbe, alive *health.Loop) {
 	m.mu.Lock()
 	var running []*sandbox
 	for _, sb := range m.sandboxes {
@@ -83,7 +84,7 @@ func (m *Manager) pollLimits(probe LimitProbe, alive *health.Loop) {
 
 // noteLimits records what h says against sb's record, publishing a LIMIT
 // event when it changes anything.
-func (m *Manager) noteLimits(sb *sandbox, h LimitHits) {
+func (m *Manager) noteLimits(sb *sandbox, h runtime.LimitHits) {
 	m.mu.Lock()
 	res := sb.rec.Sandbox.GetResources()
 	old := sb.rec.Sandbox.GetLimitsReached()

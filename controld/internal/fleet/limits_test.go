@@ -11,6 +11,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Every sandbox gets the host's limits without asking; a request may ask
@@ -166,7 +167,7 @@ func TestLimitsReached(t *testing.T) {
 	defer w.Close()
 	s := e.ready(nil)
 	disk := limits.Default().Default.GetDiskBytes()
-	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: disk - 4096, DiskLimit: disk})
+	e.rt.SetLimitHits(s.Id, runtime.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: disk - 4096, DiskLimit: disk})
 	var got []*controldv1.LimitReached
 	eventually(t, "limits reached", func() bool {
 		g, _ := e.m.GetSandbox(ctx, s.Id)
@@ -193,7 +194,7 @@ func TestLimitsReached(t *testing.T) {
 		}
 	}
 	// Space freed: the disk entry stays, its count drops to 0.
-	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: 1 << 20, DiskLimit: disk})
+	e.rt.SetLimitHits(s.Id, runtime.LimitHits{OOMKills: 2, PidsRefused: 7, DiskUsed: 1 << 20, DiskLimit: disk})
 	eventually(t, "disk no longer full", func() bool {
 		g, _ := e.m.GetSandbox(ctx, s.Id)
 		for _, r := range g.GetLimitsReached() {
@@ -204,7 +205,7 @@ func TestLimitsReached(t *testing.T) {
 		return false
 	})
 	// The init killed at the memory limit: the exit says why.
-	e.rt.SetLimitHits(s.Id, fleet.LimitHits{OOMKills: 3})
+	e.rt.SetLimitHits(s.Id, runtime.LimitHits{OOMKills: 3})
 	e.rt.Exit(s.Id, 137)
 	eventually(t, "stopped with the reason", func() bool {
 		g, _ := e.m.GetSandbox(ctx, s.Id)

@@ -20,6 +20,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -33,8 +34,8 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	Runtime Runtime     // required
-	Dialer  GuestDialer // required
+	Runtime runtime.Runtime // required
+	Dialer  GuestDialer     // required
 	Store   *store.Store
 	Metrics *Metrics     // nil: fresh, unregistered instruments
 	Tracer  trace.Tracer // nil: no traces
@@ -87,7 +88,7 @@ const loopBound = 20 * time.Second
 // watcher, pool replenishers). Safe for concurrent use.
 type Manager struct {
 	opts    Options
-	rt      Runtime
+	rt      runtime.Runtime
 	dialer  GuestDialer
 	st      *store.Store
 	metrics *Metrics

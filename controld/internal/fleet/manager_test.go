@@ -23,6 +23,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -225,7 +226,7 @@ func TestValidationNamesField(t *testing.T) {
 func TestBootFailureAndReadinessTimeout(t *testing.T) {
 	e := newEnv(t, func(o *fleet.Options) { o.BootTimeout = 200 * time.Millisecond })
 	ctx := context.Background()
-	e.rt.BootErr = func(fleet.BootSpec) error {
+	e.rt.BootErr = func(runtime.BootSpec) error {
 		return errdefs.WithReason(errdefs.ErrNotFound, "IMAGE_NOT_FOUND", "image missing")
 	}
 	_, _, err := e.m.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{})
@@ -308,7 +309,7 @@ func TestSuspendResumeTTLAndExit(t *testing.T) {
 	ctx := context.Background()
 	s := e.ready(nil)
 	got, err := e.m.SuspendSandbox(ctx, s.Id)
-	if err != nil || got.State != controldv1.SandboxState_SANDBOX_STATE_SUSPENDED || e.rt.Status(s.Id) != fleet.StatusFrozen {
+	if err != nil || got.State != controldv1.SandboxState_SANDBOX_STATE_SUSPENDED || e.rt.Status(s.Id) != runtime.StatusFrozen {
 		t.Fatalf("suspend: %v %v", got, err)
 	}
 	if _, err := e.m.SuspendSandbox(ctx, s.Id); err != nil {
@@ -317,7 +318,7 @@ func TestSuspendResumeTTLAndExit(t *testing.T) {
 	_, err = e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: s.Id})
 	wantCode(t, err, codes.FailedPrecondition, "")
 	got, err = e.m.ResumeSandbox(ctx, s.Id)
-	if err != nil || got.State != controldv1.SandboxState_SANDBOX_STATE_READY || e.rt.Status(s.Id) != fleet.StatusRunning {
+	if err != nil || got.State != controldv1.SandboxState_SANDBOX_STATE_READY || e.rt.Status(s.Id) != runtime.StatusRunning {
 		t.Fatalf("resume: %v %v", got, err)
 	}
 
@@ -461,12 +462,12 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n atomic.Int32
-	e.rt.OnRestore = func(spec fleet.BootSpec, g *fleettest.Guestd) {
+	e.rt.OnRestore = func(spec runtime.BootSpec, g *fleettest.Guestd) {
 		if n.Add(1) == 2 {
 			g.SetFrameHash([]byte("different screen"))
 		}
 	}
-	e.rt.RestoreErr = func(spec fleet.BootSpec, _ fleet.CheckpointRef) error {
+	e.rt.RestoreErr = func(spec runtime.BootSpec, _ runtime.CheckpointRef) error {
 		if spec.Labels[fleet.LabelSandboxID] == "" {
 			return errors.New("no sandbox label")
 		}
@@ -496,7 +497,7 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 	if len(recs) != 4 {
 		t.Fatalf("store holds %d sandboxes, want 4", len(recs))
 	}
-	e.rt.RestoreErr = func(fleet.BootSpec, fleet.CheckpointRef) error {
+	e.rt.RestoreErr = func(runtime.BootSpec, runtime.CheckpointRef) error {
 		return errdefs.WithReason(errdefs.ErrUnavailable, "", "criu failed")
 	}
 	reps, _ = e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2})
@@ -521,7 +522,7 @@ func TestForkOfAnimatingPagePassesPixelProof(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n atomic.Int32
-	e.rt.OnRestore = func(_ fleet.BootSpec, g *fleettest.Guestd) {
+	e.rt.OnRestore = func(_ runtime.BootSpec, g *fleettest.Guestd) {
 		if n.Add(1) == 3 {
 			g.SetFrameHash([]byte("a different screen"))
 		}
@@ -575,8 +576,8 @@ func TestCrashRecoveryAndReconcile(t *testing.T) {
 	os.MkdirAll(filepath.Join(ckdir, ".tmp-ck-half"), 0o700)
 	os.MkdirAll(filepath.Join(ckdir, "ck-unreferenced"), 0o700)
 	e.rt.Vanish(vanish.Id)
-	e.rt.Adopt(fleet.Instance{ID: "sb-orphanorphanorph", Status: fleet.StatusRunning, Labels: map[string]string{fleet.LabelManaged: "controld"}})
-	e.rt.Adopt(fleet.Instance{ID: "someone-else", Status: fleet.StatusRunning})
+	e.rt.Adopt(runtime.Instance{ID: "sb-orphanorphanorph", Status: runtime.StatusRunning, Labels: map[string]string{fleet.LabelManaged: "controld"}})
+	e.rt.Adopt(runtime.Instance{ID: "someone-else", Status: runtime.StatusRunning})
 	e.start()
 
 	got, err := e.m.GetSandbox(ctx, keep.Id)
@@ -668,7 +669,7 @@ func TestPools(t *testing.T) {
 	})
 	var warm string
 	for _, id := range e.rt.IDs() {
-		if e.rt.Status(id) == fleet.StatusFrozen {
+		if e.rt.Status(id) == runtime.StatusFrozen {
 			warm = id
 		}
 	}
@@ -678,11 +679,11 @@ func TestPools(t *testing.T) {
 	_, err = e.m.DeleteCheckpoint(ctx, ck.Id, false)
 	wantCode(t, err, codes.FailedPrecondition, "")
 	s, _, hit, _, err = e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: cp.Id})
-	if err != nil || !hit || s.Id != warm || e.rt.Status(warm) != fleet.StatusRunning || s.Generation != 1 {
+	if err != nil || !hit || s.Id != warm || e.rt.Status(warm) != runtime.StatusRunning || s.Generation != 1 {
 		t.Fatalf("frozen claim: %v hit=%v err=%v", s, hit, err)
 	}
 	// Drain the pool faster than it refills: a miss forks on demand.
-	e.rt.RestoreErr = func(fleet.BootSpec, fleet.CheckpointRef) error { return nil }
+	e.rt.RestoreErr = func(runtime.BootSpec, runtime.CheckpointRef) error { return nil }
 	got, _ := e.m.GetPool(ctx, cp.Id)
 	if got.Available == 0 {
 		s, _, hit, _, err = e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: cp.Id})

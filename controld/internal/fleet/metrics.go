@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // Metrics are the manager's Prometheus instruments.
@@ -124,18 +125,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // InstrumentRuntime wraps rt so every call's latency lands in
 // m.RuntimeCall. The wrapper forwards CheckpointExporter when rt has it.
-func InstrumentRuntime(rt Runtime, m *Metrics) Runtime {
+func InstrumentRuntime(rt runtime.Runtime, m *Metrics) runtime.Runtime {
 	return &instrumented{rt: rt, m: m}
 }
 
 type instrumented struct {
-	rt Runtime
+	rt runtime.Runtime
 	m  *Metrics
 }
 
 // Unwrap returns the wrapped runtime (the manager looks through it for
 // optional interfaces).
-func (r *instrumented) Unwrap() Runtime { return r.rt }
+func (r *instrumented) Unwrap() runtime.Runtime { return r.rt }
 
 // track starts timing op; call the result with the call's error at the end.
 func (r *instrumented) track(op string) func(*error) {
@@ -145,12 +146,12 @@ func (r *instrumented) track(op string) func(*error) {
 	}
 }
 
-func (r *instrumented) Boot(ctx context.Context, spec BootSpec) (inst Instance, err error) {
+func (r *instrumented) Boot(ctx context.Context, spec runtime.BootSpec) (inst runtime.Instance, err error) {
 	defer r.track("boot")(&err)
 	return r.rt.Boot(ctx, spec)
 }
 
-func (r *instrumented) Restore(ctx context.Context, spec BootSpec, from CheckpointRef) (inst Instance, err error) {
+func (r *instrumented) Restore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (inst runtime.Instance, err error) {
 	defer r.track("restore")(&err)
 	return r.rt.Restore(ctx, spec, from)
 }
@@ -160,7 +161,7 @@ func (r *instrumented) Delete(ctx context.Context, id string) (err error) {
 	return r.rt.Delete(ctx, id)
 }
 
-func (r *instrumented) List(ctx context.Context) (out []Instance, err error) {
+func (r *instrumented) List(ctx context.Context) (out []runtime.Instance, err error) {
 	defer r.track("list")(&err)
 	return r.rt.List(ctx)
 }
@@ -175,14 +176,16 @@ func (r *instrumented) Thaw(ctx context.Context, id string) (err error) {
 	return r.rt.Thaw(ctx, id)
 }
 
-func (r *instrumented) Checkpoint(ctx context.Context, id string, spec CheckpointSpec) (res CheckpointResult, err error) {
+func (r *instrumented) Checkpoint(ctx context.Context, id string, spec runtime.CheckpointSpec) (res runtime.CheckpointResult, err error) {
 	defer r.track("checkpoint")(&err)
 	return r.rt.Checkpoint(ctx, id, spec)
 }
 
-func (r *instrumented) DeleteCheckpoint(ctx context.Context, ref CheckpointRef) (err error) {
+func (r *instrumented) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRef) (err error) {
 	defer r.track("delete_checkpoint")(&err)
 	return r.rt.DeleteCheckpoint(ctx, ref)
 }
 
-func (r *instrumented) Exits(ctx context.Context) (<-chan Exit, error) { return r.rt.Exits(ctx) }
+func (r *instrumented) Exits(ctx context.Context) (<-chan runtime.Exit, error) {
+	return r.rt.Exits(ctx)
+}

@@ -13,13 +13,14 @@ import (
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
 // netSpecOf is the runtime's view of a sandbox's network; a pooled sandbox
 // is held (it reaches nothing) until its claim connects it.
-func netSpecOf(n *controldv1.Network, pooled bool) NetworkSpec {
-	spec := NetworkSpec{Hold: pooled && netpolicy.Mode(n) == controldv1.NetworkMode_NETWORK_MODE_EGRESS}
+func netSpecOf(n *controldv1.Network, pooled bool) runtime.NetworkSpec {
+	spec := runtime.NetworkSpec{Hold: pooled && netpolicy.Mode(n) == controldv1.NetworkMode_NETWORK_MODE_EGRESS}
 	if netpolicy.Mode(n) == controldv1.NetworkMode_NETWORK_MODE_EGRESS {
 		spec.Mode = network.ModeEgress
 		spec.Policy = policyOf(n.GetPolicy())
@@ -63,15 +64,15 @@ func (m *Manager) checkEgress(n *controldv1.Network) error {
 	if netpolicy.Mode(n) != controldv1.NetworkMode_NETWORK_MODE_EGRESS {
 		return nil
 	}
-	nw, ok := networkerOf(m.rt)
+	nw, ok := runtime.As[runtime.Networker](m.rt)
 	if !ok {
 		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "EGRESS_UNAVAILABLE", "this runtime has no sandbox networking")
 	}
 	return nw.EgressUnavailable()
 }
 
-func (m *Manager) networker() (Networker, error) {
-	nw, ok := networkerOf(m.rt)
+func (m *Manager) networker() (runtime.Networker, error) {
+	nw, ok := runtime.As[runtime.Networker](m.rt)
 	if !ok {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NO_NETWORKING", "this runtime has no sandbox networking")
 	}

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 var egress = controldv1.NetworkMode_NETWORK_MODE_EGRESS
@@ -99,7 +99,7 @@ func TestForkNetworkVerifier(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n atomic.Int32 // replicas restore concurrently
-	e.rt.OnRestore = func(_ fleet.BootSpec, g *fleettest.Guestd) {
+	e.rt.OnRestore = func(_ runtime.BootSpec, g *fleettest.Guestd) {
 		if n.Add(1) == 2 {
 			g.LoopbackDown = true
 		}

@@ -8,6 +8,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // frozenPool makes a checkpoint pool of size n and waits until it is full.
@@ -50,7 +51,7 @@ func TestPoolClaimBurstIsDurable(t *testing.T) {
 				t.Errorf("claim: hit=%v err=%v", hit, err)
 				return
 			}
-			if s.State != controldv1.SandboxState_SANDBOX_STATE_READY || e.rt.Status(s.Id) != fleet.StatusRunning {
+			if s.State != controldv1.SandboxState_SANDBOX_STATE_READY || e.rt.Status(s.Id) != runtime.StatusRunning {
 				t.Errorf("claimed %s: state %v, runtime %v", s.Id, s.State, e.rt.Status(s.Id))
 			}
 			mu.Lock()
@@ -99,7 +100,7 @@ func TestPoolClaimSkipsBrokenReplica(t *testing.T) {
 	p := frozenPool(t, e, 2)
 	var frozen []string
 	for _, id := range e.rt.IDs() {
-		if e.rt.Status(id) == fleet.StatusFrozen {
+		if e.rt.Status(id) == runtime.StatusFrozen {
 			frozen = append(frozen, id)
 		}
 	}
@@ -176,7 +177,7 @@ func TestPoolClaimUsesHeldSession(t *testing.T) {
 	p := frozenPool(t, e, 2)
 	before := cd.count()
 	s, _, hit, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
-	if err != nil || !hit || e.rt.Status(s.Id) != fleet.StatusRunning {
+	if err != nil || !hit || e.rt.Status(s.Id) != runtime.StatusRunning {
 		t.Fatalf("claim: %v hit=%v err=%v", s.GetId(), hit, err)
 	}
 	if n := cd.count() - before; n != 0 {
@@ -186,7 +187,7 @@ func TestPoolClaimUsesHeldSession(t *testing.T) {
 	e.restart()
 	before = cd.count()
 	s, _, hit, _, err = e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
-	if err != nil || !hit || e.rt.Status(s.Id) != fleet.StatusRunning {
+	if err != nil || !hit || e.rt.Status(s.Id) != runtime.StatusRunning {
 		t.Fatalf("claim after restart: %v hit=%v err=%v", s.GetId(), hit, err)
 	}
 	if n := cd.count() - before; n < 1 {

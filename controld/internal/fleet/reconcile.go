@@ -12,6 +12,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -24,14 +25,14 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	// First let the runtime finish what a killed controld's checkpoint left
 	// running (a dump still writing into a temporary directory, or about to
 	// restore the freezer state it found) and release what it held.
-	if rc, ok := recovererOf(m.rt); ok {
+	if rc, ok := runtime.As[runtime.CheckpointRecoverer](m.rt); ok {
 		recs, err := m.st.Checkpoints()
 		if err != nil {
 			return fmt.Errorf("fleet: load checkpoints: %w", err)
 		}
-		keep := make([]CheckpointRef, 0, len(recs))
+		keep := make([]runtime.CheckpointRef, 0, len(recs))
 		for _, r := range recs {
-			keep = append(keep, refFromStore(r.Ref))
+			keep = append(keep, r.Ref)
 		}
 		if err := rc.RecoverCheckpoints(ctx, keep); err != nil {
 			// Leftovers cost space, not correctness: start anyway.
@@ -56,7 +57,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fleet: list runtime sandboxes: %w", err)
 	}
-	byID := make(map[string]Instance, len(insts))
+	byID := make(map[string]runtime.Instance, len(insts))
 	for _, in := range insts {
 		byID[in.ID] = in
 	}
@@ -78,7 +79,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	// Last: every sandbox left has its container, so a network without one
 	// belongs to nobody (a crash between its setup and its container).
-	if n, ok := networkerOf(m.rt); ok {
+	if n, ok := runtime.As[runtime.Networker](m.rt); ok {
 		if err := n.PruneNetworks(ctx); err != nil {
 			m.log.Error("release sandbox networks nobody owns", "err", err)
 		}
@@ -89,7 +90,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	return nil
 }
 
-func isOurs(in Instance) bool {
+func isOurs(in runtime.Instance) bool {
 	if in.Labels[LabelManaged] == managedValue {
 		return true
 	}
@@ -102,7 +103,7 @@ func isOurs(in Instance) bool {
 }
 
 // adopt brings one stored sandbox back under management.
-func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]Instance) error {
+func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]runtime.Instance) error {
 	id := r.Sandbox.Id
 	in, present := byID[id]
 	// Records name the host that owns them now (config "host" may have
@@ -145,7 +146,7 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 		}
 		return fail("fork interrupted by a controld restart")
 	case state == controldv1.SandboxState_SANDBOX_STATE_FAILED || state == controldv1.SandboxState_SANDBOX_STATE_STOPPED:
-		if present && in.Status != StatusStopped {
+		if present && in.Status != runtime.StatusStopped {
 			// A failed sandbox keeps only its record.
 			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("fleet: remove %s: %w", id, err)
@@ -156,7 +157,7 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 		return nil
 	case !present:
 		return fail("container vanished while controld was down")
-	case in.Status == StatusStopped:
+	case in.Status == runtime.StatusStopped:
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
 		r.Sandbox.StatusMessage = "task exited while controld was down"
 		closeOnce(sb.settled)
@@ -169,7 +170,7 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 	m.sandboxes[id] = sb
 	switch state {
 	case controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
-		if state == controldv1.SandboxState_SANDBOX_STATE_READY && in.Status == StatusFrozen {
+		if state == controldv1.SandboxState_SANDBOX_STATE_READY && in.Status == runtime.StatusFrozen {
 			// Frozen without a record saying so: a checkpoint (or a Suspend)
 			// that never returned. Its caller got no checkpoint, so the
 			// source runs on; guestd's checkpoint hold is lifted too.
@@ -177,15 +178,15 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 				m.log.Error("thaw a sandbox an interrupted checkpoint left frozen; keeping it SUSPENDED", "sandbox", id, "err", err)
 			} else {
 				m.log.Warn("thawed a sandbox an interrupted checkpoint left frozen", "sandbox", id)
-				in.Status = StatusRunning
+				in.Status = runtime.StatusRunning
 				sock, token := r.ACISocket, r.AdminToken
 				m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) })
 			}
 		}
 		// Otherwise trust the runtime about frozen-ness.
-		if in.Status == StatusFrozen {
+		if in.Status == runtime.StatusFrozen {
 			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
-		} else if in.Status == StatusRunning {
+		} else if in.Status == runtime.StatusRunning {
 			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
 		}
 		closeOnce(sb.settled)
@@ -233,7 +234,7 @@ func (m *Manager) reconcileCheckpoints(ctx context.Context) error {
 	for _, r := range recs {
 		if _, err := os.Stat(r.Ref.Dir); err != nil {
 			m.log.Warn("dropping checkpoint whose directory is missing", "checkpoint", r.Checkpoint.Id, "dir", r.Ref.Dir)
-			if err := m.rt.DeleteCheckpoint(ctx, refFromStore(r.Ref)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			if err := m.rt.DeleteCheckpoint(ctx, r.Ref); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				m.log.Error("release checkpoint", "checkpoint", r.Checkpoint.Id, "err", err)
 			}
 			gone = append(gone, r.Checkpoint.Id)
@@ -286,7 +287,7 @@ func (m *Manager) reconcileCheckpoints(ctx context.Context) error {
 		}
 		// The runtime may hold a committed snapshot for it; let it release
 		// what it can find from the directory.
-		if err := m.rt.DeleteCheckpoint(ctx, CheckpointRef{Dir: path}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := m.rt.DeleteCheckpoint(ctx, runtime.CheckpointRef{Dir: path}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Error("release unreferenced checkpoint", "dir", path, "err", err)
 		}
 		if err := os.RemoveAll(path); err != nil {

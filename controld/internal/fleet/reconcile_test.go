@@ -9,20 +9,21 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-// recoveringRuntime is the fake runtime with fleet.CheckpointRecoverer.
+// recoveringRuntime is the fake runtime with runtime.CheckpointRecoverer.
 type recoveringRuntime struct {
 	*fleettest.Runtime
 	mu    sync.Mutex
-	calls [][]fleet.CheckpointRef
+	calls [][]runtime.CheckpointRef
 	// frozenAtRecover records, per call, which sandboxes were still frozen
 	// when the runtime was asked to recover (reconcile must not thaw first).
-	frozenAtRecover []fleet.InstanceStatus
+	frozenAtRecover []runtime.InstanceStatus
 	watch           string
 }
 
-func (r *recoveringRuntime) RecoverCheckpoints(_ context.Context, keep []fleet.CheckpointRef) error {
+func (r *recoveringRuntime) RecoverCheckpoints(_ context.Context, keep []runtime.CheckpointRef) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, slices.Clone(keep))
@@ -69,17 +70,17 @@ func TestReconcileThawsInterruptedCheckpointSource(t *testing.T) {
 	if len(calls[0]) != 1 || calls[0][0].Dir == "" || calls[0][0].Snapshot == "" {
 		t.Fatalf("RecoverCheckpoints keep = %+v, want the one recorded checkpoint's ref", calls[0])
 	}
-	if frozen[0] != fleet.StatusFrozen {
+	if frozen[0] != runtime.StatusFrozen {
 		t.Errorf("source status when the runtime recovered: %v, want still frozen (thaw comes after)", frozen[0])
 	}
-	if got := e.rt.Status(src.Id); got != fleet.StatusRunning {
+	if got := e.rt.Status(src.Id); got != runtime.StatusRunning {
 		t.Errorf("source after restart: runtime status %v, want running", got)
 	}
 	got, err := e.m.GetSandbox(ctx, src.Id)
 	if err != nil || got.State != controldv1.SandboxState_SANDBOX_STATE_READY {
 		t.Fatalf("source after restart: %v %v, want READY", got, err)
 	}
-	if got := e.rt.Status(susp.Id); got != fleet.StatusFrozen {
+	if got := e.rt.Status(susp.Id); got != runtime.StatusFrozen {
 		t.Errorf("suspended sandbox after restart: runtime status %v, want frozen", got)
 	}
 	got, err = e.m.GetSandbox(ctx, susp.Id)

@@ -14,7 +14,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // forgetResponses drops every stored response of a request id, as if
@@ -107,7 +107,9 @@ func TestCreateSandboxRequestIDConcurrent(t *testing.T) {
 func TestCreateSandboxRequestIDAfterFailure(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	e.rt.BootErr = func(fleet.BootSpec) error { return errdefs.WithReason(errdefs.ErrUnavailable, "TEST", "boot refused") }
+	e.rt.BootErr = func(runtime.BootSpec) error {
+		return errdefs.WithReason(errdefs.ErrUnavailable, "TEST", "boot refused")
+	}
 	req := &controldv1.CreateSandboxRequest{RequestId: "retry-me", WaitReady: true, Labels: map[string]string{"req": "retry"}}
 	if _, _, err := e.m.CreateSandbox(ctx, req); err == nil {
 		t.Fatal("boot did not fail")

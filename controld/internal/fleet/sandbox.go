@@ -21,6 +21,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -170,13 +171,13 @@ type sandboxParams struct {
 
 // newSandbox writes a CREATING record and registers it.
 func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
-	take := func(*store.SandboxRecord) (BootSpec, bool) { return BootSpec{}, false }
+	take := func(*store.SandboxRecord) (runtime.BootSpec, bool) { return runtime.BootSpec{}, false }
 	if p.warmSlot {
-		take = func(rec *store.SandboxRecord) (BootSpec, bool) {
+		take = func(rec *store.SandboxRecord) (runtime.BootSpec, bool) {
 			if s := m.takeSlotLocked(specOf(rec)); s != nil {
 				return s.spec, true
 			}
-			return BootSpec{}, false
+			return runtime.BootSpec{}, false
 		}
 	}
 	sb, fromSlot, err := m.registerSandbox(p, t0, take, func(id string) {
@@ -196,7 +197,7 @@ func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 // slot's id and tokens. take runs under the same lock as the open check, so
 // a slot is either handed to a registered sandbox or discarded at Close,
 // never lost; undo gives it up if persisting fails.
-func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
+func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (runtime.BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
 	rec, err := m.newRecord(p, t0)
 	if err != nil {
 		return nil, false, err
@@ -309,7 +310,7 @@ func copyMap(in map[string]string) map[string]string {
 	return out
 }
 
-func (m *Manager) bootSpec(sb *sandbox) BootSpec {
+func (m *Manager) bootSpec(sb *sandbox) runtime.BootSpec {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return specOf(sb.rec)
@@ -317,8 +318,8 @@ func (m *Manager) bootSpec(sb *sandbox) BootSpec {
 
 // specOf is the runtime spec of a record. Warm slots are precreated from
 // it too: the runtime starts a precreated sandbox only for an identical spec.
-func specOf(r *store.SandboxRecord) BootSpec {
-	return BootSpec{
+func specOf(r *store.SandboxRecord) runtime.BootSpec {
+	return runtime.BootSpec{
 		ID:          r.Sandbox.Id,
 		Image:       r.Sandbox.Image,
 		CPUMillis:   r.Sandbox.GetResources().GetCpuMillis(),
@@ -815,7 +816,7 @@ func (m *Manager) freezeThaw(ctx context.Context, id string, freeze bool) (*cont
 }
 
 // watchExits marks sandboxes whose task ended on its own.
-func (m *Manager) watchExits(exits <-chan Exit) {
+func (m *Manager) watchExits(exits <-chan runtime.Exit) {
 	alive := m.opts.Health.Loop("exit watcher", loopBound)
 	defer alive.Done()
 	// Exits are rare: the ticker proves the loop is not stuck in one.
@@ -837,7 +838,7 @@ func (m *Manager) watchExits(exits <-chan Exit) {
 	}
 }
 
-func (m *Manager) handleExit(ex Exit) {
+func (m *Manager) handleExit(ex runtime.Exit) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[ex.ID]
 	if !ok || sb.deleting {
@@ -944,7 +945,7 @@ type waterfall struct {
 	ended  bool
 }
 
-func (w *waterfall) runtimePhases(inst Instance) {
+func (w *waterfall) runtimePhases(inst runtime.Instance) {
 	now := time.Now()
 	created, started := inst.CreatedAt, inst.TaskStartedAt
 	if created.IsZero() || created.Before(w.t0) || created.After(now) {

@@ -12,43 +12,9 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
-
-// Precreator is an optional Runtime extension: a runtime that can create a
-// sandbox ahead of its request (snapshot, container and task made, task not
-// started) implements it, and the manager finds it with a type assertion.
-// Without it, warm slots are off.
-type Precreator interface {
-	// Precreate does everything Boot(spec) does except starting the task. A
-	// later Boot with an identical spec only starts it; a Boot with another
-	// spec for the same id removes it and boots normally.
-	Precreate(ctx context.Context, spec BootSpec) error
-	// Discard removes a sandbox precreated and never booted. It never
-	// touches a booted sandbox: an id that is not precreated is
-	// errdefs.ErrNotFound.
-	Discard(ctx context.Context, id string) error
-}
-
-// RestorePrecreator is the Precreator extension for forks: a runtime that
-// can create a fork of a checkpoint ahead of its request (snapshot on the
-// checkpoint's layer, container, shim holding the restore options) so that
-// only the start (runc restore) remains. Discard removes such a sandbox too.
-type RestorePrecreator interface {
-	Precreator
-	// PrecreateRestore does everything Restore(spec, from) does except the
-	// start. A later Restore with identical arguments only starts it; one
-	// with other arguments for the same id removes it and restores anew.
-	PrecreateRestore(ctx context.Context, spec BootSpec, from CheckpointRef) error
-}
-
-func precreatorOf(rt Runtime) (Precreator, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
-		rt = u.Unwrap()
-	}
-	pc, ok := rt.(Precreator)
-	return pc, ok
-}
 
 // Warm slots: the manager keeps Options.WarmSlots sandboxes of the default
 // image, screen and resources precreated, with their ids and tokens drawn
@@ -86,7 +52,7 @@ const (
 )
 
 type warmSlots struct {
-	pc     Precreator
+	pc     runtime.Precreator
 	want   int
 	maxAge time.Duration
 	kick   chan struct{}
@@ -141,14 +107,14 @@ func (ws *warmSlots) holdLocked(now time.Time) time.Duration {
 }
 
 type warmSlot struct {
-	spec BootSpec
+	spec runtime.BootSpec
 	key  string // slotKey(spec)
 	at   time.Time
 }
 
 // slotKey identifies what a boot produces, identity aside: two specs with
 // the same key differ only in id and tokens.
-func slotKey(s BootSpec) string {
+func slotKey(s runtime.BootSpec) string {
 	s.ID, s.ACIToken, s.AdminToken, s.Labels = "", "", "", nil
 	s.Network.Policy = network.Policy{} // applied at start
 	b, err := json.Marshal(s)
@@ -160,7 +126,7 @@ func slotKey(s BootSpec) string {
 
 // slotSpec draws a new slot: the spec of a default CreateSandbox (in
 // network mode egress with egress), with a fresh id and tokens.
-func (m *Manager) slotSpec(egress bool) BootSpec {
+func (m *Manager) slotSpec(egress bool) runtime.BootSpec {
 	p := sandboxParams{}
 	if egress {
 		p.network = &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}
@@ -178,7 +144,7 @@ func (m *Manager) startSlots() {
 	if m.opts.WarmSlots <= 0 {
 		return
 	}
-	pc, ok := precreatorOf(m.rt)
+	pc, ok := runtime.As[runtime.Precreator](m.rt)
 	if !ok {
 		m.log.Info("runtime cannot precreate sandboxes; warm slots are off")
 		return
@@ -188,10 +154,10 @@ func (m *Manager) startSlots() {
 	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
 	// Egress slots are made only once an egress create succeeded (which
 	// makes this controld the owner of the host's table).
-	if _, ok := networkerOf(m.rt); ok {
+	if _, ok := runtime.As[runtime.Networker](m.rt); ok {
 		ws.egressKey = slotKey(m.slotSpec(true))
 	}
-	if rp, ok := pc.(RestorePrecreator); ok {
+	if rp, ok := pc.(runtime.RestorePrecreator); ok {
 		ws.forks = &forkSlots{rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}}
 	}
 	m.mu.Lock()
@@ -207,7 +173,7 @@ func (m *Manager) startSlots() {
 // The caller adopts the slot's id and tokens, so the runtime sees an
 // identical spec, and calls slotBootDone when that boot has settled: the
 // refill waits for it (at most slotRefillHold), off the request path.
-func (m *Manager) takeSlotLocked(spec BootSpec) *warmSlot {
+func (m *Manager) takeSlotLocked(spec runtime.BootSpec) *warmSlot {
 	ws := m.slots
 	if ws == nil {
 		return nil
@@ -498,7 +464,7 @@ const (
 )
 
 type forkSlots struct {
-	rp   RestorePrecreator
+	rp   runtime.RestorePrecreator
 	want int // slots per checkpoint
 	kick chan struct{}
 
@@ -512,7 +478,7 @@ type forkSlots struct {
 }
 
 type forkSlot struct {
-	spec BootSpec
+	spec runtime.BootSpec
 	at   time.Time
 }
 
@@ -583,7 +549,7 @@ func (m *Manager) forkSlotsEnd() {
 // takeForkSlotLocked hands out a ready fork slot of checkpoint ckID whose
 // spec matches spec but for id and tokens, or nil. The caller adopts the
 // slot's id and tokens, so the runtime sees an identical spec.
-func (m *Manager) takeForkSlotLocked(ckID string, spec BootSpec) *forkSlot {
+func (m *Manager) takeForkSlotLocked(ckID string, spec runtime.BootSpec) *forkSlot {
 	fs := m.forkSlotsLocked()
 	if fs == nil {
 		return nil
@@ -668,7 +634,7 @@ func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) e
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), slotOpTimeout)
 	defer cancel()
 	start := time.Now()
-	err = fs.rp.PrecreateRestore(ctx, spec, refFromStore(ck.Ref))
+	err = fs.rp.PrecreateRestore(ctx, spec, ck.Ref)
 	m.metrics.RuntimeCall.WithLabelValues("precreate_restore", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // slotEnv is an env with n warm slots, checked for leaked goroutines after
@@ -133,7 +134,7 @@ func TestWarmSlotEmptyBootsColdAndRetries(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	e := slotEnv(t, 1, func(_ *fleet.Options, rt *fleettest.Runtime) {
-		rt.PrecreateErr = func(fleet.BootSpec) error {
+		rt.PrecreateErr = func(runtime.BootSpec) error {
 			if fail.Load() {
 				return errdefs.WithReason(errdefs.ErrUnavailable, "TEST", "containerd down")
 			}
@@ -205,7 +206,7 @@ func TestWarmSlotLeftoverReconciled(t *testing.T) {
 	e.stop()
 	// A crashed controld's slot: precreated, managed labels, no record.
 	leftover := "sb-leftoverleftove"
-	if err := e.rt.Precreate(context.Background(), fleet.BootSpec{
+	if err := e.rt.Precreate(context.Background(), runtime.BootSpec{
 		ID: leftover, Image: "img:latest",
 		Labels: map[string]string{fleet.LabelManaged: "controld", fleet.LabelSandboxID: leftover},
 	}); err != nil {
@@ -247,7 +248,7 @@ func TestWarmSlotsOffWithoutPrecreator(t *testing.T) {
 }
 
 // plainRuntime hides the fake's Precreator.
-type plainRuntime struct{ fleet.Runtime }
+type plainRuntime struct{ runtime.Runtime }
 
 func TestWarmSlotRefillNotBlockedByHungBoot(t *testing.T) {
 	e := slotEnv(t, 1, func(_ *fleet.Options, rt *fleettest.Runtime) { rt.NeverReady = true })

@@ -20,6 +20,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 var (
@@ -62,19 +63,11 @@ type RequestTag struct {
 	Hit   bool `json:"hit,omitempty"`
 }
 
-// CheckpointRef mirrors fleet.CheckpointRef (the store does not import fleet).
-type CheckpointRef struct {
-	Dir      string
-	Snapshot string
-	Image    string
-	Tier     int
-}
-
 // CheckpointRecord is a checkpoint with the proofs its forks are verified
 // against and the admin token its memory image holds.
 type CheckpointRecord struct {
 	Checkpoint *controldv1.Checkpoint
-	Ref        CheckpointRef
+	Ref        runtime.CheckpointRef
 	Env        map[string]string
 	// AdminToken is the source's: a memory-tier replica runs the source's
 	// guestd, which only knows that token until it is told otherwise.
@@ -435,19 +428,19 @@ type addrJSON struct {
 }
 
 type checkpointJSON struct {
-	Checkpoint  json.RawMessage   `json:"checkpoint"`
-	Ref         CheckpointRef     `json:"ref"`
-	Env         map[string]string `json:"env,omitempty"`
-	AdminToken  string            `json:"admin_token"`
-	Generation  uint64            `json:"generation"`
-	FrameHash   []byte            `json:"frame_hash,omitempty"`
-	MarkerPath  string            `json:"marker_path,omitempty"`
-	MarkerValue []byte            `json:"marker_value,omitempty"`
-	MemoryValue []byte            `json:"memory_value,omitempty"`
-	NetPort     uint32            `json:"net_port,omitempty"`
-	NetValue    []byte            `json:"net_value,omitempty"`
-	FSDigest    []byte            `json:"fs_digest,omitempty"`
-	Request     *RequestTag       `json:"request,omitempty"`
+	Checkpoint  json.RawMessage       `json:"checkpoint"`
+	Ref         runtime.CheckpointRef `json:"ref"`
+	Env         map[string]string     `json:"env,omitempty"`
+	AdminToken  string                `json:"admin_token"`
+	Generation  uint64                `json:"generation"`
+	FrameHash   []byte                `json:"frame_hash,omitempty"`
+	MarkerPath  string                `json:"marker_path,omitempty"`
+	MarkerValue []byte                `json:"marker_value,omitempty"`
+	MemoryValue []byte                `json:"memory_value,omitempty"`
+	NetPort     uint32                `json:"net_port,omitempty"`
+	NetValue    []byte                `json:"net_value,omitempty"`
+	FSDigest    []byte                `json:"fs_digest,omitempty"`
+	Request     *RequestTag           `json:"request,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.

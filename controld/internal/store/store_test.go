@@ -10,6 +10,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 func TestRoundTripAndReopen(t *testing.T) {
@@ -24,7 +25,7 @@ func TestRoundTripAndReopen(t *testing.T) {
 	}
 	ck := &CheckpointRecord{
 		Checkpoint: &controldv1.Checkpoint{Id: "ck-a", Name: "n", ChildIds: []string{"ck-b"}},
-		Ref:        CheckpointRef{Dir: "/d", Snapshot: "s", Image: "i", Tier: 1},
+		Ref:        runtime.CheckpointRef{Dir: "/d", Snapshot: "s", Image: "i", Tier: runtime.TierMemory},
 		AdminToken: "a", Generation: 2, FrameHash: []byte{1, 2}, MarkerPath: "/m", MarkerValue: []byte("v"), MemoryValue: []byte("m"),
 	}
 	pl := &PoolRecord{Pool: &controldv1.Pool{Id: "pl-a", Size: 3, Hits: 4}}

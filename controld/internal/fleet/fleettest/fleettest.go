@@ -1,4 +1,4 @@
-// Package fleettest provides fakes of fleet.Runtime and fleet.GuestDialer
+// Package fleettest provides fakes of runtime.Runtime and fleet.GuestDialer
 // for tests: an in-memory runtime whose sandboxes each own a fake guestd
 // (readiness, memory mark, files, frame hash, tokens), with checkpoints
 // written to real directories so the manager's rename and crash-recovery
@@ -27,9 +27,10 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-// Runtime is a fake fleet.Runtime. Set the hook fields before use.
+// Runtime is a fake runtime.Runtime. Set the hook fields before use.
 type Runtime struct {
 	// SocketDir, when set, makes every guestd listen on a real unix socket
 	// there (speaking the ACI through acitest). Otherwise sockets are
@@ -40,17 +41,17 @@ type Runtime struct {
 	ListenAfter, ReadyAfter time.Duration
 	// BootErr / RestoreErr / CheckpointErr fail those calls when they return
 	// an error.
-	BootErr       func(spec fleet.BootSpec) error
-	RestoreErr    func(spec fleet.BootSpec, ref fleet.CheckpointRef) error
+	BootErr       func(spec runtime.BootSpec) error
+	RestoreErr    func(spec runtime.BootSpec, ref runtime.CheckpointRef) error
 	CheckpointErr func(id string) error
 	// NeverReady makes guestds never report ready.
 	NeverReady bool
 	// OnRestore, when set, may alter a restored guestd before it starts.
-	OnRestore func(spec fleet.BootSpec, g *Guestd)
+	OnRestore func(spec runtime.BootSpec, g *Guestd)
 	// PrecreateErr fails Precreate when it returns an error; StartErr fails
 	// the Boot of a precreated sandbox (which is then removed, as the real
 	// runtime does when Start fails).
-	PrecreateErr func(spec fleet.BootSpec) error
+	PrecreateErr func(spec runtime.BootSpec) error
 	StartErr     func(id string) error
 	// NoEgress makes the runtime refuse network mode egress.
 	NoEgress bool
@@ -60,22 +61,22 @@ type Runtime struct {
 	ListGate chan struct{}
 
 	mu        sync.Mutex
-	hits      map[string]fleet.LimitHits // SetLimitHits
+	hits      map[string]runtime.LimitHits // SetLimitHits
 	instances map[string]*instance
 	// precreated are sandboxes created but not started (Precreate): List
 	// shows them as StatusCreated; IDs and Has do not count them.
-	precreated map[string]fleet.BootSpec
+	precreated map[string]runtime.BootSpec
 	guests     map[string]*Guestd // by socket path
-	exits      chan fleet.Exit
+	exits      chan runtime.Exit
 	deleted    map[string]int
 	calls      map[string]int
-	ckDeleted  []fleet.CheckpointRef
+	ckDeleted  []runtime.CheckpointRef
 	ports      map[string]string // "id:port" -> address (ServePort)
 }
 
 type instance struct {
-	inst  fleet.Instance
-	spec  fleet.BootSpec
+	inst  runtime.Instance
+	spec  runtime.BootSpec
 	guest *Guestd
 	net   NetState
 }
@@ -84,18 +85,18 @@ type instance struct {
 func NewRuntime() *Runtime {
 	return &Runtime{
 		instances:  map[string]*instance{},
-		precreated: map[string]fleet.BootSpec{},
+		precreated: map[string]runtime.BootSpec{},
 		guests:     map[string]*Guestd{},
-		exits:      make(chan fleet.Exit, 64),
+		exits:      make(chan runtime.Exit, 64),
 		deleted:    map[string]int{},
 		calls:      map[string]int{},
 	}
 }
 
 var (
-	_ fleet.Runtime    = (*Runtime)(nil)
-	_ fleet.Precreator = (*Runtime)(nil)
-	_ fleet.LimitProbe = (*Runtime)(nil)
+	_ runtime.Runtime    = (*Runtime)(nil)
+	_ runtime.Precreator = (*Runtime)(nil)
+	_ runtime.LimitProbe = (*Runtime)(nil)
 )
 
 func (r *Runtime) count(op string) {
@@ -155,7 +156,7 @@ func (r *Runtime) Has(id string) bool {
 }
 
 // Adopt adds an instance that no controld created (an orphan).
-func (r *Runtime) Adopt(in fleet.Instance) {
+func (r *Runtime) Adopt(in runtime.Instance) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.instances[in.ID] = &instance{inst: in}
@@ -176,17 +177,17 @@ func (r *Runtime) Vanish(id string) {
 func (r *Runtime) Exit(id string, status uint32) {
 	r.mu.Lock()
 	if in, ok := r.instances[id]; ok {
-		in.inst.Status = fleet.StatusStopped
+		in.inst.Status = runtime.StatusStopped
 	}
 	r.mu.Unlock()
-	r.exits <- fleet.Exit{ID: id, Status: status, ExitedAt: time.Now()}
+	r.exits <- runtime.Exit{ID: id, Status: status, ExitedAt: time.Now()}
 }
 
 // DeletedCheckpoints returns the refs DeleteCheckpoint was called with.
-func (r *Runtime) DeletedCheckpoints() []fleet.CheckpointRef {
+func (r *Runtime) DeletedCheckpoints() []runtime.CheckpointRef {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]fleet.CheckpointRef(nil), r.ckDeleted...)
+	return append([]runtime.CheckpointRef(nil), r.ckDeleted...)
 }
 
 // Close stops every guestd socket server.
@@ -220,14 +221,14 @@ func (r *Runtime) socketPath(id string) string {
 	return "/fake/" + id + "/aci.sock"
 }
 
-func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fleet.Instance, error) {
+func (r *Runtime) start(ctx context.Context, spec runtime.BootSpec, g *Guestd) (runtime.Instance, error) {
 	if err := ctx.Err(); err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	r.mu.Lock()
 	if _, dup := r.instances[spec.ID]; dup {
 		r.mu.Unlock()
-		return fleet.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
 	r.mu.Unlock()
 	now := time.Now()
@@ -238,7 +239,7 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 	g.startedAt = now
 	if r.SocketDir != "" {
 		if err := g.serve(); err != nil {
-			return fleet.Instance{}, err
+			return runtime.Instance{}, err
 		}
 	}
 	labels := map[string]string{}
@@ -247,7 +248,7 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 	}
 	// This process stands in for every sandbox's init: its root is the
 	// root guestsock resolves g.socket in (the real gateway dials it).
-	in := fleet.Instance{ID: spec.ID, PID: selfAddr.PID, Status: fleet.StatusRunning,
+	in := runtime.Instance{ID: spec.ID, PID: selfAddr.PID, Status: runtime.StatusRunning,
 		ACISocket: guestsock.Addr{PID: selfAddr.PID, Start: selfAddr.Start, Path: g.socket},
 		Labels:    labels, CreatedAt: now, TaskStartedAt: now}
 	r.mu.Lock()
@@ -258,10 +259,10 @@ func (r *Runtime) start(ctx context.Context, spec fleet.BootSpec, g *Guestd) (fl
 	return in, nil
 }
 
-// Boot implements fleet.Runtime. A sandbox precreated with an identical
+// Boot implements runtime.Runtime. A sandbox precreated with an identical
 // spec is only started ("boot_precreated"); one precreated with another
 // spec is removed first, as the real runtime does.
-func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance, error) {
+func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Instance, error) {
 	r.count("boot")
 	r.mu.Lock()
 	pre, wasPrecreated := r.precreated[spec.ID]
@@ -271,20 +272,20 @@ func (r *Runtime) Boot(ctx context.Context, spec fleet.BootSpec) (fleet.Instance
 		r.count("boot_precreated")
 		if r.StartErr != nil {
 			if err := r.StartErr(spec.ID); err != nil {
-				return fleet.Instance{}, fmt.Errorf("sandbox %s: start: %w", spec.ID, err)
+				return runtime.Instance{}, fmt.Errorf("sandbox %s: start: %w", spec.ID, err)
 			}
 		}
 	} else if r.BootErr != nil {
 		if err := r.BootErr(spec); err != nil {
-			return fleet.Instance{}, err
+			return runtime.Instance{}, err
 		}
 	}
 	g := newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
 	return r.start(ctx, spec, g)
 }
 
-// Precreate implements fleet.Precreator.
-func (r *Runtime) Precreate(ctx context.Context, spec fleet.BootSpec) error {
+// Precreate implements runtime.Precreator.
+func (r *Runtime) Precreate(ctx context.Context, spec runtime.BootSpec) error {
 	r.count("precreate")
 	if err := ctx.Err(); err != nil {
 		return err
@@ -306,7 +307,7 @@ func (r *Runtime) Precreate(ctx context.Context, spec fleet.BootSpec) error {
 	return nil
 }
 
-// Discard implements fleet.Precreator.
+// Discard implements runtime.Precreator.
 func (r *Runtime) Discard(_ context.Context, id string) error {
 	r.count("discard")
 	r.mu.Lock()
@@ -319,44 +320,44 @@ func (r *Runtime) Discard(_ context.Context, id string) error {
 }
 
 // SetLimitHits sets what LimitHits reports for sandbox id.
-func (r *Runtime) SetLimitHits(id string, h fleet.LimitHits) {
+func (r *Runtime) SetLimitHits(id string, h runtime.LimitHits) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.hits == nil {
-		r.hits = map[string]fleet.LimitHits{}
+		r.hits = map[string]runtime.LimitHits{}
 	}
 	r.hits[id] = h
 }
 
-// LimitHits implements fleet.LimitProbe: what SetLimitHits set (zero
+// LimitHits implements runtime.LimitProbe: what SetLimitHits set (zero
 // counts otherwise) for a running sandbox.
-func (r *Runtime) LimitHits(_ context.Context, id string) (fleet.LimitHits, error) {
+func (r *Runtime) LimitHits(_ context.Context, id string) (runtime.LimitHits, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.instances[id]; !ok {
-		return fleet.LimitHits{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return runtime.LimitHits{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	return r.hits[id], nil
 }
 
-// Usage implements fleet.UsageProbe for a running sandbox: a fixed use
+// Usage implements runtime.UsageProbe for a running sandbox: a fixed use
 // (1.5 CPU seconds, 64 MiB), enough for the metrics to be there.
-func (r *Runtime) Usage(_ context.Context, id string) (fleet.Usage, error) {
+func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.instances[id]; !ok {
-		return fleet.Usage{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return runtime.Usage{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	return fleet.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20}, nil
+	return runtime.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20}, nil
 }
 
 // Spec returns the spec a running sandbox was booted or restored with.
-func (r *Runtime) Spec(id string) (fleet.BootSpec, bool) {
+func (r *Runtime) Spec(id string) (runtime.BootSpec, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in, ok := r.instances[id]
 	if !ok {
-		return fleet.BootSpec{}, false
+		return runtime.BootSpec{}, false
 	}
 	return in.spec, true
 }
@@ -383,31 +384,31 @@ type ckState struct {
 	Files      map[string][]byte `json:"files"`
 	FrameHash  []byte            `json:"frame_hash"`
 	Animating  bool              `json:"animating"`
-	Tier       fleet.CheckpointTier
+	Tier       runtime.CheckpointTier
 	Snapshot   string
 	Image      string
 }
 
 const stateFile = "fake-checkpoint.json"
 
-// Restore implements fleet.Runtime.
-func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.CheckpointRef) (fleet.Instance, error) {
+// Restore implements runtime.Runtime.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, ref runtime.CheckpointRef) (runtime.Instance, error) {
 	r.count("restore")
 	if r.RestoreErr != nil {
 		if err := r.RestoreErr(spec, ref); err != nil {
-			return fleet.Instance{}, err
+			return runtime.Instance{}, err
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(ref.Dir, stateFile))
 	if err != nil {
-		return fleet.Instance{}, fmt.Errorf("checkpoint %s: %w", ref.Dir, errdefs.ErrNotFound)
+		return runtime.Instance{}, fmt.Errorf("checkpoint %s: %w", ref.Dir, errdefs.ErrNotFound)
 	}
 	var st ckState
 	if err := json.Unmarshal(b, &st); err != nil {
-		return fleet.Instance{}, err
+		return runtime.Instance{}, err
 	}
 	var g *Guestd
-	if st.Tier == fleet.TierDisk {
+	if st.Tier == runtime.TierDisk {
 		// Boots fresh from the layer: files survive, memory does not.
 		g = newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
 	} else {
@@ -428,7 +429,7 @@ func (r *Runtime) Restore(ctx context.Context, spec fleet.BootSpec, ref fleet.Ch
 	return r.start(ctx, spec, g)
 }
 
-// Delete implements fleet.Runtime.
+// Delete implements runtime.Runtime.
 func (r *Runtime) Delete(_ context.Context, id string) error {
 	r.count("delete")
 	r.mu.Lock()
@@ -456,8 +457,8 @@ func (r *Runtime) Delete(_ context.Context, id string) error {
 	return nil
 }
 
-// List implements fleet.Runtime.
-func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
+// List implements runtime.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Instance, error) {
 	r.count("list")
 	if g := r.ListGate; g != nil {
 		select {
@@ -468,7 +469,7 @@ func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]fleet.Instance, 0, len(r.instances)+len(r.precreated))
+	out := make([]runtime.Instance, 0, len(r.instances)+len(r.precreated))
 	for _, in := range r.instances {
 		out = append(out, in.inst)
 	}
@@ -477,12 +478,12 @@ func (r *Runtime) List(ctx context.Context) ([]fleet.Instance, error) {
 		for k, v := range spec.Labels {
 			labels[k] = v
 		}
-		out = append(out, fleet.Instance{ID: id, Status: fleet.StatusCreated, Labels: labels})
+		out = append(out, runtime.Instance{ID: id, Status: runtime.StatusCreated, Labels: labels})
 	}
 	return out, nil
 }
 
-func (r *Runtime) setStatus(id string, s fleet.InstanceStatus) error {
+func (r *Runtime) setStatus(id string, s runtime.InstanceStatus) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in, ok := r.instances[id]
@@ -491,91 +492,91 @@ func (r *Runtime) setStatus(id string, s fleet.InstanceStatus) error {
 	}
 	in.inst.Status = s
 	if in.guest != nil {
-		in.guest.setFrozen(s == fleet.StatusFrozen)
+		in.guest.setFrozen(s == runtime.StatusFrozen)
 	}
 	return nil
 }
 
-// Freeze implements fleet.Runtime.
+// Freeze implements runtime.Runtime.
 func (r *Runtime) Freeze(_ context.Context, id string) error {
 	r.count("freeze")
-	return r.setStatus(id, fleet.StatusFrozen)
+	return r.setStatus(id, runtime.StatusFrozen)
 }
 
-// Thaw implements fleet.Runtime.
+// Thaw implements runtime.Runtime.
 func (r *Runtime) Thaw(_ context.Context, id string) error {
 	r.count("thaw")
-	return r.setStatus(id, fleet.StatusRunning)
+	return r.setStatus(id, runtime.StatusRunning)
 }
 
 // Status returns an instance's status.
-func (r *Runtime) Status(id string) fleet.InstanceStatus {
+func (r *Runtime) Status(id string) runtime.InstanceStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if in, ok := r.instances[id]; ok {
 		return in.inst.Status
 	}
-	return fleet.StatusUnknown
+	return runtime.StatusUnknown
 }
 
-// Checkpoint implements fleet.Runtime: BeforeFreeze, freeze, write the
+// Checkpoint implements runtime.Runtime: BeforeFreeze, freeze, write the
 // directory, AfterFreeze, thaw (or stop).
-func (r *Runtime) Checkpoint(ctx context.Context, id string, spec fleet.CheckpointSpec) (fleet.CheckpointResult, error) {
+func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.CheckpointSpec) (runtime.CheckpointResult, error) {
 	r.count("checkpoint")
 	start := time.Now()
 	r.mu.Lock()
 	in, ok := r.instances[id]
 	r.mu.Unlock()
 	if !ok {
-		return fleet.CheckpointResult{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return runtime.CheckpointResult{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if _, err := os.Stat(spec.Dir); err == nil {
-		return fleet.CheckpointResult{}, fmt.Errorf("checkpoint dir %s: %w", spec.Dir, errdefs.ErrAlreadyExists)
+		return runtime.CheckpointResult{}, fmt.Errorf("checkpoint dir %s: %w", spec.Dir, errdefs.ErrAlreadyExists)
 	}
 	if spec.BeforeFreeze != nil {
 		if err := spec.BeforeFreeze(ctx); err != nil {
-			return fleet.CheckpointResult{}, err
+			return runtime.CheckpointResult{}, err
 		}
 	}
 	if r.CheckpointErr != nil {
 		if err := r.CheckpointErr(id); err != nil {
-			return fleet.CheckpointResult{}, err
+			return runtime.CheckpointResult{}, err
 		}
 	}
 	frozeAt := time.Now()
 	g := in.guest
 	st := g.snapshot()
 	st.Tier, st.Snapshot, st.Image = spec.Tier, "snap-"+filepath.Base(spec.Dir), "image"
-	if spec.Tier == fleet.TierDisk {
+	if spec.Tier == runtime.TierDisk {
 		st.Mark, st.FrameHash = nil, nil
 	}
 	b, _ := json.Marshal(st)
 	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
-		return fleet.CheckpointResult{}, err
+		return runtime.CheckpointResult{}, err
 	}
 	if err := os.WriteFile(filepath.Join(spec.Dir, stateFile), b, 0o600); err != nil {
 		os.RemoveAll(spec.Dir)
-		return fleet.CheckpointResult{}, err
+		return runtime.CheckpointResult{}, err
 	}
 	if spec.AfterFreeze != nil {
 		if err := spec.AfterFreeze(ctx); err != nil {
 			os.RemoveAll(spec.Dir)
-			return fleet.CheckpointResult{}, err
+			return runtime.CheckpointResult{}, err
 		}
 	}
 	frozen := time.Since(frozeAt)
 	if spec.Stop {
-		r.setStatus(id, fleet.StatusStopped)
+		r.setStatus(id, runtime.StatusStopped)
 	}
-	return fleet.CheckpointResult{
-		Ref:         fleet.CheckpointRef{Dir: spec.Dir, Snapshot: st.Snapshot, Image: st.Image, Tier: spec.Tier},
+	return runtime.CheckpointResult{
+		Ref:         runtime.CheckpointRef{Dir: spec.Dir, Snapshot: st.Snapshot, Image: st.Image, Tier: spec.Tier},
 		MemoryBytes: int64(len(b)), LayerBytes: 4096,
 		Frozen: frozen, Dump: frozen, Layer: time.Microsecond, Total: time.Since(start),
 	}, nil
 }
 
-// DeleteCheckpoint implements fleet.Runtime.
-func (r *Runtime) DeleteCheckpoint(_ context.Context, ref fleet.CheckpointRef) error {
+// DeleteCheckpoint implements runtime.Runtime.
+func (r *Runtime) DeleteCheckpoint(_ context.Context, ref runtime.CheckpointRef) error {
 	r.count("delete_checkpoint")
 	r.mu.Lock()
 	r.ckDeleted = append(r.ckDeleted, ref)
@@ -583,9 +584,9 @@ func (r *Runtime) DeleteCheckpoint(_ context.Context, ref fleet.CheckpointRef) e
 	return nil
 }
 
-// Exits implements fleet.Runtime.
-func (r *Runtime) Exits(ctx context.Context) (<-chan fleet.Exit, error) {
-	out := make(chan fleet.Exit)
+// Exits implements runtime.Runtime.
+func (r *Runtime) Exits(ctx context.Context) (<-chan runtime.Exit, error) {
+	out := make(chan runtime.Exit)
 	go func() {
 		defer close(out)
 		for {

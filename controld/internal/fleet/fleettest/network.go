@@ -6,17 +6,17 @@ import (
 	"net"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-var _ fleet.Networker = (*Runtime)(nil)
+var _ runtime.Networker = (*Runtime)(nil)
 
 // NetState is what the fake runtime knows of a sandbox's network.
 type NetState struct {
-	Spec      fleet.NetworkSpec // as booted or restored
-	Policy    network.Policy    // the current policy
-	Connected bool              // not held (or connected since)
+	Spec      runtime.NetworkSpec // as booted or restored
+	Policy    network.Policy      // the current policy
+	Connected bool                // not held (or connected since)
 }
 
 // Net returns a sandbox's network state.
@@ -40,7 +40,7 @@ func (r *Runtime) ServePort(id string, port uint16, addr string) {
 	r.ports[fmt.Sprintf("%s:%d", id, port)] = addr
 }
 
-// SetNetworkPolicy implements fleet.Networker.
+// SetNetworkPolicy implements runtime.Networker.
 func (r *Runtime) SetNetworkPolicy(_ context.Context, id string, p network.Policy) error {
 	r.count("set_policy")
 	r.mu.Lock()
@@ -53,7 +53,7 @@ func (r *Runtime) SetNetworkPolicy(_ context.Context, id string, p network.Polic
 	return nil
 }
 
-// ConnectNetwork implements fleet.Networker.
+// ConnectNetwork implements runtime.Networker.
 func (r *Runtime) ConnectNetwork(_ context.Context, id string, p network.Policy) error {
 	r.count("connect")
 	r.mu.Lock()
@@ -66,7 +66,7 @@ func (r *Runtime) ConnectNetwork(_ context.Context, id string, p network.Policy)
 	return nil
 }
 
-// DialPort implements fleet.Networker: the address ServePort registered.
+// DialPort implements runtime.Networker: the address ServePort registered.
 func (r *Runtime) DialPort(ctx context.Context, id string, port uint16) (net.Conn, error) {
 	r.mu.Lock()
 	addr, ok := r.ports[fmt.Sprintf("%s:%d", id, port)]
@@ -78,11 +78,11 @@ func (r *Runtime) DialPort(ctx context.Context, id string, port uint16) (net.Con
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-// PruneNetworks implements fleet.Networker (the fake keeps no networks
+// PruneNetworks implements runtime.Networker (the fake keeps no networks
 // apart from its sandboxes).
 func (r *Runtime) PruneNetworks(context.Context) error { r.count("prune_networks"); return nil }
 
-// EgressUnavailable implements fleet.Networker; NoEgress makes it refuse.
+// EgressUnavailable implements runtime.Networker; NoEgress makes it refuse.
 func (r *Runtime) EgressUnavailable() error {
 	if r.NoEgress {
 		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "EGRESS_UNAVAILABLE", "fake runtime without egress")

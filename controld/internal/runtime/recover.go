@@ -1,4 +1,4 @@
-package fleet
+package runtime
 
 import "context"
 
@@ -19,12 +19,4 @@ type CheckpointRecoverer interface {
 	// keep lists every checkpoint controld has a record of. It is called
 	// only when nothing of this controld is in flight.
 	RecoverCheckpoints(ctx context.Context, keep []CheckpointRef) error
-}
-
-func recovererOf(rt Runtime) (CheckpointRecoverer, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
-		rt = u.Unwrap()
-	}
-	rc, ok := rt.(CheckpointRecoverer)
-	return rc, ok
 }

@@ -1,4 +1,9 @@
-package fleet
+// Package runtime is the contract between controld's fleet and the
+// mechanism that runs sandboxes: the Runtime interface, what it boots and
+// restores from (BootSpec, CheckpointRef), and its optional capabilities as
+// interfaces the fleet finds with As. containerdrt implements it; fleet and
+// store use it; neither this package nor containerdrt imports fleet.
+package runtime
 
 import (
 	"context"
@@ -119,14 +124,6 @@ type Networker interface {
 	EgressUnavailable() error
 }
 
-func networkerOf(rt Runtime) (Networker, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
-		rt = u.Unwrap()
-	}
-	n, ok := rt.(Networker)
-	return n, ok
-}
-
 // Instance is a running (or stopped) sandbox as the runtime sees it.
 type Instance struct {
 	ID     string
@@ -192,14 +189,6 @@ type LayerDigester interface {
 	LayerDigest(ctx context.Context, id string) ([]byte, error)
 }
 
-func layerDigesterOf(rt Runtime) (LayerDigester, bool) {
-	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
-		rt = u.Unwrap()
-	}
-	d, ok := rt.(LayerDigester)
-	return d, ok
-}
-
 // CheckpointRef names what a checkpoint holds in the runtime; controld
 // stores it and hands it back to Restore and DeleteCheckpoint.
 type CheckpointRef struct {
@@ -252,4 +241,15 @@ type Usage struct {
 // whole blocks).
 func (h LimitHits) DiskFull() bool {
 	return h.DiskLimit > 0 && h.DiskLimit-h.DiskUsed < 1<<20
+}
+
+// As finds the optional capability T of rt (Networker, LayerDigester,
+// Precreator, CheckpointExporter, ...), looking through one wrapper that
+// has Unwrap() Runtime (the fleet's instrumented runtime).
+func As[T any](rt Runtime) (T, bool) {
+	if u, ok := rt.(interface{ Unwrap() Runtime }); ok {
+		rt = u.Unwrap()
+	}
+	c, ok := rt.(T)
+	return c, ok
 }
