@@ -84,7 +84,8 @@ var ServiceConfig string
 
 // Client talks to one controld. It is safe for concurrent use.
 type Client struct {
-	conn        *grpc.ClientConn
+	conn        *grpc.ClientConn // nil for a client of many hosts
+	router      *router          // a client of many hosts (DialHosts)
 	sandboxes   controldv1.SandboxServiceClient
 	checkpoints controldv1.CheckpointServiceClient
 	pools       controldv1.PoolServiceClient
@@ -106,6 +107,15 @@ type dialOptions struct {
 	insecure  bool
 	grpcOpts  []grpc.DialOption
 	aciOpts   []aci.DialOption
+	// lookupHost resolves DialHosts' dns:/// targets.
+	lookupHost func(ctx context.Context, host string) ([]string, error)
+}
+
+// WithLookupHost resolves the names of DialHosts' dns:/// targets with fn
+// instead of the system resolver (net.Resolver.LookupHost's contract:
+// addresses without ports).
+func WithLookupHost(fn func(ctx context.Context, host string) ([]string, error)) Option {
+	return func(o *dialOptions) { o.lookupHost = fn }
 }
 
 // WithToken sends token as a bearer credential on every RPC.
@@ -156,11 +166,25 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	if target == "" {
 		target = DefaultAddress
 	}
+	o, err := newDialOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := o.connect(target, "")
+	if err != nil {
+		return nil, err
+	}
+	c := NewFromConn(conn, o.sessionOptions()...)
+	c.gatewayTLS = o.tls
+	return c, nil
+}
+
+// newDialOptions applies opts and reads the token they name.
+func newDialOptions(opts []Option) (*dialOptions, error) {
 	var o dialOptions
 	for _, fn := range opts {
 		fn(&o)
 	}
-	token := o.token
 	switch {
 	case o.tokenSet:
 	case o.tokenFile != "":
@@ -168,29 +192,41 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		if err != nil {
 			return nil, fmt.Errorf("client: token file: %w", err)
 		}
-		token = strings.TrimSpace(string(b))
+		o.token = strings.TrimSpace(string(b))
 	default:
 		if b, err := os.ReadFile(DefaultTokenFile); err == nil {
-			token = strings.TrimSpace(string(b))
+			o.token = strings.TrimSpace(string(b))
 		}
 	}
+	return &o, nil
+}
+
+// connect makes the (lazy) gRPC connection to one controld at target.
+// serverName, when set, is the name TLS verifies instead of target's host
+// (an address resolved from a DNS name: the certificate names the name).
+func (o *dialOptions) connect(target, serverName string) (*grpc.ClientConn, error) {
 	local, err := isLocalTarget(target)
 	if err != nil {
 		return nil, err
 	}
-	if token != "" && !local && o.tls == nil && !o.insecure {
+	if o.token != "" && !local && o.tls == nil && !o.insecure {
 		return nil, fmt.Errorf("client: %w: refusing to send a bearer token in plaintext to %s (use WithTLS, or WithInsecure on a trusted network)",
 			errdefs.ErrInvalidArgument, target)
 	}
 	gopts := []grpc.DialOption{}
 	if o.tls != nil && !strings.HasPrefix(target, "unix:") {
-		gopts = append(gopts, grpc.WithTransportCredentials(credentials.NewTLS(o.tls)))
+		cfg := o.tls
+		if serverName != "" && cfg.ServerName == "" {
+			cfg = cfg.Clone()
+			cfg.ServerName = serverName
+		}
+		gopts = append(gopts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	} else {
 		gopts = append(gopts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
-	if token != "" {
+	if o.token != "" {
 		gopts = append(gopts, grpc.WithPerRPCCredentials(bearer{
-			token:      token,
+			token:      o.token,
 			requireTLS: !local && !o.insecure && o.tls != nil,
 		}))
 	}
@@ -204,8 +240,13 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w: %v", errdefs.ErrInvalidArgument, err)
 	}
-	// The gateway is controld's too: the same trust decisions apply to it
-	// (the caller's own ACI options come after and win).
+	return conn, nil
+}
+
+// sessionOptions are the ACI dial options of the client's sessions. The
+// gateway is controld's too: the same trust decisions apply to it (the
+// caller's own ACI options come after and win).
+func (o *dialOptions) sessionOptions() []aci.DialOption {
 	var aciOpts []aci.DialOption
 	if o.tls != nil {
 		aciOpts = append(aciOpts, aci.WithTLSConfig(o.tls))
@@ -213,16 +254,19 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	if o.insecure {
 		aciOpts = append(aciOpts, aci.WithInsecure())
 	}
-	c := NewFromConn(conn, append(aciOpts, o.aciOpts...)...)
-	c.gatewayTLS = o.tls
-	return c, nil
+	return append(aciOpts, o.aciOpts...)
 }
 
 // NewFromConn wraps an existing gRPC connection (the caller keeps owning
 // it: Close closes it).
 func NewFromConn(conn *grpc.ClientConn, aciOpts ...aci.DialOption) *Client {
+	c := newFromConn(conn, aciOpts...)
+	c.conn = conn
+	return c
+}
+
+func newFromConn(conn grpc.ClientConnInterface, aciOpts ...aci.DialOption) *Client {
 	return &Client{
-		conn:        conn,
 		sandboxes:   controldv1.NewSandboxServiceClient(conn),
 		checkpoints: controldv1.NewCheckpointServiceClient(conn),
 		pools:       controldv1.NewPoolServiceClient(conn),
@@ -287,21 +331,29 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.requireTLS }
 
-// Close closes the connection to controld. ACI sessions opened through the
-// client are independent and stay open.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connections to controld. ACI sessions opened through
+// the client are independent and stay open.
+func (c *Client) Close() error {
+	if c.router != nil {
+		return c.router.Close()
+	}
+	return c.conn.Close()
+}
 
-// Conn returns the underlying gRPC connection.
+// Conn returns the underlying gRPC connection; nil for a client of many
+// hosts (DialHosts).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // SandboxService, CheckpointService and PoolService expose the raw
-// generated clients (errors from them are NOT converted).
+// generated clients (errors from them are NOT converted). A client of many
+// hosts routes their calls as its own methods'.
 func (c *Client) SandboxService() controldv1.SandboxServiceClient       { return c.sandboxes }
 func (c *Client) CheckpointService() controldv1.CheckpointServiceClient { return c.checkpoints }
 func (c *Client) PoolService() controldv1.PoolServiceClient             { return c.pools }
 
 // HostStatus reports controld's host: its name (what records' host fields
 // say), memory, admitted sandboxes against its admission limits, and pools.
+// A client of many hosts reports its first host's; Hosts reports all.
 func (c *Client) HostStatus(ctx context.Context) (*controldv1.GetHostStatusResponse, error) {
 	r, err := c.hosts.GetHostStatus(ctx, &controldv1.GetHostStatusRequest{})
 	if err != nil {
