@@ -432,6 +432,9 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 	return r.call(ctx, ep, key, method, req, reply, opts)
 }
 
+// maxOwners bounds the record ids whose host a client remembers.
+const maxOwners = 1 << 20
+
 // maxPlaced bounds the request ids whose host a client remembers.
 const maxPlaced = 1 << 16
 
@@ -480,13 +483,9 @@ func (r *router) call(ctx context.Context, ep *endpoint, key, method string, req
 	if err != nil {
 		return r.hostErr(ctx, ep, key, err)
 	}
-	m := reply.(proto.Message)
-	r.learn(ep, m)
-	if strings.HasPrefix(method, "/forkfleet.controld.v1.") && strings.Contains(method, "/Delete") && isID(key) {
-		r.mu.Lock()
-		delete(r.owners, key)
-		r.mu.Unlock()
-	}
+	// Routes outlive deletes: a repeated delete goes to the owner, which
+	// remembers the id.
+	r.learn(ep, reply.(proto.Message))
 	return nil
 }
 
@@ -695,6 +694,9 @@ func (r *router) walkLocked(ep *endpoint, m protoreflect.Message, depth int) {
 			ep.host = host
 		}
 		if isID(id) && host != "" {
+			if len(r.owners) >= maxOwners {
+				clear(r.owners) // an id not known is looked up again
+			}
 			r.owners[id] = host
 		}
 		return

@@ -1,0 +1,169 @@
+package app_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/client"
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/app"
+	"github.com/forkfleet/forkfleet/controld/internal/config"
+)
+
+// TestRealStackHosts runs two controlds on the real stack, each with its
+// own state, sockets, ports and containerd namespace (two hosts on one
+// machine), behind one client.DialHosts: new sandboxes go to the host with
+// room, every later call (ACI, checkpoint, fork, a lookup by a client that
+// never saw the id) reaches the owner, and a host that stops answering
+// fails the calls for its records with HOST_UNREACHABLE while the other
+// host serves on.
+func TestRealStackHosts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	host := func(name string, admitMemory config.Size) *daemon {
+		cfg, _, _ := realStackConfig(t, "forkfleet-hosts-"+name)
+		cfg.Host = "host-" + name
+		cfg.Admission.MaxMemory = config.Share{Bytes: admitMemory}
+		cfg.Boot.Precreate = 0
+		rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
+		return startWith(t, cfg, app.Deps{Runtime: rt})
+	}
+	// The default sandbox asks for 1 GiB: a admits 2, b admits 3.
+	a := host("a", 2<<30)
+	b := host("b", 3<<30)
+	c, err := client.DialHosts(ctx, []string{"unix://" + a.addrs.GRPCUnix, "unix://" + b.addrs.GRPCUnix}, client.WithToken(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var cleanup []func()
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+	gone := map[string]bool{}
+	del := func(sb *client.Sandbox) {
+		cleanup = append(cleanup, func() {
+			if gone[sb.ID()] {
+				return
+			}
+			if err := sb.Delete(context.Background()); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				t.Errorf("delete %s: %v", sb.ID(), err)
+			}
+		})
+	}
+
+	hosts, err := c.Hosts(ctx)
+	if err != nil || len(hosts) != 2 {
+		t.Fatalf("hosts %v, %v", hosts, err)
+	}
+	for i, want := range []string{"host-a", "host-b"} {
+		st := hosts[i].Status
+		if hosts[i].Err != nil || st.GetHost() != want || st.GetMemoryAvailableBytes() <= 0 || st.GetSandboxes() != 0 {
+			t.Fatalf("host %d: %v %v", i, st, hosts[i].Err)
+		}
+	}
+
+	// Placement by room: b (3 GiB free) first, then a tie that the earlier
+	// host takes.
+	first, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	del(first)
+	second, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	del(second)
+	if first.Info().GetHost() != "host-b" || second.Info().GetHost() != "host-a" {
+		t.Fatalf("placed on %s, then %s", first.Info().GetHost(), second.Info().GetHost())
+	}
+	for _, sb := range []*client.Sandbox{first, second} {
+		s, err := sb.ACI(ctx)
+		if err != nil {
+			t.Fatalf("ACI of %s on %s: %v", sb.ID(), sb.Info().GetHost(), err)
+		}
+		if _, err := s.Ping(ctx, nil); err != nil {
+			t.Fatalf("ping %s: %v", sb.ID(), err)
+		}
+		s.Close()
+	}
+
+	// Checkpoint and fork on the owner: a's sandbox, a's checkpoint, a's
+	// verified replica.
+	ck, err := second.Checkpoint(ctx, client.WithName("hosts-base"))
+	if err != nil || ck.Info().GetHost() != "host-a" {
+		t.Fatalf("checkpoint %v: %v", ck.Info(), err)
+	}
+	cleanup = append(cleanup, func() {
+		if _, err := ck.Delete(context.Background(), client.WithCascade()); err != nil {
+			t.Errorf("delete checkpoint: %v", err)
+		}
+	})
+	res, err := ck.Fork(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Sandbox != nil {
+			del(r.Sandbox)
+		}
+	}
+	if err := client.FirstError(res); err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	replica := res[0].Sandbox
+	if replica.Info().GetHost() != "host-a" {
+		t.Fatalf("replica on %s", replica.Info().GetHost())
+	}
+
+	// A client that never saw these ids finds their hosts.
+	c2, err := client.DialHosts(ctx, []string{"unix://" + b.addrs.GRPCUnix, "unix://" + a.addrs.GRPCUnix}, client.WithToken(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	for _, sb := range []*client.Sandbox{first, second, replica} {
+		got, err := c2.GetSandbox(ctx, sb.ID())
+		if err != nil || got.Info().GetHost() != sb.Info().GetHost() {
+			t.Fatalf("lookup of %s: %v, %v", sb.ID(), got, err)
+		}
+	}
+	if got, err := c2.GetCheckpoint(ctx, "hosts-base"); err != nil || got.ID() != ck.ID() {
+		t.Fatalf("checkpoint by name: %v", err)
+	}
+	all, err := c2.ListSandboxes(ctx)
+	if err != nil || len(all) != 3 {
+		t.Fatalf("list: %d, %v", len(all), err)
+	}
+	st, err := c2.Hosts(ctx)
+	if err != nil || st[0].Status.GetSandboxes() != 1 || st[0].Status.GetAdmittedMemoryBytes() != 1<<30 ||
+		st[1].Status.GetSandboxes() != 2 || st[1].Status.GetCheckpoints() != 1 {
+		t.Fatalf("statuses %v, %v", st, err)
+	}
+
+	// b goes away (its sandbox deleted first: a stopped controld leaves
+	// its sandboxes running for the next start to adopt).
+	if err := first.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone[first.ID()] = true
+	b.stop()
+	lostCtx, lostCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer lostCancel()
+	_, err = first.Get(lostCtx)
+	if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Reason(err) != client.ReasonHostUnreachable {
+		t.Fatalf("a call for the lost host's sandbox: %v", err)
+	}
+	if _, err := second.Get(ctx); err != nil {
+		t.Fatalf("the other host: %v", err)
+	}
+	if _, err := c.ListSandboxes(lostCtx); errdefs.Reason(err) != client.ReasonHostUnreachable {
+		t.Fatalf("list without b: %v", err)
+	}
+}
