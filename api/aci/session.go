@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
@@ -84,35 +82,9 @@ var defaultHTTPClient = &http.Client{Transport: &http.Transport{
 // Dial opens an ACI session at a ws:// or wss:// URL with a bearer token
 // (empty for a server without auth) and performs the Hello handshake.
 func Dial(ctx context.Context, rawURL, token string, opts ...DialOption) (*Session, error) {
-	u, err := url.Parse(rawURL)
+	cfg, hc, err := prepareDial(rawURL, token, opts)
 	if err != nil {
-		return nil, fmt.Errorf("aci: dial: %w", err)
-	}
-	switch u.Scheme {
-	case "ws", "wss", "http", "https":
-	default:
-		return nil, fmt.Errorf("aci: dial %q: scheme must be ws or wss", rawURL)
-	}
-	cfg := defaultDialConfig()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := checkPlaintext(u, token != "" || cfg.tokenSource != nil, &cfg); err != nil {
 		return nil, err
-	}
-	hc := cfg.httpClient
-	if hc == nil {
-		hc = defaultHTTPClient
-		if cfg.dialer != nil || cfg.tlsConfig != nil {
-			tr := defaultHTTPClient.Transport.(*http.Transport).Clone()
-			if cfg.dialer != nil {
-				tr.DialContext, tr.Proxy = cfg.dialer, nil
-			}
-			if cfg.tlsConfig != nil {
-				tr.TLSClientConfig = cfg.tlsConfig.Clone()
-			}
-			hc = &http.Client{Transport: tr}
-		}
 	}
 	s := &Session{
 		cfg:       cfg,
@@ -130,6 +102,72 @@ func Dial(ctx context.Context, rawURL, token string, opts ...DialOption) (*Sessi
 	}
 	s.install(c)
 	return s, nil
+}
+
+// prepareDial checks a URL and the options of a dial (Dial and DialWire)
+// and returns the configuration and the HTTP client of the upgrade.
+func prepareDial(rawURL, token string, opts []DialOption) (dialConfig, *http.Client, error) {
+	cfg := defaultDialConfig()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("aci: dial: %w", err)
+	}
+	switch u.Scheme {
+	case "ws", "wss", "http", "https":
+	default:
+		return cfg, nil, fmt.Errorf("aci: dial %q: scheme must be ws or wss", rawURL)
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := checkPlaintext(u, token != "" || cfg.tokenSource != nil, &cfg); err != nil {
+		return cfg, nil, err
+	}
+	hc := cfg.httpClient
+	if hc == nil {
+		hc = defaultHTTPClient
+		if cfg.dialer != nil || cfg.tlsConfig != nil {
+			tr := defaultHTTPClient.Transport.(*http.Transport).Clone()
+			if cfg.dialer != nil {
+				tr.DialContext, tr.Proxy = cfg.dialer, nil
+			}
+			if cfg.tlsConfig != nil {
+				tr.TLSClientConfig = cfg.tlsConfig.Clone()
+			}
+			hc = &http.Client{Transport: tr}
+		}
+	}
+	return cfg, hc, nil
+}
+
+// dialWS performs the WebSocket upgrade with the bearer token and the
+// subprotocol cfg asks for, and checks the server chose it.
+func dialWS(ctx context.Context, rawURL, token string, hc *http.Client, cfg *dialConfig) (*websocket.Conn, *http.Response, error) {
+	hdr := http.Header{}
+	for k, v := range cfg.header {
+		hdr[k] = v
+	}
+	if token != "" {
+		hdr.Set("Authorization", "Bearer "+token)
+	}
+	sub := SubprotocolProto
+	if cfg.json {
+		sub = SubprotocolJSON
+	}
+	ws, resp, err := websocket.Dial(ctx, rawURL, &websocket.DialOptions{
+		HTTPClient:   hc,
+		HTTPHeader:   hdr,
+		Subprotocols: []string{sub},
+	})
+	if err != nil {
+		return nil, resp, err
+	}
+	if ws.Subprotocol() != sub {
+		ws.CloseNow()
+		return nil, resp, fmt.Errorf("aci: dial %s: %w: server chose subprotocol %q, want %q", rawURL, ErrProtocol, ws.Subprotocol(), sub)
+	}
+	ws.SetReadLimit(cfg.readLimit)
+	return ws, resp, nil
 }
 
 // DialUnix opens an ACI session over a unix socket at a path the caller
@@ -195,22 +233,10 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	hdr := http.Header{}
-	for k, v := range s.cfg.header {
-		hdr[k] = v
+	ws, resp, err := dialWS(ctx, s.url, token, s.hc, &s.cfg)
+	if errors.Is(err, ErrProtocol) {
+		return nil, err
 	}
-	if token != "" {
-		hdr.Set("Authorization", "Bearer "+token)
-	}
-	sub := SubprotocolProto
-	if s.cfg.json {
-		sub = SubprotocolJSON
-	}
-	ws, resp, err := websocket.Dial(ctx, s.url, &websocket.DialOptions{
-		HTTPClient:   s.hc,
-		HTTPHeader:   hdr,
-		Subprotocols: []string{sub},
-	})
 	if err != nil {
 		if resp != nil {
 			switch resp.StatusCode {
@@ -230,11 +256,6 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		}
 		return nil, fmt.Errorf("aci: dial %s: %w: %v", s.url, ErrUnavailable, err)
 	}
-	if ws.Subprotocol() != sub {
-		ws.CloseNow()
-		return nil, fmt.Errorf("aci: dial %s: %w: server chose subprotocol %q, want %q", s.url, ErrProtocol, ws.Subprotocol(), sub)
-	}
-	ws.SetReadLimit(s.cfg.readLimit)
 	c := &conn{
 		s:       s,
 		ws:      ws,
@@ -562,17 +583,7 @@ func (c *conn) write(ctx context.Context, m *aciv1.ClientMessage) error {
 		return c.lostErr()
 	}
 	defer func() { <-c.wsem }()
-	var (
-		b   []byte
-		typ = websocket.MessageBinary
-		err error
-	)
-	if c.s.cfg.json {
-		typ = websocket.MessageText
-		b, err = protojson.Marshal(m)
-	} else {
-		b, err = proto.MarshalOptions{}.MarshalAppend(c.wbuf[:0], m)
-	}
+	typ, b, err := encodeClientMessage(c.wbuf[:0], m, c.s.cfg.json)
 	if err != nil {
 		return fmt.Errorf("aci: %w: encode request: %v", ErrInvalidArgument, err)
 	}

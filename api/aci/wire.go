@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/coder/websocket"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/internal/loopback"
 )
@@ -32,6 +33,17 @@ var (
 	serverMessageDesc  = (&aciv1.ServerMessage{}).ProtoReflect().Descriptor()
 	errTooManyElements = fmt.Errorf("more than %d messages and list elements", MaxMessageElements)
 )
+
+// encodeClientMessage encodes m for the subprotocol, the binary form
+// appended to buf, and returns the frame type that carries it.
+func encodeClientMessage(buf []byte, m *aciv1.ClientMessage, json bool) (websocket.MessageType, []byte, error) {
+	if json {
+		b, err := protojson.Marshal(m)
+		return websocket.MessageText, b, err
+	}
+	b, err := proto.MarshalOptions{}.MarshalAppend(buf, m)
+	return websocket.MessageBinary, b, err
+}
 
 // decodeServerMessage decodes one server envelope after checking, without
 // allocating, that it holds no more than MaxMessageElements elements.

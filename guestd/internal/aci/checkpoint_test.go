@@ -9,8 +9,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 )
 
 func TestCheckpointHold(t *testing.T) {
@@ -35,7 +35,7 @@ func TestCheckpointHold(t *testing.T) {
 		t.Fatalf("agent session after prepare: %v", err)
 	}
 	// Agents are refused while the hold lasts; controld (admin) is not.
-	if _, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: aciToken}); err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+	if _, resp, err := aciclient.DialWire(tctx(t), h.url, aciToken); err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("agent during hold: err %v resp %v", err, resp)
 	}
 	admin2 := h.session(adminToken)

@@ -15,9 +15,9 @@ import (
 
 	"github.com/coder/websocket"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/connlimit"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 )
 
 // serveTCP serves h's server on a loopback listener of its own (the
@@ -43,7 +43,7 @@ func TestIdleConnectionsBounded(t *testing.T) {
 		o.Conn = connlimit.Limits{HeaderTimeout: timeout, IdleTimeout: timeout, MaxHandshakes: maxHandshakes}
 	})
 	addr := serveTCP(t, h)
-	c, _, err := aciclient.Dial(tctx(t), "ws://"+addr+"/aci", aciclient.Options{Token: aciToken})
+	c, _, err := aciclient.DialWire(tctx(t), "ws://"+addr+"/aci", aciToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,20 +97,20 @@ func TestSessionCaps(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.MaxSessions = 2 })
 	a1 := h.session(aciToken)
 	h.session(aciToken)
-	_, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: aciToken})
+	_, resp, err := aciclient.DialWire(tctx(t), h.url, aciToken)
 	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("third agent session: %v %v", err, resp)
 	}
 	for range adminSessions {
 		h.session(adminToken)
 	}
-	if _, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: adminToken}); err == nil || resp.StatusCode != http.StatusTooManyRequests {
+	if _, resp, err := aciclient.DialWire(tctx(t), h.url, adminToken); err == nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("admin session past its reserve: %v", err)
 	}
 	a1.Close()
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		c, _, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: aciToken})
+		c, _, err := aciclient.DialWire(tctx(t), h.url, aciToken)
 		if err == nil {
 			c.Conn.CloseNow()
 			break

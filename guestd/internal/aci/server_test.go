@@ -21,8 +21,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
@@ -92,11 +92,11 @@ func newHarness(t *testing.T, opts ...hopt) *harness {
 	return h
 }
 
-func (h *harness) dial(token string) *aciclient.Client {
+func (h *harness) dial(token string) *aciclient.WireConn {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, _, err := aciclient.Dial(ctx, h.url, aciclient.Options{Token: token})
+	c, _, err := aciclient.DialWire(ctx, h.url, token)
 	if err != nil {
 		h.t.Fatalf("dial: %v", err)
 	}
@@ -104,7 +104,7 @@ func (h *harness) dial(token string) *aciclient.Client {
 	return c
 }
 
-func (h *harness) session(token string) *aciclient.Client {
+func (h *harness) session(token string) *aciclient.WireConn {
 	h.t.Helper()
 	c := h.dial(token)
 	if _, err := c.Hello(tctx(h.t), "events.ready", "codec.png", "dedup"); err != nil {
@@ -119,7 +119,7 @@ func tctx(t *testing.T) context.Context {
 	return ctx
 }
 
-func call(t *testing.T, c *aciclient.Client, m *aciv1.ClientMessage) *aciv1.ServerMessage {
+func call(t *testing.T, c *aciclient.WireConn, m *aciv1.ClientMessage) *aciv1.ServerMessage {
 	t.Helper()
 	r, err := c.Call(tctx(t), m)
 	if err != nil {
@@ -236,7 +236,7 @@ func TestUnknownRequestKind(t *testing.T) {
 	}
 }
 
-func recvReply(t *testing.T, c *aciclient.Client) *aciv1.ServerMessage {
+func recvReply(t *testing.T, c *aciclient.WireConn) *aciv1.ServerMessage {
 	t.Helper()
 	for {
 		m, err := c.Recv(tctx(t))
@@ -424,7 +424,7 @@ func TestBadAndOversizedMessages(t *testing.T) {
 func TestAuth(t *testing.T) {
 	h := newHarness(t)
 	for _, tok := range []string{"", "wrong", aciToken + "x"} {
-		_, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: tok})
+		_, resp, err := aciclient.DialWire(tctx(t), h.url, tok)
 		if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("token %q: err %v resp %v", tok, err, resp)
 		}
@@ -458,7 +458,7 @@ func TestAuth(t *testing.T) {
 	// The old tokens of both roles no longer open sessions; the new ones
 	// do, and report the new generation and sandbox.
 	for _, old := range []string{aciToken, adminToken} {
-		if _, resp, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: old}); err == nil || resp.StatusCode != http.StatusUnauthorized {
+		if _, resp, err := aciclient.DialWire(tctx(t), h.url, old); err == nil || resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("old token %q after restore: %v", old, err)
 		}
 	}
@@ -564,7 +564,7 @@ func TestReadyEventPushedOnTransition(t *testing.T) {
 
 func TestJSONSubprotocol(t *testing.T) {
 	h := newHarness(t)
-	c, _, err := aciclient.Dial(tctx(t), h.url, aciclient.Options{Token: aciToken, JSON: true})
+	c, _, err := aciclient.DialWire(tctx(t), h.url, aciToken, aciclient.WithJSON())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,7 +597,7 @@ func TestShutdownClosesSessions(t *testing.T) {
 }
 
 // readUntilClosed skips events and returns the error that ends the read side.
-func readUntilClosed(ctx context.Context, c *aciclient.Client) error {
+func readUntilClosed(ctx context.Context, c *aciclient.WireConn) error {
 	for {
 		if _, _, err := c.Conn.Read(ctx); err != nil {
 			return err

@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
@@ -253,7 +253,7 @@ func TestScreenshotHashSharedAcrossSessions(t *testing.T) {
 	sd := newSeqDesktop(64, 48)
 	h.srv.SetDesktop(sd)
 	agent, other := h.session(aciToken), h.session(aciToken)
-	shotOf := func(c *aciclient.Client, req *aciv1.ScreenshotRequest) *aciv1.ScreenshotResponse {
+	shotOf := func(c *aciclient.WireConn, req *aciv1.ScreenshotRequest) *aciv1.ScreenshotResponse {
 		t.Helper()
 		r := call(t, c, shot(req))
 		if r.GetError() != nil {
@@ -291,7 +291,7 @@ func TestProvenFrameAcrossCheckpoint(t *testing.T) {
 	done := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneRequest{}}}
 	restored := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
 		Token: "replica-token", AdminToken: "replica-admin", Generation: 2, SandboxId: "sb-replica", Entropy: bytes.Repeat([]byte{7}, 32)}}}
-	ok := func(c *aciclient.Client, m *aciv1.ClientMessage) *aciv1.ServerMessage {
+	ok := func(c *aciclient.WireConn, m *aciv1.ClientMessage) *aciv1.ServerMessage {
 		t.Helper()
 		r := call(t, c, m)
 		if r.GetError() != nil {

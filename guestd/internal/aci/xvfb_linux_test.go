@@ -19,8 +19,8 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
 	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
@@ -49,7 +49,7 @@ func startXvfb(tb testing.TB) string {
 type realServer struct {
 	desk *x11.Desktop
 	srv  *Server
-	c    *aciclient.Client
+	c    *aciclient.WireConn
 }
 
 func newRealServer(tb testing.TB, display string) *realServer {
@@ -68,7 +68,7 @@ func newRealServer(tb testing.TB, display string) *realServer {
 	hs := httptest.NewUnstartedServer(srv)
 	hs.Config.ConnContext = WithRawConn
 	hs.Start()
-	c, _, err := aciclient.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), aciclient.Options{})
+	c, _, err := aciclient.DialWire(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), "")
 	if err != nil {
 		tb.Fatal(err)
 	}

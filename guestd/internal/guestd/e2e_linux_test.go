@@ -23,8 +23,8 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
+	aciclient "github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	"github.com/forkfleet/forkfleet/guestd/internal/aciclient"
 )
 
 // The end-to-end tests run the real guestd binary as the session's init
@@ -163,11 +163,11 @@ func startGuestWith(t testing.TB, edit func(cfg map[string]any), environ []strin
 	return g
 }
 
-func (g *guest) client(t testing.TB) *aciclient.Client {
+func (g *guest) client(t testing.TB) *aciclient.WireConn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, err := aciclient.Dial(ctx, "ws://"+g.addr+"/", aciclient.Options{Token: e2eToken})
+	c, _, err := aciclient.DialWire(ctx, "ws://"+g.addr+"/", e2eToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func (g *guest) client(t testing.TB) *aciclient.Client {
 	return c
 }
 
-func do(t testing.TB, c *aciclient.Client, m *aciv1.ClientMessage) *aciv1.ServerMessage {
+func do(t testing.TB, c *aciclient.WireConn, m *aciv1.ClientMessage) *aciv1.ServerMessage {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -283,7 +283,7 @@ func TestE2E(t *testing.T) {
 
 	t.Run("auth", func(t *testing.T) {
 		for _, tok := range []string{"", "nope"} {
-			_, resp, err := aciclient.Dial(context.Background(), "ws://"+g.addr+"/", aciclient.Options{Token: tok})
+			_, resp, err := aciclient.DialWire(context.Background(), "ws://"+g.addr+"/", tok)
 			if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 				t.Fatalf("token %q: %v", tok, err)
 			}
@@ -294,11 +294,12 @@ func TestE2E(t *testing.T) {
 
 	t.Run("unix_socket", func(t *testing.T) {
 		sock := filepath.Join(g.dir, "aci.sock")
-		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		unix := func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
-		}}}
-		uc, _, err := aciclient.Dial(context.Background(), "ws://guestd/", aciclient.Options{Token: e2eAdmin, HTTPClient: hc})
+		}
+		// The token never leaves the machine on a unix socket: plaintext is fine.
+		uc, _, err := aciclient.DialWire(context.Background(), "ws://guestd/", e2eAdmin, aciclient.WithDialer(unix), aciclient.WithInsecure())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -552,7 +553,7 @@ func TestE2EAgentUser(t *testing.T) {
 	}
 	g := startGuestWith(t, edit, os.Environ())
 	c := g.client(t)
-	exec := func(c *aciclient.Client, script string) *aciv1.ExecResponse {
+	exec := func(c *aciclient.WireConn, script string) *aciv1.ExecResponse {
 		t.Helper()
 		return do(t, c, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Exec{Exec: &aciv1.ExecRequest{
 			Argv: []string{"/bin/sh", "-c", script}}}}).GetExec()
