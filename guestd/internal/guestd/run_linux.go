@@ -26,6 +26,7 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/aci"
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
 	"github.com/forkfleet/forkfleet/guestd/internal/supervise"
@@ -538,8 +539,13 @@ func (m *desktopManager) asAgent(s supervise.Spec) supervise.Spec {
 
 const wmStartTimeout = 5 * time.Second
 
-// waitWM waits for the window manager's EWMH check window, probing the way
-// the ready query does (0.1 ms a probe; the window manager needs about 10 ms).
+// waitWM waits until the window manager manages the screen: its EWMH check
+// window first, probing the way the ready query does (1 ms a probe; the
+// window manager needs about 10 ms), then an answer from its event loop
+// (x11.Desktop.WaitWMAnswers: openbox announces itself before it answers
+// clients, and an xterm started in between waited 5 s for an answer in one
+// boot of ten). A window manager that cannot be asked is taken as up once
+// announced.
 func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -548,7 +554,7 @@ func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
 	for {
 		st, err := d.Ready(ctx)
 		if err == nil && st.WMUp {
-			return nil
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -556,6 +562,10 @@ func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
 		case <-t.C:
 		}
 	}
+	if err := d.WaitWMAnswers(ctx); err != nil && !errors.Is(err, desktop.ErrInvalid) {
+		return err
+	}
+	return nil
 }
 
 // Main is the process entry point used by cmd/guestd.

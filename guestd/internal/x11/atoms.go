@@ -13,7 +13,7 @@ type atoms struct {
 	netSupportingWMCheck, netClientList, netActiveWindow, netWMName, utf8String,
 	netWMPID, netWMState, netWMStateHidden, netWMStateMaxVert, netWMStateMaxHorz,
 	netWMStateFullscreen, netWMDesktop, netCloseWindow, netMoveResizeWindow,
-	netFrameExtents, wmChangeState, wmState, wmProtocols, wmDeleteWindow,
+	netFrameExtents, netRequestFrameExtents, netSupported, wmChangeState, wmState, wmProtocols, wmDeleteWindow,
 	clipboard, targets, text, timestamp, incr, selProp, tsProp xproto.Atom
 }
 
@@ -37,6 +37,8 @@ func (a *atoms) intern(c *xgb.Conn) error {
 		{"_NET_CLOSE_WINDOW", &a.netCloseWindow},
 		{"_NET_MOVERESIZE_WINDOW", &a.netMoveResizeWindow},
 		{"_NET_FRAME_EXTENTS", &a.netFrameExtents},
+		{"_NET_REQUEST_FRAME_EXTENTS", &a.netRequestFrameExtents},
+		{"_NET_SUPPORTED", &a.netSupported},
 		{"WM_CHANGE_STATE", &a.wmChangeState},
 		{"WM_STATE", &a.wmState},
 		{"WM_PROTOCOLS", &a.wmProtocols},

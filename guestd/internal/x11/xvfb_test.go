@@ -9,7 +9,6 @@ import (
 	"log"
 	"os"
 	"os/exec"
-	"slices"
 	"testing"
 	"time"
 
@@ -88,27 +87,14 @@ func (x *testX) startWM(t *testing.T, d *Desktop) {
 		st, err := d.Ready(context.Background())
 		return err == nil && st.WMUp
 	})
-	// openbox announces itself before it manages new windows; a window
-	// mapped in between is never managed. Probe until one is.
-	c := newClient(t, x)
-	probe := c.window(winOpts{w: 10, h: 10, title: "probe"})
-	waitFor(t, 10*time.Second, "openbox to manage windows", func() bool {
-		ids, err := d.topLevels(true)
-		if err == nil && slices.Contains(ids, probe) {
-			return true
-		}
-		xproto.UnmapWindow(c.conn, probe)
-		xproto.MapWindow(c.conn, probe)
-		c.sync()
-		time.Sleep(50 * time.Millisecond)
-		return false
-	})
-	xproto.DestroyWindow(c.conn, probe)
-	c.sync()
-	waitFor(t, 5*time.Second, "probe window to go", func() bool {
-		ids, err := d.topLevels(true)
-		return err == nil && !slices.Contains(ids, probe)
-	})
+	// openbox announces itself before it manages new windows (a window
+	// mapped in between is never managed): wait for it the way guestd does
+	// before it starts the session's apps.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.WaitWMAnswers(ctx); err != nil {
+		t.Fatalf("openbox answering: %v", err)
+	}
 }
 
 func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
