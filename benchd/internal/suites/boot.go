@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -154,128 +153,6 @@ func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	if fr.P50 != nil && ur.P50 != nil && *fr.P50 > 0 {
 		rows = append(rows, result.Single("boot.usable_over_floor", "x", nil, *ur.P50 / *fr.P50))
 		rows[len(rows)-1].Better = result.BetterLower
-	}
-	return rows, nil
-}
-
-type fanoutSuite struct {
-	ns   intList
-	reps int
-}
-
-func (*fanoutSuite) Name() string { return "fanout" }
-func (*fanoutSuite) Description() string {
-	return "boot N in {1,4,8,16} sandboxes concurrently: wall clock, per sandbox, host memory and per-sandbox RSS/PSS"
-}
-func (f *fanoutSuite) Flags(fs *flag.FlagSet) {
-	f.ns = intList{1, 4, 8, 16}
-	fs.Var(&f.ns, "fanout-ns", "concurrent boot counts")
-	fs.IntVar(&f.reps, "fanout-reps", 3, "repetitions per N (--n overrides)")
-}
-func (f *fanoutSuite) Check(ctx context.Context, env *suite.Env) error {
-	return checkControld(ctx, env)
-}
-
-func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
-	c, err := dialControld(ctx, env)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	reps := env.Samples(f.reps)
-	var rows []result.Row
-	pidsFound := true
-	for _, n := range f.ns {
-		lbl := labels("n", itoa(n))
-		wall := result.NewSeries("fanout.wall", "ms", lbl)
-		per := result.NewSeries("fanout.per_sandbox", "ms", lbl)
-		amort := result.NewSeries("fanout.wall_per_sandbox", "ms", lbl)
-		host := result.NewSeries("fanout.host_memory_per_sandbox", "MB", lbl)
-		rss := result.NewSeries("fanout.sandbox_rss", "MB", lbl)
-		pss := result.NewSeries("fanout.sandbox_pss", "MB", lbl)
-		cg := result.NewSeries("fanout.sandbox_cgroup_memory", "MB", lbl)
-		for r := 0; r < reps; r++ {
-			before := hostUsedMB()
-			ids := make([]string, n)
-			errs := make([]error, n)
-			took := make([]time.Duration, n)
-			var wg sync.WaitGroup
-			t0 := time.Now()
-			for i := 0; i < n; i++ {
-				wg.Add(1)
-				go func(i int) {
-					defer wg.Done()
-					s0 := time.Now()
-					resp, err := c.create(ctx)
-					if err == nil {
-						ids[i] = resp.GetSandbox().GetId()
-						err = firstScreenshot(ctx, resp.GetEndpoint())
-					}
-					errs[i], took[i] = err, time.Since(s0)
-				}(i)
-			}
-			wg.Wait()
-			w := time.Since(t0)
-			// Series are not safe for concurrent use: record after the wait.
-			for i, err := range errs {
-				switch {
-				case err == nil:
-					per.Add(suite.Ms(took[i]))
-				case errors.Is(err, suite.ErrUnverified):
-					per.Unverified()
-				default:
-					per.Fail()
-				}
-			}
-			ok := 0
-			for _, e := range errs {
-				if e == nil {
-					ok++
-				}
-			}
-			if ok == n {
-				wall.Add(suite.Ms(w))
-				amort.Add(suite.Ms(w) / float64(n))
-				// Let the desktops settle before reading memory.
-				time.Sleep(2 * time.Second)
-				host.Add((hostUsedMB() - before) / float64(n))
-				for _, id := range ids {
-					pids := sandboxPids(id)
-					if len(pids) == 0 {
-						pidsFound = false
-						if mb, ok := cgroupMemoryMB(id); ok {
-							cg.Add(mb)
-						}
-						continue
-					}
-					r, p, okp := memoryOf(pids)
-					rss.Add(r)
-					if okp {
-						pss.Add(p)
-					}
-				}
-			} else {
-				wall.Fail()
-				amort.Fail()
-			}
-			for _, id := range ids {
-				c.remove(ctx, id)
-			}
-			env.Progressf("fanout: N=%d rep %d: %d/%d usable in %.0f ms", n, r+1, ok, n, suite.Ms(w))
-		}
-		rows = append(rows, wall.Row(), per.Row(), amort.Row(), host.Row())
-		if rss.Len() > 0 {
-			rows = append(rows, rss.Row())
-		}
-		if pss.Len() > 0 {
-			rows = append(rows, pss.Row())
-		}
-		if cg.Len() > 0 {
-			rows = append(rows, cg.Row())
-		}
-	}
-	if !pidsFound {
-		env.Notef("some sandbox processes were not found in /proc (FORKFLEET_SANDBOX_ID in guestd's environment): per-sandbox RSS/PSS rows cover only those found, the others fall back to their memory cgroup usage (fanout.sandbox_cgroup_memory); host memory per sandbox covers all")
 	}
 	return rows, nil
 }

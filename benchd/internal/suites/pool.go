@@ -1,0 +1,322 @@
+//go:build linux
+
+package suites
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/forkfleet/forkfleet/api/aci"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/benchd/internal/result"
+	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+)
+
+// poolSuite measures claims from warm pools under bursts larger than them:
+// an image pool (booted, running desktops) and a checkpoint pool (replicas
+// forked from a memory-tier checkpoint and kept frozen; a claim thaws one).
+type poolSuite struct {
+	size    int
+	bursts  intList
+	image   string
+	kinds   string
+	ksmWait time.Duration
+}
+
+// poolKindLabel keys the pool's sandboxes, so its idle replicas can be
+// listed apart from everything else benchd runs.
+const poolKindLabel = "forkfleet.dev/benchd-pool"
+
+func (*poolSuite) Name() string { return "pool" }
+func (*poolSuite) Description() string {
+	return "image and frozen-checkpoint pools: claim RPC and claim to first ACI answer (hit vs miss), hit rate under bursts up to 2x the pool, PSS per idle pooled replica"
+}
+func (p *poolSuite) Flags(fs *flag.FlagSet) {
+	p.bursts = intList{2, 4, 8}
+	fs.IntVar(&p.size, "pool-size", 4, "warm pool size")
+	fs.Var(&p.bursts, "pool-bursts", "concurrent claims per burst")
+	fs.StringVar(&p.image, "pool-image", "", "image of the pool (empty: the image controld boots by default)")
+	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
+	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
+}
+func (p *poolSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+
+// claimTimes are the milestones of one claim, from the client's side.
+type claimTimes struct {
+	rpc, usable, screenshot time.Duration
+}
+
+// usableAfter completes a claim or create at t0: the sandbox's endpoint
+// answers a first ACI request (ping), then a first screenshot.
+func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
+	s, err := dialEndpoint(ctx, ep)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if _, err := s.Ping(ctx, []byte("benchd")); err != nil {
+		return err
+	}
+	ct.usable = time.Since(t0)
+	r, err := s.Screenshot(ctx, aci.PNG())
+	if err != nil {
+		return err
+	}
+	if !validImage("png", r) {
+		return suite.ErrUnverified
+	}
+	ct.screenshot = time.Since(t0)
+	return nil
+}
+
+// claimSeries are one cell's series: served hit or miss.
+type claimSeries struct{ rpc, server, usable, screenshot *result.Series }
+
+func newClaimSeries(lbl map[string]string) *claimSeries {
+	return &claimSeries{
+		rpc:        result.NewSeries("pool.claim_rpc", "ms", lbl),
+		server:     result.NewSeries("pool.claim_server", "ms", lbl),
+		usable:     result.NewSeries("pool.claim_usable", "ms", lbl),
+		screenshot: result.NewSeries("pool.claim_first_screenshot", "ms", lbl),
+	}
+}
+
+func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, err error) {
+	switch {
+	case !rpcOK:
+		for _, s := range cs.all() {
+			s.Fail()
+		}
+		return
+	case err == nil:
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Add(suite.Ms(ct.screenshot))
+	case errors.Is(err, suite.ErrUnverified):
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Unverified()
+	case ct.usable > 0:
+		cs.usable.Add(suite.Ms(ct.usable))
+		cs.screenshot.Fail()
+	default:
+		cs.usable.Fail()
+		cs.screenshot.Fail()
+	}
+	if ct.usable > 0 {
+		// The RPC counts once the sandbox it returned proved usable.
+		cs.rpc.Add(suite.Ms(ct.rpc))
+		cs.server.Add(suite.Ms(server))
+	} else {
+		cs.rpc.Unverified()
+		cs.server.Unverified()
+	}
+}
+
+func (cs *claimSeries) all() []*result.Series {
+	return []*result.Series{cs.rpc, cs.server, cs.usable, cs.screenshot}
+}
+
+func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+	c, err := dialControld(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	reps := env.Samples(3)
+	// The path a claim saves: a cold create to usable, in the same run. It
+	// also names the image the pool is built from (controld's default).
+	cold := newClaimSeries(labels("served", "cold-create-no-pool"))
+	image := p.image
+	for i := 0; i < reps; i++ {
+		t0 := time.Now()
+		resp, err := c.create(ctx)
+		ct := claimTimes{rpc: time.Since(t0)}
+		if err == nil {
+			err = usableAfter(ctx, t0, resp.GetEndpoint(), &ct)
+			if image == "" {
+				image = resp.GetSandbox().GetImage()
+			}
+			c.remove(ctx, resp.GetSandbox().GetId())
+		}
+		cold.record(ct, ct.rpc, resp != nil, err)
+	}
+	if image == "" {
+		return nil, errors.New("no cold boot succeeded, so the pool image is unknown (pass --pool-image)")
+	}
+	rows := []result.Row{cold.usable.Row(), cold.screenshot.Row()}
+	measured := 0
+	for _, kind := range strings.Split(p.kinds, ",") {
+		var src controldv1.CreatePoolRequest
+		switch strings.TrimSpace(kind) {
+		case "image":
+			src.Source = &controldv1.CreatePoolRequest_Image{Image: image}
+		case "checkpoint":
+			gsrc, ck, err := golden(ctx, c, controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY)
+			c.remove(ctx, gsrc)
+			if err != nil {
+				env.Notef("checkpoint pool not measured: %v", err)
+				continue
+			}
+			defer c.removeCheckpoint(ctx, ck.GetId())
+			src.Source = &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.GetId()}
+		case "":
+			continue
+		default:
+			return nil, fmt.Errorf("--pool-kinds: unknown pool kind %q (image, checkpoint)", kind)
+		}
+		r, err := p.measure(ctx, env, c, strings.TrimSpace(kind), &src, reps)
+		if err != nil {
+			env.Notef("%s pool: %v", kind, err)
+			continue
+		}
+		rows = append(rows, r...)
+		measured++
+	}
+	if measured == 0 {
+		return nil, errors.New("no pool could be measured")
+	}
+	return rows, nil
+}
+
+// measure creates one pool from req's source, reads its idle replicas'
+// memory, then claims in bursts; the pool is deleted afterwards.
+func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, kind string, req *controldv1.CreatePoolRequest, reps int) ([]result.Row, error) {
+	name := fmt.Sprintf("benchd-%s-%d", kind, time.Now().UnixNano())
+	req.Name, req.Size = name, uint32(p.size)
+	req.Labels = map[string]string{benchLabel: "1", poolKindLabel: name}
+	pr, err := c.pl.CreatePool(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	poolID := pr.GetPool().GetId()
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+		defer cancel()
+		if _, err := c.pl.DeletePool(dctx, &controldv1.DeletePoolRequest{Id: poolID}); err != nil {
+			env.Progressf("delete pool %s: %v", poolID, err)
+		}
+	}()
+	idle := controldv1.SandboxState_SANDBOX_STATE_READY
+	if pr.GetPool().GetFrozen() {
+		idle = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+	}
+	waitFull := func() error {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			g, err := c.pl.GetPool(ctx, &controldv1.GetPoolRequest{Id: poolID})
+			if err != nil {
+				return err
+			}
+			if g.GetPool().GetAvailable() >= uint32(p.size) {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pool refilled to %d of %d in 3 minutes", g.GetPool().GetAvailable(), p.size)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t0 := time.Now()
+	if err := waitFull(); err != nil {
+		return nil, err
+	}
+	poolLbl := func(kv ...string) map[string]string {
+		return labels(append([]string{"pool", kind, "pool_size", itoa(p.size)}, kv...)...)
+	}
+	fill := result.Single("pool.fill", "ms", poolLbl(), suite.Ms(time.Since(t0)))
+	rows := []result.Row{fill}
+	// Memory of the idle replicas: right after warm-up, and for the frozen
+	// pool again once KSM had time to merge their identical pages.
+	waits := []time.Duration{0}
+	if idle == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED && p.ksmWait > 0 {
+		waits = append(waits, p.ksmWait)
+	}
+	filled := time.Now()
+	for _, w := range waits {
+		sleepCtx(ctx, w-time.Since(filled))
+		after := strconv.Itoa(int(time.Since(filled).Round(time.Second).Seconds()))
+		pss := result.NewSeries("pool.idle_replica_pss", "MB", poolLbl("after_s", after))
+		rss := result.NewSeries("pool.idle_replica_rss", "MB", poolLbl("after_s", after))
+		ls, err := c.sb.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{poolKindLabel: name},
+			States: []controldv1.SandboxState{idle}})
+		if err != nil {
+			return nil, fmt.Errorf("list pool replicas: %w", err)
+		}
+		var ids []string
+		for _, sb := range ls.GetSandboxes() {
+			if sb.GetPoolId() == poolID {
+				ids = append(ids, sb.GetId())
+			}
+		}
+		if missing := replicaMemory(ids, pss, rss); missing > 0 || len(ids) == 0 {
+			env.Notef("%s pool: processes of %d of %d idle replicas not found: PSS/RSS rows cover only those found", kind, missing, len(ids))
+		}
+		if pss.Len() > 0 {
+			rows = append(rows, pss.Row(), rss.Row())
+			env.Progressf("%s pool: idle replica PSS p50 %.1f MB after %s s", kind, *pss.Row().P50, after)
+		}
+	}
+	for _, b := range p.bursts {
+		hit := newClaimSeries(poolLbl("burst", itoa(b), "served", "hit"))
+		miss := newClaimSeries(poolLbl("burst", itoa(b), "served", "miss"))
+		rate := result.NewSeries("pool.hit_rate", "percent", poolLbl("burst", itoa(b)))
+		rate.Better = result.BetterHigher
+		for r := 0; r < reps; r++ {
+			if err := waitFull(); err != nil {
+				return nil, err
+			}
+			var mu sync.Mutex
+			var ids []string
+			hits := 0
+			var wg sync.WaitGroup
+			for i := 0; i < b; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					t0 := time.Now()
+					cr, err := c.pl.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: poolID, Labels: map[string]string{benchLabel: "1"},
+						Ttl: durationpb.New(benchTTL)})
+					ct := claimTimes{rpc: time.Since(t0)}
+					if err == nil {
+						err = usableAfter(ctx, t0, cr.GetEndpoint(), &ct)
+					} else {
+						env.Progressf("%s pool claim: %v", kind, err)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					s := miss
+					if cr != nil {
+						ids = append(ids, cr.GetSandbox().GetId())
+						if cr.GetHit() {
+							s = hit
+							hits++
+						}
+					}
+					s.record(ct, cr.GetTook().AsDuration(), cr != nil, err)
+				}()
+			}
+			wg.Wait()
+			rate.Add(float64(hits) / float64(b) * 100)
+			for _, id := range ids {
+				c.remove(ctx, id)
+			}
+			env.Progressf("%s pool: burst %d rep %d: %d hits", kind, b, r+1, hits)
+		}
+		for _, cs := range []*claimSeries{hit, miss} {
+			for _, s := range cs.all() {
+				if row := s.Row(); row.N > 0 || row.Failed > 0 || row.Unverified > 0 {
+					rows = append(rows, row)
+				}
+			}
+		}
+		rows = append(rows, rate.Row())
+	}
+	return rows, nil
+}
