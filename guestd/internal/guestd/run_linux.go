@@ -23,10 +23,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/aci"
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
 	"github.com/forkfleet/forkfleet/guestd/internal/supervise"
@@ -562,7 +562,7 @@ func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
 		case <-t.C:
 		}
 	}
-	if err := d.WaitWMAnswers(ctx); err != nil && !errors.Is(err, desktop.ErrInvalid) {
+	if err := d.WaitWMAnswers(ctx); err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
 		return err
 	}
 	return nil

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // WaitWMAnswers waits until the window manager answers clients from its
@@ -25,15 +25,15 @@ import (
 // answer by setting _NET_FRAME_EXTENTS on the window).
 //
 // A window manager that does not list _NET_REQUEST_FRAME_EXTENTS in
-// _NET_SUPPORTED cannot be asked: the error wraps desktop.ErrInvalid at
-// once. ctx bounds the wait (desktop.ErrTimeout).
+// _NET_SUPPORTED cannot be asked: the error wraps errdefs.ErrInvalidArgument at
+// once. ctx bounds the wait (errdefs.ErrDeadlineExceeded).
 func (d *Desktop) WaitWMAnswers(ctx context.Context) error {
 	ok, err := d.wmSupports(d.atoms.netRequestFrameExtents)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("x11: the window manager does not support _NET_REQUEST_FRAME_EXTENTS: %w", desktop.ErrInvalid)
+		return fmt.Errorf("x11: the window manager does not support _NET_REQUEST_FRAME_EXTENTS: %w", errdefs.ErrInvalidArgument)
 	}
 	wid, err := xproto.NewWindowId(d.conn)
 	if err != nil {

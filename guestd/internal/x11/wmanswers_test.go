@@ -10,7 +10,7 @@ import (
 
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 // TestWaitWMAnswers: without a window manager, or with one that cannot be
@@ -22,7 +22,7 @@ import (
 func TestWaitWMAnswers(t *testing.T) {
 	x := startX(t)
 	d := openDesktop(t, x)
-	if err := d.WaitWMAnswers(t.Context()); !isErr(err, desktop.ErrInvalid) {
+	if err := d.WaitWMAnswers(t.Context()); !isErr(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("no window manager: %v, want ErrInvalid", err)
 	}
 
@@ -36,7 +36,7 @@ func TestWaitWMAnswers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	err := d.WaitWMAnswers(ctx)
 	cancel()
-	if !isErr(err, desktop.ErrTimeout) {
+	if !isErr(err, errdefs.ErrDeadlineExceeded) {
 		t.Fatalf("silent window manager: %v, want ErrTimeout", err)
 	}
 	xproto.DeleteProperty(c.conn, c.root, supported)
