@@ -70,9 +70,11 @@ $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) GOFLAGS= go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
 ## test-tools: grpcurl and grpc-health-probe (Go module proxy, into .cache/bin), Debian's prometheus and
-## promtool (unpacked into /var/cache/forkfleet/prometheus/bin, not installed as a service)
+## promtool (unpacked into /var/cache/forkfleet/prometheus/bin) and docker-registry (unpacked into
+## /var/cache/forkfleet/registry/bin), none installed as a service
 test-tools: $(TOOLS)/grpcurl $(TOOLS)/grpc-health-probe
 	deploy/host-setup.sh --prometheus
+	deploy/host-setup.sh --registry
 $(TOOLS)/grpcurl:
 	GOBIN=$(TOOLS) GOFLAGS= go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 $(TOOLS)/grpc-health-probe:

@@ -5,12 +5,14 @@
 #   deploy/host-setup.sh --packages P...   install Debian packages P (make peers), recorded for --uninstall
 #   deploy/host-setup.sh --prometheus      unpack Debian's prometheus and promtool into /var/cache/forkfleet/prometheus
 #                                          for the tests (make test-tools); nothing is installed or started
+#   deploy/host-setup.sh --registry        unpack Debian's docker-registry into /var/cache/forkfleet/registry for the
+#                                          tests and benchd (make test-tools); nothing is installed or started
 #   deploy/host-setup.sh --stop            stop the project's containerd
 #   deploy/host-setup.sh --uninstall [--keep-caches]
 #                                          undo the setup: every sandbox, containerd namespace, image,
 #                                          snapshot, state, log, config, unit and package it installed;
 #                                          --keep-caches keeps the slow caches keyed by their inputs
-#                                          (containerd build, CRIU .debs, image base tarballs, prometheus)
+#                                          (containerd build, CRIU .debs, image base tarballs, prometheus, registry)
 #   deploy/host-setup.sh --help
 #
 # Called by `make demo` and `make test`. Needs root. Works on a fresh Debian 12
@@ -1265,9 +1267,9 @@ main_uninstall() {
 		# Keyed by their inputs: the containerd build by its version, CRIU
 		# by its .debs' version, image bases by the hash of their inputs,
 		# prometheus by its package's version.
-		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images ! -name prometheus -exec rm -rf {} +
+		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images ! -name prometheus ! -name registry -exec rm -rf {} +
 		find "$CACHE_DIR/images" -mindepth 1 -maxdepth 1 ! -name '*-base-*.tar' -exec rm -rf {} + 2>/dev/null || true
-		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar "$CACHE_DIR"/prometheus 2>/dev/null | paste -sd ' ')"
+		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar "$CACHE_DIR"/prometheus "$CACHE_DIR"/registry 2>/dev/null | paste -sd ' ')"
 	else
 		rm -rf "$CACHE_DIR"
 		step caches "done" "removed $CACHE_DIR"
@@ -1290,38 +1292,54 @@ usage() {
 	sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
-# ---------------------------------------------------------------- prometheus (tests)
+# ---------------------------------------------------------------- test servers
 
 # The tests run a real Prometheus against controld (its dashboard's queries,
-# promtool check metrics, the alert rules' promtool tests). Debian's package
-# would install and start a server; only its two binaries are needed, so the
-# .deb is downloaded and unpacked into the cache, keyed by its version.
+# promtool check metrics, the alert rules' promtool tests) and a real OCI
+# registry (Debian's docker-registry) for checkpoints moved between hosts.
+# Debian's packages would install and start servers; only their binaries
+# are needed, so each .deb is downloaded and unpacked into the cache, keyed
+# by its version, and the tests start the servers on loopback themselves.
 readonly PROMETHEUS_CACHE=$CACHE_DIR/prometheus
+readonly REGISTRY_CACHE=$CACHE_DIR/registry
 
-step_prometheus() {
-	local version dir deb
-	version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+# unpack_deb PACKAGE CACHE BIN...: the binaries /usr/bin/BIN of the Debian
+# package PACKAGE's candidate version, in CACHE/<version>/bin (CACHE/bin
+# links there).
+unpack_deb() {
+	local pkg=$1 cache=$2 version dir deb b ok=1
+	shift 2
+	version=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
 	if [[ -z $version || $version == "(none)" ]]; then
 		apt_get update || die "apt-get update failed"
-		version=$(apt-cache policy prometheus | awk '/Candidate:/ {print $2}')
+		version=$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')
 	fi
-	[[ -n $version && $version != "(none)" ]] || die "no prometheus package in the Debian archive"
-	dir=$PROMETHEUS_CACHE/${version//[^A-Za-z0-9.+~-]/_}
-	if [[ -x $dir/bin/prometheus && -x $dir/bin/promtool ]]; then
-		ln -sfn "$dir/bin" "$PROMETHEUS_CACHE/bin"
-		step prometheus skip "prometheus $version in $PROMETHEUS_CACHE/bin"
+	[[ -n $version && $version != "(none)" ]] || die "no $pkg package in the Debian archive"
+	dir=$cache/${version//[^A-Za-z0-9.+~-]/_}
+	for b in "$@"; do [[ -x $dir/bin/$b ]] || ok=0; done
+	if ((ok)); then
+		ln -sfn "$dir/bin" "$cache/bin"
+		step "$pkg" skip "$pkg $version in $cache/bin"
 		return
 	fi
 	rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/deb"
-	(cd "$dir.tmp/deb" && apt_get download "prometheus=$version") || die "apt-get download prometheus=$version failed"
-	deb=$(compgen -G "$dir.tmp/deb/prometheus_*.deb" | head -n 1)
+	(cd "$dir.tmp/deb" && apt_get download "$pkg=$version") || die "apt-get download $pkg=$version failed"
+	deb=$(compgen -G "$dir.tmp/deb/${pkg}_*.deb" | head -n 1)
 	dpkg -x "$deb" "$dir.tmp/root" || die "dpkg -x $deb failed"
 	mkdir -p "$dir.tmp/bin"
-	cp "$dir.tmp/root/usr/bin/prometheus" "$dir.tmp/root/usr/bin/promtool" "$dir.tmp/bin/"
+	for b in "$@"; do cp "$dir.tmp/root/usr/bin/$b" "$dir.tmp/bin/"; done
 	rm -rf "$dir.tmp/deb" "$dir.tmp/root" "$dir"
 	mv "$dir.tmp" "$dir"
-	ln -sfn "$dir/bin" "$PROMETHEUS_CACHE/bin"
-	step prometheus "done" "prometheus and promtool $version unpacked into $dir/bin ($PROMETHEUS_CACHE/bin)"
+	ln -sfn "$dir/bin" "$cache/bin"
+	step "$pkg" "done" "$* $version unpacked into $dir/bin ($cache/bin)"
+}
+
+step_prometheus() {
+	unpack_deb prometheus "$PROMETHEUS_CACHE" prometheus promtool
+}
+
+step_registry() {
+	unpack_deb docker-registry "$REGISTRY_CACHE" docker-registry
 }
 
 main_stop() {
@@ -1341,6 +1359,7 @@ main() {
 	"") ;;
 	--stop) mode=stop ;;
 	--prometheus) mode=prometheus ;;
+	--registry) mode=registry ;;
 	--packages)
 		mode=packages
 		shift
@@ -1384,6 +1403,10 @@ main() {
 		;;
 	prometheus)
 		step_prometheus
+		return
+		;;
+	registry)
+		step_registry
 		return
 		;;
 	uninstall)

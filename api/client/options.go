@@ -328,6 +328,34 @@ func (w waitTimeout) applyWait(r *controldv1.WaitSandboxReadyRequest) {
 	r.Timeout = durationpb.New(time.Duration(w))
 }
 
+// ---- export and import
+
+// ExportOption configures Checkpoint.Export.
+type ExportOption interface {
+	applyExport(*controldv1.ExportCheckpointRequest)
+}
+
+// ImportOption configures Client.ImportCheckpoint.
+type ImportOption interface {
+	applyImport(*controldv1.ImportCheckpointRequest)
+}
+
+type pushOpt struct{}
+
+// WithPush also pushes the exported image to the registry its reference
+// names.
+func WithPush() ExportOption { return pushOpt{} }
+
+func (pushOpt) applyExport(r *controldv1.ExportCheckpointRequest) { r.Push = true }
+
+type pullOpt struct{}
+
+// WithPull pulls the image from the registry its reference names before
+// importing it.
+func WithPull() ImportOption { return pullOpt{} }
+
+func (pullOpt) applyImport(r *controldv1.ImportCheckpointRequest) { r.Pull = true }
+
 // ---- delete checkpoint
 
 type cascadeOpt struct{}

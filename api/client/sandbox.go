@@ -477,13 +477,33 @@ func (ck *Checkpoint) Fork(ctx context.Context, n int, opts ...ForkOption) ([]Fo
 	if n < 1 || n > 1<<20 {
 		return nil, errdefs.InvalidField("count", "must be at least 1 (got %d)", n)
 	}
-	req := &controldv1.ForkCheckpointRequest{CheckpointId: ck.id, Count: uint32(n)}
+	results, _, err := ck.c.fork(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.id, Count: uint32(n)}, opts)
+	return results, err
+}
+
+// ForkRemote forks n replicas of the checkpoint image reference in an OCI
+// registry (pushed by Export WithPush): controld pulls and imports it once
+// per manifest digest and forks the local import, which it returns.
+func (c *Client) ForkRemote(ctx context.Context, reference string, n int, opts ...ForkOption) ([]ForkResult, *Checkpoint, error) {
+	if n < 1 || n > 1<<20 {
+		return nil, nil, errdefs.InvalidField("count", "must be at least 1 (got %d)", n)
+	}
+	results, id, err := c.fork(ctx, &controldv1.ForkCheckpointRequest{CheckpointReference: reference, Count: uint32(n)}, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return results, c.Checkpoint(id), nil
+}
+
+// fork sends a ForkCheckpoint request and returns its replicas and the
+// local checkpoint forked.
+func (c *Client) fork(ctx context.Context, req *controldv1.ForkCheckpointRequest, opts []ForkOption) ([]ForkResult, string, error) {
 	for _, o := range opts {
 		o.applyFork(req)
 	}
-	r, err := ck.c.checkpoints.ForkCheckpoint(ctx, req)
+	r, err := c.checkpoints.ForkCheckpoint(ctx, req)
 	if err != nil {
-		return nil, convert(ctx, err)
+		return nil, "", convert(ctx, err)
 	}
 	out := make([]ForkResult, len(r.GetReplicas()))
 	for i, rep := range r.GetReplicas() {
@@ -491,13 +511,13 @@ func (ck *Checkpoint) Fork(ctx context.Context, n int, opts ...ForkOption) ([]Fo
 		if rep.GetErrorCode() != 0 {
 			res.Err = replicaErr(rep)
 		} else if rep.GetSandbox() != nil {
-			res.Sandbox = ck.c.sandboxFrom(rep.GetSandbox(), rep.GetEndpoint())
+			res.Sandbox = c.sandboxFrom(rep.GetSandbox(), rep.GetEndpoint())
 		} else {
 			res.Err = fmt.Errorf("client: fork replica %d: %w: neither sandbox nor error", i, errdefs.ErrInternal)
 		}
 		out[i] = res
 	}
-	return out, nil
+	return out, r.GetCheckpointId(), nil
 }
 
 // Sandboxes returns the usable replicas of a fork.
@@ -522,18 +542,27 @@ func FirstError(results []ForkResult) error {
 }
 
 // Export writes the checkpoint as an OCI image named reference into
-// controld's content store.
-func (ck *Checkpoint) Export(ctx context.Context, reference string) (*controldv1.ExportCheckpointResponse, error) {
-	r, err := ck.c.checkpoints.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.id, Reference: reference})
+// controld's content store, and pushes it to its registry WithPush.
+func (ck *Checkpoint) Export(ctx context.Context, reference string, opts ...ExportOption) (*controldv1.ExportCheckpointResponse, error) {
+	req := &controldv1.ExportCheckpointRequest{Id: ck.id, Reference: reference}
+	for _, o := range opts {
+		o.applyExport(req)
+	}
+	r, err := ck.c.checkpoints.ExportCheckpoint(ctx, req)
 	if err != nil {
 		return nil, convert(ctx, err)
 	}
 	return r, nil
 }
 
-// ImportCheckpoint registers a checkpoint image written by Export.
-func (c *Client) ImportCheckpoint(ctx context.Context, reference string) (*Checkpoint, error) {
-	r, err := c.checkpoints.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Reference: reference})
+// ImportCheckpoint registers a checkpoint image written by Export, pulling
+// it from its registry first WithPull.
+func (c *Client) ImportCheckpoint(ctx context.Context, reference string, opts ...ImportOption) (*Checkpoint, error) {
+	req := &controldv1.ImportCheckpointRequest{Reference: reference}
+	for _, o := range opts {
+		o.applyImport(req)
+	}
+	r, err := c.checkpoints.ImportCheckpoint(ctx, req)
 	if err != nil {
 		return nil, convert(ctx, err)
 	}

@@ -78,6 +78,8 @@ type Fake struct {
 	sandboxes   map[string]*controldv1.Sandbox
 	checkpoints map[string]*controldv1.Checkpoint
 	exported    map[string]*controldv1.Checkpoint // reference -> the checkpoint as exported (an image outlives it)
+	registry    map[string]*controldv1.Checkpoint // reference -> the checkpoint as pushed (the fake's registry)
+	pulled      map[string]string                 // pushed reference -> its import here (ForkCheckpoint's cache)
 	pools       map[string]*controldv1.Pool
 	watchers    map[*watcher]struct{}
 	endpoint    func(*controldv1.Sandbox) *controldv1.Endpoint
@@ -97,6 +99,8 @@ func New() *Fake {
 		sandboxes:   make(map[string]*controldv1.Sandbox),
 		checkpoints: make(map[string]*controldv1.Checkpoint),
 		exported:    make(map[string]*controldv1.Checkpoint),
+		registry:    make(map[string]*controldv1.Checkpoint),
+		pulled:      make(map[string]string),
 		pools:       make(map[string]*controldv1.Pool),
 		watchers:    make(map[*watcher]struct{}),
 		timers:      make(map[*time.Timer]struct{}),
@@ -826,7 +830,7 @@ func (f *Fake) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpoin
 }
 
 func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
-	if err := rules.CheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
+	if err := rules.ForkSource(req); err != nil {
 		return nil, err
 	}
 	if err := rules.ForkCount("count", req.GetCount()); err != nil {
@@ -840,7 +844,19 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ck, err := f.getCheckpoint("checkpoint_id", req.GetCheckpointId())
+	id := req.GetCheckpointId()
+	if ref := req.GetCheckpointReference(); ref != "" {
+		// Pulled once, then forked from the import while it lives.
+		if id = f.pulled[ref]; f.checkpoints[id] == nil {
+			ck, err := f.importLocked(f.registry, ref, false)
+			if err != nil {
+				return nil, err
+			}
+			id = ck.GetId()
+			f.pulled[ref] = id
+		}
+	}
+	ck, err := f.getCheckpoint("checkpoint_id", id)
 	if err != nil {
 		return nil, err
 	}
@@ -856,7 +872,7 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 	if err != nil {
 		return nil, err
 	}
-	resp := &controldv1.ForkCheckpointResponse{}
+	resp := &controldv1.ForkCheckpointResponse{CheckpointId: ck.GetId()}
 	for i := range int(req.GetCount()) {
 		err := f.admit(res)
 		if err == nil && f.FailReplica != nil {
@@ -894,8 +910,13 @@ func (f *Fake) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheck
 	}
 	f.exported[req.GetReference()] = proto.CloneOf(ck)
 	sum := sha256.Sum256([]byte(ck.GetId() + req.GetReference()))
-	return &controldv1.ExportCheckpointResponse{Reference: req.GetReference(), Digest: "sha256:" + hex.EncodeToString(sum[:]),
-		SizeBytes: ck.GetMemoryBytes() + ck.GetLayerBytes()}, nil
+	resp := &controldv1.ExportCheckpointResponse{Reference: req.GetReference(), Digest: "sha256:" + hex.EncodeToString(sum[:]),
+		SizeBytes: ck.GetMemoryBytes() + ck.GetLayerBytes()}
+	if req.GetPush() {
+		f.registry[req.GetReference()] = proto.CloneOf(ck)
+		resp.PushedBytes = resp.SizeBytes
+	}
+	return resp, nil
 }
 
 // reference checks an image reference to export to or import from.
@@ -915,14 +936,36 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	src, ok := f.exported[req.GetReference()]
-	if !ok {
-		return nil, rpcErr(notFound("checkpoint image", "IMAGE_NOT_FOUND", req.GetReference()))
+	from := f.exported
+	if req.GetPull() {
+		from = f.registry
 	}
-	if err := f.nameFree(src.GetName()); err != nil {
+	ck, err := f.importLocked(from, req.GetReference(), true)
+	if err != nil {
 		return nil, rpcErr(err)
 	}
+	resp := &controldv1.ImportCheckpointResponse{Checkpoint: proto.CloneOf(ck)}
+	if req.GetPull() {
+		resp.PulledBytes = ck.GetMemoryBytes() + ck.GetLayerBytes()
+	}
+	return resp, nil
+}
+
+// importLocked registers the checkpoint images holds under ref as a new
+// checkpoint, with its name when keepName (a fork's import of a remote
+// checkpoint is a cache and takes no name, as in controld).
+func (f *Fake) importLocked(images map[string]*controldv1.Checkpoint, ref string, keepName bool) (*controldv1.Checkpoint, error) {
+	src, ok := images[ref]
+	if !ok {
+		return nil, notFound("checkpoint image", "IMAGE_NOT_FOUND", ref)
+	}
 	ck := proto.CloneOf(src)
+	if !keepName {
+		ck.Name = ""
+	}
+	if err := f.nameFree(ck.GetName()); err != nil {
+		return nil, err
+	}
 	ck.Id, ck.ChildIds, ck.LiveForks, ck.Host = rules.NewID(rules.PrefixCheckpoint), nil, 0, f.host()
 	if parent, ok := f.checkpoints[ck.GetParentCheckpointId()]; ok {
 		parent.ChildIds = append(parent.ChildIds, ck.Id)
@@ -930,7 +973,7 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 		ck.ParentCheckpointId = ""
 	}
 	f.checkpoints[ck.Id] = ck
-	return &controldv1.ImportCheckpointResponse{Checkpoint: proto.CloneOf(ck)}, nil
+	return ck, nil
 }
 
 // ---- pools

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/controldfake"
@@ -219,5 +221,45 @@ func TestRunAsRoot(t *testing.T) {
 	results, err := ck.Fork(ctx, 1)
 	if err != nil || results[0].Err != nil || !results[0].Sandbox.Info().GetRunAsRoot() {
 		t.Fatalf("fork: %+v %v", results, err)
+	}
+}
+
+// Registry checkpoints in the fake as in controld: a pushed export can be
+// pulled or forked by reference (one import per reference, no name), and a
+// fork names either a checkpoint or a reference.
+func TestRegistryCheckpoints(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := sb.Checkpoint(ctx, client.WithName("reached"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ref = "registry.test/ck:1"
+	if _, _, err := c.ForkRemote(ctx, ref, 1); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("fork of a reference never pushed: %v", err)
+	}
+	ex, err := ck.Export(ctx, ref, client.WithPush())
+	if err != nil || ex.GetPushedBytes() == 0 {
+		t.Fatalf("push: %v %v", ex, err)
+	}
+	res, imported, err := c.ForkRemote(ctx, ref, 2)
+	if err != nil || client.FirstError(res) != nil || len(client.Sandboxes(res)) != 2 || imported.ID() == ck.ID() {
+		t.Fatalf("fork by reference: %+v %v", res, err)
+	}
+	_, again, err := c.ForkRemote(ctx, ref, 1)
+	if err != nil || again.ID() != imported.ID() {
+		t.Fatalf("second fork by reference forked %v (%v), want the import %s", again, err, imported.ID())
+	}
+	pulled, err := c.ImportCheckpoint(ctx, ref, client.WithPull())
+	if !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("pull of a checkpoint whose name is taken here: %v %v", pulled, err)
+	}
+	_, err = c.CheckpointService().ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.ID(), CheckpointReference: ref, Count: 1})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("fork of both a checkpoint and a reference: %v", err)
 	}
 }

@@ -192,6 +192,19 @@ func PoolID(field, id string) error {
 	return nil
 }
 
+// ForkSource checks what a ForkCheckpointRequest forks: exactly one of a
+// local checkpoint (id or name) and a checkpoint image in a registry.
+func ForkSource(req *controldv1.ForkCheckpointRequest) error {
+	id, ref := req.GetCheckpointId(), req.GetCheckpointReference()
+	switch {
+	case id != "" && ref != "":
+		return errdefs.InvalidField("checkpoint_reference", "set either checkpoint_id or checkpoint_reference, not both")
+	case ref != "":
+		return Image("checkpoint_reference", ref)
+	}
+	return CheckpointRef("checkpoint_id", id)
+}
+
 // CheckpointRef checks an "id or name" field.
 func CheckpointRef(field, s string) error {
 	if s == "" {

@@ -116,6 +116,18 @@ def test_checkpoints_fork_export_import(fake):
         assert set(ck.delete(cascade=True)) == {ck.id, child.id}
         imported = c.import_checkpoint(exp.reference)
         assert imported.id != ck.id and imported.info.image == ck.info.image and imported.info.name == name
+        # Through a registry: pushed, then forked by reference (one import).
+        remote_ref = "registry.example/forkfleet/remote:" + lb["test"]
+        assert imported.export(remote_ref, push=True).pushed_bytes > 0
+        results, remote = c.fork_remote(remote_ref, 2)
+        assert len(forkfleet.sandboxes(results)) == 2 and remote.id not in (ck.id, imported.id)
+        again, same = c.fork_remote(remote_ref, 1)
+        assert same.id == remote.id
+        for r in forkfleet.sandboxes(results) + forkfleet.sandboxes(again):
+            r.delete()
+        remote.delete()
+        with pytest.raises(forkfleet.AlreadyExists):
+            c.import_checkpoint(remote_ref, pull=True)  # its name is the import's, still here
         imported.delete()
         for r in replicas:
             r.delete()

@@ -169,9 +169,10 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		ttl       time.Duration
 		levels    []string
 		requestID string
+		remote    bool
 	)
 	cmd := &cobra.Command{
-		Use:               "fork CHECKPOINT",
+		Use:               "fork CHECKPOINT | --remote REFERENCE",
 		Short:             "Start N live replicas of a checkpoint, each verified (ForkCheckpoint)",
 		Args:              usageArgs(cobra.ExactArgs(1)),
 		ValidArgsFunction: g.completeCheckpoints,
@@ -181,6 +182,7 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&ttl, "ttl", 0, "delete each replica this long after creation")
 	fs.StringArrayVar(&levels, "verify", nil, "verify every replica at this level (repeatable; none to skip; default: what the checkpoint supports)")
 	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same replicas")
+	fs.BoolVar(&remote, "remote", false, "the argument is a checkpoint image in an OCI registry (pushed by export --push): controld pulls it once and forks its import")
 	labels := addKeyValues(fs, "label", "label of every replica")
 	res := addResourceFlags(fs)
 	pol := addPolicyFlags(fs)
@@ -200,11 +202,20 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		results, err := c.Checkpoint(args[0]).Fork(g.ctx, n, opts...)
+		var results []client.ForkResult
+		resp := &controldv1.ForkCheckpointResponse{CheckpointId: args[0]}
+		if remote {
+			var ck *client.Checkpoint
+			results, ck, err = c.ForkRemote(g.ctx, args[0], n, opts...)
+			if ck != nil {
+				resp.CheckpointId = ck.ID()
+			}
+		} else {
+			results, err = c.Checkpoint(args[0]).Fork(g.ctx, n, opts...)
+		}
 		if err != nil {
 			return err
 		}
-		resp := &controldv1.ForkCheckpointResponse{}
 		for _, r := range results {
 			resp.Replicas = append(resp.Replicas, r.Replica)
 		}
@@ -262,9 +273,10 @@ func forkOptions(ttl time.Duration, levels []string, labels *keyValues, res *res
 }
 
 func checkpointExportCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var push bool
+	cmd := &cobra.Command{
 		Use:               "export CHECKPOINT REFERENCE",
-		Short:             "Write a checkpoint as an OCI image into containerd's content store (ExportCheckpoint)",
+		Short:             "Write a checkpoint as an OCI image into containerd's content store, and push it to its registry (ExportCheckpoint)",
 		Args:              usageArgs(cobra.ExactArgs(2)),
 		ValidArgsFunction: g.completeCheckpoints,
 		RunE: func(_ *cobra.Command, args []string) error {
@@ -272,34 +284,50 @@ func checkpointExportCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r, err := c.Checkpoint(args[0]).Export(g.ctx, args[1])
+			var opts []client.ExportOption
+			if push {
+				opts = append(opts, client.WithPush())
+			}
+			r, err := c.Checkpoint(args[0]).Export(g.ctx, args[1], opts...)
 			if err != nil {
 				return err
 			}
 			return g.emit(r, func(w io.Writer) {
 				fmt.Fprintf(w, "reference\t%s\ndigest\t%s\nsize\t%s\n", r.GetReference(), r.GetDigest(), mib(r.GetSizeBytes()))
+				if push {
+					fmt.Fprintf(w, "pushed\t%s\n", mib(r.GetPushedBytes()))
+				}
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&push, "push", false, "also push the image to the registry REFERENCE names (only blobs it lacks are sent)")
+	return cmd
 }
 
 func checkpointImportCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var pull bool
+	cmd := &cobra.Command{
 		Use:   "import REFERENCE",
-		Short: "Register a checkpoint image written by export, here or on another host (ImportCheckpoint)",
+		Short: "Register a checkpoint image written by export, here or on another host, pulling it from its registry first (ImportCheckpoint)",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(_ *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			ck, err := c.ImportCheckpoint(g.ctx, args[0])
+			var opts []client.ImportOption
+			if pull {
+				opts = append(opts, client.WithPull())
+			}
+			ck, err := c.ImportCheckpoint(g.ctx, args[0], opts...)
 			if err != nil {
 				return err
 			}
 			return g.emit(&controldv1.ImportCheckpointResponse{Checkpoint: ck.Info()}, func(w io.Writer) { checkpointDetail(w, ck.Info()) })
 		},
 	}
+	cmd.Flags().BoolVar(&pull, "pull", false, "pull the image from the registry REFERENCE names first (by tag or @sha256 digest)")
+	return cmd
 }
 
 func (g *globals) completeCheckpoints(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {

@@ -232,6 +232,18 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if exp.GetDigest() == "" {
 		t.Fatalf("export: %v", exp)
 	}
+	// Through a registry: push, then fork by reference (one import, forked
+	// again on the next fork).
+	if pushed := ok[*controldv1.ExportCheckpointResponse](t, target, "checkpoint", "export", ck.GetId(), "registry.example/ck:remote", "--push"); pushed.GetPushedBytes() == 0 {
+		t.Fatalf("export --push: %v", pushed)
+	}
+	remote := ok[*controldv1.ForkCheckpointResponse](t, target, "checkpoint", "fork", "--remote", "registry.example/ck:remote")
+	if len(remote.GetReplicas()) != 1 || remote.GetCheckpointId() == ck.GetId() || remote.GetCheckpointId() == "" {
+		t.Fatalf("fork --remote: %v", remote)
+	}
+	if again := ok[*controldv1.ForkCheckpointResponse](t, target, "checkpoint", "fork", "--remote", "registry.example/ck:remote"); again.GetCheckpointId() != remote.GetCheckpointId() {
+		t.Fatalf("second fork --remote forked %s, want %s", again.GetCheckpointId(), remote.GetCheckpointId())
+	}
 	// An import keeps the checkpoint's name, taken here until it is gone.
 	if code, _, errOut := ctl(t, target, "checkpoint", "import", "registry.example/ck:v1"); code != exitError || !strings.Contains(errOut, "exists") {
 		t.Fatalf("import while the name is taken: %d %q", code, errOut)

@@ -112,6 +112,7 @@ func run() error {
 		StateDir:       filepath.Join(cfg.StateDir, "runtime"),
 		Network:        nm,
 		UserNamespaces: ranges,
+		Registry:       containerdrt.RegistryConfig{DockerConfig: cfg.Registry.DockerConfig, PlainHTTP: cfg.Registry.PlainHTTP},
 	})
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)

@@ -47,6 +47,7 @@ type Config struct {
 	Tracing    Tracing    `toml:"tracing"`
 	Network    Network    `toml:"network"`
 	UserNS     UserNS     `toml:"userns"`
+	Registry   Registry   `toml:"registry"`
 	Log        Log        `toml:"log"`
 }
 
@@ -159,6 +160,12 @@ func (t TLS) Enabled() bool { return t.CertFile != "" }
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
 	Listen string `toml:"listen"`
+}
+
+// Registry says how checkpoints reach OCI registries (default.toml).
+type Registry struct {
+	DockerConfig string   `toml:"docker_config"`
+	PlainHTTP    []string `toml:"plain_http"`
 }
 
 // Containerd says where the runtime's containerd is.
@@ -290,6 +297,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DefaultImage == "" {
 		errs = append(errs, errors.New("default_image: must be set"))
+	}
+	if c.Registry.DockerConfig != "" && !filepath.IsAbs(c.Registry.DockerConfig) {
+		errs = append(errs, fmt.Errorf("registry.docker_config %q: must be an absolute path", c.Registry.DockerConfig))
 	}
 	if c.BootTimeout.D() <= 0 {
 		errs = append(errs, errors.New("boot_timeout: must be positive"))

@@ -30,6 +30,7 @@ import (
 	cfs "github.com/containerd/continuity/fs"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/distribution/reference"
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -46,9 +47,9 @@ import (
 // artifactType ArtifactTypeCheckpoint and the empty config, whose layers
 // are, in this order:
 //
-//   - MediaTypeCheckpointCRIU (memory tier only): the CRIU image directory
-//     as an uncompressed tar;
-//   - one or more ocispec.MediaTypeImageLayer: the checkpoint's writable
+//   - MediaTypeCheckpointCRIUZstd (memory tier only): the CRIU image
+//     directory as a zstd-compressed tar;
+//   - one or more ocispec.MediaTypeImageLayerZstd: the checkpoint's writable
 //     layer as standard OCI layer diffs (whiteouts as .wh. entries), bottom
 //     first, to be stacked on the base image's layers. A checkpoint of a
 //     fork sits on its parent checkpoint's layer, so it carries one diff per
@@ -63,16 +64,23 @@ import (
 // checkpoint's creation time (not the export's: exporting the same
 // checkpoint twice yields the same digest).
 //
-// Blobs are uncompressed: the CRIU pages and the layer are produced and
-// consumed at disk speed, while gzip or zstd would make the two cores the
-// bottleneck of every export and import. The whole image is written
+// Blobs are compressed with zstd at its fastest level, the choice recorded
+// in their media types: an exported checkpoint travels through registries,
+// and its CRIU pages (mostly zero and repeated pages) shrink several times
+// at hundreds of MB/s a core, where gzip would make the cores the
+// bottleneck. Import also reads the uncompressed media types of images
+// exported before (MediaTypeCheckpointCRIU, ocispec.MediaTypeImageLayer).
+// The metadata also records where the processes were dumped (hostInfo:
+// kernel and CPU), checked by importers before any work (restorable.go).
+// The whole image is written
 // straight into containerd's content store under a lease, the manifest
 // carrying containerd.io/gc.ref.content labels so the image record alone
 // keeps every blob once the lease is gone.
 const (
-	ArtifactTypeCheckpoint  = "application/vnd.forkfleet.checkpoint.v1"
-	MediaTypeCheckpointCRIU = "application/vnd.forkfleet.checkpoint.criu.v1.tar"
-	MediaTypeCheckpointMeta = "application/vnd.forkfleet.checkpoint.meta.v1+json"
+	ArtifactTypeCheckpoint      = "application/vnd.forkfleet.checkpoint.v1"
+	MediaTypeCheckpointCRIU     = "application/vnd.forkfleet.checkpoint.criu.v1.tar"
+	MediaTypeCheckpointCRIUZstd = MediaTypeCheckpointCRIU + "+zstd"
+	MediaTypeCheckpointMeta     = "application/vnd.forkfleet.checkpoint.meta.v1+json"
 
 	AnnotationTier        = "vnd.forkfleet.checkpoint.tier"
 	AnnotationCRIUVersion = "vnd.forkfleet.checkpoint.criu-version"
@@ -99,6 +107,8 @@ type exportedMeta struct {
 	Checkpoint json.RawMessage `json:"checkpoint"` // checkpoint.json as written by Checkpoint
 	Spec       json.RawMessage `json:"spec"`       // spec.json: the source's OCI runtime spec
 	Metadata   []byte          `json:"metadata,omitempty"`
+	// Host is where a memory-tier checkpoint's processes were dumped.
+	Host *hostInfo `json:"host,omitempty"`
 }
 
 var _ runtime.CheckpointExporter = (*Runtime)(nil)
@@ -150,9 +160,13 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	}
 	memory := meta.Tier == tierName(runtime.TierMemory)
 	criuDir := filepath.Join(ref.Dir, criuImageDir)
+	var host *hostInfo
 	if memory {
 		if fi, err := os.Stat(criuDir); err != nil || !fi.IsDir() {
 			return res, fmt.Errorf("checkpoint %s has no CRIU images: %w", ref.Dir, errdefs.ErrFailedPrecondition)
+		}
+		if host, err = checkpointHostInfo(ctx, ref.Dir); err != nil {
+			return res, err
 		}
 	}
 
@@ -184,8 +198,8 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	g, gctx := errgroup.WithContext(ctx)
 	if memory {
 		g.Go(func() error {
-			d, err := writeStreamBlob(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIU, func(w io.Writer) error {
-				return writeTreeTar(gctx, w, criuDir)
+			d, err := writeStreamBlob(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIUZstd, func(w io.Writer) error {
+				return zstdCompress(w, func(w io.Writer) error { return writeTreeTar(gctx, w, criuDir) })
 			})
 			if err != nil {
 				return fmt.Errorf("export CRIU images: %w", err)
@@ -208,7 +222,7 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 		return res, err
 	}
 
-	mb, err := json.Marshal(exportedMeta{Version: exportMetaVersion, Checkpoint: rawMeta, Spec: rawSpec, Metadata: metadata})
+	mb, err := json.Marshal(exportedMeta{Version: exportMetaVersion, Checkpoint: rawMeta, Spec: rawSpec, Metadata: metadata, Host: host})
 	if err != nil {
 		return res, fmt.Errorf("export metadata: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -311,6 +325,9 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref r
 		return ref, nil, err
 	}
 	meta := ck.ckMeta
+	if err := checkRestorable(ctx, name, ck); err != nil {
+		return ref, nil, err
+	}
 
 	baseName := ck.manifest.Annotations[ocispec.AnnotationBaseImageName]
 	baseDigest := ck.manifest.Annotations[ocispec.AnnotationBaseImageDigest]
@@ -423,6 +440,15 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref r
 	if err != nil {
 		return ref, nil, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
+	if h := ck.exported.Host; h != nil {
+		hb, err := json.Marshal(h)
+		if err != nil {
+			return ref, nil, fmt.Errorf("host info: %w: %w", errdefs.ErrInternal, err)
+		}
+		if err := atomicfile.Write(filepath.Join(dir, hostInfoFile), hb, 0o600); err != nil {
+			return ref, nil, fmt.Errorf("write host info: %w: %w", errdefs.ErrInternal, err)
+		}
+	}
 	if err := atomicfile.Write(filepath.Join(dir, specFile), ck.exported.Spec, 0o600); err != nil {
 		return ref, nil, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
 	}
@@ -515,8 +541,8 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 	}
 	ls = ls[:len(ls)-1]
 	if ck.tier == runtime.TierMemory {
-		if len(ls) == 0 || ls[0].MediaType != MediaTypeCheckpointCRIU {
-			return nil, notCheckpointImage(name, "memory tier without %s layer", MediaTypeCheckpointCRIU)
+		if len(ls) == 0 || (ls[0].MediaType != MediaTypeCheckpointCRIUZstd && ls[0].MediaType != MediaTypeCheckpointCRIU) {
+			return nil, notCheckpointImage(name, "memory tier without %s layer", MediaTypeCheckpointCRIUZstd)
 		}
 		ck.criu = &ls[0]
 		ls = ls[1:]
@@ -525,8 +551,8 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 		return nil, notCheckpointImage(name, "no writable layer")
 	}
 	for _, l := range ls {
-		if l.MediaType != ocispec.MediaTypeImageLayer {
-			return nil, notCheckpointImage(name, "layer %s has media type %s, want %s", l.Digest, l.MediaType, ocispec.MediaTypeImageLayer)
+		if l.MediaType != ocispec.MediaTypeImageLayerZstd && l.MediaType != ocispec.MediaTypeImageLayer {
+			return nil, notCheckpointImage(name, "layer %s has media type %s, want %s", l.Digest, l.MediaType, ocispec.MediaTypeImageLayerZstd)
 		}
 	}
 	ck.diffs = ls
@@ -623,8 +649,8 @@ func (r *Runtime) exportLayer(ctx context.Context, cs content.Store, layer strin
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
 	}
-	return writeStreamBlob(ctx, cs, r.client.LeasesService(), ocispec.MediaTypeImageLayer, func(w io.Writer) error {
-		return writeOverlayDiff(ctx, w, dir)
+	return writeStreamBlob(ctx, cs, r.client.LeasesService(), ocispec.MediaTypeImageLayerZstd, func(w io.Writer) error {
+		return zstdCompress(w, func(w io.Writer) error { return writeOverlayDiff(ctx, w, dir) })
 	})
 }
 
@@ -744,6 +770,20 @@ func overlayXattr(path, name string) (string, bool, error) {
 	return "", false, nil
 }
 
+// zstdCompress runs produce through a zstd encoder at its fastest level
+// into w.
+func zstdCompress(w io.Writer, produce func(io.Writer) error) error {
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(2))
+	if err != nil {
+		return fmt.Errorf("zstd: %w: %w", errdefs.ErrInternal, err)
+	}
+	if err := produce(zw); err != nil {
+		zw.Close()
+		return err
+	}
+	return zw.Close()
+}
+
 // writeTreeTar writes a directory tree (the CRIU images) as a tar.
 func writeTreeTar(ctx context.Context, w io.Writer, dir string) error {
 	return writeChanges(ctx, w, dir, func(cw *archive.ChangeWriter, _, p string, fi os.FileInfo) error {
@@ -762,7 +802,15 @@ func unpackBlob(ctx context.Context, cs content.Provider, name string, desc ocis
 		return blobErr(name, "layer "+desc.Digest.String(), err)
 	}
 	defer ra.Close()
-	rd := bufio.NewReaderSize(content.NewReader(ra), blobBufferBytes)
+	var rd io.Reader = bufio.NewReaderSize(content.NewReader(ra), blobBufferBytes)
+	if desc.MediaType == MediaTypeCheckpointCRIUZstd {
+		zr, err := zstd.NewReader(rd, zstd.WithDecoderConcurrency(0))
+		if err != nil {
+			return fmt.Errorf("unpack %s: %w: %w", desc.Digest, errdefs.ErrInternal, err)
+		}
+		defer zr.Close()
+		rd = zr
+	}
 	if _, err := archive.Apply(ctx, dir, rd); err != nil {
 		return fmt.Errorf("unpack %s: %w", desc.Digest, convertWriteErr(err))
 	}

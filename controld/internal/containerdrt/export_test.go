@@ -277,7 +277,7 @@ func TestIntegrationExportImport(t *testing.T) {
 		t.Fatalf("export: %v", err)
 	}
 	t.Logf("export (memory %d B, layer %d B): %v, image %s %d B", res.MemoryBytes, res.LayerBytes, time.Since(start), ex.Digest, ex.SizeBytes)
-	if ex.Reference != ckRef || ex.SizeBytes < res.MemoryBytes+res.LayerBytes {
+	if ex.Reference != ckRef || ex.SizeBytes <= 0 {
 		t.Errorf("export result %+v", ex)
 	}
 	img, err := is.Get(ctx, ckRef)
@@ -299,7 +299,7 @@ func TestIntegrationExportImport(t *testing.T) {
 	for _, l := range man.Layers {
 		types = append(types, l.MediaType)
 	}
-	if man.ArtifactType != ArtifactTypeCheckpoint || !slices.Equal(types, []string{MediaTypeCheckpointCRIU, ocispec.MediaTypeImageLayer, MediaTypeCheckpointMeta}) {
+	if man.ArtifactType != ArtifactTypeCheckpoint || !slices.Equal(types, []string{MediaTypeCheckpointCRIUZstd, ocispec.MediaTypeImageLayerZstd, MediaTypeCheckpointMeta}) {
 		t.Errorf("manifest: artifact %s, layers %q", man.ArtifactType, types)
 	}
 	if man.Annotations[ocispec.AnnotationBaseImageName] != base || man.Annotations[ocispec.AnnotationBaseImageDigest] != testImg.Target.Digest.String() ||

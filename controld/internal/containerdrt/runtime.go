@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,8 @@ var DefaultCRIUOptions = []string{
 
 // Config configures a Runtime. Only Address is required.
 type Config struct {
+	// Registry says how checkpoints reach OCI registries.
+	Registry RegistryConfig
 	// Address is containerd's socket, e.g. /run/forkfleet/containerd/containerd.sock.
 	Address string
 	// Namespace is the containerd namespace (default "forkfleet").
@@ -250,10 +253,13 @@ func (c *Config) validate() error {
 // Runtime is runtime.Runtime on containerd + runc + CRIU. It is safe for
 // concurrent use.
 type Runtime struct {
-	cfg    Config
-	log    *slog.Logger
-	client *client.Client
-	sn     snapshots.Snapshotter
+	cfg Config
+	// regClient is the HTTP client of every registry request (made once).
+	regOnce   sync.Once
+	regClient *http.Client
+	log       *slog.Logger
+	client    *client.Client
+	sn        snapshots.Snapshotter
 
 	net     *network.Manager
 	ownsNet bool // net was made by New (and is closed by Close)

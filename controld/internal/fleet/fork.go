@@ -26,20 +26,16 @@ const entropyBytes = 64
 
 // ForkCheckpoint starts count replicas of a checkpoint concurrently and
 // reports each one's outcome; a replica that fails is removed completely.
-func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) ([]*controldv1.ForkReplica, error) {
+func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
 	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_ForkCheckpoint_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.ForkCheckpointResponse{} }, m.recoverFork(req),
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
-			reps, err := m.forkCheckpoint(ctx, req, requestTag(r))
-			if err != nil {
-				return nil, err
-			}
-			return &controldv1.ForkCheckpointResponse{Replicas: reps}, nil
+			return m.forkCheckpoint(ctx, req, requestTag(r))
 		})
 	if err != nil {
 		return nil, err
 	}
-	return resp.(*controldv1.ForkCheckpointResponse).GetReplicas(), nil
+	return resp.(*controldv1.ForkCheckpointResponse), nil
 }
 
 // recoverFork answers a repeated ForkCheckpoint whose first call left
@@ -53,7 +49,9 @@ func (m *Manager) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recov
 			return nil, false, nil
 		}
 		out := make([]*controldv1.ForkReplica, req.GetCount())
+		var ckID string
 		for _, sb := range tagged {
+			ckID = sb.rec.Sandbox.GetCheckpointId()
 			if err := rules.CheckFingerprint(key, fp, sb.rec.Request.Fingerprint); err != nil {
 				return nil, false, err
 			}
@@ -67,13 +65,13 @@ func (m *Manager) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recov
 					ErrorMessage: "replica lost: controld restarted before it was usable; fork again with a new request_id", Took: durationpb.New(0)}
 			}
 		}
-		return &controldv1.ForkCheckpointResponse{Replicas: out}, true, nil
+		return &controldv1.ForkCheckpointResponse{Replicas: out, CheckpointId: ckID}, true, nil
 	}
 }
 
-func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest, tag *store.RequestTag) ([]*controldv1.ForkReplica, error) {
+func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest, tag *store.RequestTag) (*controldv1.ForkCheckpointResponse, error) {
 	t0 := time.Now()
-	if err := rules.CheckpointRef("checkpoint_id", req.GetCheckpointId()); err != nil {
+	if err := rules.ForkSource(req); err != nil {
 		return nil, err
 	}
 	if err := rules.ForkCount("count", req.GetCount()); err != nil {
@@ -86,7 +84,12 @@ func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	if err != nil {
 		return nil, err
 	}
-	ck, err := m.findCheckpoint(req.GetCheckpointId())
+	var ck *store.CheckpointRecord
+	if ref := req.GetCheckpointReference(); ref != "" {
+		ck, err = m.remoteCheckpoint(ctx, ref)
+	} else {
+		ck, err = m.findCheckpoint(req.GetCheckpointId())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +126,7 @@ func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	for range n {
 		<-done
 	}
-	return out, nil
+	return &controldv1.ForkCheckpointResponse{Replicas: out, CheckpointId: ck.Checkpoint.Id}, nil
 }
 
 type forkParams struct {

@@ -90,7 +90,7 @@ func (r *restorePrecreating) hitCount() int {
 
 func forkOne(t *testing.T, e *env, ckID string) *controldv1.Sandbox {
 	t.Helper()
-	reps, err := e.m.ForkCheckpoint(context.Background(), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1})
+	reps, err := replicasOf(e.m.ForkCheckpoint(context.Background(), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,8 +44,8 @@ func TestLimitsDefaultsAndOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
-		Resources: &controldv1.Resources{PidsMax: 200}})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
+		Resources: &controldv1.Resources{PidsMax: 200}}))
 	if err != nil || reps[0].GetErrorMessage() != "" {
 		t.Fatalf("fork: %v %v", reps, err)
 	}
@@ -92,7 +92,7 @@ func TestAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4}))
 	if err != nil {
 		t.Fatal(err)
 	}

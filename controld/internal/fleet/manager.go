@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/singleflight"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -87,6 +88,10 @@ const loopBound = 20 * time.Second
 // lifecycle and the background work (readiness waits, TTL reaper, exit
 // watcher, pool replenishers). Safe for concurrent use.
 type Manager struct {
+	// pulls shares one pull and import per manifest digest among
+	// concurrent forks of a registry checkpoint.
+	pulls singleflight.Group
+
 	opts    Options
 	rt      runtime.Runtime
 	dialer  GuestDialer

@@ -367,7 +367,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 	if err := e.m.DeleteSandbox(ctx, src.Id); err != nil {
 		t.Fatal(err)
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3, Labels: map[string]string{"fork": "1"}})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3, Labels: map[string]string{"fork": "1"}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 		t.Fatalf("tree %d", len(tree))
 	}
 	// Disk-tier fork: marker verified, generation 2.
-	dreps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: child.Id, Count: 1})
+	dreps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: child.Id, Count: 1}))
 	if err != nil || dreps[0].ErrorCode != 0 || dreps[0].Sandbox.Generation != 2 {
 		t.Fatalf("disk fork: %v %v", dreps, err)
 	}
@@ -473,7 +473,7 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 		}
 		return nil
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestForkPartialFailureLeavesNothing(t *testing.T) {
 	e.rt.RestoreErr = func(runtime.BootSpec, runtime.CheckpointRef) error {
 		return errdefs.WithReason(errdefs.ErrUnavailable, "", "criu failed")
 	}
-	reps, _ = e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2})
+	reps, _ = replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2}))
 	for _, r := range reps {
 		if codes.Code(r.ErrorCode) != codes.Unavailable {
 			t.Fatalf("restore failure code %v", r.ErrorCode)
@@ -527,7 +527,7 @@ func TestForkOfAnimatingPagePassesPixelProof(t *testing.T) {
 			g.SetFrameHash([]byte("a different screen"))
 		}
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -747,4 +747,9 @@ func TestBootSpans(t *testing.T) {
 			t.Errorf("no %s span (have %v)", want, names)
 		}
 	}
+}
+
+// replicasOf is a ForkCheckpoint answer's replicas.
+func replicasOf(resp *controldv1.ForkCheckpointResponse, err error) ([]*controldv1.ForkReplica, error) {
+	return resp.GetReplicas(), err
 }

@@ -66,7 +66,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if ck.GetNetwork().GetMode() != egress {
 		t.Errorf("checkpoint network %v", ck.GetNetwork())
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2}))
 	if err != nil || reps[0].ErrorCode != 0 || reps[1].ErrorCode != 0 {
 		t.Fatalf("fork: %v %v", reps, err)
 	}
@@ -74,7 +74,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if ns.Spec.Mode != network.ModeEgress || ns.Policy.Deny[0].CIDR.String() != "192.0.2.0/24" {
 		t.Errorf("replica network %+v: want the source's mode and policy", ns)
 	}
-	reps, err = e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1, NetworkPolicy: denyPolicy("198.51.100.0/24")})
+	reps, err = replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1, NetworkPolicy: denyPolicy("198.51.100.0/24")}))
 	if err != nil || reps[0].ErrorCode != 0 {
 		t.Fatalf("fork with a policy: %v %v", reps, err)
 	}
@@ -104,7 +104,7 @@ func TestForkNetworkVerifier(t *testing.T) {
 			g.LoopbackDown = true
 		}
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 3}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,11 +149,11 @@ func TestCheckpointForkClaimRequestIDs(t *testing.T) {
 		t.Fatalf("checkpoint repeat: %v %v", again.GetId(), err)
 	}
 	forkReq := &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2, RequestId: "fork-1", Labels: map[string]string{"req": "fork"}}
-	reps, err := e.m.ForkCheckpoint(ctx, forkReq)
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, forkReq))
 	if err != nil || reps[0].ErrorCode != 0 || reps[1].ErrorCode != 0 {
 		t.Fatal(reps, err)
 	}
-	if again, err := e.m.ForkCheckpoint(ctx, forkReq); err != nil || again[0].Sandbox.Id != reps[0].Sandbox.Id || again[1].Sandbox.Id != reps[1].Sandbox.Id {
+	if again, err := replicasOf(e.m.ForkCheckpoint(ctx, forkReq)); err != nil || again[0].Sandbox.Id != reps[0].Sandbox.Id || again[1].Sandbox.Id != reps[1].Sandbox.Id {
 		t.Fatalf("fork repeat: %v %v", again, err)
 	}
 	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_Image{Image: "img:latest"}, Size: 1})
@@ -176,7 +176,7 @@ func TestCheckpointForkClaimRequestIDs(t *testing.T) {
 	if again, err := e.m.CreateCheckpoint(ctx, ckReq); err != nil || again.Id != ck.Id {
 		t.Fatalf("checkpoint after a crash: %v %v", again.GetId(), err)
 	}
-	again, err := e.m.ForkCheckpoint(ctx, forkReq)
+	again, err := replicasOf(e.m.ForkCheckpoint(ctx, forkReq))
 	if err != nil || again[0].GetSandbox().GetId() != reps[0].Sandbox.Id || again[1].GetSandbox().GetId() != reps[1].Sandbox.Id {
 		t.Fatalf("fork after a crash: %v %v", again, err)
 	}

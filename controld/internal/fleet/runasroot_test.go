@@ -31,7 +31,7 @@ func TestRunAsRoot(t *testing.T) {
 	if !ck.GetRunAsRoot() {
 		t.Fatal("the checkpoint of a root sandbox does not say so")
 	}
-	reps, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1})
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1}))
 	if err != nil || reps[0].GetErrorMessage() != "" {
 		t.Fatalf("fork: %v %v", reps, err)
 	}

@@ -26,3 +26,23 @@ type ExportResult struct {
 	Digest    string // of the image manifest
 	SizeBytes int64
 }
+
+// CheckpointRegistry is an optional Runtime extension next to
+// CheckpointExporter: a runtime that moves checkpoint images between its
+// content store and OCI registries implements it. Without it, push, pull
+// and forks of a checkpoint_reference fail with FailedPrecondition.
+type CheckpointRegistry interface {
+	// PushCheckpoint sends the exported image reference (in the content
+	// store) to the registry it names and returns the bytes sent: blobs
+	// the registry holds already are not sent again.
+	PushCheckpoint(ctx context.Context, reference string) (pushed int64, err error)
+	// ResolveCheckpoint returns the manifest digest reference denotes in
+	// its registry (one request).
+	ResolveCheckpoint(ctx context.Context, reference string) (digest string, err error)
+	// PullCheckpoint fetches the checkpoint image reference from its
+	// registry into the content store under the name local, every blob
+	// verified against its digest. It refuses, before fetching the bulk of
+	// it, a checkpoint whose CPU or kernel this host cannot restore
+	// (FailedPrecondition). An interrupted pull resumes where it stopped.
+	PullCheckpoint(ctx context.Context, reference, local string) (pulled int64, err error)
+}

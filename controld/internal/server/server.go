@@ -432,11 +432,7 @@ func (c checkpoints) DeleteCheckpoint(ctx context.Context, req *controldv1.Delet
 }
 
 func (c checkpoints) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
-	reps, err := c.h.mgr().ForkCheckpoint(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return &controldv1.ForkCheckpointResponse{Replicas: reps}, nil
+	return c.h.mgr().ForkCheckpoint(ctx, req)
 }
 
 func (c checkpoints) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
@@ -444,11 +440,7 @@ func (c checkpoints) ExportCheckpoint(ctx context.Context, req *controldv1.Expor
 }
 
 func (c checkpoints) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
-	ck, err := c.h.mgr().ImportCheckpoint(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return &controldv1.ImportCheckpointResponse{Checkpoint: ck}, nil
+	return c.h.mgr().ImportCheckpoint(ctx, req)
 }
 
 type pools struct {

@@ -87,6 +87,10 @@ type CheckpointRecord struct {
 	// Request names the CreateCheckpoint call with a request id that made
 	// it.
 	Request *RequestTag
+	// ImportedDigest is the manifest digest of the registry image a fork
+	// of a checkpoint_reference imported this checkpoint from: later forks
+	// of that digest reuse it.
+	ImportedDigest string `json:",omitempty"`
 }
 
 // PoolRecord is a warm pool.

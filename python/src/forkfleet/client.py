@@ -327,11 +327,26 @@ class AsyncClient:
         return await self._pages(self.checkpoint_service.ListCheckpoints, "checkpoints", timeout,
                                  lambda tok: pb.ListCheckpointsRequest(labels=dict(labels or {}), root_id=root, page_token=tok))
 
-    async def import_checkpoint(self, reference: str, *, timeout: float | None = None) -> "AsyncCheckpoint":
-        """Registers a checkpoint image written by :meth:`AsyncCheckpoint.export`."""
+    async def import_checkpoint(self, reference: str, *, pull: bool = False,
+                                timeout: float | None = None) -> "AsyncCheckpoint":
+        """Registers a checkpoint image written by :meth:`AsyncCheckpoint.export`;
+        with ``pull``, fetched first from the OCI registry the reference names."""
         r = await self._call(self.checkpoint_service.ImportCheckpoint,
-                             pb.ImportCheckpointRequest(reference=reference), timeout)
+                             pb.ImportCheckpointRequest(reference=reference, pull=pull), timeout)
         return AsyncCheckpoint(self, r.checkpoint.id, r.checkpoint)
+
+    async def fork_remote(self, reference: str, n: int, *, labels: Mapping[str, str] | None = None,
+                          ttl: Seconds | None = None, verify: Sequence[int] = (), resources: Any = None,
+                          network_policy: pb.NetworkPolicy | None = None, timeout: float | None = None,
+                          **fields: Any) -> "tuple[list[ForkResult], AsyncCheckpoint]":
+        """Forks n replicas of the checkpoint image ``reference`` in an OCI
+        registry (pushed by ``export(push=True)``): controld pulls and imports
+        it once per manifest digest and forks that import, returned with the
+        replicas."""
+        req = _fork_request(n, labels, ttl, verify, resources, network_policy, fields)
+        req.checkpoint_reference = reference
+        results, ck_id = await _fork(self, req, timeout)
+        return results, AsyncCheckpoint(self, ck_id)
 
     # ---- pools
 
@@ -530,29 +545,44 @@ class AsyncCheckpoint:
         """Starts n replicas concurrently (each with ``resources`` limits and
         ``network_policy`` when given). The error raised is the request's;
         each replica's own failure is in its ForkResult."""
-        if not 1 <= n <= 1 << 20:
-            raise errors.InvalidArgument(f"must be at least 1 (got {n})", field="count")
-        req = pb.ForkCheckpointRequest(checkpoint_id=self.id, count=n, labels=dict(labels or {}),
-                                       ttl=_duration(ttl), verify=list(verify), resources=_resources(resources),
-                                       network_policy=network_policy, **fields)
-        r = await self.client._call(self.client.checkpoint_service.ForkCheckpoint, req, timeout)
-        out = []
-        for i, rep in enumerate(r.replicas):
-            res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took))
-            if rep.error_code:
-                res.error = errors.from_code(rep.error_code, rep.error_message)
-            elif rep.HasField("sandbox"):
-                res.sandbox = AsyncSandbox(self.client, rep.sandbox.id, rep.sandbox, rep.endpoint)
-            else:
-                res.error = errors.Internal(f"client: fork replica {i}: neither sandbox nor error")
-            out.append(res)
-        return out
+        req = _fork_request(n, labels, ttl, verify, resources, network_policy, fields)
+        req.checkpoint_id = self.id
+        results, _ = await _fork(self.client, req, timeout)
+        return results
 
-    async def export(self, reference: str, *, timeout: float | None = None) -> pb.ExportCheckpointResponse:
+    async def export(self, reference: str, *, push: bool = False,
+                     timeout: float | None = None) -> pb.ExportCheckpointResponse:
         """Writes the checkpoint as an OCI image named reference into
-        controld's containerd content store."""
+        controld's containerd content store; with ``push``, also pushes it to
+        the OCI registry the reference names (only blobs it lacks are sent)."""
         return await self.client._call(self.client.checkpoint_service.ExportCheckpoint,
-                                       pb.ExportCheckpointRequest(id=self.id, reference=reference), timeout)
+                                       pb.ExportCheckpointRequest(id=self.id, reference=reference, push=push), timeout)
+
+
+def _fork_request(n: int, labels: Mapping[str, str] | None, ttl: Seconds | None, verify: Sequence[int],
+                  resources: Any, network_policy: pb.NetworkPolicy | None,
+                  fields: Mapping[str, Any]) -> pb.ForkCheckpointRequest:
+    if not 1 <= n <= 1 << 20:
+        raise errors.InvalidArgument(f"must be at least 1 (got {n})", field="count")
+    return pb.ForkCheckpointRequest(count=n, labels=dict(labels or {}), ttl=_duration(ttl), verify=list(verify),
+                                    resources=_resources(resources), network_policy=network_policy, **fields)
+
+
+async def _fork(client: "AsyncClient", req: pb.ForkCheckpointRequest,
+                timeout: float | None) -> "tuple[list[ForkResult], str]":
+    """Sends a ForkCheckpoint request: its replicas and the checkpoint forked."""
+    r = await client._call(client.checkpoint_service.ForkCheckpoint, req, timeout)
+    out = []
+    for i, rep in enumerate(r.replicas):
+        res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took))
+        if rep.error_code:
+            res.error = errors.from_code(rep.error_code, rep.error_message)
+        elif rep.HasField("sandbox"):
+            res.sandbox = AsyncSandbox(client, rep.sandbox.id, rep.sandbox, rep.endpoint)
+        else:
+            res.error = errors.Internal(f"client: fork replica {i}: neither sandbox nor error")
+        out.append(res)
+    return out, r.checkpoint_id
 
 
 class Client(_sync.SyncProxy):

@@ -2931,8 +2931,10 @@ func (x *DeleteCheckpointResponse) GetDeletedIds() []string {
 }
 
 type ForkCheckpointRequest struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	CheckpointId string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checkpoint to fork: an id or a name here. Empty when
+	// checkpoint_reference is set.
+	CheckpointId string `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	// 1..64.
 	Count  uint32               `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	Labels map[string]string    `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -2948,9 +2950,14 @@ type ForkCheckpointRequest struct {
 	NetworkPolicy *NetworkPolicy `protobuf:"bytes,7,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
 	// Makes the call idempotent (see CreateSandboxRequest.request_id): a
 	// repeat returns the same replicas.
-	RequestId     string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// A checkpoint image in an OCI registry (written by ExportCheckpoint with
+	// push), instead of checkpoint_id: controld resolves it to its manifest
+	// digest, pulls and imports it once (concurrent forks of one digest share
+	// the pull; later ones reuse the import) and forks the local checkpoint.
+	CheckpointReference string `protobuf:"bytes,9,opt,name=checkpoint_reference,json=checkpointReference,proto3" json:"checkpoint_reference,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ForkCheckpointRequest) Reset() {
@@ -3035,6 +3042,13 @@ func (x *ForkCheckpointRequest) GetNetworkPolicy() *NetworkPolicy {
 func (x *ForkCheckpointRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForkCheckpointRequest) GetCheckpointReference() string {
+	if x != nil {
+		return x.CheckpointReference
 	}
 	return ""
 }
@@ -3128,8 +3142,11 @@ func (x *ForkReplica) GetTook() *durationpb.Duration {
 }
 
 type ForkCheckpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Replicas      []*ForkReplica         `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Replicas []*ForkReplica         `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The local checkpoint forked (the import of checkpoint_reference when
+	// that was given).
+	CheckpointId  string `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3171,11 +3188,22 @@ func (x *ForkCheckpointResponse) GetReplicas() []*ForkReplica {
 	return nil
 }
 
+func (x *ForkCheckpointResponse) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
 type ExportCheckpointRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The image name to write, e.g. "registry.example/forkfleet/ck:v1".
-	Reference     string `protobuf:"bytes,2,opt,name=reference,proto3" json:"reference,omitempty"`
+	Reference string `protobuf:"bytes,2,opt,name=reference,proto3" json:"reference,omitempty"`
+	// Also push the image to the registry the reference names (docker
+	// config.json credentials; plain HTTP only to loopback or to hosts
+	// controld's config allows). Only blobs the registry lacks are sent.
+	Push          bool `protobuf:"varint,3,opt,name=push,proto3" json:"push,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3224,11 +3252,21 @@ func (x *ExportCheckpointRequest) GetReference() string {
 	return ""
 }
 
+func (x *ExportCheckpointRequest) GetPush() bool {
+	if x != nil {
+		return x.Push
+	}
+	return false
+}
+
 type ExportCheckpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reference     string                 `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Reference string                 `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	Digest    string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Bytes sent to the registry when pushing (blobs it already held cost
+	// nothing).
+	PushedBytes   int64 `protobuf:"varint,4,opt,name=pushed_bytes,json=pushedBytes,proto3" json:"pushed_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3284,11 +3322,23 @@ func (x *ExportCheckpointResponse) GetSizeBytes() int64 {
 	return 0
 }
 
+func (x *ExportCheckpointResponse) GetPushedBytes() int64 {
+	if x != nil {
+		return x.PushedBytes
+	}
+	return 0
+}
+
 type ImportCheckpointRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// An image name in controld's containerd namespace written by
-	// ExportCheckpoint (here or on another host).
-	Reference     string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	// ExportCheckpoint (here or on another host), or with pull a reference
+	// in a registry (by tag or @sha256 digest).
+	Reference string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	// Pull the image from its registry first (blobs already here are not
+	// fetched again; an interrupted pull resumes). The checkpoint's CPU and
+	// kernel are checked against this host before the bulk of it is fetched.
+	Pull          bool `protobuf:"varint,2,opt,name=pull,proto3" json:"pull,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3330,9 +3380,18 @@ func (x *ImportCheckpointRequest) GetReference() string {
 	return ""
 }
 
+func (x *ImportCheckpointRequest) GetPull() bool {
+	if x != nil {
+		return x.Pull
+	}
+	return false
+}
+
 type ImportCheckpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// Bytes fetched from the registry when pulling.
+	PulledBytes   int64 `protobuf:"varint,2,opt,name=pulled_bytes,json=pulledBytes,proto3" json:"pulled_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3372,6 +3431,13 @@ func (x *ImportCheckpointResponse) GetCheckpoint() *Checkpoint {
 		return x.Checkpoint
 	}
 	return nil
+}
+
+func (x *ImportCheckpointResponse) GetPulledBytes() int64 {
+	if x != nil {
+		return x.PulledBytes
+	}
+	return 0
 }
 
 type Pool struct {
@@ -5306,7 +5372,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\acascade\x18\x02 \x01(\bR\acascade\";\n" +
 	"\x18DeleteCheckpointResponse\x12\x1f\n" +
 	"\vdeleted_ids\x18\x01 \x03(\tR\n" +
-	"deletedIds\"\xf4\x03\n" +
+	"deletedIds\"\xa7\x04\n" +
 	"\x15ForkCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12P\n" +
@@ -5316,7 +5382,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\tresources\x18\x06 \x01(\v2 .forkfleet.controld.v1.ResourcesR\tresources\x12K\n" +
 	"\x0enetwork_policy\x18\a \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\rnetworkPolicy\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\b \x01(\tR\trequestId\x1a9\n" +
+	"request_id\x18\b \x01(\tR\trequestId\x121\n" +
+	"\x14checkpoint_reference\x18\t \x01(\tR\x13checkpointReference\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
@@ -5327,23 +5394,28 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"error_code\x18\x03 \x01(\x05R\terrorCode\x12#\n" +
 	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12G\n" +
 	"\fverification\x18\x05 \x03(\v2#.forkfleet.controld.v1.VerifyResultR\fverification\x12-\n" +
-	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\"X\n" +
+	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\"}\n" +
 	"\x16ForkCheckpointResponse\x12>\n" +
-	"\breplicas\x18\x01 \x03(\v2\".forkfleet.controld.v1.ForkReplicaR\breplicas\"G\n" +
+	"\breplicas\x18\x01 \x03(\v2\".forkfleet.controld.v1.ForkReplicaR\breplicas\x12#\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"[\n" +
 	"\x17ExportCheckpointRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
-	"\treference\x18\x02 \x01(\tR\treference\"o\n" +
+	"\treference\x18\x02 \x01(\tR\treference\x12\x12\n" +
+	"\x04push\x18\x03 \x01(\bR\x04push\"\x92\x01\n" +
 	"\x18ExportCheckpointResponse\x12\x1c\n" +
 	"\treference\x18\x01 \x01(\tR\treference\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"7\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12!\n" +
+	"\fpushed_bytes\x18\x04 \x01(\x03R\vpushedBytes\"K\n" +
 	"\x17ImportCheckpointRequest\x12\x1c\n" +
-	"\treference\x18\x01 \x01(\tR\treference\"]\n" +
+	"\treference\x18\x01 \x01(\tR\treference\x12\x12\n" +
+	"\x04pull\x18\x02 \x01(\bR\x04pull\"\x80\x01\n" +
 	"\x18ImportCheckpointResponse\x12A\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2!.forkfleet.controld.v1.CheckpointR\n" +
-	"checkpoint\"\x9c\x04\n" +
+	"checkpoint\x12!\n" +
+	"\fpulled_bytes\x18\x02 \x01(\x03R\vpulledBytes\"\x9c\x04\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +

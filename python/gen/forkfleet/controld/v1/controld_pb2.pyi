@@ -306,22 +306,26 @@ class Endpoint(_message.Message):
     def __init__(self, url: _Optional[str] = ..., token: _Optional[str] = ..., unix_path: _Optional[str] = ..., unix_pid_start: _Optional[int] = ...) -> None: ...
 
 class ExportCheckpointRequest(_message.Message):
-    __slots__ = ["id", "reference"]
+    __slots__ = ["id", "push", "reference"]
     ID_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
+    push: bool
     reference: str
-    def __init__(self, id: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., reference: _Optional[str] = ..., push: bool = ...) -> None: ...
 
 class ExportCheckpointResponse(_message.Message):
-    __slots__ = ["digest", "reference", "size_bytes"]
+    __slots__ = ["digest", "pushed_bytes", "reference", "size_bytes"]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     digest: str
+    pushed_bytes: int
     reference: str
     size_bytes: int
-    def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., pushed_bytes: _Optional[int] = ...) -> None: ...
 
 class ExposePortRequest(_message.Message):
     __slots__ = ["port", "sandbox_id"]
@@ -354,7 +358,7 @@ class ExtendSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "count", "labels", "network_policy", "request_id", "resources", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "checkpoint_reference", "count", "labels", "network_policy", "request_id", "resources", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +367,7 @@ class ForkCheckpointRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +376,7 @@ class ForkCheckpointRequest(_message.Message):
     TTL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
+    checkpoint_reference: str
     count: int
     labels: _containers.ScalarMap[str, str]
     network_policy: NetworkPolicy
@@ -378,13 +384,15 @@ class ForkCheckpointRequest(_message.Message):
     resources: Resources
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., checkpoint_reference: _Optional[str] = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
-    __slots__ = ["replicas"]
+    __slots__ = ["checkpoint_id", "replicas"]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
     replicas: _containers.RepeatedCompositeFieldContainer[ForkReplica]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ForkReplica, _Mapping]]] = ...) -> None: ...
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ForkReplica, _Mapping]]] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class ForkReplica(_message.Message):
     __slots__ = ["endpoint", "error_code", "error_message", "sandbox", "took", "verification"]
@@ -481,16 +489,20 @@ class GetSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class ImportCheckpointRequest(_message.Message):
-    __slots__ = ["reference"]
+    __slots__ = ["pull", "reference"]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    pull: bool
     reference: str
-    def __init__(self, reference: _Optional[str] = ...) -> None: ...
+    def __init__(self, reference: _Optional[str] = ..., pull: bool = ...) -> None: ...
 
 class ImportCheckpointResponse(_message.Message):
-    __slots__ = ["checkpoint"]
+    __slots__ = ["checkpoint", "pulled_bytes"]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PULLED_BYTES_FIELD_NUMBER: _ClassVar[int]
     checkpoint: Checkpoint
-    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+    pulled_bytes: int
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
 
 class LimitReached(_message.Message):
     __slots__ = ["count", "first_at", "last_at", "limit", "message"]

@@ -1,0 +1,330 @@
+package app_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
+)
+
+// blobProxy sits between controld and a real registry on loopback: it
+// counts the bytes of each blob it serves and the ranges asked for, and can
+// serve one blob with a byte changed (alter), or cut its connection midway
+// and then answer 503 for it (cut: a registry gone mid-transfer, beyond
+// the reconnects containerd's fetcher makes by itself).
+type blobProxy struct {
+	rp *httputil.ReverseProxy
+
+	mu       sync.Mutex
+	alter    string // digest served with one byte flipped
+	cut      string // digest whose next GET is cut after cutAfter bytes
+	cutAfter int64
+	down     string // digest answered 503 (after its cut)
+	served   map[string]int64
+	ranges   map[string][]string
+}
+
+func newBlobProxy(registry string) *blobProxy {
+	p := &blobProxy{served: map[string]int64{}, ranges: map[string][]string{}}
+	p.rp = &httputil.ReverseProxy{
+		// The Host header stays the proxy's, so the registry's upload
+		// locations point back here.
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host = "http", registry
+			r.Out.Host = r.In.Host
+		},
+		Transport: &http.Transport{Proxy: nil},
+		ModifyResponse: func(resp *http.Response) error {
+			dg := blobDigest(resp.Request)
+			if dg == "" || resp.StatusCode/100 != 2 {
+				return nil
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.ranges[dg] = append(p.ranges[dg], resp.Request.Header.Get("Range"))
+			b := &proxyBody{ReadCloser: resp.Body, p: p, dg: dg, limit: -1}
+			if dg == p.alter {
+				b.flipAt = 0
+			} else {
+				b.flipAt = -1
+			}
+			if dg == p.cut {
+				b.limit, p.cut, p.down = p.cutAfter, "", dg
+			}
+			resp.Body = b
+			return nil
+		},
+	}
+	return p
+}
+
+func (p *blobProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	down := p.down != "" && blobDigest(r) == p.down
+	p.mu.Unlock()
+	if down {
+		http.Error(w, "registry down", http.StatusServiceUnavailable)
+		return
+	}
+	p.rp.ServeHTTP(w, r)
+}
+
+// reset clears the counters and sets what to alter or cut next.
+func (p *blobProxy) reset(alter, cut string, cutAfter int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.alter, p.cut, p.cutAfter, p.down = alter, cut, cutAfter, ""
+	p.served, p.ranges = map[string]int64{}, map[string][]string{}
+}
+
+func (p *blobProxy) stats() (map[string]int64, map[string][]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, r := map[string]int64{}, map[string][]string{}
+	for k, v := range p.served {
+		s[k] = v
+	}
+	for k, v := range p.ranges {
+		r[k] = append([]string(nil), v...)
+	}
+	return s, r
+}
+
+// blobDigest is the digest of a blob GET, "" for anything else.
+func blobDigest(r *http.Request) string {
+	if r.Method != http.MethodGet {
+		return ""
+	}
+	_, dg, ok := strings.Cut(r.URL.Path, "/blobs/")
+	if !ok || strings.Contains(dg, "/") {
+		return ""
+	}
+	return dg
+}
+
+type proxyBody struct {
+	io.ReadCloser
+	p      *blobProxy
+	dg     string
+	n      int64
+	flipAt int64 // byte offset to flip; -1: none
+	limit  int64 // bytes before the connection is cut; -1: none
+}
+
+func (b *proxyBody) Read(buf []byte) (int, error) {
+	if b.limit >= 0 && b.n >= b.limit {
+		// ReverseProxy aborts the response on a body error: the client
+		// sees its connection closed mid-blob.
+		return 0, errors.New("blobProxy: connection cut")
+	}
+	if b.limit >= 0 && int64(len(buf)) > b.limit-b.n {
+		buf = buf[:b.limit-b.n]
+	}
+	n, err := b.ReadCloser.Read(buf)
+	if b.flipAt >= b.n && b.flipAt < b.n+int64(n) {
+		buf[b.flipAt-b.n] ^= 0xff
+	}
+	b.n += int64(n)
+	b.p.mu.Lock()
+	b.p.served[b.dg] += int64(n)
+	b.p.mu.Unlock()
+	return n, err
+}
+
+// TestRealStackRegistry moves a memory checkpoint through a real registry
+// (Debian's docker-registry on loopback, behind blobProxy): push (a second
+// push sends nothing), a pull of altered bytes refused, a pull cut midway
+// resumed without fetching again what it had, and forks of the registry
+// reference (two at once: one pull) passing every verification level.
+func TestRealStackRegistry(t *testing.T) {
+	s := newStackIn(t, "forkfleet-registry-it")
+	ctx := s.ctx
+	proxy := newBlobProxy(testenv.Registry(t))
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	if h, _, _ := net.SplitHostPort(host); h != "127.0.0.1" {
+		t.Fatalf("proxy on %s, want loopback", host)
+	}
+	s.launch(0)
+	var created, cks []string
+	t.Cleanup(func() {
+		for _, id := range created {
+			s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: id})
+		}
+		for _, id := range cks {
+			s.ckc.DeleteCheckpoint(ctx, &controldv1.DeleteCheckpointRequest{Id: id, Cascade: true})
+		}
+	})
+
+	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	created = append(created, cr.Sandbox.Id)
+	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id})
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	cks = append(cks, ck.Checkpoint.Id)
+
+	// Push: the checkpoint's own blobs, compressed; again: nothing.
+	ref := host + "/forkfleet/registry-it:v1"
+	ex, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: ref, Push: true})
+	if err != nil {
+		t.Fatalf("export and push: %v", err)
+	}
+	dumped := ck.Checkpoint.MemoryBytes + ck.Checkpoint.LayerBytes
+	t.Logf("pushed %d B of a %d B image (dumped %d B)", ex.PushedBytes, ex.SizeBytes, dumped)
+	if ex.PushedBytes <= 0 || ex.PushedBytes > ex.SizeBytes {
+		t.Fatalf("pushed %d B of a %d B image", ex.PushedBytes, ex.SizeBytes)
+	}
+	again, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: ref, Push: true})
+	if err != nil || again.PushedBytes != 0 || again.Digest != ex.Digest {
+		t.Fatalf("second push: %v, sent %d B (digest %s, first %s)", err, again.GetPushedBytes(), again.GetDigest(), ex.Digest)
+	}
+
+	// The registry's manifest: which blob is the CRIU images.
+	manifest := registryManifest(t, host, "forkfleet/registry-it", "v1")
+	criu := manifest.Layers[0]
+	if !strings.HasSuffix(criu.MediaType, "+zstd") {
+		t.Fatalf("CRIU layer media type %s, want zstd", criu.MediaType)
+	}
+
+	// Nothing of the image stays in this containerd: a pull fetches it all.
+	nsCtx := namespaces.WithNamespace(ctx, s.cfg.Containerd.Namespace)
+	if err := s.rt.Client().ImageService().Delete(nsCtx, ref, images.SynchronousDelete()); err != nil {
+		t.Fatalf("delete local image: %v", err)
+	}
+
+	// A registry serving other bytes than the digest names is refused.
+	proxy.reset(criu.Digest.String(), "", 0)
+	_, err = s.ckc.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Reference: ref, Pull: true})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "DIGEST_MISMATCH") && !strings.Contains(err.Error(), "does not match its digest") {
+		t.Fatalf("pull of altered bytes: %v, want FAILED_PRECONDITION digest mismatch", err)
+	}
+
+	// Cut midway, then resumed: the retry fetches the rest of the cut blob
+	// (a range request) and nothing it had.
+	proxy.reset("", criu.Digest.String(), criu.Size/2)
+	if _, err := s.ckc.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Reference: ref, Pull: true}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("pull with its connection cut: %v, want UNAVAILABLE", err)
+	} else {
+		t.Logf("cut pull: %v", err)
+	}
+	first, _ := proxy.stats()
+	proxy.reset("", "", 0)
+	im, err := s.ckc.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Reference: ref, Pull: true})
+	if err != nil {
+		t.Fatalf("resumed pull: %v", err)
+	}
+	cks = append(cks, im.Checkpoint.Id)
+	second, ranges := proxy.stats()
+	t.Logf("cut pass served %v; resumed pass served %v, ranges %v; pulled %d B", first, second, ranges, im.PulledBytes)
+	if got := second[criu.Digest.String()]; got <= 0 || got > criu.Size-criu.Size/2 {
+		t.Errorf("resumed pull fetched %d B of the cut blob (%d B, cut at %d)", got, criu.Size, criu.Size/2)
+	}
+	if rs := ranges[criu.Digest.String()]; len(rs) != 1 || !strings.HasPrefix(rs[0], "bytes=") || strings.HasPrefix(rs[0], "bytes=0-") {
+		t.Errorf("resumed pull asked the cut blob with ranges %q, want one from its offset", rs)
+	}
+	for dg, n := range second {
+		if dg != criu.Digest.String() && first[dg] > 0 {
+			t.Errorf("resumed pull fetched %s again (%d B)", dg, n)
+		}
+	}
+	if im.Checkpoint.MemoryBytes != ck.Checkpoint.MemoryBytes || im.Checkpoint.Tier != ck.Checkpoint.Tier {
+		t.Errorf("imported %v, pushed %v", im.Checkpoint, ck.Checkpoint)
+	}
+
+	// Two forks of the registry reference at once: one pull and import,
+	// every level verified on each replica.
+	type forkOut struct {
+		resp *controldv1.ForkCheckpointResponse
+		err  error
+	}
+	outs := make(chan forkOut, 2)
+	for range 2 {
+		go func() {
+			r, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: 1})
+			outs <- forkOut{r, err}
+		}()
+	}
+	var remoteCk string
+	for range 2 {
+		o := <-outs
+		if o.err != nil {
+			t.Fatalf("fork of %s: %v", ref, o.err)
+		}
+		if remoteCk == "" {
+			remoteCk = o.resp.CheckpointId
+			cks = append(cks, remoteCk)
+		} else if o.resp.CheckpointId != remoteCk {
+			t.Errorf("concurrent forks of one reference forked %s and %s: two pulls", remoteCk, o.resp.CheckpointId)
+		}
+		checkReplicas(t, o.resp, &created)
+	}
+	if remoteCk == im.Checkpoint.Id || remoteCk == "" {
+		t.Errorf("fork of the reference forked %q", remoteCk)
+	}
+	later, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: 1})
+	if err != nil {
+		t.Fatalf("second fork of %s: %v", ref, err)
+	}
+	checkReplicas(t, later, &created)
+	if later.CheckpointId != remoteCk {
+		t.Errorf("a later fork of the reference forked %s, want the cached %s", later.CheckpointId, remoteCk)
+	}
+}
+
+// checkReplicas fails t unless every replica is usable and passed all four
+// verification levels.
+func checkReplicas(t *testing.T, resp *controldv1.ForkCheckpointResponse, created *[]string) {
+	t.Helper()
+	for i, r := range resp.Replicas {
+		if r.ErrorCode != 0 {
+			t.Fatalf("replica %d failed (%d): %s", i, r.ErrorCode, r.ErrorMessage)
+		}
+		*created = append(*created, r.Sandbox.Id)
+		if len(r.Verification) != 4 {
+			t.Errorf("replica %d verified %d levels, want 4 (marker, memory, pixels, network)", i, len(r.Verification))
+		}
+		for _, v := range r.Verification {
+			if !v.Ok {
+				t.Errorf("replica %d: %s: %s", i, v.Level, v.Detail)
+			}
+		}
+	}
+}
+
+// registryManifest reads an image manifest straight from a registry.
+func registryManifest(t *testing.T, host, repo, tag string) ocispec.Manifest {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v2/%s/manifests/%s", host, repo, tag), nil)
+	req.Header.Set("Accept", ocispec.MediaTypeImageManifest)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m ocispec.Manifest
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || len(m.Layers) < 2 {
+		t.Fatalf("manifest of %s/%s:%s: %v (%d layers)", host, repo, tag, err, len(m.Layers))
+	}
+	return m
+}

@@ -1,0 +1,403 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	remoteerrors "github.com/containerd/containerd/v2/core/remotes/errors"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	"github.com/distribution/reference"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+)
+
+// Checkpoint images move between hosts through OCI registries with
+// containerd's own remotes (core/remotes/docker): the exported image is
+// pushed from the content store, and pulled back into it blob by blob,
+// each blob committed only when its bytes match its digest.
+
+// RegistryConfig says how controld reaches registries.
+type RegistryConfig struct {
+	// DockerConfig is the docker config.json holding credentials
+	// (DefaultDockerConfig when empty).
+	DockerConfig string
+	// PlainHTTP lists registries (host[:port]) reached over plain HTTP;
+	// loopback registries always are. Any other registry is HTTPS only.
+	PlainHTTP []string
+}
+
+var _ runtime.CheckpointRegistry = (*Runtime)(nil)
+
+const (
+	// pullLeaseExpiry keeps the blobs of an interrupted pull that long, so
+	// a retry resumes instead of starting over.
+	pullLeaseExpiry = time.Hour
+	pullLeasePrefix = "forkfleet-pull-"
+	// registryParallel bounds the blobs moved at once.
+	registryParallel = 4
+	// registryHTTPTimeout bounds connecting and the headers of a registry
+	// answer (bodies are as long as the blob takes).
+	registryHTTPTimeout = 30 * time.Second
+)
+
+// registryHosts is the resolver's host configuration: the scheme (plain
+// HTTP only for loopback or allowed hosts), the credentials and one HTTP
+// client.
+func (r *Runtime) registryHosts(host string) ([]docker.RegistryHost, error) {
+	cfg := r.cfg.Registry
+	path := cfg.DockerConfig
+	if path == "" {
+		path = DefaultDockerConfig()
+	}
+	client := r.registryClient()
+	scheme := "https"
+	if plainHTTPAllowed(host, cfg.PlainHTTP) {
+		scheme = "http"
+	}
+	h := host
+	if h == "docker.io" {
+		h = "registry-1.docker.io"
+	}
+	return []docker.RegistryHost{{
+		Client:       client,
+		Authorizer:   docker.NewDockerAuthorizer(docker.WithAuthClient(client), docker.WithAuthCreds(registryCreds(path))),
+		Host:         h,
+		Scheme:       scheme,
+		Path:         "/v2",
+		Capabilities: docker.HostCapabilityPull | docker.HostCapabilityResolve | docker.HostCapabilityPush,
+	}}, nil
+}
+
+func (r *Runtime) registryClient() *http.Client {
+	r.regOnce.Do(func() {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.Proxy = nil // the host's registries, not whatever proxy the environment names
+		tr.ResponseHeaderTimeout = registryHTTPTimeout
+		tr.DialContext = (&net.Dialer{Timeout: registryHTTPTimeout, KeepAlive: 30 * time.Second}).DialContext
+		r.regClient = &http.Client{Transport: tr}
+	})
+	return r.regClient
+}
+
+// plainHTTPAllowed reports whether host (host[:port]) may be reached over
+// plain HTTP: a loopback name or address, or a host listed in allowed.
+func plainHTTPAllowed(host string, allowed []string) bool {
+	if slices.Contains(allowed, host) {
+		return true
+	}
+	h := host
+	if sh, _, err := net.SplitHostPort(host); err == nil {
+		h = sh
+	}
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func (r *Runtime) resolver() remotes.Resolver {
+	return docker.NewResolver(docker.ResolverOptions{Hosts: r.registryHosts})
+}
+
+// registryErr classifies a registry failure with errdefs classes: an
+// HTTPS request answered in plain HTTP is refused by name.
+func registryErr(ref string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// net/http's own wording for an HTTP answer to a TLS hello: the only
+	// sign of a registry that speaks plain HTTP.
+	if strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
+		host := ref
+		if n, perr := reference.ParseNamed(ref); perr == nil {
+			host = reference.Domain(n)
+		}
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "PLAIN_HTTP_REFUSED",
+			"registry %s speaks plain HTTP: allowed only for loopback registries or those listed in controld's registry.plain_http", host)
+	}
+	var ue remoteerrors.ErrUnexpectedStatus
+	if errors.As(err, &ue) {
+		switch ue.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return fmt.Errorf("%s: %w: %v", ref, errdefs.ErrPermissionDenied, err)
+		case http.StatusNotFound:
+			return fmt.Errorf("%s: %w: %v", ref, errdefs.ErrNotFound, err)
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: %w: %v", ref, errdefs.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", ref, convertErr(err))
+}
+
+// PushCheckpoint pushes the exported image reference to its registry: the
+// manifest's blobs first, those the registry lacks only, then the
+// manifest. The base image's layers are named in annotations, never
+// pushed. It returns the bytes of the blobs sent.
+func (r *Runtime) PushCheckpoint(ctx context.Context, ref string) (int64, error) {
+	if err := validateReference("reference", ref); err != nil {
+		return 0, err
+	}
+	ctx = r.ctx(ctx)
+	img, err := r.client.ImageService().Get(ctx, ref)
+	if err != nil {
+		return 0, fmt.Errorf("image %s: %w", ref, convertErr(err))
+	}
+	pushRef := ref
+	if !strings.Contains(ref, "@") {
+		pushRef = ref + "@" + img.Target.Digest.String()
+	}
+	pusher, err := r.resolver().Pusher(ctx, pushRef)
+	if err != nil {
+		return 0, registryErr(ref, err)
+	}
+	p := &countingPusher{Pusher: pusher}
+	if err := remotes.PushContent(ctx, p, img.Target, r.client.ContentStore(), semaphore.NewWeighted(registryParallel), platforms.All, nil); err != nil {
+		return p.n.Load(), registryErr(ref, err)
+	}
+	return p.n.Load(), nil
+}
+
+// countingPusher counts the bytes written to the registry (blobs it
+// already has get no writer).
+type countingPusher struct {
+	remotes.Pusher
+	n atomic.Int64
+}
+
+func (p *countingPusher) Push(ctx context.Context, d ocispec.Descriptor) (content.Writer, error) {
+	w, err := p.Pusher.Push(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &countingContentWriter{Writer: w, n: &p.n}, nil
+}
+
+type countingContentWriter struct {
+	content.Writer
+	n *atomic.Int64
+}
+
+func (c *countingContentWriter) Write(b []byte) (int, error) {
+	n, err := c.Writer.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// ResolveCheckpoint returns the manifest digest ref names in its registry.
+func (r *Runtime) ResolveCheckpoint(ctx context.Context, ref string) (string, error) {
+	if err := validateReference("reference", ref); err != nil {
+		return "", err
+	}
+	_, desc, err := r.resolver().Resolve(r.ctx(ctx), ref)
+	if err != nil {
+		return "", registryErr(ref, err)
+	}
+	if desc.MediaType != ocispec.MediaTypeImageManifest {
+		return "", notCheckpointImage(ref, "media type %s", desc.MediaType)
+	}
+	return desc.Digest.String(), nil
+}
+
+// PullCheckpoint fetches the checkpoint image ref into the content store
+// as the image named local. It fetches the manifest and the metadata blob,
+// refuses a checkpoint this host cannot restore (checkRestorable), then
+// fetches the rest. Blobs already in the store are not fetched again; the
+// blobs of an interrupted pull stay under a lease for pullLeaseExpiry and
+// a retry resumes a partial blob with a range request.
+func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (int64, error) {
+	if err := validateReference("reference", ref); err != nil {
+		return 0, err
+	}
+	if err := validateReference("local", local); err != nil {
+		return 0, err
+	}
+	ctx = r.ctx(ctx)
+	resolver := r.resolver()
+	name, target, err := resolver.Resolve(ctx, ref)
+	if err != nil {
+		return 0, registryErr(ref, err)
+	}
+	if target.MediaType != ocispec.MediaTypeImageManifest {
+		return 0, notCheckpointImage(ref, "media type %s", target.MediaType)
+	}
+	if target.Size > maxManifestBytes {
+		return 0, notCheckpointImage(ref, "manifest of %d bytes", target.Size)
+	}
+	fetcher, err := resolver.Fetcher(ctx, name)
+	if err != nil {
+		return 0, registryErr(ref, err)
+	}
+	ctx, err = r.pullLease(ctx, target)
+	if err != nil {
+		return 0, err
+	}
+	cs := r.client.ContentStore()
+	f := &countingFetcher{Fetcher: fetcher}
+	fetch := func(ctx context.Context, d ocispec.Descriptor) error { return r.fetchBlob(ctx, cs, f, ref, d) }
+
+	// The manifest and the metadata first: small, and all the restore
+	// check needs.
+	if err := fetch(ctx, target); err != nil {
+		return f.n.Load(), err
+	}
+	mb, err := content.ReadBlob(ctx, cs, target)
+	if err != nil {
+		return f.n.Load(), blobErr(ref, "manifest", err)
+	}
+	ck, err := parseCheckpointManifest(ref, mb)
+	if err != nil {
+		return f.n.Load(), err
+	}
+	md := ck.manifest.Layers[len(ck.manifest.Layers)-1]
+	if md.Size > maxMetaBytes {
+		return f.n.Load(), notCheckpointImage(ref, "metadata of %d bytes", md.Size)
+	}
+	if err := fetch(ctx, md); err != nil {
+		return f.n.Load(), err
+	}
+	if ck, err = readCheckpointImage(ctx, cs, ref, target); err != nil {
+		return f.n.Load(), err
+	}
+	if err := checkRestorable(ctx, ref, ck); err != nil {
+		return f.n.Load(), err
+	}
+
+	// The bulk, a few blobs at a time.
+	rest := append([]ocispec.Descriptor{ck.manifest.Config}, ck.manifest.Layers[:len(ck.manifest.Layers)-1]...)
+	sem := semaphore.NewWeighted(registryParallel)
+	if err := images.Dispatch(ctx, images.HandlerFunc(func(ctx context.Context, d ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		return nil, fetch(ctx, d)
+	}), sem, rest...); err != nil {
+		return f.n.Load(), err
+	}
+
+	// The manifest's gc references keep its blobs once the lease is gone
+	// (as export writes them).
+	labels := map[string]string{gcRefContentPrefix + "config": ck.manifest.Config.Digest.String()}
+	for i, l := range ck.manifest.Layers {
+		labels[gcRefContentPrefix+"l."+strconv.Itoa(i)] = l.Digest.String()
+	}
+	paths := make([]string, 0, len(labels))
+	for k := range labels {
+		paths = append(paths, "labels."+k)
+	}
+	if _, err := cs.Update(ctx, content.Info{Digest: target.Digest, Labels: labels}, paths...); err != nil {
+		return f.n.Load(), fmt.Errorf("label manifest: %w", convertErr(err))
+	}
+	is := r.client.ImageService()
+	img := images.Image{Name: local, Target: target}
+	if _, err := is.Create(ctx, img); err != nil {
+		if !cerrdefs.IsAlreadyExists(err) {
+			return f.n.Load(), fmt.Errorf("image %s: %w", local, convertErr(err))
+		}
+		if _, err := is.Update(ctx, img, "target", "labels"); err != nil {
+			return f.n.Load(), fmt.Errorf("image %s: %w", local, convertErr(err))
+		}
+	}
+	// Complete: the image record holds the blobs now.
+	if l, ok := leases.FromContext(ctx); ok {
+		r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
+	}
+	return f.n.Load(), nil
+}
+
+// pullLease returns ctx under the lease of pulls of target: one per
+// manifest digest, kept (until it expires) when the pull fails so that
+// its finished and partial blobs wait for the retry.
+func (r *Runtime) pullLease(ctx context.Context, target ocispec.Descriptor) (context.Context, error) {
+	id := pullLeasePrefix + target.Digest.Encoded()
+	ls := r.client.LeasesService()
+	_, err := ls.Create(ctx, leases.WithID(id), leases.WithExpiration(pullLeaseExpiry))
+	if err != nil && !cerrdefs.IsAlreadyExists(err) {
+		return ctx, fmt.Errorf("pull lease: %w", convertErr(err))
+	}
+	return leases.WithLease(ctx, id), nil
+}
+
+// fetchBlob fetches one blob unless the store has it. A blob whose bytes
+// do not match its digest is refused, and its partial copy dropped so that
+// a retry fetches it anew.
+func (r *Runtime) fetchBlob(ctx context.Context, cs content.Store, f remotes.Fetcher, ref string, d ocispec.Descriptor) error {
+	if _, err := cs.Info(ctx, d.Digest); err == nil {
+		return nil
+	}
+	err := remotes.Fetch(ctx, cs, f, d)
+	if err == nil || cerrdefs.IsAlreadyExists(err) {
+		return nil
+	}
+	if cerrdefs.IsFailedPrecondition(err) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		// Commit refuses bytes that do not hash to the digest, and Copy
+		// more bytes than the size: the registry (or a man in the middle)
+		// served other content.
+		cs.Abort(context.WithoutCancel(ctx), remotes.MakeRefKey(ctx, d))
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "DIGEST_MISMATCH",
+			"%s: blob %s served by the registry does not match its digest (refused): %v", ref, d.Digest, err)
+	}
+	return fmt.Errorf("fetch blob %s: %w", d.Digest, registryErr(ref, err))
+}
+
+// countingFetcher counts the bytes fetched; its readers keep the Seek of
+// containerd's (ranged requests: a resumed blob fetches only its rest).
+type countingFetcher struct {
+	remotes.Fetcher
+	n atomic.Int64
+}
+
+func (f *countingFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	rc, err := f.Fetcher.Fetch(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := rc.(io.ReadSeekCloser); ok {
+		return &countingReadSeeker{ReadSeekCloser: s, n: &f.n}, nil
+	}
+	return &countingReader{ReadCloser: rc, n: &f.n}, nil
+}
+
+type countingReader struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+type countingReadSeeker struct {
+	io.ReadSeekCloser
+	n *atomic.Int64
+}
+
+func (c *countingReadSeeker) Read(p []byte) (int, error) {
+	n, err := c.ReadSeekCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,148 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
+)
+
+func TestPlainHTTPAllowed(t *testing.T) {
+	allowed := []string{"registry.lab:5000"}
+	for host, want := range map[string]bool{
+		"localhost":         true,
+		"localhost:5000":    true,
+		"127.0.0.1:5000":    true,
+		"127.8.9.10":        true,
+		"[::1]:5000":        true,
+		"registry.lab:5000": true,
+		"registry.lab":      false, // another port is another registry
+		"10.0.0.1:5000":     false,
+		"localhost.evil.io": false,
+		"ghcr.io":           false,
+	} {
+		if got := plainHTTPAllowed(host, allowed); got != want {
+			t.Errorf("plainHTTPAllowed(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+func TestRegistryErrPlainHTTP(t *testing.T) {
+	err := registryErr("registry.lab:5000/ck:1", errors.New(`Head "https://registry.lab:5000/v2/ck/manifests/1": http: server gave HTTP response to HTTPS client`))
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "PLAIN_HTTP_REFUSED") && !strings.Contains(err.Error(), "plain HTTP") {
+		t.Fatalf("got %v", err)
+	}
+	if r := errdefs.Reason(err); r != "PLAIN_HTTP_REFUSED" {
+		t.Errorf("reason %q", r)
+	}
+}
+
+func TestKernelCanRestore(t *testing.T) {
+	for _, c := range []struct {
+		source, here string
+		ok           bool
+	}{
+		{"6.18.44-fc-v1045", "6.18.44-fc-v1045", true},
+		{"6.18.2", "6.19.0", true},
+		{"6.12.1", "7.0.0-rc1", true},
+		{"6.19.0", "6.18.44", false},
+		{"7.1", "6.18.44", false},
+		{"", "6.1.0", true}, // nothing recorded
+		{"bogus", "6.1.0", false},
+	} {
+		err := kernelCanRestore(c.source, c.here)
+		if (err == nil) != c.ok {
+			t.Errorf("kernelCanRestore(%q, %q) = %v, want ok=%v", c.source, c.here, err, c.ok)
+		}
+	}
+}
+
+func TestDockerConfigCreds(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.json")
+	auth := base64.StdEncoding.EncodeToString([]byte("alice:s3cr:et"))
+	if err := os.WriteFile(path, []byte(`{"auths": {
+		"https://index.docker.io/v1/": {"auth": "`+auth+`"},
+		"registry.lab:5000": {"username": "bob", "password": "pw"},
+		"http://tok.lab/v2/": {"identitytoken": "refresh"},
+		"bad.lab": {"auth": "!!"}
+	}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	creds := registryCreds(path)
+	for host, want := range map[string][2]string{
+		"docker.io":         {"alice", "s3cr:et"},
+		"registry.lab:5000": {"bob", "pw"},
+		"tok.lab":           {"", "refresh"},
+		"other.lab":         {"", ""},
+	} {
+		u, p, err := creds(host)
+		if err != nil || u != want[0] || p != want[1] {
+			t.Errorf("creds(%q) = %q %q %v, want %q %q", host, u, p, err, want[0], want[1])
+		}
+	}
+	if _, _, err := creds("bad.lab"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("bad auth: %v", err)
+	}
+	// No file: anonymous.
+	if u, p, err := registryCreds(filepath.Join(dir, "none.json"))("ghcr.io"); err != nil || u != "" || p != "" {
+		t.Errorf("no file: %q %q %v", u, p, err)
+	}
+	// A helper name cannot be a path.
+	if _, _, err := (&dockerConfig{CredsStore: "../../bin/sh"}).creds("x.lab"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("helper path: %v", err)
+	}
+}
+
+// TestIntegrationRestorableCheck runs criu's cpuinfo check: this host's own
+// CPU passes; a recorded CPU with every feature bit set, or a newer kernel
+// series, is refused with FAILED_PRECONDITION naming why.
+func TestIntegrationRestorableCheck(t *testing.T) {
+	testenv.RealStack(t)
+	ctx := context.Background()
+	hi, err := thisHostInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := func(h hostInfo) *checkpointImage {
+		return &checkpointImage{criu: &ocispec.Descriptor{}, exported: exportedMeta{Host: &h}}
+	}
+	if err := checkRestorable(ctx, "here", img(*hi)); err != nil {
+		t.Fatalf("this host's own CPU and kernel: %v", err)
+	}
+	// A CPU with more features: each capability word (protobuf field 6,
+	// tag 0x30) that is 0 here becomes 0x7f, a varint of the same length.
+	cpu := append([]byte(nil), hi.CPUInfo...)
+	n := 0
+	for i := 12; i+1 < len(cpu); i++ {
+		if cpu[i] == 0x30 && cpu[i+1] == 0 {
+			cpu[i+1], n = 0x7f, n+1
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no empty capability word in this host's cpuinfo image % x", hi.CPUInfo)
+	}
+	err = checkRestorable(ctx, "alien", img(hostInfo{Kernel: hi.Kernel, CPUInfo: cpu}))
+	if errdefs.Reason(err) != "CPU_INCOMPATIBLE" || !strings.Contains(err.Error(), "capabilities do not match") {
+		t.Fatalf("CPU with more features: %v, want CPU_INCOMPATIBLE", err)
+	}
+	t.Logf("alien CPU: %v", err)
+	err = checkRestorable(ctx, "future", img(hostInfo{Kernel: "99.0.0", CPUInfo: hi.CPUInfo}))
+	if errdefs.Reason(err) != "KERNEL_INCOMPATIBLE" {
+		t.Fatalf("newer kernel: %v, want KERNEL_INCOMPATIBLE", err)
+	}
+	// A disk-tier image holds no processes: nothing to check.
+	if err := checkRestorable(ctx, "disk", &checkpointImage{exported: exportedMeta{Host: &hostInfo{Kernel: "99.0.0"}}}); err != nil {
+		t.Fatalf("disk tier: %v", err)
+	}
+}
