@@ -8,7 +8,7 @@ SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(CURDIR)/.cache/bin:/usr/local/sbin:/usr/local/bin:$(PATH)
 export GOFLAGS ?= -trimpath
 
-MODULES := api guestd controld benchd
+MODULES := api guestd controld benchd deploy/kubernetes
 BIN := $(CURDIR)/bin
 TOOLS := $(CURDIR)/.cache/bin
 

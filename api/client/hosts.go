@@ -3,6 +3,7 @@ package client
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -148,7 +149,10 @@ type endpoint struct {
 	target string // the address dialed
 	conn   *grpc.ClientConn
 	local  bool // a unix socket: the client runs on this host
-	host   string
+	// serverName is the DNS name the address was resolved from: what TLS
+	// verifies, for the API and the host's ACI gateway.
+	serverName string
+	host       string
 }
 
 // router is a grpc.ClientConnInterface over the endpoints: the generated
@@ -210,7 +214,7 @@ func (r *router) resolve(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		r.endpoints[a.target] = &endpoint{target: a.target, conn: conn, local: strings.HasPrefix(a.target, "unix")}
+		r.endpoints[a.target] = &endpoint{target: a.target, conn: conn, local: strings.HasPrefix(a.target, "unix"), serverName: a.serverName}
 	}
 	for t, ep := range r.endpoints {
 		if !keep[t] {
@@ -905,6 +909,25 @@ func (r *router) NewStream(ctx context.Context, desc *grpc.StreamDesc, method st
 		fs.eps = append(fs.eps, ep)
 	}
 	return fs, nil
+}
+
+// gatewayTLS is the TLS configuration for the ACI gateway of the host
+// holding sandbox id: the client's, verifying the DNS name the host was
+// resolved from (a pod's gateway URL names its address); nil when the
+// client has no TLS configuration or the host was given by address.
+func (r *router) gatewayTLS(id string) *tls.Config {
+	if r.o.tls == nil || r.o.tls.ServerName != "" {
+		return nil
+	}
+	r.mu.Lock()
+	ep := r.byHostLocked(r.owners[id])
+	r.mu.Unlock()
+	if ep == nil || ep.serverName == "" {
+		return nil
+	}
+	cfg := r.o.tls.Clone()
+	cfg.ServerName = ep.serverName
+	return cfg
 }
 
 // isID reports whether s is a sandbox, checkpoint or pool id (names are

@@ -269,7 +269,13 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 		}
 		return fresh.GetToken(), nil
 	}
-	dialOpts := append(append(append([]aci.DialOption(nil), sb.c.aciOpts...), cfg.opts...), aci.WithTokenSource(tokenSource))
+	dialOpts := append([]aci.DialOption(nil), sb.c.aciOpts...)
+	if sb.c.router != nil {
+		if t := sb.c.router.gatewayTLS(sb.id); t != nil {
+			dialOpts = append(dialOpts, aci.WithTLSConfig(t))
+		}
+	}
+	dialOpts = append(append(dialOpts, cfg.opts...), aci.WithTokenSource(tokenSource))
 
 	var unixErr error
 	if cfg.via != routeGateway && ep.GetUnixPath() != "" {
