@@ -84,6 +84,7 @@ type item struct {
 	text    string
 	value   *float64
 	actions []string
+	fill    *fillCalls // the calls of the fields, in flight
 }
 
 // Interface bits of item.ifaces.
@@ -427,192 +428,230 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 	if from.null() {
 		from = ref{a.ref.Bus, rootPath}
 	}
-	// Walk level by level from the start, fetching what the cache lacks.
-	level := []ref{from}
-	seen := map[objectPath]bool{}
-	var shown []*item
-	for depth := 0; len(level) > 0 && depth <= opts.MaxDepth && len(shown) < opts.MaxNodes; depth++ {
-		// No more of a level is read than the reply can hold: an
-		// application listing a million children costs max_nodes reads.
-		level = level[:min(len(level), opts.MaxNodes-len(shown))]
-		if err := a.fetchItems(ctx, conn, level); err != nil {
-			a.err = err
-			break
-		}
-		var parents []*item
-		for _, r := range level {
-			it := a.items[r.Path]
-			if it == nil || seen[r.Path] {
-				continue
-			}
-			seen[r.Path] = true
-			if opts.ShowingOnly && it.role != roleApplication && !has(it.states, StateShowing) {
-				continue
-			}
-			shown = append(shown, it)
-			if depth < opts.MaxDepth && !has(it.states, StateDefunct) {
-				parents = append(parents, it)
-			}
-		}
-		if err := a.fetchChildren(ctx, conn, parents); err != nil {
-			a.err = err
-			break
-		}
-		level = level[:0:0]
-		for _, p := range parents {
-			level = append(level, p.children...)
-		}
+	shown, err := a.walk(ctx, conn, opts, from)
+	if err != nil {
+		a.err = err
+		return
 	}
-	if a.err == nil {
-		a.err = fill(ctx, conn, shown, opts.Fields)
-	}
+	a.err = finishFill(ctx, conn, shown)
 }
 
-// fetchItems loads the objects of refs the cache did not hold, four calls
-// each, all sent at once.
-func (a *app) fetchItems(ctx context.Context, conn *wireConn, refs []ref) error {
-	type q struct {
-		r                  ref
-		role, state, props pending
-	}
-	var qs []q
-	for _, r := range refs {
-		if r.Bus != a.ref.Bus || a.items[r.Path] != nil {
-			continue
+// step is a walk's calls for one object in flight: loading it (role,
+// state, properties) or, for an item, its children.
+type step struct {
+	r                  ref
+	it                 *item
+	depth              int
+	role, state, props pending
+	kids               pending
+}
+
+// walk reads the objects under from breadth first, fetching what the cache
+// lacks, and returns the ones the tree shows with their fields asked
+// (startFill). The calls stream: replies are taken in the order the calls
+// were sent (an application answers in order), and each one sends the calls
+// it makes possible at once, so the application always has calls queued.
+// Level by level, every level (a page is about 15 deep) cost a round trip
+// with an idle application and a drained queue.
+func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from ref) ([]*item, error) {
+	var (
+		shown []*item
+		fifo  []*step
+		seen  = map[objectPath]bool{}
+		// claimed: objects shown or being loaded. No more are read than
+		// the reply can hold: an application listing a million children
+		// costs max_nodes reads.
+		claimed int
+	)
+	var expand func(it *item, depth int)
+	visit := func(r ref, depth int) {
+		if r.Bus != a.ref.Bus || seen[r.Path] || claimed >= opts.MaxNodes {
+			return
 		}
-		qs = append(qs, q{r: r,
+		seen[r.Path] = true
+		claimed++
+		if it := a.items[r.Path]; it != nil {
+			expand(it, depth)
+			return
+		}
+		fifo = append(fifo, &step{r: r, depth: depth,
 			role:  start(ctx, conn, r, ifAccessible+".GetRole"),
 			state: start(ctx, conn, r, ifAccessible+".GetState"),
 			props: start(ctx, conn, r, ifProperties+".GetAll", ifAccessible),
 		})
 	}
-	for _, q := range qs {
-		it := &item{ref: q.r, count: -1, parent: a.parentOf[q.r.Path]}
-		var st []uint32
-		var props map[string]any
-		if err := q.role.wait(ctx, &it.role); err != nil {
-			if goneError(err) || unsupportedError(err) {
-				continue // gone since its parent listed it
-			}
-			return err
+	expand = func(it *item, depth int) {
+		if opts.ShowingOnly && it.role != roleApplication && !has(it.states, StateShowing) {
+			claimed--
+			return
 		}
-		if err := errors.Join(q.state.wait(ctx, &st), q.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
-			return ctx.Err()
+		shown = append(shown, it)
+		startFill(ctx, conn, it, opts.Fields)
+		if depth >= opts.MaxDepth || has(it.states, StateDefunct) {
+			return
 		}
-		it.states, it.ifaces = states(st), ifacesUnread
-		if v, ok := props["Name"].(string); ok {
-			it.name = clip(v)
-		}
-		if v, ok := props["Description"].(string); ok {
-			it.desc = clip(v)
-		}
-		if v, ok := props["ChildCount"].(int32); ok {
-			it.count = v
-		}
-		a.items[q.r.Path] = it
-	}
-	return nil
-}
-
-// fetchChildren asks GetChildren of every parent whose children the cache
-// does not list completely, all at once.
-func (a *app) fetchChildren(ctx context.Context, conn *wireConn, parents []*item) error {
-	type q struct {
-		it *item
-		p  pending
-	}
-	var qs []q
-	for _, it := range parents {
 		switch {
 		case it.known:
+			for _, ch := range it.children {
+				visit(ch, depth+1)
+			}
 		case it.count == 0:
 			// A leaf by its ChildCount: no call (most elements are leaves).
 			it.known = true
 		default:
-			qs = append(qs, q{it, start(ctx, conn, it.ref, ifAccessible+".GetChildren")})
+			fifo = append(fifo, &step{it: it, depth: depth, kids: start(ctx, conn, it.ref, ifAccessible+".GetChildren")})
 		}
 	}
-	for _, q := range qs {
-		var kids []ref
-		if err := q.p.wait(ctx, &kids); err != nil {
-			if goneError(err) || unsupportedError(err) {
-				continue
+	visit(from, 0)
+	for len(fifo) > 0 {
+		s := fifo[0]
+		fifo[0], fifo = nil, fifo[1:]
+		if s.it != nil {
+			kids, err := a.children(ctx, s)
+			if err != nil {
+				return shown, err
 			}
-			return err
-		}
-		for i := range kids {
-			if kids[i].Bus == "" && kids[i].Path != "" {
-				kids[i].Bus = a.ref.Bus // a direct connection may leave its own name out
+			for _, k := range kids {
+				visit(k, s.depth+1)
 			}
+			continue
 		}
-		q.it.children = slices.DeleteFunc(kids, ref.null)
-		q.it.known = true
-		for _, k := range q.it.children {
-			a.parentOf[k.Path] = q.it.ref
+		it, err := a.loaded(ctx, s)
+		if err != nil {
+			return shown, err
 		}
+		if it == nil {
+			claimed--
+			continue
+		}
+		expand(it, s.depth)
 	}
-	return nil
+	return shown, nil
 }
 
-// fill asks the optional fields of items: bounds, editable text, value and
-// actions, every call sent at once.
-func fill(ctx context.Context, conn *wireConn, items []*item, f Fields) error {
-	type q struct {
-		it                     *item
-		ext, text, val, action pending
+// loaded makes the item of a load step's replies; nil when the object is
+// gone since its parent listed it.
+func (a *app) loaded(ctx context.Context, s *step) (*item, error) {
+	it := &item{ref: s.r, count: -1, parent: a.parentOf[s.r.Path]}
+	var st []uint32
+	var props map[string]any
+	if err := s.role.wait(ctx, &it.role); err != nil {
+		if goneError(err) || unsupportedError(err) {
+			return nil, nil
+		}
+		return nil, err
 	}
-	qs := make([]q, 0, len(items))
+	if err := errors.Join(s.state.wait(ctx, &st), s.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	it.states, it.ifaces = states(st), ifacesUnread
+	if v, ok := props["Name"].(string); ok {
+		it.name = clip(v)
+	}
+	if v, ok := props["Description"].(string); ok {
+		it.desc = clip(v)
+	}
+	if v, ok := props["ChildCount"].(int32); ok {
+		it.count = v
+	}
+	a.items[s.r.Path] = it
+	return it, nil
+}
+
+// children stores the reply of a GetChildren step and returns the children.
+func (a *app) children(ctx context.Context, s *step) ([]ref, error) {
+	var kids []ref
+	if err := s.kids.wait(ctx, &kids); err != nil {
+		if goneError(err) || unsupportedError(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	for i := range kids {
+		if kids[i].Bus == "" && kids[i].Path != "" {
+			kids[i].Bus = a.ref.Bus // a direct connection may leave its own name out
+		}
+	}
+	s.it.children = slices.DeleteFunc(kids, ref.null)
+	s.it.known = true
+	for _, k := range s.it.children {
+		a.parentOf[k.Path] = s.it.ref
+	}
+	return s.it.children, nil
+}
+
+// fillCalls are the calls of an item's optional fields in flight.
+type fillCalls struct {
+	ext, text, val, action pending
+}
+
+// startFill sends the calls of it's optional fields: bounds, editable
+// text, value and actions; finishFill stores their replies.
+func startFill(ctx context.Context, conn *wireConn, it *item, f Fields) {
+	x := &fillCalls{}
+	try := func(iface uint32) bool { return it.ifaces&(iface|ifacesUnread) != 0 }
+	// Bounds of what is on screen only: an element off screen (most
+	// of a long page) has no pixels to point at, and its extents are
+	// the costliest call a browser answers.
+	if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) && has(it.states, StateShowing) {
+		x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
+	}
+	// Editable: the EditableText interface, or the EDITABLE state
+	// (Chromium's inputs have Text without EditableText).
+	if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && try(hasText) && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
+		x.text = start(ctx, conn, it.ref, ifText+".GetText", int32(0), int32(-1))
+	}
+	if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && (it.ifaces&hasValue != 0 || it.ifaces&ifacesUnread != 0 && rangeRole(it.role)) {
+		x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
+	}
+	// Actions, like bounds, of what is on screen: naming a browser's
+	// actions costs a call per action on top of GetActions (Chromium
+	// leaves their names out of it), and an element off screen is
+	// scrolled into view before an agent acts on it.
+	if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && has(it.states, StateShowing) && actionable(it) {
+		x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
+	}
+	if x.ext.wc != nil || x.text.wc != nil || x.val.wc != nil || x.action.wc != nil {
+		it.fill = x
+	}
+}
+
+// finishFill stores the replies of the items' field calls. Each field
+// stands alone: an element that fails one (an interface it lists and does
+// not serve) keeps the others; only the deadline stops.
+func finishFill(ctx context.Context, conn *wireConn, items []*item) error {
 	for _, it := range items {
-		x := q{it: it}
-		try := func(iface uint32) bool { return it.ifaces&(iface|ifacesUnread) != 0 }
-		// Bounds of what is on screen only: an element off screen (most
-		// of a long page) has no pixels to point at, and its extents are
-		// the costliest call a browser answers.
-		if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) && has(it.states, StateShowing) {
-			x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
+		x := it.fill
+		if x == nil {
+			continue
 		}
-		// Editable: the EditableText interface, or the EDITABLE state
-		// (Chromium's inputs have Text without EditableText).
-		if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && try(hasText) && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
-			x.text = start(ctx, conn, it.ref, ifText+".GetText", int32(0), int32(-1))
-		}
-		if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && (it.ifaces&hasValue != 0 || it.ifaces&ifacesUnread != 0 && rangeRole(it.role)) {
-			x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
-		}
-		if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && actionable(it) {
-			x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
-		}
-		qs = append(qs, x)
-	}
-	// Each field stands alone: an element that fails one (an interface it
-	// lists and does not serve) keeps the others; only the deadline stops.
-	for _, x := range qs {
+		it.fill = nil
 		if x.ext.wc != nil {
 			var e struct{ X, Y, W, H int32 }
 			if x.ext.wait(ctx, &e) == nil && e.W > 0 && e.H > 0 {
-				x.it.bounds = &aciv1.Rect{X: e.X, Y: e.Y, Width: e.W, Height: e.H}
+				it.bounds = &aciv1.Rect{X: e.X, Y: e.Y, Width: e.W, Height: e.H}
 			}
 		}
 		if x.text.wc != nil {
 			var s string
 			if x.text.wait(ctx, &s) == nil {
-				x.it.text = clip(s)
+				it.text = clip(s)
 			}
 		}
 		if x.val.wc != nil {
 			var v any
 			if x.val.wait(ctx, &v) == nil {
 				if d, ok := v.(float64); ok {
-					x.it.value = &d
+					it.value = &d
 				}
 			}
 		}
 		if x.action.wc != nil {
 			var acts []actionInfo
 			if x.action.wait(ctx, &acts) == nil {
-				x.it.actions = make([]string, min(len(acts), maxActions))
-				for i := range x.it.actions {
-					x.it.actions[i] = clip(acts[i].Name)
+				it.actions = make([]string, min(len(acts), maxActions))
+				for i := range it.actions {
+					it.actions[i] = clip(acts[i].Name)
 				}
 			}
 		}

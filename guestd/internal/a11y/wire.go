@@ -150,7 +150,9 @@ func (c *wireConn) send(ctx context.Context, to ref, method string, args []any) 
 	if err == nil {
 		// Buffered: the calls of a level leave in a few writes; wait
 		// flushes (and the buffer does when full).
-		c.nc.SetWriteDeadline(time.Now().Add(connectTimeout))
+		if c.w.Available() < len(msg) {
+			c.nc.SetWriteDeadline(time.Now().Add(connectTimeout)) // the write reaches the socket
+		}
 		if _, err = c.w.Write(msg); err != nil {
 			c.nc.Close() // a bus that stops reading: the reader fails every call
 		}
@@ -224,8 +226,9 @@ func (wc *wireCall) wait(ctx context.Context, out ...any) error {
 // read dispatches replies until the connection fails.
 func (c *wireConn) read(r *bufio.Reader) {
 	var err error
+	var buf []byte
 	for err == nil {
-		err = c.readOne(r)
+		err = c.readOne(r, &buf)
 	}
 	c.nc.Close()
 	c.mu.Lock()
@@ -240,7 +243,7 @@ func (c *wireConn) read(r *bufio.Reader) {
 	close(c.done)
 }
 
-func (c *wireConn) readOne(r *bufio.Reader) error {
+func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 	var fixed [16]byte
 	if _, err := io.ReadFull(r, fixed[:]); err != nil {
 		return err
@@ -262,9 +265,21 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 	if int64(headPadded)+int64(bodyLen) > maxWireMessage {
 		return fmt.Errorf("message of %d bytes", int64(headPadded)+int64(bodyLen))
 	}
-	buf := make([]byte, headPadded+int(bodyLen))
-	copy(buf, fixed[:])
-	if _, err := io.ReadFull(r, buf[16:]); err != nil {
+	// One buffer for the usual small messages: decoded values copy what
+	// they keep.
+	size := headPadded + int(bodyLen)
+	var b []byte
+	switch {
+	case size > 64<<10:
+		b = make([]byte, size)
+	case cap(*buf) < size:
+		*buf = make([]byte, 64<<10)
+		fallthrough
+	default:
+		b = (*buf)[:size]
+	}
+	copy(b, fixed[:])
+	if _, err := io.ReadFull(r, b[16:]); err != nil {
 		return err
 	}
 	if typ != 2 && typ != 3 {
@@ -272,7 +287,7 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 	}
 	var replySerial uint32
 	var errName, sig string
-	d := &decoder{b: buf[:headLen], order: order, pos: 16}
+	d := &decoder{b: b[:headLen], order: order, pos: 16}
 	for d.pos < headLen {
 		d.align(8)
 		if d.pos >= headLen {
@@ -283,17 +298,31 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 		if s == "" || sigLen(s) != len(s) {
 			return fmt.Errorf("header field signature %q", s)
 		}
-		v, err := d.value(s)
-		if err != nil {
-			return err
-		}
-		switch code {
-		case 4:
-			errName, _ = v.(string)
-		case 5:
-			replySerial, _ = v.(uint32)
-		case 8:
-			sig, _ = v.(string)
+		// The fields a reply is read by; the others (sender,
+		// destination) are skipped without being copied: a tree is
+		// thousands of replies.
+		switch {
+		case code == 5 && s == "u":
+			d.align(4)
+			replySerial = d.order.Uint32(d.take(4))
+		case code == 4 || code == 8:
+			v, err := d.value(s)
+			if err != nil {
+				return err
+			}
+			if code == 4 {
+				errName, _ = v.(string)
+			} else {
+				sig, _ = v.(string)
+			}
+		case s == "s" || s == "o":
+			d.align(4)
+			n := int(d.order.Uint32(d.take(4)))
+			d.take(n + 1)
+		default:
+			if _, err := d.value(s); err != nil {
+				return err
+			}
 		}
 		if d.err != nil {
 			return d.err
@@ -306,7 +335,7 @@ func (c *wireConn) readOne(r *bufio.Reader) error {
 	if wc == nil {
 		return nil
 	}
-	bd := &decoder{b: buf[headPadded:], order: order}
+	bd := &decoder{b: b[headPadded:], order: order}
 	var vals []any
 	for s := sig; s != "" && bd.err == nil; {
 		n := sigLen(s)
@@ -503,7 +532,12 @@ func (d *decoder) value(sig string) (any, error) {
 		return nil, d.err
 	}
 	d.depth++
-	defer func() { d.depth-- }()
+	v, err := d.decode(sig)
+	d.depth--
+	return v, err
+}
+
+func (d *decoder) decode(sig string) (any, error) {
 	switch sig[0] {
 	case 'y':
 		return d.byte(), d.err

@@ -6983,10 +6983,12 @@ type A11YNode struct {
 	// The current value of a range element (A11Y_FIELD_VALUE).
 	Value *float64 `protobuf:"fixed64,8,opt,name=value,proto3,oneof" json:"value,omitempty"`
 	// The names of the actions a11y_action can do on it ("press",
-	// "activate", "jump", ...), for elements an agent acts on: those that take
-	// the focus or a selection, or have a control's role (buttons, links,
-	// inputs, check boxes, menu items, tabs, list and tree items, ...). Other
-	// elements' actions are the toolkit's generic ones and are left out.
+	// "activate", "jump", ...), for showing elements an agent acts on: those
+	// that take the focus or a selection, or have a control's role (buttons,
+	// links, inputs, check boxes, menu items, tabs, list and tree items, ...).
+	// Other elements' actions are the toolkit's generic ones and are left
+	// out; an element off screen has none listed, like its bounds (a11y_action
+	// DO still finds its action by name).
 	Actions []string `protobuf:"bytes,9,rep,name=actions,proto3" json:"actions,omitempty"`
 	// Ids of its children in the reply, in order.
 	Children []uint32 `protobuf:"varint,10,rep,packed,name=children,proto3" json:"children,omitempty"`
