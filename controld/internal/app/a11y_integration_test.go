@@ -41,7 +41,8 @@ var a11yControls = []struct {
 // real stack: guestd's own bus and registry, Chromium with renderer
 // accessibility. A test page's controls are in the tree with their roles,
 // names and screen bounds (the page's origin plus their CSS boxes), actions
-// through a11y_action change what the page sees, the focused-window and
+// through a11y_action change what the page sees (SET_TEXT on a web input
+// too, which has no EditableText), the focused-window and
 // point roots find them, a GTK app (l3afpad) joins the tree, a SIGSTOPped
 // app yields a partial tree within its timeout, step.observe_tree with
 // if_none_match costs no nodes when nothing changed, and after a live
@@ -172,6 +173,17 @@ func TestRealStackA11y(t *testing.T) {
 	}
 	if at.Nodes[0].Name != "Save draft" {
 		t.Errorf("element at the button's point: %s %q, want the button", at.Nodes[0].Role, at.Nodes[0].Name)
+	}
+
+	// SET_TEXT on a web input (Text without EditableText): focused, its
+	// content selected and replaced by typing; the page sees input events.
+	// A button is not editable: a typed error.
+	if err := sess.A11yAction(ctx, aci.SetText(found["Your name"].Ref, "Grace Hopper ü")); err != nil {
+		t.Fatalf("set the input's text: %v", err)
+	}
+	waitTitle(t, ctx, sess, "text set", func(title string) bool { return strings.HasPrefix(title, "a11y help [Grace Hopper ü]") })
+	if err := sess.A11yAction(ctx, aci.SetText(found["Save draft"].Ref, "x")); !errors.Is(err, aci.ErrFailedPrecondition) {
+		t.Errorf("set a button's text: %v, want FAILED_PRECONDITION", err)
 	}
 
 	// A tree unchanged since the last costs no nodes (step.observe_tree).

@@ -9,6 +9,7 @@ import (
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
 // Bounds of an action request.
@@ -17,9 +18,27 @@ const (
 	MaxSetText           = 64 << 10
 )
 
+// Keyboard is guestd's typing path (x11.Desktop): what SET_TEXT types with
+// into an element whose toolkit gives no EditableText (Chromium's inputs),
+// and the X windows, to check that keys reach the element's window.
+type Keyboard interface {
+	KeyCombo(keys []string) error
+	TypeText(text string) error
+	ListWindows() ([]desktop.Window, error)
+}
+
+// errByTyping: the element is editable but offers no EditableText; its text
+// is set by typing (setTextByTyping).
+var errByTyping = errors.New("a11y: editable by typing only")
+
+// focusPoll is how often SET_TEXT by typing looks whether the element took
+// the focus and shows the text (Chromium updates its tree asynchronously).
+const focusPoll = 10 * time.Millisecond
+
 // Action does r on the element it names, through its application. The
-// request was validated (ValidateAction).
-func (c *Client) Action(ctx context.Context, r *aciv1.A11YActionRequest) error {
+// request was validated (ValidateAction). kb (nil without a display) types
+// SET_TEXT's text into an element without EditableText.
+func (c *Client) Action(ctx context.Context, r *aciv1.A11YActionRequest, kb Keyboard) error {
 	target, ok := parseRef(r.GetRef())
 	if !ok {
 		return acierr.Invalid("a11y_action.ref", "%q is not an element ref (\"<unique bus name>:<object path>\")", r.GetRef())
@@ -34,13 +53,9 @@ func (c *Client) Action(ctx context.Context, r *aciv1.A11YActionRequest) error {
 	if err != nil {
 		return acierr.New(aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE, "", "%v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- act(ctx, conn, target, r) }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		c.drop(conn) // see Tree: a stopped bus can block a write
-		err = ctx.Err()
+	err = c.bounded(ctx, conn, func() error { return act(ctx, conn, target, r) })
+	if errors.Is(err, errByTyping) {
+		err = c.setTextByTyping(ctx, conn, target, r.GetText(), kb)
 	}
 	if err == nil {
 		return nil
@@ -99,7 +114,14 @@ func act(ctx context.Context, conn *wireConn, target ref, r *aciv1.A11YActionReq
 			return err
 		}
 	case aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_TEXT:
-		if err := call(ctx, conn, target, ifEditable+".SetTextContents", []any{r.GetText()}, &ok); err != nil {
+		err := call(ctx, conn, target, ifEditable+".SetTextContents", []any{r.GetText()}, &ok)
+		switch {
+		case err != nil && unsupportedError(err) && has(states(st), StateEditable):
+			return errByTyping // Chromium's inputs: Text without EditableText
+		case err != nil && unsupportedError(err):
+			return acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "a11y_action.ref",
+				"element %s is not editable (no EditableText, no EDITABLE state)", target)
+		case err != nil:
 			return err
 		}
 	case aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_VALUE:
@@ -119,6 +141,116 @@ func act(ctx context.Context, conn *wireConn, target ref, r *aciv1.A11YActionReq
 			"element %s refused %s", target, r.GetKind())
 	}
 	return nil
+}
+
+// bounded runs f, which calls over conn, within ctx: a bus that stops
+// reading can block a write, which no context interrupts; past the deadline
+// the connection is dropped (its close unblocks the writer).
+func (c *Client) bounded(ctx context.Context, conn *wireConn, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		c.drop(conn)
+		return ctx.Err()
+	}
+}
+
+// setTextByTyping sets the text of an editable element without
+// EditableText as a user would: the element takes the focus, its content
+// is selected (ctrl+a) and replaced by the text typed through guestd's
+// typing path (BackSpace for ""). Keys go to the X focus window, so that
+// window must be the element's application's; then the reply waits until
+// the element shows the text (a password field's is not readable).
+func (c *Client) setTextByTyping(ctx context.Context, conn *wireConn, target ref, text string, kb Keyboard) error {
+	if kb == nil {
+		return acierr.New(aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE, "", "element %s takes text by typing only, and there is no display", target)
+	}
+	var pid uint32
+	var role uint32
+	err := c.bounded(ctx, conn, func() error {
+		if err := call(ctx, conn, busRef, "org.freedesktop.DBus.GetConnectionUnixProcessID", []any{target.Bus}, &pid); err != nil {
+			return err
+		}
+		if err := call(ctx, conn, target, ifAccessible+".GetRole", nil, &role); err != nil {
+			return err
+		}
+		var ok bool
+		if err := call(ctx, conn, target, ifComponent+".GrabFocus", nil, &ok); err != nil {
+			return err
+		}
+		return waitFor(ctx, func() (bool, error) {
+			var st []uint32
+			err := call(ctx, conn, target, ifAccessible+".GetState", nil, &st)
+			return err == nil && has(states(st), StateFocused), err
+		})
+	})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return acierr.New(aciv1.ErrorCode_ERROR_CODE_TIMEOUT, "", "element %s did not take the focus in time", target)
+	}
+	if err != nil {
+		return err
+	}
+	ws, err := kb.ListWindows()
+	if err != nil {
+		return err
+	}
+	focused := -1
+	for _, w := range ws {
+		if w.Focused {
+			focused = w.PID
+		}
+	}
+	if focused != int(pid) {
+		return acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "a11y_action.ref",
+			"element %s takes text by typing only, and its application's window (pid %d) does not hold the keyboard focus (pid %d's does)", target, pid, focused)
+	}
+	if err := kb.KeyCombo([]string{"ctrl", "a"}); err != nil {
+		return err
+	}
+	if text == "" {
+		err = kb.KeyCombo([]string{"BackSpace"})
+	} else {
+		err = kb.TypeText(text)
+	}
+	if err != nil {
+		return err
+	}
+	if role == rolePasswordText {
+		return nil
+	}
+	var got string
+	err = c.bounded(ctx, conn, func() error {
+		return waitFor(ctx, func() (bool, error) {
+			err := call(ctx, conn, target, ifText+".GetText", []any{int32(0), int32(-1)}, &got)
+			return err == nil && got == text, err
+		})
+	})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "a11y_action.text",
+			"typed the text into element %s, which shows %q instead (a limit or a filter of the field, or it was slow to update)", target, clip(got))
+	}
+	return err
+}
+
+// waitFor polls done every focusPoll until it reports true, fails or ctx
+// ends.
+func waitFor(ctx context.Context, done func() (bool, error)) error {
+	for {
+		ok, err := done()
+		if ok || err != nil {
+			return err
+		}
+		t := time.NewTimer(focusPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // ValidateAction checks an A11yActionRequest's fields before any call.

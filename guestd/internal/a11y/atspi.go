@@ -45,8 +45,9 @@ const (
 
 // AT-SPI roles this package looks at (AtspiRole).
 const (
-	roleApplication = 75
-	roleDesktop     = 14 // desktop frame
+	roleApplication  = 75
+	roleDesktop      = 14 // desktop frame
+	rolePasswordText = 40
 )
 
 // roleNames are AtspiRole's names (atspi_role_get_name), by number.

@@ -2,18 +2,22 @@ package a11y
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/godbus/dbus/v5"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
+	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
 // testBus runs a private dbus-daemon (Debian's dbus-daemon, which
@@ -205,11 +209,11 @@ func TestTreeOverDBus(t *testing.T) {
 		t.Errorf("app: %v", r.Apps[0])
 	}
 	// Actions go to the element by ref.
-	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: b.Ref, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_DO, Action: "open"}); err == nil || !strings.Contains(err.Error(), "no action") {
+	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: b.Ref, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_DO, Action: "open"}, nil); err == nil || !strings.Contains(err.Error(), "no action") {
 		t.Errorf("unknown action: %v", err)
 	}
 	gone := strings.Replace(b.Ref, "/n/0", "/n/999", 1)
-	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: gone, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_FOCUS}); err == nil || !strings.Contains(err.Error(), "NOT_FOUND") {
+	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: gone, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_FOCUS}, nil); err == nil || !strings.Contains(err.Error(), "NOT_FOUND") {
 		t.Errorf("gone element: %v", err)
 	}
 }
@@ -291,4 +295,145 @@ func TestSyncRegistry(t *testing.T) {
 	if err := c.SyncRegistry(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fakeEntry is a web input as Chromium shows one: Text without
+// EditableText, EDITABLE, focused by GrabFocus; fakeKeyboard types into it
+// while its window holds the focus. maxLen > 0 cuts what it takes (an
+// input's maxlength).
+type fakeEntry struct {
+	mu       sync.Mutex
+	text     string
+	focused  bool
+	selected bool
+	maxLen   int
+}
+
+func exportEntry(t *testing.T, conn *dbus.Conn, e *fakeEntry, path dbus.ObjectPath) {
+	t.Helper()
+	tables := map[string]map[string]any{
+		ifAccessible: {
+			"GetRole": func() (uint32, *dbus.Error) { return 79, nil },
+			"GetState": func() ([]uint32, *dbus.Error) {
+				e.mu.Lock()
+				defer e.mu.Unlock()
+				st := uint32(1<<StateShowing | 1<<StateEditable | 1<<stateFocusable)
+				if e.focused {
+					st |= 1 << StateFocused
+				}
+				return []uint32{st, 0}, nil
+			},
+		},
+		ifComponent: {"GrabFocus": func() (bool, *dbus.Error) {
+			// Chromium focuses asynchronously: the state follows later.
+			time.AfterFunc(30*time.Millisecond, func() { e.mu.Lock(); e.focused = true; e.mu.Unlock() })
+			return true, nil
+		}},
+		ifText: {"GetText": func(start, end int32) (string, *dbus.Error) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.text, nil
+		}},
+	}
+	for iface, table := range tables {
+		if err := conn.ExportMethodTable(table, path, iface); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+type fakeKeyboard struct {
+	e        *fakeEntry
+	focusPID int
+	keys     []string
+}
+
+func (k *fakeKeyboard) ListWindows() ([]desktop.Window, error) {
+	return []desktop.Window{{ID: 0x400001, PID: k.focusPID, Focused: true, Mapped: true}}, nil
+}
+
+func (k *fakeKeyboard) KeyCombo(keys []string) error {
+	k.keys = append(k.keys, strings.Join(keys, "+"))
+	k.e.mu.Lock()
+	defer k.e.mu.Unlock()
+	if !k.e.focused {
+		return nil // the keys went elsewhere
+	}
+	switch strings.Join(keys, "+") {
+	case "ctrl+a":
+		k.e.selected = true
+	case "BackSpace":
+		if k.e.selected {
+			k.e.text, k.e.selected = "", false
+		}
+	}
+	return nil
+}
+
+func (k *fakeKeyboard) TypeText(s string) error {
+	k.keys = append(k.keys, "type:"+s)
+	k.e.mu.Lock()
+	defer k.e.mu.Unlock()
+	if !k.e.focused {
+		return nil
+	}
+	if k.e.selected {
+		k.e.text, k.e.selected = "", false
+	}
+	k.e.text += s
+	if k.e.maxLen > 0 && len(k.e.text) > k.e.maxLen {
+		k.e.text = k.e.text[:k.e.maxLen]
+	}
+	return nil
+}
+
+// SET_TEXT on an input without EditableText (Chromium's) focuses it,
+// selects its content and types the text; typed errors when it cannot.
+func TestSetTextByTyping(t *testing.T) {
+	addr := testBus(t)
+	app := connect(t, addr)
+	entry := &fakeEntry{text: "old"}
+	exportEntry(t, app, entry, "/entry")
+	button := startToolkit(t, addr, 1, nil)
+	c := New(addr)
+	defer c.Close()
+	ctx := context.Background()
+	ref := app.Names()[0] + ":/entry"
+	set := func(text string, kb Keyboard) error {
+		return c.Action(ctx, &aciv1.A11YActionRequest{Ref: ref, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_TEXT, Text: text, TimeoutMs: 1000}, kb)
+	}
+	kb := &fakeKeyboard{e: entry, focusPID: os.Getpid()}
+	if err := set("héllo wörld", kb); err != nil {
+		t.Fatal(err)
+	}
+	if entry.text != "héllo wörld" || strings.Join(kb.keys, ",") != "ctrl+a,type:héllo wörld" {
+		t.Fatalf("entry holds %q after keys %q", entry.text, kb.keys)
+	}
+	if err := set("", kb); err != nil || entry.text != "" {
+		t.Fatalf("empty text: %v, entry holds %q", err, entry.text)
+	}
+	// No display to type on.
+	if err := set("x", nil); !isCode(err, aciv1.ErrorCode_ERROR_CODE_UNAVAILABLE) {
+		t.Errorf("no keyboard: %v, want UNAVAILABLE", err)
+	}
+	// Another application's window holds the focus: nothing is typed.
+	other := &fakeKeyboard{e: entry, focusPID: os.Getpid() + 1}
+	if err := set("x", other); !isCode(err, aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION) || len(other.keys) != 0 {
+		t.Errorf("focus elsewhere: %v after keys %q, want FAILED_PRECONDITION and no keys", err, other.keys)
+	}
+	// The field takes less than the text (maxlength).
+	entry.maxLen = 3
+	if err := set("abcdef", kb); !isCode(err, aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION) || !strings.Contains(err.Error(), `"abc"`) {
+		t.Errorf("cut text: %v, want FAILED_PRECONDITION naming what it shows", err)
+	}
+	// An element that is not editable.
+	bref := button.conn.Names()[0] + ":/n/0"
+	if err := c.Action(ctx, &aciv1.A11YActionRequest{Ref: bref, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_TEXT, Text: "x"}, kb); !isCode(err, aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION) || !strings.Contains(err.Error(), "not editable") {
+		t.Errorf("button: %v, want FAILED_PRECONDITION not editable", err)
+	}
+}
+
+func isCode(err error, c aciv1.ErrorCode) bool {
+	var e *acierr.Error
+	return errors.As(err, &e) && e.Code == c
 }

@@ -199,7 +199,12 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 			return unimplemented(id, "a11y_action")
 		}
 		if err = a11y.ValidateAction(r.A11YAction); err == nil {
-			if err = ss.srv.opts.A11y.Action(j.ctx, r.A11YAction); err == nil {
+			// SET_TEXT types into an element without EditableText.
+			var kb a11y.Keyboard
+			if d, derr := ss.srv.desktop(); derr == nil {
+				kb = d
+			}
+			if err = ss.srv.opts.A11y.Action(j.ctx, r.A11YAction, kb); err == nil {
 				out.Reply = &aciv1.ServerMessage_A11YAction{A11YAction: &aciv1.A11YActionResponse{}}
 			}
 		}

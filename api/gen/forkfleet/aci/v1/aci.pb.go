@@ -507,7 +507,9 @@ const (
 	A11YActionKind_A11Y_ACTION_KIND_DO A11YActionKind = 1
 	// Give it the keyboard focus (Component.GrabFocus).
 	A11YActionKind_A11Y_ACTION_KIND_FOCUS A11YActionKind = 2
-	// Replace an editable element's text with text (EditableText).
+	// Replace an editable element's text with text (EditableText; an
+	// editable element without it, such as Chromium's inputs, is focused, its
+	// content selected and the text typed: docs/aci-spec.md).
 	A11YActionKind_A11Y_ACTION_KIND_SET_TEXT A11YActionKind = 3
 	// Set a range element's value (Value).
 	A11YActionKind_A11Y_ACTION_KIND_SET_VALUE A11YActionKind = 4
