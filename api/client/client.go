@@ -109,6 +109,20 @@ type dialOptions struct {
 	aciOpts   []aci.DialOption
 	// lookupHost resolves DialHosts' dns:/// targets.
 	lookupHost func(ctx context.Context, host string) ([]string, error)
+	// registry is the repository a client of many hosts pushes checkpoints
+	// to for forks on other hosts.
+	registry string
+}
+
+// WithCheckpointRegistry lets a client of many hosts (DialHosts) fork a
+// checkpoint on every host with room: Checkpoint.Fork spreads the
+// replicas as placement does, forks the checkpoint's own host's share
+// locally, and gives the other hosts the checkpoint through repository, an
+// OCI repository every controld can reach ("registry.example:5000/forkfleet/checkpoints"):
+// pushed once per checkpoint (tag: its id), forked by digest, pulled once
+// per host. Without it, a fork stays on the checkpoint's host.
+func WithCheckpointRegistry(repository string) Option {
+	return func(o *dialOptions) { o.registry = repository }
 }
 
 // WithLookupHost resolves the names of DialHosts' dns:/// targets with fn

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -73,7 +74,7 @@ func DialHosts(ctx context.Context, targets []string, opts ...Option) (*Client, 
 		return nil, err
 	}
 	r := &router{o: o, targets: slices.Clone(targets), endpoints: map[string]*endpoint{}, owners: map[string]string{},
-		placed: map[string]string{}, lookup: o.lookupHost}
+		placed: map[string]string{}, pushed: map[string]string{}, lookup: o.lookupHost}
 	if r.lookup == nil {
 		r.lookup = net.DefaultResolver.LookupHost
 	}
@@ -167,6 +168,7 @@ type router struct {
 	order      []string             // targets in the order given and resolved
 	owners     map[string]string    // record id -> host name
 	placed     map[string]string    // request id of a placed call -> host name
+	pushed     map[string]string    // checkpoint id -> its image in the registry, by digest
 	resolvedAt time.Time
 	closed     bool
 }
@@ -413,6 +415,9 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 	req, ok := args.(proto.Message)
 	if !ok {
 		return status.Errorf(codes.Internal, "client: %T is not a proto message", args)
+	}
+	if ep, ok := ctx.Value(pinKey{}).(*endpoint); ok {
+		return r.call(ctx, ep, routingKey(req), method, req, reply, opts)
 	}
 	switch method {
 	case controldv1.SandboxService_ListSandboxes_FullMethodName, controldv1.CheckpointService_ListCheckpoints_FullMethodName,
@@ -1028,3 +1033,129 @@ func (f *fanStream) RecvMsg(m any) error {
 func (f *fanStream) Header() (metadata.MD, error) { return f.streams[0].Header() }
 func (f *fanStream) Trailer() metadata.MD         { return f.streams[0].Trailer() }
 func (f *fanStream) Context() context.Context     { return f.ctx }
+
+// pinKey marks a context whose calls go to one endpoint (a share of a fork
+// spread over hosts).
+type pinKey struct{}
+
+// forkAcross forks n replicas of ck over the hosts with room (Spread, by
+// the replicas' memory): the checkpoint's host forks its share from ck, the
+// others from its image in the registry (WithCheckpointRegistry), all at
+// once. A host whose share fails as a whole (unreachable, a pull refused)
+// fails each of its replicas with that error, as a replica's own failure
+// would; an invalid request fails the call.
+func (c *Client) forkAcross(ctx context.Context, ck *Checkpoint, n int, opts []ForkOption) ([]ForkResult, error) {
+	r := c.router
+	info, err := ck.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	probe := &controldv1.ForkCheckpointRequest{}
+	for _, o := range opts {
+		o.applyFork(probe)
+	}
+	mem := probe.GetResources().GetMemoryBytes()
+	if mem == 0 {
+		mem = info.GetResources().GetMemoryBytes()
+	}
+	placed, err := r.placement(ctx, mem, n)
+	if err != nil {
+		return nil, convert(ctx, err)
+	}
+	r.mu.Lock()
+	owner := r.byHostLocked(info.GetHost())
+	r.mu.Unlock()
+	type share struct {
+		ep    *endpoint
+		count int
+		res   []ForkResult
+		err   error
+	}
+	var shares []*share
+	byEP := map[*endpoint]*share{}
+	for _, ep := range placed {
+		if byEP[ep] == nil {
+			byEP[ep] = &share{ep: ep}
+			shares = append(shares, byEP[ep])
+		}
+		byEP[ep].count++
+	}
+	// The checkpoint's own host first: its replicas need no pull.
+	slices.SortStableFunc(shares, func(a, b *share) int {
+		return cmp.Compare(boolInt(b.ep == owner), boolInt(a.ep == owner))
+	})
+	ref := ""
+	if len(shares) > 1 || shares[0].ep != owner {
+		if ref, err = c.pushCheckpoint(ctx, c.Checkpoint(info.GetId())); err != nil {
+			return nil, err
+		}
+	}
+	var wg sync.WaitGroup
+	for i, sh := range shares {
+		wg.Go(func() {
+			req := &controldv1.ForkCheckpointRequest{Count: uint32(sh.count)}
+			for _, o := range opts {
+				o.applyFork(req)
+			}
+			if sh.ep == owner {
+				req.CheckpointId = info.GetId()
+			} else {
+				req.CheckpointReference = ref
+			}
+			if req.RequestId != "" && len(shares) > 1 {
+				// One request id per host's share: a repeat of the whole
+				// fork repeats each share.
+				req.RequestId = fmt.Sprintf("%s:%d", req.RequestId, i)
+			}
+			sh.res, _, sh.err = c.fork(context.WithValue(ctx, pinKey{}, sh.ep), req, nil)
+		})
+	}
+	wg.Wait()
+	var out []ForkResult
+	for _, sh := range shares {
+		if sh.err != nil {
+			if errors.Is(sh.err, errdefs.ErrInvalidArgument) {
+				return nil, sh.err
+			}
+			for range sh.count {
+				out = append(out, ForkResult{Err: sh.err})
+			}
+			continue
+		}
+		out = append(out, sh.res...)
+	}
+	return out, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// pushCheckpoint pushes ck to the client's registry once (its host exports
+// it, tagged with its id) and returns its reference by digest, which every
+// other host pulls and verifies.
+func (c *Client) pushCheckpoint(ctx context.Context, ck *Checkpoint) (string, error) {
+	r := c.router
+	r.mu.Lock()
+	ref, ok := r.pushed[ck.id]
+	r.mu.Unlock()
+	if ok {
+		return ref, nil
+	}
+	repo := r.o.registry
+	exp, err := ck.Export(ctx, repo+":"+ck.id, WithPush())
+	if err != nil {
+		return "", err
+	}
+	ref = repo + "@" + exp.GetDigest()
+	r.mu.Lock()
+	if len(r.pushed) >= maxPlaced {
+		clear(r.pushed)
+	}
+	r.pushed[ck.id] = ref
+	r.mu.Unlock()
+	return ref, nil
+}

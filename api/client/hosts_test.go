@@ -342,3 +342,83 @@ func TestHostsDNS(t *testing.T) {
 		t.Fatalf("unresolvable name: %v", err)
 	}
 }
+
+// With a registry, a fork spreads its replicas over the hosts with room:
+// the checkpoint's host forks its share, the others pull the checkpoint
+// (pushed once) and fork theirs.
+func TestHostsForkAcross(t *testing.T) {
+	reg := controldfake.NewRegistry()
+	a := fakeHost(t, "host-a", 3<<30)
+	b := fakeHost(t, "host-b", 4<<30)
+	a.Registry, b.Registry = reg, reg
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.DialHosts(ctx, []string{a.Target, b.Target}, client.WithToken(""),
+		client.WithCheckpointRegistry("127.0.0.1:5000/forkfleet/checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The source lands on b (more room); its checkpoint is b's.
+	src, err := c.CreateSandbox(ctx)
+	if err != nil || src.Info().GetHost() != "host-b" {
+		t.Fatalf("source on %q: %v", src.Info().GetHost(), err)
+	}
+	ck, err := src.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 GiB replicas: a has room for 3, b for 3 more.
+	res, err := ck.Fork(ctx, 5, client.WithRequestID("fork-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.FirstError(res); err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]int{}
+	for _, r := range res {
+		hosts[r.Sandbox.Info().GetHost()]++
+	}
+	if hosts["host-a"] != 3 || hosts["host-b"] != 2 {
+		t.Fatalf("replicas per host %v", hosts)
+	}
+	// b's replicas come first and fork the checkpoint itself; a's its import.
+	if res[0].Sandbox.Info().GetCheckpointId() != ck.ID() || res[4].Sandbox.Info().GetCheckpointId() == ck.ID() {
+		t.Fatalf("checkpoints forked: %s, %s", res[0].Sandbox.Info().GetCheckpointId(), res[4].Sandbox.Info().GetCheckpointId())
+	}
+	// Later calls reach each replica's host.
+	for _, r := range res {
+		if err := r.Sandbox.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second fork pulls nothing again: a forks its import once more.
+	res2, err := ck.Fork(ctx, 5)
+	if err != nil || client.FirstError(res2) != nil {
+		t.Fatalf("second fork: %v %v", err, client.FirstError(res2))
+	}
+	if res2[4].Sandbox.Info().GetCheckpointId() != res[4].Sandbox.Info().GetCheckpointId() {
+		t.Fatal("a pulled the checkpoint again")
+	}
+	// A host that fails its share fails its replicas only.
+	a.FailReplica = func(string, int) error { return errdefs.ErrInternal }
+	for _, r := range res2 {
+		r.Sandbox.Delete(ctx)
+	}
+	res3, err := ck.Fork(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for _, r := range res3 {
+		if r.Err != nil {
+			failed++
+		} else {
+			r.Sandbox.Delete(ctx)
+		}
+	}
+	if failed != 3 {
+		t.Fatalf("%d replicas failed, want a's 3", failed)
+	}
+}

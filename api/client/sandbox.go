@@ -483,6 +483,9 @@ func (ck *Checkpoint) Fork(ctx context.Context, n int, opts ...ForkOption) ([]Fo
 	if n < 1 || n > 1<<20 {
 		return nil, errdefs.InvalidField("count", "must be at least 1 (got %d)", n)
 	}
+	if r := ck.c.router; r != nil && r.o.registry != "" {
+		return ck.c.forkAcross(ctx, ck, n, opts)
+	}
 	results, _, err := ck.c.fork(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.id, Count: uint32(n)}, opts)
 	return results, err
 }

@@ -56,6 +56,10 @@ type Fake struct {
 	// (Limits.MaxMemoryBytes when 0); memory_available_bytes is what the
 	// admitted sandboxes leave of it.
 	MemoryTotalBytes int64
+	// Registry is the OCI registry ExportCheckpoint pushes to and forks and
+	// imports pull from: fakes standing in for the hosts of one fleet share
+	// one (NewRegistry); a private one when nil.
+	Registry *Registry
 	// Token, when set, is required as a bearer credential on every RPC.
 	Token string
 	// BootDelay: a sandbox created without wait_ready stays BOOTING this
@@ -78,7 +82,6 @@ type Fake struct {
 	sandboxes   map[string]*controldv1.Sandbox
 	checkpoints map[string]*controldv1.Checkpoint
 	exported    map[string]*controldv1.Checkpoint // reference -> the checkpoint as exported (an image outlives it)
-	registry    map[string]*controldv1.Checkpoint // reference -> the checkpoint as pushed (the fake's registry)
 	pulled      map[string]string                 // pushed reference -> its import here (ForkCheckpoint's cache)
 	pools       map[string]*controldv1.Pool
 	watchers    map[*watcher]struct{}
@@ -99,7 +102,6 @@ func New() *Fake {
 		sandboxes:   make(map[string]*controldv1.Sandbox),
 		checkpoints: make(map[string]*controldv1.Checkpoint),
 		exported:    make(map[string]*controldv1.Checkpoint),
-		registry:    make(map[string]*controldv1.Checkpoint),
 		pulled:      make(map[string]string),
 		pools:       make(map[string]*controldv1.Pool),
 		watchers:    make(map[*watcher]struct{}),
@@ -848,7 +850,7 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 	if ref := req.GetCheckpointReference(); ref != "" {
 		// Pulled once, then forked from the import while it lives.
 		if id = f.pulled[ref]; f.checkpoints[id] == nil {
-			ck, err := f.importLocked(f.registry, ref, false)
+			ck, err := f.importLocked(f.registry().get, ref, false)
 			if err != nil {
 				return nil, err
 			}
@@ -913,7 +915,7 @@ func (f *Fake) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheck
 	resp := &controldv1.ExportCheckpointResponse{Reference: req.GetReference(), Digest: "sha256:" + hex.EncodeToString(sum[:]),
 		SizeBytes: ck.GetMemoryBytes() + ck.GetLayerBytes()}
 	if req.GetPush() {
-		f.registry[req.GetReference()] = proto.CloneOf(ck)
+		f.registry().put(req.GetReference(), resp.Digest, ck)
 		resp.PushedBytes = resp.SizeBytes
 	}
 	return resp, nil
@@ -936,9 +938,9 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	from := f.exported
+	from := func(ref string) (*controldv1.Checkpoint, bool) { ck, ok := f.exported[ref]; return ck, ok }
 	if req.GetPull() {
-		from = f.registry
+		from = f.registry().get
 	}
 	ck, err := f.importLocked(from, req.GetReference(), true)
 	if err != nil {
@@ -954,8 +956,8 @@ func (f *Fake) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheck
 // importLocked registers the checkpoint images holds under ref as a new
 // checkpoint, with its name when keepName (a fork's import of a remote
 // checkpoint is a cache and takes no name, as in controld).
-func (f *Fake) importLocked(images map[string]*controldv1.Checkpoint, ref string, keepName bool) (*controldv1.Checkpoint, error) {
-	src, ok := images[ref]
+func (f *Fake) importLocked(images func(ref string) (*controldv1.Checkpoint, bool), ref string, keepName bool) (*controldv1.Checkpoint, error) {
+	src, ok := images(ref)
 	if !ok {
 		return nil, notFound("checkpoint image", "IMAGE_NOT_FOUND", ref)
 	}
@@ -974,6 +976,50 @@ func (f *Fake) importLocked(images map[string]*controldv1.Checkpoint, ref string
 	}
 	f.checkpoints[ck.Id] = ck
 	return ck, nil
+}
+
+// Registry is an in-memory OCI registry of checkpoint images: by
+// reference (repository:tag) and by digest (repository@sha256:...).
+type Registry struct {
+	mu     sync.Mutex
+	images map[string]*controldv1.Checkpoint
+}
+
+// NewRegistry returns an empty registry to share between fakes.
+func NewRegistry() *Registry { return &Registry{images: map[string]*controldv1.Checkpoint{}} }
+
+// registry is the fake's registry, a private one made on first use; the
+// caller holds f.mu.
+func (f *Fake) registry() *Registry {
+	if f.Registry == nil {
+		f.Registry = NewRegistry()
+	}
+	return f.Registry
+}
+
+func (r *Registry) put(ref, digest string, ck *controldv1.Checkpoint) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.images[ref] = proto.CloneOf(ck)
+	r.images[repository(ref)+"@"+digest] = proto.CloneOf(ck)
+}
+
+func (r *Registry) get(ref string) (*controldv1.Checkpoint, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ck, ok := r.images[ref]
+	return ck, ok
+}
+
+// repository is ref without its tag or digest.
+func repository(ref string) string {
+	if i := strings.Index(ref, "@"); i >= 0 {
+		return ref[:i]
+	}
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		return ref[:i]
+	}
+	return ref
 }
 
 // ---- pools

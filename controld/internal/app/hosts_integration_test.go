@@ -11,6 +11,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // TestRealStackHosts runs two controlds on the real stack, each with its
@@ -23,17 +24,9 @@ import (
 func TestRealStackHosts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	host := func(name string, admitMemory config.Size) *daemon {
-		cfg, _, _ := realStackConfig(t, "forkfleet-hosts-"+name)
-		cfg.Host = "host-" + name
-		cfg.Admission.MaxMemory = config.Share{Bytes: admitMemory}
-		cfg.Boot.Precreate = 0
-		rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
-		return startWith(t, cfg, app.Deps{Runtime: rt})
-	}
 	// The default sandbox asks for 1 GiB: a admits 2, b admits 3.
-	a := host("a", 2<<30)
-	b := host("b", 3<<30)
+	a := startHost(t, ctx, "a", 2<<30)
+	b := startHost(t, ctx, "b", 3<<30)
 	c, err := client.DialHosts(ctx, []string{"unix://" + a.addrs.GRPCUnix, "unix://" + b.addrs.GRPCUnix}, client.WithToken(""))
 	if err != nil {
 		t.Fatal(err)
@@ -165,5 +158,115 @@ func TestRealStackHosts(t *testing.T) {
 	}
 	if _, err := c.ListSandboxes(lostCtx); errdefs.Reason(err) != client.ReasonHostUnreachable {
 		t.Fatalf("list without b: %v", err)
+	}
+}
+
+// startHost runs a controld standing in for host "host-"+name: its own
+// state, sockets, ports and containerd namespace, admitting admitMemory
+// bytes of sandbox memory, no warm slots.
+func startHost(t *testing.T, ctx context.Context, name string, admitMemory config.Size) *daemon {
+	t.Helper()
+	cfg, _, _ := realStackConfig(t, "forkfleet-hosts-"+name)
+	cfg.Host = "host-" + name
+	cfg.Admission.MaxMemory = config.Share{Bytes: admitMemory}
+	cfg.Boot.Precreate = 0
+	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
+	return startWith(t, cfg, app.Deps{Runtime: rt})
+}
+
+// TestRealStackHostsForkAcross forks one checkpoint over two controlds
+// through a real registry (Debian's docker-registry on the loopback): the
+// checkpoint's host forks its share, the other pulls the checkpoint pushed
+// once and forks its own; every replica passes every verification level
+// the checkpoint supports, and later calls reach each replica's host.
+func TestRealStackHostsForkAcross(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	reg := testenv.Registry(t)
+	// Room for the source and two replicas on a, two replicas on b: the
+	// tie goes to a, the earlier host, and the third replica to b.
+	a := startHost(t, ctx, "fa", 3<<30)
+	b := startHost(t, ctx, "fb", 2<<30)
+	c, err := client.DialHosts(ctx, []string{"unix://" + a.addrs.GRPCUnix, "unix://" + b.addrs.GRPCUnix}, client.WithToken(""),
+		client.WithCheckpointRegistry(reg+"/forkfleet/hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var cleanup []func()
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+	src, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanup = append(cleanup, func() { src.Delete(context.Background()) })
+	if src.Info().GetHost() != "host-fa" {
+		t.Fatalf("source on %s", src.Info().GetHost())
+	}
+	ck, err := src.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanup = append(cleanup, func() {
+		if _, err := ck.Delete(context.Background(), client.WithCascade()); err != nil {
+			t.Errorf("delete checkpoint: %v", err)
+		}
+	})
+	// b's import of the checkpoint goes with it.
+	cleanup = append(cleanup, func() {
+		cks, err := c.ListCheckpoints(context.Background())
+		if err != nil {
+			t.Errorf("list checkpoints: %v", err)
+			return
+		}
+		for _, k := range cks {
+			if k.GetHost() == "host-fb" {
+				if _, err := c.Checkpoint(k.GetId()).Delete(context.Background(), client.WithCascade()); err != nil {
+					t.Errorf("delete b's import: %v", err)
+				}
+			}
+		}
+	})
+	levels := ck.Info().GetVerifyLevels()
+	res, err := ck.Fork(ctx, 3, client.WithVerify(levels...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perHost := map[string]int{}
+	for _, r := range res {
+		if r.Sandbox != nil {
+			cleanup = append(cleanup, func() { r.Sandbox.Delete(context.Background()) })
+			perHost[r.Sandbox.Info().GetHost()]++
+		}
+	}
+	if err := client.FirstError(res); err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if perHost["host-fa"] != 2 || perHost["host-fb"] != 1 {
+		t.Fatalf("replicas per host %v", perHost)
+	}
+	// Each replica was verified at every level the checkpoint supports
+	// before the fork returned it.
+	for _, r := range res {
+		if len(r.Verification) != len(levels) {
+			t.Fatalf("replica %s on %s: verified %v, want %v", r.Sandbox.ID(), r.Sandbox.Info().GetHost(), r.Verification, levels)
+		}
+		for _, v := range r.Verification {
+			if !v.GetOk() {
+				t.Fatalf("replica %s on %s: %s failed: %s", r.Sandbox.ID(), r.Sandbox.Info().GetHost(), v.GetLevel(), v.GetDetail())
+			}
+		}
+		s, err := r.Sandbox.ACI(ctx)
+		if err != nil {
+			t.Fatalf("ACI of %s: %v", r.Sandbox.ID(), err)
+		}
+		if _, err := s.Ping(ctx, nil); err != nil {
+			t.Fatalf("ping %s: %v", r.Sandbox.ID(), err)
+		}
+		s.Close()
 	}
 }
