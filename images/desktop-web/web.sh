@@ -23,6 +23,16 @@ apt-mark manual "${pkgs[@]}" >/dev/null
 apt-get -q check >/dev/null
 rm -f "$added"
 
+# Chromium keeps its metrics histograms in a 4 MiB file it maps and then
+# deletes (BrowserMetrics/BrowserMetrics-*.pma): a deleted file CRIU copies
+# into every checkpoint (a "ghost") and writes back into every replica's
+# layer. A plain file where that directory would go makes the mapped file
+# impossible to create, and Chromium keeps the histograms in its own memory
+# instead (its persistent-histograms setup falls back to local memory),
+# which KSM merges across replicas. Metrics are off anyway (policies).
+install -d -o agent -g agent -m 0700 /home/agent/.config /home/agent/.config/chromium
+install -o root -g root -m 0444 /dev/null /home/agent/.config/chromium/BrowserMetrics
+
 # Font cache, so neither the browser nor GTK writes one at first use.
 fc-cache -s -f >/dev/null
 
