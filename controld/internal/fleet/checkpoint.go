@@ -905,6 +905,9 @@ func (m *Manager) importCheckpoint(ctx context.Context, name, digest string) (*c
 		m.dropRuntimeCheckpoint(ref, final)
 		return nil, err
 	}
+	// Its first fork finds a container precreated too, as a local
+	// checkpoint's does.
+	m.forkSlotsExpect(id)
 	return m.checkpointView(id)
 }
 

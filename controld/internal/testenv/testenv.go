@@ -15,17 +15,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/forkfleet/forkfleet/api/registrytest"
 	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
@@ -218,7 +216,7 @@ const PrometheusBin = "/var/cache/forkfleet/prometheus/bin"
 
 // RegistryBin is where `make test-tools` (deploy/host-setup.sh --registry)
 // unpacks Debian's docker-registry.
-const RegistryBin = "/var/cache/forkfleet/registry/bin"
+var RegistryBin = filepath.Dir(registrytest.Bin)
 
 // Tool returns the path of an operator's tool the tests drive controld with
 // (grpcurl, grpc-health-probe, prometheus, promtool, docker-registry; `make
@@ -253,55 +251,24 @@ func Tool(t testing.TB, name string) string {
 	return ""
 }
 
-// Registry starts a real OCI registry (Debian's docker-registry) on a free
-// loopback port, its storage in a temporary directory, stopped when t ends,
-// and returns its host:port.
+// Registry starts a real OCI registry (Debian's docker-registry,
+// registrytest) on a free loopback port, its storage in a temporary
+// directory, stopped when t ends, and returns its host:port. Missing, it
+// skips t, or fails it under FORKFLEET_INTEGRATION=1.
 func Registry(t testing.TB) string {
 	t.Helper()
 	bin := Tool(t, "docker-registry")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	r, err := registrytest.Start(context.Background(), bin, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "config.yml")
-	yml := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)
-	if err := os.WriteFile(conf, []byte(yml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "registry.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "serve", conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("docker-registry: %v", err)
 	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		logf.Close()
+		r.Close()
 		if t.Failed() {
-			if b, err := os.ReadFile(logf.Name()); err == nil {
+			if b, err := os.ReadFile(r.Log); err == nil && len(b) > 0 {
 				t.Logf("docker-registry log:\n%s", b)
 			}
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return addr
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("docker-registry on %s never answered /v2/: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return r.Addr
 }
