@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
@@ -24,6 +25,8 @@ type restorePrecreating struct {
 	mu   sync.Mutex
 	pre  map[string]precreatedFork
 	hits int
+	// hook, when set, runs before a precreate and fails it with its error.
+	hook func(ref runtime.CheckpointRef) error
 }
 
 type precreatedFork struct {
@@ -36,6 +39,14 @@ var _ runtime.RestorePrecreator = (*restorePrecreating)(nil)
 func (r *restorePrecreating) PrecreateRestore(ctx context.Context, spec runtime.BootSpec, ref runtime.CheckpointRef) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	r.mu.Lock()
+	hook := r.hook
+	r.mu.Unlock()
+	if hook != nil {
+		if err := hook(ref); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -219,4 +230,51 @@ func TestForkSlots(t *testing.T) {
 	if f := rp.forks(); len(f) != 0 {
 		t.Fatalf("fork slots left after Close: %v", f)
 	}
+}
+
+// TestForkSlotOfDeletedCheckpoint: a checkpoint deleted while its fork slot
+// is made fails that precreate, which is no failure of the slot filler: it
+// goes on to the next checkpoint's slot at once. (It backed off, 500 ms
+// doubling, and held off the next checkpoints' slots: in benchd's fork
+// suite, which checkpoints, forks and deletes in a row, forks restored cold.)
+func TestForkSlotOfDeletedCheckpoint(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+		o.PoolRetry = time.Hour // a backoff outlasts the test
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rp.mu.Lock()
+	rp.hook = func(runtime.CheckpointRef) error {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil
+		}
+		close(entered)
+		<-release
+		return fmt.Errorf("create container: parent snapshot does not exist: %w", errdefs.ErrNotFound)
+	}
+	rp.mu.Unlock()
+
+	a, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered // a's slot is being made
+	if _, err := e.m.DeleteCheckpoint(ctx, a.Id, false); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	b, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the next checkpoint's fork slot", func() bool {
+		return len(rp.forks()[e.dir+"/checkpoints/"+b.Id]) == 1
+	})
 }

@@ -615,12 +615,29 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 			if m.ctx.Err() != nil {
 				return
 			}
+			if !m.checkpointExists(ck.Checkpoint.GetId()) {
+				// Deleted while its slot was made (its layer or images went
+				// under the precreate): nothing failed, and backing off would
+				// hold off the next checkpoints' slots, whose forks then
+				// restore cold (seconds of backoff in a benchmark that
+				// checkpoints, forks and deletes in a row).
+				m.log.Debug("fork slot dropped: its checkpoint was deleted", "checkpoint", ck.Checkpoint.GetId(), "err", err)
+				continue
+			}
 			m.log.Warn("fork slot precreate failed", "checkpoint", ck.Checkpoint.GetId(), "err", err, "retry_in", retry)
 			retry = m.backoff(retry)
 			continue
 		}
 		retry = m.opts.PoolRetry
 	}
+}
+
+// checkpointExists reports whether checkpoint id is still recorded.
+func (m *Manager) checkpointExists(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.checkpoints[id]
+	return ok
 }
 
 // precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint
