@@ -69,14 +69,18 @@ def go_build(bindir: pathlib.Path, module: str, pkg: str, name: str, cgo: bool =
 class Fake:
     """A running api/cmd/controldfake."""
 
-    def __init__(self, binary: str, token: str = ""):
+    def __init__(self, binary: str, token: str = "", hosts: str = ""):
         self.dir = tempfile.mkdtemp(prefix="ffpy-")
         args = [binary, "--socket", os.path.join(self.dir, "controld.sock")]
         if token:
             args += ["--token", token]
+        if hosts:
+            args += ["--hosts", hosts]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         info = json.loads(self.proc.stdout.readline())
         self.target, self.aci_url, self.aci_token = info["target"], info["aci_url"], info["aci_token"]
+        # host name -> target, with hosts: fakes standing in for a fleet.
+        self.hosts = info.get("hosts") or {}
 
     def command(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")

@@ -4,9 +4,12 @@
 // validation rules. Every sandbox's endpoint is one fake guestd (package
 // acitest) on loopback.
 //
-//	controldfake --socket /tmp/x/controld.sock [--token T]
+//	controldfake --socket /tmp/x/controld.sock [--token T] [--hosts a=3GiB,b=8GiB]
 //
-// It prints one JSON line, {"target": ..., "aci_url": ..., "aci_token": ...},
+// With --hosts it serves one fake per host (its name and admission memory),
+// each on <socket>-<name>, sharing one registry: the hosts of a fleet for
+// the clients of many hosts. It prints one JSON line, {"target": ...,
+// "aci_url": ..., "aci_token": ..., "hosts": {name: target}},
 // then reads commands from stdin, one per line, and answers each with "ok"
 // or "error: ..." on stdout:
 //
@@ -16,6 +19,7 @@
 //	ready 0|1          readiness, pushed to every session as a ReadyEvent
 //	fail-replica I     replica I of every later fork fails (UNAVAILABLE)
 //	sandbox-state ID S set a sandbox's state (a SandboxState number)
+//	stop-host NAME     stop serving host NAME (--hosts), as a lost host
 //
 // It stops when stdin closes.
 package main
@@ -39,6 +43,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/controldfake"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 )
 
 const acitoken = "fake-aci-token"
@@ -53,6 +58,7 @@ func main() {
 func run() error {
 	socket := flag.String("socket", "", "unix socket to serve controld's gRPC API on")
 	token := flag.String("token", "", "bearer token the API requires (none when empty)")
+	hostsFlag := flag.String("hosts", "", "serve one fake per name=admission-memory (comma-separated) on <socket>-<name>, sharing a registry")
 	flag.Parse()
 	if *socket == "" {
 		return errors.New("--socket is required")
@@ -61,29 +67,69 @@ func run() error {
 	guest.Token = acitoken
 	guest.Capabilities = append(append([]string(nil), acitest.DefaultCapabilities...), "region", "downscale", "cursor")
 	defer guest.Close()
-	fake := controldfake.New()
-	fake.Token = *token
-	fake.SetEndpoint(func(sb *controldv1.Sandbox) *controldv1.Endpoint {
-		return &controldv1.Endpoint{Url: guest.URL(), Token: acitoken}
-	})
 	var failReplica atomic.Int64 // set from stdin, read by fork RPCs
 	failReplica.Store(-1)
-	fake.FailReplica = func(_ string, i int) error {
-		if int64(i) == failReplica.Load() {
-			return errdefs.WithReason(errdefs.ErrUnavailable, "REPLICA_FAILED", "replica %d failed (controldfake)", i)
+	newFake := func() *controldfake.Fake {
+		fake := controldfake.New()
+		fake.Token = *token
+		fake.SetEndpoint(func(sb *controldv1.Sandbox) *controldv1.Endpoint {
+			return &controldv1.Endpoint{Url: guest.URL(), Token: acitoken}
+		})
+		fake.FailReplica = func(_ string, i int) error {
+			if int64(i) == failReplica.Load() {
+				return errdefs.WithReason(errdefs.ErrUnavailable, "REPLICA_FAILED", "replica %d failed (controldfake)", i)
+			}
+			return nil
 		}
-		return nil
+		return fake
 	}
-	srv, err := controldfake.ListenFake(fake, *socket)
-	if err != nil {
-		return err
+	type host struct {
+		name string
+		srv  *controldfake.Server
 	}
-	defer srv.Close()
+	var hosts []host
+	if *hostsFlag == "" {
+		srv, err := controldfake.ListenFake(newFake(), *socket)
+		if err != nil {
+			return err
+		}
+		hosts = append(hosts, host{srv: srv})
+	} else {
+		reg := controldfake.NewRegistry()
+		for _, spec := range strings.Split(*hostsFlag, ",") {
+			name, mem, ok := strings.Cut(spec, "=")
+			n, err := limits.ParseBytes(mem)
+			if !ok || name == "" || err != nil {
+				return fmt.Errorf("--hosts %q: want name=memory,...", spec)
+			}
+			fake := newFake()
+			fake.Host, fake.Registry = name, reg
+			fake.Limits = limits.Default()
+			fake.Limits.MaxMemoryBytes = n
+			srv, err := controldfake.ListenFake(fake, *socket+"-"+name)
+			if err != nil {
+				return err
+			}
+			hosts = append(hosts, host{name: name, srv: srv})
+		}
+	}
+	defer func() {
+		for _, h := range hosts {
+			h.srv.Close()
+		}
+	}()
+	srv := hosts[0].srv
 	if err := setFrame(guest, 40, 80, 160); err != nil {
 		return err
 	}
 	out := json.NewEncoder(os.Stdout)
-	if err := out.Encode(map[string]string{"target": srv.Target, "aci_url": guest.URL(), "aci_token": acitoken}); err != nil {
+	targets := map[string]string{}
+	for _, h := range hosts {
+		if h.name != "" {
+			targets[h.name] = h.srv.Target
+		}
+	}
+	if err := out.Encode(map[string]any{"target": srv.Target, "aci_url": guest.URL(), "aci_token": acitoken, "hosts": targets}); err != nil {
 		return err
 	}
 	in := bufio.NewScanner(os.Stdin)
@@ -121,7 +167,18 @@ func run() error {
 		case f[0] == "sandbox-state" && len(f) == 3:
 			var st int
 			if st, err = strconv.Atoi(f[2]); err == nil {
-				err = fake.SetState(f[1], controldv1.SandboxState(st), "set by controldfake")
+				for _, h := range hosts {
+					if err = h.srv.SetState(f[1], controldv1.SandboxState(st), "set by controldfake"); err == nil {
+						break
+					}
+				}
+			}
+		case f[0] == "stop-host" && len(f) == 2:
+			err = fmt.Errorf("no host %q", f[1])
+			for _, h := range hosts {
+				if h.name == f[1] {
+					err = h.srv.Close()
+				}
 			}
 		default:
 			err = fmt.Errorf("unknown command %q", in.Text())

@@ -30,7 +30,7 @@ import grpc
 import grpc.aio
 from google.protobuf import duration_pb2
 
-from forkfleet import _sync, errors
+from forkfleet import _hosts, _sync, errors
 from forkfleet.controld.v1 import controld_pb2 as pb
 from forkfleet.controld.v1 import controld_pb2_grpc as pbg
 
@@ -182,7 +182,14 @@ class AsyncClient:
     def __init__(self, target: str | None = None, *, token: str | None = None, token_file: str | None = None,
                  tls: bool | grpc.ChannelCredentials = False, insecure: bool = False,
                  timeout: float | None = None, aci_options: Mapping[str, Any] | None = None,
-                 channel_options: Sequence[tuple[str, Any]] = ()):
+                 channel_options: Sequence[tuple[str, Any]] = (), hosts: Sequence[str] | None = None,
+                 checkpoint_registry: str = "", resolve: Callable[[str], Awaitable[list[str]]] | None = None):
+        if hosts is not None:
+            if target is not None:
+                raise errors.InvalidArgument("give target or hosts, not both", field="hosts")
+            if not hosts:
+                raise errors.InvalidArgument("at least one controld address", field="hosts")
+            target = hosts[0]
         target = target or DEFAULT_ADDRESS
         if token is None:
             if token_file is not None:
@@ -194,11 +201,12 @@ class AsyncClient:
                         token = f.read().strip()
                 except OSError:
                     token = ""
-        local = is_local_target(target)
-        if token and not local and not tls and not insecure:
-            raise errors.InvalidArgument(
-                f"client: refusing to send a bearer token in plaintext to {target} "
-                "(use tls=True, or insecure=True on a trusted network)")
+        for t in hosts or [target]:
+            local = not t.startswith("dns:") and is_local_target(t)
+            if token and not local and not tls and not insecure:
+                raise errors.InvalidArgument(
+                    f"client: refusing to send a bearer token in plaintext to {t} "
+                    "(use tls=True, or insecure=True on a trusted network)")
         opts = [("grpc.max_receive_message_length", _MAX_MESSAGE),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
                 # As the Go client: idempotent calls retried on UNAVAILABLE,
@@ -207,18 +215,33 @@ class AsyncClient:
                 ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
                 *channel_options]
-        if tls and not target.startswith("unix:"):
-            creds = grpc.ssl_channel_credentials() if tls is True else tls
-            self._channel = grpc.aio.secure_channel(target, creds, options=opts)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=opts)
+        def channel(t: str, server_name: str = "") -> grpc.aio.Channel:
+            if tls and not t.startswith("unix:"):
+                creds = grpc.ssl_channel_credentials() if tls is True else tls
+                # An address resolved from a name: the certificate names the name.
+                extra = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+                return grpc.aio.secure_channel(t, creds, options=opts + extra)
+            return grpc.aio.insecure_channel(t, options=opts)
         self.target = target
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         self._timeout = timeout
         self._aci_options = dict(aci_options or {})
-        self.sandbox_service = pbg.SandboxServiceStub(self._channel)
-        self.checkpoint_service = pbg.CheckpointServiceStub(self._channel)
-        self.pool_service = pbg.PoolServiceStub(self._channel)
+        self._router: _hosts.Router | None = None
+        self._registry = checkpoint_registry
+        if hosts is None:
+            self._channel = channel(target)
+            self.sandbox_service = pbg.SandboxServiceStub(self._channel)
+            self.checkpoint_service = pbg.CheckpointServiceStub(self._channel)
+            self.pool_service = pbg.PoolServiceStub(self._channel)
+            self.host_service = pbg.HostServiceStub(self._channel)
+        else:
+            # Many hosts (controld/docs/hosts.md): the same methods, routed.
+            self._router = _hosts.Router(hosts, channel, resolve)
+            self._router.metadata = self._metadata
+            self.sandbox_service = _hosts.RoutedStub(self._router, "SandboxService")
+            self.checkpoint_service = _hosts.RoutedStub(self._router, "CheckpointService")
+            self.pool_service = _hosts.RoutedStub(self._router, "PoolService")
+            self.host_service = _hosts.RoutedStub(self._router, "HostService")
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -227,8 +250,24 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Closes the channel. ACI sessions opened through the client stay open."""
-        await self._channel.close()
+        """Closes the channels. ACI sessions opened through the client stay open."""
+        if self._router is not None:
+            await self._router.close()
+        else:
+            await self._channel.close()
+
+    async def host_status(self, *, timeout: float | None = None) -> pb.GetHostStatusResponse:
+        """controld's host: its name (what records' ``host`` fields say),
+        memory, admitted sandboxes against its admission limits, pools. A
+        client of many hosts reports its first host's; :meth:`hosts` all."""
+        return await self._call(self.host_service.GetHostStatus, pb.GetHostStatusRequest(), timeout)
+
+    async def hosts(self) -> "list[tuple[str, pb.GetHostStatusResponse | None, errors.ForkfleetError | None]]":
+        """Every host's status as (target, status, error), in target order."""
+        if self._router is None:
+            return [(self.target, await self.host_status(), None)]
+        await self._router.maybe_resolve()
+        return [(ep.target, st, err) for ep, st, err in await self._router.statuses()]
 
     async def _call(self, method: Callable[..., Awaitable[T]], req: Any, timeout: float | None) -> T:
         t = self._timeout if timeout is None else timeout
@@ -546,6 +585,8 @@ class AsyncCheckpoint:
         ``network_policy`` when given). The error raised is the request's;
         each replica's own failure is in its ForkResult."""
         req = _fork_request(n, labels, ttl, verify, resources, network_policy, fields)
+        if self.client._router is not None and self.client._registry:
+            return await _fork_across(self, req, timeout)
         req.checkpoint_id = self.id
         results, _ = await _fork(self.client, req, timeout)
         return results
@@ -568,10 +609,54 @@ def _fork_request(n: int, labels: Mapping[str, str] | None, ttl: Seconds | None,
                                     resources=_resources(resources), network_policy=network_policy, **fields)
 
 
-async def _fork(client: "AsyncClient", req: pb.ForkCheckpointRequest,
-                timeout: float | None) -> "tuple[list[ForkResult], str]":
-    """Sends a ForkCheckpoint request: its replicas and the checkpoint forked."""
-    r = await client._call(client.checkpoint_service.ForkCheckpoint, req, timeout)
+async def _fork_across(ck: AsyncCheckpoint, req: pb.ForkCheckpointRequest,
+                       timeout: float | None) -> list[ForkResult]:
+    """The Go client's forkAcross: req.count replicas over the hosts with
+    room, the checkpoint's host forking its share from the checkpoint, the
+    others from its image pushed once to the client's registry (by digest);
+    a share that fails as a whole fails its replicas."""
+    client, router = ck.client, ck.client._router
+    info = await ck.get(timeout=timeout)
+    mem = req.resources.memory_bytes or info.resources.memory_bytes
+    placed = await router.placement(mem, req.count)
+    owner = router.by_host(info.host)
+    shares: dict[Any, int] = {}
+    for ep in placed:
+        shares[ep] = shares.get(ep, 0) + 1
+    order = sorted(shares, key=lambda ep: ep is not owner)  # the checkpoint's host first
+    ref = ""
+    if len(order) > 1 or order[0] is not owner:
+        ref = router.pushed.get(info.id, "")
+        if not ref:
+            exp = await AsyncCheckpoint(client, info.id).export(f"{client._registry}:{info.id}", push=True, timeout=timeout)
+            ref = f"{client._registry}@{exp.digest}"
+            router.pushed[info.id] = ref
+
+    async def share(i: int, ep: Any) -> "list[ForkResult]":
+        sub = pb.ForkCheckpointRequest()
+        sub.CopyFrom(req)
+        sub.count = shares[ep]
+        if ep is owner:
+            sub.checkpoint_id = info.id
+        else:
+            sub.checkpoint_reference = ref
+        if sub.request_id and len(order) > 1:
+            sub.request_id = f"{sub.request_id}:{i}"
+        elif not sub.request_id:
+            sub.request_id = str(uuid.uuid4())
+        try:
+            r = await router.unary("CheckpointService", "ForkCheckpoint", sub,
+                                   client._timeout if timeout is None else timeout, client._metadata, pinned=ep)
+        except errors.InvalidArgument:
+            raise
+        except errors.ForkfleetError as e:
+            return [ForkResult(error=e) for _ in range(shares[ep])]
+        return _fork_results(client, r)
+    parts = await asyncio.gather(*(share(i, ep) for i, ep in enumerate(order)))
+    return [res for part in parts for res in part]
+
+
+def _fork_results(client: "AsyncClient", r: pb.ForkCheckpointResponse) -> "list[ForkResult]":
     out = []
     for i, rep in enumerate(r.replicas):
         res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took))
@@ -582,7 +667,14 @@ async def _fork(client: "AsyncClient", req: pb.ForkCheckpointRequest,
         else:
             res.error = errors.Internal(f"client: fork replica {i}: neither sandbox nor error")
         out.append(res)
-    return out, r.checkpoint_id
+    return out
+
+
+async def _fork(client: "AsyncClient", req: pb.ForkCheckpointRequest,
+                timeout: float | None) -> "tuple[list[ForkResult], str]":
+    """Sends a ForkCheckpoint request: its replicas and the checkpoint forked."""
+    r = await client._call(client.checkpoint_service.ForkCheckpoint, req, timeout)
+    return _fork_results(client, r), r.checkpoint_id
 
 
 class Client(_sync.SyncProxy):
