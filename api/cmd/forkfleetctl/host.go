@@ -19,18 +19,48 @@ func hostCmd(g *globals) *cobra.Command {
 func hostStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
-		Short: "Show the host's memory, admitted sandboxes and pools (GetHostStatus)",
+		Short: "Show each host's memory, admitted sandboxes and pools (GetHostStatus)",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(*cobra.Command, []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			st, err := c.HostStatus(g.ctx)
+			hosts, err := c.Hosts(g.ctx)
 			if err != nil {
 				return err
 			}
-			return g.emit(st, func(w io.Writer) { hostDetail(w, st) })
+			// -o json: one GetHostStatusResponse per host, one per line
+			// with several.
+			if g.output == "json" {
+				for _, h := range hosts {
+					if h.Err != nil {
+						return fmt.Errorf("host %s: %w", h.Target, h.Err)
+					}
+					if err := g.emitJSON(h.Status, len(hosts) == 1); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			var failed error
+			err = g.emit(nil, func(w io.Writer) {
+				for i, h := range hosts {
+					if i > 0 {
+						fmt.Fprintln(w)
+					}
+					if h.Err != nil {
+						fmt.Fprintf(w, "target\t%s\nerror\t%v\n", h.Target, h.Err)
+						failed = fmt.Errorf("host %s: %w", h.Target, h.Err)
+						continue
+					}
+					hostDetail(w, h.Status)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return failed
 		},
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -91,7 +92,9 @@ func newRoot(g *globals) *cobra.Command {
 		Short: "Drive controld: sandboxes, checkpoints and forks, warm pools",
 		Long: `forkfleetctl talks to controld's gRPC API.
 
-ADDR is unix:///run/forkfleet/controld.sock (the default) or HOST:PORT. A HOST:PORT
+ADDR is unix:///run/forkfleet/controld.sock (the default) or HOST:PORT; a comma-separated list
+or dns:///NAME:PORT drives many hosts at once (new sandboxes where the room is, every
+later command to the host holding the sandbox, lists over every host). A HOST:PORT
 that is not the loopback needs TLS (--tls-ca: the CA of controld's certificate;
 --tls-cert/--tls-key: a client certificate when controld asks for one), or
 --insecure to send the token in plaintext on a network you trust.
@@ -106,7 +109,7 @@ that is not the loopback needs TLS (--tls-ca: the CA of controld's certificate;
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.address, "address", client.DefaultAddress, "controld address: unix:///PATH or HOST:PORT")
+	pf.StringVar(&g.address, "address", client.DefaultAddress, "controld address: unix:///PATH or HOST:PORT; several, comma-separated, or dns:///NAME:PORT for every address NAME resolves to (many hosts)")
 	pf.StringVar(&g.tokenFile, "token-file", "", "bearer token file for TCP addresses (default: controld's "+client.DefaultTokenFile+")")
 	pf.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA bundle: speak TLS to a TCP address and verify controld's certificate with it")
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate (mutual TLS; with --tls-key)")
@@ -163,7 +166,8 @@ func (g *globals) client() (*client.Client, error) {
 		return g.c, nil
 	}
 	var opts []client.Option
-	if !strings.HasPrefix(g.address, "unix:") {
+	remote := slices.ContainsFunc(strings.Split(g.address, ","), func(a string) bool { return !strings.HasPrefix(a, "unix:") })
+	if remote {
 		tf := g.tokenFile
 		if tf == "" {
 			tf = client.DefaultTokenFile
@@ -180,7 +184,14 @@ func (g *globals) client() (*client.Client, error) {
 			opts = append(opts, client.WithTLS(cfg))
 		}
 	}
-	c, err := client.Dial(g.ctx, g.address, opts...)
+	var c *client.Client
+	var err error
+	if targets := strings.Split(g.address, ","); len(targets) > 1 || strings.HasPrefix(g.address, "dns:") {
+		// Many hosts: placed and routed as the client does (controld/docs/hosts.md).
+		c, err = client.DialHosts(g.ctx, targets, opts...)
+	} else {
+		c, err = client.Dial(g.ctx, g.address, opts...)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/controldfake"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/limits"
 )
 
 // ctl runs one command line against target and returns its exit status and
@@ -350,5 +351,29 @@ func TestCompletion(t *testing.T) {
 	// An unreachable controld completes nothing, quietly.
 	if code, out, _ := ctl(t, "unix:///nonexistent/controld.sock", "__complete", "sandbox", "get", ""); code != exitOK || strings.Contains(out, "sb-") {
 		t.Fatalf("complete offline: %d %q", code, out)
+	}
+}
+
+// A comma-separated --address drives many hosts: placement by room,
+// later commands routed to the sandbox's host, every host's status.
+func TestManyHosts(t *testing.T) {
+	a, b := controldfake.Start(t), controldfake.Start(t)
+	a.Host, b.Host = "host-a", "host-b"
+	lim := limits.Default()
+	lim.MaxMemoryBytes = 8 << 30
+	b.Limits = lim
+	lim.MaxMemoryBytes = 2 << 30
+	a.Limits = lim
+	both := a.Target + "," + b.Target
+	sb := ok[*controldv1.CreateSandboxResponse](t, both, "sandbox", "create").GetSandbox()
+	if sb.GetHost() != "host-b" {
+		t.Fatalf("placed on %q", sb.GetHost())
+	}
+	if got := ok[*controldv1.GetSandboxResponse](t, both, "sandbox", "get", sb.GetId()); got.GetSandbox().GetHost() != "host-b" {
+		t.Fatalf("get: %v", got)
+	}
+	code, out, errOut := ctl(t, both, "host", "status")
+	if code != exitOK || !strings.Contains(out, "host-a") || !strings.Contains(out, "host-b") {
+		t.Fatalf("host status: exit %d\n%s%s", code, out, errOut)
 	}
 }
