@@ -56,8 +56,8 @@ func (sb *Sandbox) DevTools(ctx context.Context) (*DevTools, error) {
 	header := http.Header{"Authorization": {"Bearer " + token}}
 	req.Header = header.Clone()
 	hc := &http.Client{Timeout: 30 * time.Second}
-	if sb.c.gatewayTLS != nil {
-		hc.Transport = &http.Transport{TLSClientConfig: sb.c.gatewayTLS}
+	if cfg := sb.gatewayTLS(); cfg != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: cfg}
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

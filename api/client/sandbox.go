@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -305,6 +306,18 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 		return nil, fmt.Errorf("client: sandbox %s: %w: controld returned no ACI endpoint", sb.id, errdefs.ErrFailedPrecondition)
 	}
 	return aci.Dial(ctx, ep.GetUrl(), ep.GetToken(), dialOpts...)
+}
+
+// gatewayTLS is the TLS configuration for HTTPS to the gateway of the
+// sandbox's host (exposed ports): the client's, verifying a DNS-resolved
+// host against its name (client of many hosts).
+func (sb *Sandbox) gatewayTLS() *tls.Config {
+	if sb.c.router != nil {
+		if t := sb.c.router.gatewayTLS(sb.id); t != nil {
+			return t
+		}
+	}
+	return sb.c.gatewayTLS
 }
 
 // socketReachable is a cheap probe: this process may look into the
