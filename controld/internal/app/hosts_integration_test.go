@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/app"
@@ -171,6 +174,23 @@ func startHost(t *testing.T, ctx context.Context, name string, admitMemory confi
 	cfg.Admission.MaxMemory = config.Share{Bytes: admitMemory}
 	cfg.Boot.Precreate = 0
 	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))
+	// After controld stops: the checkpoint images exported and pulled go
+	// (the namespace is the test's; its desktop image stays for the next run).
+	t.Cleanup(func() {
+		bg := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
+		imgs, err := rt.Client().ImageService().List(bg)
+		if err != nil {
+			t.Errorf("list images: %v", err)
+			return
+		}
+		for _, img := range imgs {
+			if img.Name != cfg.DefaultImage {
+				if err := rt.Client().ImageService().Delete(bg, img.Name, images.SynchronousDelete()); err != nil {
+					t.Errorf("delete image %s: %v", img.Name, err)
+				}
+			}
+		}
+	})
 	return startWith(t, cfg, app.Deps{Runtime: rt})
 }
 
