@@ -1118,7 +1118,9 @@ func (c *Client) forkAcross(ctx context.Context, ck *Checkpoint, n int, opts []F
 				return nil, sh.err
 			}
 			for range sh.count {
-				out = append(out, ForkResult{Err: sh.err})
+				// As controld reports a failed replica.
+				out = append(out, ForkResult{Err: sh.err, Replica: &controldv1.ForkReplica{
+					ErrorCode: int32(errgrpc.Code(sh.err)), ErrorMessage: sh.err.Error()}})
 			}
 			continue
 		}

@@ -413,6 +413,9 @@ func TestHostsForkAcross(t *testing.T) {
 	failed := 0
 	for _, r := range res3 {
 		if r.Err != nil {
+			if r.Replica.GetErrorCode() == 0 {
+				t.Fatalf("failed replica without its code: %v", r.Replica)
+			}
 			failed++
 		} else {
 			r.Sandbox.Delete(ctx)
@@ -420,5 +423,45 @@ func TestHostsForkAcross(t *testing.T) {
 	}
 	if failed != 3 {
 		t.Fatalf("%d replicas failed, want a's 3", failed)
+	}
+}
+
+// A host whose share fails as a whole (here it cannot pull: no shared
+// registry) fails each of its replicas with that error; the others fork.
+func TestHostsForkShareFails(t *testing.T) {
+	a := fakeHost(t, "host-a", 4<<30)
+	b := fakeHost(t, "host-b", 4<<30)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.DialHosts(ctx, []string{a.Target, b.Target}, client.WithToken(""), client.WithCheckpointRegistry("127.0.0.1:5000/ff/ck"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	src, err := c.CreateSandbox(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := src.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := ck.Fork(ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, failed int
+	for _, r := range res {
+		switch {
+		case r.Err == nil && r.Sandbox.Info().GetHost() == src.Info().GetHost():
+			ok++
+		case errors.Is(r.Err, errdefs.ErrNotFound) && r.Replica.GetErrorCode() != 0:
+			failed++
+		default:
+			t.Fatalf("replica %v: %v", r.Replica, r.Err)
+		}
+	}
+	if ok == 0 || failed == 0 || ok+failed != 4 {
+		t.Fatalf("%d forked on the checkpoint's host, %d failed", ok, failed)
 	}
 }

@@ -82,6 +82,7 @@ type globals struct {
 	address, tokenFile     string
 	tlsCA, tlsCert, tlsKey string
 	insecure               bool
+	forkRegistry           string
 	output                 string
 	c                      *client.Client
 }
@@ -114,6 +115,7 @@ that is not the loopback needs TLS (--tls-ca: the CA of controld's certificate;
 	pf.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA bundle: speak TLS to a TCP address and verify controld's certificate with it")
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate (mutual TLS; with --tls-key)")
 	pf.StringVar(&g.tlsKey, "tls-key", "", "PEM key of --tls-cert")
+	pf.StringVar(&g.forkRegistry, "fork-registry", "", "with many hosts: an OCI repository through which checkpoint fork spreads replicas over every host with room")
 	pf.BoolVar(&g.insecure, "insecure", false, "send the token in plaintext to a TCP address that is not the loopback")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
@@ -188,6 +190,9 @@ func (g *globals) client() (*client.Client, error) {
 	var err error
 	if targets := strings.Split(g.address, ","); len(targets) > 1 || strings.HasPrefix(g.address, "dns:") {
 		// Many hosts: placed and routed as the client does (controld/docs/hosts.md).
+		if g.forkRegistry != "" {
+			opts = append(opts, client.WithCheckpointRegistry(g.forkRegistry))
+		}
 		c, err = client.DialHosts(g.ctx, targets, opts...)
 	} else {
 		c, err = client.Dial(g.ctx, g.address, opts...)

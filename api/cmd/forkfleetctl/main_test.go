@@ -376,4 +376,16 @@ func TestManyHosts(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "host-a") || !strings.Contains(out, "host-b") {
 		t.Fatalf("host status: exit %d\n%s%s", code, out, errOut)
 	}
+	// A fork over both hosts through their shared registry.
+	reg := controldfake.NewRegistry()
+	a.Registry, b.Registry = reg, reg
+	ck := ok[*controldv1.CreateCheckpointResponse](t, both, "checkpoint", "create", sb.GetId()).GetCheckpoint()
+	forked := ok[*controldv1.ForkCheckpointResponse](t, both, "--fork-registry", "127.0.0.1:5000/ff/ck", "checkpoint", "fork", ck.GetId(), "--count", "8")
+	hosts := map[string]int{}
+	for _, r := range forked.GetReplicas() {
+		hosts[r.GetSandbox().GetHost()]++
+	}
+	if hosts["host-a"] == 0 || hosts["host-b"] == 0 || len(forked.GetReplicas()) != 8 {
+		t.Fatalf("replicas per host %v", hosts)
+	}
 }
