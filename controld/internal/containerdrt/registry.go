@@ -230,7 +230,7 @@ func (r *Runtime) ResolveCheckpoint(ctx context.Context, ref string) (string, er
 // fetches the rest. Blobs already in the store are not fetched again; the
 // blobs of an interrupted pull stay under a lease for pullLeaseExpiry and
 // a retry resumes a partial blob with a range request.
-func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (int64, error) {
+func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (_ int64, retErr error) {
 	if err := validateReference("reference", ref); err != nil {
 		return 0, err
 	}
@@ -257,6 +257,15 @@ func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (int64,
 	if err != nil {
 		return 0, err
 	}
+	defer func() {
+		// Only a transfer that may succeed on retry keeps its blobs
+		// waiting; a refused checkpoint has nothing to resume.
+		if retErr != nil && !errors.Is(retErr, errdefs.ErrUnavailable) && !errors.Is(retErr, context.Canceled) && !errors.Is(retErr, context.DeadlineExceeded) {
+			if l, ok := leases.FromContext(ctx); ok {
+				r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
+			}
+		}
+	}()
 	cs := r.client.ContentStore()
 	f := &countingFetcher{Fetcher: fetcher}
 	fetch := func(ctx context.Context, d ocispec.Descriptor) error { return r.fetchBlob(ctx, cs, f, ref, d) }

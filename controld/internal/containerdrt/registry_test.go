@@ -11,9 +11,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/images"
+	cerrdefs "github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/registrytest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -144,5 +148,68 @@ func TestIntegrationRestorableCheck(t *testing.T) {
 	// A disk-tier image holds no processes: nothing to check.
 	if err := checkRestorable(ctx, "disk", &checkpointImage{exported: exportedMeta{Host: &hostInfo{Kernel: "99.0.0"}}}); err != nil {
 		t.Fatalf("disk tier: %v", err)
+	}
+}
+
+// TestIntegrationPullRefusesAlienCPU pushes a memory checkpoint whose
+// recorded CPU has features this one lacks to a real registry on loopback:
+// the pull refuses it with CPU_INCOMPATIBLE having fetched the manifest and
+// metadata only (the CRIU images never reach the content store), and keeps
+// no lease behind.
+func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
+	r := securityRuntime(t)
+	ctx := r.ctx(context.Background())
+	reg, err := registrytest.Start(ctx, testenv.Tool(t, "docker-registry"), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	src := bootT(t, r, testSpec(uniqueID("cpu")))
+	ck := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	exported := "localhost/forkfleet/cpu-it-ck:" + randomHex(4)
+	alien := reg.Addr + "/forkfleet/alien:" + randomHex(4)
+	if _, err := r.ExportCheckpoint(ctx, ck.Ref, nil, exported); err != nil {
+		t.Fatal(err)
+	}
+	craftCheckpointImage(t, r, exported, alien, nil, nil, func(m *exportedMeta) {
+		for i := 12; i+1 < len(m.Host.CPUInfo); i++ {
+			if m.Host.CPUInfo[i] == 0x30 && m.Host.CPUInfo[i+1] == 0 {
+				m.Host.CPUInfo[i+1] = 0x7f // a capability word of 0 claims 7 features
+			}
+		}
+	})
+	if _, err := r.PushCheckpoint(ctx, alien); err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	is, cs := r.client.ImageService(), r.client.ContentStore()
+	img, err := is.Get(ctx, alien)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := readCheckpointImage(ctx, cs, alien, img.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{exported, alien} {
+		if err := is.Delete(ctx, name, images.SynchronousDelete()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.DeleteCheckpoint(ctx, ck.Ref); err != nil {
+		t.Fatal(err)
+	}
+	leases := leaseCount(t, r)
+	_, err = r.PullCheckpoint(ctx, alien, alien)
+	if errdefs.Reason(err) != "CPU_INCOMPATIBLE" {
+		t.Fatalf("pull of a checkpoint dumped on a CPU with more features: %v, want CPU_INCOMPATIBLE", err)
+	}
+	if _, err := cs.Info(ctx, man.criu.Digest); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the refused pull fetched the CRIU images: %v", err)
+	}
+	if n := leaseCount(t, r); n != leases {
+		t.Errorf("%d leases after the refused pull, %d before", n, leases)
+	}
+	if _, err := is.Get(ctx, alien); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the refused pull left an image: %v", err)
 	}
 }

@@ -289,8 +289,9 @@ func TestIntegrationLayerCopyRace(t *testing.T) {
 
 // craftCheckpointImage writes dst, a copy of the checkpoint image src as a
 // hostile exporter would change it: editSpec rewrites the exported
-// spec.json, editCore every CRIU core image (thread state).
-func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec func(*specs.Spec), editCore func(*criucore.CoreEntry)) {
+// spec.json, editCore every CRIU core image (thread state), editMeta the
+// rest of the metadata blob.
+func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec func(*specs.Spec), editCore func(*criucore.CoreEntry), editMeta func(*exportedMeta)) {
 	t.Helper()
 	ctx, done, err := r.client.WithLease(r.ctx(context.Background()))
 	if err != nil {
@@ -318,6 +319,9 @@ func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec fu
 		if em.Spec, err = json.Marshal(&s); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if editMeta != nil {
+		editMeta(&em)
 	}
 	mb, err := json.Marshal(em)
 	if err != nil {
@@ -466,7 +470,7 @@ func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { r.client.ImageService().Delete(r.ctx(context.Background()), exported) })
-			craftCheckpointImage(t, r, exported, crafted, hostile, nil)
+			craftCheckpointImage(t, r, exported, crafted, hostile, nil, nil)
 			ref, _, err := r.ImportCheckpoint(ctx, crafted, filepath.Join(r.cfg.CheckpointRoot, uniqueID("crafted")))
 			if err != nil {
 				t.Fatalf("import of a checkpoint with a hostile spec.json: %v", err)
@@ -530,7 +534,7 @@ func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
 		},
 	} {
 		crafted := exported + "-" + strings.ReplaceAll(name, " ", "-")
-		craftCheckpointImage(t, r, exported, crafted, nil, edit)
+		craftCheckpointImage(t, r, exported, crafted, nil, edit, nil)
 		_, _, err := r.ImportCheckpoint(ctx, crafted, filepath.Join(r.cfg.CheckpointRoot, uniqueID("refused")))
 		var re *errdefs.ReasonError
 		if !errors.As(err, &re) || re.Reason != "CHECKPOINT_POLICY" || !errors.Is(err, errdefs.ErrFailedPrecondition) {
