@@ -137,6 +137,22 @@ func TestFakeFollowsControld(t *testing.T) {
 			_, err := c.ck.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: unknownCk, Count: 1})
 			return err
 		}},
+		{"fork of a checkpoint and a reference", func(c *clients) error {
+			_, err := c.ck.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: unknownCk, CheckpointReference: "registry.test/ck:1", Count: 1})
+			return err
+		}},
+		{"fork of nothing", func(c *clients) error {
+			_, err := c.ck.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{Count: 1})
+			return err
+		}},
+		{"fork of a reference with whitespace", func(c *clients) error {
+			_, err := c.ck.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointReference: "registry.test/ck :1", Count: 1})
+			return err
+		}},
+		{"pull without reference", func(c *clients) error {
+			_, err := c.ck.ImportCheckpoint(ctx, &controldv1.ImportCheckpointRequest{Pull: true})
+			return err
+		}},
 		{"export without reference", func(c *clients) error {
 			_, err := c.ck.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: unknownCk})
 			return err

@@ -298,6 +298,25 @@ func TestRealStackRegistry(t *testing.T) {
 	if later.CheckpointId != remoteCk {
 		t.Errorf("a later fork of the reference forked %s, want the cached %s", later.CheckpointId, remoteCk)
 	}
+
+	// The transfers in the metrics: bytes pushed as answered, pulls by
+	// outcome, and the three forks' ways to their checkpoint.
+	if got := s.metric(`forkfleet_controld_registry_bytes_total{direction="push"}`); got != float64(ex.PushedBytes) {
+		t.Errorf("registry_bytes_total push %v, want %d", got, ex.PushedBytes)
+	}
+	for series, want := range map[string]float64{
+		`forkfleet_controld_registry_transfer_seconds_count{code="FailedPrecondition",direction="pull"}`: 1, // the altered bytes
+		`forkfleet_controld_registry_transfer_seconds_count{code="Unavailable",direction="pull"}`:        1, // the cut
+		`forkfleet_controld_registry_transfer_seconds_count{code="OK",direction="pull"}`:                 2, // the import, the forks' one pull
+		`forkfleet_controld_remote_checkpoint_total{result="cached"}`:                                    1,
+	} {
+		if got := s.metric(series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if got := s.metric(`forkfleet_controld_remote_checkpoint_total{result="pulled"}`) + s.metric(`forkfleet_controld_remote_checkpoint_total{result="shared"}`); got != 2 {
+		t.Errorf("remote_checkpoint_total pulled+shared %v, want 2 (one pull, two forks)", got)
+	}
 }
 
 // checkReplicas fails t unless every replica is usable and passed all four

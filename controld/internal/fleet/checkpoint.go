@@ -813,7 +813,7 @@ func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCh
 	}
 	resp := &controldv1.ExportCheckpointResponse{Reference: res.Reference, Digest: res.Digest, SizeBytes: res.SizeBytes}
 	if reg != nil {
-		if resp.PushedBytes, err = reg.PushCheckpoint(ctx, req.GetReference()); err != nil {
+		if resp.PushedBytes, err = m.push(ctx, reg, req.GetReference()); err != nil {
 			return nil, fmt.Errorf("push checkpoint %s: %w", rec.Checkpoint.Id, err)
 		}
 	}
@@ -836,9 +836,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 		if err != nil {
 			return nil, err
 		}
-		ctx, span := m.tracer.Start(ctx, "checkpoint.pull")
-		resp.PulledBytes, err = reg.PullCheckpoint(ctx, req.GetReference(), req.GetReference())
-		span.End()
+		resp.PulledBytes, err = m.pull(ctx, reg, req.GetReference())
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: %w", req.GetReference(), err)
 		}

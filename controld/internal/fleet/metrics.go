@@ -30,6 +30,9 @@ type Metrics struct {
 	WarmSlots        prometheus.Gauge
 	Admission        prometheus.Counter
 	LimitHits        *prometheus.CounterVec
+	RegistryBytes    *prometheus.CounterVec
+	RegistryTransfer *prometheus.HistogramVec
+	RemoteForks      *prometheus.CounterVec
 }
 
 // Millisecond-resolution buckets from 1 ms to about 65 s.
@@ -113,12 +116,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "forkfleet", Subsystem: "controld", Name: "limit_hits_total",
 			Help: "Times sandboxes ran into a limit, by limit (memory: OOM kills, pids: refused forks, disk: disk found full).",
 		}, []string{"limit"}),
+		RegistryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "registry_bytes_total",
+			Help: "Checkpoint image bytes sent to (push) and fetched from (pull) OCI registries.",
+		}, []string{"direction"}),
+		RegistryTransfer: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "registry_transfer_seconds",
+			Help: "Checkpoint pushes and pulls (a fork's included), by direction and outcome (a gRPC code name).", Buckets: latencyBuckets,
+		}, []string{"direction", "code"}),
+		RemoteForks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "remote_checkpoint_total",
+			Help: "Forks of a registry reference by how the checkpoint was found (cached: an earlier import; pulled: pulled and imported for it; shared: another fork's pull).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.SandboxesByState, m.BootPhase, m.RuntimeCall, m.CheckpointStep, m.CheckpointTotal,
 			m.CheckpointFrozen, m.CheckpointBytes, m.Forks,
 			m.ForkReplica, m.PoolSize, m.PoolAvailable, m.PoolClaims, m.ClaimLatency, m.WatchDropped,
-			m.BootSlots, m.WarmSlots, m.Admission, m.LimitHits)
+			m.BootSlots, m.WarmSlots, m.Admission, m.LimitHits, m.RegistryBytes, m.RegistryTransfer, m.RemoteForks)
 	}
 	return m
 }

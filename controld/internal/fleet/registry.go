@@ -3,15 +3,17 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/distribution/reference"
 	digest "github.com/opencontainers/go-digest"
+	"google.golang.org/grpc/codes"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
-
-	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
 var errNoRegistry = errdefs.WithReason(errdefs.ErrFailedPrecondition, "REGISTRY_UNSUPPORTED", "runtime cannot reach OCI registries")
@@ -39,11 +41,12 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 		return nil, fmt.Errorf("checkpoint_reference %s: %w", ref, err)
 	}
 	if c := m.importedCheckpoint(dg); c != nil {
+		m.metrics.RemoteForks.WithLabelValues("cached").Inc()
 		return c, nil
 	}
 	// The pull runs for every waiter: one caller's cancellation does not
 	// fail the others' forks.
-	v, err, _ := m.pulls.Do(dg, func() (any, error) {
+	v, err, shared := m.pulls.Do(dg, func() (any, error) {
 		if c := m.importedCheckpoint(dg); c != nil {
 			return c, nil
 		}
@@ -52,7 +55,7 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 		if err != nil {
 			return nil, err
 		}
-		if _, err := reg.PullCheckpoint(pctx, local, local); err != nil {
+		if _, err := m.pull(pctx, reg, local); err != nil {
 			return nil, fmt.Errorf("pull %s: %w", ref, err)
 		}
 		ck, err := m.importCheckpoint(pctx, local, dg)
@@ -64,7 +67,31 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 	if err != nil {
 		return nil, err
 	}
+	if shared {
+		m.metrics.RemoteForks.WithLabelValues("shared").Inc()
+	} else {
+		m.metrics.RemoteForks.WithLabelValues("pulled").Inc()
+	}
 	return v.(*store.CheckpointRecord), nil
+}
+
+// push and pull move a checkpoint image and count it (registry_* metrics).
+func (m *Manager) push(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+	t0 := time.Now()
+	n, err := reg.PushCheckpoint(ctx, ref)
+	m.metrics.RegistryBytes.WithLabelValues("push").Add(float64(n))
+	m.metrics.RegistryTransfer.WithLabelValues("push", transferCode(err)).Observe(time.Since(t0).Seconds())
+	return n, err
+}
+
+func (m *Manager) pull(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+	ctx, span := m.tracer.Start(ctx, "checkpoint.pull")
+	defer span.End()
+	t0 := time.Now()
+	n, err := reg.PullCheckpoint(ctx, ref, ref)
+	m.metrics.RegistryBytes.WithLabelValues("pull").Add(float64(n))
+	m.metrics.RegistryTransfer.WithLabelValues("pull", transferCode(err)).Observe(time.Since(t0).Seconds())
+	return n, err
 }
 
 // importedCheckpoint returns the ready checkpoint imported from the image
@@ -96,4 +123,13 @@ func pinnedName(ref, dg string) (string, error) {
 		return "", fmt.Errorf("pin %s: %w: %w", ref, errdefs.ErrInternal, err)
 	}
 	return pinned.String(), nil
+}
+
+// transferCode is a transfer's outcome as a gRPC code name.
+func transferCode(err error) string {
+	code := errgrpc.Code(err)
+	if err != nil && code == codes.Unknown {
+		code = codes.Internal
+	}
+	return code.String()
 }
