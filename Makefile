@@ -37,7 +37,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers clean
+.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers browser clean
 
 # Every binary reports this version (--version; controld also as
 # forkfleet_controld_build_info): git describe of the checkout, -dirty with
@@ -122,8 +122,12 @@ image: host
 image-web: image
 	images/desktop-web/build.sh
 
+## browser: Debian's Chromium on the host, the real browser of the live view's tests (TestRealStackView)
+browser:
+	deploy/host-setup.sh --packages chromium
+
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image image-web peers python-deps test-tools
+test: host image image-web peers python-deps browser test-tools
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack

@@ -9,6 +9,7 @@ package controldfake
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -1269,6 +1270,30 @@ func (f *Fake) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateS
 	sb.Network = &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS, Policy: proto.CloneOf(req.GetPolicy())}
 	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, sb, nil)
 	return &controldv1.UpdateSandboxNetworkResponse{Sandbox: proto.CloneOf(sb)}, nil
+}
+
+// CreateViewTicket validates as controld does (rules.ViewTicketTTL) and
+// returns a ticket on the fake gateway host; nothing serves it.
+func (f *Fake) CreateViewTicket(ctx context.Context, req *controldv1.CreateViewTicketRequest) (*controldv1.CreateViewTicketResponse, error) {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+		return nil, rpcErr(err)
+	}
+	ttl, err := rules.ViewTicketTTL("ttl", req.GetTtl())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, err := f.getSandboxField("sandbox_id", req.GetSandboxId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	ticket := rand.Text()
+	return &controldv1.CreateViewTicketResponse{
+		Url:       fmt.Sprintf("http://fake-gateway/v1/sandboxes/%s/view?ticket=%s", sb.GetId(), ticket),
+		Ticket:    ticket,
+		ExpiresAt: timestamppb.New(time.Now().Add(ttl)),
+	}, nil
 }
 
 // ExposePort returns a URL on the fake gateway host; nothing serves it.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/client"
 	"github.com/forkfleet/forkfleet/api/controldfake"
@@ -261,5 +263,27 @@ func TestRegistryCheckpoints(t *testing.T) {
 	_, err = c.CheckpointService().ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.ID(), CheckpointReference: ref, Count: 1})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("fork of both a checkpoint and a reference: %v", err)
+	}
+}
+
+// TestViewTicket: the fake validates CreateViewTicket as controld does.
+func TestViewTicket(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.SandboxService().CreateViewTicket(ctx, &controldv1.CreateViewTicketRequest{SandboxId: sb.ID(), Control: true})
+	if err != nil || r.Ticket == "" || !strings.Contains(r.Url, "/v1/sandboxes/"+sb.ID()+"/view?ticket=") {
+		t.Fatalf("ticket %v: %v", r, err)
+	}
+	_, err = c.SandboxService().CreateViewTicket(ctx, &controldv1.CreateViewTicketRequest{SandboxId: sb.ID(), Ttl: durationpb.New(time.Hour)})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a ttl past the maximum: %v", err)
+	}
+	_, err = c.SandboxService().CreateViewTicket(ctx, &controldv1.CreateViewTicketRequest{SandboxId: "sb-zzzzzzzzzzzzzzzz"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("an unknown sandbox: %v", err)
 	}
 }

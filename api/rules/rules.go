@@ -336,3 +336,22 @@ func Tier(field string, t controldv1.CheckpointTier) (controldv1.CheckpointTier,
 	}
 	return 0, errdefs.InvalidField(field, "unknown tier %d", t)
 }
+
+// View tickets (CreateViewTicket): how long one can be redeemed.
+const (
+	DefaultViewTicketTTL = time.Minute
+	MaxViewTicketTTL     = 10 * time.Minute
+)
+
+// ViewTicketTTL checks a view ticket's optional ttl and returns the
+// effective one (DefaultViewTicketTTL when absent).
+func ViewTicketTTL(field string, d *durationpb.Duration) (time.Duration, error) {
+	v, err := Duration(field, d, MaxViewTicketTTL)
+	if err != nil {
+		return 0, err
+	}
+	if v == 0 {
+		v = DefaultViewTicketTTL
+	}
+	return v, nil
+}

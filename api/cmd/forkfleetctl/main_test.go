@@ -267,6 +267,9 @@ func TestCommandsAgainstFake(t *testing.T) {
 		t.Fatalf("expose: %v", exposed)
 	}
 	ok[*controldv1.UnexposePortResponse](t, target, "sandbox", "unexpose", egress.GetId(), "8080")
+	if v := ok[*controldv1.CreateViewTicketResponse](t, target, "sandbox", "view", egress.GetId(), "--control", "--ttl", "2m"); !strings.Contains(v.GetUrl(), "/view?ticket=") || v.GetExpiresAt() == nil {
+		t.Fatalf("view: %v", v)
+	}
 
 	pl := ok[*controldv1.CreatePoolResponse](t, target, "pool", "create", "warm", "--size", "2", "--image", controldfake.DefaultImage).GetPool()
 	if pl.GetSize() != 2 {

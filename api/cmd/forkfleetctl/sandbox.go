@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/client"
@@ -21,7 +22,7 @@ func sandboxCmd(g *globals) *cobra.Command {
 	c.AddCommand(
 		sandboxCreateCmd(g), sandboxGetCmd(g), sandboxListCmd(g), sandboxDeleteCmd(g), sandboxWaitCmd(g),
 		sandboxWatchCmd(g), sandboxEndpointCmd(g), sandboxSuspendCmd(g), sandboxResumeCmd(g), sandboxVerifyCmd(g),
-		sandboxNetworkCmd(g), sandboxExposeCmd(g), sandboxUnexposeCmd(g), sandboxScreenshotCmd(g), sandboxExtendCmd(g),
+		sandboxNetworkCmd(g), sandboxExposeCmd(g), sandboxUnexposeCmd(g), sandboxScreenshotCmd(g), sandboxExtendCmd(g), sandboxViewCmd(g),
 	)
 	return c
 }
@@ -555,6 +556,36 @@ func networkOption(egress bool, pol *policyFlags) (client.NetworkOption, error) 
 		return nil, nil
 	}
 	return client.WithEgress(policy), nil
+}
+
+func sandboxViewCmd(g *globals) *cobra.Command {
+	var control bool
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:               "view ID [--control] [--ttl DURATION]",
+		Short:             "Print a single-use URL of the sandbox's live view in a browser (CreateViewTicket)",
+		Args:              usageArgs(cobra.ExactArgs(1)),
+		ValidArgsFunction: g.completeSandboxes,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if ttl < 0 {
+				return usagef("--ttl %v: want a positive duration", ttl)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			url, expires, err := c.Sandbox(args[0]).ViewTicket(g.ctx, control, ttl)
+			if err != nil {
+				return err
+			}
+			return g.emit(&controldv1.CreateViewTicketResponse{Url: url, ExpiresAt: timestamppb.New(expires)}, func(w io.Writer) {
+				fmt.Fprintf(w, "url\t%s\nexpires\t%s\n", url, expires.Format(time.RFC3339))
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&control, "control", false, "the viewer may send mouse and keyboard input")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "how long the URL can be opened (60s when 0, at most 10m)")
+	return cmd
 }
 
 func enumShort(name, prefix string) string { return strings.ToLower(strings.TrimPrefix(name, prefix)) }

@@ -104,9 +104,12 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu          sync.Mutex
-	closed      bool
-	sandboxes   map[string]*sandbox
+	mu        sync.Mutex
+	closed    bool
+	sandboxes map[string]*sandbox
+	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
+	viewMu      sync.Mutex
+	viewTickets map[[32]byte]viewTicket
 	checkpoints map[string]*store.CheckpointRecord
 	pools       map[string]*pool
 	// tombstones remember recently deleted sandbox ids, so a retried delete

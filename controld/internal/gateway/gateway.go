@@ -84,6 +84,9 @@ type Gateway struct {
 	sessions int                  // spliced connections (each is two conns)
 	closed   bool
 	wg       sync.WaitGroup
+	hubs     map[string]*hub // the live view's shared screencasts (hub.go)
+
+	views viewSessions // redeemed view tickets (view.go)
 
 	metrics metrics
 }
@@ -97,10 +100,15 @@ func New(router Router, opts Options) *Gateway {
 		opts.MaxSessions = DefaultMaxSessions
 	}
 	g := &Gateway{router: router, log: opts.Log, opts: opts, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{},
-		unknownToken: rand.Text()}
+		hubs: map[string]*hub{}, unknownToken: rand.Text()}
 	g.register(opts.Registerer)
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.counted("aci", g.serveACI))
+	if vr, ok := router.(ViewRouter); ok {
+		g.mux.HandleFunc("GET /v1/sandboxes/{id}/view", g.counted("view", g.serveView(vr)))
+		g.mux.HandleFunc("GET /v1/sandboxes/{id}/view/stream", g.counted("view", g.serveViewStream))
+		g.mux.HandleFunc("GET /v1/view.js", serveViewJS)
+	}
 	if pr, ok := router.(PortRouter); ok {
 		g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/", g.counted("port", g.servePort(pr)))
 	}
@@ -296,6 +304,12 @@ func (g *Gateway) track(id string, cs ...io.Closer) bool {
 // gateway) is outside the sandbox. Agents reconnect.
 func (g *Gateway) DropSandbox(id string) int {
 	g.ports.drop(id)
+	g.mu.Lock()
+	h := g.hubs[id]
+	g.mu.Unlock()
+	if h != nil {
+		h.drop() // its viewers stay; it redials after the checkpoint
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0

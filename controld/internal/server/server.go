@@ -373,6 +373,10 @@ func (h *handlers) UpdateSandboxNetwork(ctx context.Context, req *controldv1.Upd
 	return &controldv1.UpdateSandboxNetworkResponse{Sandbox: sb}, nil
 }
 
+func (h *handlers) CreateViewTicket(ctx context.Context, req *controldv1.CreateViewTicketRequest) (*controldv1.CreateViewTicketResponse, error) {
+	return h.mgr().CreateViewTicket(ctx, req)
+}
+
 func (h *handlers) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
 	return h.mgr().ExposePort(ctx, req)
 }

@@ -4918,6 +4918,132 @@ func (x *ExtendSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type CreateViewTicketRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The viewer may send mouse and keyboard input to the sandbox (as its
+	// agent could); otherwise it only watches.
+	Control bool `protobuf:"varint,2,opt,name=control,proto3" json:"control,omitempty"`
+	// How long the ticket can be redeemed (60 s when absent, at most 10 min).
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateViewTicketRequest) Reset() {
+	*x = CreateViewTicketRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateViewTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateViewTicketRequest) ProtoMessage() {}
+
+func (x *CreateViewTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateViewTicketRequest.ProtoReflect.Descriptor instead.
+func (*CreateViewTicketRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *CreateViewTicketRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreateViewTicketRequest) GetControl() bool {
+	if x != nil {
+		return x.Control
+	}
+	return false
+}
+
+func (x *CreateViewTicketRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type CreateViewTicketResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// http(s)://<gateway>/v1/sandboxes/<id>/view?ticket=<ticket>: opening it
+	// once redeems the ticket for a cookie scoped to that sandbox's view (one
+	// hour) and redirects to the same path without the ticket.
+	Url           string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	Ticket        string                 `protobuf:"bytes,2,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateViewTicketResponse) Reset() {
+	*x = CreateViewTicketResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateViewTicketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateViewTicketResponse) ProtoMessage() {}
+
+func (x *CreateViewTicketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateViewTicketResponse.ProtoReflect.Descriptor instead.
+func (*CreateViewTicketResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *CreateViewTicketResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *CreateViewTicketResponse) GetTicket() string {
+	if x != nil {
+		return x.Ticket
+	}
+	return ""
+}
+
+func (x *CreateViewTicketResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 type GetHostStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -4926,7 +5052,7 @@ type GetHostStatusRequest struct {
 
 func (x *GetHostStatusRequest) Reset() {
 	*x = GetHostStatusRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4938,7 +5064,7 @@ func (x *GetHostStatusRequest) String() string {
 func (*GetHostStatusRequest) ProtoMessage() {}
 
 func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4951,7 +5077,7 @@ func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetHostStatusRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{69}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
 }
 
 type GetHostStatusResponse struct {
@@ -4986,7 +5112,7 @@ type GetHostStatusResponse struct {
 
 func (x *GetHostStatusResponse) Reset() {
 	*x = GetHostStatusResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5124,7 @@ func (x *GetHostStatusResponse) String() string {
 func (*GetHostStatusResponse) ProtoMessage() {}
 
 func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5137,7 @@ func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetHostStatusResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{70}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetHostStatusResponse) GetHost() string {
@@ -5104,7 +5230,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5116,7 +5242,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5129,7 +5255,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PoolStatus) GetId() string {
@@ -5518,7 +5644,17 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"Q\n" +
 	"\x15ExtendSandboxResponse\x128\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\"\x16\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\"\x7f\n" +
+	"\x17CreateViewTicketRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\acontrol\x18\x02 \x01(\bR\acontrol\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x7f\n" +
+	"\x18CreateViewTicketResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06ticket\x18\x02 \x01(\tR\x06ticket\x129\n" +
+	"\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x16\n" +
 	"\x14GetHostStatusRequest\"\xd7\x03\n" +
 	"\x15GetHostStatusResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
@@ -5585,7 +5721,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0fNetworkProtocol\x12 \n" +
 	"\x1cNETWORK_PROTOCOL_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14NETWORK_PROTOCOL_TCP\x10\x01\x12\x18\n" +
-	"\x14NETWORK_PROTOCOL_UDP\x10\x022\x98\f\n" +
+	"\x14NETWORK_PROTOCOL_UDP\x10\x022\x8d\r\n" +
 	"\x0eSandboxService\x12j\n" +
 	"\rCreateSandbox\x12+.forkfleet.controld.v1.CreateSandboxRequest\x1a,.forkfleet.controld.v1.CreateSandboxResponse\x12a\n" +
 	"\n" +
@@ -5602,7 +5738,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\n" +
 	"ExposePort\x12(.forkfleet.controld.v1.ExposePortRequest\x1a).forkfleet.controld.v1.ExposePortResponse\x12g\n" +
 	"\fUnexposePort\x12*.forkfleet.controld.v1.UnexposePortRequest\x1a+.forkfleet.controld.v1.UnexposePortResponse\x12j\n" +
-	"\rExtendSandbox\x12+.forkfleet.controld.v1.ExtendSandboxRequest\x1a,.forkfleet.controld.v1.ExtendSandboxResponse2\xb4\x06\n" +
+	"\rExtendSandbox\x12+.forkfleet.controld.v1.ExtendSandboxRequest\x1a,.forkfleet.controld.v1.ExtendSandboxResponse\x12s\n" +
+	"\x10CreateViewTicket\x12..forkfleet.controld.v1.CreateViewTicketRequest\x1a/.forkfleet.controld.v1.CreateViewTicketResponse2\xb4\x06\n" +
 	"\x11CheckpointService\x12s\n" +
 	"\x10CreateCheckpoint\x12..forkfleet.controld.v1.CreateCheckpointRequest\x1a/.forkfleet.controld.v1.CreateCheckpointResponse\x12j\n" +
 	"\rGetCheckpoint\x12+.forkfleet.controld.v1.GetCheckpointRequest\x1a,.forkfleet.controld.v1.GetCheckpointResponse\x12p\n" +
@@ -5637,7 +5774,7 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: forkfleet.controld.v1.SandboxState
 	(SandboxLimit)(0),                    // 1: forkfleet.controld.v1.SandboxLimit
@@ -5716,54 +5853,56 @@ var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(*UnexposePortResponse)(nil),         // 74: forkfleet.controld.v1.UnexposePortResponse
 	(*ExtendSandboxRequest)(nil),         // 75: forkfleet.controld.v1.ExtendSandboxRequest
 	(*ExtendSandboxResponse)(nil),        // 76: forkfleet.controld.v1.ExtendSandboxResponse
-	(*GetHostStatusRequest)(nil),         // 77: forkfleet.controld.v1.GetHostStatusRequest
-	(*GetHostStatusResponse)(nil),        // 78: forkfleet.controld.v1.GetHostStatusResponse
-	(*PoolStatus)(nil),                   // 79: forkfleet.controld.v1.PoolStatus
-	nil,                                  // 80: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                  // 81: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 82: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 83: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 84: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                  // 85: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                  // 86: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                  // 87: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                  // 88: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                  // 89: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                  // 90: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                  // 91: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 92: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 93: google.protobuf.Duration
+	(*CreateViewTicketRequest)(nil),      // 77: forkfleet.controld.v1.CreateViewTicketRequest
+	(*CreateViewTicketResponse)(nil),     // 78: forkfleet.controld.v1.CreateViewTicketResponse
+	(*GetHostStatusRequest)(nil),         // 79: forkfleet.controld.v1.GetHostStatusRequest
+	(*GetHostStatusResponse)(nil),        // 80: forkfleet.controld.v1.GetHostStatusResponse
+	(*PoolStatus)(nil),                   // 81: forkfleet.controld.v1.PoolStatus
+	nil,                                  // 82: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                  // 83: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 84: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 85: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 86: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                  // 87: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                  // 88: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                  // 89: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                  // 90: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                  // 91: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                  // 92: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                  // 93: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 95: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	92,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	92,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	93,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	94,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	94,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	95,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
 	8,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
 	10,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	80,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	92,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	92,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	92,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	82,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	94,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	94,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	94,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	11,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
 	9,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
 	68,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
 	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
 	10,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	81,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	82,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	93,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	83,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	84,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	95,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	68,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
 	12,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
 	12,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	83,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	85,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
 	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
 	12,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	93,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	95,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
 	12,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	84,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	86,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
 	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
 	12,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	11,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
@@ -5771,56 +5910,56 @@ var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	12,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	12,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	93,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	95,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
 	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
 	32,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	93,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	93,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	93,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	93,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	95,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	95,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	95,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	95,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
 	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
 	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
 	10,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	85,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	92,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	87,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	94,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
 	35,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
 	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
 	68,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
 	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	86,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	88,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
 	36,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
 	36,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	87,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	89,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
 	36,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	88,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	93,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	90,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	95,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
 	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
 	8,   // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
 	67,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
 	32,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	93,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	95,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
 	46,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
 	36,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	89,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	91,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
 	10,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
 	68,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
 	10,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
 	8,   // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	90,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	92,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
 	68,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
 	52,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	52,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	52,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	91,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	93,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	93,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	95,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
 	67,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	13,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	93,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	95,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
 	52,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	7,   // 87: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
 	65,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
@@ -5830,70 +5969,74 @@ var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	67,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	67,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
 	12,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	93,  // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	95,  // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	12,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	79,  // 97: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
-	14,  // 98: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	16,  // 99: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	18,  // 100: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	20,  // 101: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	22,  // 102: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	24,  // 103: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	26,  // 104: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	28,  // 105: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	30,  // 106: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	33,  // 107: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	69,  // 108: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	71,  // 109: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
-	73,  // 110: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
-	75,  // 111: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
-	37,  // 112: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	39,  // 113: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	41,  // 114: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	43,  // 115: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	45,  // 116: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	48,  // 117: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	50,  // 118: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	53,  // 119: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	55,  // 120: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	57,  // 121: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	59,  // 122: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	61,  // 123: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	63,  // 124: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
-	77,  // 125: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
-	15,  // 126: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	17,  // 127: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	19,  // 128: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	21,  // 129: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	23,  // 130: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	25,  // 131: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	27,  // 132: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	29,  // 133: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	31,  // 134: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	34,  // 135: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	70,  // 136: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	72,  // 137: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
-	74,  // 138: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
-	76,  // 139: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
-	38,  // 140: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	40,  // 141: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	42,  // 142: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	44,  // 143: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	47,  // 144: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	49,  // 145: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	51,  // 146: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	54,  // 147: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	56,  // 148: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	58,  // 149: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	60,  // 150: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	62,  // 151: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	64,  // 152: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
-	78,  // 153: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
-	126, // [126:154] is the sub-list for method output_type
-	98,  // [98:126] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	95,  // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
+	94,  // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	81,  // 99: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
+	14,  // 100: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	16,  // 101: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	18,  // 102: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	20,  // 103: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	22,  // 104: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	24,  // 105: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	26,  // 106: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	28,  // 107: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	30,  // 108: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	33,  // 109: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	69,  // 110: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	71,  // 111: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	73,  // 112: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	75,  // 113: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
+	77,  // 114: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
+	37,  // 115: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	39,  // 116: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	41,  // 117: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	43,  // 118: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	45,  // 119: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	48,  // 120: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	50,  // 121: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	53,  // 122: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	55,  // 123: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	57,  // 124: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	59,  // 125: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	61,  // 126: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	63,  // 127: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
+	79,  // 128: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
+	15,  // 129: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	17,  // 130: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	19,  // 131: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	21,  // 132: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	23,  // 133: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	25,  // 134: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	27,  // 135: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	29,  // 136: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	31,  // 137: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	34,  // 138: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	70,  // 139: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	72,  // 140: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	74,  // 141: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	76,  // 142: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
+	78,  // 143: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
+	38,  // 144: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	40,  // 145: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	42,  // 146: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	44,  // 147: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	47,  // 148: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	49,  // 149: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	51,  // 150: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	54,  // 151: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	56,  // 152: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	58,  // 153: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	60,  // 154: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	62,  // 155: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	64,  // 156: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
+	80,  // 157: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
+	129, // [129:158] is the sub-list for method output_type
+	100, // [100:129] is the sub-list for method input_type
+	100, // [100:100] is the sub-list for extension type_name
+	100, // [100:100] is the sub-list for extension extendee
+	0,   // [0:100] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -5911,7 +6054,7 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   84,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

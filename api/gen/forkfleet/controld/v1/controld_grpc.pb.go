@@ -62,6 +62,7 @@ const (
 	SandboxService_ExposePort_FullMethodName           = "/forkfleet.controld.v1.SandboxService/ExposePort"
 	SandboxService_UnexposePort_FullMethodName         = "/forkfleet.controld.v1.SandboxService/UnexposePort"
 	SandboxService_ExtendSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ExtendSandbox"
+	SandboxService_CreateViewTicket_FullMethodName     = "/forkfleet.controld.v1.SandboxService/CreateViewTicket"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -101,6 +102,10 @@ type SandboxServiceClient interface {
 	// ExtendSandbox sets when a sandbox is deleted: ttl from now, later or
 	// earlier than its expires_at was (also on a sandbox created without one).
 	ExtendSandbox(ctx context.Context, in *ExtendSandboxRequest, opts ...grpc.CallOption) (*ExtendSandboxResponse, error)
+	// CreateViewTicket mints a short-lived, single-use ticket that opens the
+	// sandbox's live view (controld's gateway, /v1/sandboxes/<id>/view) in a
+	// browser, watching only or with control of mouse and keyboard.
+	CreateViewTicket(ctx context.Context, in *CreateViewTicketRequest, opts ...grpc.CallOption) (*CreateViewTicketResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -260,6 +265,16 @@ func (c *sandboxServiceClient) ExtendSandbox(ctx context.Context, in *ExtendSand
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CreateViewTicket(ctx context.Context, in *CreateViewTicketRequest, opts ...grpc.CallOption) (*CreateViewTicketResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateViewTicketResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateViewTicket_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -297,6 +312,10 @@ type SandboxServiceServer interface {
 	// ExtendSandbox sets when a sandbox is deleted: ttl from now, later or
 	// earlier than its expires_at was (also on a sandbox created without one).
 	ExtendSandbox(context.Context, *ExtendSandboxRequest) (*ExtendSandboxResponse, error)
+	// CreateViewTicket mints a short-lived, single-use ticket that opens the
+	// sandbox's live view (controld's gateway, /v1/sandboxes/<id>/view) in a
+	// browser, watching only or with control of mouse and keyboard.
+	CreateViewTicket(context.Context, *CreateViewTicketRequest) (*CreateViewTicketResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -348,6 +367,9 @@ func (UnimplementedSandboxServiceServer) UnexposePort(context.Context, *Unexpose
 }
 func (UnimplementedSandboxServiceServer) ExtendSandbox(context.Context, *ExtendSandboxRequest) (*ExtendSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExtendSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateViewTicket(context.Context, *CreateViewTicketRequest) (*CreateViewTicketResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateViewTicket not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -615,6 +637,24 @@ func _SandboxService_ExtendSandbox_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CreateViewTicket_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateViewTicketRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateViewTicket(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateViewTicket_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateViewTicket(ctx, req.(*CreateViewTicketRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -673,6 +713,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExtendSandbox",
 			Handler:    _SandboxService_ExtendSandbox_Handler,
+		},
+		{
+			MethodName: "CreateViewTicket",
+			Handler:    _SandboxService_CreateViewTicket_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -259,6 +259,26 @@ class CreateSandboxResponse(_message.Message):
     sandbox: Sandbox
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
 
+class CreateViewTicketRequest(_message.Message):
+    __slots__ = ["control", "sandbox_id", "ttl"]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    control: bool
+    sandbox_id: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, sandbox_id: _Optional[str] = ..., control: bool = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CreateViewTicketResponse(_message.Message):
+    __slots__ = ["expires_at", "ticket", "url"]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    expires_at: _timestamp_pb2.Timestamp
+    ticket: str
+    url: str
+    def __init__(self, url: _Optional[str] = ..., ticket: _Optional[str] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class DeleteCheckpointRequest(_message.Message):
     __slots__ = ["cascade", "id"]
     CASCADE_FIELD_NUMBER: _ClassVar[int]

@@ -85,6 +85,11 @@ class SandboxServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.FromString,
                 )
+        self.CreateViewTicket = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/CreateViewTicket',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -192,6 +197,15 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateViewTicket(self, request, context):
+        """CreateViewTicket mints a short-lived, single-use ticket that opens the
+        sandbox's live view (controld's gateway, /v1/sandboxes/<id>/view) in a
+        browser, watching only or with control of mouse and keyboard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -264,6 +278,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ExtendSandbox,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.SerializeToString,
+            ),
+            'CreateViewTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateViewTicket,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -511,6 +530,23 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/ExtendSandbox',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExtendSandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateViewTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/CreateViewTicket',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
