@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -10,18 +9,14 @@ import (
 	"image"
 	"image/png"
 	"net/http"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/browsertest"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
 
@@ -32,12 +27,17 @@ import (
 //
 //   - the canvas, read back, equals the sandbox's PNG screenshot pixel for
 //     pixel;
-//   - keys typed into the page of a control ticket reach the xterm's shell;
+//   - keys typed into the page of a control ticket reach the xterm's shell,
+//     and again after a live checkpoint (the page stays, the view resumes
+//     from a keyframe);
 //   - a view-only ticket's page that sends input anyway is disconnected
 //     (1008) and its input never arrives;
 //   - a spent, an expired or another sandbox's ticket gets 401.
 func TestRealStackView(t *testing.T) {
-	browser := chromiumPath(t)
+	browser, err := browsertest.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := newStackIn(t, "forkfleet-view-it")
 	ctx := s.ctx
 	s.launch(1)
@@ -66,12 +66,17 @@ func TestRealStackView(t *testing.T) {
 		return r
 	}
 
-	cdp := startChromium(t, ctx, browser)
+	cdp, err := browsertest.Start(ctx, browser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cdp.Close() })
 	ctl := ticket(true, 0)
-	page := cdp.open(ctl.Url)
-	page.waitFor("window.forkfleetView && forkfleetView.connected && forkfleetView.keyframes > 0 && forkfleetView.control", 30*time.Second)
-	if loc := page.eval("location.href"); strings.Contains(loc, "ticket") {
-		t.Fatalf("the ticket stayed in the address bar: %s", loc)
+	page, err := cdp.Open(ctx, ctl.Url)
+	must(t, err)
+	must(t, page.WaitFor(ctx, "window.forkfleetView && forkfleetView.connected && forkfleetView.keyframes > 0 && forkfleetView.control", 30*time.Second))
+	if loc, err := page.Eval(ctx, "location.href"); err != nil || strings.Contains(loc, "ticket") {
+		t.Fatalf("the ticket stayed in the address bar: %s %v", loc, err)
 	}
 
 	// The canvas equals the screenshot (the screen is still: the xterm's
@@ -87,7 +92,7 @@ func TestRealStackView(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(300 * time.Millisecond)
-		diff := compareCanvas(page.canvas(), want)
+		diff := compareCanvas(readCanvas(t, ctx, page), want)
 		if diff == "" {
 			break
 		}
@@ -97,16 +102,38 @@ func TestRealStackView(t *testing.T) {
 	}
 
 	// Control: keys typed into the page reach the shell in the xterm.
-	page.typeKeys("echo viewtyped > /tmp/viewtyped")
-	page.key("Enter", 13)
+	must(t, page.TypeKeys(ctx, "echo viewtyped > /tmp/viewtyped"))
+	must(t, page.Key(ctx, "Enter", 13))
 	waitFile(t, ctx, sess, "/tmp/viewtyped", "viewtyped")
 
+	// A live checkpoint drops the gateway's session to guestd; the page
+	// stays, the view comes back with a keyframe, and control works again.
+	before, err := page.Eval(ctx, "forkfleetView.keyframes")
+	must(t, err)
+	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: id})
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	t.Cleanup(func() {
+		s.ckc.DeleteCheckpoint(context.Background(), &controldv1.DeleteCheckpointRequest{Id: ck.Checkpoint.Id, Cascade: true})
+	})
+	must(t, page.WaitFor(ctx, "forkfleetView.keyframes > "+before, 30*time.Second))
+	// The checkpoint closed this test's own session too.
+	sess, err = aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
+	must(t, err)
+	t.Cleanup(func() { sess.Close() })
+	must(t, page.TypeKeys(ctx, "echo aftercheckpoint > /tmp/after"))
+	must(t, page.Key(ctx, "Enter", 13))
+	waitFile(t, ctx, sess, "/tmp/after", "aftercheckpoint")
+
 	// View only: the page sends nothing, and input sent anyway closes it.
-	ro := cdp.open(ticket(false, 0).Url)
-	ro.waitFor("window.forkfleetView && forkfleetView.keyframes > 0 && !forkfleetView.control", 30*time.Second)
-	ro.typeKeys("echo x")
-	ro.eval(`forkfleetView.socket.send(JSON.stringify({t: "text", text: "echo leaked > /tmp/leaked\n"})), "sent"`)
-	ro.waitFor(`forkfleetView.closeCode === 1008 && forkfleetView.closeReason === "view-only ticket"`, 10*time.Second)
+	ro, err := cdp.Open(ctx, ticket(false, 0).Url)
+	must(t, err)
+	must(t, ro.WaitFor(ctx, "window.forkfleetView && forkfleetView.keyframes > 0 && !forkfleetView.control", 30*time.Second))
+	must(t, ro.TypeKeys(ctx, "echo x"))
+	_, err = ro.Eval(ctx, `forkfleetView.socket.send(JSON.stringify({t: "text", text: "echo leaked > /tmp/leaked\n"})), "sent"`)
+	must(t, err)
+	must(t, ro.WaitFor(ctx, `forkfleetView.closeCode === 1008 && forkfleetView.closeReason === "view-only ticket"`, 10*time.Second))
 	time.Sleep(time.Second)
 	if got := shell(t, ctx, sess, "cat /tmp/leaked 2>/dev/null || echo none"); got != "none" {
 		t.Fatalf("a view-only ticket's input reached the sandbox: %q", got)
@@ -185,201 +212,41 @@ func compareCanvas(c canvasPixels, want image.Image) string {
 	return fmt.Sprintf("%d pixels differ, first %s", n, first)
 }
 
-// chromiumPath finds Debian's chromium (make test installs it).
-func chromiumPath(t *testing.T) string {
-	for _, p := range []string{"/usr/bin/chromium", "/usr/lib/chromium/chromium"} {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Fatal("chromium is not installed: run `make test` (deploy/host-setup.sh --packages chromium)")
-	return ""
-}
-
-// cdpBrowser is a headless Chromium and its DevTools endpoint.
-type cdpBrowser struct {
-	t    *testing.T
-	ctx  context.Context
-	http string // 127.0.0.1:port
-}
-
-var devtoolsRE = regexp.MustCompile(`DevTools listening on ws://([0-9.]+:[0-9]+)/`)
-
-func startChromium(t *testing.T, ctx context.Context, path string) *cdpBrowser {
-	t.Helper()
-	cmd := exec.CommandContext(ctx, path, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-		"--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
-		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "--user-data-dir="+t.TempDir(),
-		"--window-size=1600,1000", "about:blank")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := devtoolsRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		return &cdpBrowser{t: t, ctx: ctx, http: a}
-	case <-time.After(30 * time.Second):
-		t.Fatal("chromium printed no DevTools address")
-	}
-	return nil
-}
-
-// cdpPage is one tab, driven over its DevTools WebSocket.
-type cdpPage struct {
-	t   *testing.T
-	ctx context.Context
-	c   *websocket.Conn
-	id  atomic.Int64
-}
-
-// open makes a new tab at url.
-func (b *cdpBrowser) open(url string) *cdpPage {
-	b.t.Helper()
-	req, _ := http.NewRequestWithContext(b.ctx, http.MethodPut, "http://"+b.http+"/json/new?about:blank", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var target struct {
-		WebSocketDebuggerURL string `json:"webSocketDebuggerUrl"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&target); err != nil {
-		b.t.Fatal(err)
-	}
-	c, _, err := websocket.Dial(b.ctx, target.WebSocketDebuggerURL, nil)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	c.SetReadLimit(256 << 20)
-	b.t.Cleanup(func() { c.CloseNow() })
-	p := &cdpPage{t: b.t, ctx: b.ctx, c: c}
-	p.call("Page.navigate", map[string]any{"url": url}, nil)
-	return p
-}
-
-// call sends one command and waits for its result (events are skipped).
-func (p *cdpPage) call(method string, params any, result any) {
-	p.t.Helper()
-	id := p.id.Add(1)
-	msg, _ := json.Marshal(map[string]any{"id": id, "method": method, "params": params})
-	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
-	defer cancel()
-	if err := p.c.Write(ctx, websocket.MessageText, msg); err != nil {
-		p.t.Fatalf("%s: %v", method, err)
-	}
-	for {
-		_, data, err := p.c.Read(ctx)
-		if err != nil {
-			p.t.Fatalf("%s: %v", method, err)
-		}
-		var r struct {
-			ID     int64           `json:"id"`
-			Result json.RawMessage `json:"result"`
-			Error  *struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(data, &r) != nil || r.ID != id {
-			continue
-		}
-		if r.Error != nil {
-			p.t.Fatalf("%s: %s", method, r.Error.Message)
-		}
-		if result != nil {
-			if err := json.Unmarshal(r.Result, result); err != nil {
-				p.t.Fatalf("%s: %v", method, err)
-			}
-		}
-		return
-	}
-}
-
-// eval returns a JavaScript expression's value as a string.
-func (p *cdpPage) eval(expr string) string {
-	p.t.Helper()
-	var r struct {
-		Result struct {
-			Value any `json:"value"`
-		} `json:"result"`
-		Exception *struct {
-			Text string `json:"text"`
-		} `json:"exceptionDetails"`
-	}
-	p.call("Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true, "awaitPromise": true}, &r)
-	if r.Exception != nil {
-		return "exception: " + r.Exception.Text
-	}
-	return fmt.Sprint(r.Result.Value)
-}
-
-func (p *cdpPage) waitFor(cond string, timeout time.Duration) {
-	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for p.eval("!!("+cond+")") != "true" {
-		if time.Now().After(deadline) {
-			p.t.Fatalf("page never got %s (state %s)", cond, p.eval("JSON.stringify(window.forkfleetView)"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 type canvasPixels struct {
 	W, H int
 	Px   []byte
 }
 
-func (p *cdpPage) canvas() canvasPixels {
-	p.t.Helper()
-	out := p.eval(`(() => {
+// readCanvas reads the view page's canvas back as RGBA.
+func readCanvas(t *testing.T, ctx context.Context, p *browsertest.Page) canvasPixels {
+	t.Helper()
+	out, err := p.Eval(ctx, `(() => {
 		const c = document.getElementById("screen");
 		const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
 		let s = "";
 		for (let i = 0; i < d.length; i += 0x8000) s += String.fromCharCode.apply(null, d.subarray(i, i + 0x8000));
 		return JSON.stringify({w: c.width, h: c.height, px: btoa(s)});
 	})()`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var v struct {
 		W, H int
 		Px   string
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
-		p.t.Fatalf("canvas: %v (%.200s)", err, out)
+		t.Fatalf("canvas: %v (%.200s)", err, out)
 	}
 	px, err := base64.StdEncoding.DecodeString(v.Px)
 	if err != nil {
-		p.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return canvasPixels{W: v.W, H: v.H, Px: px}
 }
 
-// typeKeys presses a key per character, as a person at the page would.
-func (p *cdpPage) typeKeys(text string) {
-	p.t.Helper()
-	for _, r := range text {
-		k := string(r)
-		p.call("Input.dispatchKeyEvent", map[string]any{"type": "keyDown", "key": k, "text": k}, nil)
-		p.call("Input.dispatchKeyEvent", map[string]any{"type": "keyUp", "key": k}, nil)
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func (p *cdpPage) key(name string, code int) {
-	p.t.Helper()
-	p.call("Input.dispatchKeyEvent", map[string]any{"type": "rawKeyDown", "key": name, "code": name, "windowsVirtualKeyCode": code}, nil)
-	p.call("Input.dispatchKeyEvent", map[string]any{"type": "keyUp", "key": name, "code": name, "windowsVirtualKeyCode": code}, nil)
 }
