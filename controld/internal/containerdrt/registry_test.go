@@ -213,3 +213,46 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 		t.Errorf("the refused pull left an image: %v", err)
 	}
 }
+
+// The scheme each registry is reached with: plain HTTP for loopback and
+// the configured hosts only; docker.io through its API host.
+func TestRegistryHostsScheme(t *testing.T) {
+	r := &Runtime{cfg: Config{Registry: RegistryConfig{PlainHTTP: []string{"registry.lab:5000"}, DockerConfig: filepath.Join(t.TempDir(), "none.json")}}}
+	for host, want := range map[string]string{
+		"127.0.0.1:5000":    "http://127.0.0.1:5000",
+		"localhost:5000":    "http://localhost:5000",
+		"registry.lab:5000": "http://registry.lab:5000",
+		"registry.lab":      "https://registry.lab",
+		"ghcr.io":           "https://ghcr.io",
+		"docker.io":         "https://registry-1.docker.io",
+	} {
+		hs, err := r.registryHosts(host)
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("registryHosts(%q): %v %v", host, hs, err)
+		}
+		if got := hs[0].Scheme + "://" + hs[0].Host; got != want || hs[0].Path != "/v2" || hs[0].Authorizer == nil {
+			t.Errorf("registryHosts(%q) = %s%s, want %s/v2", host, got, hs[0].Path, want)
+		}
+	}
+}
+
+// A real registry speaking plain HTTP at an address that is not a loopback
+// name or address (0.0.0.0, which Linux connects to this host) is refused
+// by name, not downgraded; the same registry on 127.0.0.1 answers.
+func TestRegistryPlainHTTPRefused(t *testing.T) {
+	reg, err := registrytest.Start(context.Background(), testenv.Tool(t, "docker-registry"), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	_, port, _ := strings.Cut(reg.Addr, ":")
+	r := &Runtime{cfg: Config{Namespace: "forkfleet-test", Registry: RegistryConfig{DockerConfig: filepath.Join(t.TempDir(), "none.json")}}}
+	ctx := context.Background()
+	_, err = r.ResolveCheckpoint(ctx, "0.0.0.0:"+port+"/forkfleet/ck:1")
+	if errdefs.Reason(err) != "PLAIN_HTTP_REFUSED" || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("plain-HTTP registry at 0.0.0.0: %v, want PLAIN_HTTP_REFUSED", err)
+	}
+	if _, err := r.ResolveCheckpoint(ctx, reg.Addr+"/forkfleet/ck:1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown tag on the loopback registry: %v, want NOT_FOUND", err)
+	}
+}
