@@ -98,6 +98,38 @@ async def test_step_action_errors_and_restored(fake):
 
 
 @run_async
+async def test_a11y(fresh_fake):
+    # The fake answers by guestd's rules (api/aci/a11yrules): validation,
+    # roots, limits, fields, the tree hash; actions change its tree.
+    async with await open_session(fresh_fake) as s:
+        assert s.has_capability("a11y")
+        full = await s.a11y_tree()
+        assert [n.name for n in full.nodes][:5] == ["main", "xterm", "xterm", "OK", "Name"]
+        assert '[3] push button "OK" @20,20 80x30' in aci.render_tree(full)
+        same = await s.a11y_tree(if_none_match=full.tree_hash)
+        assert same.not_modified and not same.nodes and same.tree_hash == full.tree_hash
+        assert len((await s.a11y_tree(showing_only=True)).nodes) == 6
+        cut = await s.a11y_tree(max_nodes=3)
+        assert len(cut.nodes) == 3 and cut.truncated
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            await s.a11y_tree(max_nodes=20001)
+        assert e.value.field == "a11y_tree.max_nodes"
+        at = await s.a11y_tree(root=aci.pb.A11Y_ROOT_POINT, point=aci.pb.Point(x=30, y=65))
+        assert at.nodes[0].name == "Name"
+        entry = full.nodes[4].ref
+        await s.a11y_action(aci.set_text(entry, "Ada"))
+        r = await s.step([], observe_tree=aci.pb.A11yTreeRequest(root=aci.pb.A11Y_ROOT_FOCUSED_WINDOW))
+        assert r.proto.tree.nodes[0].role == "frame" and r.proto.tree.nodes[2].text == "Ada"
+        with pytest.raises(forkfleet.FailedPrecondition):
+            await s.a11y_action(aci.set_text(full.nodes[3].ref, "x"))
+        with pytest.raises(forkfleet.NotFound):
+            await s.a11y_action(aci.do_action(":1.2:/no/such", "press"))
+        with pytest.raises(forkfleet.InvalidArgument):
+            await s.a11y_action(aci.do_action("org.a11y:/x", "press"))
+        await s.a11y_action(aci.do_action(full.nodes[3].ref, "press"))
+
+
+@run_async
 async def test_chunked_files_and_pipelining(fake):
     async with await open_session(fake) as s:
         data = np.random.default_rng(1).integers(0, 256, 300_000, np.uint8).tobytes()

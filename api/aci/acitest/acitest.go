@@ -65,6 +65,7 @@ type Server struct {
 	conns      map[*serverConn]struct{}
 	ready      bool
 	requests   []*aciv1.ClientMessage
+	a11y       *aciv1.A11YTreeResponse
 
 	fullFrames  atomic.Uint64
 	notModified atomic.Uint64
@@ -74,7 +75,7 @@ type Server struct {
 
 // DefaultCapabilities is what the fake advertises by default.
 var DefaultCapabilities = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "input", "windows",
-	"clipboard", "events.ready", "cancel", "memory", "exec", "launch", "files", "files.chunked", "restored.admin_token"}
+	"clipboard", "events.ready", "cancel", "memory", "exec", "launch", "files", "files.chunked", "restored.admin_token", "a11y"}
 
 // NewServer starts a fake guestd on a loopback port. Close it when done.
 func NewServer() *Server {
@@ -110,6 +111,7 @@ func newServer() *Server {
 		uploads: make(map[string][]byte),
 		conns:   make(map[*serverConn]struct{}),
 		ready:   true,
+		a11y:    SampleA11yTree(),
 	}
 	s.SetFrame(bytes.Repeat([]byte{0x42}, 1024))
 	return s
@@ -476,6 +478,9 @@ func (s *Server) handle(ctx context.Context, c *serverConn, m *aciv1.ClientMessa
 			r, e := s.screenshot(ctx, obs, dedup)
 			out.Observation, out.ObservationError = r, e
 		}
+		if obs := req.Step.GetObserveTree(); obs != nil {
+			out.Tree, out.TreeError = s.a11yTree(obs, "step.observe_tree")
+		}
 		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Step{Step: out}})
 	case *aciv1.ClientMessage_Screenshot:
 		r, e := s.screenshot(ctx, req.Screenshot, dedup)
@@ -487,6 +492,17 @@ func (s *Server) handle(ctx context.Context, c *serverConn, m *aciv1.ClientMessa
 			return &aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Error{Error: e}}
 		}
 		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Screenshot{Screenshot: r}})
+	case *aciv1.ClientMessage_A11YTree:
+		r, e := s.a11yTree(req.A11YTree, "a11y_tree")
+		if e != nil {
+			return &aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Error{Error: e}}
+		}
+		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_A11YTree{A11YTree: r}})
+	case *aciv1.ClientMessage_A11YAction:
+		if e := s.a11yAction(req.A11YAction); e != nil {
+			return &aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Error{Error: e}}
+		}
+		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_A11YAction{A11YAction: &aciv1.A11YActionResponse{}}})
 	case *aciv1.ClientMessage_Ready:
 		return ok(&aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Ready{Ready: s.readyState()}})
 	case *aciv1.ClientMessage_CursorPosition:

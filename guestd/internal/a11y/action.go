@@ -3,19 +3,20 @@ package a11y
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/aci/a11yrules"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
-// Bounds of an action request.
+// Bounds of an action request (api/aci/a11yrules).
 const (
-	DefaultActionTimeout = 2 * time.Second
-	MaxSetText           = 64 << 10
+	DefaultActionTimeout = a11yrules.DefaultActionTimeout
+	MaxSetText           = a11yrules.MaxSetText
 )
 
 // Keyboard is guestd's typing path (x11.Desktop): what SET_TEXT types with
@@ -253,87 +254,30 @@ func waitFor(ctx context.Context, done func() (bool, error)) error {
 	}
 }
 
-// ValidateAction checks an A11yActionRequest's fields before any call.
+// ValidateAction checks an A11yActionRequest's fields before any call
+// (a11yrules.ValidateAction, the fake's too).
 func ValidateAction(r *aciv1.A11YActionRequest) error {
-	if _, ok := parseRef(r.GetRef()); !ok {
-		return acierr.Invalid("a11y_action.ref", "%q is not an element ref (\"<unique bus name>:<object path>\")", r.GetRef())
-	}
-	switch r.GetKind() {
-	case aciv1.A11YActionKind_A11Y_ACTION_KIND_DO:
-		if r.GetAction() == "" || len(r.GetAction()) > 256 {
-			return acierr.Invalid("a11y_action.action", "name the action (1..256 bytes)")
-		}
-	case aciv1.A11YActionKind_A11Y_ACTION_KIND_FOCUS, aciv1.A11YActionKind_A11Y_ACTION_KIND_SCROLL_INTO_VIEW,
-		aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_VALUE:
-	case aciv1.A11YActionKind_A11Y_ACTION_KIND_SET_TEXT:
-		if len(r.GetText()) > MaxSetText {
-			return acierr.Invalid("a11y_action.text", "text of %d bytes, at most %d", len(r.GetText()), MaxSetText)
-		}
-	default:
-		return acierr.Invalid("a11y_action.kind", "kind %v: want do, focus, set_text, set_value or scroll_into_view", r.GetKind())
-	}
-	if r.GetTimeoutMs() > uint32(MaxTimeout/time.Millisecond) {
-		return acierr.Invalid("a11y_action.timeout_ms", "at most %d", MaxTimeout/time.Millisecond)
-	}
-	return nil
+	return invalid(a11yrules.ValidateAction(r))
 }
 
 // ValidateTree turns a tree request into options, or an INVALID_ARGUMENT
-// naming the field (prefix: "a11y_tree" or "step.observe_tree").
+// naming the field (prefix: "a11y_tree" or "step.observe_tree";
+// a11yrules.ValidateTree, the fake's too).
 func ValidateTree(r *aciv1.A11YTreeRequest, prefix string) (TreeOptions, error) {
-	o := TreeOptions{Root: r.GetRoot(), WindowID: r.GetWindowId(), ShowingOnly: r.GetShowingOnly(),
-		MaxDepth: DefaultMaxDepth, MaxNodes: DefaultMaxNodes, Timeout: DefaultTimeout, AppTimeout: DefaultAppTimeout,
-		MaxBytes: DefaultMaxBytes, IfNoneMatch: r.GetIfNoneMatch()}
-	switch o.Root {
-	case aciv1.A11YRoot_A11Y_ROOT_UNSPECIFIED, aciv1.A11YRoot_A11Y_ROOT_DESKTOP, aciv1.A11YRoot_A11Y_ROOT_FOCUSED_WINDOW:
-	case aciv1.A11YRoot_A11Y_ROOT_WINDOW:
-		if o.WindowID == 0 {
-			return o, acierr.Invalid(prefix+".window_id", "root WINDOW needs window_id")
-		}
-	case aciv1.A11YRoot_A11Y_ROOT_POINT:
-		if r.GetPoint() == nil {
-			return o, acierr.Invalid(prefix+".point", "root POINT needs point")
-		}
-		o.X, o.Y = int(r.GetPoint().GetX()), int(r.GetPoint().GetY())
-	default:
-		return o, acierr.Invalid(prefix+".root", "unknown root %v", o.Root)
+	t, err := a11yrules.ValidateTree(r, prefix)
+	if err != nil {
+		return TreeOptions{}, invalid(err)
 	}
-	if d := r.GetMaxDepth(); d > 0 {
-		if d > MaxDepth {
-			return o, acierr.Invalid(prefix+".max_depth", "%d: at most %d", d, MaxDepth)
-		}
-		o.MaxDepth = int(d)
+	return TreeOptions{Root: t.Root, WindowID: t.WindowID, X: t.X, Y: t.Y, MaxDepth: t.MaxDepth, MaxNodes: t.MaxNodes,
+		ShowingOnly: t.ShowingOnly, Timeout: t.Timeout, AppTimeout: t.AppTimeout, Fields: t.Fields,
+		MaxBytes: DefaultMaxBytes, IfNoneMatch: t.IfNoneMatch}, nil
+}
+
+// invalid types a rule's error as the ACI's INVALID_ARGUMENT on its field.
+func invalid(err error) error {
+	var fe *errdefs.FieldError
+	if errors.As(err, &fe) {
+		return acierr.Invalid(fe.Field, "%s", fe.Reason)
 	}
-	if n := r.GetMaxNodes(); n > 0 {
-		if n > MaxNodes {
-			return o, acierr.Invalid(prefix+".max_nodes", "%d: at most %d", n, MaxNodes)
-		}
-		o.MaxNodes = int(n)
-	}
-	if t := r.GetTimeoutMs(); t > 0 {
-		if time.Duration(t)*time.Millisecond > MaxTimeout {
-			return o, acierr.Invalid(prefix+".timeout_ms", "%d: at most %d", t, MaxTimeout/time.Millisecond)
-		}
-		o.Timeout = time.Duration(t) * time.Millisecond
-	}
-	o.AppTimeout = min(o.AppTimeout, o.Timeout)
-	if t := r.GetAppTimeoutMs(); t > 0 {
-		if time.Duration(t)*time.Millisecond > o.Timeout {
-			return o, acierr.Invalid(prefix+".app_timeout_ms", "%d ms: at most timeout_ms (%v)", t, o.Timeout)
-		}
-		o.AppTimeout = time.Duration(t) * time.Millisecond
-	}
-	if len(o.IfNoneMatch) != 0 && len(o.IfNoneMatch) != 16 {
-		return o, acierr.Invalid(prefix+".if_none_match", "%d bytes: a tree hash is 16", len(o.IfNoneMatch))
-	}
-	if len(r.GetFields()) == 0 {
-		o.Fields = AllFields
-	}
-	for i, f := range r.GetFields() {
-		if f <= aciv1.A11YField_A11Y_FIELD_UNSPECIFIED || f > aciv1.A11YField_A11Y_FIELD_ACTIONS {
-			return o, acierr.Invalid(fmt.Sprintf("%s.fields[%d]", prefix, i), "unknown field %v", f)
-		}
-		o.Fields |= 1 << f
-	}
-	return o, nil
+	return err
 }

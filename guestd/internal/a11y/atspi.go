@@ -7,8 +7,8 @@ package a11y
 
 import (
 	"strconv"
-	"strings"
 
+	"github.com/forkfleet/forkfleet/api/aci/a11yrules"
 	"github.com/forkfleet/forkfleet/api/aci/wire"
 )
 
@@ -89,29 +89,7 @@ var StateNames = wire.A11yStates
 type objectPath string
 
 // IsValid: "/" or "/"-separated non-empty elements of [A-Za-z0-9_].
-func (p objectPath) IsValid() bool {
-	if p == "/" {
-		return true
-	}
-	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' {
-		return false
-	}
-	prev := byte('/')
-	for i := 1; i < len(p); i++ {
-		c := p[i]
-		switch {
-		case c == '/':
-			if prev == '/' {
-				return false
-			}
-		case c == '_', c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-		default:
-			return false
-		}
-		prev = c
-	}
-	return true
-}
+func (p objectPath) IsValid() bool { return a11yrules.ValidObjectPath(string(p)) }
 
 // ref names one accessible object: its application's unique bus name and
 // its object path.
@@ -125,18 +103,11 @@ func (r ref) null() bool { return r.Bus == "" || r.Path == nullPath || r.Path ==
 // String is the handle a11y_action takes: "<bus name>:<path>".
 func (r ref) String() string { return r.Bus + ":" + string(r.Path) }
 
-// parseRef parses String's form. The bus name must be a unique name (":1.42"):
-// a well-known name could be taken over by anything on the bus.
+// parseRef parses String's form (a11yrules.ParseRef: a unique bus name,
+// which nothing else on the bus can take over, and a valid path).
 func parseRef(s string) (ref, bool) {
-	i := strings.Index(s, ":/")
-	if i <= 0 || !strings.HasPrefix(s, ":") || len(s) > 1024 {
-		return ref{}, false
-	}
-	r := ref{Bus: s[:i], Path: objectPath(s[i+1:])}
-	if !r.Path.IsValid() || strings.ContainsAny(r.Bus, "/ \x00") {
-		return ref{}, false
-	}
-	return r, true
+	bus, path, ok := a11yrules.ParseRef(s)
+	return ref{Bus: bus, Path: objectPath(path)}, ok
 }
 
 // states packs AT-SPI's two 32-bit words into one set.

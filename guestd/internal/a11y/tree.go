@@ -9,22 +9,21 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/zeebo/xxh3"
-	"google.golang.org/protobuf/proto"
-
+	"github.com/forkfleet/forkfleet/api/aci/a11yrules"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
 
-// Bounds of a tree request (docs/aci-spec.md, "a11y_tree").
+// Bounds of a tree request (docs/aci-spec.md, "a11y_tree"; the rules guestd
+// shares with its fake are in api/aci/a11yrules).
 const (
-	DefaultMaxDepth   = 64
-	MaxDepth          = 256
-	DefaultMaxNodes   = 10000
-	MaxNodes          = 20000
-	DefaultTimeout    = 5 * time.Second
-	DefaultAppTimeout = 3 * time.Second
-	MaxTimeout        = 60 * time.Second
+	DefaultMaxDepth   = a11yrules.DefaultMaxDepth
+	MaxDepth          = a11yrules.MaxDepth
+	DefaultMaxNodes   = a11yrules.DefaultMaxNodes
+	MaxNodes          = a11yrules.MaxNodes
+	DefaultTimeout    = a11yrules.DefaultTimeout
+	DefaultAppTimeout = a11yrules.DefaultAppTimeout
+	MaxTimeout        = a11yrules.MaxTimeout
 	// MaxApps bounds the applications one tree reads (the rest are listed
 	// as not read).
 	MaxApps = 64
@@ -53,14 +52,10 @@ type TreeOptions struct {
 }
 
 // Fields is the set of optional node fields to fill.
-type Fields uint32
-
-func (f Fields) has(x aciv1.A11YField) bool { return f&(1<<x) != 0 }
+type Fields = a11yrules.Fields
 
 // AllFields fills every optional field.
-const AllFields = Fields(1<<aciv1.A11YField_A11Y_FIELD_BOUNDS | 1<<aciv1.A11YField_A11Y_FIELD_STATES |
-	1<<aciv1.A11YField_A11Y_FIELD_DESCRIPTION | 1<<aciv1.A11YField_A11Y_FIELD_TEXT |
-	1<<aciv1.A11YField_A11Y_FIELD_VALUE | 1<<aciv1.A11YField_A11Y_FIELD_ACTIONS)
+const AllFields = a11yrules.AllFields
 
 // WindowSource gives the X windows (list_windows) for the roots that name
 // one: the focused window, a window id, the window at a point.
@@ -593,22 +588,22 @@ func startFill(ctx context.Context, conn *wireConn, it *item, f Fields) {
 	// Bounds of what is on screen only: an element off screen (most
 	// of a long page) has no pixels to point at, and its extents are
 	// the costliest call a browser answers.
-	if f.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) && has(it.states, StateShowing) {
+	if f.Has(aciv1.A11YField_A11Y_FIELD_BOUNDS) && try(hasComponent) && has(it.states, StateShowing) {
 		x.ext = start(ctx, conn, it.ref, ifComponent+".GetExtents", coordScreen)
 	}
 	// Editable: the EditableText interface, or the EDITABLE state
 	// (Chromium's inputs have Text without EditableText).
-	if f.has(aciv1.A11YField_A11Y_FIELD_TEXT) && try(hasText) && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
+	if f.Has(aciv1.A11YField_A11Y_FIELD_TEXT) && try(hasText) && (it.ifaces&hasEditable != 0 || has(it.states, StateEditable)) {
 		x.text = start(ctx, conn, it.ref, ifText+".GetText", int32(0), int32(-1))
 	}
-	if f.has(aciv1.A11YField_A11Y_FIELD_VALUE) && (it.ifaces&hasValue != 0 || it.ifaces&ifacesUnread != 0 && rangeRole(it.role)) {
+	if f.Has(aciv1.A11YField_A11Y_FIELD_VALUE) && (it.ifaces&hasValue != 0 || it.ifaces&ifacesUnread != 0 && rangeRole(it.role)) {
 		x.val = start(ctx, conn, it.ref, ifProperties+".Get", ifValue, "CurrentValue")
 	}
 	// Actions, like bounds, of what is on screen: naming a browser's
 	// actions costs a call per action on top of GetActions (Chromium
 	// leaves their names out of it), and an element off screen is
 	// scrolled into view before an agent acts on it.
-	if f.has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && has(it.states, StateShowing) && actionable(it) {
+	if f.Has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && has(it.states, StateShowing) && actionable(it) {
 		x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
 	}
 	if x.ext.wc != nil || x.text.wc != nil || x.val.wc != nil || x.action.wc != nil {
@@ -796,13 +791,13 @@ func build(root *item, apps []*app, desktopNode *item, opts TreeOptions) *aciv1.
 			window = id
 		}
 		n.Window = window
-		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_STATES) {
+		if opts.Fields.Has(aciv1.A11YField_A11Y_FIELD_STATES) {
 			n.States = it.states
 		}
-		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_DESCRIPTION) {
+		if opts.Fields.Has(aciv1.A11YField_A11Y_FIELD_DESCRIPTION) {
 			n.Description = it.desc
 		}
-		if opts.Fields.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) {
+		if opts.Fields.Has(aciv1.A11YField_A11Y_FIELD_BOUNDS) {
 			n.Bounds = it.bounds
 		}
 		n.Text, n.Value, n.Actions = it.text, it.value, it.actions
@@ -874,12 +869,7 @@ func finish(resp, built *aciv1.A11YTreeResponse, opts TreeOptions, t0 time.Time)
 		built.Bus = resp.Bus
 		resp = built
 	}
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(&aciv1.A11YTreeResponse{Nodes: resp.Nodes, Apps: resp.Apps, Partial: resp.Partial, Truncated: resp.Truncated})
-	h := xxh3.Hash128(b).Bytes()
-	resp.TreeHash = h[:]
-	if len(opts.IfNoneMatch) == len(h) && string(opts.IfNoneMatch) == string(h[:]) {
-		resp.Nodes, resp.Apps, resp.NotModified = nil, nil, true
-	}
+	a11yrules.Finish(resp, opts.IfNoneMatch)
 	resp.DurationNs = uint64(time.Since(t0))
 	return resp
 }

@@ -175,7 +175,7 @@ func TestValidate(t *testing.T) {
 		}
 	}
 	o, err := ValidateTree(&aciv1.A11YTreeRequest{TimeoutMs: 500, Fields: []aciv1.A11YField{aciv1.A11YField_A11Y_FIELD_BOUNDS}}, "x")
-	if err != nil || o.AppTimeout != 500*time.Millisecond || !o.Fields.has(aciv1.A11YField_A11Y_FIELD_BOUNDS) || o.Fields.has(aciv1.A11YField_A11Y_FIELD_TEXT) {
+	if err != nil || o.AppTimeout != 500*time.Millisecond || !o.Fields.Has(aciv1.A11YField_A11Y_FIELD_BOUNDS) || o.Fields.Has(aciv1.A11YField_A11Y_FIELD_TEXT) {
 		t.Errorf("options %+v %v", o, err)
 	}
 	for _, tc := range []struct {

@@ -32,7 +32,7 @@ DEFAULT_UNIX_PATH = "/aci"
 DEFAULT_CAPABILITIES = (
     "codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
     "input", "windows", "clipboard", "events.ready", "cancel", "memory", "exec", "launch",
-    "files", "files.chunked", "screencast", "screencast.delta", "screencast.zlib", "checkpoint",
+    "files", "files.chunked", "screencast", "screencast.delta", "screencast.zlib", "checkpoint", "a11y",
 )
 
 # Requests the server can cut short (a CancelRequest follows an abandoned call).
