@@ -152,6 +152,12 @@ func (c *Client) bounded(ctx context.Context, conn *wireConn, f func() error) er
 	go func() { done <- f() }()
 	select {
 	case err := <-done:
+		if dl, ok := ctx.Deadline(); err != nil && ok && !time.Now().Before(dl) {
+			// Past the deadline, the deadline is the cause: a flush that
+			// met it closes the connection, which can fail the call
+			// before the context's timer fires.
+			return context.DeadlineExceeded
+		}
 		return err
 	case <-ctx.Done():
 		c.drop(conn)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,8 +41,11 @@ func testBus(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(sock); err == nil {
+	// The socket file appears at bind, before the daemon listens: wait
+	// until it accepts.
+	for i := 0; i < 400; i++ {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			return "unix:path=" + sock
 		}
 		time.Sleep(5 * time.Millisecond)
