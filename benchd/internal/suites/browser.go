@@ -4,7 +4,6 @@ package suites
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,18 +15,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/aci/pagetest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
-
-// counterPage is the browser suite's workload: JavaScript keeps a counter
-// (every 50 ms, drawn each tick: the page animates) and puts it in the
-// title.
-//
-//go:embed testdata/counter.html
-var counterPage []byte
 
 // browserShape labels every row of the browser suite.
 const browserShape = "browser"
@@ -228,21 +221,14 @@ func openCounterPage(ctx context.Context, ep *controldv1.Endpoint) error {
 	return typeCounterPage(ctx, s)
 }
 
-// typeCounterPage puts the page into /tmp and types its URL into the
-// address bar once the desktop is ready, then waits for its title.
+// typeCounterPage opens the counter page (the suite's workload: it
+// animates) once the desktop is ready, then waits for its title.
 func typeCounterPage(ctx context.Context, s *aci.Session) error {
 	// Ready: the browser's window is focused on its start page.
 	if _, err := s.WaitReady(ctx); err != nil {
 		return err
 	}
-	if err := s.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
-		return err
-	}
-	// Chromium moves the focus into its address bar asynchronously after
-	// ctrl+l: a key typed at once can land before it (the first letter of
-	// the URL went missing now and then), so wait as a person would.
-	if _, err := s.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Wait(300 * time.Millisecond),
-		aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+	if err := pagetest.Open(ctx, s, pagetest.CounterPath, pagetest.Counter); err != nil {
 		return err
 	}
 	return waitTitle(ctx, s, func(t string) bool { return strings.HasPrefix(t, "counter ") })

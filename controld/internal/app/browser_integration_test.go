@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -13,18 +12,12 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/aci/pagetest"
 	"github.com/forkfleet/forkfleet/api/client"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
-
-// counterPage keeps a counter in JavaScript (every 50 ms) and shows it, the
-// text of its focused input and nothing else in the page title, which the
-// browser window's title carries: state an agent sees without the network.
-//
-//go:embed testdata/counter.html
-var counterPage []byte
 
 var counterTitle = regexp.MustCompile(`^counter (\d+) (.*?)(?: - Chromium)?$`)
 
@@ -76,13 +69,7 @@ func TestRealStackBrowser(t *testing.T) {
 	if _, err := sess.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := sess.PutFile(ctx, "/tmp/counter.html", counterPage); err != nil {
-		t.Fatal(err)
-	}
-	// ctrl+l moves Chromium's focus into the address bar asynchronously
-	// (a key typed at once may land before it): wait as a person would.
-	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Key("ctrl", "l"), aci.Wait(300 * time.Millisecond),
-		aci.Type("file:///tmp/counter.html"), aci.Key("Return")}, nil); err != nil {
+	if err := pagetest.Open(ctx, sess, pagetest.CounterPath, pagetest.Counter); err != nil {
 		t.Fatal(err)
 	}
 	waitTitle(t, ctx, sess, "counter page typed into the address bar at ready", func(title string) bool { return counterTitle.MatchString(title) })
