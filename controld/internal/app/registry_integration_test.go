@@ -378,6 +378,11 @@ func TestRealStackRegistry(t *testing.T) {
 	if remoteCk == im.Checkpoint.Id || remoteCk == "" {
 		t.Errorf("fork of the reference forked %q", remoteCk)
 	}
+	// The forks' pulled image is gone once imported (nothing unowned stays).
+	pinned := host + "/forkfleet/registry-it@" + ex.Digest
+	if _, err := s.rt.Client().ImageService().Get(nsCtx, pinned); err == nil {
+		t.Errorf("the forks' pulled image %s is still in the namespace", pinned)
+	}
 	later, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: 1})
 	if err != nil {
 		t.Fatalf("second fork of %s: %v", ref, err)

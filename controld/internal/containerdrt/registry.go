@@ -336,6 +336,18 @@ func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (_ int6
 	return f.n.Load(), nil
 }
 
+// RemoveCheckpointImage deletes the image name; the garbage collector
+// takes the blobs no other image holds.
+func (r *Runtime) RemoveCheckpointImage(ctx context.Context, name string) error {
+	if err := validateReference("name", name); err != nil {
+		return err
+	}
+	if err := r.client.ImageService().Delete(r.ctx(ctx), name); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("image %s: %w", name, convertErr(err))
+	}
+	return nil
+}
+
 // pullLease returns ctx under the lease of pulls of target: one per
 // manifest digest, kept (until it expires) when the pull fails so that
 // its finished and partial blobs wait for the retry.

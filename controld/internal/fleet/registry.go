@@ -59,6 +59,11 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 			return nil, fmt.Errorf("pull %s: %w", ref, err)
 		}
 		ck, err := m.importCheckpoint(pctx, local, dg)
+		// The pulled image was only the way here: the import holds the
+		// checkpoint, and an image left behind would outlive it unowned.
+		if rerr := reg.RemoveCheckpointImage(pctx, local); rerr != nil {
+			m.log.Warn("remove pulled checkpoint image", "image", local, "err", rerr)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -45,4 +45,8 @@ type CheckpointRegistry interface {
 	// it, a checkpoint whose CPU or kernel this host cannot restore
 	// (FailedPrecondition). An interrupted pull resumes where it stopped.
 	PullCheckpoint(ctx context.Context, reference, local string) (pulled int64, err error)
+	// RemoveCheckpointImage deletes the image name from the content store
+	// (its blobs go with it unless another image holds them). A missing
+	// image is not an error.
+	RemoveCheckpointImage(ctx context.Context, name string) error
 }
