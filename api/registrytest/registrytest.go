@@ -103,5 +103,5 @@ func (r *Registry) kill(exited chan struct{}) {
 	r.logf.Close()
 }
 
-// Close stops the registry.
+// Close stops the registry; closing again does nothing.
 func (r *Registry) Close() { r.kill(r.exitedCh) }

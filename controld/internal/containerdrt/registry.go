@@ -91,7 +91,9 @@ func (r *Runtime) registryHosts(host string) ([]docker.RegistryHost, error) {
 func (r *Runtime) registryClient() *http.Client {
 	r.regOnce.Do(func() {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.Proxy = nil // the host's registries, not whatever proxy the environment names
+		// Registries are reached directly: an HTTP(S)_PROXY in controld's
+		// environment would take loopback registries' traffic elsewhere.
+		tr.Proxy = nil
 		tr.ResponseHeaderTimeout = registryHTTPTimeout
 		tr.DialContext = (&net.Dialer{Timeout: registryHTTPTimeout, KeepAlive: 30 * time.Second}).DialContext
 		r.regClient = &http.Client{Transport: tr}
@@ -209,10 +211,18 @@ func (c *countingContentWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// ResolveCheckpoint returns the manifest digest ref names in its registry.
+// ResolveCheckpoint returns the manifest digest ref names in its registry:
+// the digest a reference pinned by digest carries (no request: a cached
+// import of it forks with the registry unreachable), else the registry's
+// answer for the tag.
 func (r *Runtime) ResolveCheckpoint(ctx context.Context, ref string) (string, error) {
 	if err := validateReference("reference", ref); err != nil {
 		return "", err
+	}
+	if n, err := reference.ParseNamed(ref); err == nil {
+		if d, ok := n.(reference.Digested); ok {
+			return d.Digest().String(), nil
+		}
 	}
 	_, desc, err := r.resolver().Resolve(r.ctx(ctx), ref)
 	if err != nil {

@@ -244,7 +244,7 @@ func TestRegistryPlainHTTPRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Close()
+	t.Cleanup(reg.Close) // Close is idempotent; the test stops it midway
 	_, port, _ := strings.Cut(reg.Addr, ":")
 	r := &Runtime{cfg: Config{Namespace: "forkfleet-test", Registry: RegistryConfig{DockerConfig: filepath.Join(t.TempDir(), "none.json")}}}
 	ctx := context.Background()
@@ -254,5 +254,12 @@ func TestRegistryPlainHTTPRefused(t *testing.T) {
 	}
 	if _, err := r.ResolveCheckpoint(ctx, reg.Addr+"/forkfleet/ck:1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown tag on the loopback registry: %v, want NOT_FOUND", err)
+	}
+	// A reference pinned by digest resolves without asking (the
+	// registry is stopped).
+	reg.Close()
+	const dg = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	if got, err := r.ResolveCheckpoint(ctx, reg.Addr+"/forkfleet/ck@"+dg); err != nil || got != dg {
+		t.Fatalf("pinned reference resolved to %q, %v", got, err)
 	}
 }
