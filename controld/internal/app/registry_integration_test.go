@@ -213,7 +213,8 @@ func (b *proxyBody) Read(buf []byte) (int, error) {
 func TestRealStackRegistry(t *testing.T) {
 	s := newStackIn(t, "forkfleet-registry-it")
 	ctx := s.ctx
-	proxy := newBlobProxy(testenv.Registry(t))
+	regAddr := testenv.Registry(t)
+	proxy := newBlobProxy(regAddr)
 	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	host := strings.TrimPrefix(srv.URL, "http://")
@@ -274,6 +275,17 @@ func TestRealStackRegistry(t *testing.T) {
 		t.Fatalf("push with its connection cut: %v, want UNAVAILABLE", err)
 	}
 	before := proxy.uploaded()
+	// What the registry committed before the cut (an upload cancelled
+	// midway by the cut does not count: it must be sent again).
+	had := map[string]bool{}
+	for _, d := range append([]ocispec.Descriptor{manifest.Config}, manifest.Layers...) {
+		resp, err := http.Head(fmt.Sprintf("http://%s/v2/forkfleet/registry-it-cut/blobs/%s", regAddr, d.Digest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		had[d.Digest.String()] = resp.StatusCode == http.StatusOK
+	}
 	proxy.reset("", "", 0)
 	retried, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: ref2, Push: true})
 	if err != nil {
@@ -281,15 +293,20 @@ func TestRealStackRegistry(t *testing.T) {
 	}
 	after := proxy.uploaded()
 	t.Logf("cut push uploaded %v; the retry %v (%d B)", before, after, retried.PushedBytes)
-	for dg, n := range after {
-		if dg != criu.Digest.String() && before[dg] > 0 {
-			t.Errorf("the retried push sent %s again (%d B)", dg, n)
+	finished := 0
+	for dg, ok := range had {
+		if !ok {
+			continue
+		}
+		finished++
+		if n := after[dg]; n > 0 {
+			t.Errorf("the retried push sent %s again (%d B), which the registry had", dg, n)
 		}
 	}
 	if after[criu.Digest.String()] != criu.Size {
 		t.Errorf("the retried push sent %d B of the cut blob (%d B)", after[criu.Digest.String()], criu.Size)
 	}
-	if len(before) < 2 {
+	if finished == 0 {
 		t.Logf("no blob finished before the cut (%v): nothing to check for a resend", before)
 	}
 
