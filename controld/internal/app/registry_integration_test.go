@@ -260,16 +260,25 @@ func TestRealStackRegistry(t *testing.T) {
 	}
 
 	// The registry's manifest: which blob is the CRIU images.
-	manifest := registryManifest(t, host, "forkfleet/registry-it", "v1")
+	manifest, mb := registryManifest(t, host, "forkfleet/registry-it", "v1")
 	criu := manifest.Layers[0]
 	if !strings.HasSuffix(criu.MediaType, "+zstd") {
 		t.Fatalf("CRIU layer media type %s, want zstd", criu.MediaType)
 	}
 
-	// A push cut midway (to another repository, which holds nothing yet):
-	// the retry sends the cut blob again (containerd's pusher uploads a blob
-	// in one request) and nothing that reached the registry before.
-	ref2 := host + "/forkfleet/registry-it-cut:v1"
+	// Another repository of the registry: its blobs are mounted from the
+	// first, only the manifest is sent.
+	mounted, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: host + "/forkfleet/registry-it-mounted:v1", Push: true})
+	if err != nil || mounted.PushedBytes <= 0 || mounted.PushedBytes > int64(len(mb)) {
+		t.Fatalf("push to another repository: %v, sent %d B (the manifest is %d B)", err, mounted.GetPushedBytes(), len(mb))
+	}
+
+	// A push cut midway (through another name of the registry, so that
+	// nothing is mounted): the retry sends the cut blob again (containerd's
+	// pusher uploads a blob in one request) and nothing that reached the
+	// registry before.
+	_, port, _ := net.SplitHostPort(host)
+	ref2 := "localhost:" + port + "/forkfleet/registry-it-cut:v1"
 	proxy.cutUpload(criu.Digest.String(), criu.Size/2)
 	if _, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: ref2, Push: true}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("push with its connection cut: %v, want UNAVAILABLE", err)
@@ -312,7 +321,7 @@ func TestRealStackRegistry(t *testing.T) {
 
 	// Nothing of the image stays in this containerd: a pull fetches it all.
 	nsCtx := namespaces.WithNamespace(ctx, s.cfg.Containerd.Namespace)
-	for _, name := range []string{ref, ref2} {
+	for _, name := range []string{ref, ref2, host + "/forkfleet/registry-it-mounted:v1"} {
 		if err := s.rt.Client().ImageService().Delete(nsCtx, name, images.SynchronousDelete()); err != nil {
 			t.Fatalf("delete local image %s: %v", name, err)
 		}
@@ -450,7 +459,7 @@ func checkReplicas(t *testing.T, resp *controldv1.ForkCheckpointResponse, create
 }
 
 // registryManifest reads an image manifest straight from a registry.
-func registryManifest(t *testing.T, host, repo, tag string) ocispec.Manifest {
+func registryManifest(t *testing.T, host, repo, tag string) (ocispec.Manifest, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v2/%s/manifests/%s", host, repo, tag), nil)
 	req.Header.Set("Accept", ocispec.MediaTypeImageManifest)
@@ -459,9 +468,13 @@ func registryManifest(t *testing.T, host, repo, tag string) ocispec.Manifest {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var m ocispec.Manifest
-	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || len(m.Layers) < 2 {
+	if err := json.Unmarshal(b, &m); err != nil || len(m.Layers) < 2 {
 		t.Fatalf("manifest of %s/%s:%s: %v (%d layers)", host, repo, tag, err, len(m.Layers))
 	}
-	return m
+	return m, b
 }

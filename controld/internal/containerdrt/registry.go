@@ -178,11 +178,30 @@ func (r *Runtime) PushCheckpoint(ctx context.Context, ref string) (int64, error)
 	if err != nil {
 		return 0, registryErr(ref, err)
 	}
+	cs := r.client.ContentStore()
 	p := &countingPusher{Pusher: pusher}
-	if err := remotes.PushContent(ctx, p, img.Target, r.client.ContentStore(), semaphore.NewWeighted(registryParallel), platforms.All, nil); err != nil {
+	if err := remotes.PushContent(ctx, p, img.Target, cs, semaphore.NewWeighted(registryParallel), platforms.All, nil); err != nil {
 		return p.n.Load(), registryErr(ref, err)
 	}
+	if ck, err := readCheckpointImage(ctx, cs, ref, img.Target); err == nil {
+		labelSource(ctx, cs, ref, ck.manifest)
+	}
 	return p.n.Load(), nil
+}
+
+// labelSource records on each blob of manifest that the repository of ref
+// holds it (containerd's distribution source label): a later push of the
+// blob to another repository of that registry asks the registry to mount
+// it from there instead of uploading it again. A label that cannot be set
+// only costs that upload.
+func labelSource(ctx context.Context, cs content.Manager, ref string, manifest ocispec.Manifest) {
+	h, err := docker.AppendDistributionSourceLabel(cs, ref)
+	if err != nil {
+		return
+	}
+	for _, d := range append([]ocispec.Descriptor{manifest.Config}, manifest.Layers...) {
+		h(ctx, d)
+	}
 }
 
 // countingPusher counts the bytes written to the registry (blobs it
@@ -339,6 +358,7 @@ func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (_ int6
 			return f.n.Load(), fmt.Errorf("image %s: %w", local, convertErr(err))
 		}
 	}
+	labelSource(ctx, cs, ref, ck.manifest)
 	// Complete: the image record holds the blobs now.
 	if l, ok := leases.FromContext(ctx); ok {
 		r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
