@@ -22,7 +22,10 @@
   // State the page shows, for people and tests.
   const view = window.forkfleetView = {
     connected: false, control: false, frames: 0, keyframes: 0, errors: 0,
-    closeCode: 0, closeReason: '', lastFrameAt: 0,
+    closeCode: 0, closeReason: '', bytes: 0,
+    // Wall-clock times (ms since the epoch) at which the last frames were
+    // on the canvas, newest last (benchd pairs them with key presses).
+    drawn: [],
   };
   let fb = null; // ImageData: the framebuffer
   let inflater = null;
@@ -41,6 +44,7 @@
     ws.onopen = () => { view.connected = true; retry = 500; status('live'); };
     ws.onmessage = (e) => {
       const m = new Uint8Array(e.data);
+      view.bytes += m.length;
       queue = queue.then(() => handle(m)).catch((err) => {
         // A frame the page cannot apply: start over from the gateway's
         // keyframe.
@@ -127,7 +131,8 @@
     }
     view.frames++;
     if (key) { view.keyframes++; placeCursor(); }
-    view.lastFrameAt = performance.now();
+    view.drawn.push(performance.timeOrigin + performance.now());
+    if (view.drawn.length > 1024) view.drawn.shift();
   }
 
   const scratch = document.createElement('canvas');
