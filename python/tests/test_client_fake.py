@@ -258,6 +258,11 @@ def test_network_and_ports(fake):
         with pytest.raises(forkfleet.InvalidArgument) as e:
             sb.expose_port(0)
         assert e.value.field == "port"
+        url, expires = sb.view_ticket(control=True, ttl=120)
+        assert f"/v1/sandboxes/{sb.id}/view?ticket=" in url and expires.tzinfo is not None
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            sb.view_ticket(ttl=3600)
+        assert e.value.field == "ttl"
         ck = sb.checkpoint()
         results = ck.fork(1, resources={"memory_bytes": 512 << 20})
         assert forkfleet.first_error(results) is None

@@ -32,7 +32,8 @@ import (
 //     from a keyframe);
 //   - a view-only ticket's page that sends input anyway is disconnected
 //     (1008) and its input never arrives;
-//   - a spent, an expired or another sandbox's ticket gets 401.
+//   - a spent, an expired or another sandbox's ticket gets 401;
+//   - deleting the sandbox closes its pages (4404).
 func TestRealStackView(t *testing.T) {
 	browser, err := browsertest.Path()
 	if err != nil {
@@ -168,6 +169,12 @@ func TestRealStackView(t *testing.T) {
 	if c := status(strings.Split(other.Url, "?")[0]); c != http.StatusUnauthorized {
 		t.Errorf("the page without a cookie: %d, want 401", c)
 	}
+
+	// Deleting the sandbox closes its viewers (4404), which stop reconnecting.
+	if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, page.WaitFor(ctx, `forkfleetView.closeCode === 4404`, 30*time.Second))
 }
 
 func waitFile(t *testing.T, ctx context.Context, sess *aci.Session, file, want string) {

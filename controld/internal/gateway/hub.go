@@ -3,11 +3,13 @@ package gateway
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/screencast"
@@ -60,6 +62,9 @@ type hub struct {
 	id     string
 	cancel context.CancelFunc
 	done   chan struct{}
+	// gone is closed when the sandbox no longer exists (deleted): its
+	// viewers are told (4404) instead of waiting for it.
+	gone chan struct{}
 
 	mu       sync.Mutex
 	viewers  map[*viewer]struct{}
@@ -82,7 +87,7 @@ func (g *Gateway) joinHub(id string) (*hub, *viewer) {
 	h := g.hubs[id]
 	if h == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		h = &hub{g: g, id: id, cancel: cancel, done: make(chan struct{}), viewers: map[*viewer]struct{}{}}
+		h = &hub{g: g, id: id, cancel: cancel, done: make(chan struct{}), gone: make(chan struct{}), viewers: map[*viewer]struct{}{}}
 		g.hubs[id] = h
 		go h.run(ctx)
 	}
@@ -127,6 +132,10 @@ func (h *hub) run(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		route, err := h.g.router.Route(h.id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			close(h.gone)
+			return
+		}
 		if err == nil {
 			var streamed bool
 			streamed, err = h.session(ctx, route.ACISocket, route.Token)

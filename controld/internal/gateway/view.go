@@ -46,6 +46,9 @@ const (
 	viewCookie      = "forkfleet_view"
 	// viewWriteTimeout closes a viewer whose browser stopped reading.
 	viewWriteTimeout = 10 * time.Second
+	// statusSandboxGone closes the viewers of a deleted sandbox (the page
+	// then stops reconnecting).
+	statusSandboxGone websocket.StatusCode = 4404
 	// maxInput bounds one input message and its text.
 	maxInput = 1024
 )
@@ -214,6 +217,9 @@ func (g *Gateway) serveViewStream(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-h.gone:
+			c.Close(statusSandboxGone, "sandbox deleted")
 			return
 		case <-v.wake:
 		}

@@ -57,7 +57,7 @@
       view.connected = false;
       view.closeCode = e.code;
       view.closeReason = e.reason;
-      if (e.code === 1008) { status('closed: ' + e.reason); return; }
+      if (e.code === 1008 || e.code === 4404) { status('closed: ' + e.reason); return; }
       // The sandbox is being checkpointed or restored, or the gateway
       // restarted: come back.
       status('reconnecting');

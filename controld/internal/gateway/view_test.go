@@ -33,6 +33,16 @@ type viewRouter struct {
 	router
 	mu      sync.Mutex
 	tickets map[string]fleet.ViewGrant
+	deleted bool
+}
+
+func (r *viewRouter) Route(id string) (fleet.Route, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.deleted {
+		return fleet.Route{}, errdefs.ErrNotFound
+	}
+	return r.router.Route(id)
 }
 
 func (r *viewRouter) RedeemViewTicket(id, ticket string) (fleet.ViewGrant, error) {
@@ -47,6 +57,7 @@ func (r *viewRouter) RedeemViewTicket(id, ticket string) (fleet.ViewGrant, error
 }
 
 type viewFixture struct {
+	gw    *gateway.Gateway
 	guest *acitest.Server
 	vr    *viewRouter
 	base  string // http://127.0.0.1:port
@@ -89,7 +100,8 @@ func setupView(t *testing.T) *viewFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := gateway.NewServer(gateway.New(f.vr, gateway.Options{}))
+	f.gw = gateway.New(f.vr, gateway.Options{})
+	srv := gateway.NewServer(f.gw)
 	go srv.Serve(ln)
 	f.base = "http://" + ln.Addr().String()
 	t.Cleanup(func() {
@@ -353,5 +365,27 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition never met")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestViewSandboxDeleted: a deleted sandbox's viewers are closed with 4404
+// (the page stops reconnecting) instead of waiting for it forever.
+func TestViewSandboxDeleted(t *testing.T) {
+	f := setupView(t)
+	v := f.dial(t, "watch-1")
+	v.next(3)
+	waitFor(t, func() bool { return startedScreencast(f.guest) })
+	f.vr.mu.Lock()
+	f.vr.deleted = true
+	f.vr.mu.Unlock()
+	f.gw.DropSandbox(viewSB) // as controld does before a checkpoint or a delete
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	for err == nil {
+		_, _, err = v.c.Read(ctx)
+	}
+	if websocket.CloseStatus(err) != 4404 {
+		t.Fatalf("viewer of a deleted sandbox: %v, want 4404", err)
 	}
 }

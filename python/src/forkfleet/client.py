@@ -494,6 +494,17 @@ class AsyncSandbox:
                                     pb.ExposePortRequest(sandbox_id=self.id, port=port), timeout)
         return r.url, r.token
 
+    async def view_ticket(self, *, control: bool = False, ttl: Seconds | None = None,
+                          timeout: float | None = None) -> tuple[str, datetime.datetime]:
+        """Mints a single-use ticket for the sandbox's live view in a browser;
+        returns (url, expires_at). Open url once: it is spent for a cookie.
+        control lets the viewer send mouse and keyboard input; ttl defaults to
+        60 s (at most 600)."""
+        r = await self.client._call(self.client.sandbox_service.CreateViewTicket,
+                                    pb.CreateViewTicketRequest(sandbox_id=self.id, control=control, ttl=_duration(ttl)),
+                                    timeout)
+        return r.url, r.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+
     async def unexpose_port(self, port: int, *, timeout: float | None = None) -> None:
         await self.client._call(self.client.sandbox_service.UnexposePort,
                                 pb.UnexposePortRequest(sandbox_id=self.id, port=port), timeout)
