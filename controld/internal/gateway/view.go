@@ -199,6 +199,9 @@ func (g *Gateway) serveViewStream(w http.ResponseWriter, r *http.Request) {
 	if !g.track("view:"+id, vc) { // Shutdown ends it; DropSandbox does not (viewers stay)
 		return
 	}
+	// Shutdown waits for the viewer (and its hub) to be gone.
+	g.wg.Add(1)
+	defer g.wg.Done()
 	defer g.untrack(vc)
 
 	h, v := g.joinHub(id)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"go.uber.org/goleak"
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -238,6 +239,8 @@ func isKeyframe(m []byte) bool { return m[0] == 1 && m[1]&1 == 1 }
 // queues without bound (it resyncs from a keyframe), and only a control
 // viewer's input reaches the sandbox.
 func TestViewStream(t *testing.T) {
+	// Registered first, so it runs after the fixture's cleanups.
+	t.Cleanup(func() { goleak.VerifyNone(t) })
 	f := setupView(t)
 	a := f.dial(t, "control-1")
 	if h := a.next(3); h[1] != 1 {
