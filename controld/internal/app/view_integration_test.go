@@ -17,6 +17,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/browsertest"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
 
@@ -27,6 +28,7 @@ import (
 //
 //   - the canvas, read back, equals the sandbox's PNG screenshot pixel for
 //     pixel;
+//   - the page follows the sandbox's pointer, and moves it (control);
 //   - keys typed into the page of a control ticket reach the xterm's shell,
 //     and again after a live checkpoint (the page stays, the view resumes
 //     from a keyframe);
@@ -100,6 +102,30 @@ func TestRealStackView(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("canvas != screenshot: %s", diff)
 		}
+	}
+
+	// The page follows the sandbox's pointer, and its own pointer moves it
+	// (control).
+	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Move(123, 77)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	must(t, page.WaitFor(ctx, "forkfleetView.cursor && forkfleetView.cursor[0] === 123 && forkfleetView.cursor[1] === 77", 10*time.Second))
+	rect, err := page.Eval(ctx, `(() => { const r = document.getElementById("screen").getBoundingClientRect(); return JSON.stringify([r.left, r.top, r.width / document.getElementById("screen").width]); })()`)
+	must(t, err)
+	var r [3]float64
+	must(t, json.Unmarshal([]byte(rect), &r))
+	must(t, page.Call(ctx, "Input.dispatchMouseEvent", map[string]any{"type": "mouseMoved", "x": r[0] + 200*r[2] + 0.5, "y": r[1] + 100*r[2] + 0.5}, nil))
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		p, err := sess.CursorPosition(ctx)
+		must(t, err)
+		if p.X == 200 && p.Y == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the page's pointer at (200,100) moved the sandbox's to (%d,%d)", p.X, p.Y)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// Control: keys typed into the page reach the shell in the xterm.

@@ -22,7 +22,7 @@
   // State the page shows, for people and tests.
   const view = window.forkfleetView = {
     connected: false, control: false, frames: 0, keyframes: 0, errors: 0,
-    closeCode: 0, closeReason: '', bytes: 0,
+    closeCode: 0, closeReason: '', bytes: 0, cursor: null,
     // Wall-clock times (ms since the epoch) at which the last frames were
     // on the canvas, newest last (benchd pairs them with key presses).
     drawn: [],
@@ -87,6 +87,7 @@
   let cursorX = -1, cursorY = -1;
   function moveCursor(x, y) {
     cursorX = x; cursorY = y;
+    view.cursor = [x, y];
     placeCursor();
   }
   function placeCursor() {
