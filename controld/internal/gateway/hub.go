@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -232,6 +233,11 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 			switch e := ev.GetEvent().(type) {
 			case *aciv1.Event_Frame:
 				f := e.Frame
+				// More tiles than the browser format counts: skipped, so
+				// the compositor sees a gap and asks for a keyframe.
+				if len(f.GetTiles()) > math.MaxUint16 {
+					continue
+				}
 				if f.GetStreamId() != stream || comp.Apply(f) != nil {
 					continue // the compositor asked for a keyframe if needed
 				}
