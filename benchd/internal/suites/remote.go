@@ -233,11 +233,26 @@ func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, push
 		if err != nil {
 			return err
 		}
-		if _, err := r.fork(ctx, series("remote.fork.cached.wall", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)}); err != nil {
-			return err
+		// The cached and the local fork alternate which goes first (the
+		// fork slots controld precreates favour the most recent
+		// checkpoint forked).
+		pair := []func() error{
+			func() error {
+				_, err := r.fork(ctx, series("remote.fork.cached.wall", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)})
+				return err
+			},
+			func() error {
+				_, err := r.fork(ctx, series("remote.fork.local.wall", n), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n)})
+				return err
+			},
 		}
-		if _, err := r.fork(ctx, series("remote.fork.local.wall", n), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n)}); err != nil {
-			return err
+		if r.seq%2 == 0 {
+			pair[0], pair[1] = pair[1], pair[0]
+		}
+		for _, f := range pair {
+			if err := f(); err != nil {
+				return err
+			}
 		}
 		r.c.removeCheckpoint(ctx, remoteCk)
 	}
