@@ -14,6 +14,11 @@ import (
 // package exists).
 func TestNothingBelowImportsFleet(t *testing.T) {
 	goBin := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	if _, err := exec.LookPath(goBin); err != nil { // GOROOT is empty in a -trimpath build
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatalf("go tool not found: %v", err)
+		}
+	}
 	const fleet = "github.com/forkfleet/forkfleet/controld/internal/fleet"
 	for _, pkg := range []string{".", "../containerdrt", "../store"} {
 		out, err := exec.Command(goBin, "list", "-deps", pkg).CombinedOutput()
