@@ -274,9 +274,7 @@ func ValidateTree(r *aciv1.A11YTreeRequest, prefix string) (TreeOptions, error) 
 	if err != nil {
 		return TreeOptions{}, invalid(err)
 	}
-	return TreeOptions{Root: t.Root, WindowID: t.WindowID, X: t.X, Y: t.Y, MaxDepth: t.MaxDepth, MaxNodes: t.MaxNodes,
-		ShowingOnly: t.ShowingOnly, Timeout: t.Timeout, AppTimeout: t.AppTimeout, Fields: t.Fields,
-		MaxBytes: DefaultMaxBytes, IfNoneMatch: t.IfNoneMatch}, nil
+	return TreeOptions{Tree: t, MaxBytes: DefaultMaxBytes}, nil
 }
 
 // invalid types a rule's error as the ACI's INVALID_ARGUMENT on its field.

@@ -36,19 +36,11 @@ const (
 	DefaultMaxBytes = 8 << 20
 )
 
-// TreeOptions is a validated A11yTreeRequest.
+// TreeOptions is a validated A11yTreeRequest (the rules guestd and the
+// fake share) and the reply's byte budget, which is guestd's own.
 type TreeOptions struct {
-	Root        aciv1.A11YRoot
-	WindowID    uint32
-	X, Y        int
-	MaxDepth    int
-	MaxNodes    int
-	ShowingOnly bool
-	Timeout     time.Duration
-	AppTimeout  time.Duration
-	Fields      Fields
-	MaxBytes    int
-	IfNoneMatch []byte
+	a11yrules.Tree
+	MaxBytes int
 }
 
 // Fields is the set of optional node fields to fill.
