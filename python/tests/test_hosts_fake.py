@@ -143,7 +143,22 @@ async def test_dns_targets(fleet):
             on_b = direct.create_sandbox()
         # b's pod appears: the lookup of an id no known host has resolves again.
         resolved["b.svc"] = ["10.0.0.2"]
-        assert (await c.get_sandbox(on_b.id)).info.host == "host-b"
+        sb = await c.get_sandbox(on_b.id)
+        assert sb.info.host == "host-b"
         assert len(await c.hosts()) == 2
+        # Its ACI session verifies the gateway's TLS certificate against the
+        # name its host was resolved from, not the pod address in the URL.
+        seen = {}
+
+        async def dial(url, **kw):
+            seen.update(kw)
+            raise forkfleet.errors.Unavailable("not dialed")
+        real_dial, forkfleet.aci.dial = forkfleet.aci.dial, dial
+        try:
+            with pytest.raises(forkfleet.errors.Unavailable):
+                await sb.aci()
+        finally:
+            forkfleet.aci.dial = real_dial
+        assert seen["server_name"] == "b.svc"
     finally:
         await c.close()

@@ -213,3 +213,49 @@ def test_mask_roundtrip():
         masked = _ws.mask(data, key)
         assert _ws.mask(masked, key) == data
         assert all(masked[i] == data[i] ^ key[i % 4] for i in range(0, n, 997))
+
+
+@run_async
+async def test_tls_server_name(tmp_path):
+    """A gateway reached by its address whose certificate names a DNS name
+    (a Kubernetes pod behind a headless Service): ``server_name`` verifies
+    the name; without it the address is checked, and the dial is refused."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    ca_key, ca, key, csr, cert, ext = (str(tmp_path / n) for n in ("ca.key", "ca.pem", "k", "csr", "c.pem", "ext"))
+    (tmp_path / "ext").write_text("subjectAltName=DNS:controld.forkfleet.test\n")
+    for argv in (
+        ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=test CA", "-keyout", ca_key, "-out", ca],
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=controld",
+         "-keyout", key, "-out", csr],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+         "-extfile", ext, "-out", cert],
+    ):
+        subprocess.run(["openssl", *argv], check=True, capture_output=True)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def refuse_upgrade(reader, writer):
+        # TLS is done once the request arrives: any HTTP answer proves it.
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(refuse_upgrade, "127.0.0.1", 0, ssl=server_ctx)
+    port = srv.sockets[0].getsockname()[1]
+    client_ctx = ssl.create_default_context(cafile=ca)
+    try:
+        with pytest.raises(forkfleet.errors.NotFound):
+            await aci.dial(f"wss://127.0.0.1:{port}/", "tok", ssl=client_ctx,
+                           server_name="controld.forkfleet.test", timeout=5)
+        with pytest.raises(forkfleet.errors.Unavailable, match="certificate"):
+            await aci.dial(f"wss://127.0.0.1:{port}/", "tok", ssl=client_ctx, timeout=5)
+    finally:
+        srv.close()
+        await srv.wait_closed()

@@ -545,6 +545,13 @@ class AsyncSandbox:
             return (await self.refresh_endpoint(timeout=timeout)).token
 
         opts = {**self.client._aci_options, **options}
+        router = self.client._router
+        if router is not None and "server_name" not in opts:
+            # A host reached through a dns:/// name: its gateway URL names the
+            # pod's address, its certificate the name (as the Go client).
+            owner = await router.owner("SandboxService", self.id)
+            if owner.server_name:
+                opts["server_name"] = owner.server_name
         return await aci.dial(ep.url, token_source=token_source, timeout=timeout, **opts)
 
     async def extend(self, ttl: Seconds, *, timeout: float | None = None) -> pb.Sandbox:

@@ -398,8 +398,11 @@ async def connect(host: str, port: int | None, path: str, *, subprotocol: str, h
                   on_message: Callable[[memoryview], None],
                   on_close: Callable[[int, str, BaseException | None], None], read_limit: int,
                   ssl: ssl_mod.SSLContext | None = None, unix_socket: str | None = None,
-                  host_header: str | None = None) -> Protocol:
-    """Connects (TCP, TLS or a unix socket) and runs the opening handshake."""
+                  host_header: str | None = None, server_hostname: str | None = None) -> Protocol:
+    """Connects (TCP, TLS or a unix socket) and runs the opening handshake.
+
+    With TLS the certificate is verified against ``server_hostname`` when
+    given, else against ``host``."""
     loop = asyncio.get_running_loop()
 
     def factory() -> Protocol:
@@ -409,7 +412,7 @@ async def connect(host: str, port: int | None, path: str, *, subprotocol: str, h
         transport, proto = await loop.create_unix_connection(factory, unix_socket)
     else:
         transport, proto = await loop.create_connection(factory, host, port, ssl=ssl,
-                                                        server_hostname=host if ssl else None)
+                                                        server_hostname=(server_hostname or host) if ssl else None)
     try:
         sock = transport.get_extra_info("socket")
         if sock is not None and unix_socket is None:

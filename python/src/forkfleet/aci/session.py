@@ -228,7 +228,7 @@ async def dial(url: str, token: str = "", *, unix_socket: str | None = None, cli
                on_reconnect: Callable[["Session"], Any] | None = None,
                token_source: Callable[[], Awaitable[str]] | None = None, event_buffer: int = 256,
                headers: Mapping[str, str] | None = None, ssl: ssl_mod.SSLContext | None = None,
-               insecure: bool = False, timeout: float | None = 10.0) -> "Session":
+               server_name: str = "", insecure: bool = False, timeout: float | None = 10.0) -> "Session":
     """Opens an ACI session and performs the Hello handshake.
 
     Args:
@@ -244,6 +244,9 @@ async def dial(url: str, token: str = "", *, unix_socket: str | None = None, cli
         on_reconnect: called (sync or async) after every reconnect; a changed
             ``session.generation`` means a restored replica.
         token_source: async callable giving the token on every dial and redial.
+        server_name: with TLS, the name the certificate must carry instead of
+            the URL's host (a gateway reached by its address, whose
+            certificate names the DNS name the client resolved).
         insecure: allow a token over plaintext ws:// to a non-loopback host.
         timeout: bounds the connect and handshake (seconds).
     """
@@ -257,7 +260,8 @@ async def dial(url: str, token: str = "", *, unix_socket: str | None = None, cli
     s = Session(url=url, token=token, unix_socket=unix_socket, client_name=client_name,
                 capabilities=tuple(capabilities), read_limit=read_limit, frame_cache=frame_cache,
                 reconnect=reconnect or None, on_reconnect=on_reconnect, token_source=token_source,
-                event_buffer=max(int(event_buffer), 1), headers=dict(headers or {}), ssl=ssl, insecure=insecure)
+                event_buffer=max(int(event_buffer), 1), headers=dict(headers or {}), ssl=ssl,
+                server_name=server_name, insecure=insecure)
     conn = await s._dial(timeout)
     s._install(conn)
     return s
@@ -287,7 +291,8 @@ class Session:
     def __init__(self, *, url: str, token: str, unix_socket: str | None, client_name: str,
                  capabilities: tuple[str, ...], read_limit: int, frame_cache: FrameCache | None,
                  reconnect: Backoff | None, on_reconnect: Callable | None, token_source: Callable | None,
-                 event_buffer: int, headers: dict[str, str], ssl: ssl_mod.SSLContext | None, insecure: bool):
+                 event_buffer: int, headers: dict[str, str], ssl: ssl_mod.SSLContext | None,
+                 server_name: str, insecure: bool):
         self.url = url
         self._token = token
         self._unix = unix_socket
@@ -301,6 +306,7 @@ class Session:
         self._event_buffer = event_buffer
         self._headers = headers
         self._ssl = ssl
+        self._server_name = server_name
         self._insecure = insecure
         self._next_id = 0
         self._conn: _Conn | None = None
@@ -349,7 +355,7 @@ class Session:
             ws = await asyncio.wait_for(_ws.connect(
                 host, port, path, subprotocol=SUBPROTOCOL, headers=hdrs, on_message=conn.on_message,
                 on_close=conn.on_close, read_limit=self._read_limit, ssl=ctx, unix_socket=self._unix,
-                host_header=host_header), timeout)
+                host_header=host_header, server_hostname=self._server_name or None), timeout)
         except asyncio.TimeoutError:
             raise errors.Unavailable(f"aci: dial {self.url}: no connection within {timeout:g}s") from None
         except _ws.HandshakeError as e:
