@@ -76,7 +76,7 @@ func TestControldSuitesAgainstFake(t *testing.T) {
 
 func TestControldSuitesSkipWithoutSocket(t *testing.T) {
 	env := &suite.Env{ControldSocket: "/nonexistent/controld.sock"}
-	for _, s := range []suite.Suite{&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &dedupSuite{}, &browserSuite{}} {
+	for _, s := range []suite.Suite{&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &dedupSuite{}, &browserSuite{}, &legibilitySuite{}} {
 		reason, ok := suite.IsSkip(s.Check(context.Background(), env))
 		if !ok || !strings.Contains(reason, "absent") {
 			t.Errorf("%s: %q %v", s.Name(), reason, ok)
