@@ -37,7 +37,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz demo demo-stop image image-web host peers browser clean
+.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz controld-up demo demo-stop image image-web host peers browser clean
 
 # Every binary reports this version (--version; controld also as
 # forkfleet_controld_build_info): git describe of the checkout, -dirty with
@@ -127,7 +127,8 @@ browser:
 	deploy/host-setup.sh --packages chromium
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-test: host image image-web peers python-deps browser test-tools
+## (benchd's suite smoke tests drive the host's controld, as benchd does: controld-up starts it)
+test: host image image-web peers python-deps browser test-tools controld-up
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack
@@ -164,9 +165,12 @@ fuzz:
 	      echo "== fuzz $$m/$${dir#./} $$f"; \
 	      (cd $$m && go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$dir) || exit 1; done; done; done
 
-## demo: set up the host, build, start controld, and boot/act/observe/checkpoint/fork a sandbox
-demo: host image build
+## controld-up: build and (re)start the host's controld (deploy/controld-up.sh)
+controld-up: host image build
 	deploy/controld-up.sh $(BIN)/controld
+
+## demo: set up the host, build, start controld, and boot/act/observe/checkpoint/fork a sandbox
+demo: controld-up
 	$(BIN)/forkfleetctl demo
 
 demo-stop:
