@@ -1099,9 +1099,18 @@ func TestIntegrationDesktop(t *testing.T) {
 		// session, then let it settle before the checkpoint.
 		// xterm's shell (bash) is the last process of the session to appear.
 		srcProcs := waitProcs(t, r, inst.ID, []string{"Xvfb", "openbox", "xterm", "bash"}, 30*time.Second)
-		time.Sleep(500 * time.Millisecond)
-		if now := sandboxProcs(t, r, inst.ID); !slices.Equal(now, srcProcs) {
-			t.Fatalf("source processes changed while settling: %v, then %v", srcProcs, now)
+		// Settled: the same processes in two reads 500 ms apart (bash's
+		// startup runs dircolors and the like for a moment).
+		for settleBy := time.Now().Add(15 * time.Second); ; {
+			time.Sleep(500 * time.Millisecond)
+			now := sandboxProcs(t, r, inst.ID)
+			if slices.Equal(now, srcProcs) {
+				break
+			}
+			if time.Now().After(settleBy) {
+				t.Fatalf("source processes never settled: %v, then %v", srcProcs, now)
+			}
+			srcProcs = now
 		}
 		t.Logf("source processes: %v", srcProcs)
 		res := checkpointT(t, r, inst.ID, runtime.TierMemory, false)
