@@ -16,11 +16,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
@@ -66,8 +64,7 @@ func (a *a11ySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	}
 	defer c.Close()
 	n, warm := env.Samples(a.n), env.Warmups(3)
-	cr, err := c.sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: a.image, WaitReady: true,
-		Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+	cr, err := c.createImage(ctx, a.image)
 	if err != nil {
 		return nil, fmt.Errorf("boot %s: %w (make image-web builds it)", a.image, err)
 	}

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/aci/pagetest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
@@ -123,8 +121,7 @@ func (b *browserSuite) boots(ctx context.Context, env *suite.Env, c *controld, n
 	var keep *controldv1.CreateSandboxResponse
 	for i := 0; i < warm+n; i++ {
 		t0 := time.Now()
-		resp, err := c.sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: b.image, WaitReady: true,
-			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+		resp, err := c.createImage(ctx, b.image)
 		if err != nil {
 			if i == 0 {
 				return nil, nil, fmt.Errorf("boot %s: %w (make image-web builds it)", b.image, err)

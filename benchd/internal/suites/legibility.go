@@ -20,11 +20,8 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
-	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
@@ -117,8 +114,7 @@ func (l *legibilitySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 		return nil, err
 	}
 	defer c.Close()
-	cr, err := c.sb.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: l.image, WaitReady: true,
-		Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+	cr, err := c.createImage(ctx, l.image)
 	if err != nil {
 		return nil, fmt.Errorf("boot %s: %w (make image-web builds it)", l.image, err)
 	}
