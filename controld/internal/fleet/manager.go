@@ -7,7 +7,6 @@ import (
 	"golang.org/x/sync/singleflight"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -485,25 +484,4 @@ func (m *Manager) dialGuest(ctx context.Context, path guestsock.Addr, token stri
 		case <-t.C:
 		}
 	}
-}
-
-// checkpointDirFor and tmpCheckpointDir name a checkpoint's directories: the
-// runtime writes into the temporary one, which is renamed into place only
-// once complete, so a crash never leaves a half checkpoint under a real name.
-func (m *Manager) checkpointDirFor(id string) string { return filepath.Join(m.opts.CheckpointDir, id) }
-
-func (m *Manager) tmpCheckpointDir(id string) string {
-	return filepath.Join(m.opts.CheckpointDir, tmpPrefix+id)
-}
-
-const tmpPrefix = ".tmp-"
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
