@@ -1,0 +1,286 @@
+package fleet
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
+)
+
+// Fork slots: the same for on-demand forks. A fork's runtime create (its
+// snapshot on the checkpoint's layer, the container, the shim holding the
+// restore options: 20 to 40 ms, more under load) does not depend on the
+// request, so for the checkpoints forked most recently the manager keeps
+// Options.WarmSlots forks precreated, and a fork that takes one only starts
+// it (runc restore). A new checkpoint, or the first fork of an older one,
+// makes it recent; refills
+// run after the forks that took slots are usable (the same hold and quiet
+// time as boot slots). Only ForkCheckpoint takes fork slots: pool refills
+// run in the background anyway. Slots of a checkpoint that is deleted or no
+// longer among the recent ones, or older than the slot age, are discarded.
+
+const (
+	// forkSlotCheckpoints bounds how many checkpoints keep fork slots (each
+	// slot holds a shim and a snapshot on the checkpoint's layer).
+	forkSlotCheckpoints = 2
+	// forkSlotPrune is how often the filler looks for slots whose
+	// checkpoint was deleted: until discarded such a slot keeps the
+	// checkpoint's (unrooted) layer alive.
+	forkSlotPrune = 2 * time.Second
+)
+
+type forkSlots struct {
+	rp   runtime.RestorePrecreator
+	want int // slots per checkpoint
+	kick chan struct{}
+
+	// Guarded by Manager.mu.
+	ready map[string][]forkSlot // checkpoint id -> its slots
+	// recent: checkpoint ids, most recently forked last, at most
+	// forkSlotCheckpoints.
+	recent     []string
+	forking    int       // ForkCheckpoint calls in progress
+	quietUntil time.Time // end of the quiet time after the last of them
+}
+
+type forkSlot struct {
+	spec runtime.BootSpec
+	at   time.Time
+}
+
+func (fs *forkSlots) wake() {
+	select {
+	case fs.kick <- struct{}{}:
+	default:
+	}
+}
+
+// forkSlotsLocked returns the manager's fork slots, or nil when they are off.
+func (m *Manager) forkSlotsLocked() *forkSlots {
+	if m.slots == nil {
+		return nil
+	}
+	return m.slots.forks
+}
+
+// forkSlotsBegin records that a fork of ckID starts: ckID becomes the most
+// recent checkpoint, and refills hold off until forkSlotsEnd.
+func (m *Manager) forkSlotsBegin(ckID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fs := m.forkSlotsLocked(); fs != nil {
+		fs.touchLocked(ckID)
+		fs.forking++
+	}
+}
+
+// forkSlotsExpect makes a new checkpoint the most recent one, so its first
+// on-demand fork finds a slot too (CreateCheckpoint calls it once the
+// checkpoint is committed).
+func (m *Manager) forkSlotsExpect(ckID string) {
+	m.mu.Lock()
+	fs := m.forkSlotsLocked()
+	if fs != nil {
+		fs.touchLocked(ckID)
+	}
+	m.mu.Unlock()
+	if fs != nil {
+		fs.wake()
+	}
+}
+
+// touchLocked moves ckID to the most recent end of fs.recent; the slots of
+// a checkpoint that falls off are pruned by the filler.
+func (fs *forkSlots) touchLocked(ckID string) {
+	fs.recent = append(slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID }), ckID)
+	if n := len(fs.recent) - forkSlotCheckpoints; n > 0 {
+		fs.recent = slices.Delete(fs.recent, 0, n)
+	}
+}
+
+// forkSlotsEnd reports that a fork begun with forkSlotsBegin has settled.
+func (m *Manager) forkSlotsEnd() {
+	m.mu.Lock()
+	fs := m.forkSlotsLocked()
+	if fs != nil && fs.forking > 0 {
+		fs.forking--
+		fs.quietUntil = time.Now().Add(slotRefillQuiet)
+	}
+	m.mu.Unlock()
+	if fs != nil {
+		fs.wake()
+	}
+}
+
+// takeForkSlotLocked hands out a ready fork slot of checkpoint ckID whose
+// spec matches spec but for id and tokens, or nil. The caller adopts the
+// slot's id and tokens, so the runtime sees an identical spec.
+func (m *Manager) takeForkSlotLocked(ckID string, spec runtime.BootSpec) *forkSlot {
+	fs := m.forkSlotsLocked()
+	if fs == nil {
+		return nil
+	}
+	key, now := slotKey(spec), time.Now()
+	for i, s := range fs.ready[ckID] {
+		if now.Sub(s.at) >= m.slots.maxAge || slotKey(s.spec) != key {
+			continue // the filler prunes it
+		}
+		fs.ready[ckID] = slices.Delete(fs.ready[ckID], i, i+1)
+		fs.wake()
+		return &s
+	}
+	return nil
+}
+
+func (fs *forkSlots) holdLocked(now time.Time) time.Duration {
+	if fs.forking > 0 {
+		return slotRefillHold // forkSlotsEnd wakes the filler earlier
+	}
+	return max(fs.quietUntil.Sub(now), 0)
+}
+
+// forkSlotNeededLocked returns the most recent checkpoint short of slots, or nil.
+func (m *Manager) forkSlotNeededLocked(fs *forkSlots) *store.CheckpointRecord {
+	for i := len(fs.recent) - 1; i >= 0; i-- {
+		id := fs.recent[i]
+		if ck, ok := m.checkpoints[id]; ok && len(fs.ready[id]) < fs.want {
+			return ck
+		}
+	}
+	return nil
+}
+
+// fillForkSlots keeps the recent checkpoints' fork slots filled until the
+// manager closes, then discards them. Like fillSlots it precreates one at a
+// time and holds off while forks run and briefly after.
+func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
+	defer m.pruneForkSlots(ws, fs, true)
+	prune := time.NewTicker(forkSlotPrune)
+	defer prune.Stop()
+	retry := m.opts.PoolRetry
+	var holdUntil time.Time
+	for m.ctx.Err() == nil {
+		m.pruneForkSlots(ws, fs, false)
+		m.trimSlots(ws)
+		m.mu.Lock()
+		now := time.Now()
+		ck, hold := m.forkSlotNeededLocked(fs), fs.holdLocked(now)
+		if ck != nil && !m.slotRoomLocked(m.memoryOf(ck.Checkpoint.GetResources())) {
+			ck = nil // at the host's admission limits: a delete wakes the filler
+		}
+		m.mu.Unlock()
+		if ck != nil && m.holdRefill(now, hold, &holdUntil, fs.kick) {
+			continue
+		}
+		holdUntil = time.Time{}
+		if ck == nil {
+			m.idle(fs.kick, prune.C)
+			continue
+		}
+		if err := m.precreateForkSlot(fs, ck); err != nil {
+			if m.ctx.Err() != nil {
+				return
+			}
+			if !m.checkpointExists(ck.Checkpoint.GetId()) {
+				// Deleted while its slot was made (its layer or images went
+				// under the precreate): nothing failed, and backing off would
+				// hold off the next checkpoints' slots, whose forks then
+				// restore cold (seconds of backoff in a benchmark that
+				// checkpoints, forks and deletes in a row).
+				m.log.Debug("fork slot dropped: its checkpoint was deleted", "checkpoint", ck.Checkpoint.GetId(), "err", err)
+				continue
+			}
+			m.log.Warn("fork slot precreate failed", "checkpoint", ck.Checkpoint.GetId(), "err", err, "retry_in", retry)
+			retry = m.backoff(retry)
+			continue
+		}
+		retry = m.opts.PoolRetry
+	}
+}
+
+// checkpointExists reports whether checkpoint id is still recorded.
+func (m *Manager) checkpointExists(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.checkpoints[id]
+	return ok
+}
+
+// precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint
+// draws a replica, and makes it ready unless ck stopped needing it.
+func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) error {
+	rec, err := m.newRecord(forkSandboxParams(ck, forkParams{policy: ck.Checkpoint.GetNetwork().GetPolicy()}), time.Now())
+	if err != nil {
+		return err
+	}
+	spec := specOf(rec)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), slotOpTimeout)
+	defer cancel()
+	start := time.Now()
+	err = fs.rp.PrecreateRestore(ctx, spec, ck.Ref)
+	m.metrics.RuntimeCall.WithLabelValues("precreate_restore", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
+	if err != nil {
+		return err
+	}
+	id := ck.Checkpoint.GetId()
+	m.mu.Lock()
+	_, exists := m.checkpoints[id]
+	keep := exists && m.ctx.Err() == nil && slices.Contains(fs.recent, id) && len(fs.ready[id]) < fs.want
+	if keep {
+		fs.ready[id] = append(fs.ready[id], forkSlot{spec: spec, at: time.Now()})
+	}
+	m.mu.Unlock()
+	if !keep {
+		m.discardSlot(spec.ID)
+	}
+	return nil
+}
+
+// dropForkSlots discards the fork slots of checkpoint ckID now, before the
+// checkpoint's layer goes: each slot's snapshot is a child of that layer.
+func (m *Manager) dropForkSlots(ckID string) {
+	m.mu.Lock()
+	fs := m.forkSlotsLocked()
+	var drop []forkSlot
+	if fs != nil {
+		drop = fs.ready[ckID]
+		delete(fs.ready, ckID)
+		fs.recent = slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID })
+	}
+	m.mu.Unlock()
+	for _, s := range drop {
+		m.discardSlot(s.spec.ID)
+	}
+}
+
+// pruneForkSlots discards the fork slots of deleted or no longer recent
+// checkpoints and those past their age; all of them when all is set.
+func (m *Manager) pruneForkSlots(ws *warmSlots, fs *forkSlots, all bool) {
+	now := time.Now()
+	var drop []string
+	m.mu.Lock()
+	for id, slots := range fs.ready {
+		_, exists := m.checkpoints[id]
+		gone := all || !exists || !slices.Contains(fs.recent, id)
+		keep := slots[:0]
+		for _, s := range slots {
+			if gone || now.Sub(s.at) >= ws.maxAge {
+				drop = append(drop, s.spec.ID)
+			} else {
+				keep = append(keep, s)
+			}
+		}
+		if len(keep) == 0 {
+			delete(fs.ready, id)
+		} else {
+			fs.ready[id] = keep
+		}
+	}
+	m.mu.Unlock()
+	for _, id := range drop {
+		m.discardSlot(id)
+	}
+}
