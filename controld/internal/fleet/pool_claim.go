@@ -3,14 +3,20 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/netpolicy"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -282,4 +288,202 @@ func (m *Manager) persistPool(p *pool) error {
 		rec.Pool.Hits, rec.Pool.Misses = p.hits.Load(), p.misses.Load()
 		return tx.PutPool(rec)
 	})
+}
+
+// ClaimPool hands out a usable sandbox: a warm one (a hit) or, when none is
+// available, a fresh boot or fork (a miss).
+func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
+	resp, err := m.requests.Do(ctx, controldv1.PoolService_ClaimPool_FullMethodName, req.GetRequestId(), req,
+		func() proto.Message { return &controldv1.ClaimPoolResponse{} }, m.recoverClaim,
+		func(ctx context.Context, r rules.Request) (proto.Message, error) {
+			s, ep, hit, took, err := m.claimPool(ctx, req, requestTag(r))
+			if err != nil {
+				return nil, err
+			}
+			return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: ep, Hit: hit, Took: durationpb.New(took)}, nil
+		})
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	r := resp.(*controldv1.ClaimPoolResponse)
+	return r.GetSandbox(), r.GetEndpoint(), r.GetHit(), r.GetTook().AsDuration(), nil
+}
+
+// recoverClaim answers a repeated ClaimPool with the sandbox its first call
+// claimed (it failed to answer, or controld restarted).
+func (m *Manager) recoverClaim(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
+	tagged := m.taggedSandboxes(key)
+	if len(tagged) == 0 {
+		return nil, false, nil
+	}
+	sb := tagged[0]
+	if err := rules.CheckFingerprint(key, fp, sb.rec.Request.Fingerprint); err != nil {
+		return nil, false, err
+	}
+	s, err := m.waitSettled(ctx, sb)
+	if err != nil {
+		return nil, false, err
+	}
+	return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: m.endpoint(sb), Hit: sb.rec.Request.Hit, Took: durationpb.New(0)}, true, nil
+}
+
+func (m *Manager) claimPool(ctx context.Context, req *controldv1.ClaimPoolRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
+	t0 := time.Now()
+	if err := rules.PoolID("pool_id", req.GetPoolId()); err != nil {
+		return nil, nil, false, 0, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return nil, nil, false, 0, err
+	}
+	ttl, err := rules.Duration("ttl", req.GetTtl(), rules.MaxTTL)
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	p, err := m.findPool(req.GetPoolId())
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	poolNet := p.rec.Pool.GetNetwork()
+	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(poolNet), req.GetNetworkPolicy(), poolNet.GetPolicy())
+	if err != nil {
+		return nil, nil, false, 0, err
+	}
+	claimNet := &controldv1.Network{Mode: netpolicy.Mode(poolNet), Policy: policy}
+	labels := copyMap(p.rec.Pool.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	for k, v := range req.GetLabels() {
+		labels[k] = v
+	}
+	labels[rules.PoolIDLabel] = p.rec.Pool.Id
+	p.claiming.Add(1)
+	defer func() {
+		p.lastClaim.Store(time.Now().UnixNano())
+		p.claiming.Add(-1)
+		// Refill behind the claim (the replenisher waits for claims to go
+		// quiet before it starts).
+		m.kickPool(p.rec.Pool.Id)
+	}()
+	// Try warm sandboxes until one works; a broken one is removed.
+	for {
+		sb := m.takeWarm(p)
+		if sb == nil {
+			break
+		}
+		p.thawing.enter()
+		s, err := m.claimWarm(ctx, p, sb, labels, ttl, claimNet, t0, claimTag(tag, true))
+		p.thawing.leave()
+		if err == nil {
+			// claimWarm persisted the hit with the sandbox.
+			m.recordClaim(p, "hit", t0)
+			return s, m.endpoint(sb), true, time.Since(t0), nil
+		}
+		m.log.Warn("warm sandbox unusable, trying the next", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+		if derr := m.deleteSandbox(ctx, sb, "claim failed: "+err.Error()); derr != nil {
+			m.log.Error("remove unusable pooled sandbox", "sandbox", sb.rec.Sandbox.GetId(), "err", derr)
+		}
+		if ctx.Err() != nil {
+			m.recordClaim(p, "error", t0)
+			return nil, nil, false, 0, ctx.Err()
+		}
+	}
+	s, ep, err := m.claimMiss(ctx, p, labels, ttl, claimNet, t0, claimTag(tag, false))
+	if err != nil {
+		m.recordClaim(p, "error", t0)
+		return nil, nil, false, 0, err
+	}
+	m.recordClaim(p, "miss", t0)
+	return s, ep, false, time.Since(t0), nil
+}
+
+// takeWarm reserves a warm sandbox of p, oldest first (it has waited
+// longest, and its KSM pages are most merged).
+func (m *Manager) takeWarm(p *pool) *sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	warm, _ := m.poolMembersLocked(p)
+	if len(warm) == 0 {
+		return nil
+	}
+	sort.Slice(warm, func(i, j int) bool {
+		return warm[i].rec.Sandbox.GetReadyAt().AsTime().Before(warm[j].rec.Sandbox.GetReadyAt().AsTime())
+	})
+	warm[0].claimed = true
+	return warm[0]
+}
+
+// claimMiss serves a claim without a warm sandbox.
+// claimTag is tag for a claim served warm (hit) or not (nil without a
+// request id).
+func claimTag(tag *store.RequestTag, hit bool) *store.RequestTag {
+	if tag == nil {
+		return nil
+	}
+	t := *tag
+	t.Hit = hit
+	return &t
+}
+
+func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+	tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+	// In a burst larger than the pool, the hits of the same burst are still
+	// being handed out and used for the first time: a few ms that a restore
+	// or boot started now would stretch, while waiting for them delays this
+	// miss (hundreds of ms) by as little.
+	p.thawing.wait(ctx, missGrace, missYield)
+	m.mu.Lock()
+	pb := proto.Clone(p.rec.Pool).(*controldv1.Pool)
+	var ck *store.CheckpointRecord
+	if pb.CheckpointId != "" {
+		ck = m.checkpoints[pb.CheckpointId]
+	}
+	m.mu.Unlock()
+	if pb.CheckpointId != "" {
+		if ck == nil {
+			return nil, nil, checkpointNotFound(pb.CheckpointId)
+		}
+		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
+			poolID: pb.Id, policy: nw.GetPolicy(), request: tag})
+		if rep.ErrorCode != 0 {
+			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errgrpc.FromGRPC(statusError(rep)))
+		}
+		return rep.Sandbox, rep.Endpoint, nil
+	}
+	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true,
+		network: nw, request: tag}, t0)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.startBoot(sb, t0, "boot")
+	s, err := m.waitSettled(ctx, sb)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pool %s: boot on miss (sandbox %s): %w", pb.Id, sb.rec.Sandbox.GetId(), err)
+	}
+	return s, m.endpoint(sb), nil
+}
+
+// recordClaim counts a claim in the metrics and, for a miss, in the pool's
+// durable record (a hit is persisted by claimWarm, in the claim's own
+// transaction).
+func (m *Manager) recordClaim(p *pool, result string, t0 time.Time) {
+	d := time.Since(t0)
+	id := p.rec.Pool.Id
+	m.mu.Lock()
+	if m.pools[id] == p {
+		m.metrics.PoolClaims.WithLabelValues(id, result).Inc()
+	}
+	m.mu.Unlock()
+	m.metrics.ClaimLatency.WithLabelValues(result).Observe(d.Seconds())
+	if result != "miss" {
+		return
+	}
+	p.misses.Add(1)
+	if err := m.persistPool(p); err != nil {
+		m.log.Error("persist pool counters", "pool", id, "err", err)
+	}
+}
+
+func statusError(rep *controldv1.ForkReplica) error {
+	return status.Error(codes.Code(rep.ErrorCode), rep.ErrorMessage)
 }
