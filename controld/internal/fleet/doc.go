@@ -1,0 +1,28 @@
+// Package fleet is controld's manager: the records of sandboxes, checkpoints
+// and pools (one registry, guarded by Manager.mu and kept in the store), and
+// the operations on them. The runtime contract it drives lives in
+// controld/internal/runtime; the gRPC handlers in controld/internal/server.
+//
+// Where each concern lives:
+//
+//   - The registry: manager.go (Options, Manager, New and Close, lookups, the
+//     one way records change: update/touch, which persist and publish),
+//     watch.go (WatchSandboxes), reconcile.go (store and runtime brought to
+//     agree at start).
+//   - Sandboxes: sandbox.go (create, get, list, delete, suspend, extend),
+//     boot.go (a boot and its phase waterfall, until usable or failed),
+//     exits.go (exit watcher, TTL reaper), limits.go (limits reached),
+//     network.go (policy, exposed ports), view.go (view tickets).
+//   - Checkpoints: checkpoint.go (create: freeze, dump, commit),
+//     checkpoint_tree.go (get, list, delete), verify.go (the proofs a fork
+//     is its checkpoint), checkpoint_transfer.go (export and import as OCI
+//     images), checkpoint_registry.go (push and pull through a registry).
+//   - Forks: fork.go (ForkCheckpoint: N replicas, each a restore
+//     verified against its checkpoint).
+//   - Pools: pool.go (a pool's lifecycle and refill), pool_claim.go (claims:
+//     hit, miss and the gate between them), pool_session.go (frozen members
+//     and their held sessions).
+//   - Warm slots: warmslots.go (precreated boots), forkslots.go (precreated
+//     forks).
+//   - Telemetry: metrics.go, collector.go, host.go (GetHostStatus).
+package fleet
