@@ -873,21 +873,65 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A failing hook aborts too, and thaws.
-	_, err = r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory,
-		AfterFreeze: func(context.Context) error { return errors.New("hook says no") }})
-	if err == nil || !strings.Contains(err.Error(), "hook says no") {
-		t.Errorf("Checkpoint with failing hook: %v", err)
+	// A failing hook aborts too, and thaws, on either side of the freeze;
+	// nothing of the attempt is left.
+	failedHook := func(what string, spec runtime.CheckpointSpec) {
+		t.Helper()
+		spec.Dir, spec.Tier = dir, runtime.TierMemory
+		_, err := r.Checkpoint(ctx, src.ID, spec)
+		if err == nil || !strings.Contains(err.Error(), "hook says no") || !strings.Contains(err.Error(), what) {
+			t.Errorf("Checkpoint with failing %s hook: %v", what, err)
+		}
+		if st, err := r.freezerState(src.ID); err != nil || st != freezerThawed {
+			t.Errorf("source freezer after a failed %s hook: %q (%v)", what, st, err)
+		}
+		if got := mustCall(t, src, "get"); got != "still-here" {
+			t.Errorf("source after failed %s hook: %q", what, got)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("failed %s hook left the checkpoint dir: %v", what, err)
+		}
+		if n := countSnapshots(t, r); n > snapsBefore {
+			t.Errorf("snapshots: %d before, %d after a failed %s hook", snapsBefore, n, what)
+		}
 	}
-	if got := mustCall(t, src, "get"); got != "still-here" {
-		t.Errorf("source after failed hook: %q", got)
+	failedHook("after freeze", runtime.CheckpointSpec{AfterFreeze: func(context.Context) error { return errors.New("hook says no") }})
+	failedHook("before freeze", runtime.CheckpointSpec{BeforeFreeze: func(context.Context) error { return errors.New("hook says no") }})
+
+	// The BeforeFreeze hook runs beside the first steps: when one of them
+	// fails, the hook is cancelled and has returned before Checkpoint does.
+	hookEnded := make(chan struct{})
+	_, err = r.Checkpoint(ctx, uniqueID("absent"), runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory,
+		BeforeFreeze: func(ctx context.Context) error {
+			defer close(hookEnded)
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Checkpoint of an unknown sandbox: %v, want ErrNotFound", err)
 	}
-	// The checkpoint dir must not exist beforehand.
+	select {
+	case <-hookEnded:
+	default:
+		t.Error("Checkpoint returned before its BeforeFreeze hook did")
+	}
+
+	// The checkpoint dir must not exist beforehand, and what is there stays.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(dir, "kept")
+	if err := os.WriteFile(kept, []byte("someone else's"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory}); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("Checkpoint into an existing dir: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("Checkpoint into an existing dir touched it: %v", err)
+	}
+	if st, err := r.freezerState(src.ID); err != nil || st != freezerThawed {
+		t.Errorf("source freezer after a refused dir: %q (%v)", st, err)
 	}
 	if _, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: "/etc/ckpt", Tier: runtime.TierMemory}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Checkpoint outside the checkpoint root: %v", err)
