@@ -21,6 +21,7 @@ import (
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 
@@ -83,6 +84,10 @@ func (r *Runtime) validateCheckpointDir(field, dir string) error {
 // changes made since the first copy are copied, and the sandbox is thawed
 // (or killed, with spec.Stop). The frozen window holds only the dump and
 // the small second copy.
+//
+// It runs as named steps over one checkpointOp; whatever a step leaves
+// (the hook running, the directory, the target layer, the freeze) is undone
+// by finish when a later step fails.
 func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.CheckpointSpec) (res runtime.CheckpointResult, retErr error) {
 	begin := time.Now()
 	if err := validateID(id); err != nil {
@@ -95,244 +100,379 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		return res, errdefs.InvalidField("tier", "unknown tier %d", spec.Tier)
 	}
 	ctx = r.ctx(ctx)
-	// The caller's hook (proofs, closing sessions, settling the screen) runs
-	// while the target layer is prepared and first copied: neither needs the
-	// other, and the freeze waits for both.
-	var hookDone chan error
-	if spec.BeforeFreeze != nil {
-		hookCtx, cancelHook := context.WithCancel(ctx)
-		hookDone = make(chan error, 1)
-		go func() { hookDone <- spec.BeforeFreeze(hookCtx) }()
-		defer func() {
-			cancelHook()
-			if hookDone != nil { // returning before the freeze
-				<-hookDone
-			}
-		}()
+	op := &checkpointOp{r: r, id: id, spec: spec, thawed: true}
+	defer func() { op.finish(context.WithoutCancel(ctx), retErr != nil) }()
+	for _, step := range []func(context.Context) error{
+		op.startHook,     // the caller's BeforeFreeze, beside the next steps
+		op.loadSource,    // a sandbox of ours, its task running, its freezer
+		op.makeDir,       // spec.Dir, which must not exist
+		op.openLayers,    // the source's writable layer and an empty target
+		op.copyLayer,     // first copy, while the sandbox runs
+		op.awaitHook,     // BeforeFreeze's outcome
+		op.freezeAndDump, // freeze, AfterFreeze, CRIU dump (memory tier)
+		op.copyChanges,   // what changed since the first copy, still frozen
+		op.release,       // thaw, or kill with spec.Stop
+		op.digestLayer,   // the filesystem proof, from the copy
+		op.writeMeta,     // spec.json and checkpoint.json
+		op.commitLayer,   // the target layer, committed under its name
+	} {
+		if err := step(ctx); err != nil {
+			return op.res, err
+		}
 	}
+	res = op.res
+	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: op.committed, Image: op.info.Image, Tier: spec.Tier}
+	res.MemoryBytes = op.meta.MemoryBytes
+	res.LayerBytes = op.meta.LayerBytes
+	res.Total = time.Since(begin)
+	return res, nil
+}
+
+// checkpointOp is one Checkpoint in progress: what its steps share, and
+// what finish must undo.
+type checkpointOp struct {
+	r    *Runtime
+	id   string
+	spec runtime.CheckpointSpec
+	res  runtime.CheckpointResult
+
+	// startHook
+	cancelHook context.CancelFunc
+	hookDone   chan error // nil once its outcome was read
+	// loadSource
+	c          client.Container
+	info       containers.Container
+	pid        uint32
+	rawFreezer bool // the raw cgroup freezer, not the task's pause
+	wasFrozen  bool // frozen by the caller: left frozen
+	// makeDir
+	dirMade bool
+	// openLayers
+	parent    string // the source layer's parent, which the target shares
+	prepKey   string // the target layer, until committed
+	committed string // its name once committed
+	copier    *layerCopier
+	// freezeAndDump, release
+	task         client.Task
+	frozenAt     time.Time
+	frozenBefore time.Duration // frozen windows of failed dump attempts
+	thawed       bool
+	// writeMeta, commitLayer
+	meta        checkpointMeta
+	committedOK bool
+}
+
+// finish undoes, in reverse order, what the steps left: the freeze (unless
+// the caller had frozen the sandbox), the uncommitted target layer, on
+// failure the directory, and the hook, which has returned when finish does.
+func (op *checkpointOp) finish(cleanCtx context.Context, failed bool) {
+	r := op.r
+	if !op.thawed && !op.wasFrozen {
+		r.thaw(cleanCtx, op.id, op.task, op.rawFreezer)
+	}
+	if op.prepKey != "" && !op.committedOK {
+		r.sn.Remove(cleanCtx, op.prepKey)
+	}
+	if op.dirMade && failed {
+		os.RemoveAll(op.spec.Dir)
+	}
+	if op.cancelHook != nil {
+		op.cancelHook()
+		if op.hookDone != nil { // returning before the freeze
+			<-op.hookDone
+		}
+	}
+}
+
+// startHook runs the caller's hook (proofs, closing sessions, settling the
+// screen) while the target layer is prepared and first copied: neither
+// needs the other, and the freeze waits for both.
+func (op *checkpointOp) startHook(ctx context.Context) error {
+	if op.spec.BeforeFreeze == nil {
+		return nil
+	}
+	hookCtx, cancelHook := context.WithCancel(ctx)
+	op.cancelHook = cancelHook
+	op.hookDone = make(chan error, 1)
+	go func() { op.hookDone <- op.spec.BeforeFreeze(hookCtx) }()
+	return nil
+}
+
+// loadSource finds the sandbox (one of ours, its task running or frozen)
+// and how it is frozen.
+func (op *checkpointOp) loadSource(ctx context.Context) error {
+	r, id := op.r, op.id
 	c, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 	}
 	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 	}
 	if info.Labels[labelSandbox] != "true" {
-		return res, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	st, err := r.client.TaskService().Get(ctx, taskGetRequest(id))
 	if err != nil {
 		err = errgrpc.ToNative(err)
 		if cerrdefs.IsNotFound(err) {
-			return res, fmt.Errorf("sandbox %s has no task: %w", id, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("sandbox %s has no task: %w", id, errdefs.ErrFailedPrecondition)
 		}
-		return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+		return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 	}
 	if s := taskStatus(st.GetProcess().GetStatus()); s != runtime.StatusRunning && s != runtime.StatusFrozen {
-		return res, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	fst, ferr := r.freezerState(id)
 	if ferr != nil && !errors.Is(ferr, errNoFreezer) {
-		return res, fmt.Errorf("sandbox %s: freezer: %w: %w", id, errdefs.ErrInternal, ferr)
+		return fmt.Errorf("sandbox %s: freezer: %w: %w", id, errdefs.ErrInternal, ferr)
 	}
-	rawFreezer := ferr == nil
-	wasFrozen := rawFreezer && fst != freezerThawed
+	op.c, op.info, op.pid = c, info, st.GetProcess().GetPid()
+	op.rawFreezer = ferr == nil
+	op.wasFrozen = op.rawFreezer && fst != freezerThawed
+	return nil
+}
 
-	if err := os.MkdirAll(filepath.Dir(spec.Dir), 0o700); err != nil {
-		return res, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+// makeDir creates the checkpoint directory, which must not exist: an
+// existing one is someone else's and is left alone.
+func (op *checkpointOp) makeDir(context.Context) error {
+	dir := op.spec.Dir
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := os.Mkdir(spec.Dir, 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return res, fmt.Errorf("checkpoint dir %s: %w", spec.Dir, errdefs.ErrAlreadyExists)
+			return fmt.Errorf("checkpoint dir %s: %w", dir, errdefs.ErrAlreadyExists)
 		}
-		return res, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
 	}
-	cleanCtx := context.WithoutCancel(ctx)
-	defer func() {
-		if retErr != nil {
-			os.RemoveAll(spec.Dir)
-		}
-	}()
+	op.dirMade = true
+	return nil
+}
 
-	// The target layer: an empty snapshot on the same parent as the
-	// source's, usually prepared ahead.
+// openLayers takes the target layer (an empty snapshot on the same parent
+// as the source's, usually prepared ahead) and sets up the copier from the
+// source's writable directory into it.
+func (op *checkpointOp) openLayers(ctx context.Context) error {
+	r, id, info := op.r, op.id, op.info
 	srcInfo, err := r.sn.Stat(ctx, info.SnapshotKey)
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: snapshot: %w", id, convertErr(err))
+		return fmt.Errorf("sandbox %s: snapshot: %w", id, convertErr(err))
 	}
 	layer, err := r.takeLayer(ctx, srcInfo.Parent)
 	if err != nil {
-		return res, err
+		return err
 	}
-	prepKey, dstMounts := layer.key, layer.mounts
-	committed := checkpointLayerPrefix + randomHex(8)
-	committedOK := false
-	defer func() {
-		if !committedOK {
-			r.sn.Remove(cleanCtx, prepKey)
-		}
-	}()
+	op.parent, op.prepKey = srcInfo.Parent, layer.key
+	op.committed = checkpointLayerPrefix + randomHex(8)
 	srcMounts, err := r.sn.Mounts(ctx, info.SnapshotKey)
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: snapshot mounts: %w", id, convertErr(err))
+		return fmt.Errorf("sandbox %s: snapshot mounts: %w", id, convertErr(err))
 	}
 	srcUpper, err := upperDir(srcMounts)
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrFailedPrecondition, err)
+		return fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrFailedPrecondition, err)
 	}
 	// A sandbox with a disk budget writes to its own layer instead.
-	if layer, err := r.layerOf(id, info.Labels); err != nil {
-		return res, err
-	} else if layer != "" {
-		srcUpper = filepath.Join(layer, "upper")
+	if own, err := r.layerOf(id, info.Labels); err != nil {
+		return err
+	} else if own != "" {
+		srcUpper = filepath.Join(own, "upper")
 	}
-	dstUpper, err := upperDir(dstMounts)
+	dstUpper, err := upperDir(layer.mounts)
 	if err != nil {
-		return res, fmt.Errorf("checkpoint layer: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("checkpoint layer: %w: %w", errdefs.ErrInternal, err)
 	}
+	op.copier = newLayerCopier(srcUpper, dstUpper)
+	if op.copier.owner, err = rangeOfContainer(info); err != nil {
+		return err
+	}
+	return nil
+}
 
-	copier := newLayerCopier(srcUpper, dstUpper)
-	if copier.owner, err = rangeOfContainer(info); err != nil {
-		return res, err
-	}
+// copyLayer copies the writable layer while the sandbox runs.
+func (op *checkpointOp) copyLayer(ctx context.Context) error {
 	t := time.Now()
-	if err := copier.First(ctx); err != nil {
-		return res, fmt.Errorf("copy writable layer: %w", layerCopyErr(err))
+	if err := op.copier.First(ctx); err != nil {
+		return fmt.Errorf("copy writable layer: %w", layerCopyErr(err))
 	}
-	res.Layer = time.Since(t)
+	op.res.Layer = time.Since(t)
+	return nil
+}
 
-	if hookDone != nil {
-		err := <-hookDone
-		hookDone = nil
-		if err != nil {
-			return res, fmt.Errorf("before freeze: %w", err)
-		}
+// awaitHook waits for the BeforeFreeze hook's outcome.
+func (op *checkpointOp) awaitHook(context.Context) error {
+	if op.hookDone == nil {
+		return nil
 	}
+	err := <-op.hookDone
+	op.hookDone = nil
+	if err != nil {
+		return fmt.Errorf("before freeze: %w", err)
+	}
+	return nil
+}
 
-	// Freeze and dump. From the first freeze on every path thaws (unless
-	// the caller had frozen the sandbox). CRIU refuses unix connections
-	// whose peer is outside the sandbox, which linger for a moment after
-	// the caller closes its sessions (in BeforeFreeze): wait for them to
-	// settle first, and if one slips in anyway, thaw, let the sandbox close
-	// it and dump again (the hooks do not run again).
-	var (
-		task         client.Task
-		frozenAt     time.Time
-		frozenBefore time.Duration // frozen windows of failed dump attempts
-		thawed       = true
-	)
-	defer func() {
-		if !thawed && !wasFrozen {
-			r.thaw(cleanCtx, id, task, rawFreezer)
-		}
-	}()
-	pid := st.GetProcess().GetPid()
+// freezeAndDump freezes the sandbox, runs AfterFreeze and (memory tier)
+// dumps it. From the first freeze on every path thaws (unless the caller
+// had frozen the sandbox). CRIU refuses unix connections whose peer is
+// outside the sandbox, which linger for a moment after the caller closes
+// its sessions (in BeforeFreeze): wait for them to settle first, and if one
+// slips in anyway, thaw, let the sandbox close it and dump again (the hooks
+// do not run again).
+func (op *checkpointOp) freezeAndDump(ctx context.Context) error {
+	r, id, spec := op.r, op.id, op.spec
 	for attempt := 1; ; attempt++ {
-		if spec.Tier == runtime.TierMemory && !wasFrozen {
-			n, err := waitUnixSettled(ctx, pid, r.procsFile(id), r.cfg.SettleTimeout)
-			switch {
-			case ctx.Err() != nil:
-				return res, fmt.Errorf("sandbox %s: %w", id, ctx.Err())
-			case err != nil:
-				// Only an optimisation: the dump decides.
-				r.log.WarnContext(ctx, "checkpoint: cannot inspect unix sockets", "sandbox", id, "err", err)
-			case n > 0:
-				return res, fmt.Errorf("sandbox %s: %d unix connection(s) from outside the sandbox still open after %v (CRIU cannot dump them; close sessions before checkpointing): %w",
-					id, n, r.cfg.SettleTimeout, errdefs.ErrFailedPrecondition)
-			}
+		if err := op.awaitUnixSettled(ctx); err != nil {
+			return err
 		}
-		frozenAt = time.Now()
-		thawed = false
-		if !rawFreezer {
-			if task, err = c.Task(ctx, nil); err == nil {
-				err = task.Pause(ctx)
-			}
-		} else if !wasFrozen {
-			err = r.setFreezer(ctx, id, freezerFrozen)
-		}
-		if err != nil {
-			return res, fmt.Errorf("sandbox %s: freeze: %w", id, convertErr(err))
+		if err := op.freeze(ctx); err != nil {
+			return err
 		}
 		if attempt == 1 && spec.AfterFreeze != nil {
 			if err := spec.AfterFreeze(ctx); err != nil {
-				return res, fmt.Errorf("after freeze: %w", err)
+				return fmt.Errorf("after freeze: %w", err)
 			}
 		}
 		if spec.Tier != runtime.TierMemory {
-			break
+			return nil
 		}
-		t = time.Now()
+		t := time.Now()
 		imageDir := filepath.Join(spec.Dir, criuImageDir)
-		err = r.dump(ctx, id, pid, imageDir)
-		res.Dump = time.Since(t)
+		err := r.dump(ctx, id, op.pid, imageDir)
+		op.res.Dump = time.Since(t)
 		if err == nil {
-			break
+			return nil
 		}
-		if attempt >= r.cfg.DumpAttempts || wasFrozen || !retryableDump(err) {
-			return res, err
+		if attempt >= r.cfg.DumpAttempts || op.wasFrozen || !retryableDump(err) {
+			return err
 		}
-		if err := r.thaw(ctx, id, task, rawFreezer); err != nil {
-			return res, err
+		if err := r.thaw(ctx, id, op.task, op.rawFreezer); err != nil {
+			return err
 		}
-		thawed = true
-		frozenBefore += time.Since(frozenAt)
+		op.thawed = true
+		op.frozenBefore += time.Since(op.frozenAt)
 		if err := os.RemoveAll(imageDir); err != nil {
-			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
+			return fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
 		}
 	}
+}
 
-	t = time.Now()
-	if err := copier.Sync(ctx); err != nil {
-		return res, fmt.Errorf("copy writable layer changes: %w", layerCopyErr(err))
+// awaitUnixSettled waits, before a memory dump of a running sandbox, for
+// the unix connections from outside to close.
+func (op *checkpointOp) awaitUnixSettled(ctx context.Context) error {
+	r, id := op.r, op.id
+	if op.spec.Tier != runtime.TierMemory || op.wasFrozen {
+		return nil
 	}
-	res.Layer += time.Since(t)
+	n, err := waitUnixSettled(ctx, op.pid, r.procsFile(id), r.cfg.SettleTimeout)
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("sandbox %s: %w", id, ctx.Err())
+	case err != nil:
+		// Only an optimisation: the dump decides.
+		r.log.WarnContext(ctx, "checkpoint: cannot inspect unix sockets", "sandbox", id, "err", err)
+	case n > 0:
+		return fmt.Errorf("sandbox %s: %d unix connection(s) from outside the sandbox still open after %v (CRIU cannot dump them; close sessions before checkpointing): %w",
+			id, n, r.cfg.SettleTimeout, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
 
-	var exited <-chan client.ExitStatus
-	if spec.Stop {
-		// Killed while frozen: nothing runs after the dump. The kill takes
-		// effect at the thaw.
+// freeze freezes the sandbox: the raw freezer, or the task's pause where
+// there is none. finish thaws from here on.
+func (op *checkpointOp) freeze(ctx context.Context) error {
+	var err error
+	op.frozenAt = time.Now()
+	op.thawed = false
+	if !op.rawFreezer {
+		if op.task, err = op.c.Task(ctx, nil); err == nil {
+			err = op.task.Pause(ctx)
+		}
+	} else if !op.wasFrozen {
+		err = op.r.setFreezer(ctx, op.id, freezerFrozen)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: freeze: %w", op.id, convertErr(err))
+	}
+	return nil
+}
+
+// copyChanges copies the layer changes made since the first copy, while
+// the sandbox is frozen: the copy is then consistent with the dump.
+func (op *checkpointOp) copyChanges(ctx context.Context) error {
+	t := time.Now()
+	if err := op.copier.Sync(ctx); err != nil {
+		return fmt.Errorf("copy writable layer changes: %w", layerCopyErr(err))
+	}
+	op.res.Layer += time.Since(t)
+	return nil
+}
+
+// release thaws the sandbox (unless the caller had frozen it), or with
+// spec.Stop kills it while frozen, so nothing runs after the dump (the kill
+// takes effect at the thaw), and waits for it to exit.
+func (op *checkpointOp) release(ctx context.Context) error {
+	r, id := op.r, op.id
+	var (
+		exited <-chan client.ExitStatus
+		err    error
+	)
+	if op.spec.Stop {
 		r.setQuiet(id)
-		if task == nil {
-			if task, err = c.Task(ctx, nil); err != nil {
-				return res, fmt.Errorf("sandbox %s: %w", id, convertErr(err))
+		if op.task == nil {
+			if op.task, err = op.c.Task(ctx, nil); err != nil {
+				return fmt.Errorf("sandbox %s: %w", id, convertErr(err))
 			}
 		}
-		if exited, err = task.Wait(ctx); err != nil {
-			return res, fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
+		if exited, err = op.task.Wait(ctx); err != nil {
+			return fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
 		}
-		if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
-			return res, fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
-		}
-	}
-	if !wasFrozen || spec.Stop {
-		if err := r.thaw(ctx, id, task, rawFreezer); err != nil {
-			return res, err
+		if err := op.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
 		}
 	}
-	thawed = true
-	res.Frozen = frozenBefore + time.Since(frozenAt)
+	if !op.wasFrozen || op.spec.Stop {
+		if err := r.thaw(ctx, id, op.task, op.rawFreezer); err != nil {
+			return err
+		}
+	}
+	op.thawed = true
+	op.res.Frozen = op.frozenBefore + time.Since(op.frozenAt)
 	if exited != nil {
 		select {
 		case <-exited:
 		case <-ctx.Done():
-			return res, fmt.Errorf("sandbox %s: stop: %w", id, ctx.Err())
+			return fmt.Errorf("sandbox %s: stop: %w", id, ctx.Err())
 		}
 	}
+	return nil
+}
 
-	// The filesystem proof, from the consistent copy (the source runs on).
-	if layers, err := r.deltaLayers(ctx, prepKey); err != nil {
-		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", id, "err", err)
-	} else if res.FSDigest, err = layerDigest(layers); err != nil {
-		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", id, "err", err)
+// digestLayer computes the filesystem proof from the consistent copy (the
+// source runs on). Without one the checkpoint still stands: its forks
+// cannot prove their filesystem, which the caller sees.
+func (op *checkpointOp) digestLayer(ctx context.Context) error {
+	r := op.r
+	if layers, err := r.deltaLayers(ctx, op.prepKey); err != nil {
+		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", op.id, "err", err)
+	} else if op.res.FSDigest, err = layerDigest(layers); err != nil {
+		r.log.WarnContext(ctx, "checkpoint: no filesystem digest", "sandbox", op.id, "err", err)
 	}
+	return nil
+}
 
+// writeMeta writes what Restore needs besides the images and the layer:
+// the source's spec (spec.json) and checkpoint.json.
+func (op *checkpointOp) writeMeta(ctx context.Context) error {
+	r, id, info, spec := op.r, op.id, op.info, op.spec
 	if info.Spec == nil {
-		return res, fmt.Errorf("sandbox %s has no spec: %w", id, errdefs.ErrInternal)
+		return fmt.Errorf("sandbox %s has no spec: %w", id, errdefs.ErrInternal)
 	}
 	layout, err := specLayout(info.Spec.GetValue())
 	if err != nil {
-		return res, fmt.Errorf("sandbox %s: spec: %w: %w", id, errdefs.ErrInternal, err)
+		return fmt.Errorf("sandbox %s: spec: %w: %w", id, errdefs.ErrInternal, err)
 	}
 	imageDigest := info.Labels[labelImageDigest]
 	if imageDigest == "" {
@@ -341,7 +481,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 			imageDigest = img.Target().Digest.String()
 		}
 	}
-	meta := checkpointMeta{
+	op.meta = checkpointMeta{
 		Version:     metaVersion,
 		Source:      id,
 		Image:       info.Image,
@@ -349,18 +489,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		RunLayout:   layout.RunLayout,
 		NetworkMode: layout.NetworkMode,
 		Snapshotter: r.cfg.Snapshotter,
-		Snapshot:    committed,
+		Snapshot:    op.committed,
 		Tier:        tierName(spec.Tier),
 		Screen:      info.Labels[labelScreen],
 		CreatedAt:   time.Now().UTC(),
-		LayerBytes:  copier.Bytes(),
+		LayerBytes:  op.copier.Bytes(),
 	}
 	if keys := info.Labels[labelEnvKeys]; keys != "" {
-		meta.EnvKeys = strings.Split(keys, ",")
+		op.meta.EnvKeys = strings.Split(keys, ",")
 	}
 	if spec.Tier == runtime.TierMemory {
-		if meta.MemoryBytes, err = dirSize(filepath.Join(spec.Dir, criuImageDir)); err != nil {
-			return res, fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
+		if op.meta.MemoryBytes, err = dirSize(filepath.Join(spec.Dir, criuImageDir)); err != nil {
+			return fmt.Errorf("checkpoint images: %w: %w", errdefs.ErrInternal, err)
 		}
 		// A sandbox booted here runs under the seccomp filter this host
 		// installs (its processes can only add filters after it): what
@@ -373,29 +513,31 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		}
 	}
 	if err := atomicfile.Write(filepath.Join(spec.Dir, specFile), info.Spec.GetValue(), 0o600); err != nil {
-		return res, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
 	}
-	mb, err := json.MarshalIndent(meta, "", "  ")
+	mb, err := json.MarshalIndent(op.meta, "", "  ")
 	if err != nil {
-		return res, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
 	if err := atomicfile.Write(filepath.Join(spec.Dir, metaFile), mb, 0o600); err != nil {
-		return res, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{
-		snapshotLabelGCRoot:     meta.CreatedAt.Format(time.RFC3339),
-		snapshotLabelCheckpoint: id, // the source; the caller may move the directory
-	})); err != nil {
-		return res, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
-	}
-	committedOK = true
-	r.refillLayer(srcInfo.Parent)
+	return nil
+}
 
-	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: committed, Image: info.Image, Tier: spec.Tier}
-	res.MemoryBytes = meta.MemoryBytes
-	res.LayerBytes = meta.LayerBytes
-	res.Total = time.Since(begin)
-	return res, nil
+// commitLayer commits the target layer under its checkpoint name (a GC
+// root until DeleteCheckpoint) and has the next one prepared.
+func (op *checkpointOp) commitLayer(ctx context.Context) error {
+	r := op.r
+	if err := r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(map[string]string{
+		snapshotLabelGCRoot:     op.meta.CreatedAt.Format(time.RFC3339),
+		snapshotLabelCheckpoint: op.id, // the source; the caller may move the directory
+	})); err != nil {
+		return fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
+	}
+	op.committedOK = true
+	r.refillLayer(op.parent)
+	return nil
 }
 
 // layerCopyErr classifies a layer copy failure: the sandbox's doing (a
