@@ -361,6 +361,9 @@ func TestIntegrationExportImport(t *testing.T) {
 	if _, _, err := r.ImportCheckpoint(ctx, ckRef, dir); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("import into an existing dir: %v, want ErrAlreadyExists", err)
 	}
+	if _, err := readMeta(dir); err != nil {
+		t.Errorf("import into an existing dir touched the checkpoint there: %v", err)
+	}
 
 	// A fork of the imported checkpoint has the file and the memory.
 	fork := restoreT(t, r, testSpec(uniqueID("exfork")), ref)

@@ -535,7 +535,16 @@ func TestIntegrationImportedCheckpointPolicy(t *testing.T) {
 	} {
 		crafted := exported + "-" + strings.ReplaceAll(name, " ", "-")
 		craftCheckpointImage(t, r, exported, crafted, nil, edit, nil)
-		_, _, err := r.ImportCheckpoint(ctx, crafted, filepath.Join(r.cfg.CheckpointRoot, uniqueID("refused")))
+		snapsBefore := countSnapshots(t, r)
+		dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("refused"))
+		_, _, err := r.ImportCheckpoint(ctx, crafted, dir)
+		// Refused once unpacked: nothing of the attempt stays.
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("refused import (%s) left its dir: %v", name, err)
+		}
+		if n := countSnapshots(t, r); n > snapsBefore {
+			t.Errorf("snapshots: %d before, %d after a refused import (%s)", snapsBefore, n, name)
+		}
 		var re *errdefs.ReasonError
 		if !errors.As(err, &re) || re.Reason != "CHECKPOINT_POLICY" || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("import of CRIU images with %s: %v, want FAILED_PRECONDITION CHECKPOINT_POLICY", name, err)
