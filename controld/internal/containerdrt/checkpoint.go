@@ -85,9 +85,9 @@ func (r *Runtime) validateCheckpointDir(field, dir string) error {
 // (or killed, with spec.Stop). The frozen window holds only the dump and
 // the small second copy.
 //
-// It runs as named steps over one checkpointOp; whatever a step leaves
-// (the hook running, the directory, the target layer, the freeze) is undone
-// by finish when a later step fails.
+// It runs as named steps over one checkpointOp (see steps.go); whatever a
+// step leaves (the hook running, the directory, the target layer, the
+// freeze) is undone by finish when a later step fails.
 func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.CheckpointSpec) (res runtime.CheckpointResult, retErr error) {
 	begin := time.Now()
 	if err := validateID(id); err != nil {
@@ -102,7 +102,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 	ctx = r.ctx(ctx)
 	op := &checkpointOp{r: r, id: id, spec: spec, thawed: true}
 	defer func() { op.finish(context.WithoutCancel(ctx), retErr != nil) }()
-	for _, step := range []func(context.Context) error{
+	if err := runSteps(ctx,
 		op.startHook,     // the caller's BeforeFreeze, beside the next steps
 		op.loadSource,    // a sandbox of ours, its task running, its freezer
 		op.makeDir,       // spec.Dir, which must not exist
@@ -115,10 +115,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		op.digestLayer,   // the filesystem proof, from the copy
 		op.writeMeta,     // spec.json and checkpoint.json
 		op.commitLayer,   // the target layer, committed under its name
-	} {
-		if err := step(ctx); err != nil {
-			return op.res, err
-		}
+	); err != nil {
+		return op.res, err
 	}
 	res = op.res
 	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: op.committed, Image: op.info.Image, Tier: spec.Tier}
@@ -234,18 +232,10 @@ func (op *checkpointOp) loadSource(ctx context.Context) error {
 	return nil
 }
 
-// makeDir creates the checkpoint directory, which must not exist: an
-// existing one is someone else's and is left alone.
+// makeDir creates the checkpoint directory (see makeCheckpointDir).
 func (op *checkpointOp) makeDir(context.Context) error {
-	dir := op.spec.Dir
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("checkpoint dir %s: %w", dir, errdefs.ErrAlreadyExists)
-		}
-		return fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
+	if err := makeCheckpointDir(op.spec.Dir); err != nil {
+		return err
 	}
 	op.dirMade = true
 	return nil

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,7 +127,9 @@ func validateReference(field, ref string) error {
 // ExportCheckpoint writes the checkpoint held by ref as the OCI image
 // reference in the runtime's namespace (see ArtifactTypeCheckpoint),
 // replacing what the name pointed to before. Exporting the same checkpoint
-// again writes nothing new and yields the same digest.
+// again writes nothing new and yields the same digest. It runs as named
+// steps over one exportOp (see steps.go); the blobs are written under a
+// lease, which the image record replaces as their holder.
 func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRef, metadata []byte, name string) (res runtime.ExportResult, err error) {
 	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
 		return res, err
@@ -137,176 +138,245 @@ func (r *Runtime) ExportCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 		return res, err
 	}
 	ctx = r.ctx(ctx)
-	meta, err := readMeta(ref.Dir)
-	if err != nil {
+	op := &exportOp{r: r, ref: ref, name: name, metadata: metadata}
+	if err := runSteps(ctx,
+		op.readCheckpoint, // checkpoint.json, spec.json, the CRIU images' host
+		op.resolveBase,    // the base image and the layers up to the checkpoint's
+	); err != nil {
 		return res, err
 	}
-	if ref.Snapshot != "" && ref.Snapshot != meta.Snapshot {
-		return res, fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", ref.Dir, meta.Snapshot, ref.Snapshot, errdefs.ErrFailedPrecondition)
-	}
-	if ref.Tier != 0 && tierName(ref.Tier) != meta.Tier {
-		return res, fmt.Errorf("checkpoint %s is a %s checkpoint: %w", ref.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
-	}
-	if meta.Snapshotter != r.cfg.Snapshotter {
-		return res, fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", ref.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
-	}
-	rawMeta, err := os.ReadFile(filepath.Join(ref.Dir, metaFile))
-	if err != nil {
-		return res, fmt.Errorf("checkpoint %s: %w: %w", ref.Dir, errdefs.ErrInternal, err)
-	}
-	rawSpec, err := os.ReadFile(filepath.Join(ref.Dir, specFile))
-	if err != nil {
-		return res, fmt.Errorf("checkpoint %s: spec: %w: %w", ref.Dir, errdefs.ErrInternal, err)
-	}
-	memory := meta.Tier == tierName(runtime.TierMemory)
-	criuDir := filepath.Join(ref.Dir, criuImageDir)
-	var host *hostInfo
-	if memory {
-		if fi, err := os.Stat(criuDir); err != nil || !fi.IsDir() {
-			return res, fmt.Errorf("checkpoint %s has no CRIU images: %w", ref.Dir, errdefs.ErrFailedPrecondition)
-		}
-		if host, err = checkpointHostInfo(ctx, ref.Dir); err != nil {
-			return res, err
-		}
-	}
-
-	base, chainID, err := r.baseImage(ctx, meta.Image)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return res, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
-				"base image %q of checkpoint %s is gone from namespace %s: %v", meta.Image, ref.Dir, r.cfg.Namespace, err)
-		}
-		return res, err
-	}
-	chain, err := r.layerChain(ctx, meta.Snapshot, chainID)
-	if err != nil {
-		return res, fmt.Errorf("checkpoint %s: %w", ref.Dir, err)
-	}
-
 	cleanCtx := context.WithoutCancel(ctx)
 	ctx, done, err := r.client.WithLease(ctx)
 	if err != nil {
 		return res, fmt.Errorf("lease: %w", convertErr(err))
 	}
 	defer done(cleanCtx)
-	cs := r.client.ContentStore()
+	if err := runSteps(ctx,
+		op.writeLayers,   // the CRIU tar and the layer diffs, side by side
+		op.writeMeta,     // the metadata blob and the empty config
+		op.writeManifest, // the manifest, its gc references holding the blobs
+		op.nameImage,     // the image record, under name
+	); err != nil {
+		return res, err
+	}
+	return op.result(), nil
+}
 
-	// The CRIU tar and the layer diffs are independent streams: produce
-	// them side by side.
-	var criuDesc ocispec.Descriptor
-	diffs := make([]ocispec.Descriptor, len(chain))
+// exportOp is one ExportCheckpoint in progress.
+type exportOp struct {
+	r        *Runtime
+	ref      runtime.CheckpointRef
+	name     string
+	metadata []byte
+
+	// readCheckpoint
+	meta             checkpointMeta
+	rawMeta, rawSpec []byte
+	memory           bool
+	criuDir          string
+	host             *hostInfo
+	// resolveBase
+	base    images.Image
+	chainID string
+	chain   []string
+	// writeLayers, writeMeta, writeManifest
+	criuDesc ocispec.Descriptor
+	diffs    []ocispec.Descriptor
+	metaDesc ocispec.Descriptor
+	layers   []ocispec.Descriptor
+	manDesc  ocispec.Descriptor
+}
+
+// readCheckpoint reads the checkpoint's files and checks it is the one ref
+// names, in this runtime's snapshotter.
+func (op *exportOp) readCheckpoint(ctx context.Context) error {
+	r, ref := op.r, op.ref
+	meta, err := readMeta(ref.Dir)
+	if err != nil {
+		return err
+	}
+	if ref.Snapshot != "" && ref.Snapshot != meta.Snapshot {
+		return fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", ref.Dir, meta.Snapshot, ref.Snapshot, errdefs.ErrFailedPrecondition)
+	}
+	if ref.Tier != 0 && tierName(ref.Tier) != meta.Tier {
+		return fmt.Errorf("checkpoint %s is a %s checkpoint: %w", ref.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
+	}
+	if meta.Snapshotter != r.cfg.Snapshotter {
+		return fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", ref.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
+	}
+	op.meta = meta
+	if op.rawMeta, err = os.ReadFile(filepath.Join(ref.Dir, metaFile)); err != nil {
+		return fmt.Errorf("checkpoint %s: %w: %w", ref.Dir, errdefs.ErrInternal, err)
+	}
+	if op.rawSpec, err = os.ReadFile(filepath.Join(ref.Dir, specFile)); err != nil {
+		return fmt.Errorf("checkpoint %s: spec: %w: %w", ref.Dir, errdefs.ErrInternal, err)
+	}
+	op.memory = meta.Tier == tierName(runtime.TierMemory)
+	op.criuDir = filepath.Join(ref.Dir, criuImageDir)
+	if op.memory {
+		if fi, err := os.Stat(op.criuDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("checkpoint %s has no CRIU images: %w", ref.Dir, errdefs.ErrFailedPrecondition)
+		}
+		if op.host, err = checkpointHostInfo(ctx, ref.Dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveBase finds the base image the checkpoint was taken on and the
+// checkpoint layers between it and the checkpoint's.
+func (op *exportOp) resolveBase(ctx context.Context) error {
+	r, meta := op.r, op.meta
+	base, chainID, err := r.baseImage(ctx, meta.Image)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
+				"base image %q of checkpoint %s is gone from namespace %s: %v", meta.Image, op.ref.Dir, r.cfg.Namespace, err)
+		}
+		return err
+	}
+	chain, err := r.layerChain(ctx, meta.Snapshot, chainID)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", op.ref.Dir, err)
+	}
+	op.base, op.chainID, op.chain = base, chainID, chain
+	return nil
+}
+
+// writeLayers writes the CRIU tar and the layer diffs: independent
+// streams, produced side by side.
+func (op *exportOp) writeLayers(ctx context.Context) error {
+	r := op.r
+	cs := r.client.ContentStore()
+	op.diffs = make([]ocispec.Descriptor, len(op.chain))
 	g, gctx := errgroup.WithContext(ctx)
-	if memory {
+	if op.memory {
 		g.Go(func() error {
 			d, err := writeStreamBlob(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIUZstd, func(w io.Writer) error {
-				return zstdCompress(w, func(w io.Writer) error { return writeTreeTar(gctx, w, criuDir) })
+				return zstdCompress(w, func(w io.Writer) error { return writeTreeTar(gctx, w, op.criuDir) })
 			})
 			if err != nil {
 				return fmt.Errorf("export CRIU images: %w", err)
 			}
-			criuDesc = d
+			op.criuDesc = d
 			return nil
 		})
 	}
 	g.Go(func() error {
-		for i, layer := range chain {
+		for i, layer := range op.chain {
 			d, err := r.exportLayer(gctx, cs, layer)
 			if err != nil {
 				return fmt.Errorf("export layer %s: %w", layer, err)
 			}
-			diffs[i] = d
+			op.diffs[i] = d
 		}
 		return nil
 	})
-	if err := g.Wait(); err != nil {
-		return res, err
-	}
+	return g.Wait()
+}
 
-	mb, err := json.Marshal(exportedMeta{Version: exportMetaVersion, Checkpoint: rawMeta, Spec: rawSpec, Metadata: metadata, Host: host})
+// writeMeta writes the metadata blob (checkpoint.json, spec.json, the
+// caller's metadata, the dump's host) and the empty config.
+func (op *exportOp) writeMeta(ctx context.Context) error {
+	cs := op.r.client.ContentStore()
+	mb, err := json.Marshal(exportedMeta{Version: exportMetaVersion, Checkpoint: op.rawMeta, Spec: op.rawSpec, Metadata: op.metadata, Host: op.host})
 	if err != nil {
-		return res, fmt.Errorf("export metadata: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("export metadata: %w: %w", errdefs.ErrInternal, err)
 	}
-	metaDesc, err := writeBytesBlob(ctx, cs, MediaTypeCheckpointMeta, mb, nil)
-	if err != nil {
-		return res, fmt.Errorf("export metadata: %w", err)
+	if op.metaDesc, err = writeBytesBlob(ctx, cs, MediaTypeCheckpointMeta, mb, nil); err != nil {
+		return fmt.Errorf("export metadata: %w", err)
 	}
 	empty := ocispec.DescriptorEmptyJSON
 	if _, err := writeBytesBlob(ctx, cs, empty.MediaType, empty.Data, nil); err != nil {
-		return res, fmt.Errorf("export config: %w", err)
+		return fmt.Errorf("export config: %w", err)
 	}
+	return nil
+}
 
-	var layers []ocispec.Descriptor
-	if memory {
-		criuDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "criu.tar"}
-		layers = append(layers, criuDesc)
+// writeManifest writes the manifest: the layers in their order (see
+// ArtifactTypeCheckpoint), the annotations, and gc references that keep its
+// blobs once the lease is gone.
+func (op *exportOp) writeManifest(ctx context.Context) error {
+	meta := op.meta
+	if op.memory {
+		op.criuDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "criu.tar"}
+		op.layers = append(op.layers, op.criuDesc)
 	}
-	for i, d := range diffs {
+	for i, d := range op.diffs {
 		d.Annotations = map[string]string{ocispec.AnnotationTitle: "rootfs-" + strconv.Itoa(i) + ".tar"}
-		layers = append(layers, d)
+		op.layers = append(op.layers, d)
 	}
-	metaDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "checkpoint.json"}
-	layers = append(layers, metaDesc)
+	op.metaDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "checkpoint.json"}
+	op.layers = append(op.layers, op.metaDesc)
 
 	ann := map[string]string{
 		ocispec.AnnotationCreated:         meta.CreatedAt.UTC().Format(time.RFC3339Nano),
 		ocispec.AnnotationBaseImageName:   meta.Image,
-		ocispec.AnnotationBaseImageDigest: base.Target.Digest.String(),
-		AnnotationBaseChainID:             chainID,
+		ocispec.AnnotationBaseImageDigest: op.base.Target.Digest.String(),
+		AnnotationBaseChainID:             op.chainID,
 		AnnotationTier:                    meta.Tier,
 		AnnotationSource:                  meta.Source,
 	}
-	if memory {
+	if op.memory {
 		if v := criuVersion(); v != "" {
 			ann[AnnotationCRIUVersion] = v
 		}
 	}
+	empty := ocispec.DescriptorEmptyJSON
 	manifest := ocispec.Manifest{
 		Versioned:    specs.Versioned{SchemaVersion: 2},
 		MediaType:    ocispec.MediaTypeImageManifest,
 		ArtifactType: ArtifactTypeCheckpoint,
 		Config:       empty,
-		Layers:       layers,
+		Layers:       op.layers,
 		Annotations:  ann,
 	}
 	manb, err := json.Marshal(manifest)
 	if err != nil {
-		return res, fmt.Errorf("export manifest: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("export manifest: %w: %w", errdefs.ErrInternal, err)
 	}
-	// The manifest's gc references keep its blobs once the lease is gone.
 	gcLabels := map[string]string{gcRefContentPrefix + "config": empty.Digest.String()}
-	for i, l := range layers {
+	for i, l := range op.layers {
 		gcLabels[gcRefContentPrefix+"l."+strconv.Itoa(i)] = l.Digest.String()
 	}
-	manDesc, err := writeBytesBlob(ctx, cs, ocispec.MediaTypeImageManifest, manb, gcLabels)
-	if err != nil {
-		return res, fmt.Errorf("export manifest: %w", err)
+	if op.manDesc, err = writeBytesBlob(ctx, op.r.client.ContentStore(), ocispec.MediaTypeImageManifest, manb, gcLabels); err != nil {
+		return fmt.Errorf("export manifest: %w", err)
 	}
+	return nil
+}
 
-	is := r.client.ImageService()
-	img := images.Image{Name: name, Target: manDesc}
+// nameImage points the image name at the manifest.
+func (op *exportOp) nameImage(ctx context.Context) error {
+	is := op.r.client.ImageService()
+	img := images.Image{Name: op.name, Target: op.manDesc}
 	if _, err := is.Create(ctx, img); err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
-			return res, fmt.Errorf("image %s: %w", name, convertErr(err))
+			return fmt.Errorf("image %s: %w", op.name, convertErr(err))
 		}
 		// The name now denotes this image: its old labels (an expiry
 		// among them) go with the old target.
 		if _, err := is.Update(ctx, img, "target", "labels"); err != nil {
-			return res, fmt.Errorf("image %s: %w", name, convertErr(err))
+			return fmt.Errorf("image %s: %w", op.name, convertErr(err))
 		}
 	}
+	return nil
+}
 
-	size := manDesc.Size + empty.Size
-	for _, l := range layers {
+func (op *exportOp) result() runtime.ExportResult {
+	size := op.manDesc.Size + ocispec.DescriptorEmptyJSON.Size
+	for _, l := range op.layers {
 		size += l.Size
 	}
-	return runtime.ExportResult{Reference: name, Digest: manDesc.Digest.String(), SizeBytes: size}, nil
+	return runtime.ExportResult{Reference: op.name, Digest: op.manDesc.Digest.String(), SizeBytes: size}
 }
 
 // ImportCheckpoint materialises the checkpoint image reference (written by
 // ExportCheckpoint, here or on another host and moved through a registry)
 // as a checkpoint directory dir plus a committed snapshot stacked on the
 // base image's layers. The base image must be present in the namespace
-// under the name the checkpoint was taken from.
+// under the name the checkpoint was taken from. It runs as named steps
+// over one importOp (see steps.go); finish undoes what a failed one left.
 func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref runtime.CheckpointRef, metadata []byte, retErr error) {
 	if err := validateReference("reference", name); err != nil {
 		return ref, nil, err
@@ -315,92 +385,156 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref r
 		return ref, nil, err
 	}
 	ctx = r.ctx(ctx)
-	img, err := r.client.ImageService().Get(ctx, name)
-	if err != nil {
-		return ref, nil, fmt.Errorf("image %s: %w", name, convertErr(err))
-	}
-	cs := r.client.ContentStore()
-	ck, err := readCheckpointImage(ctx, cs, name, img.Target)
-	if err != nil {
-		return ref, nil, err
-	}
-	meta := ck.ckMeta
-	if err := checkRestorable(ctx, name, ck); err != nil {
-		return ref, nil, err
-	}
-
-	baseName := ck.manifest.Annotations[ocispec.AnnotationBaseImageName]
-	baseDigest := ck.manifest.Annotations[ocispec.AnnotationBaseImageDigest]
-	wantChain := ck.manifest.Annotations[AnnotationBaseChainID]
-	base, chainID, err := r.baseImage(ctx, baseName)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return ref, nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
-				"checkpoint image %s needs base image %s (%s) in namespace %s; import or pull it first",
-				name, baseName, baseDigest, r.cfg.Namespace)
-		}
-		return ref, nil, err
-	}
-	if chainID != wantChain || base.Target.Digest.String() != baseDigest {
-		// Pinned by digest: the same layers under another config
-		// (entrypoint, environment, CRIU options) are another image.
-		return ref, nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
-			"checkpoint image %s was taken on base image %s (%s, layers %s); here %s is %s with layers %s",
-			name, baseName, baseDigest, wantChain, baseName, base.Target.Digest, chainID)
-	}
-
-	// Restored processes keep the credentials and seccomp filters of the
-	// CRIU images: only what this host's policy gives may come in
-	// (criupolicy.go), checked once the images are unpacked.
-	var pol processPolicy
-	if ck.criu != nil {
-		if pol, err = r.processPolicy(ctx, baseName); err != nil {
-			return ref, nil, err
-		}
-	}
-
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return ref, nil, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return ref, nil, fmt.Errorf("checkpoint dir %s: %w", dir, errdefs.ErrAlreadyExists)
-		}
-		return ref, nil, fmt.Errorf("checkpoint dir: %w: %w", errdefs.ErrInternal, err)
-	}
-	defer func() {
-		if retErr != nil {
-			os.RemoveAll(dir)
-		}
-	}()
-
+	op := &importOp{r: r, name: name, dir: dir}
 	cleanCtx := context.WithoutCancel(ctx)
-	ctx, done, err := r.client.WithLease(ctx)
+	defer func() { op.finish(cleanCtx, retErr != nil) }()
+	if err := runSteps(ctx,
+		op.readImage,  // the manifest and metadata, restorable here
+		op.checkBase,  // the base image, pinned by digest and layers
+		op.loadPolicy, // what this host lets restored processes hold
+		op.makeDir,    // dir, which must not exist
+	); err != nil {
+		return ref, nil, err
+	}
+	lctx, done, err := r.client.WithLease(ctx)
 	if err != nil {
 		return ref, nil, fmt.Errorf("lease: %w", convertErr(err))
 	}
-	defer done(cleanCtx)
+	op.doneLease = done
+	if err := runSteps(lctx,
+		op.prepareLayer, // an empty layer on the base image's
+		op.unpack,       // the diffs into it, the CRIU images into dir
+		op.checkImages,  // the CRIU images against the policy
+		op.writeMeta,    // checkpoint.json, spec.json, the dump's host
+		op.commitLayer,  // the layer, committed under its name
+	); err != nil {
+		return ref, nil, err
+	}
+	return runtime.CheckpointRef{Dir: dir, Snapshot: op.committed, Image: op.meta.Image, Tier: op.ck.tier}, op.ck.exported.Metadata, nil
+}
+
+// importOp is one ImportCheckpoint in progress.
+type importOp struct {
+	r    *Runtime
+	name string
+	dir  string
+
+	// readImage
+	ck   *checkpointImage
+	meta checkpointMeta
+	// checkBase
+	baseName, baseDigest, chainID string
+	// loadPolicy
+	pol processPolicy
+	// makeDir
+	dirMade bool
+	// the lease, held from prepareLayer to the end
+	doneLease func(context.Context) error
+	// prepareLayer
+	prepKey, committed string
+	mounts             []mount.Mount
+	committedOK        bool
+}
+
+// finish undoes what the steps left: the uncommitted layer, the lease, on
+// failure the directory.
+func (op *importOp) finish(cleanCtx context.Context, failed bool) {
+	if op.prepKey != "" && !op.committedOK {
+		op.r.sn.Remove(cleanCtx, op.prepKey)
+	}
+	if op.doneLease != nil {
+		op.doneLease(cleanCtx)
+	}
+	if op.dirMade && failed {
+		os.RemoveAll(op.dir)
+	}
+}
+
+// readImage reads and checks the checkpoint image, and whether its
+// processes can be restored on this host.
+func (op *importOp) readImage(ctx context.Context) error {
+	r := op.r
+	img, err := r.client.ImageService().Get(ctx, op.name)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", op.name, convertErr(err))
+	}
+	ck, err := readCheckpointImage(ctx, r.client.ContentStore(), op.name, img.Target)
+	if err != nil {
+		return err
+	}
+	op.ck, op.meta = ck, ck.ckMeta
+	return checkRestorable(ctx, op.name, ck)
+}
+
+// checkBase finds the base image, which must be the one the checkpoint was
+// taken on: same digest, same layers.
+func (op *importOp) checkBase(ctx context.Context) error {
+	r, name, ann := op.r, op.name, op.ck.manifest.Annotations
+	op.baseName = ann[ocispec.AnnotationBaseImageName]
+	op.baseDigest = ann[ocispec.AnnotationBaseImageDigest]
+	wantChain := ann[AnnotationBaseChainID]
+	base, chainID, err := r.baseImage(ctx, op.baseName)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
+				"checkpoint image %s needs base image %s (%s) in namespace %s; import or pull it first",
+				name, op.baseName, op.baseDigest, r.cfg.Namespace)
+		}
+		return err
+	}
+	if chainID != wantChain || base.Target.Digest.String() != op.baseDigest {
+		// Pinned by digest: the same layers under another config
+		// (entrypoint, environment, CRIU options) are another image.
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
+			"checkpoint image %s was taken on base image %s (%s, layers %s); here %s is %s with layers %s",
+			name, op.baseName, op.baseDigest, wantChain, op.baseName, base.Target.Digest, chainID)
+	}
+	op.chainID = chainID
+	return nil
+}
+
+// loadPolicy: restored processes keep the credentials and seccomp filters
+// of the CRIU images, so only what this host's policy gives may come in
+// (criupolicy.go), checked once the images are unpacked.
+func (op *importOp) loadPolicy(ctx context.Context) error {
+	if op.ck.criu == nil {
+		return nil
+	}
+	var err error
+	op.pol, err = op.r.processPolicy(ctx, op.baseName)
+	return err
+}
+
+// makeDir creates the checkpoint directory (see makeCheckpointDir).
+func (op *importOp) makeDir(context.Context) error {
+	if err := makeCheckpointDir(op.dir); err != nil {
+		return err
+	}
+	op.dirMade = true
+	return nil
+}
+
+// prepareLayer prepares the checkpoint's layer on the base image's.
+func (op *importOp) prepareLayer(ctx context.Context) error {
 	suffix := randomHex(8)
 	prepKey := checkpointPreparePrefix + suffix
-	committed := checkpointLayerPrefix + suffix
-	mounts, err := r.sn.Prepare(ctx, prepKey, chainID)
+	mounts, err := op.r.sn.Prepare(ctx, prepKey, op.chainID)
 	if err != nil {
-		return ref, nil, fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
+		return fmt.Errorf("prepare checkpoint layer: %w", convertErr(err))
 	}
-	committedOK := false
-	defer func() {
-		if !committedOK {
-			r.sn.Remove(cleanCtx, prepKey)
-		}
-	}()
+	op.prepKey, op.committed, op.mounts = prepKey, checkpointLayerPrefix+suffix, mounts
+	return nil
+}
 
-	// The layer diffs go through containerd's applier (straight into the
-	// overlay upperdir) while the CRIU images unpack here.
+// unpack applies the layer diffs through containerd's applier (straight
+// into the overlay upperdir) while the CRIU images unpack here.
+func (op *importOp) unpack(ctx context.Context) error {
+	r, name, ck := op.r, op.name, op.ck
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		ds := r.client.DiffService()
 		for _, d := range ck.diffs {
-			if _, err := ds.Apply(gctx, d, mounts); err != nil {
+			if _, err := ds.Apply(gctx, d, op.mounts); err != nil {
 				return blobErr(name, "layer "+d.Digest.String(), err)
 			}
 		}
@@ -408,61 +542,79 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref r
 	})
 	if ck.criu != nil {
 		g.Go(func() error {
-			return unpackBlob(gctx, cs, name, *ck.criu, filepath.Join(dir, criuImageDir))
+			return unpackBlob(gctx, r.client.ContentStore(), name, *ck.criu, filepath.Join(op.dir, criuImageDir))
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return ref, nil, err
-	}
-	if ck.criu != nil {
-		if err := checkProcessState(filepath.Join(dir, criuImageDir), pol); err != nil {
-			return ref, nil, fmt.Errorf("import %s: %w", name, err)
-		}
-		if err := shareImages(filepath.Join(dir, criuImageDir)); err != nil {
-			return ref, nil, fmt.Errorf("import %s: %w: %w", name, errdefs.ErrInternal, err)
-		}
-	}
+	return g.Wait()
+}
 
-	meta.Snapshot = committed
-	meta.Snapshotter = r.cfg.Snapshotter
-	meta.ImageDigest = baseDigest
+// checkImages checks the unpacked CRIU images against the policy and
+// makes them readable to the restores.
+func (op *importOp) checkImages(context.Context) error {
+	if op.ck.criu == nil {
+		return nil
+	}
+	imageDir := filepath.Join(op.dir, criuImageDir)
+	if err := checkProcessState(imageDir, op.pol); err != nil {
+		return fmt.Errorf("import %s: %w", op.name, err)
+	}
+	if err := shareImages(imageDir); err != nil {
+		return fmt.Errorf("import %s: %w: %w", op.name, errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
+// writeMeta writes checkpoint.json as this host holds the checkpoint (its
+// layer, snapshotter and base digest), spec.json and the dump's host.
+func (op *importOp) writeMeta(context.Context) error {
+	name, dir, ck := op.name, op.dir, op.ck
+	meta := &op.meta
+	meta.Snapshot = op.committed
+	meta.Snapshotter = op.r.cfg.Snapshotter
+	meta.ImageDigest = op.baseDigest
 	if meta.RunLayout == "" || meta.NetworkMode == "" {
 		l, err := specLayout(ck.exported.Spec)
 		if err != nil {
-			return ref, nil, notCheckpointImage(name, "spec.json: %v", err)
+			return notCheckpointImage(name, "spec.json: %v", err)
 		}
 		meta.RunLayout, meta.NetworkMode = l.RunLayout, l.NetworkMode
 	}
 	if err := meta.checkLayout(); err != nil {
-		return ref, nil, notCheckpointImage(name, "%v", err)
+		return notCheckpointImage(name, "%v", err)
 	}
 	mb, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
-		return ref, nil, fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
 	if h := ck.exported.Host; h != nil {
 		hb, err := json.Marshal(h)
 		if err != nil {
-			return ref, nil, fmt.Errorf("host info: %w: %w", errdefs.ErrInternal, err)
+			return fmt.Errorf("host info: %w: %w", errdefs.ErrInternal, err)
 		}
 		if err := atomicfile.Write(filepath.Join(dir, hostInfoFile), hb, 0o600); err != nil {
-			return ref, nil, fmt.Errorf("write host info: %w: %w", errdefs.ErrInternal, err)
+			return fmt.Errorf("write host info: %w: %w", errdefs.ErrInternal, err)
 		}
 	}
 	if err := atomicfile.Write(filepath.Join(dir, specFile), ck.exported.Spec, 0o600); err != nil {
-		return ref, nil, fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("write spec: %w: %w", errdefs.ErrInternal, err)
 	}
 	if err := atomicfile.Write(filepath.Join(dir, metaFile), mb, 0o600); err != nil {
-		return ref, nil, fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("write checkpoint metadata: %w: %w", errdefs.ErrInternal, err)
 	}
-	if err := r.sn.Commit(ctx, committed, prepKey, snapshots.WithLabels(map[string]string{
+	return nil
+}
+
+// commitLayer commits the layer under its checkpoint name, a GC root until
+// DeleteCheckpoint.
+func (op *importOp) commitLayer(ctx context.Context) error {
+	if err := op.r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(map[string]string{
 		snapshotLabelGCRoot:     time.Now().UTC().Format(time.RFC3339),
-		snapshotLabelCheckpoint: meta.Source,
+		snapshotLabelCheckpoint: op.meta.Source,
 	})); err != nil {
-		return ref, nil, fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
+		return fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
 	}
-	committedOK = true
-	return runtime.CheckpointRef{Dir: dir, Snapshot: committed, Image: meta.Image, Tier: ck.tier}, ck.exported.Metadata, nil
+	op.committedOK = true
+	return nil
 }
 
 // checkpointImage is a parsed checkpoint image.
