@@ -4,6 +4,7 @@
 //	benchd list
 //	benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [suite flags]
 //	benchd compare OLD NEW [--threshold 15]
+//	benchd pool --out FILE [--set KEY=VALUE]... RUN.json...
 //	benchd report [--results DIR] [--out docs/benchmarks.md] [--check]
 //	benchd peers [packages]
 //	benchd peer ...   (internal: a synthetic ACI server for clientscale)
@@ -54,6 +55,7 @@ func usage(w io.Writer) {
   benchd list
   benchd run --suite NAME|all [--out DIR] [--n N] [--warmup W] [--skip-missing-peers] [suite flags]
   benchd compare OLD NEW [--threshold 15]
+  benchd pool --out FILE [--set KEY=VALUE]... RUN.json...   one result from runs of a suite (ab.sh)
   benchd report [--results DIR] [--out FILE]
   benchd peers [packages]     the peers the suites measure (make peers installs them)
   benchd version
@@ -74,6 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdCompare(args[1:], stdout, stderr)
 	case "report":
 		return cmdReport(args[1:], stdout, stderr)
+	case "pool":
+		return cmdPool(args[1:], stdout, stderr)
 	case "peers":
 		return cmdPeers(args[1:], stdout, stderr)
 	case "peer":
@@ -303,6 +307,60 @@ func cmdCompare(args []string, stdout, stderr io.Writer) int {
 	if rep.Regressions() > 0 {
 		return exitFailed
 	}
+	return exitOK
+}
+
+// cmdPool merges runs of one suite (the rounds of an interleaved A/B,
+// benchd/ab.sh) into one result file: samples pooled, config.pooled_from
+// naming the runs, --set adding config keys (the A/B's description).
+func cmdPool(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pool", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "", "result file to write (never overwritten: a suffix is added when it exists)")
+	set := map[string]string{}
+	fs.Func("set", "KEY=VALUE added to the pooled result's config (repeatable)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		set[k] = val
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *out == "" || fs.NArg() == 0 || !strings.HasSuffix(*out, ".json") {
+		fmt.Fprintln(stderr, "usage: benchd pool --out FILE.json [--set KEY=VALUE]... RUN.json...")
+		return exitUsage
+	}
+	runs := make([]*result.Result, 0, fs.NArg())
+	for _, p := range fs.Args() {
+		r, err := result.ReadFile(p)
+		if err != nil {
+			fmt.Fprintf(stderr, "benchd pool: %v\n", err)
+			return exitInfraError
+		}
+		runs = append(runs, r)
+	}
+	pooled, err := result.Pool(runs, fs.Args())
+	if err != nil {
+		fmt.Fprintf(stderr, "benchd pool: %v\n", err)
+		return exitFailed
+	}
+	for k, v := range set {
+		pooled.Config[k] = v
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		fmt.Fprintf(stderr, "benchd pool: %v\n", err)
+		return exitInfraError
+	}
+	loc := result.Location{Dir: filepath.Dir(*out), Base: strings.TrimSuffix(filepath.Base(*out), ".json")}
+	path, err := result.WriteCompact(loc, pooled)
+	if err != nil {
+		fmt.Fprintf(stderr, "benchd pool: %v\n", err)
+		return exitInfraError
+	}
+	fmt.Fprintln(stdout, path)
 	return exitOK
 }
 

@@ -60,11 +60,23 @@ func Reserve(root, suite string, t time.Time) (Location, error) {
 // linked into place (link fails on an existing name), so readers never see a
 // partial file either. When the name is taken a numeric suffix is added. It
 // returns the path written.
-func Write(loc Location, r *Result) (string, error) {
+func Write(loc Location, r *Result) (string, error) { return write(loc, r, true) }
+
+// WriteCompact is Write with the document on one line, as result files are
+// committed (a pooled A/B result holds thousands of raw samples).
+func WriteCompact(loc Location, r *Result) (string, error) { return write(loc, r, false) }
+
+func write(loc Location, r *Result, indent bool) (string, error) {
 	if err := r.Validate(); err != nil {
 		return "", fmt.Errorf("refusing to write invalid result: %w", err)
 	}
-	data, err := json.MarshalIndent(r, "", "  ")
+	var data []byte
+	var err error
+	if indent {
+		data, err = json.MarshalIndent(r, "", "  ")
+	} else {
+		data, err = json.Marshal(r)
+	}
 	if err != nil {
 		return "", fmt.Errorf("encode result: %w", err)
 	}

@@ -209,14 +209,17 @@ func sandboxPids(id string) []int {
 var cgroupHierarchies = []string{"memory", "pids", "freezer", "cpu,cpuacct", "unified", ""}
 
 // cgroupPids lists the processes of the sandbox's cgroup: controld gives
-// every sandbox and every fork its own (/sys/fs/cgroup/memory/forkfleet/<id>).
+// every sandbox and every fork its own (/sys/fs/cgroup/memory/forkfleet/<id>,
+// or under another controld's containerd.cgroup_parent: benchd/ab.sh's).
 func cgroupPids(id string) []int {
-	if id == "" || strings.ContainsAny(id, "/\x00") {
+	if id == "" || strings.ContainsAny(id, "/\x00*?[\\") {
 		return nil
 	}
 	for _, h := range cgroupHierarchies {
-		for _, parent := range []string{"forkfleet", ""} {
-			data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", h, parent, id, "cgroup.procs"))
+		procs := []string{filepath.Join("/sys/fs/cgroup", h, "forkfleet", id, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", h, id, "cgroup.procs")}
+		more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", h, "*", id, "cgroup.procs"))
+		for _, path := range append(procs, more...) {
+			data, err := os.ReadFile(path)
 			if err != nil {
 				continue
 			}

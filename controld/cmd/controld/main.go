@@ -107,6 +107,7 @@ func run() error {
 		LayersDir:      cfg.LayersDir,
 		Address:        cfg.Containerd.Address,
 		Namespace:      cfg.Containerd.Namespace,
+		CgroupParent:   cfg.Containerd.CgroupParent,
 		CheckpointRoot: cfg.CheckpointDir,
 		// Per controld: its CRIU config, logs and work dirs are its own.
 		StateDir:       filepath.Join(cfg.StateDir, "runtime"),

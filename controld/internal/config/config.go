@@ -172,6 +172,10 @@ type Registry struct {
 type Containerd struct {
 	Address   string `toml:"address"`
 	Namespace string `toml:"namespace"`
+	// CgroupParent holds every sandbox's cgroup (<parent>/<id>, cgroup v1
+	// cgroupfs): a second controld on the host (a benchmark's, benchd/ab.sh)
+	// keeps its sandboxes' cgroups apart with its own.
+	CgroupParent string `toml:"cgroup_parent"`
 }
 
 // Tracing configures OpenTelemetry export (see default.toml; the standard
@@ -371,6 +375,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Containerd.Namespace == "" {
 		errs = append(errs, errors.New("containerd.namespace: must be set"))
+	}
+	if !filepath.IsAbs(c.Containerd.CgroupParent) || filepath.Clean(c.Containerd.CgroupParent) == "/" {
+		errs = append(errs, fmt.Errorf("containerd.cgroup_parent %q: an absolute path below /", c.Containerd.CgroupParent))
 	}
 	if _, err := c.Log.SlogLevel(); err != nil {
 		errs = append(errs, err)

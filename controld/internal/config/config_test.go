@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 		c.Gateway.Listen != "127.0.0.1:7480" || c.Metrics.Listen != "127.0.0.1:7490" ||
 		c.StateDir != "/var/lib/forkfleet/controld" || c.CheckpointDir != "/var/lib/forkfleet/checkpoints" ||
 		c.Containerd.Address != "/run/forkfleet/containerd/containerd.sock" || c.Containerd.Namespace != "forkfleet" ||
-		c.DefaultImage != "localhost/forkfleet/desktop:latest" || c.DefaultScreen != (Screen{1280, 800, 24}) ||
+		c.Containerd.CgroupParent != "/forkfleet" || c.DefaultImage != "localhost/forkfleet/desktop:latest" || c.DefaultScreen != (Screen{1280, 800, 24}) ||
 		c.Tracing.OTLPEndpoint != "" || c.BootTimeout.D() != time.Minute || c.Boot.Precreate != 1 {
 		t.Fatalf("defaults %+v", c)
 	}
@@ -111,6 +111,12 @@ func TestRejects(t *testing.T) {
 	}
 	if _, _, err := LoadArgs([]string{"--grpc-unix", "", "--grpc-tcp", ""}, func(string) string { return "" }); err == nil {
 		t.Fatal("no gRPC listener accepted")
+	}
+	for _, v := range []string{"forkfleet", "/", ""} {
+		os.WriteFile(f, []byte("[containerd]\ncgroup_parent = \""+v+"\"\n"), 0o600)
+		if _, _, err := LoadArgs([]string{"--config", f}, func(string) string { return "" }); err == nil {
+			t.Fatalf("containerd.cgroup_parent %q accepted", v)
+		}
 	}
 }
 
