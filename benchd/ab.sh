@@ -91,7 +91,7 @@ for spec in "${specs[@]}"; do
 	[ "$rev" != "$rest" ] && opt=${rest#*:}
 	[[ $name =~ ^[a-z0-9][a-z0-9-]{0,15}$ ]] || die "variant name $name: lower case letters, digits and -, at most 16"
 	for n in "${names[@]}"; do [ "$n" != "$name" ] || die "variant $name named twice"; done
-	case $opt in "" | userns=on) u=on ;; userns=off) u=off ;; *) die "$spec: option $opt (userns=off)" ;; esac
+	case $opt in "") u=default ;; userns=off) u=off ;; *) die "$spec: option $opt (userns=off)" ;; esac
 	sha=$(git -C "$repo" rev-parse --verify --quiet "$rev^{commit}") || die "$rev: not a commit of $repo"
 	names+=("$name") revs+=("$rev") shas+=("$sha") userns+=("$u")
 done
@@ -280,8 +280,10 @@ flock -u "$lockfd"
 
 # ---- pool and compare ----------------------------------------------------
 desc="interleaved A/B (benchd/ab.sh), $rounds rounds, order rotating; variants:"
-for i in "${!names[@]}"; do desc+=" ${names[$i]}=${shas[$i]:0:12}${userns[$i]/#on/}"; done
-desc=${desc//off/ (userns off)}
+for i in "${!names[@]}"; do
+	desc+=" ${names[$i]}=${shas[$i]:0:12}"
+	[ "${userns[$i]}" = off ] && desc+=" (userns.enabled=false)"
+done
 [ -n "$note" ] && desc+="; $note"
 for s in "${suite_list[@]}"; do
 	for i in "${!names[@]}"; do
