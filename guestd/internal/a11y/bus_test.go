@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,6 +62,8 @@ type fakeToolkit struct {
 	conn  *dbus.Conn
 	n     int
 	stall chan struct{} // when set, every call waits on it (a stopped app)
+	// getActions counts Action.GetActions calls.
+	getActions atomic.Int32
 }
 
 // dref is a ref as godbus marshals it, (so).
@@ -157,6 +160,7 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 	act := map[string]any{
 		"GetActions": func(msg dbus.Message) ([]struct{ Name, Desc, Key string }, *dbus.Error) {
 			node(msg)
+			f.getActions.Add(1)
 			return []struct{ Name, Desc, Key string }{{}}, nil // unnamed, as Chromium's
 		},
 		"GetName": func(msg dbus.Message, i int32) (string, *dbus.Error) { node(msg); return "press", nil },
@@ -219,6 +223,28 @@ func TestTreeOverDBus(t *testing.T) {
 	gone := strings.Replace(b.Ref, "/n/0", "/n/999", 1)
 	if err := c.Action(context.Background(), &aciv1.A11YActionRequest{Ref: gone, Kind: aciv1.A11YActionKind_A11Y_ACTION_KIND_FOCUS}, nil); err == nil || !strings.Contains(err.Error(), "NOT_FOUND") {
 		t.Errorf("gone element: %v", err)
+	}
+}
+
+// A second tree reuses the action names of the first (same role and
+// states): no Action calls.
+func TestTreeReusesActionNames(t *testing.T) {
+	addr := testBus(t)
+	app := startToolkit(t, addr, 20, nil)
+	startRegistry(t, addr, app)
+	c := New(addr)
+	defer c.Close()
+	for i := range 2 {
+		r, err := c.Tree(context.Background(), opts(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Nodes[3].Actions; len(got) != 1 || got[0] != "press" {
+			t.Fatalf("tree %d: actions %q", i, got)
+		}
+		if n := app.getActions.Swap(0); (i == 0) != (n > 0) {
+			t.Fatalf("tree %d: %d GetActions calls", i, n)
+		}
 	}
 }
 

@@ -30,6 +30,8 @@ type Client struct {
 	// (Application.GetApplicationBusAddress), by bus name: a tree's calls
 	// skip the bus daemon, which otherwise relays each of them twice.
 	peers map[string]*wireConn
+	// names are the action names of elements read before (names.go).
+	names nameCache
 }
 
 // New returns a Client of the bus at addr ("unix:path=..."); "" makes a
@@ -47,6 +49,7 @@ func (c *Client) Close() {
 }
 
 func (c *Client) dropLocked() {
+	c.names.forget()
 	if c.conn != nil {
 		_ = c.conn.Close()
 	}

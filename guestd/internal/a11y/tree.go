@@ -72,6 +72,8 @@ type item struct {
 	value   *float64
 	actions []string
 	fill    *fillCalls // the calls of the fields, in flight
+	// actionsKnown: actions came from the Client's action names (no call).
+	actionsKnown bool
 }
 
 // Interface bits of item.ifaces.
@@ -124,6 +126,9 @@ type app struct {
 	pid      int32
 	items    map[objectPath]*item
 	parentOf map[objectPath]ref // of objects not in the cache
+	// named are the action names the Client knows of this application's
+	// elements (read only during a read).
+	named    map[objectPath]actionNames
 	timedOut bool
 	err      error
 }
@@ -201,9 +206,10 @@ func (c *Client) tree(ctx context.Context, conn *wireConn, opts TreeOptions, win
 		readOpts.Fields |= 1 << aciv1.A11YField_A11Y_FIELD_BOUNDS
 	}
 	apps := make([]*app, len(appRefs))
+	c.names.keep(appRefs)
 	var wg sync.WaitGroup
 	for i, r := range appRefs {
-		apps[i] = &app{ref: r}
+		apps[i] = &app{ref: r, named: c.names.of(r.Bus)}
 		if want.app != "" && r.Bus != want.app {
 			continue
 		}
@@ -421,6 +427,7 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 		return
 	}
 	a.err = finishFill(ctx, conn, shown)
+	c.names.learn(a.ref.Bus, shown)
 }
 
 // step is a walk's calls for one object in flight: loading it (role,
@@ -473,7 +480,7 @@ func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 			return
 		}
 		shown = append(shown, it)
-		startFill(ctx, conn, it, opts.Fields)
+		a.startFill(ctx, conn, it, opts.Fields)
 		if depth >= opts.MaxDepth || has(it.states, StateDefunct) {
 			return
 		}
@@ -574,7 +581,7 @@ type fillCalls struct {
 
 // startFill sends the calls of it's optional fields: bounds, editable
 // text, value and actions; finishFill stores their replies.
-func startFill(ctx context.Context, conn *wireConn, it *item, f Fields) {
+func (a *app) startFill(ctx context.Context, conn *wireConn, it *item, f Fields) {
 	x := &fillCalls{}
 	try := func(iface uint32) bool { return it.ifaces&(iface|ifacesUnread) != 0 }
 	// Bounds of what is on screen only: an element off screen (most
@@ -596,7 +603,11 @@ func startFill(ctx context.Context, conn *wireConn, it *item, f Fields) {
 	// leaves their names out of it), and an element off screen is
 	// scrolled into view before an agent acts on it.
 	if f.Has(aciv1.A11YField_A11Y_FIELD_ACTIONS) && try(hasAction) && has(it.states, StateShowing) && actionable(it) {
-		x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
+		if names, ok := a.named[it.ref.Path].match(it, time.Now()); ok {
+			it.actions, it.actionsKnown = names, true
+		} else {
+			x.action = start(ctx, conn, it.ref, ifAction+".GetActions")
+		}
 	}
 	if x.ext.wc != nil || x.text.wc != nil || x.val.wc != nil || x.action.wc != nil {
 		it.fill = x

@@ -210,3 +210,28 @@ func TestClip(t *testing.T) {
 		t.Errorf("role names %q %q", RoleName(43), RoleName(999))
 	}
 }
+
+func TestActionNamesMatch(t *testing.T) {
+	at := time.Unix(1000, 0)
+	n := actionNames{role: 43, states: 1 << StateShowing, names: []string{"press"}, at: at}
+	it := &item{role: 43, states: 1 << StateShowing}
+	if got, ok := n.match(it, at.Add(time.Second)); !ok || got[0] != "press" {
+		t.Fatalf("same role and states: %q %v", got, ok)
+	}
+	for name, c := range map[string]struct {
+		it  *item
+		now time.Time
+	}{
+		"states changed":  {&item{role: 43, states: 1<<StateShowing | 1<<StateFocused}, at},
+		"role changed":    {&item{role: 44, states: 1 << StateShowing}, at},
+		"too old":         {it, at.Add(namesTTL)},
+		"clock went back": {it, at.Add(-time.Second)},
+	} {
+		if _, ok := n.match(c.it, c.now); ok {
+			t.Errorf("%s: names reused", name)
+		}
+	}
+	if _, ok := (actionNames{}).match(it, at); ok {
+		t.Error("no entry matched")
+	}
+}

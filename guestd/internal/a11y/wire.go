@@ -337,6 +337,12 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 	}
 	bd := &decoder{b: b[headPadded:], order: order}
 	var vals []any
+	if typ == 2 && sig == cacheItemsSig {
+		// A cache's items (thousands from a browser) decode straight into
+		// their struct: the generic decoder boxes every field.
+		vals = []any{bd.cacheItems()}
+		sig = ""
+	}
 	for s := sig; s != "" && bd.err == nil; {
 		n := sigLen(s)
 		if n == 0 {
@@ -751,6 +757,10 @@ func storeValue(dst, v any) error {
 		}
 		*d = out
 	case *[]cacheItem:
+		if items, ok := v.([]cacheItem); ok {
+			*d = items
+			return nil
+		}
 		l, _ := v.([]any)
 		out := make([]cacheItem, 0, len(l))
 		for _, e := range l {
@@ -781,6 +791,69 @@ func storeValue(dst, v any) error {
 		return fmt.Errorf("a11y: cannot store into %T", dst)
 	}
 	return nil
+}
+
+// cacheItemsSig is Cache.GetItems' reply: an array of cacheItem.
+const cacheItemsSig = "a((so)(so)(so)iiassusau)"
+
+// cacheItems decodes a cacheItemsSig value. Strings are copied (the
+// buffer is reused); bounds are the decoder's, as for every value.
+func (d *decoder) cacheItems() []cacheItem {
+	d.align(4)
+	n := int(d.order.Uint32(d.take(4)))
+	d.align(8)
+	if n > len(d.b)-d.pos {
+		d.fail("array of %d bytes", n)
+		return nil
+	}
+	end := d.pos + n
+	str := func() string {
+		d.align(4)
+		l := int(d.order.Uint32(d.take(4)))
+		s := string(d.take(l))
+		d.take(1)
+		return s
+	}
+	refOf := func() ref {
+		d.align(8)
+		return ref{Bus: str(), Path: objectPath(str())}
+	}
+	i32 := func() int32 {
+		d.align(4)
+		return int32(d.order.Uint32(d.take(4)))
+	}
+	var out []cacheItem
+	for d.pos < end && d.err == nil {
+		d.align(8)
+		var ci cacheItem
+		ci.Obj, ci.App, ci.Parent = refOf(), refOf(), refOf()
+		ci.Index, ci.Count = i32(), i32()
+		d.align(4)
+		if m := int(d.order.Uint32(d.take(4))); m <= len(d.b)-d.pos {
+			for e := d.pos + m; d.pos < e && d.err == nil; {
+				ci.Ifaces = append(ci.Ifaces, str())
+			}
+		} else {
+			d.fail("array of %d bytes", m)
+		}
+		ci.Name, ci.Role, ci.Desc = str(), uint32(i32()), str()
+		d.align(4)
+		if m := int(d.order.Uint32(d.take(4))); m <= len(d.b)-d.pos && m%4 == 0 {
+			for e := d.pos + m; d.pos < e && d.err == nil; {
+				ci.States = append(ci.States, uint32(i32()))
+			}
+		} else {
+			d.fail("array of %d bytes", m)
+		}
+		if d.pos > end {
+			d.fail("item past its array")
+		}
+		out = append(out, ci)
+	}
+	if d.err != nil {
+		return nil
+	}
+	return out
 }
 
 // toRef converts a decoded (so).

@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/godbus/dbus/v5"
 )
 
 // A hostile bus (or application) cannot crash the decoder: every prefix
@@ -137,6 +140,81 @@ func FuzzReadMessage(f *testing.F) {
 			if c.readOne(r, &buf) != nil {
 				return
 			}
+		}
+	})
+}
+
+// getItemsBody marshals items as Cache.GetItems' reply body (godbus, the
+// reference encoder).
+func getItemsBody(t testing.TB, items []godbusCacheItem) []byte {
+	msg := &dbus.Message{Type: dbus.TypeMethodReply, Headers: map[dbus.HeaderField]dbus.Variant{
+		dbus.FieldReplySerial: dbus.MakeVariant(uint32(1)),
+		dbus.FieldSignature:   dbus.MakeVariant(dbus.SignatureOf(items)),
+	}, Body: []any{items}}
+	var buf bytes.Buffer
+	if err := msg.EncodeTo(&buf, binary.LittleEndian); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	fields := int(binary.LittleEndian.Uint32(b[12:]))
+	return b[(16+fields+7)&^7:]
+}
+
+type godbusCacheItem struct {
+	Obj, App, Parent dref
+	Index, Count     int32
+	Ifaces           []string
+	Name             string
+	Role             uint32
+	Desc             string
+	States           []uint32
+}
+
+// The typed GetItems decoder reads what the generic one does.
+func TestCacheItemsDecoder(t *testing.T) {
+	items := []godbusCacheItem{
+		{dref{":1.2", "/a/1"}, dref{":1.2", "/org/a11y/atspi/accessible/root"}, dref{":1.2", "/"}, 0, 2, []string{ifAccessible, ifComponent}, "héllo", 43, "d", []uint32{1 << 25, 1}},
+		{dref{":1.2", "/a/2"}, dref{":1.2", "/r"}, dref{":1.2", "/a/1"}, 1, 0, nil, "", 0, "", nil},
+	}
+	body := getItemsBody(t, items)
+	if sig := dbus.SignatureOf(items).String(); sig != cacheItemsSig {
+		t.Fatalf("signature %q", sig)
+	}
+	typed := (&decoder{b: body, order: binary.LittleEndian}).cacheItems()
+	v, err := (&decoder{b: body, order: binary.LittleEndian}).value(cacheItemsSig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generic []cacheItem
+	if err := storeValue(&generic, v); err != nil {
+		t.Fatal(err)
+	}
+	if len(typed) != 2 || fmt.Sprintf("%+v", typed) != fmt.Sprintf("%+v", generic) {
+		t.Fatalf("typed %+v\ngeneric %+v", typed, generic)
+	}
+	if typed[0].Name != "héllo" || typed[0].States[0] != 1<<25 || typed[1].Parent.Path != "/a/1" || typed[0].Ifaces[1] != ifComponent {
+		t.Fatalf("%+v", typed)
+	}
+}
+
+// A hostile application's GetItems reply cannot crash the typed decoder,
+// and whatever it accepts, the generic decoder reads the same.
+func FuzzCacheItems(f *testing.F) {
+	f.Add(getItemsBody(f, []godbusCacheItem{{dref{":1.2", "/a"}, dref{":1.2", "/r"}, dref{":1.2", "/"}, 0, 1, []string{"x"}, "n", 1, "", []uint32{1, 2}}}))
+	f.Add([]byte{255, 255, 255, 255})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := &decoder{b: b, order: binary.LittleEndian}
+		typed := d.cacheItems()
+		if d.err != nil {
+			return
+		}
+		v, err := (&decoder{b: b, order: binary.LittleEndian}).value(cacheItemsSig)
+		if err != nil {
+			t.Fatalf("typed read %d items where the generic decoder fails: %v", len(typed), err)
+		}
+		var generic []cacheItem
+		if storeValue(&generic, v) == nil && len(generic) != len(typed) {
+			t.Fatalf("typed %d items, generic %d", len(typed), len(generic))
 		}
 	})
 }
