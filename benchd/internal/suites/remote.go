@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,10 @@ type remoteSuite struct {
 	namespace string
 	ctr       string
 	settle    time.Duration
+	// The fleet of two controlds of the suite's own.
+	hostsBin       string
+	hostsNamespace string
+	hostsNs        intList
 }
 
 func (*remoteSuite) Name() string { return "remote" }
@@ -45,6 +50,10 @@ func (s *remoteSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&s.namespace, "remote-namespace", "forkfleet", "controld's containerd namespace (its local images are deleted between steps)")
 	fs.StringVar(&s.ctr, "remote-ctr", "", "ctr binary ($FORKFLEET_CTR, else ctr on PATH)")
 	fs.DurationVar(&s.settle, "remote-settle", time.Second, "pause before each measured fork (controld refills its precreated fork containers in the background)")
+	fs.StringVar(&s.hostsBin, "remote-hosts-controld", "", "controld binary of the two hosts the suite runs (default: the controld beside benchd; forkfleet-image beside it imports their image)")
+	fs.StringVar(&s.hostsNamespace, "remote-hosts-namespace", "forkfleet-bench-host", "containerd namespace prefix of those hosts (-a, -b: created, emptied at the end but for the desktop image)")
+	s.hostsNs = intList{8}
+	fs.Var(&s.hostsNs, "remote-hosts-ns", "replica counts of the forks spread over two hosts (0: no hosts)")
 }
 
 func (s *remoteSuite) Check(ctx context.Context, env *suite.Env) error {
@@ -96,6 +105,13 @@ func (s *remoteSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 	if s.ramMB > 0 {
 		rows = append(rows, r.shape(ctx, fmt.Sprintf("ram-%dMB+disk-100MB", s.ramMB), s.ramMB, reps, false)...)
 	}
+	if slices.Max(s.hostsNs) > 0 {
+		hrows, err := r.runHosts(ctx, reps)
+		if err != nil {
+			env.Notef("remote: forks over two hosts not measured: %v", err)
+		}
+		rows = append(rows, hrows...)
+	}
 	return rows, nil
 }
 
@@ -108,18 +124,38 @@ type remoteRun struct {
 	seq int
 }
 
-// rmImage deletes a local image of controld's namespace with its blobs
-// (ctr's synchronous delete collects them), so the next pull fetches them.
-func (r *remoteRun) rmImage(ctx context.Context, name string) error {
-	addr := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS")
-	if addr == "" {
-		addr = "/run/forkfleet/containerd/containerd.sock"
-	}
-	out, err := exec.CommandContext(ctx, r.ctr, "-a", addr, "-n", r.s.namespace, "images", "rm", "--sync", name).CombinedOutput()
+// rmImage deletes a local image of namespace ns with its blobs (ctr's
+// synchronous delete collects them), so the next pull fetches them.
+func (r *remoteRun) rmImage(ctx context.Context, ns, name string) error {
+	out, err := exec.CommandContext(ctx, r.ctr, "-a", containerdAddress(), "-n", ns, "images", "rm", "--sync", name).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "not found") {
 		return fmt.Errorf("ctr images rm %s: %v: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// rmImages deletes every image of namespace ns but the desktop image (kept
+// for the next run).
+func (r *remoteRun) rmImages(ctx context.Context, ns string) {
+	out, err := exec.CommandContext(ctx, r.ctr, "-a", containerdAddress(), "-n", ns, "images", "ls", "-q").Output()
+	if err != nil {
+		r.env.Notef("remote: list images of %s: %v", ns, err)
+		return
+	}
+	for _, name := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(name, "localhost/forkfleet/desktop:") {
+			if err := r.rmImage(ctx, ns, name); err != nil {
+				r.env.Notef("remote: %v", err)
+			}
+		}
+	}
+}
+
+func containerdAddress() string {
+	if addr := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS"); addr != "" {
+		return addr
+	}
+	return "/run/forkfleet/containerd/containerd.sock"
 }
 
 // shape measures reps checkpoints of one sandbox shape: push, pull and,
@@ -132,11 +168,14 @@ func (r *remoteRun) shape(ctx context.Context, shape string, ramMB, reps int, fo
 	push := result.NewSeries("remote.push", "ms", lbl)
 	pull := result.NewSeries("remote.pull", "ms", lbl)
 	pulledSz := result.NewSeries("remote.pulled_size", "MB", lbl)
-	forkRows := map[string]*result.Series{}
-	series := func(metric string, n int) *result.Series {
-		k := metric + "/" + itoa(n)
+	forkRows := map[string]*forkSeries{}
+	series := func(kind string, n int) *forkSeries {
+		k := kind + "/" + itoa(n)
 		if forkRows[k] == nil {
-			forkRows[k] = result.NewSeries(metric, "ms", labels("shape", shape, "n", itoa(n)))
+			forkRows[k] = &forkSeries{
+				wall:   result.NewSeries("remote.fork."+kind+".wall", "ms", labels("shape", shape, "n", itoa(n))),
+				phases: newForkBreakdown("memory", itoa(n), "shape", shape, "fork", kind),
+			}
 		}
 		return forkRows[k]
 	}
@@ -150,15 +189,21 @@ func (r *remoteRun) shape(ctx context.Context, shape string, ramMB, reps int, fo
 		if !forks {
 			break
 		}
-		for _, m := range []string{"remote.fork.first.wall", "remote.fork.cached.wall", "remote.fork.local.wall"} {
-			rows = append(rows, series(m, n).Row())
+		kinds := []string{"first", "cached", "cached_tag", "local"}
+		for _, k := range kinds {
+			rows = append(rows, series(k, n).wall.Row())
+		}
+		for _, k := range kinds {
+			rows = append(rows, series(k, n).phases.rows()...)
 		}
 		// The goals as ratios of p50s in this run: a cached fork against a
 		// local one, a first fork against a local one plus the pull.
-		first, cached, local := series("remote.fork.first.wall", n).Row(), series("remote.fork.cached.wall", n).Row(), series("remote.fork.local.wall", n).Row()
+		first, local := series("first", n).wall.Row(), series("local", n).wall.Row()
 		pl := pull.Row()
-		if cached.P50 != nil && local.P50 != nil && *local.P50 > 0 {
-			rows = append(rows, result.Single("remote.fork.cached_over_local", "x", labels("shape", shape, "n", itoa(n)), *cached.P50 / *local.P50))
+		for _, k := range []string{"cached", "cached_tag"} {
+			if c := series(k, n).wall.Row(); c.P50 != nil && local.P50 != nil && *local.P50 > 0 {
+				rows = append(rows, result.Single("remote.fork."+k+"_over_local", "x", labels("shape", shape, "n", itoa(n)), *c.P50 / *local.P50))
+			}
 		}
 		if first.P50 != nil && local.P50 != nil && pl.P50 != nil && *local.P50+*pl.P50 > 0 {
 			rows = append(rows, result.Single("remote.fork.first_over_local_plus_pull", "x", labels("shape", shape, "n", itoa(n)), *first.P50/(*local.P50+*pl.P50)))
@@ -168,7 +213,7 @@ func (r *remoteRun) shape(ctx context.Context, shape string, ramMB, reps int, fo
 }
 
 func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, pushedSz, ratio, push, pull, pulledSz *result.Series,
-	series func(string, int) *result.Series) error {
+	series func(string, int) *forkSeries) error {
 	src, err := r.c.create(ctx)
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
@@ -206,7 +251,7 @@ func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, push
 	pinned := repo + "@" + ex.GetDigest()
 
 	// Pull into an empty store: the export's image and blobs go first.
-	if err := r.rmImage(ctx, ref); err != nil {
+	if err := r.rmImage(ctx, r.s.namespace, ref); err != nil {
 		return err
 	}
 	t0 = time.Now()
@@ -220,48 +265,62 @@ func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, push
 	r.c.removeCheckpoint(ctx, im.GetCheckpoint().GetId())
 	r.env.Progressf("remote: pushed %.1f of %.1f MB dumped in %.0f ms, pulled in %.0f ms", mb(ex.GetPushedBytes()), mb(d), push.Values()[push.Len()-1], pull.Values()[pull.Len()-1])
 	if !forks {
-		return r.rmImage(ctx, ref)
+		return r.rmImage(ctx, r.s.namespace, ref)
 	}
 	for _, n := range r.s.ns {
 		// Cold: nothing of the image here, the fork pulls it.
 		for _, name := range []string{ref, pinned} {
-			if err := r.rmImage(ctx, name); err != nil {
+			if err := r.rmImage(ctx, r.s.namespace, name); err != nil {
 				return err
 			}
 		}
-		remoteCk, err := r.fork(ctx, series("remote.fork.first.wall", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)})
+		remoteCk, err := r.fork(ctx, series("first", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)})
 		if err != nil {
 			return err
 		}
-		// The cached and the local fork alternate which goes first (the
-		// fork slots controld precreates favour the most recent
-		// checkpoint forked).
-		pair := []func() error{
+		// Then the import forked again, by digest (as client.DialHosts'
+		// forks name it: no registry request) and by tag (one: which digest
+		// the tag names now), and the local checkpoint. They take turns
+		// going first (the fork slots controld precreates favour the most
+		// recent checkpoint forked).
+		round := []func() error{
 			func() error {
-				_, err := r.fork(ctx, series("remote.fork.cached.wall", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)})
+				_, err := r.fork(ctx, series("cached", n), &controldv1.ForkCheckpointRequest{CheckpointReference: pinned, Count: uint32(n)})
 				return err
 			},
 			func() error {
-				_, err := r.fork(ctx, series("remote.fork.local.wall", n), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n)})
+				_, err := r.fork(ctx, series("cached_tag", n), &controldv1.ForkCheckpointRequest{CheckpointReference: ref, Count: uint32(n)})
+				return err
+			},
+			func() error {
+				_, err := r.fork(ctx, series("local", n), &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n)})
 				return err
 			},
 		}
-		if r.seq%2 == 0 {
-			pair[0], pair[1] = pair[1], pair[0]
-		}
-		for _, f := range pair {
+		k := r.seq % len(round)
+		for _, f := range append(round[k:], round[:k]...) {
 			if err := f(); err != nil {
 				return err
 			}
 		}
 		r.c.removeCheckpoint(ctx, remoteCk)
 	}
-	return r.rmImage(ctx, pinned)
+	return r.rmImage(ctx, r.s.namespace, pinned)
+}
+
+// forkSeries is one kind of fork (first, cached, cached_tag or local) at one count: its
+// wall clock and, phase by phase, where its replicas spent their time
+// (controld's waterfall: a cached fork and a local one may differ only
+// before task_start, where a fork of a tag asks the registry for its digest).
+type forkSeries struct {
+	wall   *result.Series
+	phases *forkBreakdown
 }
 
 // fork forks and records the wall clock when every replica is verified; it
 // returns the checkpoint forked.
-func (r *remoteRun) fork(ctx context.Context, s *result.Series, req *controldv1.ForkCheckpointRequest) (string, error) {
+func (r *remoteRun) fork(ctx context.Context, fs *forkSeries, req *controldv1.ForkCheckpointRequest) (string, error) {
+	s := fs.wall
 	req.Labels, req.Ttl = map[string]string{benchLabel: "1"}, durationpb.New(benchTTL)
 	sleepCtx(ctx, r.s.settle)
 	t0 := time.Now()
@@ -275,6 +334,7 @@ func (r *remoteRun) fork(ctx context.Context, s *result.Series, req *controldv1.
 	for _, rep := range resp.GetReplicas() {
 		if rep.GetErrorCode() == 0 && rep.GetSandbox() != nil && verified(rep) {
 			good++
+			fs.phases.add(rep)
 		}
 		r.c.remove(ctx, rep.GetSandbox().GetId())
 	}
