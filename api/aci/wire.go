@@ -30,7 +30,6 @@ const MaxMessageElements = 1 << 18
 const maxMessageDepth = 32
 
 var (
-	serverMessageDesc  = (&aciv1.ServerMessage{}).ProtoReflect().Descriptor()
 	errTooManyElements = fmt.Errorf("more than %d messages and list elements", MaxMessageElements)
 )
 
@@ -49,25 +48,44 @@ func encodeClientMessage(buf []byte, m *aciv1.ClientMessage, json bool) (websock
 // allocating, that it holds no more than MaxMessageElements elements.
 func decodeServerMessage(b []byte, json bool) (*aciv1.ServerMessage, error) {
 	m := &aciv1.ServerMessage{}
+	return m, decodeChecked(b, json, m)
+}
+
+// DecodeServerMessage decodes one server envelope with the checks a Session
+// applies (element budget before any allocation), for readers of the wire
+// that are not a Session: controld's recorder reads the gateway's traffic.
+func DecodeServerMessage(b []byte, json bool) (*aciv1.ServerMessage, error) {
+	return decodeServerMessage(b, json)
+}
+
+// DecodeClientMessage decodes one client envelope with the same checks.
+func DecodeClientMessage(b []byte, json bool) (*aciv1.ClientMessage, error) {
+	m := &aciv1.ClientMessage{}
+	return m, decodeChecked(b, json, m)
+}
+
+// decodeChecked decodes b into m after checking, without allocating, that
+// it holds no more than MaxMessageElements elements.
+func decodeChecked(b []byte, json bool, m proto.Message) error {
 	var err error
 	if json {
 		// Every JSON object is a message (one '{' each), and list elements
 		// and fields are separated by commas: both bound what decoding
 		// allocates. Braces and commas inside strings only count extra.
 		if bytes.Count(b, []byte("{")) > MaxMessageElements || bytes.Count(b, []byte(",")) > 8*MaxMessageElements {
-			return nil, fmt.Errorf("%w: decode: %v", ErrProtocol, errTooManyElements)
+			return fmt.Errorf("%w: decode: %v", ErrProtocol, errTooManyElements)
 		}
 		err = protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
 	} else {
-		if _, err := countElements(b, serverMessageDesc, MaxMessageElements, 0); err != nil {
-			return nil, fmt.Errorf("%w: decode: %v", ErrProtocol, err)
+		if _, err := countElements(b, m.ProtoReflect().Descriptor(), MaxMessageElements, 0); err != nil {
+			return fmt.Errorf("%w: decode: %v", ErrProtocol, err)
 		}
 		err = proto.Unmarshal(b, m)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: decode: %v", ErrProtocol, err)
+		return fmt.Errorf("%w: decode: %v", ErrProtocol, err)
 	}
-	return m, nil
+	return nil
 }
 
 // countElements walks the wire form of a message of type md and counts its

@@ -421,7 +421,7 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 	}
 	switch method {
 	case controldv1.SandboxService_ListSandboxes_FullMethodName, controldv1.CheckpointService_ListCheckpoints_FullMethodName,
-		controldv1.PoolService_ListPools_FullMethodName:
+		controldv1.PoolService_ListPools_FullMethodName, controldv1.SandboxService_ListRecordings_FullMethodName:
 		return r.listAll(ctx, method, req, reply.(proto.Message), opts)
 	case controldv1.HostService_GetHostStatus_FullMethodName:
 		eps := r.list()
@@ -558,6 +558,8 @@ func kindOf(method, key string) string {
 		return "checkpoint"
 	case strings.HasPrefix(key, rules.PrefixPool):
 		return "pool"
+	case strings.HasPrefix(key, rules.PrefixRecording):
+		return "recording"
 	case strings.Contains(method, ".CheckpointService/"):
 		return "checkpoint"
 	case strings.Contains(method, ".PoolService/"):
@@ -627,6 +629,10 @@ func (r *router) locate(ctx context.Context, method, key string) (*endpoint, err
 		getMethod = controldv1.PoolService_GetPool_FullMethodName
 		newReq = func() proto.Message { return &controldv1.GetPoolRequest{Id: key} }
 		newResp = func() proto.Message { return &controldv1.GetPoolResponse{} }
+	case "recording":
+		getMethod = controldv1.SandboxService_GetRecording_FullMethodName
+		newReq = func() proto.Message { return &controldv1.GetRecordingRequest{Id: key} }
+		newResp = func() proto.Message { return &controldv1.GetRecordingResponse{} }
 	default:
 		getMethod = controldv1.SandboxService_GetSandbox_FullMethodName
 		newReq = func() proto.Message { return &controldv1.GetSandboxRequest{Id: key} }
@@ -692,10 +698,13 @@ func (r *router) walkLocked(ep *endpoint, m protoreflect.Message, depth int) {
 		return
 	}
 	switch m.Descriptor().FullName() {
-	case "forkfleet.controld.v1.Sandbox", "forkfleet.controld.v1.Checkpoint", "forkfleet.controld.v1.Pool":
+	case "forkfleet.controld.v1.Sandbox", "forkfleet.controld.v1.Checkpoint", "forkfleet.controld.v1.Pool", "forkfleet.controld.v1.Recording":
 		fields := m.Descriptor().Fields()
 		id := m.Get(fields.ByName("id")).String()
-		host := m.Get(fields.ByName("host")).String()
+		host := ""
+		if fd := fields.ByName("host"); fd != nil { // a recording is on its sandbox's host
+			host = m.Get(fd).String()
+		}
 		if host == "" {
 			host = ep.host
 		}
@@ -853,7 +862,11 @@ func (r *router) statusesIfUnnamed(ctx context.Context, eps []*endpoint) {
 // compareRecords orders merged list items as one controld does: by
 // created_at then id (pools, which have no created_at: by id).
 func compareRecords(a, b protoreflect.Message) int {
-	if fd := a.Descriptor().Fields().ByName("created_at"); fd != nil {
+	fd := a.Descriptor().Fields().ByName("created_at")
+	if fd == nil {
+		fd = a.Descriptor().Fields().ByName("started_at") // recordings
+	}
+	if fd != nil {
 		ta, tb := a.Get(fd).Message(), b.Get(fd).Message()
 		secs, nanos := ta.Descriptor().Fields().ByName("seconds"), ta.Descriptor().Fields().ByName("nanos")
 		if c := cmp.Compare(ta.Get(secs).Int(), tb.Get(secs).Int()); c != 0 {
@@ -938,7 +951,8 @@ func (r *router) gatewayTLS(id string) *tls.Config {
 // isID reports whether s is a sandbox, checkpoint or pool id (names are
 // never cached: a name may move to another host).
 func isID(s string) bool {
-	return rules.ValidID(rules.PrefixSandbox, s) || rules.ValidID(rules.PrefixCheckpoint, s) || rules.ValidID(rules.PrefixPool, s)
+	return rules.ValidID(rules.PrefixSandbox, s) || rules.ValidID(rules.PrefixCheckpoint, s) || rules.ValidID(rules.PrefixPool, s) ||
+		rules.ValidID(rules.PrefixRecording, s)
 }
 
 // fanStream is one server stream per host merged into one: what is sent

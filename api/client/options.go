@@ -248,6 +248,14 @@ func WithVerify(levels ...controldv1.VerifyLevel) ForkOption {
 	return forkFunc(func(r *controldv1.ForkCheckpointRequest) { r.Verify = append(r.Verify, levels...) })
 }
 
+// WithRecord records every replica from its first keyframe (each
+// recording names the checkpoint and the source's recording). Replicas of
+// a recording source are recorded without it. ForkReplica.recording_id
+// names each one's recording.
+func WithRecord() ForkOption {
+	return forkFunc(func(r *controldv1.ForkCheckpointRequest) { r.Record = true })
+}
+
 // ---- list and watch filters
 
 type statesOpt []controldv1.SandboxState

@@ -79,6 +79,7 @@ type Fake struct {
 	Limits limits.Host
 
 	mu          sync.Mutex
+	recordings  map[string]*controldv1.Recording // recording.go
 	images      map[string]bool
 	sandboxes   map[string]*controldv1.Sandbox
 	checkpoints map[string]*controldv1.Checkpoint
@@ -513,6 +514,9 @@ func (f *Fake) deleteSandbox(id string) bool {
 	}
 	delete(f.sandboxes, id)
 	f.leaveBooting(id)
+	if rec := f.activeRecording(id); rec != nil {
+		stopRecording(rec, controldv1.RecordingStopReason_RECORDING_STOP_REASON_SANDBOX_GONE)
+	}
 	if ck, ok := f.checkpoints[sb.GetCheckpointId()]; ok && ck.LiveForks > 0 {
 		ck.LiveForks--
 	}
@@ -892,8 +896,22 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 				sb.Network = &controldv1.Network{Mode: netpolicy.Mode(ck.GetNetwork()), Policy: proto.CloneOf(policy)}
 			})
 		ck.LiveForks++
-		resp.Replicas = append(resp.Replicas, &controldv1.ForkReplica{
-			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: verifyResults(levels), Took: durationpb.New(20 * time.Millisecond)})
+		rep := &controldv1.ForkReplica{
+			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: verifyResults(levels), Took: durationpb.New(20 * time.Millisecond)}
+		// Recordings follow forks as controld's do (recording.Manager.Forked).
+		if parent := f.activeRecording(ck.GetSourceSandboxId()); req.GetRecord() || parent != nil {
+			maxBytes := uint64(rules.DefaultRecordingBytes)
+			if parent != nil {
+				maxBytes = parent.GetMaxBytes()
+			}
+			rec := f.startRecording(sb.GetId(), maxBytes)
+			rec.ParentCheckpointId = ck.GetId()
+			if parent != nil {
+				rec.ParentRecordingId = parent.GetId()
+			}
+			rep.RecordingId = rec.GetId()
+		}
+		resp.Replicas = append(resp.Replicas, rep)
 	}
 	return resp, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/limits"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -285,5 +286,58 @@ func TestViewTicket(t *testing.T) {
 	_, err = c.SandboxService().CreateViewTicket(ctx, &controldv1.CreateViewTicketRequest{SandboxId: "sb-zzzzzzzzzzzzzzzz"})
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("an unknown sandbox: %v", err)
+	}
+}
+
+// TestRecordings: the fake's recordings follow controld's lifecycle: one
+// running per sandbox, stopped when the sandbox goes, replicas of a
+// recorded source recorded with their parents, and exports of a recording
+// without frames refused as controld refuses them.
+func TestRecordings(t *testing.T) {
+	srv := controldfake.Start(t)
+	c, ctx := dial(t, srv.Target)
+	sb, err := c.CreateSandbox(ctx, client.WithWaitReady())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, first, err := sb.StartRecording(ctx, 0)
+	if err != nil || first.GetMaxBytes() != rules.DefaultRecordingBytes || first.GetState() != controldv1.RecordingState_RECORDING_STATE_RECORDING {
+		t.Fatalf("start %v: %v", first, err)
+	}
+	if _, _, err := sb.StartRecording(ctx, 0); errdefs.Reason(err) != "SANDBOX_RECORDING" {
+		t.Fatalf("a second recording: %v", err)
+	}
+	ck, err := sb.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := ck.Fork(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		got, err := c.Recording(r.Replica.GetRecordingId()).Get(ctx)
+		if err != nil || got.GetParentRecordingId() != rec.ID() || got.GetParentCheckpointId() != ck.ID() || got.GetSandboxId() != r.Sandbox.ID() {
+			t.Fatalf("replica recording %v: %v", got, err)
+		}
+	}
+	if _, err := rec.ExportMP4(ctx, 0); errdefs.Reason(err) != "RECORDING_RUNNING" {
+		t.Fatalf("export while running: %v", err)
+	}
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Get(ctx)
+	if err != nil || got.GetStopReason() != controldv1.RecordingStopReason_RECORDING_STOP_REASON_SANDBOX_GONE {
+		t.Fatalf("after the sandbox went: %v %v", got, err)
+	}
+	if _, err := rec.ExportFrames(ctx); errdefs.Reason(err) != "RECORDING_EMPTY" {
+		t.Fatalf("export of an empty recording: %v", err)
+	}
+	if err := rec.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rec.Get(ctx); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a deleted recording: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ const (
 	PrefixSandbox    = "sb-"
 	PrefixCheckpoint = "ck-"
 	PrefixPool       = "pl-"
+	PrefixRecording  = "rc-"
 )
 
 // NewID returns a fresh id of the kind prefix names.

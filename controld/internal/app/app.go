@@ -27,6 +27,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/gateway"
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
+	"github.com/forkfleet/forkfleet/controld/internal/recording"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/server"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
@@ -212,6 +213,14 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	// gateway's connections before a freeze: tie the knot through gwRef,
 	// set before anything is served.
 	var gwRef *gateway.Gateway
+	var mgrRef *fleet.Manager
+	// Recordings live beside controld's records; the sandbox check goes
+	// through the manager once it exists (nothing records before serving).
+	recs, err := recording.New(recording.Options{Dir: filepath.Join(cfg.StateDir, "recordings"), Log: log,
+		Routable: func(id string) error { _, err := mgrRef.Route(id); return err }})
+	if err != nil {
+		return err
+	}
 	ram, err := config.HostRAM()
 	if err != nil {
 		return fmt.Errorf("controld: host RAM for admission.max_memory: %w", err)
@@ -234,6 +243,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		WarmSlots:     cfg.Boot.Precreate,
 		Limits:        cfg.HostLimits(ram),
 		Health:        hc,
+		Recordings:    recs,
 		DropConnections: func(id string) {
 			if n := gwRef.DropSandbox(id); n > 0 {
 				log.Info("closed gateway connections for a checkpoint", "sandbox", id, "connections", n)
@@ -248,6 +258,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		defer cancel()
 		mgr.Close(cctx)
 	})
+	mgrRef = mgr
 
 	reg.MustRegister(mgr.Collector())
 	gwRef = gateway.New(mgr, gateway.Options{
@@ -261,6 +272,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		TLS:         serverTLS,
 		Registerer:  reg,
 	})
+	recs.SetSource(gwRef)
 	gw := gateway.NewServer(gwRef)
 	serve("gateway", func() error { return gw.Serve(gwLn) })
 	addrs := Addrs{Gateway: gwLn.Addr().String(), Token: token}
@@ -347,6 +359,9 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 			return errors.New("deadline reached: remaining calls cut off")
 		}
 	})
+	// Recordings end first: their files are closed and marked stopped
+	// while the gateway still feeds them.
+	step("stop recordings", func(context.Context) error { recs.Close(); return nil })
 	step("stop gateway", gw.Shutdown)
 	step("stop pool replenishers and reapers", mgr.Close)
 	if msrv != nil {

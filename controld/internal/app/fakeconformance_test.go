@@ -184,6 +184,39 @@ func TestFakeFollowsControld(t *testing.T) {
 			}
 			return err
 		}},
+		{"recording: max_bytes too small", func(c *clients) error {
+			_, err := c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: live[c], MaxBytes: 1000})
+			return err
+		}},
+		{"recording: unknown sandbox", func(c *clients) error {
+			_, err := c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: unknownSb})
+			return err
+		}},
+		{"recording: bad id", func(c *clients) error {
+			_, err := c.sb.StopRecording(ctx, &controldv1.StopRecordingRequest{Id: "sb-aaaaaaaaaaaaaaaa"})
+			return err
+		}},
+		{"recording: unknown", func(c *clients) error {
+			_, err := c.sb.GetRecording(ctx, &controldv1.GetRecordingRequest{Id: "rc-aaaaaaaaaaaaaaaa"})
+			return err
+		}},
+		{"recording: export without a format", func(c *clients) error {
+			_, err := c.sb.ExportRecording(ctx, &controldv1.ExportRecordingRequest{Id: "rc-aaaaaaaaaaaaaaaa"})
+			return err
+		}},
+		{"recording: frames with an fps", func(c *clients) error {
+			_, err := c.sb.ExportRecording(ctx, &controldv1.ExportRecordingRequest{Id: "rc-aaaaaaaaaaaaaaaa",
+				Format: controldv1.RecordingExportFormat_RECORDING_EXPORT_FORMAT_FRAMES, Fps: 30})
+			return err
+		}},
+		{"recording: list of a bad sandbox id", func(c *clients) error {
+			_, err := c.sb.ListRecordings(ctx, &controldv1.ListRecordingsRequest{SandboxId: "nope"})
+			return err
+		}},
+		{"recording: delete unknown", func(c *clients) error {
+			_, err := c.sb.DeleteRecording(ctx, &controldv1.DeleteRecordingRequest{Id: "rc-aaaaaaaaaaaaaaaa"})
+			return err
+		}},
 	} {
 		re, fe := errgrpc.FromGRPC(tc.call(&real)), errgrpc.FromGRPC(tc.call(&fk))
 		if re == nil || fe == nil {

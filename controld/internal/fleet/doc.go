@@ -12,7 +12,9 @@
 //   - Sandboxes: sandbox.go (create, get, list, delete, suspend, extend),
 //     boot.go (a boot and its phase waterfall, until usable or failed),
 //     exits.go (exit watcher, TTL reaper), limits.go (limits reached),
-//     network.go (policy, exposed ports), view.go (view tickets).
+//     network.go (policy, exposed ports), view.go (view tickets),
+//     recording.go (the recording RPCs and fork hook, delegated to
+//     controld/internal/recording).
 //   - Checkpoints: checkpoint.go (create: freeze, dump, commit),
 //     checkpoint_tree.go (get, list, delete), verify.go (the proofs a fork
 //     is its checkpoint), checkpoint_transfer.go (export and import as OCI

@@ -126,6 +126,7 @@ func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	for range n {
 		<-done
 	}
+	m.recordForked(ck.Checkpoint.Id, ck.Checkpoint.GetSourceSandboxId(), out, req.GetRecord())
 	return &controldv1.ForkCheckpointResponse{Replicas: out, CheckpointId: ck.Checkpoint.Id}, nil
 }
 

@@ -76,6 +76,9 @@ type Options struct {
 	// Health is where the background loops report progress and the
 	// manager's own checks live (nil: a private checker).
 	Health *health.Checker
+	// Recordings records sandboxes (nil: the recording RPCs fail
+	// FAILED_PRECONDITION).
+	Recordings Recordings
 }
 
 // loopBound is how long a background loop may go without progress before
@@ -411,12 +414,18 @@ func (m *Manager) endpointLocked(sb *sandbox) *controldv1.Endpoint {
 	if m.opts.GatewayTLS {
 		scheme = "wss"
 	}
-	return &controldv1.Endpoint{
+	ep := &controldv1.Endpoint{
 		Url:          fmt.Sprintf("%s://%s/v1/sandboxes/%s/aci", scheme, m.opts.GatewayHost, sb.rec.Sandbox.GetId()),
 		Token:        sb.rec.ACIToken,
 		UnixPath:     sb.rec.ACISocket.String(),
 		UnixPidStart: sb.rec.ACISocket.Start,
 	}
+	// A recorded sandbox's agents go through the gateway, where every
+	// request is read for the trajectory (guestd's socket bypasses it).
+	if m.recording(sb.rec.Sandbox.GetId()) {
+		ep.UnixPath, ep.UnixPidStart = "", 0
+	}
+	return ep
 }
 
 // Route is what the ACI gateway needs to forward a connection.

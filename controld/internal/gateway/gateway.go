@@ -39,6 +39,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
+	"github.com/forkfleet/forkfleet/controld/internal/recording"
 )
 
 // Router resolves a sandbox id to its guestd (fleet.Manager implements it).
@@ -85,6 +86,9 @@ type Gateway struct {
 	closed   bool
 	wg       sync.WaitGroup
 	hubs     map[string]*hub // the live view's shared screencasts (hub.go)
+	// taps are the recorded sandboxes: their new ACI connections are read
+	// as they pass (Record, package recording).
+	taps map[string]recording.Sink
 
 	views viewSessions // redeemed view tickets (view.go)
 
@@ -100,7 +104,7 @@ func New(router Router, opts Options) *Gateway {
 		opts.MaxSessions = DefaultMaxSessions
 	}
 	g := &Gateway{router: router, log: opts.Log, opts: opts, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{},
-		hubs: map[string]*hub{}, unknownToken: rand.Text()}
+		hubs: map[string]*hub{}, taps: map[string]recording.Sink{}, unknownToken: rand.Text()}
 	g.register(opts.Registerer)
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.counted("aci", g.serveACI))
@@ -216,13 +220,25 @@ func (g *Gateway) serveACI(w http.ResponseWriter, r *http.Request) {
 		up.Close()
 		return
 	}
+	// A recorded sandbox's connection is read as it passes (the trajectory);
+	// the bytes go through unchanged.
+	var tap recording.Sink
+	g.mu.Lock()
+	tap = g.taps[id]
+	g.mu.Unlock()
 	spliced = true
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
 		defer g.releaseSession()
 		defer g.untrack(down, up)
-		splice(down, up, first)
+		if tap == nil {
+			splice(down, up, first, nil, nil)
+			return
+		}
+		client, server, done := tap.TapACI()
+		defer done()
+		splice(down, up, first, client, server)
 	}()
 }
 
@@ -263,21 +279,30 @@ func (g *Gateway) Sessions() int {
 	return g.sessions
 }
 
-// splice copies both ways until either side ends, then closes both.
-func splice(down, up net.Conn, first []byte) {
+// splice copies both ways until either side ends, then closes both. When
+// tapped (a recording), tapDown sees the client's bytes and tapUp guestd's,
+// at the cost of a copy through user space.
+func splice(down, up net.Conn, first []byte, tapDown, tapUp io.Writer) {
 	done := make(chan struct{}, 2)
+	var from, back io.Reader = down, up
+	if tapDown != nil {
+		from, back = io.TeeReader(down, tapDown), io.TeeReader(up, tapUp)
+	}
 	go func() {
 		if len(first) > 0 {
 			if _, err := up.Write(first); err != nil {
 				done <- struct{}{}
 				return
 			}
+			if tapDown != nil {
+				tapDown.Write(first)
+			}
 		}
-		io.Copy(up, down) // TCPConn.WriteTo: splice(2) into the unix socket
+		io.Copy(up, from) // TCPConn.WriteTo: splice(2) into the unix socket
 		done <- struct{}{}
 	}()
 	go func() {
-		io.Copy(down, up) // TCPConn.ReadFrom: splice(2) from the unix socket
+		io.Copy(down, back) // TCPConn.ReadFrom: splice(2) from the unix socket
 		done <- struct{}{}
 	}()
 	<-done

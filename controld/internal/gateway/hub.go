@@ -14,6 +14,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/api/screencast"
+	"github.com/forkfleet/forkfleet/controld/internal/recording"
 )
 
 // A hub is the one screencast subscription of a sandbox that all its
@@ -67,14 +68,33 @@ type hub struct {
 	// viewers are told (4404) instead of waiting for it.
 	gone chan struct{}
 
-	mu       sync.Mutex
-	viewers  map[*viewer]struct{}
+	mu      sync.Mutex
+	viewers map[*viewer]struct{}
+	// sinks are the sandbox's recordings (package recording): consumers
+	// of the same frames, after the same compositor, that never block.
+	sinks map[recording.Sink]struct{}
+	// hashes: the current stream carries frame_hash on every frame (while
+	// recording: the trajectory names frames by guestd's hash).
+	hashes   bool
 	history  [][]byte // a keyframe, then the frames since; nil when not synced
 	histSize int
 	synced   bool
 	cursor   []byte // the last cursor message
 	sess     *aci.Session
 	stream   uint32
+}
+
+// hubLocked returns sandbox id's hub, starting it. g.mu held.
+func (g *Gateway) hubLocked(id string) *hub {
+	h := g.hubs[id]
+	if h == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		h = &hub{g: g, id: id, cancel: cancel, done: make(chan struct{}), gone: make(chan struct{}),
+			viewers: map[*viewer]struct{}{}, sinks: map[recording.Sink]struct{}{}}
+		g.hubs[id] = h
+		go h.run(ctx)
+	}
+	return h
 }
 
 // joinHub adds a viewer to sandbox id's hub, starting it for the first.
@@ -85,25 +105,25 @@ func (g *Gateway) joinHub(id string) (*hub, *viewer) {
 	v.wake <- struct{}{}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	h := g.hubs[id]
-	if h == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		h = &hub{g: g, id: id, cancel: cancel, done: make(chan struct{}), gone: make(chan struct{}), viewers: map[*viewer]struct{}{}}
-		g.hubs[id] = h
-		go h.run(ctx)
-	}
+	h := g.hubLocked(id)
 	h.mu.Lock()
 	h.viewers[v] = struct{}{}
 	h.mu.Unlock()
 	return h, v
 }
 
-// leave removes v; the last viewer out stops the hub.
+// leave removes v; the last consumer out stops the hub.
 func (h *hub) leave(v *viewer) {
+	h.release(func() { delete(h.viewers, v) })
+}
+
+// release runs remove under the locks and stops the hub when it has no
+// consumer left.
+func (h *hub) release(remove func()) {
 	h.g.mu.Lock()
 	h.mu.Lock()
-	delete(h.viewers, v)
-	last := len(h.viewers) == 0
+	remove()
+	last := len(h.viewers) == 0 && len(h.sinks) == 0
 	h.mu.Unlock()
 	if last && h.g.hubs[h.id] == h {
 		delete(h.g.hubs, h.id)
@@ -112,6 +132,39 @@ func (h *hub) leave(v *viewer) {
 	if last {
 		h.cancel()
 		<-h.done
+	}
+}
+
+// Record feeds a recording of sandbox id (recording.Source): the hub's
+// frames from the next keyframe on, and the ACI connections the gateway
+// opens to the sandbox from now on. detach stops both.
+func (g *Gateway) Record(id string, s recording.Sink) (detach func()) {
+	g.mu.Lock()
+	h := g.hubLocked(id)
+	g.taps[id] = s
+	h.mu.Lock()
+	h.sinks[s] = struct{}{}
+	sess, stream, hashes := h.sess, h.stream, h.hashes
+	h.mu.Unlock()
+	g.mu.Unlock()
+	select {
+	case <-h.gone:
+		go s.SandboxGone()
+	default:
+	}
+	switch {
+	case sess != nil && !hashes:
+		h.drop() // redial with frame hashes: the new stream starts with a keyframe
+	case sess != nil:
+		go sess.ScreencastKeyframe(context.Background(), stream)
+	}
+	return func() {
+		g.mu.Lock()
+		if g.taps[id] == s {
+			delete(g.taps, id)
+		}
+		g.mu.Unlock()
+		h.release(func() { delete(h.sinks, s) })
 	}
 }
 
@@ -135,6 +188,9 @@ func (h *hub) run(ctx context.Context) {
 		route, err := h.g.router.Route(h.id)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			close(h.gone)
+			for _, s := range h.sinkList() {
+				s.SandboxGone()
+			}
 			return
 		}
 		if err == nil {
@@ -203,14 +259,18 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 	defer cancel()
 	events := s.Events(sctx)
 	comp := screencast.NewCompositor(screencast.RGBA, screencast.WithKeyframeRequester(screencast.SessionKeyframes(sctx, s)))
+	h.mu.Lock()
+	hashes := len(h.sinks) > 0
+	h.mu.Unlock()
 	stream, err := s.ScreencastStart(sctx, &aciv1.ScreencastStartRequest{
 		Fps: viewFPS, Delta: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS, Cursor: aciv1.CursorMode_CURSOR_MODE_EVENTS,
+		FrameHashes: hashes,
 	})
 	if err != nil {
 		return false, err
 	}
 	h.mu.Lock()
-	h.sess, h.stream = s, stream
+	h.sess, h.stream, h.hashes = s, stream, hashes
 	h.history, h.histSize, h.synced = nil, 0, false
 	h.mu.Unlock()
 	defer func() {
@@ -243,13 +303,37 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 				}
 				w, hh := comp.Size()
 				h.publish(encodeFrame(f, w, hh), f.GetKeyframe())
+				for _, sink := range h.sinkList() {
+					if !sink.Frame(f, comp.CapturedAt()) {
+						// The recorder skipped it: it goes on from a keyframe.
+						go s.ScreencastKeyframe(sctx, stream)
+					}
+				}
 			case *aciv1.Event_Cursor:
 				if e.Cursor.GetStreamId() == stream {
-					h.publishCursor(e.Cursor.GetPosition())
+					p := e.Cursor.GetPosition()
+					h.publishCursor(p)
+					for _, sink := range h.sinkList() {
+						sink.Cursor(p.GetX(), p.GetY())
+					}
 				}
 			}
 		}
 	}
+}
+
+// sinkList copies the hub's recordings.
+func (h *hub) sinkList() []recording.Sink {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.sinks) == 0 {
+		return nil
+	}
+	out := make([]recording.Sink, 0, len(h.sinks))
+	for s := range h.sinks {
+		out = append(out, s)
+	}
+	return out
 }
 
 // encodeFrame is a frame as view.js reads it (little-endian): kind u8,

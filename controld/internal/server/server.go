@@ -377,6 +377,30 @@ func (h *handlers) CreateViewTicket(ctx context.Context, req *controldv1.CreateV
 	return h.mgr().CreateViewTicket(ctx, req)
 }
 
+func (h *handlers) StartRecording(ctx context.Context, req *controldv1.StartRecordingRequest) (*controldv1.StartRecordingResponse, error) {
+	return h.mgr().StartRecording(ctx, req)
+}
+
+func (h *handlers) StopRecording(ctx context.Context, req *controldv1.StopRecordingRequest) (*controldv1.StopRecordingResponse, error) {
+	return h.mgr().StopRecording(ctx, req)
+}
+
+func (h *handlers) GetRecording(ctx context.Context, req *controldv1.GetRecordingRequest) (*controldv1.GetRecordingResponse, error) {
+	return h.mgr().GetRecording(ctx, req)
+}
+
+func (h *handlers) ListRecordings(ctx context.Context, req *controldv1.ListRecordingsRequest) (*controldv1.ListRecordingsResponse, error) {
+	return h.mgr().ListRecordings(ctx, req)
+}
+
+func (h *handlers) ExportRecording(ctx context.Context, req *controldv1.ExportRecordingRequest) (*controldv1.ExportRecordingResponse, error) {
+	return h.mgr().ExportRecording(ctx, req)
+}
+
+func (h *handlers) DeleteRecording(ctx context.Context, req *controldv1.DeleteRecordingRequest) (*controldv1.DeleteRecordingResponse, error) {
+	return h.mgr().DeleteRecording(ctx, req)
+}
+
 func (h *handlers) ExposePort(ctx context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
 	return h.mgr().ExposePort(ctx, req)
 }

@@ -517,6 +517,176 @@ func (NetworkProtocol) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
 }
 
+type RecordingState int32
+
+const (
+	RecordingState_RECORDING_STATE_UNSPECIFIED RecordingState = 0
+	// Frames and requests are being written.
+	RecordingState_RECORDING_STATE_RECORDING RecordingState = 1
+	// Ended; stop_reason says why. The files are complete up to stopped_at.
+	RecordingState_RECORDING_STATE_STOPPED RecordingState = 2
+)
+
+// Enum value maps for RecordingState.
+var (
+	RecordingState_name = map[int32]string{
+		0: "RECORDING_STATE_UNSPECIFIED",
+		1: "RECORDING_STATE_RECORDING",
+		2: "RECORDING_STATE_STOPPED",
+	}
+	RecordingState_value = map[string]int32{
+		"RECORDING_STATE_UNSPECIFIED": 0,
+		"RECORDING_STATE_RECORDING":   1,
+		"RECORDING_STATE_STOPPED":     2,
+	}
+)
+
+func (x RecordingState) Enum() *RecordingState {
+	p := new(RecordingState)
+	*p = x
+	return p
+}
+
+func (x RecordingState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordingState) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[8].Descriptor()
+}
+
+func (RecordingState) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[8]
+}
+
+func (x RecordingState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordingState.Descriptor instead.
+func (RecordingState) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{8}
+}
+
+// Why a recording ended.
+type RecordingStopReason int32
+
+const (
+	RecordingStopReason_RECORDING_STOP_REASON_UNSPECIFIED RecordingStopReason = 0
+	// StopRecording.
+	RecordingStopReason_RECORDING_STOP_REASON_REQUESTED RecordingStopReason = 1
+	// The recording reached its max_bytes (or the host's recording budget):
+	// RESOURCE_EXHAUSTED, reason RECORDING_CAP_REACHED. Nothing past the cap
+	// was written.
+	RecordingStopReason_RECORDING_STOP_REASON_CAP_REACHED RecordingStopReason = 2
+	// The sandbox was deleted.
+	RecordingStopReason_RECORDING_STOP_REASON_SANDBOX_GONE RecordingStopReason = 3
+	// controld stopped or restarted while recording; the files hold what was
+	// written until then.
+	RecordingStopReason_RECORDING_STOP_REASON_CONTROLD_STOPPED RecordingStopReason = 4
+	// Writing failed (the message says how).
+	RecordingStopReason_RECORDING_STOP_REASON_FAILED RecordingStopReason = 5
+)
+
+// Enum value maps for RecordingStopReason.
+var (
+	RecordingStopReason_name = map[int32]string{
+		0: "RECORDING_STOP_REASON_UNSPECIFIED",
+		1: "RECORDING_STOP_REASON_REQUESTED",
+		2: "RECORDING_STOP_REASON_CAP_REACHED",
+		3: "RECORDING_STOP_REASON_SANDBOX_GONE",
+		4: "RECORDING_STOP_REASON_CONTROLD_STOPPED",
+		5: "RECORDING_STOP_REASON_FAILED",
+	}
+	RecordingStopReason_value = map[string]int32{
+		"RECORDING_STOP_REASON_UNSPECIFIED":      0,
+		"RECORDING_STOP_REASON_REQUESTED":        1,
+		"RECORDING_STOP_REASON_CAP_REACHED":      2,
+		"RECORDING_STOP_REASON_SANDBOX_GONE":     3,
+		"RECORDING_STOP_REASON_CONTROLD_STOPPED": 4,
+		"RECORDING_STOP_REASON_FAILED":           5,
+	}
+)
+
+func (x RecordingStopReason) Enum() *RecordingStopReason {
+	p := new(RecordingStopReason)
+	*p = x
+	return p
+}
+
+func (x RecordingStopReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordingStopReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[9].Descriptor()
+}
+
+func (RecordingStopReason) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[9]
+}
+
+func (x RecordingStopReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordingStopReason.Descriptor instead.
+func (RecordingStopReason) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{9}
+}
+
+type RecordingExportFormat int32
+
+const (
+	RecordingExportFormat_RECORDING_EXPORT_FORMAT_UNSPECIFIED RecordingExportFormat = 0
+	// H.264 in MP4 at a constant fps, as long as the recording.
+	RecordingExportFormat_RECORDING_EXPORT_FORMAT_MP4 RecordingExportFormat = 1
+	// One PNG per recorded frame (frame-000001.png ...) and frames.jsonl (each
+	// file's frame seq, capture time and hash).
+	RecordingExportFormat_RECORDING_EXPORT_FORMAT_FRAMES RecordingExportFormat = 2
+)
+
+// Enum value maps for RecordingExportFormat.
+var (
+	RecordingExportFormat_name = map[int32]string{
+		0: "RECORDING_EXPORT_FORMAT_UNSPECIFIED",
+		1: "RECORDING_EXPORT_FORMAT_MP4",
+		2: "RECORDING_EXPORT_FORMAT_FRAMES",
+	}
+	RecordingExportFormat_value = map[string]int32{
+		"RECORDING_EXPORT_FORMAT_UNSPECIFIED": 0,
+		"RECORDING_EXPORT_FORMAT_MP4":         1,
+		"RECORDING_EXPORT_FORMAT_FRAMES":      2,
+	}
+)
+
+func (x RecordingExportFormat) Enum() *RecordingExportFormat {
+	p := new(RecordingExportFormat)
+	*p = x
+	return p
+}
+
+func (x RecordingExportFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordingExportFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[10].Descriptor()
+}
+
+func (RecordingExportFormat) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[10]
+}
+
+func (x RecordingExportFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordingExportFormat.Descriptor instead.
+func (RecordingExportFormat) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
+}
+
 // Resources are a sandbox's limits, enforced by the kernel on the host. Every
 // sandbox has each of them: a field left 0 in a request takes the host's
 // default (for a fork or a checkpoint pool, the checkpoint's value), and no
@@ -2956,8 +3126,13 @@ type ForkCheckpointRequest struct {
 	// digest, pulls and imports it once (concurrent forks of one digest share
 	// the pull; later ones reuse the import) and forks the local checkpoint.
 	CheckpointReference string `protobuf:"bytes,9,opt,name=checkpoint_reference,json=checkpointReference,proto3" json:"checkpoint_reference,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Record every replica (StartRecording with the default cap) from its
+	// first keyframe. Replicas of a checkpoint whose source sandbox is
+	// recording are recorded without asking. Each replica's recording names
+	// its parent: the checkpoint and the source's recording.
+	Record        bool `protobuf:"varint,10,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkCheckpointRequest) Reset() {
@@ -3053,6 +3228,13 @@ func (x *ForkCheckpointRequest) GetCheckpointReference() string {
 	return ""
 }
 
+func (x *ForkCheckpointRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
+}
+
 // ForkReplica is one replica's outcome.
 type ForkReplica struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3064,7 +3246,10 @@ type ForkReplica struct {
 	ErrorMessage string          `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
 	Verification []*VerifyResult `protobuf:"bytes,5,rep,name=verification,proto3" json:"verification,omitempty"`
 	// Request to usable (verified) for this replica.
-	Took          *durationpb.Duration `protobuf:"bytes,6,opt,name=took,proto3" json:"took,omitempty"`
+	Took *durationpb.Duration `protobuf:"bytes,6,opt,name=took,proto3" json:"took,omitempty"`
+	// The replica's recording (ForkCheckpointRequest.record, or a recording
+	// source); empty when it is not recorded.
+	RecordingId   string `protobuf:"bytes,7,opt,name=recording_id,json=recordingId,proto3" json:"recording_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3139,6 +3324,13 @@ func (x *ForkReplica) GetTook() *durationpb.Duration {
 		return x.Took
 	}
 	return nil
+}
+
+func (x *ForkReplica) GetRecordingId() string {
+	if x != nil {
+		return x.RecordingId
+	}
+	return ""
 }
 
 type ForkCheckpointResponse struct {
@@ -5044,6 +5236,788 @@ func (x *CreateViewTicketResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type Recording struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "rc-..."
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	SandboxId  string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	State      RecordingState         `protobuf:"varint,3,opt,name=state,proto3,enum=forkfleet.controld.v1.RecordingState" json:"state,omitempty"`
+	StartedAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	StoppedAt  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=stopped_at,json=stoppedAt,proto3" json:"stopped_at,omitempty"`
+	StopReason RecordingStopReason    `protobuf:"varint,6,opt,name=stop_reason,json=stopReason,proto3,enum=forkfleet.controld.v1.RecordingStopReason" json:"stop_reason,omitempty"`
+	// What went wrong when stop_reason is CAP_REACHED or FAILED.
+	StopMessage string `protobuf:"bytes,7,opt,name=stop_message,json=stopMessage,proto3" json:"stop_message,omitempty"`
+	// Bytes on disk (stream, trajectory and exports) and the cap.
+	Bytes    uint64 `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,9,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Screencast frames and ACI requests written.
+	Frames   uint64 `protobuf:"varint,10,opt,name=frames,proto3" json:"frames,omitempty"`
+	Requests uint64 `protobuf:"varint,11,opt,name=requests,proto3" json:"requests,omitempty"`
+	// Frames the recorder could not keep up with and skipped up to the next
+	// keyframe (the sandbox is never slowed for the recorder).
+	FramesSkipped uint64 `protobuf:"varint,12,opt,name=frames_skipped,json=framesSkipped,proto3" json:"frames_skipped,omitempty"`
+	// A fork's replica: the recording of the sandbox its checkpoint was taken
+	// from (empty when that was not recording) and the checkpoint.
+	ParentRecordingId  string `protobuf:"bytes,13,opt,name=parent_recording_id,json=parentRecordingId,proto3" json:"parent_recording_id,omitempty"`
+	ParentCheckpointId string `protobuf:"bytes,14,opt,name=parent_checkpoint_id,json=parentCheckpointId,proto3" json:"parent_checkpoint_id,omitempty"`
+	// The recording's directory on controld's host (screencast.ffrec,
+	// trajectory.jsonl, recording.json, exports).
+	Dir string `protobuf:"bytes,15,opt,name=dir,proto3" json:"dir,omitempty"`
+	// The screen size of the first keyframe (0 before it).
+	Width         uint32 `protobuf:"varint,16,opt,name=width,proto3" json:"width,omitempty"`
+	Height        uint32 `protobuf:"varint,17,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recording) Reset() {
+	*x = Recording{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recording) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recording) ProtoMessage() {}
+
+func (x *Recording) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recording.ProtoReflect.Descriptor instead.
+func (*Recording) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *Recording) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Recording) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Recording) GetState() RecordingState {
+	if x != nil {
+		return x.State
+	}
+	return RecordingState_RECORDING_STATE_UNSPECIFIED
+}
+
+func (x *Recording) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Recording) GetStoppedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StoppedAt
+	}
+	return nil
+}
+
+func (x *Recording) GetStopReason() RecordingStopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return RecordingStopReason_RECORDING_STOP_REASON_UNSPECIFIED
+}
+
+func (x *Recording) GetStopMessage() string {
+	if x != nil {
+		return x.StopMessage
+	}
+	return ""
+}
+
+func (x *Recording) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Recording) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *Recording) GetFrames() uint64 {
+	if x != nil {
+		return x.Frames
+	}
+	return 0
+}
+
+func (x *Recording) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *Recording) GetFramesSkipped() uint64 {
+	if x != nil {
+		return x.FramesSkipped
+	}
+	return 0
+}
+
+func (x *Recording) GetParentRecordingId() string {
+	if x != nil {
+		return x.ParentRecordingId
+	}
+	return ""
+}
+
+func (x *Recording) GetParentCheckpointId() string {
+	if x != nil {
+		return x.ParentCheckpointId
+	}
+	return ""
+}
+
+func (x *Recording) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *Recording) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *Recording) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+type StartRecordingRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Disk cap of this recording, exports included (1 GiB when 0; at least
+	// 1 MiB, at most 64 GiB). The host's recording budget bounds the sum.
+	MaxBytes      uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRecordingRequest) Reset() {
+	*x = StartRecordingRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRecordingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRecordingRequest) ProtoMessage() {}
+
+func (x *StartRecordingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRecordingRequest.ProtoReflect.Descriptor instead.
+func (*StartRecordingRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *StartRecordingRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StartRecordingRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type StartRecordingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Recording     *Recording             `protobuf:"bytes,1,opt,name=recording,proto3" json:"recording,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRecordingResponse) Reset() {
+	*x = StartRecordingResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRecordingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRecordingResponse) ProtoMessage() {}
+
+func (x *StartRecordingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRecordingResponse.ProtoReflect.Descriptor instead.
+func (*StartRecordingResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *StartRecordingResponse) GetRecording() *Recording {
+	if x != nil {
+		return x.Recording
+	}
+	return nil
+}
+
+type StopRecordingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopRecordingRequest) Reset() {
+	*x = StopRecordingRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopRecordingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopRecordingRequest) ProtoMessage() {}
+
+func (x *StopRecordingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopRecordingRequest.ProtoReflect.Descriptor instead.
+func (*StopRecordingRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *StopRecordingRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type StopRecordingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Recording     *Recording             `protobuf:"bytes,1,opt,name=recording,proto3" json:"recording,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopRecordingResponse) Reset() {
+	*x = StopRecordingResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopRecordingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopRecordingResponse) ProtoMessage() {}
+
+func (x *StopRecordingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopRecordingResponse.ProtoReflect.Descriptor instead.
+func (*StopRecordingResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *StopRecordingResponse) GetRecording() *Recording {
+	if x != nil {
+		return x.Recording
+	}
+	return nil
+}
+
+type GetRecordingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRecordingRequest) Reset() {
+	*x = GetRecordingRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRecordingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRecordingRequest) ProtoMessage() {}
+
+func (x *GetRecordingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRecordingRequest.ProtoReflect.Descriptor instead.
+func (*GetRecordingRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *GetRecordingRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetRecordingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Recording     *Recording             `protobuf:"bytes,1,opt,name=recording,proto3" json:"recording,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRecordingResponse) Reset() {
+	*x = GetRecordingResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRecordingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRecordingResponse) ProtoMessage() {}
+
+func (x *GetRecordingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRecordingResponse.ProtoReflect.Descriptor instead.
+func (*GetRecordingResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *GetRecordingResponse) GetRecording() *Recording {
+	if x != nil {
+		return x.Recording
+	}
+	return nil
+}
+
+type ListRecordingsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this sandbox's recordings when set.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	PageSize      int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRecordingsRequest) Reset() {
+	*x = ListRecordingsRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRecordingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRecordingsRequest) ProtoMessage() {}
+
+func (x *ListRecordingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRecordingsRequest.ProtoReflect.Descriptor instead.
+func (*ListRecordingsRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *ListRecordingsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListRecordingsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRecordingsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListRecordingsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Recordings    []*Recording           `protobuf:"bytes,1,rep,name=recordings,proto3" json:"recordings,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRecordingsResponse) Reset() {
+	*x = ListRecordingsResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRecordingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRecordingsResponse) ProtoMessage() {}
+
+func (x *ListRecordingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRecordingsResponse.ProtoReflect.Descriptor instead.
+func (*ListRecordingsResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *ListRecordingsResponse) GetRecordings() []*Recording {
+	if x != nil {
+		return x.Recordings
+	}
+	return nil
+}
+
+func (x *ListRecordingsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ExportRecordingRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Format RecordingExportFormat  `protobuf:"varint,2,opt,name=format,proto3,enum=forkfleet.controld.v1.RecordingExportFormat" json:"format,omitempty"`
+	// MP4: frames per second (30 when 0, at most 60).
+	Fps           uint32 `protobuf:"varint,3,opt,name=fps,proto3" json:"fps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportRecordingRequest) Reset() {
+	*x = ExportRecordingRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportRecordingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportRecordingRequest) ProtoMessage() {}
+
+func (x *ExportRecordingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportRecordingRequest.ProtoReflect.Descriptor instead.
+func (*ExportRecordingRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ExportRecordingRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ExportRecordingRequest) GetFormat() RecordingExportFormat {
+	if x != nil {
+		return x.Format
+	}
+	return RecordingExportFormat_RECORDING_EXPORT_FORMAT_UNSPECIFIED
+}
+
+func (x *ExportRecordingRequest) GetFps() uint32 {
+	if x != nil {
+		return x.Fps
+	}
+	return 0
+}
+
+type ExportRecordingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file (MP4) or directory (FRAMES) on controld's host.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Bytes written, counted against the recording's max_bytes.
+	Bytes uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Frames written (MP4: fps x duration).
+	Frames        uint64               `protobuf:"varint,3,opt,name=frames,proto3" json:"frames,omitempty"`
+	Duration      *durationpb.Duration `protobuf:"bytes,4,opt,name=duration,proto3" json:"duration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportRecordingResponse) Reset() {
+	*x = ExportRecordingResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportRecordingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportRecordingResponse) ProtoMessage() {}
+
+func (x *ExportRecordingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportRecordingResponse.ProtoReflect.Descriptor instead.
+func (*ExportRecordingResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ExportRecordingResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ExportRecordingResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportRecordingResponse) GetFrames() uint64 {
+	if x != nil {
+		return x.Frames
+	}
+	return 0
+}
+
+func (x *ExportRecordingResponse) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+type DeleteRecordingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRecordingRequest) Reset() {
+	*x = DeleteRecordingRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRecordingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRecordingRequest) ProtoMessage() {}
+
+func (x *DeleteRecordingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRecordingRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRecordingRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *DeleteRecordingRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteRecordingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRecordingResponse) Reset() {
+	*x = DeleteRecordingResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRecordingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRecordingResponse) ProtoMessage() {}
+
+func (x *DeleteRecordingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRecordingResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRecordingResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{83}
+}
+
 type GetHostStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -5052,7 +6026,7 @@ type GetHostStatusRequest struct {
 
 func (x *GetHostStatusRequest) Reset() {
 	*x = GetHostStatusRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +6038,7 @@ func (x *GetHostStatusRequest) String() string {
 func (*GetHostStatusRequest) ProtoMessage() {}
 
 func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +6051,7 @@ func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetHostStatusRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{84}
 }
 
 type GetHostStatusResponse struct {
@@ -5112,7 +6086,7 @@ type GetHostStatusResponse struct {
 
 func (x *GetHostStatusResponse) Reset() {
 	*x = GetHostStatusResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5124,7 +6098,7 @@ func (x *GetHostStatusResponse) String() string {
 func (*GetHostStatusResponse) ProtoMessage() {}
 
 func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5137,7 +6111,7 @@ func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetHostStatusResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{72}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *GetHostStatusResponse) GetHost() string {
@@ -5230,7 +6204,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5242,7 +6216,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5255,7 +6229,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{73}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *PoolStatus) GetId() string {
@@ -5498,7 +6472,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\acascade\x18\x02 \x01(\bR\acascade\";\n" +
 	"\x18DeleteCheckpointResponse\x12\x1f\n" +
 	"\vdeleted_ids\x18\x01 \x03(\tR\n" +
-	"deletedIds\"\xa7\x04\n" +
+	"deletedIds\"\xbf\x04\n" +
 	"\x15ForkCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12P\n" +
@@ -5509,10 +6483,12 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0enetwork_policy\x18\a \x01(\v2$.forkfleet.controld.v1.NetworkPolicyR\rnetworkPolicy\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\b \x01(\tR\trequestId\x121\n" +
-	"\x14checkpoint_reference\x18\t \x01(\tR\x13checkpointReference\x1a9\n" +
+	"\x14checkpoint_reference\x18\t \x01(\tR\x13checkpointReference\x12\x16\n" +
+	"\x06record\x18\n" +
+	" \x01(\bR\x06record\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x02\n" +
 	"\vForkReplica\x128\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\x12;\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1f.forkfleet.controld.v1.EndpointR\bendpoint\x12\x1d\n" +
@@ -5520,7 +6496,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"error_code\x18\x03 \x01(\x05R\terrorCode\x12#\n" +
 	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12G\n" +
 	"\fverification\x18\x05 \x03(\v2#.forkfleet.controld.v1.VerifyResultR\fverification\x12-\n" +
-	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\"}\n" +
+	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\x12!\n" +
+	"\frecording_id\x18\a \x01(\tR\vrecordingId\"}\n" +
 	"\x16ForkCheckpointResponse\x12>\n" +
 	"\breplicas\x18\x01 \x03(\v2\".forkfleet.controld.v1.ForkReplicaR\breplicas\x12#\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"[\n" +
@@ -5654,7 +6631,67 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06ticket\x18\x02 \x01(\tR\x06ticket\x129\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x16\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x8d\x05\n" +
+	"\tRecording\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12;\n" +
+	"\x05state\x18\x03 \x01(\x0e2%.forkfleet.controld.v1.RecordingStateR\x05state\x129\n" +
+	"\n" +
+	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x129\n" +
+	"\n" +
+	"stopped_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstoppedAt\x12K\n" +
+	"\vstop_reason\x18\x06 \x01(\x0e2*.forkfleet.controld.v1.RecordingStopReasonR\n" +
+	"stopReason\x12!\n" +
+	"\fstop_message\x18\a \x01(\tR\vstopMessage\x12\x14\n" +
+	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1b\n" +
+	"\tmax_bytes\x18\t \x01(\x04R\bmaxBytes\x12\x16\n" +
+	"\x06frames\x18\n" +
+	" \x01(\x04R\x06frames\x12\x1a\n" +
+	"\brequests\x18\v \x01(\x04R\brequests\x12%\n" +
+	"\x0eframes_skipped\x18\f \x01(\x04R\rframesSkipped\x12.\n" +
+	"\x13parent_recording_id\x18\r \x01(\tR\x11parentRecordingId\x120\n" +
+	"\x14parent_checkpoint_id\x18\x0e \x01(\tR\x12parentCheckpointId\x12\x10\n" +
+	"\x03dir\x18\x0f \x01(\tR\x03dir\x12\x14\n" +
+	"\x05width\x18\x10 \x01(\rR\x05width\x12\x16\n" +
+	"\x06height\x18\x11 \x01(\rR\x06height\"S\n" +
+	"\x15StartRecordingRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\"X\n" +
+	"\x16StartRecordingResponse\x12>\n" +
+	"\trecording\x18\x01 \x01(\v2 .forkfleet.controld.v1.RecordingR\trecording\"&\n" +
+	"\x14StopRecordingRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"W\n" +
+	"\x15StopRecordingResponse\x12>\n" +
+	"\trecording\x18\x01 \x01(\v2 .forkfleet.controld.v1.RecordingR\trecording\"%\n" +
+	"\x13GetRecordingRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"V\n" +
+	"\x14GetRecordingResponse\x12>\n" +
+	"\trecording\x18\x01 \x01(\v2 .forkfleet.controld.v1.RecordingR\trecording\"r\n" +
+	"\x15ListRecordingsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x82\x01\n" +
+	"\x16ListRecordingsResponse\x12@\n" +
+	"\n" +
+	"recordings\x18\x01 \x03(\v2 .forkfleet.controld.v1.RecordingR\n" +
+	"recordings\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x80\x01\n" +
+	"\x16ExportRecordingRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12D\n" +
+	"\x06format\x18\x02 \x01(\x0e2,.forkfleet.controld.v1.RecordingExportFormatR\x06format\x12\x10\n" +
+	"\x03fps\x18\x03 \x01(\rR\x03fps\"\x92\x01\n" +
+	"\x17ExportRecordingResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06frames\x18\x03 \x01(\x04R\x06frames\x125\n" +
+	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\"(\n" +
+	"\x16DeleteRecordingRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x19\n" +
+	"\x17DeleteRecordingResponse\"\x16\n" +
 	"\x14GetHostStatusRequest\"\xd7\x03\n" +
 	"\x15GetHostStatusResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
@@ -5721,7 +6758,22 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0fNetworkProtocol\x12 \n" +
 	"\x1cNETWORK_PROTOCOL_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14NETWORK_PROTOCOL_TCP\x10\x01\x12\x18\n" +
-	"\x14NETWORK_PROTOCOL_UDP\x10\x022\x8d\r\n" +
+	"\x14NETWORK_PROTOCOL_UDP\x10\x02*m\n" +
+	"\x0eRecordingState\x12\x1f\n" +
+	"\x1bRECORDING_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19RECORDING_STATE_RECORDING\x10\x01\x12\x1b\n" +
+	"\x17RECORDING_STATE_STOPPED\x10\x02*\xfe\x01\n" +
+	"\x13RecordingStopReason\x12%\n" +
+	"!RECORDING_STOP_REASON_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fRECORDING_STOP_REASON_REQUESTED\x10\x01\x12%\n" +
+	"!RECORDING_STOP_REASON_CAP_REACHED\x10\x02\x12&\n" +
+	"\"RECORDING_STOP_REASON_SANDBOX_GONE\x10\x03\x12*\n" +
+	"&RECORDING_STOP_REASON_CONTROLD_STOPPED\x10\x04\x12 \n" +
+	"\x1cRECORDING_STOP_REASON_FAILED\x10\x05*\x85\x01\n" +
+	"\x15RecordingExportFormat\x12'\n" +
+	"#RECORDING_EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bRECORDING_EXPORT_FORMAT_MP4\x10\x01\x12\"\n" +
+	"\x1eRECORDING_EXPORT_FORMAT_FRAMES\x10\x022\xa4\x12\n" +
 	"\x0eSandboxService\x12j\n" +
 	"\rCreateSandbox\x12+.forkfleet.controld.v1.CreateSandboxRequest\x1a,.forkfleet.controld.v1.CreateSandboxResponse\x12a\n" +
 	"\n" +
@@ -5739,7 +6791,13 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"ExposePort\x12(.forkfleet.controld.v1.ExposePortRequest\x1a).forkfleet.controld.v1.ExposePortResponse\x12g\n" +
 	"\fUnexposePort\x12*.forkfleet.controld.v1.UnexposePortRequest\x1a+.forkfleet.controld.v1.UnexposePortResponse\x12j\n" +
 	"\rExtendSandbox\x12+.forkfleet.controld.v1.ExtendSandboxRequest\x1a,.forkfleet.controld.v1.ExtendSandboxResponse\x12s\n" +
-	"\x10CreateViewTicket\x12..forkfleet.controld.v1.CreateViewTicketRequest\x1a/.forkfleet.controld.v1.CreateViewTicketResponse2\xb4\x06\n" +
+	"\x10CreateViewTicket\x12..forkfleet.controld.v1.CreateViewTicketRequest\x1a/.forkfleet.controld.v1.CreateViewTicketResponse\x12m\n" +
+	"\x0eStartRecording\x12,.forkfleet.controld.v1.StartRecordingRequest\x1a-.forkfleet.controld.v1.StartRecordingResponse\x12j\n" +
+	"\rStopRecording\x12+.forkfleet.controld.v1.StopRecordingRequest\x1a,.forkfleet.controld.v1.StopRecordingResponse\x12g\n" +
+	"\fGetRecording\x12*.forkfleet.controld.v1.GetRecordingRequest\x1a+.forkfleet.controld.v1.GetRecordingResponse\x12m\n" +
+	"\x0eListRecordings\x12,.forkfleet.controld.v1.ListRecordingsRequest\x1a-.forkfleet.controld.v1.ListRecordingsResponse\x12p\n" +
+	"\x0fExportRecording\x12-.forkfleet.controld.v1.ExportRecordingRequest\x1a..forkfleet.controld.v1.ExportRecordingResponse\x12p\n" +
+	"\x0fDeleteRecording\x12-.forkfleet.controld.v1.DeleteRecordingRequest\x1a..forkfleet.controld.v1.DeleteRecordingResponse2\xb4\x06\n" +
 	"\x11CheckpointService\x12s\n" +
 	"\x10CreateCheckpoint\x12..forkfleet.controld.v1.CreateCheckpointRequest\x1a/.forkfleet.controld.v1.CreateCheckpointResponse\x12j\n" +
 	"\rGetCheckpoint\x12+.forkfleet.controld.v1.GetCheckpointRequest\x1a,.forkfleet.controld.v1.GetCheckpointResponse\x12p\n" +
@@ -5773,8 +6831,8 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 	return file_forkfleet_controld_v1_controld_proto_rawDescData
 }
 
-var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
+var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: forkfleet.controld.v1.SandboxState
 	(SandboxLimit)(0),                    // 1: forkfleet.controld.v1.SandboxLimit
@@ -5784,259 +6842,297 @@ var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(CheckpointState)(0),                 // 5: forkfleet.controld.v1.CheckpointState
 	(NetworkMode)(0),                     // 6: forkfleet.controld.v1.NetworkMode
 	(NetworkProtocol)(0),                 // 7: forkfleet.controld.v1.NetworkProtocol
-	(*Resources)(nil),                    // 8: forkfleet.controld.v1.Resources
-	(*LimitReached)(nil),                 // 9: forkfleet.controld.v1.LimitReached
-	(*Screen)(nil),                       // 10: forkfleet.controld.v1.Screen
-	(*BootPhase)(nil),                    // 11: forkfleet.controld.v1.BootPhase
-	(*Sandbox)(nil),                      // 12: forkfleet.controld.v1.Sandbox
-	(*Endpoint)(nil),                     // 13: forkfleet.controld.v1.Endpoint
-	(*CreateSandboxRequest)(nil),         // 14: forkfleet.controld.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),        // 15: forkfleet.controld.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),            // 16: forkfleet.controld.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 17: forkfleet.controld.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 18: forkfleet.controld.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 19: forkfleet.controld.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 20: forkfleet.controld.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 21: forkfleet.controld.v1.DeleteSandboxResponse
-	(*WaitSandboxReadyRequest)(nil),      // 22: forkfleet.controld.v1.WaitSandboxReadyRequest
-	(*WaitSandboxReadyResponse)(nil),     // 23: forkfleet.controld.v1.WaitSandboxReadyResponse
-	(*WatchSandboxesRequest)(nil),        // 24: forkfleet.controld.v1.WatchSandboxesRequest
-	(*WatchSandboxesResponse)(nil),       // 25: forkfleet.controld.v1.WatchSandboxesResponse
-	(*GetSandboxEndpointRequest)(nil),    // 26: forkfleet.controld.v1.GetSandboxEndpointRequest
-	(*GetSandboxEndpointResponse)(nil),   // 27: forkfleet.controld.v1.GetSandboxEndpointResponse
-	(*SuspendSandboxRequest)(nil),        // 28: forkfleet.controld.v1.SuspendSandboxRequest
-	(*SuspendSandboxResponse)(nil),       // 29: forkfleet.controld.v1.SuspendSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 30: forkfleet.controld.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 31: forkfleet.controld.v1.ResumeSandboxResponse
-	(*VerifyResult)(nil),                 // 32: forkfleet.controld.v1.VerifyResult
-	(*VerifySandboxRequest)(nil),         // 33: forkfleet.controld.v1.VerifySandboxRequest
-	(*VerifySandboxResponse)(nil),        // 34: forkfleet.controld.v1.VerifySandboxResponse
-	(*CheckpointTiming)(nil),             // 35: forkfleet.controld.v1.CheckpointTiming
-	(*Checkpoint)(nil),                   // 36: forkfleet.controld.v1.Checkpoint
-	(*CreateCheckpointRequest)(nil),      // 37: forkfleet.controld.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil),     // 38: forkfleet.controld.v1.CreateCheckpointResponse
-	(*GetCheckpointRequest)(nil),         // 39: forkfleet.controld.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),        // 40: forkfleet.controld.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),       // 41: forkfleet.controld.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),      // 42: forkfleet.controld.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),      // 43: forkfleet.controld.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),     // 44: forkfleet.controld.v1.DeleteCheckpointResponse
-	(*ForkCheckpointRequest)(nil),        // 45: forkfleet.controld.v1.ForkCheckpointRequest
-	(*ForkReplica)(nil),                  // 46: forkfleet.controld.v1.ForkReplica
-	(*ForkCheckpointResponse)(nil),       // 47: forkfleet.controld.v1.ForkCheckpointResponse
-	(*ExportCheckpointRequest)(nil),      // 48: forkfleet.controld.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),     // 49: forkfleet.controld.v1.ExportCheckpointResponse
-	(*ImportCheckpointRequest)(nil),      // 50: forkfleet.controld.v1.ImportCheckpointRequest
-	(*ImportCheckpointResponse)(nil),     // 51: forkfleet.controld.v1.ImportCheckpointResponse
-	(*Pool)(nil),                         // 52: forkfleet.controld.v1.Pool
-	(*CreatePoolRequest)(nil),            // 53: forkfleet.controld.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),           // 54: forkfleet.controld.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),               // 55: forkfleet.controld.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),              // 56: forkfleet.controld.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),             // 57: forkfleet.controld.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 58: forkfleet.controld.v1.ListPoolsResponse
-	(*DeletePoolRequest)(nil),            // 59: forkfleet.controld.v1.DeletePoolRequest
-	(*DeletePoolResponse)(nil),           // 60: forkfleet.controld.v1.DeletePoolResponse
-	(*ClaimPoolRequest)(nil),             // 61: forkfleet.controld.v1.ClaimPoolRequest
-	(*ClaimPoolResponse)(nil),            // 62: forkfleet.controld.v1.ClaimPoolResponse
-	(*UpdatePoolRequest)(nil),            // 63: forkfleet.controld.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),           // 64: forkfleet.controld.v1.UpdatePoolResponse
-	(*PortRange)(nil),                    // 65: forkfleet.controld.v1.PortRange
-	(*NetworkRule)(nil),                  // 66: forkfleet.controld.v1.NetworkRule
-	(*NetworkPolicy)(nil),                // 67: forkfleet.controld.v1.NetworkPolicy
-	(*Network)(nil),                      // 68: forkfleet.controld.v1.Network
-	(*UpdateSandboxNetworkRequest)(nil),  // 69: forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 70: forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	(*ExposePortRequest)(nil),            // 71: forkfleet.controld.v1.ExposePortRequest
-	(*ExposePortResponse)(nil),           // 72: forkfleet.controld.v1.ExposePortResponse
-	(*UnexposePortRequest)(nil),          // 73: forkfleet.controld.v1.UnexposePortRequest
-	(*UnexposePortResponse)(nil),         // 74: forkfleet.controld.v1.UnexposePortResponse
-	(*ExtendSandboxRequest)(nil),         // 75: forkfleet.controld.v1.ExtendSandboxRequest
-	(*ExtendSandboxResponse)(nil),        // 76: forkfleet.controld.v1.ExtendSandboxResponse
-	(*CreateViewTicketRequest)(nil),      // 77: forkfleet.controld.v1.CreateViewTicketRequest
-	(*CreateViewTicketResponse)(nil),     // 78: forkfleet.controld.v1.CreateViewTicketResponse
-	(*GetHostStatusRequest)(nil),         // 79: forkfleet.controld.v1.GetHostStatusRequest
-	(*GetHostStatusResponse)(nil),        // 80: forkfleet.controld.v1.GetHostStatusResponse
-	(*PoolStatus)(nil),                   // 81: forkfleet.controld.v1.PoolStatus
-	nil,                                  // 82: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                  // 83: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 84: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 85: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 86: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                  // 87: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                  // 88: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                  // 89: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                  // 90: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                  // 91: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                  // 92: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                  // 93: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 95: google.protobuf.Duration
+	(RecordingState)(0),                  // 8: forkfleet.controld.v1.RecordingState
+	(RecordingStopReason)(0),             // 9: forkfleet.controld.v1.RecordingStopReason
+	(RecordingExportFormat)(0),           // 10: forkfleet.controld.v1.RecordingExportFormat
+	(*Resources)(nil),                    // 11: forkfleet.controld.v1.Resources
+	(*LimitReached)(nil),                 // 12: forkfleet.controld.v1.LimitReached
+	(*Screen)(nil),                       // 13: forkfleet.controld.v1.Screen
+	(*BootPhase)(nil),                    // 14: forkfleet.controld.v1.BootPhase
+	(*Sandbox)(nil),                      // 15: forkfleet.controld.v1.Sandbox
+	(*Endpoint)(nil),                     // 16: forkfleet.controld.v1.Endpoint
+	(*CreateSandboxRequest)(nil),         // 17: forkfleet.controld.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 18: forkfleet.controld.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 19: forkfleet.controld.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 20: forkfleet.controld.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 21: forkfleet.controld.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 22: forkfleet.controld.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 23: forkfleet.controld.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 24: forkfleet.controld.v1.DeleteSandboxResponse
+	(*WaitSandboxReadyRequest)(nil),      // 25: forkfleet.controld.v1.WaitSandboxReadyRequest
+	(*WaitSandboxReadyResponse)(nil),     // 26: forkfleet.controld.v1.WaitSandboxReadyResponse
+	(*WatchSandboxesRequest)(nil),        // 27: forkfleet.controld.v1.WatchSandboxesRequest
+	(*WatchSandboxesResponse)(nil),       // 28: forkfleet.controld.v1.WatchSandboxesResponse
+	(*GetSandboxEndpointRequest)(nil),    // 29: forkfleet.controld.v1.GetSandboxEndpointRequest
+	(*GetSandboxEndpointResponse)(nil),   // 30: forkfleet.controld.v1.GetSandboxEndpointResponse
+	(*SuspendSandboxRequest)(nil),        // 31: forkfleet.controld.v1.SuspendSandboxRequest
+	(*SuspendSandboxResponse)(nil),       // 32: forkfleet.controld.v1.SuspendSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 33: forkfleet.controld.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 34: forkfleet.controld.v1.ResumeSandboxResponse
+	(*VerifyResult)(nil),                 // 35: forkfleet.controld.v1.VerifyResult
+	(*VerifySandboxRequest)(nil),         // 36: forkfleet.controld.v1.VerifySandboxRequest
+	(*VerifySandboxResponse)(nil),        // 37: forkfleet.controld.v1.VerifySandboxResponse
+	(*CheckpointTiming)(nil),             // 38: forkfleet.controld.v1.CheckpointTiming
+	(*Checkpoint)(nil),                   // 39: forkfleet.controld.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),      // 40: forkfleet.controld.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil),     // 41: forkfleet.controld.v1.CreateCheckpointResponse
+	(*GetCheckpointRequest)(nil),         // 42: forkfleet.controld.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),        // 43: forkfleet.controld.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),       // 44: forkfleet.controld.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),      // 45: forkfleet.controld.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),      // 46: forkfleet.controld.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),     // 47: forkfleet.controld.v1.DeleteCheckpointResponse
+	(*ForkCheckpointRequest)(nil),        // 48: forkfleet.controld.v1.ForkCheckpointRequest
+	(*ForkReplica)(nil),                  // 49: forkfleet.controld.v1.ForkReplica
+	(*ForkCheckpointResponse)(nil),       // 50: forkfleet.controld.v1.ForkCheckpointResponse
+	(*ExportCheckpointRequest)(nil),      // 51: forkfleet.controld.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),     // 52: forkfleet.controld.v1.ExportCheckpointResponse
+	(*ImportCheckpointRequest)(nil),      // 53: forkfleet.controld.v1.ImportCheckpointRequest
+	(*ImportCheckpointResponse)(nil),     // 54: forkfleet.controld.v1.ImportCheckpointResponse
+	(*Pool)(nil),                         // 55: forkfleet.controld.v1.Pool
+	(*CreatePoolRequest)(nil),            // 56: forkfleet.controld.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),           // 57: forkfleet.controld.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),               // 58: forkfleet.controld.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),              // 59: forkfleet.controld.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),             // 60: forkfleet.controld.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 61: forkfleet.controld.v1.ListPoolsResponse
+	(*DeletePoolRequest)(nil),            // 62: forkfleet.controld.v1.DeletePoolRequest
+	(*DeletePoolResponse)(nil),           // 63: forkfleet.controld.v1.DeletePoolResponse
+	(*ClaimPoolRequest)(nil),             // 64: forkfleet.controld.v1.ClaimPoolRequest
+	(*ClaimPoolResponse)(nil),            // 65: forkfleet.controld.v1.ClaimPoolResponse
+	(*UpdatePoolRequest)(nil),            // 66: forkfleet.controld.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),           // 67: forkfleet.controld.v1.UpdatePoolResponse
+	(*PortRange)(nil),                    // 68: forkfleet.controld.v1.PortRange
+	(*NetworkRule)(nil),                  // 69: forkfleet.controld.v1.NetworkRule
+	(*NetworkPolicy)(nil),                // 70: forkfleet.controld.v1.NetworkPolicy
+	(*Network)(nil),                      // 71: forkfleet.controld.v1.Network
+	(*UpdateSandboxNetworkRequest)(nil),  // 72: forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 73: forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	(*ExposePortRequest)(nil),            // 74: forkfleet.controld.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),           // 75: forkfleet.controld.v1.ExposePortResponse
+	(*UnexposePortRequest)(nil),          // 76: forkfleet.controld.v1.UnexposePortRequest
+	(*UnexposePortResponse)(nil),         // 77: forkfleet.controld.v1.UnexposePortResponse
+	(*ExtendSandboxRequest)(nil),         // 78: forkfleet.controld.v1.ExtendSandboxRequest
+	(*ExtendSandboxResponse)(nil),        // 79: forkfleet.controld.v1.ExtendSandboxResponse
+	(*CreateViewTicketRequest)(nil),      // 80: forkfleet.controld.v1.CreateViewTicketRequest
+	(*CreateViewTicketResponse)(nil),     // 81: forkfleet.controld.v1.CreateViewTicketResponse
+	(*Recording)(nil),                    // 82: forkfleet.controld.v1.Recording
+	(*StartRecordingRequest)(nil),        // 83: forkfleet.controld.v1.StartRecordingRequest
+	(*StartRecordingResponse)(nil),       // 84: forkfleet.controld.v1.StartRecordingResponse
+	(*StopRecordingRequest)(nil),         // 85: forkfleet.controld.v1.StopRecordingRequest
+	(*StopRecordingResponse)(nil),        // 86: forkfleet.controld.v1.StopRecordingResponse
+	(*GetRecordingRequest)(nil),          // 87: forkfleet.controld.v1.GetRecordingRequest
+	(*GetRecordingResponse)(nil),         // 88: forkfleet.controld.v1.GetRecordingResponse
+	(*ListRecordingsRequest)(nil),        // 89: forkfleet.controld.v1.ListRecordingsRequest
+	(*ListRecordingsResponse)(nil),       // 90: forkfleet.controld.v1.ListRecordingsResponse
+	(*ExportRecordingRequest)(nil),       // 91: forkfleet.controld.v1.ExportRecordingRequest
+	(*ExportRecordingResponse)(nil),      // 92: forkfleet.controld.v1.ExportRecordingResponse
+	(*DeleteRecordingRequest)(nil),       // 93: forkfleet.controld.v1.DeleteRecordingRequest
+	(*DeleteRecordingResponse)(nil),      // 94: forkfleet.controld.v1.DeleteRecordingResponse
+	(*GetHostStatusRequest)(nil),         // 95: forkfleet.controld.v1.GetHostStatusRequest
+	(*GetHostStatusResponse)(nil),        // 96: forkfleet.controld.v1.GetHostStatusResponse
+	(*PoolStatus)(nil),                   // 97: forkfleet.controld.v1.PoolStatus
+	nil,                                  // 98: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                  // 99: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 100: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 101: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 102: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                  // 103: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                  // 104: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                  // 105: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                  // 106: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                  // 107: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                  // 108: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                  // 109: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 110: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 111: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	94,  // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	94,  // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	95,  // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	110, // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	110, // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	111, // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
-	8,   // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
-	10,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	82,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	94,  // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	94,  // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	94,  // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	11,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
-	9,   // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
-	68,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
-	8,   // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	10,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	83,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	84,  // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	95,  // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	68,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
-	12,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	13,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	12,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	85,  // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	11,  // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
+	13,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
+	98,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	110, // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	110, // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	110, // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	14,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
+	12,  // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
+	71,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
+	11,  // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	13,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	99,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	100, // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	111, // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	71,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
+	15,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	15,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	101, // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
 	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
-	12,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	95,  // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
-	12,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	86,  // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	15,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
+	111, // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	15,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	102, // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
 	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
-	12,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	11,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
-	13,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	12,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	12,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	15,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	14,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
+	16,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	15,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	15,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	95,  // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	111, // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
 	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	32,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	95,  // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	95,  // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	95,  // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	95,  // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	35,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
+	111, // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	111, // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	111, // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	111, // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
 	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
 	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
-	10,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
-	8,   // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	87,  // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	94,  // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
-	35,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
+	13,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
+	11,  // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
+	103, // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	110, // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	38,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
 	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	68,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
+	71,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
 	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	88,  // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	36,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	36,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	89,  // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	36,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	90,  // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	95,  // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	104, // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	39,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	39,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	105, // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	39,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
+	106, // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	111, // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
 	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
-	8,   // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	67,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	12,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	13,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	32,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	95,  // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
-	46,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
-	36,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	91,  // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
-	10,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
-	8,   // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
-	68,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
-	10,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	8,   // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	92,  // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	68,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
-	52,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	52,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	52,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	93,  // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	95,  // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
-	67,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	12,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	13,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	95,  // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
-	52,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	11,  // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	70,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	15,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	35,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
+	111, // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	49,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
+	39,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	107, // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	13,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
+	11,  // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
+	71,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
+	13,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	11,  // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	108, // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	71,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
+	55,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	55,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	55,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
+	109, // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	111, // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	70,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	15,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	111, // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	55,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	7,   // 87: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
-	65,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
-	66,  // 89: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
-	66,  // 90: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
+	68,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
+	69,  // 89: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
+	69,  // 90: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
 	6,   // 91: forkfleet.controld.v1.Network.mode:type_name -> forkfleet.controld.v1.NetworkMode
-	67,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	67,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	12,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	95,  // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	12,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	95,  // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
-	94,  // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
-	81,  // 99: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
-	14,  // 100: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	16,  // 101: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	18,  // 102: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	20,  // 103: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	22,  // 104: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	24,  // 105: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	26,  // 106: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	28,  // 107: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	30,  // 108: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	33,  // 109: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	69,  // 110: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	71,  // 111: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
-	73,  // 112: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
-	75,  // 113: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
-	77,  // 114: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
-	37,  // 115: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	39,  // 116: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	41,  // 117: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	43,  // 118: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	45,  // 119: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	48,  // 120: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	50,  // 121: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	53,  // 122: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	55,  // 123: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	57,  // 124: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	59,  // 125: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	61,  // 126: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	63,  // 127: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
-	79,  // 128: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
-	15,  // 129: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	17,  // 130: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	19,  // 131: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	21,  // 132: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	23,  // 133: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	25,  // 134: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	27,  // 135: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	29,  // 136: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	31,  // 137: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	34,  // 138: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	70,  // 139: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	72,  // 140: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
-	74,  // 141: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
-	76,  // 142: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
-	78,  // 143: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
-	38,  // 144: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	40,  // 145: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	42,  // 146: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	44,  // 147: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	47,  // 148: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	49,  // 149: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	51,  // 150: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	54,  // 151: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	56,  // 152: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	58,  // 153: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	60,  // 154: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	62,  // 155: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	64,  // 156: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
-	80,  // 157: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
-	129, // [129:158] is the sub-list for method output_type
-	100, // [100:129] is the sub-list for method input_type
-	100, // [100:100] is the sub-list for extension type_name
-	100, // [100:100] is the sub-list for extension extendee
-	0,   // [0:100] is the sub-list for field type_name
+	70,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	70,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	15,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	111, // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	15,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	111, // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
+	110, // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	8,   // 99: forkfleet.controld.v1.Recording.state:type_name -> forkfleet.controld.v1.RecordingState
+	110, // 100: forkfleet.controld.v1.Recording.started_at:type_name -> google.protobuf.Timestamp
+	110, // 101: forkfleet.controld.v1.Recording.stopped_at:type_name -> google.protobuf.Timestamp
+	9,   // 102: forkfleet.controld.v1.Recording.stop_reason:type_name -> forkfleet.controld.v1.RecordingStopReason
+	82,  // 103: forkfleet.controld.v1.StartRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	82,  // 104: forkfleet.controld.v1.StopRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	82,  // 105: forkfleet.controld.v1.GetRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	82,  // 106: forkfleet.controld.v1.ListRecordingsResponse.recordings:type_name -> forkfleet.controld.v1.Recording
+	10,  // 107: forkfleet.controld.v1.ExportRecordingRequest.format:type_name -> forkfleet.controld.v1.RecordingExportFormat
+	111, // 108: forkfleet.controld.v1.ExportRecordingResponse.duration:type_name -> google.protobuf.Duration
+	97,  // 109: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
+	17,  // 110: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	19,  // 111: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	21,  // 112: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	23,  // 113: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	25,  // 114: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	27,  // 115: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	29,  // 116: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	31,  // 117: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	33,  // 118: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	36,  // 119: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	72,  // 120: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	74,  // 121: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	76,  // 122: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	78,  // 123: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
+	80,  // 124: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
+	83,  // 125: forkfleet.controld.v1.SandboxService.StartRecording:input_type -> forkfleet.controld.v1.StartRecordingRequest
+	85,  // 126: forkfleet.controld.v1.SandboxService.StopRecording:input_type -> forkfleet.controld.v1.StopRecordingRequest
+	87,  // 127: forkfleet.controld.v1.SandboxService.GetRecording:input_type -> forkfleet.controld.v1.GetRecordingRequest
+	89,  // 128: forkfleet.controld.v1.SandboxService.ListRecordings:input_type -> forkfleet.controld.v1.ListRecordingsRequest
+	91,  // 129: forkfleet.controld.v1.SandboxService.ExportRecording:input_type -> forkfleet.controld.v1.ExportRecordingRequest
+	93,  // 130: forkfleet.controld.v1.SandboxService.DeleteRecording:input_type -> forkfleet.controld.v1.DeleteRecordingRequest
+	40,  // 131: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	42,  // 132: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	44,  // 133: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	46,  // 134: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	48,  // 135: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	51,  // 136: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	53,  // 137: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	56,  // 138: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	58,  // 139: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	60,  // 140: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	62,  // 141: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	64,  // 142: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	66,  // 143: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
+	95,  // 144: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
+	18,  // 145: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	20,  // 146: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	22,  // 147: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	24,  // 148: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	26,  // 149: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	28,  // 150: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	30,  // 151: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	32,  // 152: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	34,  // 153: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	37,  // 154: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	73,  // 155: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	75,  // 156: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	77,  // 157: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	79,  // 158: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
+	81,  // 159: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
+	84,  // 160: forkfleet.controld.v1.SandboxService.StartRecording:output_type -> forkfleet.controld.v1.StartRecordingResponse
+	86,  // 161: forkfleet.controld.v1.SandboxService.StopRecording:output_type -> forkfleet.controld.v1.StopRecordingResponse
+	88,  // 162: forkfleet.controld.v1.SandboxService.GetRecording:output_type -> forkfleet.controld.v1.GetRecordingResponse
+	90,  // 163: forkfleet.controld.v1.SandboxService.ListRecordings:output_type -> forkfleet.controld.v1.ListRecordingsResponse
+	92,  // 164: forkfleet.controld.v1.SandboxService.ExportRecording:output_type -> forkfleet.controld.v1.ExportRecordingResponse
+	94,  // 165: forkfleet.controld.v1.SandboxService.DeleteRecording:output_type -> forkfleet.controld.v1.DeleteRecordingResponse
+	41,  // 166: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	43,  // 167: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	45,  // 168: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	47,  // 169: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	50,  // 170: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	52,  // 171: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	54,  // 172: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	57,  // 173: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	59,  // 174: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	61,  // 175: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	63,  // 176: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	65,  // 177: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	67,  // 178: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
+	96,  // 179: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
+	145, // [145:180] is the sub-list for method output_type
+	110, // [110:145] is the sub-list for method input_type
+	110, // [110:110] is the sub-list for extension type_name
+	110, // [110:110] is the sub-list for extension extendee
+	0,   // [0:110] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -6053,8 +7149,8 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   86,
+			NumEnums:      11,
+			NumMessages:   99,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

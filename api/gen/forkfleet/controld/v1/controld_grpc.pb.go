@@ -63,6 +63,12 @@ const (
 	SandboxService_UnexposePort_FullMethodName         = "/forkfleet.controld.v1.SandboxService/UnexposePort"
 	SandboxService_ExtendSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ExtendSandbox"
 	SandboxService_CreateViewTicket_FullMethodName     = "/forkfleet.controld.v1.SandboxService/CreateViewTicket"
+	SandboxService_StartRecording_FullMethodName       = "/forkfleet.controld.v1.SandboxService/StartRecording"
+	SandboxService_StopRecording_FullMethodName        = "/forkfleet.controld.v1.SandboxService/StopRecording"
+	SandboxService_GetRecording_FullMethodName         = "/forkfleet.controld.v1.SandboxService/GetRecording"
+	SandboxService_ListRecordings_FullMethodName       = "/forkfleet.controld.v1.SandboxService/ListRecordings"
+	SandboxService_ExportRecording_FullMethodName      = "/forkfleet.controld.v1.SandboxService/ExportRecording"
+	SandboxService_DeleteRecording_FullMethodName      = "/forkfleet.controld.v1.SandboxService/DeleteRecording"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -106,6 +112,20 @@ type SandboxServiceClient interface {
 	// sandbox's live view (controld's gateway, /v1/sandboxes/<id>/view) in a
 	// browser, watching only or with control of mouse and keyboard.
 	CreateViewTicket(ctx context.Context, in *CreateViewTicketRequest, opts ...grpc.CallOption) (*CreateViewTicketResponse, error)
+	// StartRecording records a sandbox on the host: its delta screencast and a
+	// JSONL trajectory of every ACI request through controld's gateway and its
+	// outcome, written by controld (never by the guest) under its own
+	// directory, within max_bytes of disk (controld/docs/recording.md).
+	StartRecording(ctx context.Context, in *StartRecordingRequest, opts ...grpc.CallOption) (*StartRecordingResponse, error)
+	// StopRecording ends a recording; its files stay until DeleteRecording.
+	StopRecording(ctx context.Context, in *StopRecordingRequest, opts ...grpc.CallOption) (*StopRecordingResponse, error)
+	GetRecording(ctx context.Context, in *GetRecordingRequest, opts ...grpc.CallOption) (*GetRecordingResponse, error)
+	ListRecordings(ctx context.Context, in *ListRecordingsRequest, opts ...grpc.CallOption) (*ListRecordingsResponse, error)
+	// ExportRecording renders a stopped recording to an MP4 (ffmpeg on the
+	// host) or to a sequence of PNG frames, next to the recording.
+	ExportRecording(ctx context.Context, in *ExportRecordingRequest, opts ...grpc.CallOption) (*ExportRecordingResponse, error)
+	// DeleteRecording removes a stopped recording and its exports from disk.
+	DeleteRecording(ctx context.Context, in *DeleteRecordingRequest, opts ...grpc.CallOption) (*DeleteRecordingResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -275,6 +295,66 @@ func (c *sandboxServiceClient) CreateViewTicket(ctx context.Context, in *CreateV
 	return out, nil
 }
 
+func (c *sandboxServiceClient) StartRecording(ctx context.Context, in *StartRecordingRequest, opts ...grpc.CallOption) (*StartRecordingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartRecordingResponse)
+	err := c.cc.Invoke(ctx, SandboxService_StartRecording_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) StopRecording(ctx context.Context, in *StopRecordingRequest, opts ...grpc.CallOption) (*StopRecordingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StopRecordingResponse)
+	err := c.cc.Invoke(ctx, SandboxService_StopRecording_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) GetRecording(ctx context.Context, in *GetRecordingRequest, opts ...grpc.CallOption) (*GetRecordingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetRecordingResponse)
+	err := c.cc.Invoke(ctx, SandboxService_GetRecording_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ListRecordings(ctx context.Context, in *ListRecordingsRequest, opts ...grpc.CallOption) (*ListRecordingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRecordingsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListRecordings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ExportRecording(ctx context.Context, in *ExportRecordingRequest, opts ...grpc.CallOption) (*ExportRecordingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExportRecordingResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ExportRecording_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) DeleteRecording(ctx context.Context, in *DeleteRecordingRequest, opts ...grpc.CallOption) (*DeleteRecordingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRecordingResponse)
+	err := c.cc.Invoke(ctx, SandboxService_DeleteRecording_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -316,6 +396,20 @@ type SandboxServiceServer interface {
 	// sandbox's live view (controld's gateway, /v1/sandboxes/<id>/view) in a
 	// browser, watching only or with control of mouse and keyboard.
 	CreateViewTicket(context.Context, *CreateViewTicketRequest) (*CreateViewTicketResponse, error)
+	// StartRecording records a sandbox on the host: its delta screencast and a
+	// JSONL trajectory of every ACI request through controld's gateway and its
+	// outcome, written by controld (never by the guest) under its own
+	// directory, within max_bytes of disk (controld/docs/recording.md).
+	StartRecording(context.Context, *StartRecordingRequest) (*StartRecordingResponse, error)
+	// StopRecording ends a recording; its files stay until DeleteRecording.
+	StopRecording(context.Context, *StopRecordingRequest) (*StopRecordingResponse, error)
+	GetRecording(context.Context, *GetRecordingRequest) (*GetRecordingResponse, error)
+	ListRecordings(context.Context, *ListRecordingsRequest) (*ListRecordingsResponse, error)
+	// ExportRecording renders a stopped recording to an MP4 (ffmpeg on the
+	// host) or to a sequence of PNG frames, next to the recording.
+	ExportRecording(context.Context, *ExportRecordingRequest) (*ExportRecordingResponse, error)
+	// DeleteRecording removes a stopped recording and its exports from disk.
+	DeleteRecording(context.Context, *DeleteRecordingRequest) (*DeleteRecordingResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -370,6 +464,24 @@ func (UnimplementedSandboxServiceServer) ExtendSandbox(context.Context, *ExtendS
 }
 func (UnimplementedSandboxServiceServer) CreateViewTicket(context.Context, *CreateViewTicketRequest) (*CreateViewTicketResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateViewTicket not implemented")
+}
+func (UnimplementedSandboxServiceServer) StartRecording(context.Context, *StartRecordingRequest) (*StartRecordingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRecording not implemented")
+}
+func (UnimplementedSandboxServiceServer) StopRecording(context.Context, *StopRecordingRequest) (*StopRecordingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StopRecording not implemented")
+}
+func (UnimplementedSandboxServiceServer) GetRecording(context.Context, *GetRecordingRequest) (*GetRecordingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRecording not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListRecordings(context.Context, *ListRecordingsRequest) (*ListRecordingsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRecordings not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExportRecording(context.Context, *ExportRecordingRequest) (*ExportRecordingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExportRecording not implemented")
+}
+func (UnimplementedSandboxServiceServer) DeleteRecording(context.Context, *DeleteRecordingRequest) (*DeleteRecordingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRecording not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -655,6 +767,114 @@ func _SandboxService_CreateViewTicket_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_StartRecording_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRecordingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).StartRecording(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_StartRecording_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).StartRecording(ctx, req.(*StartRecordingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_StopRecording_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StopRecordingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).StopRecording(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_StopRecording_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).StopRecording(ctx, req.(*StopRecordingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_GetRecording_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRecordingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).GetRecording(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_GetRecording_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).GetRecording(ctx, req.(*GetRecordingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ListRecordings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRecordingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListRecordings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListRecordings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListRecordings(ctx, req.(*ListRecordingsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ExportRecording_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExportRecordingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ExportRecording(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ExportRecording_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ExportRecording(ctx, req.(*ExportRecordingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_DeleteRecording_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRecordingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).DeleteRecording(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_DeleteRecording_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).DeleteRecording(ctx, req.(*DeleteRecordingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -717,6 +937,30 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CreateViewTicket",
 			Handler:    _SandboxService_CreateViewTicket_Handler,
+		},
+		{
+			MethodName: "StartRecording",
+			Handler:    _SandboxService_StartRecording_Handler,
+		},
+		{
+			MethodName: "StopRecording",
+			Handler:    _SandboxService_StopRecording_Handler,
+		},
+		{
+			MethodName: "GetRecording",
+			Handler:    _SandboxService_GetRecording_Handler,
+		},
+		{
+			MethodName: "ListRecordings",
+			Handler:    _SandboxService_ListRecordings_Handler,
+		},
+		{
+			MethodName: "ExportRecording",
+			Handler:    _SandboxService_ExportRecording_Handler,
+		},
+		{
+			MethodName: "DeleteRecording",
+			Handler:    _SandboxService_DeleteRecording_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -19,6 +19,18 @@ NETWORK_MODE_UNSPECIFIED: NetworkMode
 NETWORK_PROTOCOL_TCP: NetworkProtocol
 NETWORK_PROTOCOL_UDP: NetworkProtocol
 NETWORK_PROTOCOL_UNSPECIFIED: NetworkProtocol
+RECORDING_EXPORT_FORMAT_FRAMES: RecordingExportFormat
+RECORDING_EXPORT_FORMAT_MP4: RecordingExportFormat
+RECORDING_EXPORT_FORMAT_UNSPECIFIED: RecordingExportFormat
+RECORDING_STATE_RECORDING: RecordingState
+RECORDING_STATE_STOPPED: RecordingState
+RECORDING_STATE_UNSPECIFIED: RecordingState
+RECORDING_STOP_REASON_CAP_REACHED: RecordingStopReason
+RECORDING_STOP_REASON_CONTROLD_STOPPED: RecordingStopReason
+RECORDING_STOP_REASON_FAILED: RecordingStopReason
+RECORDING_STOP_REASON_REQUESTED: RecordingStopReason
+RECORDING_STOP_REASON_SANDBOX_GONE: RecordingStopReason
+RECORDING_STOP_REASON_UNSPECIFIED: RecordingStopReason
 SANDBOX_EVENT_TYPE_CREATED: SandboxEventType
 SANDBOX_EVENT_TYPE_DELETED: SandboxEventType
 SANDBOX_EVENT_TYPE_EXISTING: SandboxEventType
@@ -303,6 +315,16 @@ class DeletePoolResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class DeleteRecordingRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteRecordingResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class DeleteSandboxRequest(_message.Message):
     __slots__ = ["id"]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +369,28 @@ class ExportCheckpointResponse(_message.Message):
     size_bytes: int
     def __init__(self, reference: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., pushed_bytes: _Optional[int] = ...) -> None: ...
 
+class ExportRecordingRequest(_message.Message):
+    __slots__ = ["format", "fps", "id"]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    format: RecordingExportFormat
+    fps: int
+    id: str
+    def __init__(self, id: _Optional[str] = ..., format: _Optional[_Union[RecordingExportFormat, str]] = ..., fps: _Optional[int] = ...) -> None: ...
+
+class ExportRecordingResponse(_message.Message):
+    __slots__ = ["bytes", "duration", "frames", "path"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    duration: _duration_pb2.Duration
+    frames: int
+    path: str
+    def __init__(self, path: _Optional[str] = ..., bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
 class ExposePortRequest(_message.Message):
     __slots__ = ["port", "sandbox_id"]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -378,7 +422,7 @@ class ExtendSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "checkpoint_reference", "count", "labels", "network_policy", "request_id", "resources", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "checkpoint_reference", "count", "labels", "network_policy", "record", "request_id", "resources", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +435,7 @@ class ForkCheckpointRequest(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
@@ -400,11 +445,12 @@ class ForkCheckpointRequest(_message.Message):
     count: int
     labels: _containers.ScalarMap[str, str]
     network_policy: NetworkPolicy
+    record: bool
     request_id: str
     resources: Resources
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., checkpoint_reference: _Optional[str] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., checkpoint_reference: _Optional[str] = ..., record: bool = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
     __slots__ = ["checkpoint_id", "replicas"]
@@ -415,20 +461,22 @@ class ForkCheckpointResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ForkReplica, _Mapping]]] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class ForkReplica(_message.Message):
-    __slots__ = ["endpoint", "error_code", "error_message", "sandbox", "took", "verification"]
+    __slots__ = ["endpoint", "error_code", "error_message", "recording_id", "sandbox", "took", "verification"]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RECORDING_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     TOOK_FIELD_NUMBER: _ClassVar[int]
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     endpoint: Endpoint
     error_code: int
     error_message: str
+    recording_id: str
     sandbox: Sandbox
     took: _duration_pb2.Duration
     verification: _containers.RepeatedCompositeFieldContainer[VerifyResult]
-    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., verification: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., verification: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recording_id: _Optional[str] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ["id"]
@@ -483,6 +531,18 @@ class GetPoolResponse(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     pool: Pool
     def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
+
+class GetRecordingRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetRecordingResponse(_message.Message):
+    __slots__ = ["recording"]
+    RECORDING_FIELD_NUMBER: _ClassVar[int]
+    recording: Recording
+    def __init__(self, recording: _Optional[_Union[Recording, _Mapping]] = ...) -> None: ...
 
 class GetSandboxEndpointRequest(_message.Message):
     __slots__ = ["id"]
@@ -580,6 +640,24 @@ class ListPoolsResponse(_message.Message):
     next_page_token: str
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListRecordingsRequest(_message.Message):
+    __slots__ = ["page_size", "page_token", "sandbox_id"]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRecordingsResponse(_message.Message):
+    __slots__ = ["next_page_token", "recordings"]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RECORDINGS_FIELD_NUMBER: _ClassVar[int]
+    next_page_token: str
+    recordings: _containers.RepeatedCompositeFieldContainer[Recording]
+    def __init__(self, recordings: _Optional[_Iterable[_Union[Recording, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListSandboxesRequest(_message.Message):
     __slots__ = ["labels", "page_size", "page_token", "states"]
@@ -693,6 +771,44 @@ class PortRange(_message.Message):
     last: int
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
+class Recording(_message.Message):
+    __slots__ = ["bytes", "dir", "frames", "frames_skipped", "height", "id", "max_bytes", "parent_checkpoint_id", "parent_recording_id", "requests", "sandbox_id", "started_at", "state", "stop_message", "stop_reason", "stopped_at", "width"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RECORDING_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_AT_FIELD_NUMBER: _ClassVar[int]
+    STOP_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    dir: str
+    frames: int
+    frames_skipped: int
+    height: int
+    id: str
+    max_bytes: int
+    parent_checkpoint_id: str
+    parent_recording_id: str
+    requests: int
+    sandbox_id: str
+    started_at: _timestamp_pb2.Timestamp
+    state: RecordingState
+    stop_message: str
+    stop_reason: RecordingStopReason
+    stopped_at: _timestamp_pb2.Timestamp
+    width: int
+    def __init__(self, id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., state: _Optional[_Union[RecordingState, str]] = ..., started_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., stopped_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., stop_reason: _Optional[_Union[RecordingStopReason, str]] = ..., stop_message: _Optional[str] = ..., bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., requests: _Optional[int] = ..., frames_skipped: _Optional[int] = ..., parent_recording_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., dir: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
 class Resources(_message.Message):
     __slots__ = ["cpu_millis", "cpu_weight", "disk_bytes", "log_bytes", "memory_bytes", "pids_max"]
     CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
@@ -777,6 +893,32 @@ class Screen(_message.Message):
     height: int
     width: int
     def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class StartRecordingRequest(_message.Message):
+    __slots__ = ["max_bytes", "sandbox_id"]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    max_bytes: int
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class StartRecordingResponse(_message.Message):
+    __slots__ = ["recording"]
+    RECORDING_FIELD_NUMBER: _ClassVar[int]
+    recording: Recording
+    def __init__(self, recording: _Optional[_Union[Recording, _Mapping]] = ...) -> None: ...
+
+class StopRecordingRequest(_message.Message):
+    __slots__ = ["id"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class StopRecordingResponse(_message.Message):
+    __slots__ = ["recording"]
+    RECORDING_FIELD_NUMBER: _ClassVar[int]
+    recording: Recording
+    def __init__(self, recording: _Optional[_Union[Recording, _Mapping]] = ...) -> None: ...
 
 class SuspendSandboxRequest(_message.Message):
     __slots__ = ["id"]
@@ -917,4 +1059,13 @@ class NetworkMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class NetworkProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RecordingState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RecordingStopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RecordingExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

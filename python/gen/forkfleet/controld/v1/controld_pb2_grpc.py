@@ -90,6 +90,36 @@ class SandboxServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.FromString,
                 )
+        self.StartRecording = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/StartRecording',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingResponse.FromString,
+                )
+        self.StopRecording = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/StopRecording',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingResponse.FromString,
+                )
+        self.GetRecording = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/GetRecording',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingResponse.FromString,
+                )
+        self.ListRecordings = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/ListRecordings',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsResponse.FromString,
+                )
+        self.ExportRecording = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/ExportRecording',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingResponse.FromString,
+                )
+        self.DeleteRecording = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/DeleteRecording',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -206,6 +236,50 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRecording(self, request, context):
+        """StartRecording records a sandbox on the host: its delta screencast and a
+        JSONL trajectory of every ACI request through controld's gateway and its
+        outcome, written by controld (never by the guest) under its own
+        directory, within max_bytes of disk (controld/docs/recording.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopRecording(self, request, context):
+        """StopRecording ends a recording; its files stay until DeleteRecording.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRecording(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecordings(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportRecording(self, request, context):
+        """ExportRecording renders a stopped recording to an MP4 (ffmpeg on the
+        host) or to a sequence of PNG frames, next to the recording.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecording(self, request, context):
+        """DeleteRecording removes a stopped recording and its exports from disk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +357,36 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.CreateViewTicket,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.SerializeToString,
+            ),
+            'StartRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRecording,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingResponse.SerializeToString,
+            ),
+            'StopRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopRecording,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingResponse.SerializeToString,
+            ),
+            'GetRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecording,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingResponse.SerializeToString,
+            ),
+            'ListRecordings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecordings,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsResponse.SerializeToString,
+            ),
+            'ExportRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportRecording,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingResponse.SerializeToString,
+            ),
+            'DeleteRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecording,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +651,108 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/CreateViewTicket',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateViewTicketResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StartRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/StartRecording',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.StartRecordingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StopRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/StopRecording',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.StopRecordingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/GetRecording',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.GetRecordingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListRecordings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/ListRecordings',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ListRecordingsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExportRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/ExportRecording',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.ExportRecordingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/DeleteRecording',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
