@@ -38,10 +38,16 @@ func (sb *Sandbox) StartRecording(ctx context.Context, maxBytes uint64) (*Record
 
 // Recordings lists the sandbox's recordings, oldest first.
 func (sb *Sandbox) Recordings(ctx context.Context) ([]*controldv1.Recording, error) {
+	return sb.c.ListRecordings(ctx, sb.id)
+}
+
+// ListRecordings lists the recordings of one sandbox (every recording when
+// sandboxID is empty), oldest first, every page.
+func (c *Client) ListRecordings(ctx context.Context, sandboxID string) ([]*controldv1.Recording, error) {
 	var out []*controldv1.Recording
 	tok := ""
 	for {
-		resp, err := sb.c.sandboxes.ListRecordings(ctx, &controldv1.ListRecordingsRequest{SandboxId: sb.id, PageToken: tok})
+		resp, err := c.sandboxes.ListRecordings(ctx, &controldv1.ListRecordingsRequest{SandboxId: sandboxID, PageToken: tok})
 		if err != nil {
 			return nil, convert(ctx, err)
 		}

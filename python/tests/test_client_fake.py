@@ -269,6 +269,32 @@ def test_network_and_ports(fake):
         sb.delete()
 
 
+def test_recordings(fake):
+    """Recordings through the fake follow controld's rules and lifecycle."""
+    with forkfleet.Client(fake.target) as c:
+        sb = c.create_sandbox(wait_ready=True)
+        rec = sb.start_recording(max_bytes=2 << 20)
+        assert rec.id.startswith("rc-") and rec.info.max_bytes == 2 << 20
+        with pytest.raises(forkfleet.AlreadyExists):
+            sb.start_recording()
+        with pytest.raises(forkfleet.InvalidArgument) as e:
+            c.sandbox(sb.id).start_recording(max_bytes=1)
+        assert e.value.field == "max_bytes"
+        results = sb.checkpoint().fork(1, record=True)
+        assert forkfleet.first_error(results) is None
+        rep = c.recording(results[0].recording_id).get()
+        assert rep.parent_recording_id == rec.id and rep.sandbox_id == results[0].sandbox.id
+        assert [r.id for r in sb.recordings()] == [rec.id]
+        with pytest.raises(forkfleet.FailedPrecondition):
+            rec.export_mp4()
+        assert rec.stop().state == pb.RECORDING_STATE_STOPPED
+        with pytest.raises(forkfleet.FailedPrecondition):  # no frames in the fake
+            rec.export_frames()
+        rec.delete()
+        with pytest.raises(forkfleet.NotFound):
+            rec.get()
+
+
 def test_service_config_matches_go_client():
     """Both clients retry the same calls the same way: the Python client's
     service config is the Go client's api/client/serviceconfig.json."""

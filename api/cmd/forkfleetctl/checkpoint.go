@@ -170,6 +170,7 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		levels    []string
 		requestID string
 		remote    bool
+		record    bool
 	)
 	cmd := &cobra.Command{
 		Use:               "fork CHECKPOINT | --remote REFERENCE",
@@ -183,6 +184,7 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 	fs.StringArrayVar(&levels, "verify", nil, "verify every replica at this level (repeatable; none to skip; default: what the checkpoint supports)")
 	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same replicas")
 	fs.BoolVar(&remote, "remote", false, "the argument is a checkpoint image in an OCI registry (pushed by export --push): controld pulls it once and forks its import")
+	fs.BoolVar(&record, "record", false, "record every replica from its first keyframe (recording start; replicas of a recording source are recorded anyway)")
 	labels := addKeyValues(fs, "label", "label of every replica")
 	res := addResourceFlags(fs)
 	pol := addPolicyFlags(fs)
@@ -197,6 +199,9 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		}
 		if requestID != "" {
 			opts = append(opts, client.WithRequestID(requestID))
+		}
+		if record {
+			opts = append(opts, client.WithRecord())
 		}
 		c, err := g.client()
 		if err != nil {

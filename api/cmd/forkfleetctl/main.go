@@ -121,7 +121,7 @@ that is not the loopback needs TLS (--tls-ca: the CA of controld's certificate;
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddGroup(&cobra.Group{ID: "api", Title: "API commands:"})
-	for _, c := range []*cobra.Command{sandboxCmd(g), checkpointCmd(g), poolCmd(g), hostCmd(g)} {
+	for _, c := range []*cobra.Command{sandboxCmd(g), checkpointCmd(g), poolCmd(g), hostCmd(g), recordingCmd(g)} {
 		c.GroupID = "api"
 		root.AddCommand(c)
 	}

@@ -270,6 +270,20 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if v := ok[*controldv1.CreateViewTicketResponse](t, target, "sandbox", "view", egress.GetId(), "--control", "--ttl", "2m"); !strings.Contains(v.GetUrl(), "/view?ticket=") || v.GetExpiresAt() == nil {
 		t.Fatalf("view: %v", v)
 	}
+	rec := ok[*controldv1.StartRecordingResponse](t, target, "recording", "start", egress.GetId(), "--max-bytes", "2000000").GetRecording()
+	if rec.GetMaxBytes() != 2000000 || rec.GetSandboxId() != egress.GetId() {
+		t.Fatalf("recording start: %v", rec)
+	}
+	if got := ok[*controldv1.ListRecordingsResponse](t, target, "recording", "list", "--sandbox", egress.GetId()); len(got.GetRecordings()) != 1 {
+		t.Fatalf("recording list: %v", got)
+	}
+	if got := ok[*controldv1.GetRecordingResponse](t, target, "recording", "get", rec.GetId()); got.GetRecording().GetId() != rec.GetId() {
+		t.Fatalf("recording get: %v", got)
+	}
+	if got := ok[*controldv1.StopRecordingResponse](t, target, "recording", "stop", rec.GetId()); got.GetRecording().GetState() != controldv1.RecordingState_RECORDING_STATE_STOPPED {
+		t.Fatalf("recording stop: %v", got)
+	}
+	ok[*controldv1.DeleteRecordingResponse](t, target, "recording", "delete", rec.GetId())
 
 	pl := ok[*controldv1.CreatePoolResponse](t, target, "pool", "create", "warm", "--size", "2", "--image", controldfake.DefaultImage).GetPool()
 	if pl.GetSize() != 2 {

@@ -12,8 +12,8 @@
 Errors are the classes of :mod:`forkfleet.errors`, re-exported here.
 """
 
-from forkfleet.client import (DEFAULT_ADDRESS, AsyncCheckpoint, AsyncClient, AsyncSandbox, Checkpoint, Claim, Client,
-                              ForkResult, Sandbox, first_error, sandboxes)
+from forkfleet.client import (DEFAULT_ADDRESS, AsyncCheckpoint, AsyncClient, AsyncRecording, AsyncSandbox, Checkpoint,
+                              Claim, Client, ForkResult, Recording, Sandbox, first_error, sandboxes)
 from forkfleet.errors import (AlreadyExists, Canceled, ConnectionLost, DeadlineExceeded, FailedPrecondition,
                               ForkfleetError, Internal, InvalidArgument, NotFound, PermissionDenied, ProtocolError,
                               ResourceExhausted, SessionClosed, Unauthenticated, Unavailable, Unimplemented)
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "AsyncClient", "Sandbox", "AsyncSandbox", "Checkpoint", "AsyncCheckpoint", "ForkResult", "Claim",
-    "sandboxes", "first_error", "DEFAULT_ADDRESS",
+    "Recording", "AsyncRecording", "sandboxes", "first_error", "DEFAULT_ADDRESS",
     "ForkfleetError", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted",
     "Unavailable", "DeadlineExceeded", "Canceled", "PermissionDenied", "Unauthenticated", "Internal",
     "Unimplemented", "ConnectionLost", "SessionClosed", "ProtocolError",

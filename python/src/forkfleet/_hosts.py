@@ -32,11 +32,13 @@ RESOLVE_INTERVAL = 30.0
 _STATUS_TIMEOUT = 3.0
 _MAX_OWNERS = 1 << 20
 _TOKEN_PREFIX = "hosts."
-_PREFIXES = ("sb-", "ck-", "pl-")
+_PREFIXES = ("sb-", "ck-", "pl-", "rc-")
 _STUBS = {"SandboxService": pbg.SandboxServiceStub, "CheckpointService": pbg.CheckpointServiceStub,
           "PoolService": pbg.PoolServiceStub, "HostService": pbg.HostServiceStub}
-_LISTS = {"ListSandboxes": "sandboxes", "ListCheckpoints": "checkpoints", "ListPools": "pools"}
-_RECORDS = ("forkfleet.controld.v1.Sandbox", "forkfleet.controld.v1.Checkpoint", "forkfleet.controld.v1.Pool")
+_LISTS = {"ListSandboxes": "sandboxes", "ListCheckpoints": "checkpoints", "ListPools": "pools",
+          "ListRecordings": "recordings"}
+_RECORDS = ("forkfleet.controld.v1.Sandbox", "forkfleet.controld.v1.Checkpoint", "forkfleet.controld.v1.Pool",
+            "forkfleet.controld.v1.Recording")
 
 
 def spread(hosts: Sequence[pb.GetHostStatusResponse], memory_bytes: int, n: int) -> list[int]:
@@ -226,7 +228,7 @@ class Router:
             return
         name = msg.DESCRIPTOR.full_name
         if name in _RECORDS:
-            host = msg.host or ep.host
+            host = getattr(msg, "host", "") or ep.host  # a recording is on its sandbox's host
             if not ep.host:
                 ep.host = host
             if _is_id(msg.id) and host:
@@ -296,13 +298,14 @@ class Router:
         eps = self.list()
         if not eps:
             raise unreachable("no controld endpoints (the DNS names resolved to none)")
-        kind = {"sb-": "sandbox", "ck-": "checkpoint", "pl-": "pool"}.get(key[:3])
+        kind = {"sb-": "sandbox", "ck-": "checkpoint", "pl-": "pool", "rc-": "recording"}.get(key[:3])
         if kind is None:
             kind = {"CheckpointService": "checkpoint", "PoolService": "pool"}.get(service, "sandbox")
         svc, method, req = {
             "sandbox": ("SandboxService", "GetSandbox", pb.GetSandboxRequest(id=key)),
             "checkpoint": ("CheckpointService", "GetCheckpoint", pb.GetCheckpointRequest(id=key)),
             "pool": ("PoolService", "GetPool", pb.GetPoolRequest(id=key)),
+            "recording": ("SandboxService", "GetRecording", pb.GetRecordingRequest(id=key)),
         }[kind]
 
         async def one(ep: Endpoint):
@@ -402,6 +405,8 @@ class Router:
         items = [it for r in resps for it in getattr(r, field)]
         if name == "ListPools":
             items.sort(key=lambda it: it.id)
+        elif name == "ListRecordings":
+            items.sort(key=lambda it: (it.started_at.seconds, it.started_at.nanos, it.id))
         else:
             items.sort(key=lambda it: (it.created_at.seconds, it.created_at.nanos, it.id))
         out = type(resps[0])()

@@ -131,6 +131,8 @@ class ForkResult:
     error: errors.ForkfleetError | None = None
     verification: list = dataclasses.field(default_factory=list)
     took: float = 0.0
+    # The replica's recording (fork(record=True), or a recording source).
+    recording_id: str = ""
 
     def to_sync(self) -> "ForkResult":
         return dataclasses.replace(self, sandbox=Sandbox(self.sandbox) if self.sandbox is not None else None)
@@ -349,6 +351,14 @@ class AsyncClient:
 
     # ---- checkpoints
 
+    def recording(self, id: str) -> "AsyncRecording":
+        return AsyncRecording(self, id)
+
+    async def list_recordings(self, *, sandbox_id: str = "", timeout: float | None = None) -> list[pb.Recording]:
+        """Recordings (of one sandbox when sandbox_id is set), oldest first."""
+        return await self._pages(self.sandbox_service.ListRecordings, "recordings", timeout,
+                                 lambda tok: pb.ListRecordingsRequest(sandbox_id=sandbox_id, page_token=tok))
+
     def checkpoint(self, id: str) -> "AsyncCheckpoint":
         """A handle on checkpoint id (or name), without contacting controld."""
         return AsyncCheckpoint(self, id)
@@ -505,6 +515,21 @@ class AsyncSandbox:
                                     timeout)
         return r.url, r.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
 
+    async def start_recording(self, *, max_bytes: int = 0, timeout: float | None = None) -> "AsyncRecording":
+        """Records the sandbox on controld's host: its delta screencast and a
+        JSONL trajectory of every ACI request through controld's gateway, in
+        at most max_bytes of disk (1 GiB when 0). While it records, the
+        sandbox's endpoint goes through the gateway; sessions opened after
+        this call are recorded."""
+        r = await self.client._call(self.client.sandbox_service.StartRecording,
+                                    pb.StartRecordingRequest(sandbox_id=self.id, max_bytes=max_bytes), timeout)
+        self._endpoint = None
+        return AsyncRecording(self.client, r.recording.id, r.recording)
+
+    async def recordings(self, *, timeout: float | None = None) -> list[pb.Recording]:
+        """The sandbox's recordings, oldest first."""
+        return await self.client.list_recordings(sandbox_id=self.id, timeout=timeout)
+
     async def unexpose_port(self, port: int, *, timeout: float | None = None) -> None:
         await self.client._call(self.client.sandbox_service.UnexposePort,
                                 pb.UnexposePortRequest(sandbox_id=self.id, port=port), timeout)
@@ -570,6 +595,42 @@ class AsyncSandbox:
                                          **fields)
         r = await self.client._call(self.client.checkpoint_service.CreateCheckpoint, req, timeout)
         return AsyncCheckpoint(self.client, r.checkpoint.id, r.checkpoint)
+
+
+class AsyncRecording:
+    """A recording of a sandbox, kept by controld on its host
+    (controld/docs/recording.md)."""
+
+    def __init__(self, client: AsyncClient, id: str, info: pb.Recording | None = None):
+        self.client, self.id, self.info = client, id, info
+
+    def __repr__(self) -> str:
+        return f"Recording({self.id!r})"
+
+    async def get(self, *, timeout: float | None = None) -> pb.Recording:
+        r = await self.client._call(self.client.sandbox_service.GetRecording, pb.GetRecordingRequest(id=self.id), timeout)
+        self.info = r.recording
+        return r.recording
+
+    async def stop(self, *, timeout: float | None = None) -> pb.Recording:
+        """Stops the recording; returns its final record (stop_reason says why
+        it ended: CAP_REACHED at its max_bytes)."""
+        r = await self.client._call(self.client.sandbox_service.StopRecording, pb.StopRecordingRequest(id=self.id), timeout)
+        self.info = r.recording
+        return r.recording
+
+    async def export_mp4(self, *, fps: int = 0, timeout: float | None = None) -> pb.ExportRecordingResponse:
+        """Renders the stopped recording to an MP4 on controld's host (30 fps when 0)."""
+        return await self.client._call(self.client.sandbox_service.ExportRecording, pb.ExportRecordingRequest(
+            id=self.id, format=pb.RECORDING_EXPORT_FORMAT_MP4, fps=fps), timeout)
+
+    async def export_frames(self, *, timeout: float | None = None) -> pb.ExportRecordingResponse:
+        """Writes one PNG per recorded frame and frames.jsonl on controld's host."""
+        return await self.client._call(self.client.sandbox_service.ExportRecording, pb.ExportRecordingRequest(
+            id=self.id, format=pb.RECORDING_EXPORT_FORMAT_FRAMES), timeout)
+
+    async def delete(self, *, timeout: float | None = None) -> None:
+        await self.client._call(self.client.sandbox_service.DeleteRecording, pb.DeleteRecordingRequest(id=self.id), timeout)
 
 
 class AsyncCheckpoint:
@@ -677,7 +738,7 @@ async def _fork_across(ck: AsyncCheckpoint, req: pb.ForkCheckpointRequest,
 def _fork_results(client: "AsyncClient", r: pb.ForkCheckpointResponse) -> "list[ForkResult]":
     out = []
     for i, rep in enumerate(r.replicas):
-        res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took))
+        res = ForkResult(verification=list(rep.verification), took=_seconds(rep.took), recording_id=rep.recording_id)
         if rep.error_code:
             res.error = errors.from_code(rep.error_code, rep.error_message)
         elif rep.HasField("sandbox"):
@@ -714,6 +775,11 @@ class Checkpoint(_sync.SyncProxy):
     """The blocking :class:`AsyncCheckpoint`."""
 
 
+class Recording(_sync.SyncProxy):
+    """The blocking :class:`AsyncRecording`."""
+
+
 _sync.register(AsyncClient, Client)
 _sync.register(AsyncSandbox, Sandbox)
 _sync.register(AsyncCheckpoint, Checkpoint)
+_sync.register(AsyncRecording, Recording)
