@@ -95,19 +95,14 @@ func (m *Manager) recoverCheckpoint(_ context.Context, key string, fp []byte) (p
 	return &controldv1.CreateCheckpointResponse{Checkpoint: ck}, true, nil
 }
 
+// createCheckpoint checkpoints a READY sandbox in steps: check the request
+// and the source, dump it through the runtime into a temporary directory,
+// publish the directory under the checkpoint's id, record the checkpoint,
+// and count it.
 func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag) (*controldv1.Checkpoint, error) {
 	start := time.Now()
-	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
-		return nil, err
-	}
-	tier, err := rules.Tier("tier", req.GetTier())
+	tier, err := checkCreateCheckpoint(req)
 	if err != nil {
-		return nil, err
-	}
-	if err := rules.Name("name", req.GetName()); err != nil {
-		return nil, err
-	}
-	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
 	sb, err := m.lookup(req.GetSandboxId())
@@ -116,6 +111,86 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
+	src, err := m.checkpointSource(sb, req)
+	if err != nil {
+		return nil, err
+	}
+
+	id := rules.NewID(rules.PrefixCheckpoint)
+	ctx, span := m.tracer.Start(ctx, "checkpoint.create", trace.WithAttributes(
+		attribute.String("checkpoint.id", id), attribute.String("sandbox.id", src.Sandbox.Id), attribute.String("tier", tier.String())))
+	defer span.End()
+	fail := func(err error) (*controldv1.Checkpoint, error) {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+
+	c := &newCheckpoint{id: id, req: req, tag: tag, tier: tier, start: start, sb: sb, src: src, rec: newCheckpointRecord(id, src, tier)}
+	res, liftWait, err := m.dumpCheckpoint(ctx, c)
+	defer liftWait()
+	if err != nil {
+		return fail(err)
+	}
+	final, err := m.publishCheckpointDir(id, &res)
+	if err != nil {
+		return fail(err)
+	}
+	if res.Ref.Tier == 0 {
+		res.Ref.Tier = tierToRuntime(tier)
+	}
+	if res.Ref.Image == "" {
+		res.Ref.Image = src.Sandbox.Image
+	}
+	c.describe(res)
+	if err := m.commitCheckpoint(c.rec); err != nil {
+		m.dropRuntimeCheckpoint(res.Ref, final)
+		return fail(err)
+	}
+	// Its first fork finds a container precreated too.
+	m.forkSlotsExpect(id)
+	m.observeCheckpoint(tier, res, start)
+	if req.GetStop() {
+		m.stoppedByCheckpoint(c)
+	}
+	return m.checkpointView(id)
+}
+
+// newCheckpoint is one CreateCheckpoint in progress: what its steps share.
+type newCheckpoint struct {
+	id    string
+	req   *controldv1.CreateCheckpointRequest
+	tag   *store.RequestTag
+	tier  controldv1.CheckpointTier
+	start time.Time
+	sb    *sandbox             // the source; the caller holds sb.op
+	src   *store.SandboxRecord // a copy of its record
+	rec   *store.CheckpointRecord
+}
+
+// checkCreateCheckpoint validates a CreateCheckpointRequest and returns its
+// tier.
+func checkCreateCheckpoint(req *controldv1.CreateCheckpointRequest) (controldv1.CheckpointTier, error) {
+	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
+		return 0, err
+	}
+	tier, err := rules.Tier("tier", req.GetTier())
+	if err != nil {
+		return 0, err
+	}
+	if err := rules.Name("name", req.GetName()); err != nil {
+		return 0, err
+	}
+	if err := rules.Labels("labels", req.GetLabels()); err != nil {
+		return 0, err
+	}
+	return tier, nil
+}
+
+// checkpointSource returns a copy of sb's record if it can be checkpointed
+// now (READY, not pooled, not being deleted) under the requested name.
+// The caller holds sb.op.
+func (m *Manager) checkpointSource(sb *sandbox, req *controldv1.CreateCheckpointRequest) (*store.SandboxRecord, error) {
 	m.mu.Lock()
 	src := cloneRecord(sb.rec)
 	deleting := sb.deleting
@@ -134,17 +209,12 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 			return nil, errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", req.GetName())
 		}
 	}
+	return src, nil
+}
 
-	id := rules.NewID(rules.PrefixCheckpoint)
-	ctx, span := m.tracer.Start(ctx, "checkpoint.create", trace.WithAttributes(
-		attribute.String("checkpoint.id", id), attribute.String("sandbox.id", src.Sandbox.Id), attribute.String("tier", tier.String())))
-	defer span.End()
-	fail := func(err error) (*controldv1.Checkpoint, error) {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return nil, err
-	}
-
+// newCheckpointRecord draws the proofs a checkpoint of src will carry: the
+// marker file, and for the memory tier the memory and network values.
+func newCheckpointRecord(id string, src *store.SandboxRecord, tier controldv1.CheckpointTier) *store.CheckpointRecord {
 	rec := &store.CheckpointRecord{
 		Env:         copyMap(src.Env),
 		AdminToken:  src.AdminToken,
@@ -156,11 +226,21 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		rec.MemoryValue = randomBytes(32)
 		rec.NetValue = randomBytes(32)
 	}
-	tmp := m.tmpCheckpointDir(id)
+	return rec
+}
+
+// dumpCheckpoint has the runtime checkpoint the source into the temporary
+// directory, the guest prepared beside it (prepareCheckpointGuest). A
+// memory-tier source that runs on gets its agents back: the hold is lifted
+// at once, and the returned wait, which the caller defers, lets the reply
+// go only after it.
+func (m *Manager) dumpCheckpoint(ctx context.Context, c *newCheckpoint) (runtime.CheckpointResult, func(), error) {
+	sb, src, rec, stop := c.sb, c.src, c.rec, c.req.GetStop()
+	tmp := m.tmpCheckpointDir(c.id)
 	spec := runtime.CheckpointSpec{
 		Dir:  tmp,
-		Tier: tierToRuntime(tier),
-		Stop: req.GetStop(),
+		Tier: tierToRuntime(c.tier),
+		Stop: stop,
 		BeforeFreeze: func(ctx context.Context) error {
 			return m.prepareCheckpointGuest(ctx, sb, src, rec)
 		},
@@ -169,41 +249,47 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	res, err := m.rt.Checkpoint(rctx, src.Sandbox.Id, spec)
 	rspan.End()
 	m.setCheckpointing(sb, false)
-	if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY && !req.GetStop() {
-		// Lifted while the checkpoint is published; done before the reply,
-		// so an agent reconnecting right after it is let in.
+	wait := func() {}
+	if c.tier == controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY && !stop {
 		lifted := make(chan struct{})
 		go func() {
 			defer close(lifted)
 			m.liftCheckpointHold(ctx, src.ACISocket, src.AdminToken, src.Sandbox.Id)
 		}()
-		defer func() { <-lifted }()
+		wait = func() { <-lifted }
 	}
 	if err != nil {
 		os.RemoveAll(tmp) // the runtime removes it on failure; make sure
-		return fail(fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err))
+		return res, wait, fmt.Errorf("checkpoint %s: %w", src.Sandbox.Id, err)
 	}
-	final := m.checkpointDirFor(id)
+	return res, wait, nil
+}
+
+// publishCheckpointDir moves a complete checkpoint from its temporary
+// directory to its own, durably; on failure the runtime's checkpoint goes.
+func (m *Manager) publishCheckpointDir(id string, res *runtime.CheckpointResult) (string, error) {
+	tmp, final := m.tmpCheckpointDir(id), m.checkpointDirFor(id)
 	if err := os.Rename(tmp, final); err != nil {
 		m.dropRuntimeCheckpoint(res.Ref, tmp)
-		return fail(fmt.Errorf("checkpoint %s: publish dir: %w", id, err))
+		return "", fmt.Errorf("checkpoint %s: publish dir: %w", id, err)
 	}
 	if err := syncDir(m.opts.CheckpointDir); err != nil {
 		m.dropRuntimeCheckpoint(res.Ref, final)
-		return fail(fmt.Errorf("checkpoint %s: sync dir: %w", id, err))
+		return "", fmt.Errorf("checkpoint %s: sync dir: %w", id, err)
 	}
 	if res.Ref.Dir == "" || res.Ref.Dir == tmp {
 		res.Ref.Dir = final
 	}
-	if res.Ref.Tier == 0 {
-		res.Ref.Tier = tierToRuntime(tier)
-	}
-	if res.Ref.Image == "" {
-		res.Ref.Image = src.Sandbox.Image
-	}
+	return final, nil
+}
+
+// describe completes the record: the runtime's reference and proofs, and
+// the public Checkpoint.
+func (c *newCheckpoint) describe(res runtime.CheckpointResult) {
+	rec, req, src, tier, start := c.rec, c.req, c.src, c.tier, c.start
 	rec.Ref = res.Ref
 	rec.Checkpoint = &controldv1.Checkpoint{
-		Id:                 id,
+		Id:                 c.id,
 		Name:               req.GetName(),
 		Tier:               tier,
 		State:              controldv1.CheckpointState_CHECKPOINT_STATE_READY,
@@ -224,14 +310,12 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		Network: netpolicy.Normalize(src.Sandbox.GetNetwork()),
 	}
 	rec.FSDigest = res.FSDigest
-	rec.Request = tag
+	rec.Request = c.tag
 	rec.Checkpoint.VerifyLevels = levelsFor(tier, rec)
-	if err := m.commitCheckpoint(rec); err != nil {
-		m.dropRuntimeCheckpoint(res.Ref, final)
-		return fail(err)
-	}
-	// Its first fork finds a container precreated too.
-	m.forkSlotsExpect(id)
+}
+
+// observeCheckpoint counts a checkpoint in the metrics.
+func (m *Manager) observeCheckpoint(tier controldv1.CheckpointTier, res runtime.CheckpointResult, start time.Time) {
 	tl := tierLabel(tier)
 	m.metrics.CheckpointTotal.WithLabelValues(tl).Observe(time.Since(start).Seconds())
 	m.metrics.CheckpointFrozen.WithLabelValues(tl).Observe(res.Frozen.Seconds())
@@ -241,15 +325,17 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	m.metrics.CheckpointStep.WithLabelValues("layer", tl).Observe(res.Layer.Seconds())
 	m.metrics.CheckpointBytes.WithLabelValues(tl, "layer").Observe(float64(res.LayerBytes))
-	if req.GetStop() {
-		if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
-			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
-			r.Sandbox.StatusMessage = "stopped by checkpoint " + id
-		}); err != nil {
-			m.log.Error("persist stopped source", "sandbox", src.Sandbox.Id, "err", err)
-		}
+}
+
+// stoppedByCheckpoint records that the checkpoint (with stop) stopped its
+// source.
+func (m *Manager) stoppedByCheckpoint(c *newCheckpoint) {
+	if _, err := m.update(c.sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+		r.Sandbox.StatusMessage = "stopped by checkpoint " + c.id
+	}); err != nil {
+		m.log.Error("persist stopped source", "sandbox", c.src.Sandbox.Id, "err", err)
 	}
-	return m.checkpointView(id)
 }
 
 // prepareCheckpointGuest readies a sandbox for its dump, while the runtime

@@ -213,9 +213,12 @@ func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, use
 	return m.registerSandbox(p, t0, take, m.discardSlot)
 }
 
+// forkStart makes one replica: it registers its sandbox, then runs the
+// replica's steps under the fork's work context (cancelled by a delete, the
+// request's end or the boot timeout), each traced in the replica's
+// waterfall. On failure it returns the sandbox, for the caller to delete.
 func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
 	rep := &controldv1.ForkReplica{}
-	memTier := ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK
 	// Pool refills run in the background: fork slots serve requests.
 	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled)
 	if err != nil {
@@ -232,125 +235,203 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
 
-	spec := m.bootSpec(sb)
+	f := &replicaFork{m: m, ck: ck, p: p, t0: t0, sb: sb, rep: rep, fromSlot: fromSlot, spec: m.bootSpec(sb),
+		memTier: ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK}
 	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
-		attribute.String("sandbox.id", spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
+		attribute.String("sandbox.id", f.spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
 		attribute.Bool("fork.slot", fromSlot)))
-	wf := &waterfall{m: m, sb: sb, t0: t0, kind: "fork", span: span}
+	f.wf = &waterfall{m: m, sb: sb, t0: t0, kind: "fork", span: span}
 	if p.pooled {
-		wf.kind = "pool"
+		f.wf.kind = "pool"
 	}
-	rctx, rcancel := uncancelable(wctx)
-	inst, err := m.rt.Restore(rctx, spec, ck.Ref)
+	defer f.closeSession()
+	for _, step := range []func(context.Context) error{
+		f.restore,     // the runtime restores the checkpoint
+		f.dial,        // an admin session with the replica's guestd
+		f.identify,    // Restored, the proofs and readiness, side by side
+		f.checkProofs, // every proof asked for held
+		f.endSession,  // the session is closed before the replica is handed out
+		f.freeze,      // pooled replicas wait frozen
+		f.markUsable,  // READY (or SUSPENDED), the waterfall ended
+	} {
+		if err := step(wctx); err != nil {
+			return sb, rep, err
+		}
+	}
+	return sb, rep, nil
+}
+
+// replicaFork is one replica of a fork in progress: what its steps share.
+type replicaFork struct {
+	m        *Manager
+	ck       *store.CheckpointRecord
+	p        forkParams
+	t0       time.Time
+	sb       *sandbox
+	rep      *controldv1.ForkReplica
+	fromSlot bool // a container precreated for forks of ck
+	memTier  bool
+	spec     runtime.BootSpec
+	wf       *waterfall
+	// restore, dial
+	inst runtime.Instance
+	g    Guest
+}
+
+// fail ends the replica's waterfall with err and returns err, wrapped with
+// what failed when what is not empty (the span records err itself).
+func (f *replicaFork) fail(err error, what string) error {
+	f.wf.end(err)
+	if what == "" {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// restore has the runtime restore the checkpoint as the replica's sandbox.
+func (f *replicaFork) restore(ctx context.Context) error {
+	m, sb := f.m, f.sb
+	rctx, rcancel := uncancelable(ctx)
+	inst, err := m.rt.Restore(rctx, f.spec, f.ck.Ref)
 	rcancel()
 	sb.startErr = err
 	close(sb.started)
 	if err != nil {
-		wf.end(err)
-		return sb, rep, fmt.Errorf("restore: %w", err)
+		return f.fail(err, "restore")
 	}
+	f.inst = inst
 	phases := inst
-	if fromSlot {
+	if f.fromSlot {
 		// The container was created ahead: no create phase on this path.
-		phases.CreatedAt = t0
+		phases.CreatedAt = f.t0
 	}
-	wf.runtimePhases(phases)
+	f.wf.runtimePhases(phases)
 	m.touch(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.ACISocket = inst.ACISocket
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
 	})
-	// A restored guestd knows only its checkpoint's tokens (the source's)
-	// until Restored installs the replica's own; a disk-tier fork booted
-	// with its own.
-	dialToken := spec.AdminToken
-	if memTier {
-		dialToken = ck.AdminToken
+	return nil
+}
+
+// dial opens an admin session with the replica's guestd. A restored guestd
+// knows only its checkpoint's tokens (the source's) until Restored installs
+// the replica's own; a disk-tier fork booted with its own.
+func (f *replicaFork) dial(ctx context.Context) error {
+	dialToken := f.spec.AdminToken
+	if f.memTier {
+		dialToken = f.ck.AdminToken
 	}
-	g, err := m.dialGuest(wctx, inst.ACISocket, dialToken)
+	g, err := f.m.dialGuest(ctx, f.inst.ACISocket, dialToken)
 	if err != nil {
-		wf.end(err)
-		return sb, rep, err
+		return f.fail(err, "")
 	}
-	defer g.Close()
-	wf.phase(PhaseGuestdListening, time.Now())
-	// A disk-tier fork boots its desktop fresh: usable when guestd says so.
-	// A memory-tier replica was usable at the checkpoint (its guestd kept
-	// that); asking costs one round trip next to the restored notification
-	// and the proofs, and proves its display answers.
+	f.g = g
+	f.wf.phase(PhaseGuestdListening, time.Now())
+	return nil
+}
+
+// identify tells the replica who it is (Restored: its identity, fresh
+// entropy), proves it is its checkpoint (p.levels) and waits until its
+// desktop is usable. A disk-tier fork boots its desktop fresh: usable when
+// guestd says so. A memory-tier replica was usable at the checkpoint (its
+// guestd kept that); asking costs one round trip next to the restored
+// notification and the proofs, and proves its display answers. Restored and
+// the proofs are independent requests on one session: they run at once,
+// and the replica is usable only when both are done.
+func (f *replicaFork) identify(ctx context.Context) error {
+	m, g, spec := f.m, f.g, f.spec
 	usable := make(chan error, 1)
-	if memTier {
+	if f.memTier {
 		go func() {
-			_, err := g.WaitReady(wctx, nil)
+			_, err := g.WaitReady(ctx, nil)
 			usable <- err
 		}()
 	} else {
-		if _, err := g.WaitReady(wctx, nil); err != nil {
-			wf.end(err)
-			return sb, rep, fmt.Errorf("desktop not ready: %w", err)
+		if _, err := g.WaitReady(ctx, nil); err != nil {
+			return f.fail(err, "desktop not ready")
 		}
 		usable <- nil
 	}
-	// Restored (the replica's identity, entropy) and the proofs are
-	// independent requests on one session: run them at once. The replica is
-	// usable only when both are done.
 	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, AdminToken: spec.AdminToken,
-		Generation: sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
+		Generation: f.sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
 	restored := make(chan error, 1)
 	born := make(chan []byte, 1) // the replica's first frame, for the pixel proof
-	rctx, rs := m.tracer.Start(wctx, "fork.restored")
+	rctx, rs := m.tracer.Start(ctx, "fork.restored")
 	go func() {
 		defer rs.End()
 		res, err := g.Restored(rctx, info)
 		born <- res.FrameHash
 		restored <- err
 	}()
-	if len(p.levels) > 0 {
-		rep.Verification = m.verify(wctx, g, spec.ID, ck, p.levels, born)
+	if len(f.p.levels) > 0 {
+		f.rep.Verification = m.verify(ctx, g, spec.ID, f.ck, f.p.levels, born)
 	}
 	if err := <-restored; err != nil {
-		wf.end(err)
-		return sb, rep, fmt.Errorf("restored notification: %w", err)
+		return f.fail(err, "restored notification")
 	}
 	if err := <-usable; err != nil {
-		wf.end(err)
-		return sb, rep, fmt.Errorf("desktop not ready: %w", err)
+		return f.fail(err, "desktop not ready")
 	}
-	if len(p.levels) > 0 {
-		var failed []string
-		for _, v := range rep.Verification {
-			if !v.Ok {
-				failed = append(failed, fmt.Sprintf("%s: %s", v.Level, v.Detail))
-			}
-		}
-		if len(failed) > 0 {
-			err := errdefs.WithReason(errdefs.ErrFailedPrecondition, "VERIFY_FAILED", "replica failed verification: %s", strings.Join(failed, "; "))
-			wf.end(err)
-			return sb, rep, err
+	return nil
+}
+
+// checkProofs fails the replica when a proof it was asked for failed.
+func (f *replicaFork) checkProofs(context.Context) error {
+	var failed []string
+	for _, v := range f.rep.Verification {
+		if !v.Ok {
+			failed = append(failed, fmt.Sprintf("%s: %s", v.Level, v.Detail))
 		}
 	}
-	if err := g.Close(); err != nil {
-		m.log.Debug("close replica session", "sandbox", spec.ID, "err", err)
+	if len(failed) > 0 {
+		return f.fail(errdefs.WithReason(errdefs.ErrFailedPrecondition, "VERIFY_FAILED", "replica failed verification: %s", strings.Join(failed, "; ")), "")
 	}
-	if p.freeze {
-		if err := m.rt.Freeze(wctx, spec.ID); err != nil {
-			wf.end(err)
-			return sb, rep, fmt.Errorf("freeze: %w", err)
-		}
+	return nil
+}
+
+// endSession closes the admin session, whose end the replica's user should
+// not see.
+func (f *replicaFork) endSession(context.Context) error {
+	if err := f.g.Close(); err != nil {
+		f.m.log.Debug("close replica session", "sandbox", f.spec.ID, "err", err)
 	}
+	return nil
+}
+
+// closeSession closes the session whatever happened (Close is idempotent).
+func (f *replicaFork) closeSession() {
+	if f.g != nil {
+		f.g.Close()
+	}
+}
+
+// freeze freezes a replica that waits in a pool.
+func (f *replicaFork) freeze(ctx context.Context) error {
+	if !f.p.freeze {
+		return nil
+	}
+	if err := f.m.rt.Freeze(ctx, f.spec.ID); err != nil {
+		return f.fail(err, "freeze")
+	}
+	return nil
+}
+
+// markUsable records the replica READY (SUSPENDED when frozen) and ends
+// its waterfall.
+func (f *replicaFork) markUsable(context.Context) error {
 	now := time.Now()
-	wf.phase(PhaseUsable, now)
+	f.wf.phase(PhaseUsable, now)
 	state := controldv1.SandboxState_SANDBOX_STATE_READY
-	if p.freeze {
+	if f.p.freeze {
 		state = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
 	}
-	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
+	if _, err := f.m.update(f.sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.Sandbox.State = state
 		r.Sandbox.ReadyAt = timestampNow(now)
 	}); err != nil {
-		wf.end(err)
-		return sb, rep, err
+		return f.fail(err, "")
 	}
-	wf.end(nil)
-	closeOnce(sb.settled)
-	return sb, rep, nil
+	f.wf.end(nil)
+	closeOnce(f.sb.settled)
+	return nil
 }
