@@ -69,7 +69,7 @@ readonly ORIGINALS=$LIB_DIR/originals.env
 readonly APT_PACKAGES=(
 	runc debootstrap xvfb openbox xterm x11-utils x11-xserver-utils
 	libturbojpeg0-dev libx11-dev nftables iproute2 procps psmisc btrfs-progs gcc libc6-dev dbus-daemon
-	tesseract-ocr tesseract-ocr-eng
+	tesseract-ocr tesseract-ocr-eng ffmpeg
 )
 
 # Sandboxes' writable layers: a btrfs filesystem with quotas in a

@@ -268,9 +268,10 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 			IdleTimeout:   cfg.Gateway.IdleTimeout.D(),
 			MaxHandshakes: cfg.Gateway.MaxHandshakes,
 		},
-		MaxSessions: cfg.Gateway.MaxSessions,
-		TLS:         serverTLS,
-		Registerer:  reg,
+		MaxSessions:  cfg.Gateway.MaxSessions,
+		TLS:          serverTLS,
+		Registerer:   reg,
+		ViewSessions: filepath.Join(cfg.StateDir, "view-sessions.json"),
 	})
 	recs.SetSource(gwRef)
 	gw := gateway.NewServer(gwRef)

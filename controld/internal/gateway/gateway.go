@@ -61,6 +61,10 @@ type Options struct {
 	TLS *tls.Config
 	// Registerer, when set, gets the gateway's metrics (metrics.go).
 	Registerer prometheus.Registerer
+	// ViewSessions, when set, is the file that keeps the live view's
+	// cookies across restarts (their SHA-256, grant and expiry only;
+	// view.go). In memory only when empty.
+	ViewSessions string
 }
 
 // DefaultMaxSessions bounds spliced connections (each holds two sockets
@@ -106,6 +110,14 @@ func New(router Router, opts Options) *Gateway {
 	g := &Gateway{router: router, log: opts.Log, opts: opts, dialTimeout: 5 * time.Second, conns: map[io.Closer]string{},
 		hubs: map[string]*hub{}, taps: map[string]recording.Sink{}, unknownToken: rand.Text()}
 	g.register(opts.Registerer)
+	g.views.path, g.views.log = opts.ViewSessions, opts.Log
+	if opts.ViewSessions != "" {
+		if err := g.views.load(); err != nil {
+			// A file controld wrote that it cannot read: its cookies are
+			// lost (viewers need a new ticket), nothing else.
+			opts.Log.Warn("view: view sessions not restored", "path", opts.ViewSessions, "err", err)
+		}
+	}
 	g.mux = http.NewServeMux()
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}/aci", g.counted("aci", g.serveACI))
 	if vr, ok := router.(ViewRouter); ok {

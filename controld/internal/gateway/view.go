@@ -5,9 +5,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
+	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 )
 
@@ -64,10 +68,71 @@ type viewSession struct {
 	expires time.Time
 }
 
-// viewSessions are the redeemed tickets' cookies, by their SHA-256.
+// viewSessions are the redeemed tickets' cookies, by their SHA-256. With a
+// path they outlive a controld restart: the file holds each cookie's hash,
+// grant and expiry (never the cookie), written whole on every redeem.
 type viewSessions struct {
-	mu sync.Mutex
-	m  map[[sha256.Size]byte]viewSession
+	mu   sync.Mutex
+	m    map[[sha256.Size]byte]viewSession
+	path string
+	log  *slog.Logger
+}
+
+// persistedView is one line of the view sessions file.
+type persistedView struct {
+	SHA256  string    `json:"sha256"`
+	Sandbox string    `json:"sandbox"`
+	Control bool      `json:"control,omitempty"`
+	Expires time.Time `json:"expires"`
+}
+
+// load reads the sessions file (a missing one is empty); sessions that
+// expired meanwhile are dropped.
+func (vs *viewSessions) load() error {
+	vs.m = map[[sha256.Size]byte]viewSession{}
+	b, err := os.ReadFile(vs.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var ps []persistedView
+	if err := json.Unmarshal(b, &ps); err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, p := range ps {
+		var k [sha256.Size]byte
+		h, err := hex.DecodeString(p.SHA256)
+		if err != nil || len(h) != len(k) || !now.Before(p.Expires) || len(vs.m) >= MaxViewSessions {
+			continue
+		}
+		copy(k[:], h)
+		vs.m[k] = viewSession{grant: fleet.ViewGrant{Sandbox: p.Sandbox, Control: p.Control}, expires: p.Expires}
+	}
+	return nil
+}
+
+// save writes the live sessions. vs.mu held.
+func (vs *viewSessions) save(now time.Time) {
+	if vs.path == "" {
+		return
+	}
+	ps := make([]persistedView, 0, len(vs.m))
+	for k, s := range vs.m {
+		if now.Before(s.expires) {
+			ps = append(ps, persistedView{SHA256: hex.EncodeToString(k[:]), Sandbox: s.grant.Sandbox, Control: s.grant.Control, Expires: s.expires})
+		}
+	}
+	b, err := json.Marshal(ps)
+	if err == nil {
+		err = atomicfile.Write(vs.path, b, 0o600)
+	}
+	if err != nil && vs.log != nil {
+		// The cookie works until controld restarts; it is lost then.
+		vs.log.Warn("view: persisting view sessions", "path", vs.path, "err", err)
+	}
 }
 
 func (vs *viewSessions) add(g fleet.ViewGrant) (string, bool) {
@@ -89,6 +154,7 @@ func (vs *viewSessions) add(g fleet.ViewGrant) (string, bool) {
 	}
 	c := rand.Text()
 	vs.m[sha256.Sum256([]byte(c))] = viewSession{grant: g, expires: now.Add(ViewSessionLifetime)}
+	vs.save(now)
 	return c, true
 }
 

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -390,5 +391,53 @@ func TestViewSandboxDeleted(t *testing.T) {
 	}
 	if websocket.CloseStatus(err) != 4404 {
 		t.Fatalf("viewer of a deleted sandbox: %v, want 4404", err)
+	}
+}
+
+// TestViewSessionsSurviveRestart: a redeemed view cookie still opens the
+// page after the gateway (controld) restarts; the file keeps its hash, not
+// the cookie, and an expired session is not restored.
+func TestViewSessionsSurviveRestart(t *testing.T) {
+	f := setupView(t)
+	path := filepath.Join(t.TempDir(), "view-sessions.json")
+	serve := func() (string, func()) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := gateway.NewServer(gateway.New(f.vr, gateway.Options{ViewSessions: path}))
+		go srv.Serve(ln)
+		return "http://" + ln.Addr().String(), func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+		}
+	}
+	base, stop := serve()
+	resp, _ := get(t, base+"/v1/sandboxes/"+viewSB+"/view?ticket=watch-1", "")
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("redeem: %d", resp.StatusCode)
+	}
+	c := resp.Cookies()[0]
+	stop()
+	b, err := os.ReadFile(path)
+	if err != nil || strings.Contains(string(b), c.Value) || !strings.Contains(string(b), viewSB) {
+		t.Fatalf("sessions file %q: %v", b, err)
+	}
+	base, stop = serve()
+	if resp, _ := get(t, base+"/v1/sandboxes/"+viewSB+"/view", c.Name+"="+c.Value); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the cookie after a restart: %d", resp.StatusCode)
+	}
+	stop()
+	// Expired meanwhile: not restored.
+	expired := strings.Replace(string(b), `"expires":"`, `"expires":"2001`, 1)
+	expired = expired[:strings.Index(expired, `"expires":"2001`)+len(`"expires":"2001`)] + `-01-01T00:00:00Z"}]`
+	if err := os.WriteFile(path, []byte(expired), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base, stop = serve()
+	defer stop()
+	if resp, _ := get(t, base+"/v1/sandboxes/"+viewSB+"/view", c.Name+"="+c.Value); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("an expired cookie after a restart: %d", resp.StatusCode)
 	}
 }
