@@ -3,7 +3,6 @@
 package aci_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -11,175 +10,78 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
 // The real-guestd tests build ../../guestd/cmd/guestd and run it with
-// --no-supervise against an Xvfb + openbox they start. They skip (with the
-// reason) while guestd does not build or Xvfb is missing; with
-// FORKFLEET_INTEGRATION=1 a missing Xvfb fails instead. Once guestd builds
-// and the display is up, every failure is a failure.
+// --no-supervise against an Xvfb + openbox they start (desktoptest). They
+// skip (with the reason) while Xvfb is missing; with
+// FORKFLEET_INTEGRATION=1 a missing Xvfb fails instead. Once the display is
+// up, every failure is a failure.
 
 type realGuest struct {
 	url string
 }
 
-var (
-	guestdOnce sync.Once
-	guestdBin  string
-	guestdErr  error
-)
+// rootColor is the root openbox leaves black, painted as guestd's
+// supervised session paints it (black reads as "not painted").
+const rootColor = "#2f3b4c"
 
-func buildGuestd(t *testing.T) string {
-	guestdOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "aci-guestd")
-		if err != nil {
-			guestdErr = err
-			return
-		}
-		cleanups = append(cleanups, func() { os.RemoveAll(dir) })
-		bin := filepath.Join(dir, "guestd")
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/guestd")
-		cmd.Dir = filepath.Join("..", "..", "guestd")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			guestdErr = fmt.Errorf("go build ./cmd/guestd: %v\n%s", err, out)
-			return
-		}
-		guestdBin = bin
-	})
-	if guestdErr != nil {
-		t.Skipf("real guestd unavailable (it does not build yet): %v", guestdErr)
-	}
-	return guestdBin
-}
-
-func startProc(t *testing.T, name string, args ...string) *exec.Cmd {
-	t.Helper()
-	return startProcFiles(t, nil, name, args...)
-}
-
-func startProcFiles(t *testing.T, files []*os.File, name string, args ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(name, args...)
-	cmd.ExtraFiles = files
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var logBuf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", name, logBuf.String())
-		}
-	})
-	return cmd
-}
+var registerCleanup sync.Once
 
 func startRealGuest(t *testing.T) *realGuest {
 	t.Helper()
-	integration := os.Getenv("FORKFLEET_INTEGRATION") == "1"
-	if _, err := exec.LookPath("Xvfb"); err != nil {
-		if integration {
-			t.Fatalf("FORKFLEET_INTEGRATION=1 but Xvfb is missing: %v", err)
+	desktoptest.NeedXvfb(t, false)
+	registerCleanup.Do(func() { cleanups = append(cleanups, desktoptest.RemoveBuilds) })
+	bin := desktoptest.GuestdBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	// Each process's output, shown when the test failed once all stopped
+	// (cleanups run last registered first).
+	var xlog, wmlog, glog bytes.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Xvfb output:\n%s\nopenbox output:\n%s\nguestd output:\n%s", xlog.String(), wmlog.String(), glog.String())
 		}
-		t.Skipf("Xvfb not installed: %v", err)
-	}
-	bin := buildGuestd(t)
-
-	// -displayfd: Xvfb picks a free display and writes its number once it
-	// accepts connections, so neither a stale socket nor another test's
-	// server can confuse us.
-	pr, pw, err := os.Pipe()
+	})
+	x, err := desktoptest.StartXvfb(ctx, desktoptest.XvfbOptions{Log: &xlog})
 	if err != nil {
 		t.Fatal(err)
 	}
-	startProcFiles(t, []*os.File{pw}, "Xvfb", "-displayfd", "3", "-screen", "0", "1280x800x24", "-nolisten", "tcp",
-		"+extension", "XTEST", "+extension", "DAMAGE", "+extension", "XFIXES", "+extension", "MIT-SHM")
-	pw.Close()
-	numCh := make(chan string, 1)
-	go func() {
-		defer pr.Close()
-		// Xvfb writes the number and the newline separately and dies if
-		// the pipe is gone in between: read the whole line.
-		line, _ := bufio.NewReader(pr).ReadString('\n')
-		numCh <- strings.TrimSpace(line)
-	}()
-	var display string
-	select {
-	case display = <-numCh:
-	case <-time.After(15 * time.Second):
-		t.Fatal("Xvfb did not report a display")
-	}
-	if display == "" {
-		t.Fatal("Xvfb exited without a display")
-	}
-	deadline := time.Now().Add(10 * time.Second)
+	t.Cleanup(x.Stop)
 	// What guestd does itself when it supervises: a window manager and a
-	// painted root (openbox leaves it black, which reads as "not painted").
-	disp := "DISPLAY=:" + display
-	if _, err := exec.LookPath("openbox"); err == nil {
-		startProc(t, "env", disp, "openbox")
+	// painted root.
+	env := append(os.Environ(), "DISPLAY="+x.Name())
+	if openbox, err := exec.LookPath("openbox"); err == nil {
+		cmd := exec.Command(openbox)
+		cmd.Env = env
+		wm, err := desktoptest.StartProc("openbox", cmd, &wmlog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(wm.Stop)
 	}
 	paintRoot := func() {
-		if out, err := exec.Command("env", disp, "xsetroot", "-solid", "#2f3b4c").CombinedOutput(); err != nil {
+		cmd := exec.Command("xsetroot", "-solid", rootColor)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Logf("xsetroot: %v %s", err, out)
 		}
 	}
 	paintRoot()
-	addrFile := filepath.Join(t.TempDir(), "addr")
-	startProc(t, bin, "--display", ":"+display, "--no-supervise", "--insecure-no-auth",
-		"--listen-tcp", "127.0.0.1:0", "--addr-file", addrFile, "--log-level", "warn")
-	var g *realGuest
-	for g == nil {
-		if b, err := os.ReadFile(addrFile); err == nil && len(bytes.TrimSpace(b)) > 0 {
-			g = &realGuest{url: "ws://" + strings.TrimSpace(string(b)) + "/aci"}
-			break
-		}
-		if time.Now().After(deadline.Add(10 * time.Second)) {
-			t.Fatal("guestd did not write its address")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// openbox may clear the root as it starts, after our first xsetroot:
-	// repaint until guestd sees the desktop ready.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	probe, err := aci.Dial(ctx, g.url, "")
+	g, err := desktoptest.StartGuestd(ctx, x.Name(), bin, desktoptest.GuestdOptions{
+		Args: []string{"--log-level", "warn"}, Log: &glog, Repaint: paintRoot})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer probe.Close()
-	for {
-		r, err := probe.Ready(ctx)
-		if err != nil {
-			t.Fatalf("guestd never became ready: %v", err)
-		}
-		if r.GetReady() {
-			return g
-		}
-		if r.GetWmUp() && !r.GetRootPainted() {
-			paintRoot()
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	t.Cleanup(g.Stop)
+	return &realGuest{url: g.URL()}
 }
 
 func TestRealGuestd(t *testing.T) {

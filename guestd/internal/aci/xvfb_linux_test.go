@@ -20,29 +20,25 @@ import (
 	"github.com/jezek/xgb/xproto"
 
 	aciclient "github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
-	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
 )
 
 // These tests run the ACI server on a real x11.Desktop over a private Xvfb.
 // They need FORKFLEET_INTEGRATION=1 and fail when it is set but Xvfb is
 // missing.
 
-const (
-	realW, realH    = 1280, 800
-	firstDisplayNum = 160 // x11's tests use :97.., guestd's e2e :71..
-)
+const realW, realH = 1280, 800
 
-func needRealX(tb testing.TB) { tb.Helper(); xvfbtest.Need(tb, true) }
+func needRealX(tb testing.TB) { tb.Helper(); desktoptest.NeedXvfb(tb, true) }
 
 // startXvfb starts a private Xvfb and returns its display name.
 func startXvfb(tb testing.TB) string {
 	tb.Helper()
 	needRealX(tb)
-	return xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: firstDisplayNum, Width: realW, Height: realH,
-		Args: []string{"+extension", "DAMAGE", "+extension", "XFIXES", "+extension", "XTEST"}}).Display
+	return desktoptest.NewXvfb(tb, desktoptest.XvfbOptions{Width: realW, Height: realH}).Name()
 }
 
 // realServer is an ACI server on a real desktop with one client session.

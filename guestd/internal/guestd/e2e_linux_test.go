@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/jezek/xgb/xproto"
 
 	aciclient "github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -48,29 +48,11 @@ func needIntegration(t testing.TB) {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-func guestdBinary(t testing.TB) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "guestd-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "guestd")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/forkfleet/forkfleet/guestd/cmd/guestd").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+// TestMain removes the guestd the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	desktoptest.RemoveBuilds()
+	os.Exit(code)
 }
 
 // freeDisplay picks a display without a lock file.
@@ -103,7 +85,7 @@ func startGuest(t testing.TB) *guest {
 func startGuestWith(t testing.TB, edit func(cfg map[string]any), environ []string) *guest {
 	t.Helper()
 	needIntegration(t)
-	bin := guestdBinary(t)
+	bin := desktoptest.GuestdBinary(t)
 	dir := t.TempDir()
 	n := freeDisplay(t)
 	display := ":" + strconv.Itoa(n)

@@ -17,11 +17,11 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
 	"github.com/forkfleet/forkfleet/guestd/internal/x11"
-	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
 )
 
 // The real display must satisfy Display.
@@ -36,18 +36,18 @@ const (
 // is set but Xvfb or xterm is missing.
 func needIntegration(tb testing.TB) {
 	tb.Helper()
-	xvfbtest.Need(tb, true)
+	desktoptest.NeedXvfb(tb, true)
 	if _, err := os.Stat(xtermBin); err != nil {
 		tb.Fatalf("FORKFLEET_INTEGRATION=1 but %s is missing: %v", xtermBin, err)
 	}
 }
 
-// startXvfb starts a private Xvfb on the first free display from :131 and
-// returns its name and pid; it is stopped when the test ends.
+// startXvfb starts a private Xvfb on a free display and returns its name
+// and pid; it is stopped when the test ends.
 func startXvfb(tb testing.TB) (string, int) {
 	tb.Helper()
-	s := xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: 131, Displays: 69, Width: xW, Height: xH})
-	return s.Display, s.Pid()
+	s := desktoptest.NewXvfb(tb, desktoptest.XvfbOptions{Width: xW, Height: xH})
+	return s.Name(), s.Pid()
 }
 
 // xtermSession is Xvfb + an xterm running sh at the top left, focused.

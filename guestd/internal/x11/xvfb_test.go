@@ -15,7 +15,7 @@ import (
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
 
-	"github.com/forkfleet/forkfleet/guestd/internal/xvfbtest"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 )
 
 const (
@@ -27,7 +27,7 @@ const (
 // testX is a private Xvfb (and optionally openbox) for one test.
 type testX struct {
 	display string
-	xvfb    *xvfbtest.Server
+	xvfb    *desktoptest.Xvfb
 	wm      *exec.Cmd
 }
 
@@ -44,14 +44,13 @@ func init() {
 
 // needXvfb skips when Xvfb is missing, unless FORKFLEET_INTEGRATION=1
 // demands the real-X tests, in which case it fails.
-func needXvfb(tb testing.TB) { tb.Helper(); xvfbtest.Need(tb, false) }
+func needXvfb(tb testing.TB) { tb.Helper(); desktoptest.NeedXvfb(tb, false) }
 
-// startX starts Xvfb on the first free display from :97 and stops it when
-// the test ends.
+// startX starts Xvfb on a free display and stops it when the test ends.
 func startX(tb testing.TB) *testX {
 	tb.Helper()
-	s := xvfbtest.Start(tb, xvfbtest.Options{FirstDisplay: 97, Displays: 63, Width: screenW, Height: screenH})
-	x := &testX{display: s.Display, xvfb: s}
+	s := desktoptest.NewXvfb(tb, desktoptest.XvfbOptions{Width: screenW, Height: screenH})
+	x := &testX{display: s.Name(), xvfb: s}
 	tb.Cleanup(x.stop)
 	return x
 }
