@@ -3,6 +3,7 @@
 #
 #   benchd/ab.sh [--rounds 6] [--suites boot,checkpoint,fork] [--out DIR] [--note TEXT]
 #                NAME=REV[:userns=off] NAME=REV[:userns=off]...
+#   benchd/ab.sh --exec CMD NAME=REV[:userns=off]...
 #
 #   benchd/ab.sh --out benchd/results/2026-12-02/cost-ab \
 #       before=2fca658 after=main userns-off=main:userns=off
@@ -27,6 +28,10 @@
 # not, every variant's sandboxes, checkpoints and pools are deleted through
 # its controld, the controld stopped, and its namespace emptied and removed
 # with whatever the controld left (warm slots, networks, layers, cgroups).
+#
+# --exec runs CMD (bash -c) instead of the rounds, under the lock, with the
+# same private controlds: AB_SOCKET_<NAME> and AB_NAMESPACE_<NAME> (NAME upper
+# case, - as _) name each one's socket and namespace (a profile of one build).
 #
 # Env: FORKFLEET_AB_CACHE (default /var/cache/forkfleet/ab), AB_BOOT_FLAGS,
 # AB_CHECKPOINT_FLAGS, AB_FORK_FLAGS (override each suite's flags below).
@@ -59,6 +64,7 @@ rounds=6
 suites=boot,checkpoint,fork
 out=
 note=
+exec_cmd=
 specs=()
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -66,15 +72,21 @@ while [ $# -gt 0 ]; do
 	--suites) suites=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
 	--note) note=$2; shift 2 ;;
+	--exec) exec_cmd=$2; shift 2 ;;
 	-h | --help) usage ;;
 	-*) die "unknown flag $1" ;;
 	*) specs+=("$1"); shift ;;
 	esac
 done
 [ "$(id -u)" -eq 0 ] || die "run as root (containerd, CRIU, cgroups)"
-[ -n "$out" ] || die "--out DIR is required"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds $rounds: want a positive number"
-[ ${#specs[@]} -ge 2 ] || usage
+if [ -z "$exec_cmd" ]; then
+	[ -n "$out" ] || die "--out DIR is required"
+	[ ${#specs[@]} -ge 2 ] || usage
+else
+	[ ${#specs[@]} -ge 1 ] || usage
+	out=${out:-$(mktemp -d /tmp/forkfleet-ab-exec.XXXXXX)}
+fi
 [ -S "$address" ] || die "no containerd at $address (make host)"
 IFS=, read -r -a suite_list <<<"$suites"
 for s in "${suite_list[@]}"; do
@@ -257,19 +269,33 @@ flags_of() {
 exec {lockfd}>"$lock"
 say "waiting for $lock"
 flock "$lockfd"
+if [ -n "$exec_cmd" ]; then
+	for i in "${!names[@]}"; do
+		v=${names[$i]^^}
+		export "AB_SOCKET_${v//-/_}=${socks[$i]}" "AB_NAMESPACE_${v//-/_}=${nss[$i]}"
+	done
+	say "running: $exec_cmd (load $(cut -d' ' -f1-3 /proc/loadavg))"
+	rc=0
+	bash -c "$exec_cmd" || rc=$?
+	flock -u "$lockfd"
+	exit "$rc"
+fi
 k=${#names[@]}
 loads=()
 failed=0
+mkdir -p "$out/rounds"
 for r in $(seq 1 "$rounds"); do
 	loads+=("r$r $(cut -d' ' -f1-3 /proc/loadavg)")
 	for j in $(seq 0 $((k - 1))); do
 		i=$(((j + r - 1) % k))
 		for s in "${suite_list[@]}"; do
 			say "round $r/$rounds: ${names[$i]} $s (load $(cut -d' ' -f1 /proc/loadavg))"
+			rc=0
 			# shellcheck disable=SC2046 # the flags are words
-			if ! (cd "$repo" && "$work/benchd" run --suite "$s" --controld-socket "${socks[$i]}" \
-				--out "$out/rounds/${names[$i]}/r$r" $(flags_of "$s")) >>"$out/rounds/run.log" 2>&1; then
-				say "round $r: ${names[$i]} $s failed (rounds/run.log)"
+			(cd "$repo" && "$work/benchd" run --suite "$s" --controld-socket "${socks[$i]}" \
+				--out "$out/rounds/${names[$i]}/r$r" $(flags_of "$s")) >>"$out/rounds/run.log" 2>&1 || rc=$?
+			if [ "$rc" -ne 0 ]; then
+				say "round $r: ${names[$i]} $s failed, exit $rc (rounds/run.log)"
 				failed=$((failed + 1))
 			fi
 		done
