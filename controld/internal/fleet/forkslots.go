@@ -184,13 +184,14 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 			if m.ctx.Err() != nil {
 				return
 			}
-			if !m.checkpointExists(ck.Checkpoint.GetId()) {
-				// Deleted while its slot was made (its layer or images went
-				// under the precreate): nothing failed, and backing off would
-				// hold off the next checkpoints' slots, whose forks then
-				// restore cold (seconds of backoff in a benchmark that
-				// checkpoints, forks and deletes in a row).
-				m.log.Debug("fork slot dropped: its checkpoint was deleted", "checkpoint", ck.Checkpoint.GetId(), "err", err)
+			if !m.forkSlotWanted(fs, ck.Checkpoint.GetId()) {
+				// Deleted while its slot was made, or being deleted (its
+				// layer or images went under the precreate while its record
+				// still exists), or no longer recent: nothing failed, and
+				// backing off would hold off the next checkpoints' slots,
+				// whose forks then restore cold (seconds of backoff in a
+				// benchmark that checkpoints, forks and deletes in a row).
+				m.log.Debug("fork slot dropped: its checkpoint was deleted or is no longer recent", "checkpoint", ck.Checkpoint.GetId(), "err", err)
 				continue
 			}
 			m.log.Warn("fork slot precreate failed", "checkpoint", ck.Checkpoint.GetId(), "err", err, "retry_in", retry)
@@ -201,12 +202,15 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 	}
 }
 
-// checkpointExists reports whether checkpoint id is still recorded.
-func (m *Manager) checkpointExists(id string) bool {
+// forkSlotWanted reports whether checkpoint id still wants fork slots: it
+// is recorded and among the recent ones. A delete takes it off the recent
+// list first (dropForkSlots), before its layer goes and long before its
+// record does.
+func (m *Manager) forkSlotWanted(fs *forkSlots, id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, ok := m.checkpoints[id]
-	return ok
+	return ok && slices.Contains(fs.recent, id)
 }
 
 // precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint

@@ -27,6 +27,18 @@ type restorePrecreating struct {
 	hits int
 	// hook, when set, runs before a precreate and fails it with its error.
 	hook func(ref runtime.CheckpointRef) error
+	// deleteHook, when set, runs before a checkpoint's runtime delete.
+	deleteHook func(ref runtime.CheckpointRef)
+}
+
+func (r *restorePrecreating) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRef) error {
+	r.mu.Lock()
+	hook := r.deleteHook
+	r.mu.Unlock()
+	if hook != nil {
+		hook(ref)
+	}
+	return r.Runtime.DeleteCheckpoint(ctx, ref)
 }
 
 type precreatedFork struct {
@@ -277,4 +289,64 @@ func TestForkSlotOfDeletedCheckpoint(t *testing.T) {
 	eventually(t, "the next checkpoint's fork slot", func() bool {
 		return len(rp.forks()[e.dir+"/checkpoints/"+b.Id]) == 1
 	})
+}
+
+// TestForkSlotOfCheckpointBeingDeleted: the precreate of a checkpoint's fork
+// slot fails while the checkpoint is being deleted (its layer is gone, its
+// record not yet): no failure of the filler either, so another checkpoint's
+// slot taken meanwhile is refilled at once. (It backed off: the record still
+// existed, and the next forks restored cold.)
+func TestForkSlotOfCheckpointBeingDeleted(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+		o.PoolRetry = time.Hour // a backoff outlasts the test
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	b, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bDir := e.dir + "/checkpoints/" + b.Id
+	eventually(t, "b's fork slot", func() bool { return len(rp.forks()[bDir]) == 1 })
+
+	entered, release, deleting, finish := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rp.mu.Lock()
+	rp.hook = func(runtime.CheckpointRef) error {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil
+		}
+		close(entered)
+		<-release
+		return fmt.Errorf("create container: parent snapshot does not exist: %w", errdefs.ErrNotFound)
+	}
+	rp.deleteHook = func(runtime.CheckpointRef) {
+		close(deleting)
+		<-finish
+	}
+	rp.mu.Unlock()
+
+	a, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered // a's slot is being made
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := e.m.DeleteCheckpoint(ctx, a.Id, false)
+		deleted <- err
+	}()
+	<-deleting     // a's slots are dropped, its record is still there
+	close(release) // a's precreate fails under the delete
+	forkOne(t, e, b.Id)
+	eventually(t, "b's fork slot refilled", func() bool { return len(rp.forks()[bDir]) == 1 })
+	close(finish)
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
 }
