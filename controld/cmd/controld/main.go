@@ -113,7 +113,8 @@ func run() error {
 		StateDir:       filepath.Join(cfg.StateDir, "runtime"),
 		Network:        nm,
 		UserNamespaces: ranges,
-		Registry:       containerdrt.RegistryConfig{DockerConfig: cfg.Registry.DockerConfig, PlainHTTP: cfg.Registry.PlainHTTP},
+		Registry: containerdrt.RegistryConfig{DockerConfig: cfg.Registry.DockerConfig, PlainHTTP: cfg.Registry.PlainHTTP,
+			PartSize: int64(cfg.Registry.PartSize)},
 	})
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)

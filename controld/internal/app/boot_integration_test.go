@@ -53,9 +53,12 @@ type bootStack struct {
 func newBootStack(t *testing.T) *bootStack { return newStackIn(t, "forkfleet-boot-it") }
 
 // newStackIn is a bootStack on the namespace testenv.Namespace(base).
-func newStackIn(t *testing.T, base string) *bootStack {
+func newStackIn(t *testing.T, base string, opts ...func(*config.Config)) *bootStack {
 	t.Helper()
 	cfg, _, _ := realStackConfig(t, base)
+	for _, o := range opts {
+		o(cfg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	rt := realStackRuntime(t, ctx, cfg, filepath.Join(cfg.StateDir, "runtime"))

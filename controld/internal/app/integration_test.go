@@ -310,6 +310,7 @@ func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, sta
 		Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 		CheckpointRoot: cfg.CheckpointDir, StateDir: stateDir, LogWriter: testenv.LogWriter(t), NetHook: testenv.NetHook(t),
 		LayersDir: testenv.LayersDir(), UserNamespaces: testenv.UserNamespaces(t, cfg.UserNS.Enabled),
+		Registry: containerdrt.RegistryConfig{PartSize: int64(cfg.Registry.PartSize)},
 	})
 	if err != nil {
 		t.Fatalf("runtime: %v", err)

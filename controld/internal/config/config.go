@@ -162,10 +162,15 @@ type Metrics struct {
 	Listen string `toml:"listen"`
 }
 
+// minPartSize bounds registry.part_size from below: smaller parts buy a
+// cut push little and cost a request each.
+const minPartSize = 64 << 10
+
 // Registry says how checkpoints reach OCI registries (default.toml).
 type Registry struct {
 	DockerConfig string   `toml:"docker_config"`
 	PlainHTTP    []string `toml:"plain_http"`
+	PartSize     Size     `toml:"part_size"`
 }
 
 // Containerd says where the runtime's containerd is.
@@ -301,6 +306,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DefaultImage == "" {
 		errs = append(errs, errors.New("default_image: must be set"))
+	}
+	if c.Registry.PartSize < minPartSize {
+		errs = append(errs, fmt.Errorf("registry.part_size %d: must be at least %d (64KiB)", c.Registry.PartSize, minPartSize))
 	}
 	if c.Registry.DockerConfig != "" && !filepath.IsAbs(c.Registry.DockerConfig) {
 		errs = append(errs, fmt.Errorf("registry.docker_config %q: must be an absolute path", c.Registry.DockerConfig))

@@ -47,7 +47,10 @@ import (
 // are, in this order:
 //
 //   - MediaTypeCheckpointCRIUZstd (memory tier only): the CRIU image
-//     directory as a zstd-compressed tar;
+//     directory as a zstd-compressed tar, cut into parts of at most
+//     RegistryConfig.PartSize bytes (one blob each, in order: their
+//     concatenation is the stream), so that a push cut inside the stream
+//     sends only the parts the registry lacks again;
 //   - one or more ocispec.MediaTypeImageLayerZstd: the checkpoint's writable
 //     layer as standard OCI layer diffs (whiteouts as .wh. entries), bottom
 //     first, to be stacked on the base image's layers. A checkpoint of a
@@ -180,11 +183,11 @@ type exportOp struct {
 	chainID string
 	chain   []string
 	// writeLayers, writeMeta, writeManifest
-	criuDesc ocispec.Descriptor
-	diffs    []ocispec.Descriptor
-	metaDesc ocispec.Descriptor
-	layers   []ocispec.Descriptor
-	manDesc  ocispec.Descriptor
+	criuDescs []ocispec.Descriptor
+	diffs     []ocispec.Descriptor
+	metaDesc  ocispec.Descriptor
+	layers    []ocispec.Descriptor
+	manDesc   ocispec.Descriptor
 }
 
 // readCheckpoint reads the checkpoint's files and checks it is the one ref
@@ -253,13 +256,13 @@ func (op *exportOp) writeLayers(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	if op.memory {
 		g.Go(func() error {
-			d, err := writeStreamBlob(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIUZstd, func(w io.Writer) error {
+			ds, err := writeStreamBlobs(gctx, cs, r.client.LeasesService(), MediaTypeCheckpointCRIUZstd, r.cfg.Registry.partSize(), func(w io.Writer) error {
 				return zstdCompress(w, func(w io.Writer) error { return writeTreeTar(gctx, w, op.criuDir) })
 			})
 			if err != nil {
 				return fmt.Errorf("export CRIU images: %w", err)
 			}
-			op.criuDesc = d
+			op.criuDescs = ds
 			return nil
 		})
 	}
@@ -300,8 +303,14 @@ func (op *exportOp) writeMeta(ctx context.Context) error {
 func (op *exportOp) writeManifest(ctx context.Context) error {
 	meta := op.meta
 	if op.memory {
-		op.criuDesc.Annotations = map[string]string{ocispec.AnnotationTitle: "criu.tar"}
-		op.layers = append(op.layers, op.criuDesc)
+		for i, d := range op.criuDescs {
+			title := "criu.tar"
+			if len(op.criuDescs) > 1 {
+				title = fmt.Sprintf("criu.tar.%03d", i)
+			}
+			d.Annotations = map[string]string{ocispec.AnnotationTitle: title}
+			op.layers = append(op.layers, d)
+		}
 	}
 	for i, d := range op.diffs {
 		d.Annotations = map[string]string{ocispec.AnnotationTitle: "rootfs-" + strconv.Itoa(i) + ".tar"}
@@ -497,7 +506,7 @@ func (op *importOp) checkBase(ctx context.Context) error {
 // of the CRIU images, so only what this host's policy gives may come in
 // (criupolicy.go), checked once the images are unpacked.
 func (op *importOp) loadPolicy(ctx context.Context) error {
-	if op.ck.criu == nil {
+	if len(op.ck.criu) == 0 {
 		return nil
 	}
 	var err error
@@ -540,9 +549,9 @@ func (op *importOp) unpack(ctx context.Context) error {
 		}
 		return nil
 	})
-	if ck.criu != nil {
+	if len(ck.criu) > 0 {
 		g.Go(func() error {
-			return unpackBlob(gctx, r.client.ContentStore(), name, *ck.criu, filepath.Join(op.dir, criuImageDir))
+			return unpackBlobs(gctx, r.client.ContentStore(), name, ck.criu, filepath.Join(op.dir, criuImageDir))
 		})
 	}
 	return g.Wait()
@@ -551,7 +560,7 @@ func (op *importOp) unpack(ctx context.Context) error {
 // checkImages checks the unpacked CRIU images against the policy and
 // makes them readable to the restores.
 func (op *importOp) checkImages(context.Context) error {
-	if op.ck.criu == nil {
+	if len(op.ck.criu) == 0 {
 		return nil
 	}
 	imageDir := filepath.Join(op.dir, criuImageDir)
@@ -620,7 +629,7 @@ func (op *importOp) commitLayer(ctx context.Context) error {
 // checkpointImage is a parsed checkpoint image.
 type checkpointImage struct {
 	manifest ocispec.Manifest
-	criu     *ocispec.Descriptor // memory tier only
+	criu     []ocispec.Descriptor // memory tier only: the CRIU stream's parts
 	diffs    []ocispec.Descriptor
 	exported exportedMeta
 	ckMeta   checkpointMeta
@@ -696,8 +705,12 @@ func parseCheckpointManifest(name string, b []byte) (*checkpointImage, error) {
 		if len(ls) == 0 || (ls[0].MediaType != MediaTypeCheckpointCRIUZstd && ls[0].MediaType != MediaTypeCheckpointCRIU) {
 			return nil, notCheckpointImage(name, "memory tier without %s layer", MediaTypeCheckpointCRIUZstd)
 		}
-		ck.criu = &ls[0]
-		ls = ls[1:]
+		// The CRIU stream's parts: every leading layer of its media type.
+		n := 1
+		for n < len(ls) && ls[n].MediaType == ls[0].MediaType {
+			n++
+		}
+		ck.criu, ls = ls[:n], ls[n:]
 	}
 	if len(ls) == 0 {
 		return nil, notCheckpointImage(name, "no writable layer")
@@ -943,28 +956,33 @@ func writeTreeTar(ctx context.Context, w io.Writer, dir string) error {
 	})
 }
 
-// unpackBlob extracts the tar blob desc of image name into dir (created),
-// refusing entries that escape it.
-func unpackBlob(ctx context.Context, cs content.Provider, name string, desc ocispec.Descriptor, dir string) error {
+// unpackBlobs extracts the tar whose parts are the blobs descs of image
+// name (in order; zstd-compressed when their media type says so) into dir
+// (created), refusing entries that escape it.
+func unpackBlobs(ctx context.Context, cs content.Provider, name string, descs []ocispec.Descriptor, dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fmt.Errorf("unpack %s: %w: %w", desc.Digest, errdefs.ErrInternal, err)
+		return fmt.Errorf("unpack %s: %w: %w", descs[0].Digest, errdefs.ErrInternal, err)
 	}
-	ra, err := cs.ReaderAt(ctx, desc)
-	if err != nil {
-		return blobErr(name, "layer "+desc.Digest.String(), err)
+	parts := make([]io.Reader, len(descs))
+	for i, desc := range descs {
+		ra, err := cs.ReaderAt(ctx, desc)
+		if err != nil {
+			return blobErr(name, "layer "+desc.Digest.String(), err)
+		}
+		defer ra.Close()
+		parts[i] = content.NewReader(ra)
 	}
-	defer ra.Close()
-	var rd io.Reader = bufio.NewReaderSize(content.NewReader(ra), blobBufferBytes)
-	if desc.MediaType == MediaTypeCheckpointCRIUZstd {
+	var rd io.Reader = bufio.NewReaderSize(io.MultiReader(parts...), blobBufferBytes)
+	if descs[0].MediaType == MediaTypeCheckpointCRIUZstd {
 		zr, err := zstd.NewReader(rd, zstd.WithDecoderConcurrency(0))
 		if err != nil {
-			return fmt.Errorf("unpack %s: %w: %w", desc.Digest, errdefs.ErrInternal, err)
+			return fmt.Errorf("unpack %s: %w: %w", descs[0].Digest, errdefs.ErrInternal, err)
 		}
 		defer zr.Close()
 		rd = zr
 	}
 	if _, err := archive.Apply(ctx, dir, rd); err != nil {
-		return fmt.Errorf("unpack %s: %w", desc.Digest, convertWriteErr(err))
+		return fmt.Errorf("unpack %s: %w", descs[0].Digest, convertWriteErr(err))
 	}
 	return nil
 }
@@ -981,83 +999,156 @@ func blobErr(name, what string, err error) error {
 	return fmt.Errorf("image %s: %s: %w", name, what, err)
 }
 
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
-// writeStreamBlob streams produce's output into the content store and
-// commits it under its digest, held by ctx's lease. Content already present
-// is kept as is.
+// writeStreamBlob writes what produce writes as one blob of mediaType
+// (writeStreamBlobs without parts).
 func writeStreamBlob(ctx context.Context, cs content.Store, ls leases.Manager, mediaType string, produce func(io.Writer) error) (ocispec.Descriptor, error) {
+	ds, err := writeStreamBlobs(ctx, cs, ls, mediaType, 0, produce)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return ds[0], nil
+}
+
+// writeStreamBlobs writes what produce writes into the content store as
+// blobs of mediaType of partSize bytes each (the last one shorter; 0: one
+// blob), under the context's lease, and returns them in order.
+func writeStreamBlobs(ctx context.Context, cs content.Store, ls leases.Manager, mediaType string, partSize int64, produce func(io.Writer) error) ([]ocispec.Descriptor, error) {
 	// A blob that was already there is left out of the writer's lease by
 	// containerd (2.4): if its last owner was just deleted (an export of
 	// the same checkpoint again, a deleted image of it), a collection can
 	// remove it before the manifest that will hold it is written. Lease it
-	// by hand; should it be gone by then, the second pass writes it anew,
-	// which leases it.
+	// by hand; should one be gone by then, the second pass writes them
+	// anew, which leases them.
 	for pass := 0; ; pass++ {
-		desc, existed, err := commitStreamBlob(ctx, cs, mediaType, produce)
-		if err != nil || !existed {
-			return desc, err
+		pw := &partWriter{ctx: ctx, cs: cs, mediaType: mediaType, partSize: partSize}
+		descs, err := pw.run(produce)
+		if err != nil {
+			return nil, err
 		}
-		lid, ok := leases.FromContext(ctx)
-		if !ok {
-			return desc, fmt.Errorf("blob %s: %w: written without a lease", desc.Digest, errdefs.ErrInternal)
+		gone := false
+		for i, desc := range descs {
+			if !pw.existed[i] {
+				continue
+			}
+			lid, ok := leases.FromContext(ctx)
+			if !ok {
+				return nil, fmt.Errorf("blob %s: %w: written without a lease", desc.Digest, errdefs.ErrInternal)
+			}
+			if err := ls.AddResource(ctx, leases.Lease{ID: lid}, leases.Resource{ID: desc.Digest.String(), Type: "content"}); err != nil {
+				return nil, fmt.Errorf("lease blob %s: %w", desc.Digest, convertErr(err))
+			}
+			if _, err := cs.Info(ctx, desc.Digest); err != nil {
+				if !cerrdefs.IsNotFound(err) || pass > 0 {
+					return nil, fmt.Errorf("blob %s: %w", desc.Digest, convertErr(err))
+				}
+				gone = true
+			}
 		}
-		if err := ls.AddResource(ctx, leases.Lease{ID: lid}, leases.Resource{ID: desc.Digest.String(), Type: "content"}); err != nil {
-			return desc, fmt.Errorf("lease blob %s: %w", desc.Digest, convertErr(err))
-		}
-		_, err = cs.Info(ctx, desc.Digest)
-		if err == nil {
-			return desc, nil
-		}
-		if !cerrdefs.IsNotFound(err) || pass > 0 {
-			return desc, fmt.Errorf("blob %s: %w", desc.Digest, convertErr(err))
+		if !gone {
+			return descs, nil
 		}
 	}
 }
 
-// commitStreamBlob is one pass of writeStreamBlob; existed reports content
-// that was in the store already.
-func commitStreamBlob(ctx context.Context, cs content.Store, mediaType string, produce func(io.Writer) error) (desc ocispec.Descriptor, existed bool, _ error) {
-	ref := "forkfleet-export-" + randomHex(8)
-	w, err := content.OpenWriter(ctx, cs, content.WithRef(ref))
-	if err != nil {
-		return desc, false, fmt.Errorf("content writer: %w", convertErr(err))
-	}
-	open := true
-	defer func() {
-		if open {
-			w.Close()
-			cs.Abort(context.WithoutCancel(ctx), ref)
-		}
-	}()
-	dg := digest.Canonical.Digester()
-	cnt := &countingWriter{w: io.MultiWriter(w, dg.Hash())}
-	bw := bufio.NewWriterSize(cnt, blobBufferBytes)
+// partWriter cuts a stream into blobs of partSize bytes, each committed
+// when full (existed: content that was in the store already).
+type partWriter struct {
+	ctx       context.Context
+	cs        content.Store
+	mediaType string
+	partSize  int64
+
+	w       content.Writer // the part being written; nil between parts
+	ref     string
+	dg      digest.Digester
+	n       int64
+	descs   []ocispec.Descriptor
+	existed []bool
+}
+
+// run writes what produce writes and commits the last part.
+func (p *partWriter) run(produce func(io.Writer) error) ([]ocispec.Descriptor, error) {
+	defer p.abort()
+	bw := bufio.NewWriterSize(p, blobBufferBytes)
 	if err := produce(bw); err != nil {
-		return desc, false, convertWriteErr(err)
+		return nil, convertWriteErr(err)
 	}
 	if err := bw.Flush(); err != nil {
-		return desc, false, convertWriteErr(err)
+		return nil, convertWriteErr(err)
 	}
-	desc = ocispec.Descriptor{MediaType: mediaType, Digest: dg.Digest(), Size: cnt.n}
-	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil {
+	if p.w == nil && len(p.descs) == 0 {
+		if err := p.open(); err != nil { // an empty stream is one empty blob
+			return nil, err
+		}
+	}
+	if p.w != nil {
+		if err := p.commit(); err != nil {
+			return nil, err
+		}
+	}
+	return p.descs, nil
+}
+
+func (p *partWriter) Write(b []byte) (int, error) {
+	written := 0
+	for len(b) > 0 {
+		if p.w == nil {
+			if err := p.open(); err != nil {
+				return written, err
+			}
+		}
+		k := len(b)
+		if p.partSize > 0 && int64(k) > p.partSize-p.n {
+			k = int(p.partSize - p.n)
+		}
+		if _, err := p.w.Write(b[:k]); err != nil {
+			return written, err
+		}
+		p.dg.Hash().Write(b[:k])
+		p.n += int64(k)
+		written += k
+		b = b[k:]
+		if p.partSize > 0 && p.n == p.partSize {
+			if err := p.commit(); err != nil {
+				return written, err
+			}
+		}
+	}
+	return written, nil
+}
+
+func (p *partWriter) open() error {
+	p.ref = "forkfleet-export-" + randomHex(8)
+	w, err := content.OpenWriter(p.ctx, p.cs, content.WithRef(p.ref))
+	if err != nil {
+		return fmt.Errorf("content writer: %w", convertErr(err))
+	}
+	p.w, p.dg, p.n = w, digest.Canonical.Digester(), 0
+	return nil
+}
+
+func (p *partWriter) commit() error {
+	desc := ocispec.Descriptor{MediaType: p.mediaType, Digest: p.dg.Digest(), Size: p.n}
+	existed := false
+	if err := p.w.Commit(p.ctx, desc.Size, desc.Digest); err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
-			return desc, false, fmt.Errorf("commit blob: %w", convertErr(err))
+			return fmt.Errorf("commit blob: %w", convertErr(err))
 		}
 		existed = true
 	}
-	open = false
-	w.Close()
-	return desc, existed, nil
+	p.w.Close()
+	p.w = nil
+	p.descs, p.existed = append(p.descs, desc), append(p.existed, existed)
+	return nil
+}
+
+// abort drops a part left open by a failure.
+func (p *partWriter) abort() {
+	if p.w != nil {
+		p.w.Close()
+		p.cs.Abort(context.WithoutCancel(p.ctx), p.ref)
+		p.w = nil
+	}
 }
 
 // convertWriteErr classifies a produce error: containerd's through

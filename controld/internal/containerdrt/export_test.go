@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/plugins/content/local"
 	cerrdefs "github.com/containerd/errdefs"
 	digest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -96,7 +98,7 @@ func TestParseCheckpointManifest(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tier, err)
 		}
-		if len(ck.diffs) != 2 || (tier == "memory") != (ck.criu != nil) {
+		if len(ck.diffs) != 2 || (tier == "memory") != (len(ck.criu) == 1) {
 			t.Errorf("%s: diffs %d, criu %v", tier, len(ck.diffs), ck.criu)
 		}
 		mb, _ := json.Marshal(em)
@@ -761,4 +763,79 @@ func TestIntegrationExportDesktop(t *testing.T) {
 		t.Errorf("fork marker %q, %v", b, err)
 	}
 	deleteQuiet(r, fork.ID)
+}
+
+// TestStreamParts cuts a zstd tar of a directory into blobs of a part size
+// (a real content store: containerd's local one) and unpacks their
+// concatenation: the tree comes back whole; a stream shorter than a part
+// is one blob.
+func TestStreamParts(t *testing.T) {
+	ctx := context.Background()
+	cs, err := local.NewStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	want := map[string][]byte{}
+	for i := range 4 {
+		b := make([]byte, 96<<10)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		name := "pages-" + strconv.Itoa(i) + ".img"
+		want[name] = b
+		if err := os.WriteFile(filepath.Join(src, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce := func(w io.Writer) error {
+		return zstdCompress(w, func(w io.Writer) error { return writeTreeTar(ctx, w, src) })
+	}
+	const part = 100 << 10
+	descs, err := writeStreamBlobs(ctx, cs, nil, MediaTypeCheckpointCRIUZstd, part, produce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for i, d := range descs {
+		total += d.Size
+		if i < len(descs)-1 && d.Size != part || d.Size > part || d.MediaType != MediaTypeCheckpointCRIUZstd {
+			t.Fatalf("part %d: %+v", i, d)
+		}
+	}
+	if len(descs) < 4 {
+		t.Fatalf("%d parts of %d B (%d B in all), want at least 4", len(descs), part, total)
+	}
+	dst := filepath.Join(t.TempDir(), "images")
+	if err := unpackBlobs(ctx, cs, "ref", descs, dst); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range want {
+		got, err := os.ReadFile(filepath.Join(dst, name))
+		if err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("%s unpacked: %d B, %v", name, len(got), err)
+		}
+	}
+	// One blob when the stream fits (the same bytes as unparted).
+	whole, err := writeStreamBlobs(ctx, cs, nil, MediaTypeCheckpointCRIUZstd, 0, produce)
+	if err != nil || len(whole) != 1 || whole[0].Size != total {
+		t.Fatalf("unparted: %+v, %v (parts held %d B)", whole, err, total)
+	}
+}
+
+// TestParseCheckpointManifestParts reads a CRIU stream cut into parts: every
+// leading layer of the CRIU media type, in order.
+func TestParseCheckpointManifestParts(t *testing.T) {
+	m, _ := exportTestManifest("memory")
+	criu := m.Layers[0]
+	parts := []ocispec.Descriptor{criu, {MediaType: criu.MediaType, Digest: digest.FromString("p1"), Size: 3}, {MediaType: criu.MediaType, Digest: digest.FromString("p2"), Size: 2}}
+	m.Layers = append(parts, m.Layers[1:]...)
+	b, _ := json.Marshal(m)
+	ck, err := parseCheckpointManifest("ref", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(ck.criu, parts, func(a, b ocispec.Descriptor) bool { return a.Digest == b.Digest }) || len(ck.diffs) != 2 {
+		t.Fatalf("criu %v, diffs %d", ck.criu, len(ck.diffs))
+	}
 }

@@ -44,6 +44,25 @@ type RegistryConfig struct {
 	// PlainHTTP lists registries (host[:port]) reached over plain HTTP;
 	// loopback registries always are. Any other registry is HTTPS only.
 	PlainHTTP []string
+	// PartSize bounds the blobs an export cuts the CRIU images into
+	// (DefaultPartSize when 0): a push cut inside a blob sends that blob
+	// again whole (containerd's pusher uploads a blob in one request, and a
+	// registry such as docker-registry cannot resume an upload cut inside
+	// a request), the parts the registry holds not.
+	PartSize int64
+}
+
+// DefaultPartSize is RegistryConfig.PartSize's default: small enough that a
+// cut costs little, large enough that a bare desktop (about 1.6 MB) is one
+// blob and a 300 MB one (about 420 MB) a few dozen, pushed and pulled
+// registryParallel at a time.
+const DefaultPartSize = 16 << 20
+
+func (c RegistryConfig) partSize() int64 {
+	if c.PartSize > 0 {
+		return c.PartSize
+	}
+	return DefaultPartSize
 }
 
 var _ runtime.CheckpointRegistry = (*Runtime)(nil)

@@ -119,7 +119,7 @@ func TestIntegrationRestorableCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	img := func(h hostInfo) *checkpointImage {
-		return &checkpointImage{criu: &ocispec.Descriptor{}, exported: exportedMeta{Host: &h}}
+		return &checkpointImage{criu: []ocispec.Descriptor{{}}, exported: exportedMeta{Host: &h}}
 	}
 	if err := checkRestorable(ctx, "here", img(*hi)); err != nil {
 		t.Fatalf("this host's own CPU and kernel: %v", err)
@@ -203,7 +203,7 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 	if errdefs.Reason(err) != "CPU_INCOMPATIBLE" {
 		t.Fatalf("pull of a checkpoint dumped on a CPU with more features: %v, want CPU_INCOMPATIBLE", err)
 	}
-	if _, err := cs.Info(ctx, man.criu.Digest); !cerrdefs.IsNotFound(err) {
+	if _, err := cs.Info(ctx, man.criu[0].Digest); !cerrdefs.IsNotFound(err) {
 		t.Errorf("the refused pull fetched the CRIU images: %v", err)
 	}
 	if n := leaseCount(t, r); n != leases {

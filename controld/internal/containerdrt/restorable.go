@@ -104,7 +104,7 @@ func kernelRelease() string {
 // processes; images written before hostInfo existed carry nothing to check.
 func checkRestorable(ctx context.Context, name string, ck *checkpointImage) error {
 	hi := ck.exported.Host
-	if ck.criu == nil || hi == nil {
+	if len(ck.criu) == 0 || hi == nil {
 		return nil
 	}
 	if err := kernelCanRestore(hi.Kernel, kernelRelease()); err != nil {

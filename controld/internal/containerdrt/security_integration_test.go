@@ -335,7 +335,7 @@ func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec fu
 	layers[len(layers)-1] = md
 	if editCore != nil {
 		dir := filepath.Join(t.TempDir(), "criu")
-		if err := unpackBlob(ctx, cs, src, *ck.criu, dir); err != nil {
+		if err := unpackBlobs(ctx, cs, src, ck.criu, dir); err != nil {
 			t.Fatal(err)
 		}
 		cores, _ := filepath.Glob(filepath.Join(dir, "core-*.img"))
@@ -347,7 +347,8 @@ func craftCheckpointImage(t *testing.T, r *Runtime, src, dst string, editSpec fu
 			t.Fatal(err)
 		}
 		d.Annotations = layers[0].Annotations
-		layers[0] = d
+		// One blob for the rewritten images, in place of every part.
+		layers = append([]ocispec.Descriptor{d}, layers[len(ck.criu):]...)
 	}
 	man.Layers = layers
 	manb, err := json.Marshal(man)
