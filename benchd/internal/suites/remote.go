@@ -52,7 +52,7 @@ func (s *remoteSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&s.settle, "remote-settle", time.Second, "pause before each measured fork (controld refills its precreated fork containers in the background)")
 	fs.StringVar(&s.hostsBin, "remote-hosts-controld", "", "controld binary of the two hosts the suite runs (default: the controld beside benchd; forkfleet-image beside it imports their image)")
 	fs.StringVar(&s.hostsNamespace, "remote-hosts-namespace", "forkfleet-bench-host", "containerd namespace prefix of those hosts (-a, -b: created, emptied at the end but for the desktop image)")
-	s.hostsNs = intList{8}
+	s.hostsNs = intList{1, 8}
 	fs.Var(&s.hostsNs, "remote-hosts-ns", "replica counts of the forks spread over two hosts (0: no hosts)")
 }
 

@@ -218,8 +218,9 @@ func (r *remoteRun) runHosts(ctx context.Context, reps int) ([]result.Row, error
 
 // rep checkpoints a desktop on host a and forks it n ways: on a alone, and
 // spread over both hosts by the fleet client, first (a exports and pushes
-// it, b pulls it) and again (b forks its import). The single and the second
-// spread fork take turns going first.
+// it, b pulls it) and again (b forks its import); for n=1, on b (a pushed
+// it before: b pulls, imports and forks it, then forks its import again).
+// The single and the second spread fork take turns going first.
 func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, other *result.Series) error {
 	r, a, b := hr.r, hr.a, hr.b
 	src, err := a.c.create(ctx)
@@ -276,10 +277,28 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 		r.env.Progressf("remote: hosts: fork N=%d on %s: %d verified in %.0f ms", n, a.name, good, suite.Ms(w))
 		return nil
 	}
+	// N=1 has nothing to spread: b forks what a pushed (by digest, as the
+	// fleet client sends it; the push is done before the clock starts).
+	pinned := ""
+	if n == 1 {
+		ex, err := a.c.ck.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ckID, Reference: repo + ":" + ckID, Push: true})
+		if err != nil {
+			return fmt.Errorf("push: %w", err)
+		}
+		pinned = repo + "@" + ex.GetDigest()
+	}
+	fork := func() ([]client.ForkResult, error) {
+		opts := []client.ForkOption{client.WithLabels(map[string]string{benchLabel: "1"}), client.WithTTL(benchTTL)}
+		if pinned == "" {
+			return fleet.Checkpoint(ckID).Fork(ctx, n, opts...)
+		}
+		res, _, err := b.c.c.ForkRemote(ctx, pinned, n, opts...)
+		return res, err
+	}
 	forkSpread := func(s *result.Series) error {
 		sleepCtx(ctx, r.s.settle)
 		t0 := time.Now()
-		res, err := fleet.Checkpoint(ckID).Fork(ctx, n, client.WithLabels(map[string]string{benchLabel: "1"}), client.WithTTL(benchTTL))
+		res, err := fork()
 		w := time.Since(t0)
 		if err != nil {
 			s.Fail()
