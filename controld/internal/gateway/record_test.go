@@ -11,8 +11,10 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
 	"github.com/forkfleet/forkfleet/api/aci"
@@ -42,6 +44,7 @@ func hashedFrame(seq uint64, key bool, x, y, w, h int, data []byte) *aciv1.Event
 
 type line struct {
 	Seq        uint64          `json:"seq"`
+	Source     string          `json:"source"`
 	Conn       uint64          `json:"conn"`
 	ID         uint64          `json:"id"`
 	Method     string          `json:"method"`
@@ -126,6 +129,13 @@ func TestRecording(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
+	// A control viewer's input is recorded too.
+	v := f.dial(t, "control-1")
+	v.next(3)
+	if err := v.c.Write(ctx, websocket.MessageText, []byte(`{"t":"text","text":"viewer"}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.HasSuffix(typed(f.guest), "viewer") })
 
 	stopped, err := rm.Stop(ctx, &controldv1.StopRecordingRequest{Id: id})
 	if err != nil {
@@ -138,6 +148,11 @@ func TestRecording(t *testing.T) {
 	}
 	lines := readLines(t, filepath.Join(rec.GetDir(), recording.TrajectoryFile))
 	var methods []string
+	if n := len(lines); n == 0 || lines[n-1].Source != "view" || lines[n-1].Method != "step" || lines[n-1].Outcome != "ok" ||
+		!bytes.Contains(lines[n-1].Request, []byte(`"viewer"`)) {
+		t.Fatalf("the viewer's line: %+v", lines)
+	}
+	lines = lines[:len(lines)-1]
 	for _, l := range lines {
 		methods = append(methods, l.Method)
 		if l.Outcome != "ok" || l.SentNs == 0 || l.RepliedNs < l.SentNs || l.FrameAfter == nil || l.FrameAfter.Index != 2 ||

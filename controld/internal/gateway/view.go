@@ -406,10 +406,15 @@ func (g *Gateway) readInput(ctx context.Context, c *websocket.Conn, h *hub, cont
 			continue // between sessions (a checkpoint): input is dropped
 		}
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = s.Step(sctx, acts, nil)
+		sent := time.Now()
+		resp, err := s.Step(sctx, acts, nil)
 		cancel()
 		if err != nil {
 			g.log.Debug("view input", "sandbox", h.id, "err", err)
+		}
+		// A person's input is in the sandbox's recordings too.
+		for _, sink := range h.sinkList() {
+			sink.ViewStep(acts, sent, resp, err)
 		}
 	}
 }

@@ -54,6 +54,9 @@ type Sink interface {
 	// the client's after its upgrade request, and guestd's from its
 	// upgrade response on. done is called when the connection ends.
 	TapACI() (client, server io.Writer, done func())
+	// ViewStep takes the input of a live viewer in control mode, which
+	// the gateway ran as a step on its own session at sent.
+	ViewStep(actions []*aciv1.Action, sent time.Time, resp *aciv1.StepResponse, err error)
 	// SandboxGone ends the recording: the sandbox was deleted.
 	SandboxGone()
 }
@@ -66,6 +69,7 @@ const (
 	itemClient
 	itemServer
 	itemConnEnd
+	itemView
 )
 
 type item struct {
@@ -78,6 +82,11 @@ type item struct {
 	text      bool
 	data      []byte
 	truncated bool
+	// itemView: the viewer's step, its reply (nil on err) and error.
+	actions []*aciv1.Action
+	sent    time.Time
+	resp    *aciv1.StepResponse
+	err     error
 }
 
 func (it *item) cost() int { return len(it.data) + 256 }
@@ -222,6 +231,13 @@ func handOver(w *wsReader, fn func(bool, []byte, uint64, bool)) func(bool, []byt
 	return func(text bool, data []byte, size uint64, truncated bool) {
 		fn(text, data, size, truncated)
 		w.msg = nil
+	}
+}
+
+// ViewStep implements Sink.
+func (r *recorder) ViewStep(actions []*aciv1.Action, sent time.Time, resp *aciv1.StepResponse, err error) {
+	if !r.enqueue(item{kind: itemView, at: time.Now(), actions: actions, sent: sent, resp: resp, err: err}) {
+		r.lost.Add(1)
 	}
 }
 
@@ -406,6 +422,8 @@ func (r *recorder) handle(it *item) error {
 		return r.line(l)
 	case itemConnEnd:
 		return r.endConn(it.conn, it.at)
+	case itemView:
+		return r.line(viewLine(it, r.last))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package recording
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -18,6 +19,9 @@ import (
 type trajectoryLine struct {
 	// Line number, from 1.
 	Seq uint64 `json:"seq"`
+	// "view" for the input of a live viewer in control mode (run by the
+	// gateway on its own session: conn and id are 0); empty for agents.
+	Source string `json:"source,omitempty"`
 	// The gateway connection it came on (from 1 within the recording) and
 	// the client's request id on it.
 	Conn uint64 `json:"conn"`
@@ -130,6 +134,27 @@ func decodeReply(text bool, data []byte, truncated bool) decodedReply {
 	d.elided = elide(m.ProtoReflect())
 	d.json, _ = jsonOpts.Marshal(m)
 	return d
+}
+
+// viewLine is the trajectory line of a live viewer's step.
+func viewLine(it *item, last *frameRef) *trajectoryLine {
+	req := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Step{Step: &aciv1.StepRequest{Actions: it.actions}}}
+	l := &trajectoryLine{Source: "view", Method: "step", SentNs: it.sent.UnixNano(), RepliedNs: it.at.UnixNano(), Outcome: "ok", FrameAfter: last}
+	l.Elided = elide(req.ProtoReflect())
+	l.Request, _ = jsonOpts.Marshal(req)
+	if it.err != nil {
+		l.Outcome = "error"
+		l.Error = &lineError{Code: "gateway", Message: it.err.Error()}
+		if e := (*aci.Error)(nil); errors.As(it.err, &e) {
+			l.Error.Code = e.Code.String()
+		}
+		return l
+	}
+	rep := &aciv1.ServerMessage{Reply: &aciv1.ServerMessage_Step{Step: it.resp}}
+	l.ObservationHash = hexOrEmpty(findFrameHash(rep.ProtoReflect(), 0))
+	l.Elided += elide(rep.ProtoReflect())
+	l.Reply, _ = jsonOpts.Marshal(rep)
+	return l
 }
 
 func whichOneof(m protoreflect.Message, o protoreflect.OneofDescriptor) string {
