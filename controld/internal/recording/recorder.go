@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
@@ -89,7 +90,8 @@ type item struct {
 	err     error
 }
 
-func (it *item) cost() int { return len(it.data) + 256 }
+// itemCost is what a queued message or event holds besides its data.
+const itemCost = 256
 
 type pendingReq struct {
 	req    decodedRequest
@@ -138,18 +140,16 @@ type recorder struct {
 	height     uint32
 }
 
-func (r *recorder) enqueue(it item) bool {
+// enqueue queues it for the writer unless that passes maxQueue (cost is
+// what it holds) or the recording is stopping.
+func (r *recorder) enqueue(it item, cost int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopping {
-		return false
-	}
-	c := it.cost()
-	if r.qbytes+c > maxQueue {
+	if r.stopping || r.qbytes+cost > maxQueue {
 		return false
 	}
 	r.queue = append(r.queue, it)
-	r.qbytes += c
+	r.qbytes += cost
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -167,9 +167,7 @@ func (r *recorder) Frame(f *aciv1.ScreencastFrame, captured time.Time) bool {
 	}
 	r.skipping = false
 	r.mu.Unlock()
-	it := item{kind: itemFrame, at: time.Now(), frame: f, captured: captured}
-	it.data = nil
-	if !r.enqueueFrame(it, frameCost(f)) {
+	if !r.enqueue(item{kind: itemFrame, at: time.Now(), frame: f, captured: captured}, frameCost(f)) {
 		r.mu.Lock()
 		r.skipping = true
 		r.mu.Unlock()
@@ -187,24 +185,9 @@ func frameCost(f *aciv1.ScreencastFrame) int {
 	return n
 }
 
-func (r *recorder) enqueueFrame(it item, cost int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopping || r.qbytes+cost > maxQueue {
-		return false
-	}
-	r.queue = append(r.queue, it)
-	r.qbytes += cost
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
 // Cursor implements Sink.
 func (r *recorder) Cursor(x, y int32) {
-	r.enqueue(item{kind: itemCursor, at: time.Now(), x: x, y: y})
+	r.enqueue(item{kind: itemCursor, at: time.Now(), x: x, y: y}, itemCost)
 }
 
 // TapACI implements Sink.
@@ -212,7 +195,7 @@ func (r *recorder) TapACI() (io.Writer, io.Writer, func()) {
 	conn := r.conns.Add(1)
 	deliver := func(kind itemKind) func(bool, []byte, uint64, bool) {
 		return func(text bool, data []byte, _ uint64, truncated bool) {
-			if !r.enqueue(item{kind: kind, at: time.Now(), conn: conn, text: text, data: data, truncated: truncated}) {
+			if !r.enqueue(item{kind: kind, at: time.Now(), conn: conn, text: text, data: data, truncated: truncated}, itemCost+len(data)) {
 				r.lost.Add(1)
 			}
 		}
@@ -222,7 +205,9 @@ func (r *recorder) TapACI() (io.Writer, io.Writer, func()) {
 	// The reader hands each message's buffer over: it starts a new one.
 	client.onMessage = handOver(client, client.onMessage)
 	server.onMessage = handOver(server, server.onMessage)
-	return client, server, func() { r.enqueue(item{kind: itemConnEnd, at: time.Now(), conn: conn}) }
+	// A connection's end is never dropped while the recording runs: its
+	// requests without a reply are written then.
+	return client, server, func() { r.enqueue(item{kind: itemConnEnd, at: time.Now(), conn: conn}, 0) }
 }
 
 // handOver makes the reader drop its buffer after each message, which the
@@ -236,7 +221,7 @@ func handOver(w *wsReader, fn func(bool, []byte, uint64, bool)) func(bool, []byt
 
 // ViewStep implements Sink.
 func (r *recorder) ViewStep(actions []*aciv1.Action, sent time.Time, resp *aciv1.StepResponse, err error) {
-	if !r.enqueue(item{kind: itemView, at: time.Now(), actions: actions, sent: sent, resp: resp, err: err}) {
+	if !r.enqueue(item{kind: itemView, at: time.Now(), actions: actions, sent: sent, resp: resp, err: err}, itemCost+proto.Size(resp)) {
 		r.lost.Add(1)
 	}
 }
@@ -452,7 +437,9 @@ func (r *recorder) line(l *trajectoryLine) error {
 		r.lines--
 		return err
 	}
-	r.requests++
+	if l.Outcome != "lost" {
+		r.requests++
+	}
 	return nil
 }
 
@@ -477,6 +464,11 @@ func (r *recorder) publish() {
 // finish writes what is pending, closes the files and makes the record
 // final.
 func (r *recorder) finish(failed error) {
+	if n := r.lost.Load(); n > 0 && failed == nil {
+		// Said once, in the trajectory itself: it is incomplete.
+		failed = r.line(&trajectoryLine{Outcome: "lost", SentNs: time.Now().UnixNano(),
+			Error: &lineError{Code: "recorder", Message: fmt.Sprintf("%d ACI messages were not recorded: the recorder's queue was full", n)}})
+	}
 	if failed == nil {
 		for conn := range r.pending {
 			if err := r.endConn(conn, time.Now()); err != nil {
