@@ -223,7 +223,12 @@ func (s *checkpointSuite) shape(ctx context.Context, env *suite.Env, c *controld
 
 // golden boots a sandbox and checkpoints it at tier; the caller deletes both.
 func golden(ctx context.Context, c *controld, tier controldv1.CheckpointTier) (sandboxID string, ck *controldv1.Checkpoint, err error) {
-	resp, err := c.create(ctx)
+	return goldenOf(ctx, c, "", tier)
+}
+
+// goldenOf is golden for image (controld's default when empty).
+func goldenOf(ctx context.Context, c *controld, image string, tier controldv1.CheckpointTier) (sandboxID string, ck *controldv1.Checkpoint, err error) {
+	resp, err := c.createImage(ctx, image)
 	if err != nil {
 		return "", nil, fmt.Errorf("create golden sandbox: %w", err)
 	}

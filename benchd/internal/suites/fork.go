@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -22,6 +23,7 @@ import (
 // forkSuite measures fork to usable, verified replicas.
 type forkSuite struct {
 	ns      intList
+	image   string // the golden sandbox's; controld's default when empty
 	reps    int
 	settle  time.Duration
 	ksmWait time.Duration
@@ -39,6 +41,7 @@ func (*forkSuite) Description() string {
 func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	f.ns = intList{1, 2, 4, 8, 16}
 	fs.Var(&f.ns, "fork-ns", "replica counts")
+	fs.StringVar(&f.image, "fork-image", "", "image of the golden sandbox (controld's default, the bare desktop, when empty)")
 	fs.IntVar(&f.reps, "fork-reps", 3, "repetitions per N (--n overrides)")
 	fs.DurationVar(&f.settle, "fork-settle", time.Second, "wait after a fork before reading replica memory")
 	fs.DurationVar(&f.ksmWait, "fork-ksm-wait", 15*time.Second, "on the last repetition per N, read replica memory again this long after the fork (KSM merges over time; 0 disables)")
@@ -66,7 +69,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 		name string
 		t    controldv1.CheckpointTier
 	}{{"memory", controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY}, {"disk", controldv1.CheckpointTier_CHECKPOINT_TIER_DISK}} {
-		src, ck, err := golden(ctx, c, tier.t)
+		src, ck, err := goldenOf(ctx, c, f.image, tier.t)
 		if image == "" && src != "" {
 			if g, gerr := c.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: src}); gerr == nil {
 				image = g.GetSandbox().GetImage()
@@ -132,14 +135,14 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 	wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
 	per := result.NewSeries("fork.replica_usable", "ms", lbl)
 	amort := result.NewSeries("fork.wall_per_replica", "ms", lbl)
-	pss := result.NewSeries("fork.replica_pss", "MB", lbl)
-	rss := result.NewSeries("fork.replica_rss", "MB", lbl)
+	mem := newReplicaMem("fork.replica", "", lbl, false)
 	klbl := labels(append([]string{"tier", tier, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds()))}, extra...)...)
-	pssKSM := result.NewSeries("fork.replica_pss_after_ksm", "MB", klbl)
-	rssKSM := result.NewSeries("fork.replica_rss_after_ksm", "MB", klbl)
+	memKSM := newReplicaMem("fork.replica", "_after_ksm", klbl, true)
+	scans := result.NewSeries("fork.ksm_full_scans", "scans", klbl)
 	breakdown := newForkBreakdown(tier, itoa(n), extra...)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
+		ksm0 := readKSM(ksmDir)
 		t0 := time.Now()
 		resp, err := c.ck.ForkCheckpoint(fctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n),
 			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
@@ -178,10 +181,16 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 		// Memory per verified replica once the fleet settled, and on
 		// the last repetition again after KSM had time to merge.
 		sleepCtx(ctx, f.settle-time.Since(t0))
-		missing := replicaMemory(ok, pss, rss)
+		missing := mem.add(ok)
 		if r == reps-1 && f.ksmWait > 0 {
 			sleepCtx(ctx, f.ksmWait-time.Since(t0))
-			missing += replicaMemory(ok, pssKSM, rssKSM)
+			missing += memKSM.add(ok)
+			// Whether KSM had time: a page merges once two full scans
+			// saw it unchanged.
+			ksm := readKSM(ksmDir)
+			scans.Add(ksm.fullScansSince(ksm0))
+			env.Notef("fork %s N=%d%s, %.0f s after the fork: %.0f full KSM scans since; %s", tier, n, labelSuffix(extra),
+				f.ksmWait.Seconds(), ksm.fullScansSince(ksm0), ksm.summary())
 		}
 		if missing > 0 {
 			env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier, n, missing)
@@ -193,10 +202,10 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 	}
 	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
 	rows = append(rows, breakdown.rows()...)
-	for _, s := range []*result.Series{pss, rss, pssKSM, rssKSM} {
-		if s.Len() > 0 {
-			rows = append(rows, s.Row())
-		}
+	rows = append(rows, mem.rows()...)
+	rows = append(rows, memKSM.rows()...)
+	if scans.Len() > 0 {
+		rows = append(rows, scans.Row())
 	}
 	return rows
 }
@@ -258,19 +267,13 @@ func forkRatios(rows []result.Row) []result.Row {
 	return out
 }
 
-// replicaMemory adds each replica's PSS and RSS (MB, summed over its
-// processes) and returns how many replicas' processes were not found.
-func replicaMemory(ids []string, pss, rss *result.Series) (missing int) {
-	for _, id := range ids {
-		r, p, ok := memoryOf(sandboxProcs(id))
-		if !ok {
-			missing++
-			continue
-		}
-		pss.Add(p)
-		rss.Add(r)
+// labelSuffix renders extra labels (key, value, ...) as " key=value ...".
+func labelSuffix(kv []string) string {
+	var b strings.Builder
+	for i := 0; i+1 < len(kv); i += 2 {
+		b.WriteString(" " + kv[i] + "=" + kv[i+1])
 	}
-	return missing
+	return b.String()
 }
 
 // sleepCtx waits d (nothing when d <= 0) or until ctx ends.

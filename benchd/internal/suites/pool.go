@@ -238,12 +238,11 @@ func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, ki
 	if idle == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED && p.ksmWait > 0 {
 		waits = append(waits, p.ksmWait)
 	}
-	filled := time.Now()
+	filled, ksm0 := time.Now(), readKSM(ksmDir)
 	for _, w := range waits {
 		sleepCtx(ctx, w-time.Since(filled))
 		after := strconv.Itoa(int(time.Since(filled).Round(time.Second).Seconds()))
-		pss := result.NewSeries("pool.idle_replica_pss", "MB", poolLbl("after_s", after))
-		rss := result.NewSeries("pool.idle_replica_rss", "MB", poolLbl("after_s", after))
+		mem := newReplicaMem("pool.idle_replica", "", poolLbl("after_s", after), w > 0)
 		ls, err := c.sb.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{poolKindLabel: name},
 			States: []controldv1.SandboxState{idle}})
 		if err != nil {
@@ -255,12 +254,17 @@ func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, ki
 				ids = append(ids, sb.GetId())
 			}
 		}
-		if missing := replicaMemory(ids, pss, rss); missing > 0 || len(ids) == 0 {
+		if missing := mem.add(ids); missing > 0 || len(ids) == 0 {
 			env.Notef("%s pool: processes of %d of %d idle replicas not found: PSS/RSS rows cover only those found", kind, missing, len(ids))
 		}
-		if pss.Len() > 0 {
-			rows = append(rows, pss.Row(), rss.Row())
-			env.Progressf("%s pool: idle replica PSS p50 %.1f MB after %s s", kind, *pss.Row().P50, after)
+		if mr := mem.rows(); len(mr) > 0 {
+			rows = append(rows, mr...)
+			env.Progressf("%s pool: idle replica PSS p50 %.1f MB after %s s", kind, *mr[0].P50, after)
+		}
+		if w > 0 {
+			ksm := readKSM(ksmDir)
+			rows = append(rows, result.Single("pool.ksm_full_scans", "scans", poolLbl("after_s", after), ksm.fullScansSince(ksm0)))
+			env.Notef("%s pool, %s s after the fill: %.0f full KSM scans since; %s", kind, after, ksm.fullScansSince(ksm0), ksm.summary())
 		}
 	}
 	for _, b := range p.bursts {

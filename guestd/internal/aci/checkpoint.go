@@ -193,10 +193,32 @@ func (s *Server) releaseScratch() int {
 func (s *Server) releaseCaptureBuffers() int {
 	if d, err := s.desktop(); err == nil {
 		if r, ok := d.(ScratchReleaser); ok {
-			return r.ReleaseScratch()
+			return r.ReleaseScratch(0)
 		}
 	}
 	return 0
+}
+
+// releaseIdleScratch gives d's capture buffers back whenever no capture
+// used them for Options.ScratchIdle, until ctx ends. Checked every quarter
+// of that: a buffer goes at most 1.25 idle periods after its last use.
+func (s *Server) releaseIdleScratch(ctx context.Context, d Desktop) {
+	r, ok := d.(ScratchReleaser)
+	if !ok || s.opts.ScratchIdle < 0 {
+		return
+	}
+	t := time.NewTicker(max(s.opts.ScratchIdle/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := r.ReleaseScratch(s.opts.ScratchIdle); n > 0 {
+				s.log.Debug("idle capture buffers released", "bytes", n, "idle", s.opts.ScratchIdle)
+			}
+		}
+	}
 }
 
 // grabForDump makes guestd the X server's only client (see ServerGrabber)

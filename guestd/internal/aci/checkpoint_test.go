@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -123,6 +124,39 @@ func TestReleaseScratchAdminOnly(t *testing.T) {
 	wantCode(t, call(t, h.session(aciToken), rel), aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED)
 	if r := call(t, h.session(adminToken), rel); r.GetReleaseScratch() == nil {
 		t.Fatalf("release_scratch: %v", r)
+	}
+}
+
+// TestIdleScratchRelease checks that guestd asks its desktop to give back
+// capture buffers idle for Options.ScratchIdle, over and over, and never
+// when that is negative; release_scratch still gives back everything.
+func TestIdleScratchRelease(t *testing.T) {
+	const idle = 20 * time.Millisecond
+	h := newHarness(t, func(o *Options) { o.ScratchIdle = idle })
+	deadline := time.Now().Add(5 * time.Second)
+	for n := 0; n < 2; {
+		n = 0
+		for _, d := range h.desk.scratchReleases() {
+			if d != idle {
+				t.Fatalf("idle release asked for buffers unused for %s, want %s", d, idle)
+			}
+			n++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle releases in 5 s with ScratchIdle %s, want at least 2", n, idle)
+		}
+		time.Sleep(idle)
+	}
+	rel := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchRequest{}}}
+	call(t, h.session(adminToken), rel)
+	if got := h.desk.scratchReleases(); !slices.Contains(got, 0) {
+		t.Fatalf("release_scratch did not release every buffer (idle 0): %v", got)
+	}
+
+	off := newHarness(t, func(o *Options) { o.ScratchIdle = -1 })
+	time.Sleep(10 * idle)
+	if got := off.desk.scratchReleases(); len(got) != 0 {
+		t.Fatalf("ScratchIdle < 0 still released scratch: %v", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package aci
 import (
 	"context"
 	"image"
+	"time"
 
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 )
@@ -67,10 +68,12 @@ type Desktop interface {
 
 // ScratchReleaser is implemented by a Desktop whose capture buffers can be
 // given back to the kernel while idle (x11.Desktop's MIT-SHM segments):
-// before a checkpoint, so neither the dump nor every replica carries them.
+// before a checkpoint, so neither the dump nor every replica carries them,
+// and once no capture used them for a while (Options.ScratchIdle).
 type ScratchReleaser interface {
-	// ReleaseScratch returns the bytes given back.
-	ReleaseScratch() int
+	// ReleaseScratch gives back the buffers no capture used for idle (0:
+	// all of them) and returns the bytes given back.
+	ReleaseScratch(idle time.Duration) int
 }
 
 // ServerGrabber is implemented by a Desktop that can make the X server

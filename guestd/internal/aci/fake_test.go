@@ -6,6 +6,7 @@ import (
 	"image"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
@@ -24,6 +25,8 @@ type fakeDesktop struct {
 	damage []chan<- image.Rectangle
 	// grabbed: GrabServer was called and UngrabServer not since.
 	grabbed bool
+	// released lists the idle periods ReleaseScratch was called with.
+	released []time.Duration
 }
 
 func newFakeDesktop(w, h int) *fakeDesktop {
@@ -57,6 +60,21 @@ func (f *fakeDesktop) log(format string, args ...any) error {
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, fmt.Sprintf(format, args...))
 	return nil
+}
+
+// ReleaseScratch records idle; the fake holds no scratch to give back.
+func (f *fakeDesktop) ReleaseScratch(idle time.Duration) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.released = append(f.released, idle)
+	return 0
+}
+
+// scratchReleases lists the idle periods ReleaseScratch was called with.
+func (f *fakeDesktop) scratchReleases() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Duration(nil), f.released...)
 }
 
 func (f *fakeDesktop) Calls() []string {

@@ -39,6 +39,12 @@ const (
 	DefaultMaxSessions     = 64
 	DefaultMaxSessionBytes = 64 << 20
 	DefaultHelloTimeout    = 10 * time.Second
+	// DefaultScratchIdle is how long the capture buffers stay unused before
+	// guestd gives their pages back (ScratchReleaser): an idle sandbox, or a
+	// replica nobody has looked at since its fork was verified, should hold
+	// state, not 4 MB of SysV scratch per 1280x800 screen that KSM cannot
+	// merge. An agent that captures more often than this keeps them.
+	DefaultScratchIdle = 10 * time.Second
 	// adminSessions is the admin token's own reserve: controld opens one or
 	// two per sandbox (readiness, checkpoints).
 	adminSessions = 16
@@ -100,6 +106,11 @@ type Options struct {
 	// sandbox runs (a shell about to print its prompt draws no damage yet).
 	// nil: damage and drawing requests only (guestd not the sandbox's init).
 	SandboxCPU func() (time.Duration, error)
+
+	// ScratchIdle: the desktop's capture buffers go back to the kernel once
+	// no capture used them for this long (see ScratchReleaser);
+	// DefaultScratchIdle when 0, never when negative.
+	ScratchIdle time.Duration
 
 	// A11y reads and acts on the accessibility tree (a11y_tree,
 	// a11y_action, step.observe_tree); nil: not advertised, UNIMPLEMENTED.
@@ -197,6 +208,9 @@ func New(opts Options) (*Server, error) {
 	if opts.HelloTimeout <= 0 {
 		opts.HelloTimeout = DefaultHelloTimeout
 	}
+	if opts.ScratchIdle == 0 {
+		opts.ScratchIdle = DefaultScratchIdle
+	}
 	if opts.EntropySink == "" {
 		opts.EntropySink = "/dev/urandom"
 	}
@@ -254,10 +268,11 @@ func (s *Server) SetDesktop(d Desktop) {
 			cancel()
 			return
 		}
-		s.bg.Add(2)
+		s.bg.Add(3)
 		s.mu.Unlock()
 		go func() { defer s.bg.Done(); s.damage.run(ctx, d, s.log) }()
 		go func() { defer s.bg.Done(); s.watchReady(ctx, d) }()
+		go func() { defer s.bg.Done(); s.releaseIdleScratch(ctx, d) }()
 	}
 	if old := s.desk.Swap(box); old != nil {
 		old.close()

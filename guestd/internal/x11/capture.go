@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"image"
 	"sync"
+	"time"
 
 	"github.com/jezek/xgb/shm"
 	"github.com/jezek/xgb/xproto"
@@ -27,6 +28,9 @@ type capturer struct {
 	shmOn  bool
 	shmSeg shm.Seg
 	shmBuf []byte
+	// shmUsed is when a capture last wrote into shmBuf; zero once its pages
+	// were given back (ReleaseScratch) and nothing was captured since.
+	shmUsed time.Time
 	// shmErr records why SHM is off (for diagnostics).
 	shmErr error
 
@@ -165,6 +169,7 @@ func (d *Desktop) CaptureView(r image.Rectangle, fn func(f *desktop.Frame) error
 	var f desktop.Frame
 	if d.cap.shmOn {
 		pix, err := d.shmView(r)
+		d.cap.shmUsed = time.Now()
 		if err == nil {
 			f = desktop.Frame{Pix: pix, Stride: r.Dx() * 4, Rect: r}
 			return fn(&f)
@@ -231,23 +236,33 @@ func setFrame(dst *desktop.Frame, r image.Rectangle, pix []byte) {
 	dst.Rect = r
 }
 
-// ReleaseScratch gives the pages of the capture segments back to the kernel
-// (MADV_REMOVE) and returns how many bytes that was. They are scratch the
-// next capture rewrites, but SysV shared memory is not merged by KSM: every
-// replica of a checkpoint would keep its own copy, and CRIU would dump it.
-func (d *Desktop) ReleaseScratch() int {
+// ReleaseScratch gives the pages of the capture segments nothing captured
+// into for at least idle back to the kernel (MADV_REMOVE; idle 0: every
+// segment) and returns how many bytes that was. They are scratch the next
+// capture rewrites (faulting them back in), but SysV shared memory is not
+// merged by KSM: every replica of a checkpoint would keep its own copy, and
+// CRIU would dump it.
+func (d *Desktop) ReleaseScratch(idle time.Duration) int {
 	n := 0
 	d.cap.mu.Lock()
-	if d.cap.shmOn && unix.Madvise(d.cap.shmBuf, unix.MADV_REMOVE) == nil {
+	if d.cap.shmOn && stale(d.cap.shmUsed, idle) && unix.Madvise(d.cap.shmBuf, unix.MADV_REMOVE) == nil {
 		n += len(d.cap.shmBuf)
+		d.cap.shmUsed = time.Time{}
 	}
 	d.cap.mu.Unlock()
 	m := &d.cap.mir
 	m.mu.Lock()
-	if m.on && unix.Madvise(m.buf, unix.MADV_REMOVE) == nil {
+	if m.on && stale(m.used, idle) && unix.Madvise(m.buf, unix.MADV_REMOVE) == nil {
 		n += len(m.buf)
+		m.used = time.Time{}
 		m.valid = false // the mirror is refreshed in full next time
 	}
 	m.mu.Unlock()
 	return n
+}
+
+// stale reports whether a buffer last written at used (zero: nothing held
+// since its last release) is due for release after idle (0: always).
+func stale(used time.Time, idle time.Duration) bool {
+	return idle <= 0 || (!used.IsZero() && time.Since(used) >= idle)
 }

@@ -5,9 +5,13 @@ package x11
 import (
 	"context"
 	"image"
+	"os"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/jezek/xgb/xproto"
+	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
@@ -212,6 +216,25 @@ func BenchmarkCaptureSHM(b *testing.B) {
 	}
 }
 
+// BenchmarkCaptureSHMAfterRelease is a full-screen capture whose segment
+// was given back first (an idle sandbox's next screenshot): the cost of
+// faulting the pages back in, against BenchmarkCaptureSHM.
+func BenchmarkCaptureSHMAfterRelease(b *testing.B) {
+	x := startX(b)
+	d := openDesktop(b, x)
+	var f desktop.Frame
+	r := image.Rect(0, 0, screenW, screenH)
+	b.SetBytes(screenW * screenH * 4)
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		d.ReleaseScratch(0)
+		b.StartTimer()
+		if err := d.Capture(r, &f); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkCaptureSHMNoCopy is the server side alone, for the copy-out
 // cost (BenchmarkCaptureSHM minus this).
 func BenchmarkCaptureSHMNoCopy(b *testing.B) {
@@ -264,6 +287,61 @@ func BenchmarkReady(b *testing.B) {
 	}
 }
 
+// TestReleaseScratchIdle checks that an idle release gives back only a
+// segment no capture used for the idle period: its pages leave memory
+// (mincore), a capture brings them back, and a second release finds nothing
+// left to give.
+func TestReleaseScratchIdle(t *testing.T) {
+	x := startX(t)
+	d := openDesktop(t, x)
+	full := image.Rect(0, 0, screenW, screenH)
+	var f desktop.Frame
+	if err := d.Capture(full, &f); err != nil {
+		t.Fatal(err)
+	}
+	if got := residentPages(t, d.cap.shmBuf); got == 0 {
+		t.Fatal("no page of the capture segment is resident after a capture")
+	}
+	if n := d.ReleaseScratch(time.Hour); n != 0 {
+		t.Fatalf("released %d bytes of a segment used just now, want 0", n)
+	}
+	const idle = 20 * time.Millisecond
+	time.Sleep(idle)
+	if n := d.ReleaseScratch(idle); n < screenW*screenH*4 {
+		t.Fatalf("released %d bytes after %s idle, want the capture segment (%d)", n, idle, screenW*screenH*4)
+	}
+	if got := residentPages(t, d.cap.shmBuf); got != 0 {
+		t.Fatalf("%d pages of the released segment still resident", got)
+	}
+	time.Sleep(idle)
+	if n := d.ReleaseScratch(idle); n != 0 {
+		t.Fatalf("released %d bytes again with no capture since, want 0", n)
+	}
+	c := newClient(t, x)
+	scene := paintScene(c)
+	if err := d.Capture(full, &f); err != nil {
+		t.Fatal(err)
+	}
+	checkFrame(t, &f, full, scene)
+	if got := residentPages(t, d.cap.shmBuf); got == 0 {
+		t.Fatal("the capture after a release left no page resident")
+	}
+}
+
+// residentPages counts the pages of b in memory.
+func residentPages(t *testing.T, b []byte) int {
+	t.Helper()
+	vec := make([]byte, (len(b)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatalf("mincore: %v", e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
 // TestReleaseScratch checks that captures after the segments' pages were
 // given back are still exact.
 func TestReleaseScratch(t *testing.T) {
@@ -276,7 +354,7 @@ func TestReleaseScratch(t *testing.T) {
 	if err := d.Capture(full, &f); err != nil {
 		t.Fatal(err)
 	}
-	if n := d.ReleaseScratch(); n < screenW*screenH*4 {
+	if n := d.ReleaseScratch(0); n < screenW*screenH*4 {
 		t.Fatalf("released %d bytes, want at least the capture segment (%d)", n, screenW*screenH*4)
 	}
 	for _, r := range []image.Rectangle{full, image.Rect(295, 195, 705, 505)} {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"image"
 	"sync"
+	"time"
 
 	"github.com/jezek/xgb/shm"
 	"github.com/jezek/xgb/xproto"
@@ -27,6 +28,8 @@ type mirror struct {
 	seg   shm.Seg
 	buf   []byte
 	valid bool // buf holds the whole screen as of the last refresh
+	// used is when a refresh last wrote into buf (zero: released since).
+	used time.Time
 }
 
 func (m *mirror) release() {
@@ -108,6 +111,7 @@ func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 		y0, y1 = 0, d.height
 	}
 	y0, y1 = max(y0, 0), min(y1, d.height)
+	m.used = time.Now()
 	if y1 > y0 {
 		stride := d.width * 4
 		h := y1 - y0
