@@ -141,6 +141,36 @@ async def test_client_checkpoint_fork_pool_export(stack):
 
 
 @run_async
+async def test_recording(stack):
+    """A recording through the Python client: the agent's session goes
+    through the gateway, its requests are counted, the MP4 and the frames
+    are exported on the host."""
+    async with forkfleet.AsyncClient(stack.target, token=stack.token, timeout=120) as c:
+        sb = await c.create_sandbox(wait_ready=True, labels={"suite": "python-record"})
+        try:
+            rec = await sb.start_recording(max_bytes=64 << 20)
+            assert rec.id.startswith("rc-") and rec.info.state == pb.RECORDING_STATE_RECORDING
+            assert not (await sb.endpoint()).unix_path  # through the gateway while recording
+            async with await sb.aci() as s:
+                await s.step([aci.type_text("echo recorded-from-python"), aci.key("Return")])
+                await s.screenshot()
+            await asyncio.sleep(0.5)
+            info = await rec.stop()
+            assert info.state == pb.RECORDING_STATE_STOPPED and info.stop_reason == pb.RECORDING_STOP_REASON_REQUESTED
+            assert info.requests == 3 and info.frames >= 1, info  # hello, step, screenshot
+            assert [r.id for r in await sb.recordings()] == [rec.id]
+            mp4 = await rec.export_mp4(fps=10)
+            assert mp4.path.endswith("recording.mp4") and mp4.frames >= 1 and mp4.bytes > 0
+            frames = await rec.export_frames()
+            assert frames.frames == info.frames
+            await rec.delete()
+            with pytest.raises(forkfleet.NotFound):
+                await rec.get()
+        finally:
+            await sb.delete()
+
+
+@run_async
 async def test_anthropic_actions_on_the_screen(stack, sandbox):
     async with forkfleet.AsyncClient(stack.target, token=stack.token, timeout=120) as c:
         sb = c.sandbox(sandbox)
