@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/aci/pagetest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
@@ -404,4 +405,162 @@ func TestRealStackA11ySlimDesktop(t *testing.T) {
 	if _, err := sess.A11yTree(ctx, &aciv1.A11YTreeRequest{Root: aciv1.A11YRoot_A11Y_ROOT_FOCUSED_WINDOW}); !errors.Is(err, aci.ErrUnavailable) {
 		t.Errorf("focused window without a bus: %v, want UNAVAILABLE", err)
 	}
+}
+
+// TestRealStackA11yCache: guestd's tree cache (kept current by AT-SPI
+// events) on a page that changes all the time. pagetest.Counter counts
+// every 50 ms into a text node and the document's title (the document
+// web node's name): each tree shows a later count than the one before, its
+// title's count and its text's agree, typed text shows, and after a live
+// checkpoint and a fork the replica's first tree is as current. Own
+// namespace forkfleet-a11y-cache-it (testenv).
+func TestRealStackA11yCache(t *testing.T) {
+	s := newStackIn(t, "forkfleet-a11y-cache-it")
+	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
+	s.cfg.DefaultImage, s.image = web, web
+	s.launch(0)
+	ctx := s.ctx
+	var sandboxes []string
+	var ckID string
+	t.Cleanup(func() {
+		bg := context.Background()
+		for _, id := range sandboxes {
+			if _, err := s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+		if ckID != "" {
+			if _, err := s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID}); err != nil {
+				t.Errorf("delete checkpoint: %v", err)
+			}
+		}
+	})
+	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: web, WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxes = append(sandboxes, cr.Sandbox.Id)
+	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if _, err := sess.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pagetest.Open(ctx, sess, pagetest.CounterPath, pagetest.Counter); err != nil {
+		t.Fatal(err)
+	}
+	waitTitle(t, ctx, sess, "counter page", func(title string) bool { return strings.HasPrefix(title, "counter ") })
+
+	// Each tree shows a later count than the last (the text node's name
+	// changes with an event the cache follows) and agrees with the title
+	// of the same tree, within the ticks a tree takes to read.
+	last := -1
+	for i := 0; i < 8; i++ {
+		tr := waitTree(t, ctx, sess, nil, func(tr *aciv1.A11YTreeResponse) bool { _, _, ok := counts(tr); return ok })
+		text, title, _ := counts(tr)
+		if text <= last {
+			t.Fatalf("tree %d shows count %d, the tree before showed %d: a stale cache; tree:\n%s", i, text, last, aci.RenderTree(tr, aci.RenderOptions{}))
+		}
+		if d := text - title; d < -20 || d > 20 {
+			t.Fatalf("tree %d: the text shows %d, the title %d (read %v)", i, text, title, time.Duration(tr.DurationNs))
+		}
+		t.Logf("tree %d: count %d (title %d), %d nodes in %v", i, text, title, len(tr.Nodes), time.Duration(tr.DurationNs))
+		last = text
+		time.Sleep(250 * time.Millisecond)
+	}
+
+	// Typed text: the input's text and the title that carries it.
+	if _, err := sess.Step(ctx, []*aciv1.Action{aci.Type("Ada")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	typed := waitTree(t, ctx, sess, nil, func(tr *aciv1.A11YTreeResponse) bool {
+		d := counterDoc(tr)
+		return d != nil && strings.HasSuffix(d.Name, " Ada")
+	})
+	if in := entryText(typed); in != "Ada" {
+		t.Fatalf("the title says Ada was typed, the input's text is %q", in)
+	}
+	text, _, _ := counts(typed)
+
+	// The replica's first tree is as current: the cache came with guestd,
+	// the events in flight with the bus.
+	ckr, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id})
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	ckID = ckr.Checkpoint.Id
+	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fork.Replicas[0]
+	if r.ErrorCode != 0 {
+		t.Fatalf("replica: %s", r.ErrorMessage)
+	}
+	sandboxes = append(sandboxes, r.Sandbox.Id)
+	rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	first, err := rs.A11yTree(ctx, nil)
+	if err != nil {
+		t.Fatalf("replica's tree: %v", err)
+	}
+	rtext, rtitle, ok := counts(first)
+	if !ok || rtext < text || rtext-rtitle < -20 || rtext-rtitle > 20 || entryText(first) != "Ada" {
+		t.Fatalf("replica's first tree: count %d (title %d, source %d before the checkpoint), input %q; tree:\n%s",
+			rtext, rtitle, text, entryText(first), aci.RenderTree(first, aci.RenderOptions{}))
+	}
+	t.Logf("replica's first tree: count %d (title %d), source's %d before the checkpoint", rtext, rtitle, text)
+}
+
+// counterDoc is the counter page's document node.
+func counterDoc(tr *aciv1.A11YTreeResponse) *aciv1.A11YNode {
+	for _, n := range tr.GetNodes() {
+		if n.Role == "document web" && strings.HasPrefix(n.Name, "counter ") {
+			return n
+		}
+	}
+	return nil
+}
+
+// counts reads the counter page's count from its text node (the page's
+// only all-digit text) and from its title, in one tree.
+func counts(tr *aciv1.A11YTreeResponse) (text, title int, ok bool) {
+	d := counterDoc(tr)
+	if d == nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(d.Name)
+	title, err := strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, false
+	}
+	text = -1
+	for _, n := range tr.GetNodes() {
+		if v, err := strconv.Atoi(n.Name); err == nil && n.Role == "static" && n.Window == d.Window {
+			text = v
+		}
+	}
+	return text, title, text >= 0
+}
+
+// entryText is the text of the counter page's input (an entry under its
+// document; the browser's address bar is one too).
+func entryText(tr *aciv1.A11YTreeResponse) string {
+	d := counterDoc(tr)
+	if d == nil {
+		return ""
+	}
+	for todo := []uint32{d.Id}; len(todo) > 0; todo = todo[1:] {
+		n := tr.Nodes[todo[0]]
+		if n.Role == "entry" {
+			return n.Text
+		}
+		todo = append(todo, n.Children...)
+	}
+	return ""
 }

@@ -62,8 +62,58 @@ type fakeToolkit struct {
 	conn  *dbus.Conn
 	n     int
 	stall chan struct{} // when set, every call waits on it (a stopped app)
-	// getActions counts Action.GetActions calls.
-	getActions atomic.Int32
+	// getActions counts Action.GetActions calls; getRole, getState and
+	// getChildren theirs.
+	getActions, getRole, getState, getChildren atomic.Int32
+	// mu guards names (by node: a renamed button) and extra (buttons
+	// added after n).
+	mu    sync.Mutex
+	names map[int]string
+	extra int
+	// scroll moves every element's bounds up (a page scrolled, which
+	// toolkits send no event for); checked marks buttons CHECKED.
+	scroll  atomic.Int32
+	checked map[int]bool
+}
+
+// check marks button i checked and says so (object:state-changed:checked).
+func (f *fakeToolkit) check(t testing.TB, i int) {
+	f.mu.Lock()
+	f.checked[i] = true
+	f.mu.Unlock()
+	f.emit(t, dbus.ObjectPath(fmt.Sprintf("/n/%d", i)), "StateChanged", "checked")
+}
+
+// rename changes button i's name; with event, the toolkit says so as
+// atk-bridge does (object:property-change:accessible-name).
+func (f *fakeToolkit) rename(t testing.TB, i int, name string, event bool) {
+	f.mu.Lock()
+	f.names[i] = name
+	f.mu.Unlock()
+	if event {
+		f.emit(t, dbus.ObjectPath(fmt.Sprintf("/n/%d", i)), "PropertyChange", "accessible-name")
+	}
+}
+
+// add appends a button to the window and says so (children-changed:add).
+func (f *fakeToolkit) add(t testing.TB) {
+	f.mu.Lock()
+	f.extra++
+	f.mu.Unlock()
+	f.emit(t, "/frame", "ChildrenChanged", "add")
+}
+
+func (f *fakeToolkit) emit(t testing.TB, path dbus.ObjectPath, member, detail string) {
+	t.Helper()
+	if err := f.conn.Emit(path, eventIface+"."+member, detail, int32(0), int32(0), dbus.MakeVariant(""), map[string]dbus.Variant{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fakeToolkit) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n + f.extra
 }
 
 // dref is a ref as godbus marshals it, (so).
@@ -83,7 +133,7 @@ func connect(t testing.TB, addr string) *dbus.Conn {
 }
 
 func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeToolkit {
-	f := &fakeToolkit{conn: connect(t, addr), n: n, stall: stall}
+	f := &fakeToolkit{conn: connect(t, addr), n: n, stall: stall, names: map[int]string{}, checked: map[int]bool{}}
 	self := f.conn.Names()[0]
 	node := func(msg dbus.Message) int {
 		p := string(msg.Headers[dbus.FieldPath].Value().(dbus.ObjectPath))
@@ -97,7 +147,7 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 			return -1
 		}
 		i, err := strconv.Atoi(strings.TrimPrefix(p, "/n/"))
-		if err != nil || i >= n {
+		if err != nil || i >= f.count() {
 			return -3
 		}
 		return i
@@ -105,6 +155,7 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 	unknown := dbus.NewError("org.freedesktop.DBus.Error.UnknownObject", []any{"no such object"})
 	acc := map[string]any{
 		"GetRole": func(msg dbus.Message) (uint32, *dbus.Error) {
+			f.getRole.Add(1)
 			switch node(msg) {
 			case -2:
 				return roleApplication, nil
@@ -116,20 +167,29 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 			return 43, nil
 		},
 		"GetState": func(msg dbus.Message) ([]uint32, *dbus.Error) {
-			if node(msg) == -3 {
+			f.getState.Add(1)
+			i := node(msg)
+			if i == -3 {
 				return nil, unknown
 			}
-			return []uint32{1<<StateShowing | 1<<stateFocusable | 1<<StateVisible, 0}, nil
+			st := uint32(1<<StateShowing | 1<<stateFocusable | 1<<StateVisible)
+			f.mu.Lock()
+			if f.checked[i] {
+				st |= 1 << 4
+			}
+			f.mu.Unlock()
+			return []uint32{st, 0}, nil
 		},
 		"GetInterfaces": func(msg dbus.Message) ([]string, *dbus.Error) {
 			return []string{ifAccessible, ifComponent, ifAction}, nil
 		},
 		"GetChildren": func(msg dbus.Message) ([]dref, *dbus.Error) {
+			f.getChildren.Add(1)
 			switch node(msg) {
 			case -2:
 				return []dref{{self, "/frame"}}, nil
 			case -1:
-				kids := make([]dref, n)
+				kids := make([]dref, f.count())
 				for i := range kids {
 					kids[i] = dref{self, dbus.ObjectPath(fmt.Sprintf("/n/%d", i))}
 				}
@@ -142,11 +202,16 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 		"GetAll": func(msg dbus.Message, iface string) (map[string]dbus.Variant, *dbus.Error) {
 			i := node(msg)
 			name, count := fmt.Sprintf("button %d", i), int32(0)
+			f.mu.Lock()
+			if s, ok := f.names[i]; ok {
+				name = s
+			}
+			f.mu.Unlock()
 			switch i {
 			case -2:
 				name, count = "fake", 1
 			case -1:
-				name, count = "Fake window", int32(n)
+				name, count = "Fake window", int32(f.count())
 			}
 			return map[string]dbus.Variant{"Name": dbus.MakeVariant(name), "Description": dbus.MakeVariant(""), "ChildCount": dbus.MakeVariant(count)}, nil
 		},
@@ -154,7 +219,7 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 	comp := map[string]any{
 		"GetExtents": func(msg dbus.Message, coord uint32) (struct{ X, Y, W, H int32 }, *dbus.Error) {
 			i := int32(node(msg))
-			return struct{ X, Y, W, H int32 }{10, 20 + 30*max(i, 0), 100, 25}, nil
+			return struct{ X, Y, W, H int32 }{10, 20 + 30*max(i, 0) - f.scroll.Load(), 100, 25}, nil
 		},
 	}
 	act := map[string]any{
@@ -186,6 +251,11 @@ func startRegistry(t testing.TB, addr string, apps ...*fakeToolkit) {
 	if err := c.ExportMethodTable(map[string]any{
 		"GetChildren": func() ([]dref, *dbus.Error) { return refs, nil },
 	}, dbus.ObjectPath(rootPath), ifAccessible); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ExportMethodTable(map[string]any{
+		"RegisterEvent": func(event string, props []string, app string) *dbus.Error { return nil },
+	}, "/org/a11y/atspi/registry", registryName); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := c.RequestName(registryName, dbus.NameFlagDoNotQueue); err != nil || r != dbus.RequestNameReplyPrimaryOwner {

@@ -32,6 +32,8 @@ type Client struct {
 	peers map[string]*wireConn
 	// names are the action names of elements read before (names.go).
 	names nameCache
+	// cache is the tree cache of the connection (cache.go).
+	cache treeCache
 }
 
 // New returns a Client of the bus at addr ("unix:path=..."); "" makes a
@@ -50,6 +52,7 @@ func (c *Client) Close() {
 
 func (c *Client) dropLocked() {
 	c.names.forget()
+	c.cache.reset(nil)
 	if c.conn != nil {
 		_ = c.conn.Close()
 	}
@@ -160,6 +163,7 @@ func (c *Client) get(ctx context.Context) (*wireConn, error) {
 		return nil, fmt.Errorf("%w: connect %s: %v", ErrNoBus, c.addr, err)
 	}
 	c.conn = conn
+	c.cache.reset(conn)
 	return conn, nil
 }
 

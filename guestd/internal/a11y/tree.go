@@ -74,6 +74,12 @@ type item struct {
 	fill    *fillCalls // the calls of the fields, in flight
 	// actionsKnown: actions came from the Client's action names (no call).
 	actionsKnown bool
+	// entry is the cache entry the item was made from (cache.go), nil
+	// when it was read (or came from GetItems); statesCached: its states
+	// came from the entry too (no call).
+	entry        *cachedItem
+	statesCached bool
+	loadOK       bool // a read item whose every call answered
 }
 
 // Interface bits of item.ifaces.
@@ -128,9 +134,15 @@ type app struct {
 	parentOf map[objectPath]ref // of objects not in the cache
 	// named are the action names the Client knows of this application's
 	// elements (read only during a read).
-	named    map[objectPath]actionNames
-	timedOut bool
-	err      error
+	named map[objectPath]actionNames
+	// cache is the Client's cache of the application (cache.go), nil
+	// when the read does without; staleStates: its states are not used
+	// (the page moved: every element is asked its states).
+	cache       map[objectPath]*cachedItem
+	staleStates bool
+	now         time.Time // the read's start, against the cache's expiries
+	timedOut    bool
+	err         error
 }
 
 // Tree reads the accessibility tree opts asks for.
@@ -200,13 +212,14 @@ func (c *Client) tree(ctx context.Context, conn *wireConn, opts TreeOptions, win
 	if err != nil {
 		return nil, err
 	}
+	// Bounds are read whatever the request: the element at a point is
+	// found by them, and the cache trusts its states while the showing
+	// elements keep theirs (build leaves them out when not asked).
 	readOpts := opts
-	if opts.Root == aciv1.A11YRoot_A11Y_ROOT_POINT {
-		// The element at the point is found by its bounds.
-		readOpts.Fields |= 1 << aciv1.A11YField_A11Y_FIELD_BOUNDS
-	}
+	readOpts.Fields |= 1 << aciv1.A11YField_A11Y_FIELD_BOUNDS
 	apps := make([]*app, len(appRefs))
 	c.names.keep(appRefs)
+	c.cache.keep(ctx, appRefs)
 	var wg sync.WaitGroup
 	for i, r := range appRefs {
 		apps[i] = &app{ref: r, named: c.names.of(r.Bus)}
@@ -372,14 +385,18 @@ func overlap(ext [4]int32, w *desktop.Window) int {
 // null). Past ctx's deadline the application is marked timed out and keeps
 // what it had.
 func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOptions, from ref) {
-	a.items = map[objectPath]*item{}
-	a.parentOf = map[objectPath]ref{}
 	defer func() {
 		if a.err != nil && (errors.Is(a.err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 			a.timedOut, a.err = true, nil
 		}
 	}()
+	bus := conn
 	pid := start(ctx, conn, busRef, "org.freedesktop.DBus.GetConnectionUnixProcessID", a.ref.Bus)
+	// The cache first: its ping is answered by the application.
+	view, useCache := c.cache.view(ctx, bus, a.ref.Bus)
+	if useCache {
+		a.cache, a.now = view.items, time.Now()
+	}
 	// The bus answers the pid, the application does not have to.
 	var upid uint32
 	if pid.wait(ctx, &upid) == nil {
@@ -388,16 +405,54 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 	// The application's own server when it has one: its calls skip the bus.
 	conn = c.peer(ctx, conn, a.ref.Bus, a.pid)
 	var cached []cacheItem
-	err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
-	if err != nil && !unsupportedError(err) && !goneError(err) {
-		a.err = err
+	if !warm(a.cache, a.now) {
+		// The toolkit's own cache: every element it holds in one call.
+		err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
+		if err != nil && !unsupportedError(err) && !goneError(err) {
+			a.err = err
+			return
+		}
+	}
+	whole := from.null()
+	if from.null() {
+		from = ref{a.ref.Bus, rootPath}
+	}
+	for pass := 0; ; pass++ {
+		a.fromToolkitCache(cached)
+		shown, cut, err := a.walk(ctx, conn, opts, from)
+		if err != nil {
+			a.err = err
+			return
+		}
+		if err := finishFill(ctx, conn, shown); err != nil {
+			a.err = err
+			return
+		}
+		if pass == 0 && moved(shown) {
+			// Its states came from the cache and the page moved (a
+			// scroll, a resize: the toolkit sends nothing for what comes
+			// into view): read again, asking every element its states.
+			a.staleStates = true
+			continue
+		}
+		if useCache {
+			c.cache.store(bus, a.ref.Bus, view, a.items, a.now, whole && !cut && !opts.ShowingOnly)
+		}
+		c.names.learn(a.ref.Bus, shown)
 		return
 	}
+}
+
+// fromToolkitCache starts a.items afresh with the toolkit's cache
+// (Cache.GetItems): its elements, and the children lists it holds whole.
+func (a *app) fromToolkitCache(cached []cacheItem) {
+	a.items = map[objectPath]*item{}
+	a.parentOf = map[objectPath]ref{}
 	for _, ci := range cached {
 		if ci.Obj.Bus != a.ref.Bus || ci.Obj.null() {
 			continue
 		}
-		a.items[ci.Obj.Path] = &item{ref: ci.Obj, parent: ci.Parent, index: ci.Index, count: ci.Count,
+		a.items[ci.Obj.Path] = &item{ref: ci.Obj, parent: ci.Parent, index: ci.Index, count: ci.Count, loadOK: true,
 			ifaces: ifaceBits(ci.Ifaces), name: clip(ci.Name), desc: clip(ci.Desc), role: ci.Role, states: states(ci.States)}
 	}
 	// Children from the cache: the objects naming a parent, in index order.
@@ -418,16 +473,21 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 			}
 		}
 	}
-	if from.null() {
-		from = ref{a.ref.Bus, rootPath}
+}
+
+// moved: an element whose states came from the cache shows other bounds
+// than the cache has (or none).
+func moved(shown []*item) bool {
+	for _, it := range shown {
+		if !it.statesCached || !has(it.states, StateShowing) {
+			continue
+		}
+		b, e := it.bounds, it.entry
+		if (b == nil) != !e.hasBounds || b != nil && (b.X != e.bounds[0] || b.Y != e.bounds[1] || b.Width != e.bounds[2] || b.Height != e.bounds[3]) {
+			return true
+		}
 	}
-	shown, err := a.walk(ctx, conn, opts, from)
-	if err != nil {
-		a.err = err
-		return
-	}
-	a.err = finishFill(ctx, conn, shown)
-	c.names.learn(a.ref.Bus, shown)
+	return false
 }
 
 // step is a walk's calls for one object in flight: loading it (role,
@@ -438,6 +498,8 @@ type step struct {
 	depth              int
 	role, state, props pending
 	kids               pending
+	// cached: the element as the cache knows it; only state is asked.
+	cached *item
 }
 
 // walk reads the objects under from breadth first, fetching what the cache
@@ -447,11 +509,10 @@ type step struct {
 // it makes possible at once, so the application always has calls queued.
 // Level by level, every level (a page is about 15 deep) cost a round trip
 // with an idle application and a drained queue.
-func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from ref) ([]*item, error) {
+func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from ref) (shown []*item, cut bool, err error) {
 	var (
-		shown []*item
-		fifo  []*step
-		seen  = map[objectPath]bool{}
+		fifo []*step
+		seen = map[objectPath]bool{}
 		// claimed: objects shown or being loaded. No more are read than
 		// the reply can hold: an application listing a million children
 		// costs max_nodes reads.
@@ -459,13 +520,28 @@ func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 	)
 	var expand func(it *item, depth int)
 	visit := func(r ref, depth int) {
-		if r.Bus != a.ref.Bus || seen[r.Path] || claimed >= opts.MaxNodes {
+		if r.Bus != a.ref.Bus || seen[r.Path] {
+			return
+		}
+		if claimed >= opts.MaxNodes {
+			cut = true
 			return
 		}
 		seen[r.Path] = true
 		claimed++
 		if it := a.items[r.Path]; it != nil {
 			expand(it, depth)
+			return
+		}
+		if ci := a.cache[r.Path]; ci != nil && ci.loaded && ci.fresh(a.now) {
+			it := &item{ref: r, parent: ci.parent, count: ci.count, ifaces: ci.ifaces, name: ci.name, desc: ci.desc, role: ci.role, entry: ci}
+			if ci.statesKnown && !a.staleStates {
+				it.states, it.statesCached = ci.states, true
+				a.items[r.Path] = it
+				expand(it, depth)
+				return
+			}
+			fifo = append(fifo, &step{r: r, depth: depth, cached: it, state: start(ctx, conn, r, ifAccessible+".GetState")})
 			return
 		}
 		fifo = append(fifo, &step{r: r, depth: depth,
@@ -482,7 +558,15 @@ func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 		shown = append(shown, it)
 		a.startFill(ctx, conn, it, opts.Fields)
 		if depth >= opts.MaxDepth || has(it.states, StateDefunct) {
+			cut = cut || depth >= opts.MaxDepth && it.count != 0
 			return
+		}
+		if ci := a.cache[it.ref.Path]; !it.known && ci != nil && ci.known && ci.fresh(a.now) && (it.count < 0 || int(it.count) == len(ci.children)) {
+			// Its children as a tree read them before (no event since).
+			it.children, it.known = ci.children, true
+			for _, k := range it.children {
+				a.parentOf[k.Path] = it.ref
+			}
 		}
 		switch {
 		case it.known:
@@ -503,16 +587,21 @@ func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 		if s.it != nil {
 			kids, err := a.children(ctx, s)
 			if err != nil {
-				return shown, err
+				return shown, cut, err
 			}
 			for _, k := range kids {
 				visit(k, s.depth+1)
 			}
 			continue
 		}
-		it, err := a.loaded(ctx, s)
+		var it *item
+		if s.cached != nil {
+			it, err = a.refreshed(ctx, s)
+		} else {
+			it, err = a.loaded(ctx, s)
+		}
 		if err != nil {
-			return shown, err
+			return shown, cut, err
 		}
 		if it == nil {
 			claimed--
@@ -520,7 +609,23 @@ func (a *app) walk(ctx context.Context, conn *wireConn, opts TreeOptions, from r
 		}
 		expand(it, s.depth)
 	}
-	return shown, nil
+	return shown, cut, nil
+}
+
+// refreshed makes the item of a cached element from its states (the rest
+// the cache knows); nil when the element is gone.
+func (a *app) refreshed(ctx context.Context, s *step) (*item, error) {
+	var st []uint32
+	if err := s.state.wait(ctx, &st); err != nil {
+		if goneError(err) || unsupportedError(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	it := s.cached
+	it.states = states(st)
+	a.items[s.r.Path] = it
+	return it, nil
 }
 
 // loaded makes the item of a load step's replies; nil when the object is
@@ -535,7 +640,8 @@ func (a *app) loaded(ctx context.Context, s *step) (*item, error) {
 		}
 		return nil, err
 	}
-	if err := errors.Join(s.state.wait(ctx, &st), s.props.wait(ctx, &props)); err != nil && ctx.Err() != nil {
+	err := errors.Join(s.state.wait(ctx, &st), s.props.wait(ctx, &props))
+	if err != nil && ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	it.states, it.ifaces = states(st), ifacesUnread
@@ -548,6 +654,7 @@ func (a *app) loaded(ctx context.Context, s *step) (*item, error) {
 	if v, ok := props["ChildCount"].(int32); ok {
 		it.count = v
 	}
+	it.loadOK = err == nil
 	a.items[s.r.Path] = it
 	return it, nil
 }

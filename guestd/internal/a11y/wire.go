@@ -36,6 +36,10 @@ type wireConn struct {
 	pending map[uint32]*wireCall
 	err     error // set once the reader stopped
 	done    chan struct{}
+	// onSignal, when set, is told of each signal (its sender, path,
+	// interface and member; the body is not read). It runs on the reader:
+	// it must be quick and never call on the connection.
+	onSignal func(sender string, path objectPath, iface, member string)
 }
 
 // wireCall is one call in flight.
@@ -113,6 +117,13 @@ func (c *wireConn) Close() error {
 	err := c.nc.Close()
 	<-c.done
 	return err
+}
+
+// setSignalHandler sets onSignal (nil: signals are dropped unread).
+func (c *wireConn) setSignalHandler(f func(sender string, path objectPath, iface, member string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onSignal = f
 }
 
 func (c *wireConn) Connected() bool {
@@ -282,11 +293,16 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 	if _, err := io.ReadFull(r, b[16:]); err != nil {
 		return err
 	}
-	if typ != 2 && typ != 3 {
-		return nil // signals, and calls to guestd: not ours to answer
+	c.mu.Lock()
+	onSignal := c.onSignal
+	c.mu.Unlock()
+	if typ != 2 && typ != 3 && (typ != 4 || onSignal == nil) {
+		return nil // signals nobody asked for, and calls to guestd: not ours to answer
 	}
 	var replySerial uint32
 	var errName, sig string
+	var sender, iface, member string
+	var path objectPath
 	d := &decoder{b: b[:headLen], order: order, pos: 16}
 	for d.pos < headLen {
 		d.align(8)
@@ -315,6 +331,19 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 			} else {
 				sig, _ = v.(string)
 			}
+		case typ == 4 && (code == 1 || code == 2 || code == 3 || code == 7) && (s == "s" || s == "o"):
+			v, _ := d.value(s)
+			str, _ := v.(string)
+			switch code {
+			case 1:
+				path = objectPath(str)
+			case 2:
+				iface = str
+			case 3:
+				member = str
+			case 7:
+				sender = str
+			}
 		case s == "s" || s == "o":
 			d.align(4)
 			n := int(d.order.Uint32(d.take(4)))
@@ -327,6 +356,10 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 		if d.err != nil {
 			return d.err
 		}
+	}
+	if typ == 4 {
+		onSignal(sender, path, iface, member)
+		return nil
 	}
 	c.mu.Lock()
 	wc := c.pending[replySerial]
@@ -390,6 +423,15 @@ func encodeCall(serial uint32, to ref, iface, member string, args []any) ([]byte
 		case string:
 			sig.WriteByte('s')
 			body.str(v)
+		case []string:
+			sig.WriteString("as")
+			body.align(4)
+			at := len(body.b)
+			body.u32(0)
+			for _, e := range v {
+				body.str(e)
+			}
+			binary.LittleEndian.PutUint32(body.b[at:], uint32(len(body.b)-at-4))
 		case float64: // sent as a variant of a double (Properties.Set's value)
 			sig.WriteByte('v')
 			body.b = append(body.b, 1, 'd', 0)
