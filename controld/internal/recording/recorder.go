@@ -48,7 +48,7 @@ const (
 // bytes of every ACI connection to the sandbox. Its methods never block.
 type Sink interface {
 	// Frame takes an accepted frame; it returns false when the recorder
-	// skipped it and needs a keyframe to go on.
+	// skipped it and the hub should ask guestd for a keyframe.
 	Frame(f *aciv1.ScreencastFrame, captured time.Time) bool
 	Cursor(x, y int32)
 	// TapACI returns the writers that see a new ACI connection's bytes:
@@ -111,6 +111,7 @@ type recorder struct {
 	queue    []item
 	qbytes   int
 	skipping bool // frames are dropped until a keyframe
+	askedKey time.Time
 	stopping bool
 	wake     chan struct{}
 	done     chan struct{}
@@ -157,19 +158,24 @@ func (r *recorder) enqueue(it item, cost int) bool {
 	return true
 }
 
-// Frame implements Sink.
+// Frame implements Sink. While it skips to a keyframe it asks for one at
+// most once a second (the first request may be lost with a checkpoint).
 func (r *recorder) Frame(f *aciv1.ScreencastFrame, captured time.Time) bool {
 	r.mu.Lock()
 	if r.skipping && !f.GetKeyframe() {
+		ask := time.Since(r.askedKey) >= time.Second
+		if ask {
+			r.askedKey = time.Now()
+		}
 		r.mu.Unlock()
 		r.skipped.Add(1)
-		return false
+		return !ask
 	}
 	r.skipping = false
 	r.mu.Unlock()
 	if !r.enqueue(item{kind: itemFrame, at: time.Now(), frame: f, captured: captured}, frameCost(f)) {
 		r.mu.Lock()
-		r.skipping = true
+		r.skipping, r.askedKey = true, time.Now()
 		r.mu.Unlock()
 		r.skipped.Add(1)
 		return false

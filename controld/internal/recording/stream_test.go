@@ -55,3 +55,33 @@ func TestStreamFile(t *testing.T) {
 		t.Fatalf("bad magic: %v", err)
 	}
 }
+
+// TestRecorderSkipsToKeyframe: a recorder whose queue is full skips frames
+// (never blocks the hub), asks for a keyframe once rather than per frame,
+// and goes on from the next keyframe that fits.
+func TestRecorderSkipsToKeyframe(t *testing.T) {
+	r := &recorder{wake: make(chan struct{}, 1)}
+	big := func(key bool) *aciv1.ScreencastFrame {
+		return &aciv1.ScreencastFrame{Keyframe: key, Tiles: []*aciv1.Tile{{Data: make([]byte, 20<<20)}}}
+	}
+	small := &aciv1.ScreencastFrame{Seq: 2}
+	if !r.Frame(big(true), time.Time{}) {
+		t.Fatal("the first keyframe was refused")
+	}
+	if r.Frame(big(false), time.Time{}) {
+		t.Fatal("a frame past the queue's bound was taken")
+	}
+	if !r.Frame(small, time.Time{}) || !r.Frame(small, time.Time{}) {
+		t.Fatal("asked for a keyframe again within a second")
+	}
+	if r.skipped.Load() != 3 || len(r.queue) != 1 {
+		t.Fatalf("skipped %d, queued %d", r.skipped.Load(), len(r.queue))
+	}
+	r.queue, r.qbytes = nil, 0 // the writer caught up
+	if !r.Frame(small, time.Time{}) || len(r.queue) != 0 {
+		t.Fatal("a delta was recorded before the keyframe")
+	}
+	if !r.Frame(&aciv1.ScreencastFrame{Keyframe: true}, time.Time{}) || !r.Frame(small, time.Time{}) || len(r.queue) != 2 {
+		t.Fatalf("after the keyframe: %d queued", len(r.queue))
+	}
+}
