@@ -12,7 +12,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -267,5 +266,3 @@ func (l *lockedBuffer) tail() string {
 	}
 	return ""
 }
-
-var errNoRepo = errors.New("no monorepo (a directory holding go.work) above the working directory")

@@ -17,19 +17,6 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 )
 
-// RepoRoot walks up from dir to the directory holding go.work, the
-// forkfleet monorepo's root; "" when there is none.
-func RepoRoot(dir string) string {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.work")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return ""
-		}
-	}
-}
-
 // BuildGuestd compiles guestd from the monorepo at repoRoot into dir and
 // returns the binary's path.
 func BuildGuestd(ctx context.Context, repoRoot, dir string) (string, error) {

@@ -23,8 +23,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	"github.com/forkfleet/forkfleet/benchd/internal/compare"
-	"github.com/forkfleet/forkfleet/benchd/internal/hostinfo"
 	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/report"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
@@ -111,7 +111,7 @@ func cmdList(w io.Writer) int {
 // else ./results.
 func defaultResultsRoot() string {
 	wd, _ := os.Getwd()
-	if root := hostinfo.RepoRoot(wd); root != "" {
+	if root := desktoptest.RepoRoot(wd); root != "" {
 		return filepath.Join(root, "benchd", "results")
 	}
 	return "results"
@@ -174,7 +174,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "benchd: %v\n", err)
 			return exitInfraError
 		}
-		env := &suite.Env{N: *n, Warmup: *warm, Self: self, RepoRoot: hostinfo.RepoRoot(wd), GuestdBin: *guestd,
+		env := &suite.Env{N: *n, Warmup: *warm, Self: self, RepoRoot: desktoptest.RepoRoot(wd), GuestdBin: *guestd,
 			ControldSocket: *sock, WorkDir: work, SkipMissingPeers: *skipPeers, Log: stderr}
 		config := map[string]any{"n": *n, "warmup": *warm, "controld-socket": *sock}
 		if *guestd != "" {
@@ -415,7 +415,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) int {
 
 func defaultReportPath() string {
 	wd, _ := os.Getwd()
-	if root := hostinfo.RepoRoot(wd); root != "" {
+	if root := desktoptest.RepoRoot(wd); root != "" {
 		return filepath.Join(root, "benchd", "docs", "benchmarks.md")
 	}
 	return filepath.Join("docs", "benchmarks.md")

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/xproto"
+
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 )
 
 // Scene is a content type the observation suites measure on.
@@ -34,7 +36,7 @@ var Scenes = []Scene{SceneSparse, SceneDense, ScenePhoto}
 const RootColor = "#2f3b4c"
 
 type sceneState struct {
-	procs []*Proc
+	procs []*desktoptest.Proc
 	conn  *xgb.Conn // keeps the photo pixmap alive
 }
 

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -178,17 +177,4 @@ func Build(ctx context.Context, dir string) result.Build {
 		}
 	}
 	return b
-}
-
-// RepoRoot walks up from dir to the directory holding go.work, the forkfleet
-// monorepo root; "" when there is none.
-func RepoRoot(dir string) string {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.work")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return ""
-		}
-	}
 }

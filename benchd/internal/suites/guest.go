@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/suite"
 )
@@ -22,7 +23,7 @@ import (
 // with one counted ACI session.
 type hostGuest struct {
 	Desktop *harness.Desktop
-	Guestd  *harness.Guestd
+	Guestd  *desktoptest.Guestd
 	Session *aci.Session
 	Wire    *wireCounter
 }
@@ -56,7 +57,7 @@ func guestdBinary(ctx context.Context, env *suite.Env) (string, error) {
 	if bin == "" {
 		env.Progressf("building guestd from %s/guestd", env.RepoRoot)
 		var err error
-		if bin, err = harness.BuildGuestd(ctx, env.RepoRoot, env.WorkDir); err != nil {
+		if bin, err = desktoptest.BuildGuestd(ctx, env.RepoRoot, env.WorkDir); err != nil {
 			return "", err
 		}
 	}
@@ -113,7 +114,7 @@ func startHostGuest(ctx context.Context, env *suite.Env) (*hostGuest, error) {
 	if err != nil {
 		return nil, err
 	}
-	g, err := harness.StartGuestd(ctx, dt, bin, logf)
+	g, err := desktoptest.StartGuestd(ctx, dt.Name(), bin, desktoptest.GuestdOptions{Env: dt.Env(), Log: logf})
 	if err != nil {
 		dt.Stop()
 		return nil, err

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/screencast"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
@@ -90,7 +91,7 @@ func requireScreencast(ctx context.Context, hg *hostGuest) error {
 // startX11vnc serves dt's display on a free loopback port with Debian's
 // x11vnc (binary bin) defaults (its own screen polling, XDAMAGE hints,
 // -defer/-wait) plus extra arguments.
-func startX11vnc(ctx context.Context, dt *harness.Desktop, bin string, extra ...string) (*harness.Proc, string, error) {
+func startX11vnc(ctx context.Context, dt *harness.Desktop, bin string, extra ...string) (*desktoptest.Proc, string, error) {
 	port, err := harness.FreePort()
 	if err != nil {
 		return nil, "", err
@@ -855,7 +856,7 @@ func (s *screencastSuite) peer(ctx context.Context, env *suite.Env, hg *hostGues
 // more line each time a trigger file appears, scrolling by exactly one
 // line: the terminal-scroll workload.
 type scrollTerm struct {
-	proc *harness.Proc
+	proc *desktoptest.Proc
 	dir  string
 	next int
 }

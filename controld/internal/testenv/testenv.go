@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/forkfleet/forkfleet/api/desktoptest"
 	"github.com/forkfleet/forkfleet/api/registrytest"
 	"github.com/forkfleet/forkfleet/controld/internal/imageimport"
 	"github.com/forkfleet/forkfleet/controld/internal/userns"
@@ -231,11 +232,8 @@ func Tool(t testing.TB, name string) string {
 	}
 	dirs := []string{PrometheusBin, RegistryBin}
 	if wd, err := os.Getwd(); err == nil {
-		for d := wd; d != filepath.Dir(d); d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.work")); err == nil {
-				dirs = append(dirs, filepath.Join(d, ".cache", "bin"))
-				break
-			}
+		if root := desktoptest.RepoRoot(wd); root != "" {
+			dirs = append(dirs, filepath.Join(root, ".cache", "bin"))
 		}
 	}
 	for _, d := range dirs {
