@@ -47,7 +47,7 @@ type a11ySuite struct {
 
 func (*a11ySuite) Name() string { return "a11y" }
 func (*a11ySuite) Description() string {
-	return "accessibility tree (a11y_tree) of the web desktop with a ~1,000-node page: full tree, focused window, a GTK app's window, showing only; p50/p99, nodes/s, bytes; pyatspi dump peer in the sandbox"
+	return "accessibility tree (a11y_tree) of the web desktop with a ~1,000-node page: full tree, focused window, a GTK app's window, showing only, right after a scroll; p50/p99, nodes/s, bytes; pyatspi dump peer in the sandbox"
 }
 func (a *a11ySuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&a.image, "a11y-image", "localhost/forkfleet/desktop-web:latest", "the web desktop image (make image-web)")
@@ -113,6 +113,18 @@ func (a *a11ySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 		return nil, err
 	}
 	rows = append(rows, a.cell(ctx, env, s, "desktop_not_modified", req(&aciv1.A11YTreeRequest{IfNoneMatch: last.GetTreeHash()}), n, warm)...)
+	// The page scrolled by a wheel notch (down, then up) before each tree:
+	// elements come into view without an event, so guestd's tree cache
+	// sees the showing elements moved and asks every element its states.
+	scroll := func(i int) error {
+		dy := 1
+		if i%2 == 1 {
+			dy = -1
+		}
+		_, err := s.Step(ctx, []*aciv1.Action{aci.Scroll(640, 500, 0, dy), aci.Wait(100 * time.Millisecond)}, nil)
+		return err
+	}
+	rows = append(rows, a.cellAfter(ctx, env, s, "desktop_scrolled", full, n, warm, scroll)...)
 
 	var peerRows []result.Row
 	if a.peer {
@@ -151,6 +163,11 @@ func (a *a11ySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 // cell measures one tree request n times: the round trip at the client,
 // guestd's own time, nodes, bytes on the wire and nodes per second.
 func (a *a11ySuite) cell(ctx context.Context, env *suite.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int) []result.Row {
+	return a.cellAfter(ctx, env, s, root, req, n, warm, nil)
+}
+
+// cellAfter is cell with each tree asked after before(i) (untimed).
+func (a *a11ySuite) cellAfter(ctx context.Context, env *suite.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int, before func(i int) error) []result.Row {
 	lbl := labels("root", root)
 	rt := result.NewSeries("a11y.tree", "ms", lbl)
 	guest := result.NewSeries("a11y.tree_guestd", "ms", lbl)
@@ -159,6 +176,13 @@ func (a *a11ySuite) cell(ctx context.Context, env *suite.Env, s *aci.Session, ro
 	rate := result.NewSeries("a11y.tree_nodes_per_s", "nodes/s", lbl)
 	rate.Better = "higher"
 	for i := 0; i < warm+n; i++ {
+		if before != nil {
+			if err := before(i); err != nil {
+				rt.Fail()
+				env.Progressf("a11y %s: %v", root, err)
+				continue
+			}
+		}
 		t0 := time.Now()
 		r, err := s.A11yTree(ctx, req)
 		d := time.Since(t0)
