@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -449,8 +450,15 @@ func TestAuth(t *testing.T) {
 	if len(r.GetMemoryChallenge().GetMac()) != 32 {
 		t.Fatalf("challenge: %v", r)
 	}
+	// CRIU does not restore the KSM opt-in (PR_SET_MEMORY_MERGE): restored
+	// takes it again.
+	ksm := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 0, 0, 0, 0) == nil
+	defer unix.Prctl(unix.PR_SET_MEMORY_MERGE, 0, 0, 0, 0)
 	if r := call(t, admin, restored); r.GetRestored() == nil {
 		t.Fatalf("restored: %v", r)
+	}
+	if merged, err := sysops.MemoryMerged(); ksm && (err != nil || !merged) {
+		t.Fatalf("KSM opt-in after restored: %v, %v; want on", merged, err)
 	}
 	if b, _ := os.ReadFile(h.srv.opts.EntropySink); len(b) != 32 {
 		t.Fatalf("entropy sink got %d bytes", len(b))

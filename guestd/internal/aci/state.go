@@ -261,6 +261,11 @@ func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.R
 	if err := sysops.Undumpable(); err != nil {
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_INTERNAL, "", "prctl(PR_SET_DUMPABLE, 0): %v", err)
 	}
+	// CRIU restores each mapping's KSM advice, not the process-wide opt-in:
+	// memory this replica maps from now on, and what it starts, merges too.
+	if err := sysops.MergeMemory(); err != nil {
+		s.log.Warn("restored: PR_SET_MEMORY_MERGE", "err", err)
+	}
 	s.tokens.Store(newTokens(req.GetToken(), req.GetAdminToken()))
 	for _, ss := range s.sessionsExcept(caller) {
 		ss.closeWith(StatusTokensReplaced, "tokens replaced")

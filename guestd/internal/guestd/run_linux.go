@@ -124,9 +124,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 
 	// KSM: forked replicas of one checkpoint share most pages; opting the
-	// whole process in lets the kernel merge them. EINVAL on kernels without
-	// PR_SET_MEMORY_MERGE (< 6.4) is expected and harmless.
-	if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 1, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+	// whole process (and the session it starts) in lets the kernel merge them.
+	if err := sysops.MergeMemory(); err != nil {
 		log.Warn("PR_SET_MEMORY_MERGE failed", "err", err)
 	}
 

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/acierr"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
@@ -467,6 +469,37 @@ func TestFileGetNonRegular(t *testing.T) {
 		case <-time.After(3 * time.Second):
 			t.Fatalf("file_get %s blocked", path)
 		}
+	}
+}
+
+// TestMergeMemory checks the KSM opt-in: on for the process and for a
+// process it starts afterwards (what a replica's guestd needs after CRIU
+// dropped the flag).
+func TestMergeMemory(t *testing.T) {
+	if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 0, 0, 0, 0); err != nil {
+		t.Skipf("no PR_SET_MEMORY_MERGE on this kernel: %v", err)
+	}
+	if merged, err := MemoryMerged(); err != nil || merged {
+		t.Fatalf("MemoryMerged after turning it off = %v, %v", merged, err)
+	}
+	if err := MergeMemory(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_MEMORY_MERGE, 0, 0, 0, 0) })
+	if merged, err := MemoryMerged(); err != nil || !merged {
+		t.Fatalf("MemoryMerged after MergeMemory = %v, %v", merged, err)
+	}
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/ksm_stat", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(stat), "ksm_merge_any: yes") {
+		t.Fatalf("a process started after MergeMemory is not opted in:\n%s", stat)
 	}
 }
 
