@@ -216,7 +216,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	var mgrRef *fleet.Manager
 	// Recordings live beside controld's records; the sandbox check goes
 	// through the manager once it exists (nothing records before serving).
-	recs, err := recording.New(recording.Options{Dir: filepath.Join(cfg.StateDir, "recordings"), Log: log,
+	recs, err := recording.New(recording.Options{Dir: filepath.Join(cfg.StateDir, "recordings"), Log: log, Registerer: reg,
 		Routable: func(id string) error { _, err := mgrRef.Route(id); return err }})
 	if err != nil {
 		return err

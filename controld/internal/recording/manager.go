@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -51,6 +52,8 @@ type Options struct {
 	// Routable reports whether a sandbox exists and can be recorded (its
 	// error is returned as is: NOT_FOUND ...).
 	Routable func(sandboxID string) error
+	// Registerer, when set, gets the recorder's metrics (metrics.go).
+	Registerer prometheus.Registerer
 }
 
 // diskCheckEvery: the host's free space is checked after every this many
@@ -70,6 +73,7 @@ type Manager struct {
 	// exporting: recordings with an export running (not deleted meanwhile).
 	exporting map[string]bool
 	closed    bool
+	metrics   metrics
 }
 
 // New opens the recordings under opts.Dir. Recordings that were running
@@ -87,6 +91,7 @@ func New(opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, log: opts.Log, recs: map[string]*controldv1.Recording{}, active: map[string]*recorder{},
 		byID: map[string]*recorder{}, exporting: map[string]bool{}}
+	m.register(opts.Registerer)
 	ents, err := os.ReadDir(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("recording: %w", err)
@@ -294,6 +299,7 @@ func (m *Manager) finished(r *recorder) {
 	if err := m.save(snap); err != nil {
 		m.log.Error("recording: save record", "recording", snap.GetId(), "err", err)
 	}
+	m.count(snap)
 	m.log.Info("recording stopped", "recording", snap.GetId(), "reason", snap.GetStopReason(), "bytes", snap.GetBytes(),
 		"frames", snap.GetFrames(), "requests", snap.GetRequests())
 }
