@@ -195,8 +195,25 @@ const resolvConfPath = "/etc/resolv.conf"
 // cgroup, limits, tmpfs sizes, capabilities, the CRIU config annotation and
 // its network: a namespace of its own, made by runc (or CRIU) and finished
 // by the network hook (in mode egress with the resolver file of the
-// sandbox's DNS stub).
+// sandbox's DNS stub). Its steps run in this order: the mounts are
+// filtered before /run and the mask binds are added, the resolver file
+// last.
 func (r *Runtime) withSandbox(spec runtime.BootSpec, nsb network.Sandbox) oci.SpecOpts {
+	return oci.Compose(
+		r.withOwnCgroup(spec),
+		withLimits(spec),
+		r.withNetworkNamespace(nsb),
+		r.withSandboxTmpfs,
+		r.withMaskBinds,
+		withResolvConf(nsb),
+		r.withCRIUConfig(spec),
+	)
+}
+
+// withOwnCgroup sets the hostname and the sandbox's own cgroup. A fork
+// built from its source's spec would otherwise join the source's cgroup
+// (and deleting the fork would kill the source).
+func (r *Runtime) withOwnCgroup(spec runtime.BootSpec) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Linux == nil {
 			s.Linux = &specs.Linux{}
@@ -205,12 +222,15 @@ func (r *Runtime) withSandbox(spec runtime.BootSpec, nsb network.Sandbox) oci.Sp
 			s.Process = &specs.Process{}
 		}
 		s.Hostname = r.cfg.Hostname
-		// Each sandbox gets its own cgroup. A fork built from its source's
-		// spec would otherwise join the source's cgroup (and deleting the
-		// fork would kill the source).
 		s.Linux.CgroupsPath = r.cgroupsPath(spec.ID)
-		// The limits, set on every spec built for a sandbox (a fork's comes
-		// from its source's and gets its own): what the kernel enforces.
+		return nil
+	}
+}
+
+// withLimits sets the limits, on every spec built for a sandbox (a fork's
+// comes from its source's and gets its own): what the kernel enforces.
+func withLimits(spec runtime.BootSpec) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		res := &specs.LinuxResources{}
 		if spec.MemoryBytes > 0 {
 			// Swap equal to the limit: memory+swap is capped at the
@@ -239,13 +259,18 @@ func (r *Runtime) withSandbox(spec runtime.BootSpec, nsb network.Sandbox) oci.Sp
 			res.Devices = s.Linux.Resources.Devices
 		}
 		s.Linux.Resources = res
+		return nil
+	}
+}
 
-		// A network namespace of its own, made by runc at a boot and by
-		// CRIU at a restore, inside the sandbox's user namespace; runc then
-		// runs the network hook (createRuntime: after the namespaces exist,
-		// before the sandbox's process runs; on CRIU's setup-namespaces
-		// notification at a restore), which pins it and finishes the
-		// network controld prepared (network.Attach). No other hook runs.
+// withNetworkNamespace gives the sandbox a network namespace of its own,
+// made by runc at a boot and by CRIU at a restore, inside the sandbox's
+// user namespace; runc then runs the network hook (createRuntime: after
+// the namespaces exist, before the sandbox's process runs; on CRIU's
+// setup-namespaces notification at a restore), which pins it and finishes
+// the network controld prepared (network.Attach). No other hook runs.
+func (r *Runtime) withNetworkNamespace(nsb network.Sandbox) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		nss := s.Linux.Namespaces[:0]
 		for _, ns := range s.Linux.Namespaces {
 			if ns.Type != specs.NetworkNamespace {
@@ -259,71 +284,95 @@ func (r *Runtime) withSandbox(spec runtime.BootSpec, nsb network.Sandbox) oci.Sp
 			Args:    append([]string{NetHookName}, nsb.HookArgs...),
 			Timeout: &timeout,
 		}}}
+		return nil
+	}
+}
 
-		mounts := s.Mounts[:0]
-		for _, m := range s.Mounts {
-			switch m.Destination {
-			case resolvConfPath:
-				continue // added below for egress
-			case "/run":
-				m.Options = setSizeOption(m.Options, r.cfg.RunTmpfsBytes)
-			case "/dev":
-				m.Options = setSizeOption(m.Options, r.cfg.DevShmBytes)
-			case "/dev/shm":
-				// CRIU tars every tmpfs on each dump and restore (about 4
-				// ms each): POSIX shared memory lives in /dev's tmpfs, in a
-				// /dev/shm directory guestd makes at start.
-				continue
-			}
-			mounts = append(mounts, m)
+// withSandboxTmpfs sizes the /run and /dev tmpfs, drops /dev/shm and the
+// resolver file (withResolvConf adds its own), and mounts a tmpfs on /run
+// unless the layout keeps /run on the rootfs.
+func (r *Runtime) withSandboxTmpfs(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	mounts := s.Mounts[:0]
+	for _, m := range s.Mounts {
+		switch m.Destination {
+		case resolvConfPath:
+			continue // added by withResolvConf for egress
+		case "/run":
+			m.Options = setSizeOption(m.Options, r.cfg.RunTmpfsBytes)
+		case "/dev":
+			m.Options = setSizeOption(m.Options, r.cfg.DevShmBytes)
+		case "/dev/shm":
+			// CRIU tars every tmpfs on each dump and restore (about 4
+			// ms each): POSIX shared memory lives in /dev's tmpfs, in a
+			// /dev/shm directory guestd makes at start.
+			continue
 		}
-		s.Mounts = mounts
-		if s.Annotations[runLayoutAnnotation] != runLayoutRootfs &&
-			!slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" }) {
+		mounts = append(mounts, m)
+	}
+	s.Mounts = mounts
+	if s.Annotations[runLayoutAnnotation] != runLayoutRootfs &&
+		!slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/run" }) {
+		s.Mounts = append(s.Mounts, specs.Mount{
+			Destination: "/run", Type: "tmpfs", Source: "tmpfs",
+			Options: setSizeOption([]string{"nosuid", "nodev", "mode=755"}, r.cfg.RunTmpfsBytes),
+		})
+	}
+	return nil
+}
+
+// withMaskBinds masks directories with a read-only bind of an empty
+// directory. runc masks them with a read-only tmpfs each, and CRIU tars
+// every tmpfs on dump and restore (5 to 10 ms each); a bind masks as well
+// and is an external mount to CRIU: nothing to tar. runc refuses binds
+// inside /proc; the /proc directories that are empty on this kernel are
+// not masked at all.
+func (r *Runtime) withMaskBinds(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if r.emptyDir == "" {
+		return nil
+	}
+	masked := s.Linux.MaskedPaths[:0]
+	for _, p := range s.Linux.MaskedPaths {
+		if r.unmaskDirs[p] {
+			continue
+		}
+		if !r.maskDirs[p] {
+			masked = append(masked, p)
+			continue
+		}
+		if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == p }) {
 			s.Mounts = append(s.Mounts, specs.Mount{
-				Destination: "/run", Type: "tmpfs", Source: "tmpfs",
-				Options: setSizeOption([]string{"nosuid", "nodev", "mode=755"}, r.cfg.RunTmpfsBytes),
+				Destination: p, Type: "bind", Source: r.emptyDir,
+				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
 			})
 		}
-
-		// runc masks directories with a read-only tmpfs each, and CRIU tars
-		// every tmpfs on dump and restore (5 to 10 ms each). A read-only bind
-		// of an empty directory masks as well and is an external mount to
-		// CRIU: nothing to tar. runc refuses binds inside /proc; the /proc
-		// directories that are empty on this kernel are not masked at all.
-		if r.emptyDir != "" {
-			masked := s.Linux.MaskedPaths[:0]
-			for _, p := range s.Linux.MaskedPaths {
-				if r.unmaskDirs[p] {
-					continue
-				}
-				if !r.maskDirs[p] {
-					masked = append(masked, p)
-					continue
-				}
-				if !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == p }) {
-					s.Mounts = append(s.Mounts, specs.Mount{
-						Destination: p, Type: "bind", Source: r.emptyDir,
-						Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
-					})
-				}
-			}
-			s.Linux.MaskedPaths = masked
-			// A source spec may come from a runtime with another state dir.
-			for i, m := range s.Mounts {
-				if m.Type == "bind" && r.maskDirs[m.Destination] {
-					s.Mounts[i].Source = r.emptyDir
-				}
-			}
+	}
+	s.Linux.MaskedPaths = masked
+	// A source spec may come from a runtime with another state dir.
+	for i, m := range s.Mounts {
+		if m.Type == "bind" && r.maskDirs[m.Destination] {
+			s.Mounts[i].Source = r.emptyDir
 		}
+	}
+	return nil
+}
 
+// withResolvConf mounts the resolver file of an egress sandbox's DNS stub.
+func withResolvConf(nsb network.Sandbox) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if nsb.ResolvConf != "" {
 			s.Mounts = append(s.Mounts, specs.Mount{
 				Destination: resolvConfPath, Type: "bind", Source: nsb.ResolvConf,
 				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
 			})
 		}
+		return nil
+	}
+}
 
+// withCRIUConfig records the CRIU configuration of the sandbox's image
+// options and its network mode in the spec's annotations.
+func (r *Runtime) withCRIUConfig(spec runtime.BootSpec) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
