@@ -200,14 +200,14 @@ func (s *Server) releaseCaptureBuffers() int {
 }
 
 // releaseIdleScratch gives d's capture buffers back whenever no capture
-// used them for Options.ScratchIdle, until ctx ends. Checked every quarter
-// of that: a buffer goes at most 1.25 idle periods after its last use.
+// used them for Options.ScratchIdle, until ctx ends. Checked every tenth
+// of that: a buffer goes at most 1.1 idle periods after its last use.
 func (s *Server) releaseIdleScratch(ctx context.Context, d Desktop) {
 	r, ok := d.(ScratchReleaser)
 	if !ok || s.opts.ScratchIdle < 0 {
 		return
 	}
-	t := time.NewTicker(max(s.opts.ScratchIdle/4, time.Millisecond))
+	t := time.NewTicker(max(s.opts.ScratchIdle/10, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
