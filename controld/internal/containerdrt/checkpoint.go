@@ -767,6 +767,7 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
 		return err
 	}
+	r.restoreBases.Delete(ref.Dir)
 	ctx = r.ctx(ctx)
 	_, statErr := os.Stat(filepath.Join(ref.Dir, metaFile))
 	dirExists := statErr == nil

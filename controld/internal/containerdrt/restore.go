@@ -46,6 +46,54 @@ func (r *Runtime) pinnedImage(ctx context.Context, meta checkpointMeta) (client.
 		"checkpoint was taken on image %s (%s), which is not in namespace %s any more", meta.Image, meta.ImageDigest, r.cfg.Namespace)
 }
 
+// restoreBase is what every fork of one checkpoint is made from: its
+// metadata, its pinned image with that image's CRIU options and process,
+// and (memory tier) its CRIU images' layout. A checkpoint's directory does
+// not change once committed, so this is read and checked once per
+// checkpoint (and per controld run), not per replica: at a fan-out of N
+// every replica read checkpoint.json and five CRIU images, and asked
+// containerd for the image and its config, again. DeleteCheckpoint drops
+// it.
+type restoreBase struct {
+	meta     checkpointMeta
+	img      client.Image
+	criuOpts []string
+	proc     imageProcess
+	// usernsImages are the userns images of a memory-tier checkpoint
+	// (checkImagesLayout: dumped as this host runs sandboxes).
+	usernsImages []string
+}
+
+// restoreBase returns from's restoreBase; a failure is not kept, so a
+// checkpoint whose image comes back later forks then.
+func (r *Runtime) restoreBase(ctx context.Context, from runtime.CheckpointRef) (*restoreBase, error) {
+	if b, ok := r.restoreBases.Load(from.Dir); ok {
+		return b.(*restoreBase), nil
+	}
+	meta, err := readMeta(from.Dir)
+	if err != nil {
+		return nil, err
+	}
+	img, err := r.pinnedImage(ctx, meta)
+	if err != nil {
+		return nil, err
+	}
+	b := &restoreBase{meta: meta, img: img}
+	if b.criuOpts, err = r.imageCRIUOptions(ctx, img); err != nil {
+		return nil, err
+	}
+	if b.proc, err = r.imageProcess(ctx, img); err != nil {
+		return nil, err
+	}
+	if meta.Tier == tierName(runtime.TierMemory) {
+		if b.usernsImages, err = checkImagesLayout(filepath.Join(from.Dir, criuImageDir), r.cfg.UserNamespaces != nil); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", from.Dir, err)
+		}
+	}
+	r.restoreBases.Store(from.Dir, b)
+	return b, nil
+}
+
 // restorePaths are the CRIU directories of a memory-tier fork.
 type restorePaths struct {
 	image string // the checkpoint's images (shared, read-only)
@@ -110,10 +158,11 @@ func (r *Runtime) restoreWorkDir(id string) string { return r.workDir(id + "-res
 // createRestore creates the fork's container and task (the shim holds the
 // restore options; runc restore runs at Start).
 func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (*sandbox, error) {
-	meta, err := readMeta(from.Dir)
+	base, err := r.restoreBase(ctx, from)
 	if err != nil {
 		return nil, err
 	}
+	meta := base.meta
 	if from.Snapshot != "" && from.Snapshot != meta.Snapshot {
 		return nil, fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", from.Dir, meta.Snapshot, from.Snapshot, errdefs.ErrFailedPrecondition)
 	}
@@ -129,18 +178,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NETWORK_MODE_MISMATCH",
 			"checkpoint %s was taken in network mode %s; its forks cannot run in mode %s", from.Dir, got, spec.Network.Mode)
 	}
-	img, err := r.pinnedImage(ctx, meta)
-	if err != nil {
-		return nil, err
-	}
-	criuOpts, err := r.imageCRIUOptions(ctx, img)
-	if err != nil {
-		return nil, err
-	}
-	proc, err := r.imageProcess(ctx, img)
-	if err != nil {
-		return nil, err
-	}
+	img, criuOpts, proc := base.img, base.criuOpts, base.proc
 	rng, err := r.takeRange(ctx, spec.ID)
 	if err != nil {
 		return nil, err
@@ -149,7 +187,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from
 	// range's user namespace), made before anything else of it.
 	var restore *restorePaths
 	if from.Tier == runtime.TierMemory {
-		images, err := forkImages(from.Dir, spec.ID, rng)
+		images, err := linkForkImages(from.Dir, spec.ID, rng, base.usernsImages)
 		if err != nil {
 			r.releaseRange(spec.ID, rng)
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,5 +123,51 @@ func TestIntegrationPrecreatedRestoreDiscard(t *testing.T) {
 	inst := restoreT(t, r, f, res.Ref)
 	if got := mustCall(t, inst, "get"); got != "precreated-discard" {
 		t.Errorf("fork value %q", got)
+	}
+}
+
+// TestIntegrationRestoreBaseOnce: a checkpoint's metadata, image and CRIU
+// images' layout are read once for all its forks (restoreBase), not per
+// replica, and forgotten when the checkpoint is deleted.
+func TestIntegrationRestoreBaseOnce(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	src := bootT(t, r, testSpec(uniqueID("rbsrc")))
+	mustCall(t, src, "set restore-base")
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	first := restoreT(t, r, testSpec(uniqueID("rbf1")), res.Ref)
+	if got := mustCall(t, first, "get"); got != "restore-base" {
+		t.Fatalf("first fork value %q", got)
+	}
+	// The checkpoint's directory does not change once committed: a second
+	// fork does not read its metadata again (here made unreadable).
+	meta := filepath.Join(res.Ref.Dir, metaFile)
+	saved, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(meta, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second := restoreT(t, r, testSpec(uniqueID("rbf2")), res.Ref)
+	if got := mustCall(t, second, "get"); got != "restore-base" {
+		t.Fatalf("second fork value %q", got)
+	}
+	if err := os.WriteFile(meta, saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, inst := range []runtime.Instance{first, second} {
+		if err := r.Delete(ctx, inst.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.DeleteCheckpoint(ctx, res.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.restoreBases.Load(res.Ref.Dir); ok {
+		t.Fatal("a deleted checkpoint's restore base is kept")
 	}
 }

@@ -274,7 +274,8 @@ type Runtime struct {
 	// they are empty on this kernel (see emptyProcDirs).
 	unmaskDirs map[string]bool
 
-	imageProcs sync.Map // image digest -> imageProcess
+	imageProcs   sync.Map // image digest -> imageProcess
+	restoreBases sync.Map // checkpoint dir -> *restoreBase
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
 	seccomp *seccompRoots

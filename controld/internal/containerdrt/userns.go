@@ -241,11 +241,17 @@ func forkImagesDir(checkpointDir, id string) string {
 // images must have been dumped as this host runs sandboxes (in a user
 // namespace, or not), with a network namespace of their own.
 func forkImages(checkpointDir, id string, rng *userns.Range) (string, error) {
-	src := filepath.Join(checkpointDir, criuImageDir)
-	usernsImages, err := checkImagesLayout(src, rng != nil)
+	usernsImages, err := checkImagesLayout(filepath.Join(checkpointDir, criuImageDir), rng != nil)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint %s: %w", checkpointDir, err)
 	}
+	return linkForkImages(checkpointDir, id, rng, usernsImages)
+}
+
+// linkForkImages is forkImages of a checkpoint whose layout was checked
+// (usernsImages: checkImagesLayout's).
+func linkForkImages(checkpointDir, id string, rng *userns.Range, usernsImages []string) (string, error) {
+	src := filepath.Join(checkpointDir, criuImageDir)
 	if rng == nil {
 		return src, nil
 	}
