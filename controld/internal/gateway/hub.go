@@ -62,6 +62,7 @@ type viewer struct {
 type hub struct {
 	g      *Gateway
 	id     string
+	ctx    context.Context // the hub's life (run's)
 	cancel context.CancelFunc
 	done   chan struct{}
 	// gone is closed when the sandbox no longer exists (deleted): its
@@ -84,15 +85,23 @@ type hub struct {
 	stream   uint32
 }
 
-// hubLocked returns sandbox id's hub, starting it. g.mu held.
-func (g *Gateway) hubLocked(id string) *hub {
+// hubLocked adds a consumer to sandbox id's hub (add runs under the hub's
+// lock), starting the hub after the first is in: its first session then
+// knows what its consumers need (frame hashes). g.mu held.
+func (g *Gateway) hubLocked(id string, add func(h *hub)) *hub {
 	h := g.hubs[id]
-	if h == nil {
+	start := h == nil
+	if start {
 		ctx, cancel := context.WithCancel(context.Background())
 		h = &hub{g: g, id: id, cancel: cancel, done: make(chan struct{}), gone: make(chan struct{}),
-			viewers: map[*viewer]struct{}{}, sinks: map[recording.Sink]struct{}{}}
+			viewers: map[*viewer]struct{}{}, sinks: map[recording.Sink]struct{}{}, ctx: ctx}
 		g.hubs[id] = h
-		go h.run(ctx)
+	}
+	h.mu.Lock()
+	add(h)
+	h.mu.Unlock()
+	if start {
+		go h.run(h.ctx)
 	}
 	return h
 }
@@ -105,10 +114,7 @@ func (g *Gateway) joinHub(id string) (*hub, *viewer) {
 	v.wake <- struct{}{}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	h := g.hubLocked(id)
-	h.mu.Lock()
-	h.viewers[v] = struct{}{}
-	h.mu.Unlock()
+	h := g.hubLocked(id, func(h *hub) { h.viewers[v] = struct{}{} })
 	return h, v
 }
 
@@ -139,13 +145,15 @@ func (h *hub) release(remove func()) {
 // frames from the next keyframe on, and the ACI connections the gateway
 // opens to the sandbox from now on. detach stops both.
 func (g *Gateway) Record(id string, s recording.Sink) (detach func()) {
+	var sess *aci.Session
+	var stream uint32
+	var hashes bool
 	g.mu.Lock()
-	h := g.hubLocked(id)
+	h := g.hubLocked(id, func(h *hub) {
+		h.sinks[s] = struct{}{}
+		sess, stream, hashes = h.sess, h.stream, h.hashes
+	})
 	g.taps[id] = s
-	h.mu.Lock()
-	h.sinks[s] = struct{}{}
-	sess, stream, hashes := h.sess, h.stream, h.hashes
-	h.mu.Unlock()
 	g.mu.Unlock()
 	select {
 	case <-h.gone:
