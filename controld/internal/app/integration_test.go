@@ -2,10 +2,13 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,6 +175,11 @@ func TestRealStack(t *testing.T) {
 			t.Errorf("replica generation %d, want 1", rs.Generation())
 		}
 		rs.Close()
+		// CRIU does not restore the KSM opt-in; the replica's guestd took
+		// it again in restored (what it maps and starts merges too).
+		if stat := guestdKSMStat(t, rt, r.Sandbox.Id); stat != "" && !strings.Contains(stat, "ksm_merge_any: yes") {
+			t.Errorf("replica %s's guestd is not opted into KSM after its restore:\n%s", r.Sandbox.Id, stat)
+		}
 	}
 
 	// Disk tier: the fork boots fresh from the captured layer (marker only).
@@ -304,6 +312,32 @@ func realStackConfig(t *testing.T, base string) (cfg *config.Config, address, ns
 
 // realStackRuntime connects a runtime to cfg's namespace (state under
 // stateDir) and brings the desktop image there, as cfg's default image.
+// guestdKSMStat is /proc/<pid>/ksm_stat of the guestd in sandbox id's
+// cgroup ("" when the kernel has no such file).
+func guestdKSMStat(t *testing.T, rt *containerdrt.Runtime, id string) string {
+	t.Helper()
+	c := rt.Config()
+	procs, err := os.ReadFile(filepath.Join(c.CgroupRoot, "pids", c.CgroupParent, id, "cgroup.procs"))
+	if err != nil {
+		t.Fatalf("processes of %s: %v", id, err)
+	}
+	for _, pid := range strings.Fields(string(procs)) {
+		if comm, err := os.ReadFile("/proc/" + pid + "/comm"); err != nil || strings.TrimSpace(string(comm)) != "guestd" {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + pid + "/ksm_stat")
+		if errors.Is(err, fs.ErrNotExist) {
+			return "" // a kernel without per-process KSM state
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(stat)
+	}
+	t.Fatalf("no guestd among %s's processes %q", id, procs)
+	return ""
+}
+
 func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, stateDir string) *containerdrt.Runtime {
 	t.Helper()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
