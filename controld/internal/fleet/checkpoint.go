@@ -111,10 +111,11 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
-	src, err := m.checkpointSource(sb, req)
-	if err != nil {
+	c := &newCheckpoint{m: m, req: req, tag: tag, tier: tier, start: start, sb: sb}
+	if err := c.checkSource(); err != nil {
 		return nil, err
 	}
+	src := c.src
 
 	id := rules.NewID(rules.PrefixCheckpoint)
 	ctx, span := m.tracer.Start(ctx, "checkpoint.create", trace.WithAttributes(
@@ -126,13 +127,13 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		return nil, err
 	}
 
-	c := &newCheckpoint{id: id, req: req, tag: tag, tier: tier, start: start, sb: sb, src: src, rec: newCheckpointRecord(id, src, tier)}
-	res, liftWait, err := m.dumpCheckpoint(ctx, c)
+	c.id, c.rec = id, newCheckpointRecord(id, src, tier)
+	res, liftWait, err := c.dump(ctx)
 	defer liftWait()
 	if err != nil {
 		return fail(err)
 	}
-	final, err := m.publishCheckpointDir(id, &res)
+	final, err := c.publishDir(&res)
 	if err != nil {
 		return fail(err)
 	}
@@ -149,15 +150,16 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	// Its first fork finds a container precreated too.
 	m.forkSlotsExpect(id)
-	m.observeCheckpoint(tier, res, start)
+	c.observe(res)
 	if req.GetStop() {
-		m.stoppedByCheckpoint(c)
+		c.markSourceStopped()
 	}
 	return m.checkpointView(id)
 }
 
 // newCheckpoint is one CreateCheckpoint in progress: what its steps share.
 type newCheckpoint struct {
+	m     *Manager
 	id    string
 	req   *controldv1.CreateCheckpointRequest
 	tag   *store.RequestTag
@@ -187,29 +189,31 @@ func checkCreateCheckpoint(req *controldv1.CreateCheckpointRequest) (controldv1.
 	return tier, nil
 }
 
-// checkpointSource returns a copy of sb's record if it can be checkpointed
-// now (READY, not pooled, not being deleted) under the requested name.
-// The caller holds sb.op.
-func (m *Manager) checkpointSource(sb *sandbox, req *controldv1.CreateCheckpointRequest) (*store.SandboxRecord, error) {
+// checkSource takes a copy of the source's record (c.src) if it can be
+// checkpointed now (READY, not pooled, not being deleted) under the
+// requested name. The caller holds sb.op.
+func (c *newCheckpoint) checkSource() error {
+	m, sb, req := c.m, c.sb, c.req
 	m.mu.Lock()
 	src := cloneRecord(sb.rec)
 	deleting := sb.deleting
 	m.mu.Unlock()
 	switch {
 	case deleting:
-		return nil, sandboxNotFound(req.GetSandboxId())
+		return sandboxNotFound(req.GetSandboxId())
 	case src.Pooled:
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED", "sandbox %s is held by its pool; claim it first", src.Sandbox.Id)
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED", "sandbox %s is held by its pool; claim it first", src.Sandbox.Id)
 	case src.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY:
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE",
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE",
 			"sandbox %s is %s; only a READY sandbox can be checkpointed", src.Sandbox.Id, src.Sandbox.State)
 	}
 	if req.GetName() != "" {
 		if _, err := m.findCheckpoint(req.GetName()); err == nil {
-			return nil, errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", req.GetName())
+			return errdefs.WithReason(errdefs.ErrAlreadyExists, "CHECKPOINT_NAME_TAKEN", "a checkpoint named %q exists", req.GetName())
 		}
 	}
-	return src, nil
+	c.src = src
+	return nil
 }
 
 // newCheckpointRecord draws the proofs a checkpoint of src will carry: the
@@ -229,13 +233,13 @@ func newCheckpointRecord(id string, src *store.SandboxRecord, tier controldv1.Ch
 	return rec
 }
 
-// dumpCheckpoint has the runtime checkpoint the source into the temporary
+// dump has the runtime checkpoint the source into the temporary
 // directory, the guest prepared beside it (prepareCheckpointGuest). A
 // memory-tier source that runs on gets its agents back: the hold is lifted
 // at once, and the returned wait, which the caller defers, lets the reply
 // go only after it.
-func (m *Manager) dumpCheckpoint(ctx context.Context, c *newCheckpoint) (runtime.CheckpointResult, func(), error) {
-	sb, src, rec, stop := c.sb, c.src, c.rec, c.req.GetStop()
+func (c *newCheckpoint) dump(ctx context.Context) (runtime.CheckpointResult, func(), error) {
+	m, sb, src, rec, stop := c.m, c.sb, c.src, c.rec, c.req.GetStop()
 	tmp := m.tmpCheckpointDir(c.id)
 	spec := runtime.CheckpointSpec{
 		Dir:  tmp,
@@ -265,9 +269,10 @@ func (m *Manager) dumpCheckpoint(ctx context.Context, c *newCheckpoint) (runtime
 	return res, wait, nil
 }
 
-// publishCheckpointDir moves a complete checkpoint from its temporary
-// directory to its own, durably; on failure the runtime's checkpoint goes.
-func (m *Manager) publishCheckpointDir(id string, res *runtime.CheckpointResult) (string, error) {
+// publishDir moves the complete checkpoint from its temporary directory
+// to its own, durably; on failure the runtime's checkpoint goes.
+func (c *newCheckpoint) publishDir(res *runtime.CheckpointResult) (string, error) {
+	m, id := c.m, c.id
 	tmp, final := m.tmpCheckpointDir(id), m.checkpointDirFor(id)
 	if err := os.Rename(tmp, final); err != nil {
 		m.dropRuntimeCheckpoint(res.Ref, tmp)
@@ -314,8 +319,9 @@ func (c *newCheckpoint) describe(res runtime.CheckpointResult) {
 	rec.Checkpoint.VerifyLevels = levelsFor(tier, rec)
 }
 
-// observeCheckpoint counts a checkpoint in the metrics.
-func (m *Manager) observeCheckpoint(tier controldv1.CheckpointTier, res runtime.CheckpointResult, start time.Time) {
+// observe counts the checkpoint in the metrics.
+func (c *newCheckpoint) observe(res runtime.CheckpointResult) {
+	m, tier, start := c.m, c.tier, c.start
 	tl := tierLabel(tier)
 	m.metrics.CheckpointTotal.WithLabelValues(tl).Observe(time.Since(start).Seconds())
 	m.metrics.CheckpointFrozen.WithLabelValues(tl).Observe(res.Frozen.Seconds())
@@ -327,9 +333,10 @@ func (m *Manager) observeCheckpoint(tier controldv1.CheckpointTier, res runtime.
 	m.metrics.CheckpointBytes.WithLabelValues(tl, "layer").Observe(float64(res.LayerBytes))
 }
 
-// stoppedByCheckpoint records that the checkpoint (with stop) stopped its
+// markSourceStopped records that the checkpoint (with stop) stopped its
 // source.
-func (m *Manager) stoppedByCheckpoint(c *newCheckpoint) {
+func (c *newCheckpoint) markSourceStopped() {
+	m := c.m
 	if _, err := m.update(c.sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
 		r.Sandbox.StatusMessage = "stopped by checkpoint " + c.id
