@@ -74,6 +74,8 @@ type fakeToolkit struct {
 	// toolkits send no event for); checked marks buttons CHECKED.
 	scroll  atomic.Int32
 	checked map[int]bool
+	// firstIsDoc makes button 0 a document (a browser's page).
+	firstIsDoc bool
 }
 
 // check marks button i checked and says so (object:state-changed:checked).
@@ -163,6 +165,10 @@ func startToolkit(t testing.TB, addr string, n int, stall chan struct{}) *fakeTo
 				return 23, nil
 			case -3:
 				return 0, unknown
+			case 0:
+				if f.firstIsDoc {
+					return 95, nil
+				}
 			}
 			return 43, nil
 		},

@@ -23,7 +23,12 @@ import (
 // (Chromium sets SHOWING silently), so when a showing element's bounds are
 // not the cached ones the tree is read again with every element asked its
 // states (tree.go, moved); a document's name (its title: Chromium sends
-// nothing), so documents are always read; and whatever else a toolkit
+// nothing), so documents are always read; a document's place (a page
+// loaded in its stead: Chromium says nothing to the element hosting it),
+// so the children of an element that ever held a document are always
+// read, and a tree that meets a new document reads the application again
+// without the cache (a page load changes more of the browser silently,
+// such as the description carrying the address); and whatever else a toolkit
 // changes silently, so an entry lives 5 to 10 s (by its path) and is read
 // again after: such a change shows within 10 s.
 //
@@ -72,7 +77,7 @@ func (ci *cachedItem) fresh(now time.Time) bool {
 // event.
 func documentRole(r uint32) bool {
 	switch r {
-	case 82, 94, 95, 96, 97, 98: // document frame, spreadsheet, presentation, text, web, email
+	case 82, 92, 93, 94, 95, 96: // document frame, spreadsheet, presentation, text, web, email
 		return true
 	}
 	return false
@@ -112,10 +117,13 @@ type appCache struct {
 	// full), applied is the last one items reflects.
 	seq, base, applied uint64
 	log                []objectPath
-	subscribed         bool // its match rule is on the connection
-	flooded            bool
-	window             time.Time
-	inWindow           int
+	// hosts are the elements that held a document (their children are
+	// never kept).
+	hosts      map[objectPath]bool
+	subscribed bool // its match rule is on the connection
+	flooded    bool
+	window     time.Time
+	inWindow   int
 }
 
 // since returns the paths of events after seq n; ok false when some of
@@ -344,6 +352,16 @@ func (t *treeCache) store(conn *wireConn, bus string, v cacheView, read map[obje
 		}
 	}
 	for p, it := range read {
+		for _, ch := range it.children {
+			if c := read[ch.Path]; c != nil && documentRole(c.role) && !ac.hosts[p] && len(ac.hosts) < cacheItems {
+				if ac.hosts == nil {
+					ac.hosts = map[objectPath]bool{}
+				}
+				ac.hosts[p] = true
+			}
+		}
+	}
+	for p, it := range read {
 		if skip[p] {
 			delete(items, p)
 			continue
@@ -365,8 +383,9 @@ func (t *treeCache) store(conn *wireConn, bus string, v cacheView, read map[obje
 		if it.bounds != nil {
 			e.bounds = [4]int32{it.bounds.X, it.bounds.Y, it.bounds.Width, it.bounds.Height}
 		}
-		if it.known {
-			e.known, e.children = true, it.children
+		e.known, e.children = it.known && !ac.hosts[p], nil
+		if e.known {
+			e.children = it.children
 		}
 		items[p] = &e
 	}

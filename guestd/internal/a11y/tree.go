@@ -405,19 +405,21 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 	// The application's own server when it has one: its calls skip the bus.
 	conn = c.peer(ctx, conn, a.ref.Bus, a.pid)
 	var cached []cacheItem
-	if !warm(a.cache, a.now) {
-		// The toolkit's own cache: every element it holds in one call.
-		err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
-		if err != nil && !unsupportedError(err) && !goneError(err) {
-			a.err = err
-			return
-		}
-	}
+	asked := false
 	whole := from.null()
 	if from.null() {
 		from = ref{a.ref.Bus, rootPath}
 	}
 	for pass := 0; ; pass++ {
+		if !asked && !warm(a.cache, a.now) {
+			// The toolkit's own cache: every element it holds in one call.
+			asked = true
+			err := call(ctx, conn, ref{a.ref.Bus, cachePath}, ifCache+".GetItems", nil, &cached)
+			if err != nil && !unsupportedError(err) && !goneError(err) {
+				a.err = err
+				return
+			}
+		}
 		a.fromToolkitCache(cached)
 		shown, cut, err := a.walk(ctx, conn, opts, from)
 		if err != nil {
@@ -427,6 +429,12 @@ func (a *app) read(ctx context.Context, c *Client, conn *wireConn, opts TreeOpti
 		if err := finishFill(ctx, conn, shown); err != nil {
 			a.err = err
 			return
+		}
+		if pass == 0 && a.newDocument() {
+			// A page loaded: the browser changes what shows its address
+			// and more without events. Read it again without the cache.
+			a.cache = nil
+			continue
 		}
 		if pass == 0 && moved(shown) {
 			// Its states came from the cache and the page moved (a
@@ -473,6 +481,20 @@ func (a *app) fromToolkitCache(cached []cacheItem) {
 			}
 		}
 	}
+}
+
+// newDocument: the read met a document the cache does not know, and the
+// cache knew others (not the first read).
+func (a *app) newDocument() bool {
+	if len(a.cache) == 0 {
+		return false
+	}
+	for p, it := range a.items {
+		if documentRole(it.role) && a.cache[p] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // moved: an element whose states came from the cache shows other bounds

@@ -277,8 +277,12 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 		return fmt.Errorf("message of %d bytes", int64(headPadded)+int64(bodyLen))
 	}
 	// One buffer for the usual small messages: decoded values copy what
-	// they keep.
+	// they keep. A signal's body is skipped unread (only its header
+	// matters): an application's events cost guestd no memory.
 	size := headPadded + int(bodyLen)
+	if typ != 2 && typ != 3 {
+		size = headPadded
+	}
 	var b []byte
 	switch {
 	case size > 64<<10:
@@ -292,6 +296,11 @@ func (c *wireConn) readOne(r *bufio.Reader, buf *[]byte) error {
 	copy(b, fixed[:])
 	if _, err := io.ReadFull(r, b[16:]); err != nil {
 		return err
+	}
+	if size < headPadded+int(bodyLen) {
+		if _, err := r.Discard(int(bodyLen)); err != nil {
+			return err
+		}
 	}
 	c.mu.Lock()
 	onSignal := c.onSignal
