@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci/a11yrules"
@@ -228,16 +229,26 @@ func (c *Client) setTextByTyping(ctx context.Context, conn *wireConn, target ref
 	if role == rolePasswordText {
 		return nil
 	}
+	// got is written by the poll, which bounded may leave running past
+	// the deadline.
+	var mu sync.Mutex
 	var got string
 	err = c.bounded(ctx, conn, func() error {
 		return waitFor(ctx, func() (bool, error) {
-			err := call(ctx, conn, target, ifText+".GetText", []any{int32(0), int32(-1)}, &got)
-			return err == nil && got == text, err
+			var s string
+			err := call(ctx, conn, target, ifText+".GetText", []any{int32(0), int32(-1)}, &s)
+			mu.Lock()
+			got = s
+			mu.Unlock()
+			return err == nil && s == text, err
 		})
 	})
 	if errors.Is(err, context.DeadlineExceeded) {
+		mu.Lock()
+		shown := got
+		mu.Unlock()
 		return acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "a11y_action.text",
-			"typed the text into element %s, which shows %q instead (a limit or a filter of the field, or it was slow to update)", target, clip(got))
+			"typed the text into element %s, which shows %q instead (a limit or a filter of the field, or it was slow to update)", target, clip(shown))
 	}
 	return err
 }
