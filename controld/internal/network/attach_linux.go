@@ -85,7 +85,7 @@ func Attach(pid int, pin, router string) error {
 	if err := pinNetns(fd, pin); err != nil {
 		return err
 	}
-	h, err := netlink.NewHandleAt(netns.NsHandle(fd))
+	h, err := routeHandle(netns.NsHandle(fd))
 	if err != nil {
 		return fmt.Errorf("netlink in the sandbox's namespace: %w", err)
 	}
@@ -137,3 +137,16 @@ func pinNetns(fd int, pin string) error {
 }
 
 var errPinned = errors.New("not an unbound pin (the namespace is bound already)")
+
+// routeHandle is a netlink handle in namespace ns (the calling thread's
+// when ns is netns.None()) for links, addresses and routes only. netlink's
+// default handle also opens XFRM and NETFILTER sockets in the namespace:
+// in a sandbox's new namespace the first XFRM socket took up to 7 ms, on
+// the hook's path, inside every memory-tier restore (CRIU's setup-namespaces
+// notification waits for it).
+func routeHandle(ns netns.NsHandle) (*netlink.Handle, error) {
+	if ns == netns.None() {
+		return netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	return netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+}

@@ -424,7 +424,7 @@ func withHandle(path string, fn func(*netlink.Handle) error) error {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := routeHandle(ns)
 	if err != nil {
 		return fmt.Errorf("netlink in %s: %w", path, err)
 	}
@@ -450,7 +450,7 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 	mtu := m.cfg.MTU
 
 	// Host side: the uplink, its router end moved into the router namespace.
-	host, err := netlink.NewHandle()
+	host, err := routeHandle(netns.None())
 	if err != nil {
 		return err
 	}

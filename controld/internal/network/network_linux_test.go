@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/controld/internal/network/nettest"
 )
@@ -402,5 +405,41 @@ func TestServfail(t *testing.T) {
 	want := []byte{0xab, 0xcd, 0x81, 0x02, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'w', 'w', 'w', 0, 0, 1, 0, 1}
 	if !slices.Equal(got, want) {
 		t.Errorf("servfail\n got %x\nwant %x", got, want)
+	}
+}
+
+// TestRootRouteHandle: the handles the network hook and Setup use in a
+// namespace speak rtnetlink only; netlink's default handle also opened XFRM
+// and NETFILTER sockets there, and a new namespace's first XFRM socket held
+// up every memory-tier restore's hook.
+func TestRootRouteHandle(t *testing.T) {
+	rootTest(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	host, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	ns, err := netns.New() // and the thread is in it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := netns.Set(host); err != nil {
+		t.Fatal(err)
+	}
+	for name, nsh := range map[string]netns.NsHandle{"sandbox": ns, "host": netns.None()} {
+		h, err := routeHandle(nsh)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !h.SupportsNetlinkFamily(unix.NETLINK_ROUTE) || h.SupportsNetlinkFamily(unix.NETLINK_XFRM) || h.SupportsNetlinkFamily(unix.NETLINK_NETFILTER) {
+			t.Errorf("%s: the handle speaks more than rtnetlink", name)
+		}
+		if _, err := h.LinkByName("lo"); err != nil {
+			t.Errorf("%s: lo: %v", name, err)
+		}
+		h.Close()
 	}
 }
