@@ -34,6 +34,7 @@ import (
 // each mode, and exports the recording to MP4, checked by ffprobe.
 type recordSuite struct {
 	episode time.Duration
+	reps    int
 	fps     uint
 	pidfile string
 }
@@ -44,6 +45,7 @@ func (*recordSuite) Description() string {
 }
 func (r *recordSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&r.episode, "record-episode", 60*time.Second, "episode length (each mode)")
+	fs.IntVar(&r.reps, "record-reps", 1, "episodes per mode, the modes in rotation")
 	fs.UintVar(&r.fps, "record-fps", 30, "MP4 export frame rate")
 	fs.StringVar(&r.pidfile, "record-controld-pidfile", "/run/forkfleet/controld.pid", "controld's pid file (deploy/controld-up.sh), for its CPU")
 }
@@ -53,8 +55,8 @@ func (r *recordSuite) Flags(fs *flag.FlagSet) {
 func (*recordSuite) Peers() []string { return nil }
 
 func (r *recordSuite) Check(ctx context.Context, env *suite.Env) error {
-	if r.episode < 5*time.Second || r.fps < 1 || r.fps > 60 {
-		return fmt.Errorf("record: --record-episode must be >= 5s and --record-fps 1..60")
+	if r.episode < 5*time.Second || r.reps < 1 || r.fps < 1 || r.fps > 60 {
+		return fmt.Errorf("record: --record-episode must be >= 5s, --record-reps >= 1 and --record-fps 1..60")
 	}
 	if _, err := exec.LookPath("ffprobe"); err != nil {
 		return suite.Skipf("ffprobe (Debian's ffmpeg; deploy/host-setup.sh installs it): %v", err)
@@ -173,151 +175,215 @@ func (r *recordSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 	id := cr.GetSandbox().GetId()
 	defer c.remove(context.WithoutCancel(ctx), id)
 	pid := (&viewSuite{pidfile: r.pidfile}).controldPid(env)
-	var rows []result.Row
-	cellOf := func(mode string) *cell {
-		return &cell{lbl: labels("system", "forkfleet", "mode", mode, "content", "xterm"), baseline: mode != "recorded"}
-	}
-	settle := func() { time.Sleep(2 * time.Second) }
-
-	// Bare: the agent alone (through the gateway, as a recorded one goes).
-	sess, err := aci.Dial(ctx, cr.GetEndpoint().GetUrl(), cr.GetEndpoint().GetToken(), aci.WithClientName("benchd"))
-	if err != nil {
-		return nil, err
-	}
-	defer sess.Close()
-	settle()
-	bare := cellOf("bare")
-	sb, cd, err := cpuWindow(id, pid, func() error { _, err := runEpisode(ctx, sess, r.episode); return err })
-	if err != nil {
-		return nil, fmt.Errorf("bare episode: %w", err)
-	}
-	bare.single("record.sandbox_cpu", "% of a core", sb, result.BetterLower)
-	bare.single("record.controld_cpu", "% of a core", cd, result.BetterLower)
-	rows = append(rows, bare.rows...)
-	env.Progressf("record: bare episode: sandbox %.1f%%, controld %.1f%% of a core", sb, cd)
-
-	// Screencast: the stream the recorder reads (the gateway's parameters),
-	// read by a subscriber of benchd's.
-	settle()
-	sc := cellOf("screencast")
-	watcher, err := aci.Dial(ctx, cr.GetEndpoint().GetUrl(), cr.GetEndpoint().GetToken(), aci.WithClientName("benchd-screencast"),
-		aci.WithCapabilities("screencast.zlib"), aci.WithEventBuffer(4096))
-	if err != nil {
-		return rows, err
-	}
-	wctx, stopWatch := context.WithCancel(ctx)
-	events := watcher.Events(wctx)
-	var streamBytes, streamFrames int64
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		for ev := range events {
-			if f := ev.GetFrame(); f != nil {
-				streamFrames++
-				streamBytes += int64(len(f.GetZlibChunk()))
-				for _, t := range f.GetTiles() {
-					streamBytes += int64(len(t.GetData()))
-				}
+	rc := &recordRun{r: r, env: env, c: c, id: id, ep: cr.GetEndpoint(), pid: pid, cells: map[string]*recordCell{}}
+	// The modes in rotation, so the host's drift spreads over all of them.
+	for rep := 0; rep < r.reps; rep++ {
+		for _, mode := range []string{"bare", "screencast", "recorded"} {
+			time.Sleep(2 * time.Second) // the screen settles
+			if err := rc.episode(ctx, mode, rep == r.reps-1); err != nil {
+				return rc.rows(), fmt.Errorf("%s episode %d: %w", mode, rep+1, err)
 			}
 		}
-	}()
-	if _, err := watcher.ScreencastStart(ctx, &aciv1.ScreencastStartRequest{Fps: 60, Delta: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS,
-		Cursor: aciv1.CursorMode_CURSOR_MODE_EVENTS, FrameHashes: true}); err != nil {
-		stopWatch()
-		watcher.Close()
-		return rows, err
 	}
-	sb, cd, err = cpuWindow(id, pid, func() error { _, err := runEpisode(ctx, sess, r.episode); return err })
-	stopWatch()
-	watcher.Close()
-	<-drained
-	if err != nil {
-		return rows, fmt.Errorf("screencast episode: %w", err)
+	if err := rc.export(ctx); err != nil {
+		return rc.rows(), err
 	}
-	sc.single("record.sandbox_cpu", "% of a core", sb, result.BetterLower)
-	sc.single("record.controld_cpu", "% of a core", cd, result.BetterLower)
-	sc.single("record.stream_bytes_per_s", "B/s", float64(streamBytes)/r.episode.Seconds(), result.BetterLower)
-	sc.single("record.frames", "frames", float64(streamFrames), "")
-	rows = append(rows, sc.rows...)
-	env.Progressf("record: screencast episode: sandbox %.1f%%, controld %.1f%%, %d frames", sb, cd, streamFrames)
+	env.Notef("record.sandbox_cpu: the sandbox's cpuacct cgroup (guestd, Xvfb, openbox, the xterm and its shell) over each mode's episode, the same steps (a key every 80 ms, a wheel scroll every ~3 s) through the gateway; record.controld_cpu from /proc/<pid>/stat. Modes, in rotation --record-reps times: bare (nothing watches), screencast (a plain subscriber of benchd's to the stream the recorder consumes: zlib records, 60 fps cap, cursor events, frame hashes), recorded (StartRecording: controld's shared capture written to disk, the agent's connection read for the trajectory)")
+	env.Notef("record.disk_bytes_per_s: each recording's bytes (screencast.ffrec, trajectory.jsonl) over its start-to-stop span; record.mp4_*: ExportRecording of the last recording at --record-fps, read back by ffprobe -count_frames")
+	return rc.rows(), nil
+}
 
-	// Recorded: the agent's session opened after the start (its requests
-	// go into the trajectory).
-	settle()
-	sess.Close()
-	rc := cellOf("recorded")
-	start, err := c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: id})
-	if err != nil {
-		return rows, err
+// recordRun is one run's sandbox and the series of each mode.
+type recordRun struct {
+	r     *recordSuite
+	env   *suite.Env
+	c     *controld
+	id    string
+	ep    *controldv1.Endpoint
+	pid   string
+	cells map[string]*recordCell
+	order []string
+	last  *controldv1.Recording // kept for the MP4
+	mp4   []result.Row
+}
+
+// recordCell is a mode's series, in the order first added.
+type recordCell struct {
+	lbl    map[string]string
+	series map[string]*result.Series
+	order  []string
+}
+
+func (rc *recordRun) add(mode, metric, unit, better string, v float64) {
+	cl := rc.cells[mode]
+	if cl == nil {
+		cl = &recordCell{lbl: labels("system", "forkfleet", "mode", mode, "content", "xterm"), series: map[string]*result.Series{}}
+		rc.cells[mode] = cl
+		rc.order = append(rc.order, mode)
 	}
-	recID := start.GetRecording().GetId()
+	s := cl.series[metric]
+	if s == nil {
+		s = result.NewSeries(metric, unit, cl.lbl)
+		s.Baseline, s.Better = mode != "recorded", better
+		cl.series[metric] = s
+		cl.order = append(cl.order, metric)
+	}
+	s.Add(v)
+}
+
+func (rc *recordRun) rows() []result.Row {
+	var out []result.Row
+	for _, m := range rc.order {
+		cl := rc.cells[m]
+		for _, metric := range cl.order {
+			out = append(out, cl.series[metric].Row())
+		}
+	}
+	return append(out, rc.mp4...)
+}
+
+// episode runs one episode in mode and adds its measurements.
+func (rc *recordRun) episode(ctx context.Context, mode string, keep bool) error {
+	ep := rc.ep
+	var recID string
+	if mode == "recorded" {
+		start, err := rc.c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: rc.id})
+		if err != nil {
+			return err
+		}
+		recID = start.GetRecording().GetId()
+		defer func() {
+			if recID != "" { // not kept: stopped and removed
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+				defer cancel()
+				rc.c.sb.StopRecording(dctx, &controldv1.StopRecordingRequest{Id: recID})
+				rc.c.sb.DeleteRecording(dctx, &controldv1.DeleteRecordingRequest{Id: recID})
+			}
+		}()
+		// The agent's session opens after the start: its requests go into
+		// the trajectory.
+		e, err := rc.c.sb.GetSandboxEndpoint(ctx, &controldv1.GetSandboxEndpointRequest{Id: rc.id})
+		if err != nil {
+			return err
+		}
+		ep = e.GetEndpoint()
+	}
+	// Through the gateway in every mode, as a recorded agent goes.
+	sess, err := aci.Dial(ctx, ep.GetUrl(), ep.GetToken(), aci.WithClientName("benchd"))
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	var streamBytes, streamFrames int64
+	stopWatch := func() {}
+	if mode == "screencast" {
+		watcher, err := aci.Dial(ctx, ep.GetUrl(), ep.GetToken(), aci.WithClientName("benchd-screencast"),
+			aci.WithCapabilities("screencast.zlib"), aci.WithEventBuffer(4096))
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		events := watcher.Events(wctx)
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			for ev := range events {
+				if f := ev.GetFrame(); f != nil {
+					streamFrames++
+					streamBytes += int64(len(f.GetZlibChunk()))
+					for _, t := range f.GetTiles() {
+						streamBytes += int64(len(t.GetData()))
+					}
+				}
+			}
+		}()
+		stopWatch = func() { cancel(); watcher.Close(); <-drained }
+		defer stopWatch()
+		if _, err := watcher.ScreencastStart(ctx, &aciv1.ScreencastStartRequest{Fps: 60, Delta: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS,
+			Cursor: aciv1.CursorMode_CURSOR_MODE_EVENTS, FrameHashes: true}); err != nil {
+			return err
+		}
+	}
+	if mode == "recorded" {
+		time.Sleep(time.Second) // the recorder's first keyframe
+	}
+	var steps int
+	sb, cd, err := cpuWindow(rc.id, rc.pid, func() error { var err error; steps, err = runEpisode(ctx, sess, rc.r.episode); return err })
+	if err != nil {
+		return err
+	}
+	rc.add(mode, "record.sandbox_cpu", "% of a core", result.BetterLower, sb)
+	rc.add(mode, "record.controld_cpu", "% of a core", result.BetterLower, cd)
+	switch mode {
+	case "screencast":
+		stopWatch()
+		stopWatch = func() {}
+		rc.add(mode, "record.stream_bytes_per_s", "B/s", result.BetterLower, float64(streamBytes)/rc.r.episode.Seconds())
+		rc.add(mode, "record.frames", "frames", "", float64(streamFrames))
+	case "recorded":
+		sess.Close()
+		time.Sleep(500 * time.Millisecond)
+		stopped, err := rc.c.sb.StopRecording(ctx, &controldv1.StopRecordingRequest{Id: recID})
+		if err != nil {
+			return err
+		}
+		rec := stopped.GetRecording()
+		dur := rec.GetStoppedAt().AsTime().Sub(rec.GetStartedAt().AsTime())
+		rc.add(mode, "record.disk_bytes_per_s", "B/s", result.BetterLower, float64(rec.GetBytes())/dur.Seconds())
+		rc.add(mode, "record.frames", "frames", "", float64(rec.GetFrames()))
+		rc.add(mode, "record.frames_skipped", "frames", result.BetterLower, float64(rec.GetFramesSkipped()))
+		lines, err := countLines(filepath.Join(rec.GetDir(), "trajectory.jsonl"))
+		if err != nil {
+			return err
+		}
+		// Every step plus the session's hello is a line.
+		if lines != steps+1 {
+			return fmt.Errorf("the trajectory has %d lines for %d steps and a hello", lines, steps)
+		}
+		rc.add(mode, "record.trajectory_lines", "lines", "", float64(lines))
+		if keep {
+			rc.last, recID = rec, ""
+		}
+		rc.env.Progressf("record: recorded episode: sandbox %.1f%%, controld %.1f%%, %d bytes on disk, %d frames, %d lines", sb, cd, rec.GetBytes(), rec.GetFrames(), lines)
+		return nil
+	}
+	rc.env.Progressf("record: %s episode: sandbox %.1f%%, controld %.1f%% of a core", mode, sb, cd)
+	return nil
+}
+
+// export renders the last recording to MP4 and checks it with ffprobe.
+func (rc *recordRun) export(ctx context.Context) error {
+	rec := rc.last
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		c.sb.StopRecording(dctx, &controldv1.StopRecordingRequest{Id: recID})
-		c.sb.DeleteRecording(dctx, &controldv1.DeleteRecordingRequest{Id: recID})
+		rc.c.sb.DeleteRecording(dctx, &controldv1.DeleteRecordingRequest{Id: rec.GetId()})
 	}()
-	ep, err := c.sb.GetSandboxEndpoint(ctx, &controldv1.GetSandboxEndpointRequest{Id: id})
-	if err != nil {
-		return rows, err
+	lbl := labels("system", "forkfleet", "mode", "recorded", "content", "xterm")
+	single := func(metric, unit, better string, v float64) {
+		row := result.Single(metric, unit, lbl, v)
+		row.Better = better
+		rc.mp4 = append(rc.mp4, row)
 	}
-	rsess, err := aci.Dial(ctx, ep.GetEndpoint().GetUrl(), ep.GetEndpoint().GetToken(), aci.WithClientName("benchd"))
-	if err != nil {
-		return rows, err
-	}
-	time.Sleep(time.Second) // the recorder's first keyframe
-	var steps int
-	sb, cd, err = cpuWindow(id, pid, func() error { var err error; steps, err = runEpisode(ctx, rsess, r.episode); return err })
-	rsess.Close()
-	if err != nil {
-		return rows, fmt.Errorf("recorded episode: %w", err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	stopped, err := c.sb.StopRecording(ctx, &controldv1.StopRecordingRequest{Id: recID})
-	if err != nil {
-		return rows, err
-	}
-	rec := stopped.GetRecording()
-	dur := rec.GetStoppedAt().AsTime().Sub(rec.GetStartedAt().AsTime())
-	rc.single("record.sandbox_cpu", "% of a core", sb, result.BetterLower)
-	rc.single("record.controld_cpu", "% of a core", cd, result.BetterLower)
-	rc.single("record.disk_bytes_per_s", "B/s", float64(rec.GetBytes())/dur.Seconds(), result.BetterLower)
-	rc.single("record.frames", "frames", float64(rec.GetFrames()), "")
-	rc.single("record.frames_skipped", "frames", float64(rec.GetFramesSkipped()), result.BetterLower)
-	lines, err := countLines(filepath.Join(rec.GetDir(), "trajectory.jsonl"))
-	if err != nil {
-		return rows, err
-	}
-	// Every step plus the session's hello is a line.
-	if lines != steps+1 {
-		return rows, fmt.Errorf("the trajectory has %d lines for %d steps and a hello", lines, steps)
-	}
-	rc.single("record.trajectory_lines", "lines", float64(lines), "")
-	env.Progressf("record: recorded episode: sandbox %.1f%%, controld %.1f%%, %d bytes on disk, %d frames, %d lines", sb, cd, rec.GetBytes(), rec.GetFrames(), lines)
-
-	// MP4: exported on demand, checked by ffprobe.
 	t0 := time.Now()
-	mp4, err := c.sb.ExportRecording(ctx, &controldv1.ExportRecordingRequest{Id: recID, Format: controldv1.RecordingExportFormat_RECORDING_EXPORT_FORMAT_MP4, Fps: uint32(r.fps)})
+	mp4, err := rc.c.sb.ExportRecording(ctx, &controldv1.ExportRecordingRequest{Id: rec.GetId(), Format: controldv1.RecordingExportFormat_RECORDING_EXPORT_FORMAT_MP4, Fps: uint32(rc.r.fps)})
 	if err != nil {
-		return rows, err
+		return err
 	}
-	rc.single("record.mp4_export_s", "s", time.Since(t0).Seconds(), result.BetterLower)
-	rc.single("record.mp4_bytes", "bytes", float64(mp4.GetBytes()), result.BetterLower)
+	single("record.mp4_export_s", "s", result.BetterLower, time.Since(t0).Seconds())
+	single("record.mp4_bytes", "bytes", result.BetterLower, float64(mp4.GetBytes()))
 	frames, probed, err := probeMP4(mp4.GetPath())
 	if err != nil {
-		return rows, err
+		return err
 	}
 	want := mp4.GetDuration().AsDuration().Seconds()
 	if frames != int(mp4.GetFrames()) || math.Abs(probed-want) > 0.1 {
-		return rows, fmt.Errorf("ffprobe: %d frames %.3fs; the export wrote %d frames %.3fs", frames, probed, mp4.GetFrames(), want)
+		return fmt.Errorf("ffprobe: %d frames %.3fs; the export wrote %d frames %.3fs", frames, probed, mp4.GetFrames(), want)
 	}
-	rc.single("record.mp4_duration_s", "s", probed, "")
-	rc.single("record.recording_duration_s", "s", dur.Seconds(), "")
-	rc.single("record.mp4_frames", "frames", float64(frames), "")
-	rows = append(rows, rc.rows...)
-	env.Notef("record.sandbox_cpu: the sandbox's cpuacct cgroup (guestd, Xvfb, openbox, the xterm and its shell) over each mode's episode, the same steps (a key every 80 ms, a wheel scroll every ~3 s) through the gateway; record.controld_cpu from /proc/<pid>/stat. Modes: bare (nothing watches), screencast (a plain subscriber of benchd's to the stream the recorder consumes: zlib records, 60 fps cap, cursor events, frame hashes), recorded (StartRecording: controld's shared capture written to disk, the agent's connection read for the trajectory)")
-	env.Notef("record.disk_bytes_per_s: the recording's bytes (screencast.ffrec, trajectory.jsonl) over its start-to-stop span; record.mp4_*: ExportRecording at --record-fps, read back by ffprobe -count_frames")
-	return rows, nil
+	single("record.mp4_duration_s", "s", "", probed)
+	single("record.recording_duration_s", "s", "", rec.GetStoppedAt().AsTime().Sub(rec.GetStartedAt().AsTime()).Seconds())
+	single("record.mp4_frames", "frames", "", float64(frames))
+	return nil
 }
 
 func countLines(path string) (int, error) {
