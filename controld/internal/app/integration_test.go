@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -293,6 +294,76 @@ func TestRealStack(t *testing.T) {
 		t.Fatalf("ping after restart: %v", err)
 	}
 	sess.Close()
+
+	// A replica nobody captured from since its verification gives its
+	// capture segment back (guestd, aci.DefaultScratchIdle).
+	idle := fr.Replicas[0].Sandbox.Id
+	deadline = time.Now().Add(aciDefaultScratchIdle + 20*time.Second)
+	for kb := guestdSysVResidentKB(t, rt, idle); kb != 0; kb = guestdSysVResidentKB(t, rt, idle) {
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s's guestd still holds %d KB of capture segments, %s after it could have let them go", idle, kb, aciDefaultScratchIdle+20*time.Second)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// aciDefaultScratchIdle is guestd's aci.DefaultScratchIdle (a guestd
+// package controld's tests do not import).
+const aciDefaultScratchIdle = 10 * time.Second
+
+// guestdPid is the host pid of the guestd in sandbox id's cgroup.
+func guestdPid(t *testing.T, rt *containerdrt.Runtime, id string) string {
+	t.Helper()
+	c := rt.Config()
+	procs, err := os.ReadFile(filepath.Join(c.CgroupRoot, "pids", c.CgroupParent, id, "cgroup.procs"))
+	if err != nil {
+		t.Fatalf("processes of %s: %v", id, err)
+	}
+	for _, pid := range strings.Fields(string(procs)) {
+		if comm, err := os.ReadFile("/proc/" + pid + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "guestd" {
+			return pid
+		}
+	}
+	t.Fatalf("no guestd among %s's processes %q", id, procs)
+	return ""
+}
+
+// guestdKSMStat is /proc/<pid>/ksm_stat of sandbox id's guestd ("" when
+// the kernel has no such file).
+func guestdKSMStat(t *testing.T, rt *containerdrt.Runtime, id string) string {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/" + guestdPid(t, rt, id) + "/ksm_stat")
+	if errors.Is(err, fs.ErrNotExist) {
+		return "" // a kernel without per-process KSM state
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(stat)
+}
+
+// guestdSysVResidentKB sums the resident pages of the SysV shared memory
+// sandbox id's guestd maps: its MIT-SHM capture segments.
+func guestdSysVResidentKB(t *testing.T, rt *containerdrt.Runtime, id string) int {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/" + guestdPid(t, rt, id) + "/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, sysv := 0, false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			sysv = strings.Contains(line, "/SYSV")
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, "Rss:"); ok && sysv {
+			if f := strings.Fields(rest); len(f) > 0 {
+				n, _ := strconv.Atoi(f[0])
+				kb += n
+			}
+		}
+	}
+	return kb
 }
 
 // realStackConfig skips unless FORKFLEET_INTEGRATION=1, fails when the
@@ -312,32 +383,6 @@ func realStackConfig(t *testing.T, base string) (cfg *config.Config, address, ns
 
 // realStackRuntime connects a runtime to cfg's namespace (state under
 // stateDir) and brings the desktop image there, as cfg's default image.
-// guestdKSMStat is /proc/<pid>/ksm_stat of the guestd in sandbox id's
-// cgroup ("" when the kernel has no such file).
-func guestdKSMStat(t *testing.T, rt *containerdrt.Runtime, id string) string {
-	t.Helper()
-	c := rt.Config()
-	procs, err := os.ReadFile(filepath.Join(c.CgroupRoot, "pids", c.CgroupParent, id, "cgroup.procs"))
-	if err != nil {
-		t.Fatalf("processes of %s: %v", id, err)
-	}
-	for _, pid := range strings.Fields(string(procs)) {
-		if comm, err := os.ReadFile("/proc/" + pid + "/comm"); err != nil || strings.TrimSpace(string(comm)) != "guestd" {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + pid + "/ksm_stat")
-		if errors.Is(err, fs.ErrNotExist) {
-			return "" // a kernel without per-process KSM state
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(stat)
-	}
-	t.Fatalf("no guestd among %s's processes %q", id, procs)
-	return ""
-}
-
 func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, stateDir string) *containerdrt.Runtime {
 	t.Helper()
 	rt, err := containerdrt.New(ctx, containerdrt.Config{
