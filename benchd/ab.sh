@@ -198,8 +198,16 @@ trap 'exit 143' TERM
 
 # ---- build: one controld and desktop image per commit (cached) -----------
 build_commit() { # sha -> $cache/sha/{bin,images/desktop-oci}
-	local sha=$1 dir=$cache/$1 src=$work/src-${1:0:12}
-	[ -f "$dir/.done" ] && { say "${sha:0:12}: cached in $dir"; return; }
+	local sha=$1 dir=$cache/$1 src=$work/src-${1:0:12} buildfd
+	mkdir -p "$cache"
+	# Two runs building one commit at once would remove each other's output.
+	exec {buildfd}>"$cache/$sha.lock"
+	flock "$buildfd"
+	if [ -f "$dir/.done" ]; then
+		say "${sha:0:12}: cached in $dir"
+		exec {buildfd}>&-
+		return
+	fi
 	rm -rf "$dir"
 	mkdir -p "$dir/images"
 	say "${sha:0:12}: building controld and the desktop image (nice 19)"
@@ -218,6 +226,7 @@ build_commit() { # sha -> $cache/sha/{bin,images/desktop-oci}
 	find "$dir/images" -maxdepth 1 -name 'desktop-base-*.tar' -delete
 	git -C "$repo" worktree remove --force "$src" >/dev/null 2>&1 || true
 	touch "$dir/.done"
+	exec {buildfd}>&-
 }
 for sha in $(printf '%s\n' "${shas[@]}" | sort -u); do build_commit "$sha"; done
 say "building this checkout's benchd and forkfleetctl (one client for every variant)"
