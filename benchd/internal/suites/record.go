@@ -64,6 +64,10 @@ func (r *recordSuite) Check(ctx context.Context, env *suite.Env) error {
 	return checkControld(ctx, env)
 }
 
+// recordMaxBytes caps each recording of the suite: a minute of typing takes
+// about 1 MB; the 1 GiB default may not fit above a busy host's floor.
+const recordMaxBytes = 256 << 20
+
 // episodeKeys is what the agent types: shell lines whose output scrolls
 // the xterm, a key at a time.
 var episodeKeys = []string{"echo recording the typing of an agent", "seq 1 40", "ls -la /usr/bin | head -30", "echo done"}
@@ -247,7 +251,7 @@ func (rc *recordRun) episode(ctx context.Context, mode string, keep bool) error 
 	ep := rc.ep
 	var recID string
 	if mode == "recorded" {
-		start, err := rc.c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: rc.id})
+		start, err := rc.c.sb.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: rc.id, MaxBytes: recordMaxBytes})
 		if err != nil {
 			return err
 		}

@@ -45,7 +45,7 @@ func TestRealStackRecording(t *testing.T) {
 	must(t, err)
 	id := cr.Sandbox.Id
 	t.Cleanup(func() { s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: id}) })
-	start, err := s.sbc.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: id})
+	start, err := s.sbc.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: id, MaxBytes: recordingCap})
 	must(t, err)
 	rec := start.GetRecording()
 	// While recording, the endpoint sends agents through the gateway.
@@ -157,7 +157,7 @@ func TestRealStackRecording(t *testing.T) {
 
 	// Forks: a replica of a recording source records from a keyframe and
 	// names its parents.
-	again, err := s.sbc.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: id})
+	again, err := s.sbc.StartRecording(ctx, &controldv1.StartRecordingRequest{SandboxId: id, MaxBytes: recordingCap})
 	must(t, err)
 	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: id})
 	must(t, err)
@@ -230,6 +230,11 @@ type trajectoryLine struct {
 		Hash  string `json:"hash"`
 	} `json:"frame_after"`
 }
+
+// recordingCap is the tests' max_bytes: far more than they write, far less
+// than the 1 GiB default, which a shared host's free space above the
+// recordings' floor may not hold.
+const recordingCap = 64 << 20
 
 func pad6(n uint64) string {
 	s := strconv.FormatUint(n, 10)
