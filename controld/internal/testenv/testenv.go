@@ -22,6 +22,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/desktoptest"
 	"github.com/forkfleet/forkfleet/api/registrytest"
@@ -69,6 +70,36 @@ func RealStack(t testing.TB) {
 	if _, err := os.Stat(Address()); err != nil {
 		t.Fatalf("%s=1 but containerd is not at %s (make test sets it up): %v", EnvIntegration, Address(), err)
 	}
+	if err := hostDevices(); err != nil {
+		t.Fatalf("the host is damaged before this test: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := hostDevices(); err != nil {
+			t.Errorf("the host is damaged after this test: %v", err)
+		}
+	})
+}
+
+// hostDevices checks the host's device nodes that every process writes to
+// or reads from. Once, during a session of real-stack tests and benchmarks,
+// the host's /dev/null became a regular file, and every later runc start and
+// CRIU restore failed; checking around each real-stack test names the test
+// that broke it instead of those that come after.
+func hostDevices() error {
+	for _, d := range []struct {
+		path         string
+		major, minor uint32
+	}{{"/dev/null", 1, 3}, {"/dev/zero", 1, 5}, {"/dev/full", 1, 7}, {"/dev/random", 1, 8}, {"/dev/urandom", 1, 9}} {
+		var st unix.Stat_t
+		if err := unix.Lstat(d.path, &st); err != nil {
+			return fmt.Errorf("%s: %w", d.path, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != d.major || unix.Minor(st.Rdev) != d.minor {
+			return fmt.Errorf("%s is not the character device %d:%d (mode %#o, rdev %d:%d)", d.path, d.major, d.minor,
+				st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+	}
+	return nil
 }
 
 // Address is the containerd socket the tests use.
