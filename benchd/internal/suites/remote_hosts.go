@@ -170,6 +170,18 @@ func (h *benchHost) stop() {
 type hostsRun struct {
 	r    *remoteRun
 	a, b *benchHost
+	// phases: the replicas' waterfalls by fork kind, count and host.
+	phases map[string]*forkBreakdown
+}
+
+// phase is the waterfall of the replicas on host of forks of kind (single,
+// first, again) of n.
+func (hr *hostsRun) phase(kind string, n int, host string) *forkBreakdown {
+	k := kind + "/" + itoa(n) + "/" + host
+	if hr.phases[k] == nil {
+		hr.phases[k] = newForkBreakdown("memory", itoa(n), "shape", "bare-desktop", "fork", "hosts_"+kind, "host", host)
+	}
+	return hr.phases[k]
 }
 
 // runHosts starts the two hosts, measures reps rounds and stops them.
@@ -192,7 +204,7 @@ func (r *remoteRun) runHosts(ctx context.Context, reps int) ([]result.Row, error
 		}
 		hosts = append(hosts, h)
 	}
-	hr := &hostsRun{r: r, a: hosts[0], b: hosts[1]}
+	hr := &hostsRun{r: r, a: hosts[0], b: hosts[1], phases: map[string]*forkBreakdown{}}
 	var rows []result.Row
 	for _, n := range r.s.hostsNs {
 		if n < 1 {
@@ -209,6 +221,13 @@ func (r *remoteRun) runHosts(ctx context.Context, reps int) ([]result.Row, error
 			}
 		}
 		rows = append(rows, single.Row(), first.Row(), spread.Row(), other.Row())
+		for _, kind := range []string{"single", "first", "again"} {
+			for _, h := range hosts {
+				if bd := hr.phases[kind+"/"+itoa(n)+"/"+h.name]; bd != nil {
+					rows = append(rows, bd.rows()...)
+				}
+			}
+		}
 		if s, sp := single.Row(), spread.Row(); s.P50 != nil && sp.P50 != nil && *s.P50 > 0 {
 			rows = append(rows, result.Single("remote.hosts.fork.spread_over_single", "x", labels("shape", "bare-desktop", "n", itoa(n)), *sp.P50 / *s.P50))
 		}
@@ -270,6 +289,7 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 		for _, rp := range reps {
 			if verified(rp) {
 				good++
+				hr.phase("single", n, a.name).add(rp)
 			}
 			a.c.remove(ctx, rp.GetSandbox().GetId())
 		}
@@ -304,13 +324,18 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 			s.Fail()
 			return fmt.Errorf("fork over both hosts: %w", err)
 		}
+		kind := "again"
+		if s == first {
+			kind = "first"
+		}
 		good, onOther := 0, 0
 		for _, fr := range res {
-			if fr.Err == nil && fr.Replica != nil && verified(fr.Replica) {
-				good++
-			}
 			if fr.Sandbox == nil {
 				continue
+			}
+			if fr.Err == nil && fr.Replica != nil && verified(fr.Replica) {
+				good++
+				hr.phase(kind, n, fr.Sandbox.Info().GetHost()).add(fr.Replica)
 			}
 			if info := fr.Sandbox.Info(); info.GetHost() == b.name {
 				onOther++
