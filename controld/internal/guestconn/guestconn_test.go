@@ -2,8 +2,6 @@ package guestconn_test
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forkfleet/forkfleet/api/aci/acitest"
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
@@ -85,9 +84,7 @@ func TestGuestOverACI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := hmac.New(sha256.New, value)
-	h.Write(nonce)
-	if !hmac.Equal(mac, h.Sum(nil)) {
+	if !wire.ProofOK(value, nonce, mac) {
 		t.Fatal("memory challenge mismatch")
 	}
 	fh, err := g.FrameHash(ctx, 10*time.Millisecond)

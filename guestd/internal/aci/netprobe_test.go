@@ -1,10 +1,9 @@
 package aci
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"testing"
 
+	"github.com/forkfleet/forkfleet/api/aci/wire"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 )
 
@@ -33,9 +32,7 @@ func TestNetProbe(t *testing.T) {
 		t.Errorf("a second listen moved the listener from %d to %d", port, again)
 	}
 	mac := call(t, admin, probe(port, "nonce")).GetNetProbe().GetMac()
-	want := hmac.New(sha256.New, []byte("second"))
-	want.Write([]byte("nonce"))
-	if !hmac.Equal(mac, want.Sum(nil)) {
+	if !wire.ProofOK([]byte("second"), []byte("nonce"), mac) {
 		t.Errorf("probe answered %x", mac)
 	}
 	wantCode(t, call(t, admin, probe(0, "n")), aciv1.ErrorCode_ERROR_CODE_INVALID_ARGUMENT)
