@@ -2,7 +2,14 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
 
@@ -101,4 +108,67 @@ func (r *Recording) export(ctx context.Context, f controldv1.RecordingExportForm
 func (r *Recording) Delete(ctx context.Context) error {
 	_, err := r.c.sandboxes.DeleteRecording(ctx, &controldv1.DeleteRecordingRequest{Id: r.id})
 	return convert(ctx, err)
+}
+
+// Download streams one file of the stopped recording from controld's
+// gateway to path on this machine (a temporary file beside it, renamed when
+// whole): the MP4 or frames (a tar of the frames directory) of an export
+// made first, or the raw trajectory or screencast. It mints a single-use
+// recording ticket (CreateRecordingTicket) and spends it on one GET, so it
+// works from any machine that reaches the gateway. It returns the bytes
+// written.
+func (r *Recording) Download(ctx context.Context, file controldv1.RecordingFile, path string) (int64, error) {
+	t, err := r.c.sandboxes.CreateRecordingTicket(ctx, &controldv1.CreateRecordingTicketRequest{Id: r.id, File: file})
+	if err != nil {
+		return 0, convert(ctx, err)
+	}
+	return download(ctx, r.c.gatewayTLS, t.GetUrl(), path)
+}
+
+// download GETs url into path, checking the body against Content-Length.
+func download(ctx context.Context, tlsCfg *tls.Config, url, path string) (n int64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, fmt.Errorf("client: download: %w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	hc := &http.Client{}
+	if tlsCfg != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: tlsCfg}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("client: download: %w: %v", errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return 0, fmt.Errorf("client: download: %w: the gateway refused the ticket (%s)", errdefs.ErrPermissionDenied, resp.Status)
+	case resp.StatusCode == http.StatusConflict:
+		return 0, fmt.Errorf("client: download: %w: the recording is being exported (%s)", errdefs.ErrFailedPrecondition, resp.Status)
+	case resp.StatusCode != http.StatusOK:
+		return 0, fmt.Errorf("client: download: %w: the gateway answered %s", errdefs.ErrUnavailable, resp.Status)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.part")
+	if err != nil {
+		return 0, fmt.Errorf("client: download: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if n, err = io.Copy(f, resp.Body); err != nil {
+		return n, fmt.Errorf("client: download: %w: after %d bytes: %v", errdefs.ErrUnavailable, n, err)
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, fmt.Errorf("client: download: %w: %d of %d bytes", errdefs.ErrUnavailable, n, resp.ContentLength)
+	}
+	if err = f.Close(); err != nil {
+		return n, fmt.Errorf("client: download: %w", err)
+	}
+	if err = os.Rename(f.Name(), path); err != nil {
+		return n, fmt.Errorf("client: download: %w", err)
+	}
+	return n, nil
 }

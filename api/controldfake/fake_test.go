@@ -3,6 +3,7 @@ package controldfake_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -324,6 +325,10 @@ func TestRecordings(t *testing.T) {
 	if _, err := rec.ExportMP4(ctx, 0); errdefs.Reason(err) != "RECORDING_RUNNING" {
 		t.Fatalf("export while running: %v", err)
 	}
+	dst := filepath.Join(t.TempDir(), "rec.mp4")
+	if _, err := rec.Download(ctx, controldv1.RecordingFile_RECORDING_FILE_TRAJECTORY, dst); errdefs.Reason(err) != "RECORDING_RUNNING" {
+		t.Fatalf("download while running: %v", err)
+	}
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +338,15 @@ func TestRecordings(t *testing.T) {
 	}
 	if _, err := rec.ExportFrames(ctx); errdefs.Reason(err) != "RECORDING_EMPTY" {
 		t.Fatalf("export of an empty recording: %v", err)
+	}
+	if _, err := rec.Download(ctx, controldv1.RecordingFile_RECORDING_FILE_MP4, dst); errdefs.Reason(err) != "RECORDING_NOT_EXPORTED" {
+		t.Fatalf("download of an MP4 not exported: %v", err)
+	}
+	if _, err := rec.Download(ctx, controldv1.RecordingFile_RECORDING_FILE_UNSPECIFIED, dst); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("download of no file: %v", err)
+	}
+	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused download left %s: %v", dst, err)
 	}
 	if err := rec.Delete(ctx); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,9 @@ package controldfake
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -141,4 +144,35 @@ func (f *Fake) DeleteRecording(ctx context.Context, req *controldv1.DeleteRecord
 	}
 	delete(f.recordings, r.GetId())
 	return &controldv1.DeleteRecordingResponse{}, nil
+}
+
+// CreateRecordingTicket validates as controld does (rules.RecordingTicket)
+// and returns a ticket on the fake gateway host; nothing serves it. The
+// fake never exports, so MP4 and FRAMES are RECORDING_NOT_EXPORTED.
+func (f *Fake) CreateRecordingTicket(ctx context.Context, req *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error) {
+	ttl, err := rules.RecordingTicket(req)
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.getRecording(req.GetId())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if r.GetState() != controldv1.RecordingState_RECORDING_STATE_STOPPED {
+		return nil, rpcErr(rules.RecordingRunning(r.GetId()))
+	}
+	switch req.GetFile() {
+	case controldv1.RecordingFile_RECORDING_FILE_MP4, controldv1.RecordingFile_RECORDING_FILE_FRAMES:
+		return nil, rpcErr(rules.RecordingNotExported(r.GetId(), req.GetFile()))
+	}
+	name := rules.RecordingFileName(req.GetFile())
+	ticket := rand.Text()
+	return &controldv1.CreateRecordingTicketResponse{
+		Url:       fmt.Sprintf("http://fake-gateway/v1/recordings/%s/files/%s?ticket=%s", r.GetId(), name, ticket),
+		Ticket:    ticket,
+		ExpiresAt: timestamppb.New(time.Now().Add(ttl)),
+		Name:      name,
+	}, nil
 }

@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"time"
+
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 )
@@ -105,4 +107,34 @@ func RecordingEmpty(id string) error {
 // the host's floor of free space.
 func RecordingCapReached(format string, args ...any) error {
 	return errdefs.WithReason(errdefs.ErrResourceExhausted, "RECORDING_CAP_REACHED", format, args...)
+}
+
+// recordingFiles name the files a recording ticket downloads.
+var recordingFiles = map[controldv1.RecordingFile]string{
+	controldv1.RecordingFile_RECORDING_FILE_MP4:        "recording.mp4",
+	controldv1.RecordingFile_RECORDING_FILE_FRAMES:     "frames.tar",
+	controldv1.RecordingFile_RECORDING_FILE_TRAJECTORY: "trajectory.jsonl",
+	controldv1.RecordingFile_RECORDING_FILE_SCREENCAST: "screencast.ffrec",
+}
+
+// RecordingFileName is the download name of a recording file ("" for
+// UNSPECIFIED or an unknown value).
+func RecordingFileName(f controldv1.RecordingFile) string { return recordingFiles[f] }
+
+// RecordingTicket checks a CreateRecordingTicketRequest and returns its
+// effective lifetime (the view tickets' default and bound).
+func RecordingTicket(req *controldv1.CreateRecordingTicketRequest) (time.Duration, error) {
+	if err := RecordingID("id", req.GetId()); err != nil {
+		return 0, err
+	}
+	if RecordingFileName(req.GetFile()) == "" {
+		return 0, errdefs.InvalidField("file", "MP4, FRAMES, TRAJECTORY or SCREENCAST")
+	}
+	return ViewTicketTTL("ttl", req.GetTtl())
+}
+
+// RecordingNotExported: a ticket for an export the recording does not have.
+func RecordingNotExported(id string, f controldv1.RecordingFile) error {
+	return errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_NOT_EXPORTED",
+		"recording %s has no %s: ExportRecording it first", id, RecordingFileName(f))
 }

@@ -269,7 +269,7 @@ def test_network_and_ports(fake):
         sb.delete()
 
 
-def test_recordings(fake):
+def test_recordings(fake, tmp_path):
     """Recordings through the fake follow controld's rules and lifecycle."""
     with forkfleet.Client(fake.target) as c:
         sb = c.create_sandbox(wait_ready=True)
@@ -290,9 +290,57 @@ def test_recordings(fake):
         assert rec.stop().state == pb.RECORDING_STATE_STOPPED
         with pytest.raises(forkfleet.FailedPrecondition):  # no frames in the fake
             rec.export_frames()
+        with pytest.raises(forkfleet.FailedPrecondition) as e:
+            rec.download(str(tmp_path / "rec.mp4"))
+        assert e.value.reason == "RECORDING_NOT_EXPORTED"
+        with pytest.raises(forkfleet.InvalidArgument):
+            rec.download(str(tmp_path / "rec.mp4"), file=pb.RECORDING_FILE_UNSPECIFIED)
+        assert not (tmp_path / "rec.mp4").exists()
         rec.delete()
         with pytest.raises(forkfleet.NotFound):
             rec.get()
+
+
+def test_download(tmp_path):
+    """The download helper writes the whole body or nothing: a refused
+    ticket and a body cut short of its Content-Length leave no file."""
+    import http.server
+    import threading
+
+    from forkfleet.client import _download
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.endswith("ticket=ok"):
+                self.send_response(200)
+                self.send_header("Content-Length", "5")
+                self.end_headers()
+                self.wfile.write(b"hello")
+            elif self.path.endswith("ticket=short"):
+                self.send_response(200)
+                self.send_header("Content-Length", "10")
+                self.end_headers()
+                self.wfile.write(b"hello")
+            else:
+                self.send_error(401)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1/recordings/rc-x/files/recording.mp4?ticket="
+    try:
+        assert _download(base + "ok", str(tmp_path / "ok.mp4"), None, 10) == 5
+        assert (tmp_path / "ok.mp4").read_bytes() == b"hello"
+        with pytest.raises(forkfleet.PermissionDenied):
+            _download(base + "spent", str(tmp_path / "a"), None, 10)
+        with pytest.raises(forkfleet.Unavailable):
+            _download(base + "short", str(tmp_path / "b"), None, 10)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.mp4"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_service_config_matches_go_client():

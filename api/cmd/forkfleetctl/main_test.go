@@ -283,6 +283,16 @@ func TestCommandsAgainstFake(t *testing.T) {
 	if got := ok[*controldv1.StopRecordingResponse](t, target, "recording", "stop", rec.GetId()); got.GetRecording().GetState() != controldv1.RecordingState_RECORDING_STATE_STOPPED {
 		t.Fatalf("recording stop: %v", got)
 	}
+	dst := filepath.Join(t.TempDir(), "rec.mp4")
+	if code, _, errOut := ctl(t, target, "recording", "download", rec.GetId(), "--file", "mp4", "-o", dst); code != exitError || !strings.Contains(errOut, "ExportRecording it first") {
+		t.Fatalf("download of an MP4 not exported: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := ctl(t, target, "recording", "download", rec.GetId(), "--file", "../x", "-o", dst); code != exitUsage || !strings.Contains(errOut, "--file") {
+		t.Fatalf("download of a bad file: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := ctl(t, target, "recording", "export", rec.GetId(), "--download", dst); code != exitError || !strings.Contains(errOut, "RECORDING_EMPTY") && !strings.Contains(errOut, "no frame") {
+		t.Fatalf("export --download of an empty recording: exit %d: %s", code, errOut)
+	}
 	ok[*controldv1.DeleteRecordingResponse](t, target, "recording", "delete", rec.GetId())
 
 	pl := ok[*controldv1.CreatePoolResponse](t, target, "pool", "create", "warm", "--size", "2", "--image", controldfake.DefaultImage).GetPool()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/forkfleet/forkfleet/api/client"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
@@ -14,7 +15,7 @@ import (
 
 func recordingCmd(g *globals) *cobra.Command {
 	c := group("recording", "Record sandboxes on controld's host: screencast and ACI trajectory, MP4 and frame exports", "rec", "recordings")
-	c.AddCommand(recordingStartCmd(g), recordingStopCmd(g), recordingGetCmd(g), recordingListCmd(g), recordingExportCmd(g), recordingDeleteCmd(g))
+	c.AddCommand(recordingStartCmd(g), recordingStopCmd(g), recordingGetCmd(g), recordingListCmd(g), recordingExportCmd(g), recordingDownloadCmd(g), recordingDeleteCmd(g))
 	return c
 }
 
@@ -122,11 +123,11 @@ func recordingListCmd(g *globals) *cobra.Command {
 }
 
 func recordingExportCmd(g *globals) *cobra.Command {
-	var format string
+	var format, dst string
 	var fps uint32
 	cmd := &cobra.Command{
-		Use:               "export ID [--format mp4|frames] [--fps N]",
-		Short:             "Render a stopped recording to an MP4 or PNG frames on controld's host (ExportRecording)",
+		Use:               "export ID [--format mp4|frames] [--fps N] [--download FILE]",
+		Short:             "Render a stopped recording to an MP4 or PNG frames on controld's host (ExportRecording), and download it",
 		Args:              usageArgs(cobra.ExactArgs(1)),
 		ValidArgsFunction: g.completeRecordings,
 		RunE: func(_ *cobra.Command, args []string) error {
@@ -136,13 +137,16 @@ func recordingExportCmd(g *globals) *cobra.Command {
 			}
 			r := c.Recording(args[0])
 			var resp *controldv1.ExportRecordingResponse
+			var file controldv1.RecordingFile
 			switch strings.ToLower(format) {
 			case "mp4":
+				file = controldv1.RecordingFile_RECORDING_FILE_MP4
 				resp, err = r.ExportMP4(g.ctx, fps)
 			case "frames":
 				if fps != 0 {
 					return usagef("--fps is for --format mp4")
 				}
+				file = controldv1.RecordingFile_RECORDING_FILE_FRAMES
 				resp, err = r.ExportFrames(g.ctx)
 			default:
 				return usagef("--format %q: want mp4 or frames", format)
@@ -150,15 +154,66 @@ func recordingExportCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var n int64
+			if dst != "" {
+				if n, err = r.Download(g.ctx, file, dst); err != nil {
+					return err
+				}
+			}
 			return g.emit(resp, func(w io.Writer) {
 				fmt.Fprintf(w, "path\t%s\nbytes\t%d\nframes\t%d\nduration\t%v\n", resp.GetPath(), resp.GetBytes(), resp.GetFrames(),
 					resp.GetDuration().AsDuration().Round(time.Millisecond))
+				if dst != "" {
+					fmt.Fprintf(w, "downloaded\t%s (%d bytes)\n", dst, n)
+				}
 			})
 		},
 	}
 	cmd.Flags().StringVar(&format, "format", "mp4", "mp4 or frames")
 	cmd.Flags().Uint32Var(&fps, "fps", 0, "MP4 frames per second (30 when 0, at most 60)")
+	cmd.Flags().StringVar(&dst, "download", "", "also download the export through controld's gateway to this local file (frames: a tar)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"mp4", "frames"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// recordingFiles are recording download's --file values.
+var recordingFiles = map[string]controldv1.RecordingFile{
+	"mp4":        controldv1.RecordingFile_RECORDING_FILE_MP4,
+	"frames":     controldv1.RecordingFile_RECORDING_FILE_FRAMES,
+	"trajectory": controldv1.RecordingFile_RECORDING_FILE_TRAJECTORY,
+	"screencast": controldv1.RecordingFile_RECORDING_FILE_SCREENCAST,
+}
+
+func recordingDownloadCmd(g *globals) *cobra.Command {
+	var file, dst string
+	cmd := &cobra.Command{
+		Use:               "download ID --file mp4|frames|trajectory|screencast -o FILE",
+		Short:             "Download a file of a stopped recording through controld's gateway (CreateRecordingTicket)",
+		Args:              usageArgs(cobra.ExactArgs(1)),
+		ValidArgsFunction: g.completeRecordings,
+		RunE: func(_ *cobra.Command, args []string) error {
+			f, ok := recordingFiles[strings.ToLower(file)]
+			if !ok {
+				return usagef("--file %q: want mp4, frames, trajectory or screencast", file)
+			}
+			if dst == "" {
+				return usagef("-o FILE is required")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			n, err := c.Recording(args[0]).Download(g.ctx, f, dst)
+			if err != nil {
+				return err
+			}
+			st, _ := structpb.NewStruct(map[string]any{"path": dst, "bytes": n})
+			return g.emit(st, func(w io.Writer) { fmt.Fprintf(w, "downloaded\t%s (%d bytes)\n", dst, n) })
+		},
+	}
+	cmd.Flags().StringVar(&file, "file", "mp4", "mp4 or frames (an export, made first), trajectory or screencast")
+	cmd.Flags().StringVarP(&dst, "output", "o", "", "the local file to write")
+	_ = cmd.RegisterFlagCompletionFunc("file", cobra.FixedCompletions([]string{"mp4", "frames", "trajectory", "screencast"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 

@@ -217,6 +217,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 	// Recordings live beside controld's records; the sandbox check goes
 	// through the manager once it exists (nothing records before serving).
 	recs, err := recording.New(recording.Options{Dir: filepath.Join(cfg.StateDir, "recordings"), Log: log, Registerer: reg,
+		GatewayHost: gwHost, GatewayTLS: serverTLS != nil,
 		Routable: func(id string) error { _, err := mgrRef.Route(id); return err }})
 	if err != nil {
 		return err
@@ -272,6 +273,7 @@ func Run(ctx context.Context, cfg *config.Config, deps Deps) (err error) {
 		TLS:          serverTLS,
 		Registerer:   reg,
 		ViewSessions: filepath.Join(cfg.StateDir, "view-sessions.json"),
+		Downloads:    recs,
 	})
 	recs.SetSource(gwRef)
 	gw := gateway.NewServer(gwRef)

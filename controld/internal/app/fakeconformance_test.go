@@ -217,6 +217,15 @@ func TestFakeFollowsControld(t *testing.T) {
 			_, err := c.sb.DeleteRecording(ctx, &controldv1.DeleteRecordingRequest{Id: "rc-aaaaaaaaaaaaaaaa"})
 			return err
 		}},
+		{"recording ticket: no file", func(c *clients) error {
+			_, err := c.sb.CreateRecordingTicket(ctx, &controldv1.CreateRecordingTicketRequest{Id: "rc-aaaaaaaaaaaaaaaa"})
+			return err
+		}},
+		{"recording ticket: unknown", func(c *clients) error {
+			_, err := c.sb.CreateRecordingTicket(ctx, &controldv1.CreateRecordingTicketRequest{Id: "rc-aaaaaaaaaaaaaaaa",
+				File: controldv1.RecordingFile_RECORDING_FILE_TRAJECTORY})
+			return err
+		}},
 	} {
 		re, fe := errgrpc.FromGRPC(tc.call(&real)), errgrpc.FromGRPC(tc.call(&fk))
 		if re == nil || fe == nil {

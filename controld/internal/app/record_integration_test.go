@@ -7,15 +7,19 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"image/png"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	"github.com/forkfleet/forkfleet/api/client"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/recording"
@@ -30,6 +34,8 @@ import (
 //     one equals the PNG screenshot taken at the end, pixel for pixel;
 //   - the MP4 export decodes (ffprobe) with the recording's duration and
 //     fps x duration frames;
+//   - the Go client downloads the MP4 through the gateway (a recording
+//     ticket), equal to the file on the host; a ticket works once;
 //   - a replica forked from a checkpoint of the recorded sandbox records
 //     too, starting with a keyframe and naming its parents.
 func TestRealStackRecording(t *testing.T) {
@@ -153,6 +159,40 @@ func TestRealStackRecording(t *testing.T) {
 	span := rec.GetStoppedAt().AsTime().Sub(rec.GetStartedAt().AsTime()).Seconds()
 	if dur > span+0.1 || dur < span-2 {
 		t.Fatalf("MP4 of %.3fs for a recording of %.3fs", dur, span)
+	}
+
+	// Download: the Go client fetches the MP4 through the gateway with a
+	// single-use recording ticket; it is the file on the host, byte for
+	// byte, and the ticket does not work twice.
+	c, err := client.Dial(ctx, "unix://"+s.addrs.GRPCUnix, client.WithToken(""))
+	must(t, err)
+	defer c.Close()
+	local := filepath.Join(t.TempDir(), "download.mp4")
+	n, err := c.Recording(rec.GetId()).Download(ctx, controldv1.RecordingFile_RECORDING_FILE_MP4, local)
+	must(t, err)
+	onHost, err := os.ReadFile(mp4.GetPath())
+	must(t, err)
+	downloaded, err := os.ReadFile(local)
+	must(t, err)
+	if n != int64(len(onHost)) || !bytes.Equal(downloaded, onHost) {
+		t.Fatalf("downloaded %d bytes, differing from the %d on the host", n, len(onHost))
+	}
+	tk, err := s.sbc.CreateRecordingTicket(ctx, &controldv1.CreateRecordingTicketRequest{Id: rec.GetId(), File: controldv1.RecordingFile_RECORDING_FILE_TRAJECTORY})
+	must(t, err)
+	if !strings.HasPrefix(tk.GetUrl(), "http://"+s.addrs.Gateway+"/v1/recordings/"+rec.GetId()+"/files/trajectory.jsonl?ticket=") {
+		t.Fatalf("ticket URL %s (gateway %s)", tk.GetUrl(), s.addrs.Gateway)
+	}
+	traj, err := os.ReadFile(filepath.Join(rec.GetDir(), recording.TrajectoryFile))
+	must(t, err)
+	for i, want := range []int{http.StatusOK, http.StatusUnauthorized} {
+		resp, err := http.Get(tk.GetUrl())
+		must(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must(t, err)
+		if resp.StatusCode != want || (i == 0 && !bytes.Equal(body, traj)) {
+			t.Fatalf("trajectory download %d: %s, %d bytes (the host's %d)", i, resp.Status, len(body), len(traj))
+		}
 	}
 
 	// Forks: a replica of a recording source records from a keyframe and

@@ -18,6 +18,8 @@ type Recordings interface {
 	List(context.Context, *controldv1.ListRecordingsRequest) (*controldv1.ListRecordingsResponse, error)
 	Export(context.Context, *controldv1.ExportRecordingRequest) (*controldv1.ExportRecordingResponse, error)
 	Delete(context.Context, *controldv1.DeleteRecordingRequest) (*controldv1.DeleteRecordingResponse, error)
+	// CreateTicket mints a download ticket (the gateway serves the file).
+	CreateTicket(context.Context, *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error)
 	// Active is the sandbox's running recording ("" when none).
 	Active(sandboxID string) string
 	// Forked starts the replicas' recordings (when record, or when the
@@ -107,4 +109,12 @@ func (m *Manager) recordForked(checkpointID, source string, out []*controldv1.Fo
 			r.Endpoint.UnixPath, r.Endpoint.UnixPidStart = "", 0
 		}
 	}
+}
+
+func (m *Manager) CreateRecordingTicket(ctx context.Context, req *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error) {
+	r, err := m.recordings()
+	if err != nil {
+		return nil, err
+	}
+	return r.CreateTicket(ctx, req)
 }

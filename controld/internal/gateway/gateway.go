@@ -65,6 +65,9 @@ type Options struct {
 	// cookies across restarts (their SHA-256, grant and expiry only;
 	// view.go). In memory only when empty.
 	ViewSessions string
+	// Downloads, when set, serves recordings' files to their tickets
+	// (download.go).
+	Downloads Downloads
 }
 
 // DefaultMaxSessions bounds spliced connections (each holds two sockets
@@ -124,6 +127,9 @@ func New(router Router, opts Options) *Gateway {
 		g.mux.HandleFunc("GET /v1/sandboxes/{id}/view", g.counted("view", g.serveView(vr)))
 		g.mux.HandleFunc("GET /v1/sandboxes/{id}/view/stream", g.counted("view", g.serveViewStream))
 		g.mux.HandleFunc("GET /v1/view.js", serveViewJS)
+	}
+	if opts.Downloads != nil {
+		g.mux.HandleFunc("GET /v1/recordings/{id}/files/{name}", g.counted("recording", g.serveDownload))
 	}
 	if pr, ok := router.(PortRouter); ok {
 		g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/", g.counted("port", g.servePort(pr)))

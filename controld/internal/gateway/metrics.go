@@ -24,7 +24,7 @@ func (g *Gateway) register(reg prometheus.Registerer) {
 	}
 	g.metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "forkfleet", Subsystem: "controld", Name: "gateway_requests_total",
-		Help: "Gateway requests by route (aci, port) and HTTP status (101: upgraded; 401: bad token; 429: at gateway.max_sessions; 502/503: the sandbox's side).",
+		Help: "Gateway requests by route (aci, view, port, recording) and HTTP status (101: upgraded; 401: bad token; 429: at gateway.max_sessions; 502/503: the sandbox's side).",
 	}, []string{"route", "code"})
 	reg.MustRegister(g.metrics.requests,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

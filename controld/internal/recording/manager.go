@@ -12,6 +12,7 @@ package recording
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,10 @@ type Options struct {
 	Routable func(sandboxID string) error
 	// Registerer, when set, gets the recorder's metrics (metrics.go).
 	Registerer prometheus.Registerer
+	// GatewayHost (host:port) and GatewayTLS make the download URLs of
+	// recording tickets (download.go).
+	GatewayHost string
+	GatewayTLS  bool
 }
 
 // diskCheckEvery: the host's free space is checked after every this many
@@ -74,6 +79,9 @@ type Manager struct {
 	exporting map[string]bool
 	closed    bool
 	metrics   metrics
+
+	ticketMu sync.Mutex
+	tickets  map[[sha256.Size]byte]recordingTicket // download tickets by SHA-256 (download.go)
 }
 
 // New opens the recordings under opts.Dir. Recordings that were running

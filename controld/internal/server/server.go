@@ -397,6 +397,10 @@ func (h *handlers) ExportRecording(ctx context.Context, req *controldv1.ExportRe
 	return h.mgr().ExportRecording(ctx, req)
 }
 
+func (h *handlers) CreateRecordingTicket(ctx context.Context, req *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error) {
+	return h.mgr().CreateRecordingTicket(ctx, req)
+}
+
 func (h *handlers) DeleteRecording(ctx context.Context, req *controldv1.DeleteRecordingRequest) (*controldv1.DeleteRecordingResponse, error) {
 	return h.mgr().DeleteRecording(ctx, req)
 }

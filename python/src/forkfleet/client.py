@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import json
 import os
+import ssl as ssl_mod
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -629,8 +630,62 @@ class AsyncRecording:
         return await self.client._call(self.client.sandbox_service.ExportRecording, pb.ExportRecordingRequest(
             id=self.id, format=pb.RECORDING_EXPORT_FORMAT_FRAMES), timeout)
 
+    async def download(self, path: str | os.PathLike, *, file: int = pb.RECORDING_FILE_MP4,
+                       ssl: ssl_mod.SSLContext | None = None, timeout: float | None = None) -> int:
+        """Streams one file of the stopped recording from controld's gateway
+        to ``path`` on this machine (a temporary file beside it, renamed when
+        whole) and returns its size: ``pb.RECORDING_FILE_MP4`` or
+        ``RECORDING_FILE_FRAMES`` (a tar of the frames directory) of an
+        export made first, ``RECORDING_FILE_TRAJECTORY`` or
+        ``RECORDING_FILE_SCREENCAST``. It mints a single-use recording ticket
+        and spends it on one GET, so it works from any machine that reaches
+        the gateway. ``ssl`` verifies an HTTPS gateway (the system's roots
+        when None)."""
+        t = await self.client._call(self.client.sandbox_service.CreateRecordingTicket,
+                                    pb.CreateRecordingTicketRequest(id=self.id, file=file), timeout)
+        return await asyncio.to_thread(_download, t.url, os.fspath(path), ssl, timeout)
+
     async def delete(self, *, timeout: float | None = None) -> None:
         await self.client._call(self.client.sandbox_service.DeleteRecording, pb.DeleteRecordingRequest(id=self.id), timeout)
+
+
+def _download(url: str, path: str, context: ssl_mod.SSLContext | None, timeout: float | None) -> int:
+    """GETs url into path, checking the body against its Content-Length;
+    nothing is left at path unless the whole body arrived."""
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    try:
+        resp = urllib.request.urlopen(url, timeout=timeout, context=context)
+    except urllib.error.HTTPError as e:
+        e.close()
+        if e.code == 401:
+            raise errors.PermissionDenied(f"client: download: the gateway refused the ticket ({e.code})") from None
+        if e.code == 409:
+            raise errors.FailedPrecondition("client: download: the recording is being exported") from None
+        raise errors.Unavailable(f"client: download: the gateway answered {e.code}") from None
+    except OSError as e:
+        raise errors.Unavailable(f"client: download: {e}") from None
+    with resp:
+        length = resp.headers.get("Content-Length")
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".part",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+        n = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := resp.read(1 << 20):
+                    out.write(chunk)
+                    n += len(chunk)
+            if length is not None and n != int(length):
+                raise errors.Unavailable(f"client: download: {n} of {length} bytes")
+            os.replace(tmp, path)
+        except BaseException as e:
+            os.unlink(tmp)
+            if isinstance(e, (OSError, ValueError)) and not isinstance(e, errors.ForkfleetError):
+                raise errors.Unavailable(f"client: download: after {n} bytes: {e}") from None
+            raise
+    return n
 
 
 class AsyncCheckpoint:

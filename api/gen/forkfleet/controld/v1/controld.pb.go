@@ -687,6 +687,68 @@ func (RecordingExportFormat) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
 }
 
+// The files of a recording a ticket downloads. controld names and resolves
+// them; nothing in the request is a path.
+type RecordingFile int32
+
+const (
+	RecordingFile_RECORDING_FILE_UNSPECIFIED RecordingFile = 0
+	// recording.mp4 (ExportRecording MP4 first), video/mp4.
+	RecordingFile_RECORDING_FILE_MP4 RecordingFile = 1
+	// frames.tar: the frames/ directory of ExportRecording FRAMES (the PNGs
+	// and frames.jsonl under frames/), a ustar archive, application/x-tar.
+	RecordingFile_RECORDING_FILE_FRAMES RecordingFile = 2
+	// trajectory.jsonl, application/x-ndjson.
+	RecordingFile_RECORDING_FILE_TRAJECTORY RecordingFile = 3
+	// screencast.ffrec (controld/docs/recording.md), application/octet-stream.
+	RecordingFile_RECORDING_FILE_SCREENCAST RecordingFile = 4
+)
+
+// Enum value maps for RecordingFile.
+var (
+	RecordingFile_name = map[int32]string{
+		0: "RECORDING_FILE_UNSPECIFIED",
+		1: "RECORDING_FILE_MP4",
+		2: "RECORDING_FILE_FRAMES",
+		3: "RECORDING_FILE_TRAJECTORY",
+		4: "RECORDING_FILE_SCREENCAST",
+	}
+	RecordingFile_value = map[string]int32{
+		"RECORDING_FILE_UNSPECIFIED": 0,
+		"RECORDING_FILE_MP4":         1,
+		"RECORDING_FILE_FRAMES":      2,
+		"RECORDING_FILE_TRAJECTORY":  3,
+		"RECORDING_FILE_SCREENCAST":  4,
+	}
+)
+
+func (x RecordingFile) Enum() *RecordingFile {
+	p := new(RecordingFile)
+	*p = x
+	return p
+}
+
+func (x RecordingFile) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordingFile) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[11].Descriptor()
+}
+
+func (RecordingFile) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[11]
+}
+
+func (x RecordingFile) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordingFile.Descriptor instead.
+func (RecordingFile) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{11}
+}
+
 // Resources are a sandbox's limits, enforced by the kernel on the host. Every
 // sandbox has each of them: a field left 0 in a request takes the host's
 // default (for a fork or a checkpoint pool, the checkpoint's value), and no
@@ -6018,6 +6080,140 @@ func (*DeleteRecordingResponse) Descriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{83}
 }
 
+type CreateRecordingTicketRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A stopped recording.
+	Id   string        `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	File RecordingFile `protobuf:"varint,2,opt,name=file,proto3,enum=forkfleet.controld.v1.RecordingFile" json:"file,omitempty"`
+	// How long the ticket can be redeemed (60 s when absent, at most 10 min).
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateRecordingTicketRequest) Reset() {
+	*x = CreateRecordingTicketRequest{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateRecordingTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateRecordingTicketRequest) ProtoMessage() {}
+
+func (x *CreateRecordingTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateRecordingTicketRequest.ProtoReflect.Descriptor instead.
+func (*CreateRecordingTicketRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *CreateRecordingTicketRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CreateRecordingTicketRequest) GetFile() RecordingFile {
+	if x != nil {
+		return x.File
+	}
+	return RecordingFile_RECORDING_FILE_UNSPECIFIED
+}
+
+func (x *CreateRecordingTicketRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type CreateRecordingTicketResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// http(s)://<gateway>/v1/recordings/<id>/files/<name>?ticket=<ticket>:
+	// one GET downloads the file (the ticket is spent by it).
+	Url       string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	Ticket    string                 `protobuf:"bytes,2,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The file's name (recording.mp4, frames.tar, trajectory.jsonl,
+	// screencast.ffrec).
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateRecordingTicketResponse) Reset() {
+	*x = CreateRecordingTicketResponse{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateRecordingTicketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateRecordingTicketResponse) ProtoMessage() {}
+
+func (x *CreateRecordingTicketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateRecordingTicketResponse.ProtoReflect.Descriptor instead.
+func (*CreateRecordingTicketResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *CreateRecordingTicketResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *CreateRecordingTicketResponse) GetTicket() string {
+	if x != nil {
+		return x.Ticket
+	}
+	return ""
+}
+
+func (x *CreateRecordingTicketResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *CreateRecordingTicketResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type GetHostStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -6026,7 +6222,7 @@ type GetHostStatusRequest struct {
 
 func (x *GetHostStatusRequest) Reset() {
 	*x = GetHostStatusRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6038,7 +6234,7 @@ func (x *GetHostStatusRequest) String() string {
 func (*GetHostStatusRequest) ProtoMessage() {}
 
 func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6051,7 +6247,7 @@ func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetHostStatusRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{84}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{86}
 }
 
 type GetHostStatusResponse struct {
@@ -6086,7 +6282,7 @@ type GetHostStatusResponse struct {
 
 func (x *GetHostStatusResponse) Reset() {
 	*x = GetHostStatusResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6098,7 +6294,7 @@ func (x *GetHostStatusResponse) String() string {
 func (*GetHostStatusResponse) ProtoMessage() {}
 
 func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6111,7 +6307,7 @@ func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetHostStatusResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{85}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetHostStatusResponse) GetHost() string {
@@ -6204,7 +6400,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6216,7 +6412,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6229,7 +6425,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{86}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *PoolStatus) GetId() string {
@@ -6691,7 +6887,17 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\"(\n" +
 	"\x16DeleteRecordingRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x19\n" +
-	"\x17DeleteRecordingResponse\"\x16\n" +
+	"\x17DeleteRecordingResponse\"\x95\x01\n" +
+	"\x1cCreateRecordingTicketRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
+	"\x04file\x18\x02 \x01(\x0e2$.forkfleet.controld.v1.RecordingFileR\x04file\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x98\x01\n" +
+	"\x1dCreateRecordingTicketResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06ticket\x18\x02 \x01(\tR\x06ticket\x129\n" +
+	"\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\x16\n" +
 	"\x14GetHostStatusRequest\"\xd7\x03\n" +
 	"\x15GetHostStatusResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
@@ -6773,7 +6979,13 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x15RecordingExportFormat\x12'\n" +
 	"#RECORDING_EXPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bRECORDING_EXPORT_FORMAT_MP4\x10\x01\x12\"\n" +
-	"\x1eRECORDING_EXPORT_FORMAT_FRAMES\x10\x022\xa4\x12\n" +
+	"\x1eRECORDING_EXPORT_FORMAT_FRAMES\x10\x02*\xa0\x01\n" +
+	"\rRecordingFile\x12\x1e\n" +
+	"\x1aRECORDING_FILE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12RECORDING_FILE_MP4\x10\x01\x12\x19\n" +
+	"\x15RECORDING_FILE_FRAMES\x10\x02\x12\x1d\n" +
+	"\x19RECORDING_FILE_TRAJECTORY\x10\x03\x12\x1d\n" +
+	"\x19RECORDING_FILE_SCREENCAST\x10\x042\xa9\x13\n" +
 	"\x0eSandboxService\x12j\n" +
 	"\rCreateSandbox\x12+.forkfleet.controld.v1.CreateSandboxRequest\x1a,.forkfleet.controld.v1.CreateSandboxResponse\x12a\n" +
 	"\n" +
@@ -6797,7 +7009,8 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\fGetRecording\x12*.forkfleet.controld.v1.GetRecordingRequest\x1a+.forkfleet.controld.v1.GetRecordingResponse\x12m\n" +
 	"\x0eListRecordings\x12,.forkfleet.controld.v1.ListRecordingsRequest\x1a-.forkfleet.controld.v1.ListRecordingsResponse\x12p\n" +
 	"\x0fExportRecording\x12-.forkfleet.controld.v1.ExportRecordingRequest\x1a..forkfleet.controld.v1.ExportRecordingResponse\x12p\n" +
-	"\x0fDeleteRecording\x12-.forkfleet.controld.v1.DeleteRecordingRequest\x1a..forkfleet.controld.v1.DeleteRecordingResponse2\xb4\x06\n" +
+	"\x0fDeleteRecording\x12-.forkfleet.controld.v1.DeleteRecordingRequest\x1a..forkfleet.controld.v1.DeleteRecordingResponse\x12\x82\x01\n" +
+	"\x15CreateRecordingTicket\x123.forkfleet.controld.v1.CreateRecordingTicketRequest\x1a4.forkfleet.controld.v1.CreateRecordingTicketResponse2\xb4\x06\n" +
 	"\x11CheckpointService\x12s\n" +
 	"\x10CreateCheckpoint\x12..forkfleet.controld.v1.CreateCheckpointRequest\x1a/.forkfleet.controld.v1.CreateCheckpointResponse\x12j\n" +
 	"\rGetCheckpoint\x12+.forkfleet.controld.v1.GetCheckpointRequest\x1a,.forkfleet.controld.v1.GetCheckpointResponse\x12p\n" +
@@ -6831,308 +7044,316 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 	return file_forkfleet_controld_v1_controld_proto_rawDescData
 }
 
-var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
+var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
-	(SandboxState)(0),                    // 0: forkfleet.controld.v1.SandboxState
-	(SandboxLimit)(0),                    // 1: forkfleet.controld.v1.SandboxLimit
-	(SandboxEventType)(0),                // 2: forkfleet.controld.v1.SandboxEventType
-	(VerifyLevel)(0),                     // 3: forkfleet.controld.v1.VerifyLevel
-	(CheckpointTier)(0),                  // 4: forkfleet.controld.v1.CheckpointTier
-	(CheckpointState)(0),                 // 5: forkfleet.controld.v1.CheckpointState
-	(NetworkMode)(0),                     // 6: forkfleet.controld.v1.NetworkMode
-	(NetworkProtocol)(0),                 // 7: forkfleet.controld.v1.NetworkProtocol
-	(RecordingState)(0),                  // 8: forkfleet.controld.v1.RecordingState
-	(RecordingStopReason)(0),             // 9: forkfleet.controld.v1.RecordingStopReason
-	(RecordingExportFormat)(0),           // 10: forkfleet.controld.v1.RecordingExportFormat
-	(*Resources)(nil),                    // 11: forkfleet.controld.v1.Resources
-	(*LimitReached)(nil),                 // 12: forkfleet.controld.v1.LimitReached
-	(*Screen)(nil),                       // 13: forkfleet.controld.v1.Screen
-	(*BootPhase)(nil),                    // 14: forkfleet.controld.v1.BootPhase
-	(*Sandbox)(nil),                      // 15: forkfleet.controld.v1.Sandbox
-	(*Endpoint)(nil),                     // 16: forkfleet.controld.v1.Endpoint
-	(*CreateSandboxRequest)(nil),         // 17: forkfleet.controld.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),        // 18: forkfleet.controld.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),            // 19: forkfleet.controld.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 20: forkfleet.controld.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 21: forkfleet.controld.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 22: forkfleet.controld.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 23: forkfleet.controld.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 24: forkfleet.controld.v1.DeleteSandboxResponse
-	(*WaitSandboxReadyRequest)(nil),      // 25: forkfleet.controld.v1.WaitSandboxReadyRequest
-	(*WaitSandboxReadyResponse)(nil),     // 26: forkfleet.controld.v1.WaitSandboxReadyResponse
-	(*WatchSandboxesRequest)(nil),        // 27: forkfleet.controld.v1.WatchSandboxesRequest
-	(*WatchSandboxesResponse)(nil),       // 28: forkfleet.controld.v1.WatchSandboxesResponse
-	(*GetSandboxEndpointRequest)(nil),    // 29: forkfleet.controld.v1.GetSandboxEndpointRequest
-	(*GetSandboxEndpointResponse)(nil),   // 30: forkfleet.controld.v1.GetSandboxEndpointResponse
-	(*SuspendSandboxRequest)(nil),        // 31: forkfleet.controld.v1.SuspendSandboxRequest
-	(*SuspendSandboxResponse)(nil),       // 32: forkfleet.controld.v1.SuspendSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 33: forkfleet.controld.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 34: forkfleet.controld.v1.ResumeSandboxResponse
-	(*VerifyResult)(nil),                 // 35: forkfleet.controld.v1.VerifyResult
-	(*VerifySandboxRequest)(nil),         // 36: forkfleet.controld.v1.VerifySandboxRequest
-	(*VerifySandboxResponse)(nil),        // 37: forkfleet.controld.v1.VerifySandboxResponse
-	(*CheckpointTiming)(nil),             // 38: forkfleet.controld.v1.CheckpointTiming
-	(*Checkpoint)(nil),                   // 39: forkfleet.controld.v1.Checkpoint
-	(*CreateCheckpointRequest)(nil),      // 40: forkfleet.controld.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil),     // 41: forkfleet.controld.v1.CreateCheckpointResponse
-	(*GetCheckpointRequest)(nil),         // 42: forkfleet.controld.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),        // 43: forkfleet.controld.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),       // 44: forkfleet.controld.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),      // 45: forkfleet.controld.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),      // 46: forkfleet.controld.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),     // 47: forkfleet.controld.v1.DeleteCheckpointResponse
-	(*ForkCheckpointRequest)(nil),        // 48: forkfleet.controld.v1.ForkCheckpointRequest
-	(*ForkReplica)(nil),                  // 49: forkfleet.controld.v1.ForkReplica
-	(*ForkCheckpointResponse)(nil),       // 50: forkfleet.controld.v1.ForkCheckpointResponse
-	(*ExportCheckpointRequest)(nil),      // 51: forkfleet.controld.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),     // 52: forkfleet.controld.v1.ExportCheckpointResponse
-	(*ImportCheckpointRequest)(nil),      // 53: forkfleet.controld.v1.ImportCheckpointRequest
-	(*ImportCheckpointResponse)(nil),     // 54: forkfleet.controld.v1.ImportCheckpointResponse
-	(*Pool)(nil),                         // 55: forkfleet.controld.v1.Pool
-	(*CreatePoolRequest)(nil),            // 56: forkfleet.controld.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),           // 57: forkfleet.controld.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),               // 58: forkfleet.controld.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),              // 59: forkfleet.controld.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),             // 60: forkfleet.controld.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 61: forkfleet.controld.v1.ListPoolsResponse
-	(*DeletePoolRequest)(nil),            // 62: forkfleet.controld.v1.DeletePoolRequest
-	(*DeletePoolResponse)(nil),           // 63: forkfleet.controld.v1.DeletePoolResponse
-	(*ClaimPoolRequest)(nil),             // 64: forkfleet.controld.v1.ClaimPoolRequest
-	(*ClaimPoolResponse)(nil),            // 65: forkfleet.controld.v1.ClaimPoolResponse
-	(*UpdatePoolRequest)(nil),            // 66: forkfleet.controld.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),           // 67: forkfleet.controld.v1.UpdatePoolResponse
-	(*PortRange)(nil),                    // 68: forkfleet.controld.v1.PortRange
-	(*NetworkRule)(nil),                  // 69: forkfleet.controld.v1.NetworkRule
-	(*NetworkPolicy)(nil),                // 70: forkfleet.controld.v1.NetworkPolicy
-	(*Network)(nil),                      // 71: forkfleet.controld.v1.Network
-	(*UpdateSandboxNetworkRequest)(nil),  // 72: forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 73: forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	(*ExposePortRequest)(nil),            // 74: forkfleet.controld.v1.ExposePortRequest
-	(*ExposePortResponse)(nil),           // 75: forkfleet.controld.v1.ExposePortResponse
-	(*UnexposePortRequest)(nil),          // 76: forkfleet.controld.v1.UnexposePortRequest
-	(*UnexposePortResponse)(nil),         // 77: forkfleet.controld.v1.UnexposePortResponse
-	(*ExtendSandboxRequest)(nil),         // 78: forkfleet.controld.v1.ExtendSandboxRequest
-	(*ExtendSandboxResponse)(nil),        // 79: forkfleet.controld.v1.ExtendSandboxResponse
-	(*CreateViewTicketRequest)(nil),      // 80: forkfleet.controld.v1.CreateViewTicketRequest
-	(*CreateViewTicketResponse)(nil),     // 81: forkfleet.controld.v1.CreateViewTicketResponse
-	(*Recording)(nil),                    // 82: forkfleet.controld.v1.Recording
-	(*StartRecordingRequest)(nil),        // 83: forkfleet.controld.v1.StartRecordingRequest
-	(*StartRecordingResponse)(nil),       // 84: forkfleet.controld.v1.StartRecordingResponse
-	(*StopRecordingRequest)(nil),         // 85: forkfleet.controld.v1.StopRecordingRequest
-	(*StopRecordingResponse)(nil),        // 86: forkfleet.controld.v1.StopRecordingResponse
-	(*GetRecordingRequest)(nil),          // 87: forkfleet.controld.v1.GetRecordingRequest
-	(*GetRecordingResponse)(nil),         // 88: forkfleet.controld.v1.GetRecordingResponse
-	(*ListRecordingsRequest)(nil),        // 89: forkfleet.controld.v1.ListRecordingsRequest
-	(*ListRecordingsResponse)(nil),       // 90: forkfleet.controld.v1.ListRecordingsResponse
-	(*ExportRecordingRequest)(nil),       // 91: forkfleet.controld.v1.ExportRecordingRequest
-	(*ExportRecordingResponse)(nil),      // 92: forkfleet.controld.v1.ExportRecordingResponse
-	(*DeleteRecordingRequest)(nil),       // 93: forkfleet.controld.v1.DeleteRecordingRequest
-	(*DeleteRecordingResponse)(nil),      // 94: forkfleet.controld.v1.DeleteRecordingResponse
-	(*GetHostStatusRequest)(nil),         // 95: forkfleet.controld.v1.GetHostStatusRequest
-	(*GetHostStatusResponse)(nil),        // 96: forkfleet.controld.v1.GetHostStatusResponse
-	(*PoolStatus)(nil),                   // 97: forkfleet.controld.v1.PoolStatus
-	nil,                                  // 98: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                  // 99: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 100: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 101: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 102: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                  // 103: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                  // 104: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                  // 105: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                  // 106: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                  // 107: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                  // 108: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                  // 109: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 110: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 111: google.protobuf.Duration
+	(SandboxState)(0),                     // 0: forkfleet.controld.v1.SandboxState
+	(SandboxLimit)(0),                     // 1: forkfleet.controld.v1.SandboxLimit
+	(SandboxEventType)(0),                 // 2: forkfleet.controld.v1.SandboxEventType
+	(VerifyLevel)(0),                      // 3: forkfleet.controld.v1.VerifyLevel
+	(CheckpointTier)(0),                   // 4: forkfleet.controld.v1.CheckpointTier
+	(CheckpointState)(0),                  // 5: forkfleet.controld.v1.CheckpointState
+	(NetworkMode)(0),                      // 6: forkfleet.controld.v1.NetworkMode
+	(NetworkProtocol)(0),                  // 7: forkfleet.controld.v1.NetworkProtocol
+	(RecordingState)(0),                   // 8: forkfleet.controld.v1.RecordingState
+	(RecordingStopReason)(0),              // 9: forkfleet.controld.v1.RecordingStopReason
+	(RecordingExportFormat)(0),            // 10: forkfleet.controld.v1.RecordingExportFormat
+	(RecordingFile)(0),                    // 11: forkfleet.controld.v1.RecordingFile
+	(*Resources)(nil),                     // 12: forkfleet.controld.v1.Resources
+	(*LimitReached)(nil),                  // 13: forkfleet.controld.v1.LimitReached
+	(*Screen)(nil),                        // 14: forkfleet.controld.v1.Screen
+	(*BootPhase)(nil),                     // 15: forkfleet.controld.v1.BootPhase
+	(*Sandbox)(nil),                       // 16: forkfleet.controld.v1.Sandbox
+	(*Endpoint)(nil),                      // 17: forkfleet.controld.v1.Endpoint
+	(*CreateSandboxRequest)(nil),          // 18: forkfleet.controld.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),         // 19: forkfleet.controld.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),             // 20: forkfleet.controld.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),            // 21: forkfleet.controld.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),          // 22: forkfleet.controld.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),         // 23: forkfleet.controld.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),          // 24: forkfleet.controld.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),         // 25: forkfleet.controld.v1.DeleteSandboxResponse
+	(*WaitSandboxReadyRequest)(nil),       // 26: forkfleet.controld.v1.WaitSandboxReadyRequest
+	(*WaitSandboxReadyResponse)(nil),      // 27: forkfleet.controld.v1.WaitSandboxReadyResponse
+	(*WatchSandboxesRequest)(nil),         // 28: forkfleet.controld.v1.WatchSandboxesRequest
+	(*WatchSandboxesResponse)(nil),        // 29: forkfleet.controld.v1.WatchSandboxesResponse
+	(*GetSandboxEndpointRequest)(nil),     // 30: forkfleet.controld.v1.GetSandboxEndpointRequest
+	(*GetSandboxEndpointResponse)(nil),    // 31: forkfleet.controld.v1.GetSandboxEndpointResponse
+	(*SuspendSandboxRequest)(nil),         // 32: forkfleet.controld.v1.SuspendSandboxRequest
+	(*SuspendSandboxResponse)(nil),        // 33: forkfleet.controld.v1.SuspendSandboxResponse
+	(*ResumeSandboxRequest)(nil),          // 34: forkfleet.controld.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),         // 35: forkfleet.controld.v1.ResumeSandboxResponse
+	(*VerifyResult)(nil),                  // 36: forkfleet.controld.v1.VerifyResult
+	(*VerifySandboxRequest)(nil),          // 37: forkfleet.controld.v1.VerifySandboxRequest
+	(*VerifySandboxResponse)(nil),         // 38: forkfleet.controld.v1.VerifySandboxResponse
+	(*CheckpointTiming)(nil),              // 39: forkfleet.controld.v1.CheckpointTiming
+	(*Checkpoint)(nil),                    // 40: forkfleet.controld.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),       // 41: forkfleet.controld.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil),      // 42: forkfleet.controld.v1.CreateCheckpointResponse
+	(*GetCheckpointRequest)(nil),          // 43: forkfleet.controld.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),         // 44: forkfleet.controld.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),        // 45: forkfleet.controld.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),       // 46: forkfleet.controld.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),       // 47: forkfleet.controld.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),      // 48: forkfleet.controld.v1.DeleteCheckpointResponse
+	(*ForkCheckpointRequest)(nil),         // 49: forkfleet.controld.v1.ForkCheckpointRequest
+	(*ForkReplica)(nil),                   // 50: forkfleet.controld.v1.ForkReplica
+	(*ForkCheckpointResponse)(nil),        // 51: forkfleet.controld.v1.ForkCheckpointResponse
+	(*ExportCheckpointRequest)(nil),       // 52: forkfleet.controld.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),      // 53: forkfleet.controld.v1.ExportCheckpointResponse
+	(*ImportCheckpointRequest)(nil),       // 54: forkfleet.controld.v1.ImportCheckpointRequest
+	(*ImportCheckpointResponse)(nil),      // 55: forkfleet.controld.v1.ImportCheckpointResponse
+	(*Pool)(nil),                          // 56: forkfleet.controld.v1.Pool
+	(*CreatePoolRequest)(nil),             // 57: forkfleet.controld.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),            // 58: forkfleet.controld.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),                // 59: forkfleet.controld.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),               // 60: forkfleet.controld.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),              // 61: forkfleet.controld.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),             // 62: forkfleet.controld.v1.ListPoolsResponse
+	(*DeletePoolRequest)(nil),             // 63: forkfleet.controld.v1.DeletePoolRequest
+	(*DeletePoolResponse)(nil),            // 64: forkfleet.controld.v1.DeletePoolResponse
+	(*ClaimPoolRequest)(nil),              // 65: forkfleet.controld.v1.ClaimPoolRequest
+	(*ClaimPoolResponse)(nil),             // 66: forkfleet.controld.v1.ClaimPoolResponse
+	(*UpdatePoolRequest)(nil),             // 67: forkfleet.controld.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),            // 68: forkfleet.controld.v1.UpdatePoolResponse
+	(*PortRange)(nil),                     // 69: forkfleet.controld.v1.PortRange
+	(*NetworkRule)(nil),                   // 70: forkfleet.controld.v1.NetworkRule
+	(*NetworkPolicy)(nil),                 // 71: forkfleet.controld.v1.NetworkPolicy
+	(*Network)(nil),                       // 72: forkfleet.controld.v1.Network
+	(*UpdateSandboxNetworkRequest)(nil),   // 73: forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil),  // 74: forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	(*ExposePortRequest)(nil),             // 75: forkfleet.controld.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),            // 76: forkfleet.controld.v1.ExposePortResponse
+	(*UnexposePortRequest)(nil),           // 77: forkfleet.controld.v1.UnexposePortRequest
+	(*UnexposePortResponse)(nil),          // 78: forkfleet.controld.v1.UnexposePortResponse
+	(*ExtendSandboxRequest)(nil),          // 79: forkfleet.controld.v1.ExtendSandboxRequest
+	(*ExtendSandboxResponse)(nil),         // 80: forkfleet.controld.v1.ExtendSandboxResponse
+	(*CreateViewTicketRequest)(nil),       // 81: forkfleet.controld.v1.CreateViewTicketRequest
+	(*CreateViewTicketResponse)(nil),      // 82: forkfleet.controld.v1.CreateViewTicketResponse
+	(*Recording)(nil),                     // 83: forkfleet.controld.v1.Recording
+	(*StartRecordingRequest)(nil),         // 84: forkfleet.controld.v1.StartRecordingRequest
+	(*StartRecordingResponse)(nil),        // 85: forkfleet.controld.v1.StartRecordingResponse
+	(*StopRecordingRequest)(nil),          // 86: forkfleet.controld.v1.StopRecordingRequest
+	(*StopRecordingResponse)(nil),         // 87: forkfleet.controld.v1.StopRecordingResponse
+	(*GetRecordingRequest)(nil),           // 88: forkfleet.controld.v1.GetRecordingRequest
+	(*GetRecordingResponse)(nil),          // 89: forkfleet.controld.v1.GetRecordingResponse
+	(*ListRecordingsRequest)(nil),         // 90: forkfleet.controld.v1.ListRecordingsRequest
+	(*ListRecordingsResponse)(nil),        // 91: forkfleet.controld.v1.ListRecordingsResponse
+	(*ExportRecordingRequest)(nil),        // 92: forkfleet.controld.v1.ExportRecordingRequest
+	(*ExportRecordingResponse)(nil),       // 93: forkfleet.controld.v1.ExportRecordingResponse
+	(*DeleteRecordingRequest)(nil),        // 94: forkfleet.controld.v1.DeleteRecordingRequest
+	(*DeleteRecordingResponse)(nil),       // 95: forkfleet.controld.v1.DeleteRecordingResponse
+	(*CreateRecordingTicketRequest)(nil),  // 96: forkfleet.controld.v1.CreateRecordingTicketRequest
+	(*CreateRecordingTicketResponse)(nil), // 97: forkfleet.controld.v1.CreateRecordingTicketResponse
+	(*GetHostStatusRequest)(nil),          // 98: forkfleet.controld.v1.GetHostStatusRequest
+	(*GetHostStatusResponse)(nil),         // 99: forkfleet.controld.v1.GetHostStatusResponse
+	(*PoolStatus)(nil),                    // 100: forkfleet.controld.v1.PoolStatus
+	nil,                                   // 101: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                   // 102: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                   // 103: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                   // 104: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                   // 105: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                   // 106: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                   // 107: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                   // 108: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                   // 109: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                   // 110: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                   // 111: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                   // 112: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),         // 113: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 114: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	110, // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	110, // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	111, // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	113, // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	113, // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	114, // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
-	11,  // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
-	13,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	98,  // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	110, // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	110, // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	110, // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	14,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
-	12,  // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
-	71,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
-	11,  // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	13,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	99,  // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	100, // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	111, // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	71,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
-	15,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	16,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	15,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	101, // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	12,  // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
+	14,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
+	101, // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	113, // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	113, // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	113, // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	15,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
+	13,  // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
+	72,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
+	12,  // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	14,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	102, // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	103, // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	114, // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	72,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
+	16,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	17,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	16,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	104, // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
 	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
-	15,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	111, // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
-	15,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	102, // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	16,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
+	114, // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	16,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	105, // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
 	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
-	15,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	14,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
-	16,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	15,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	15,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	15,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
+	17,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	16,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	111, // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	114, // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
 	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	35,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	111, // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	111, // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	111, // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	111, // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	36,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
+	114, // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	114, // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	114, // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	114, // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
 	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
 	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
-	13,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
-	11,  // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	103, // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	110, // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
-	38,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
+	14,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
+	12,  // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
+	106, // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	113, // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	39,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
 	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	71,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
+	72,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
 	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	104, // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	39,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	39,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	105, // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	39,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	106, // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	111, // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	107, // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	40,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	40,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	108, // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	40,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
+	109, // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	114, // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
 	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
-	11,  // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	70,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	15,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	16,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	35,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	111, // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
-	49,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
-	39,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	107, // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
-	13,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
-	11,  // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
-	71,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
-	13,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	11,  // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	108, // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	71,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
-	55,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	55,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	55,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	109, // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	111, // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
-	70,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	15,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	16,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	111, // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
-	55,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	12,  // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	71,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	16,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	17,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	36,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
+	114, // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	50,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
+	40,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	110, // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	14,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
+	12,  // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
+	72,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
+	14,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	12,  // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	111, // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	72,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
+	56,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	56,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	56,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
+	112, // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	114, // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	71,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	16,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	17,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	114, // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	56,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
 	7,   // 87: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
-	68,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
-	69,  // 89: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
-	69,  // 90: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
+	69,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
+	70,  // 89: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
+	70,  // 90: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
 	6,   // 91: forkfleet.controld.v1.Network.mode:type_name -> forkfleet.controld.v1.NetworkMode
-	70,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	70,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	15,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	111, // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	15,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	111, // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
-	110, // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	71,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	71,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	16,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	114, // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	16,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	114, // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
+	113, // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
 	8,   // 99: forkfleet.controld.v1.Recording.state:type_name -> forkfleet.controld.v1.RecordingState
-	110, // 100: forkfleet.controld.v1.Recording.started_at:type_name -> google.protobuf.Timestamp
-	110, // 101: forkfleet.controld.v1.Recording.stopped_at:type_name -> google.protobuf.Timestamp
+	113, // 100: forkfleet.controld.v1.Recording.started_at:type_name -> google.protobuf.Timestamp
+	113, // 101: forkfleet.controld.v1.Recording.stopped_at:type_name -> google.protobuf.Timestamp
 	9,   // 102: forkfleet.controld.v1.Recording.stop_reason:type_name -> forkfleet.controld.v1.RecordingStopReason
-	82,  // 103: forkfleet.controld.v1.StartRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	82,  // 104: forkfleet.controld.v1.StopRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	82,  // 105: forkfleet.controld.v1.GetRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	82,  // 106: forkfleet.controld.v1.ListRecordingsResponse.recordings:type_name -> forkfleet.controld.v1.Recording
+	83,  // 103: forkfleet.controld.v1.StartRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	83,  // 104: forkfleet.controld.v1.StopRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	83,  // 105: forkfleet.controld.v1.GetRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	83,  // 106: forkfleet.controld.v1.ListRecordingsResponse.recordings:type_name -> forkfleet.controld.v1.Recording
 	10,  // 107: forkfleet.controld.v1.ExportRecordingRequest.format:type_name -> forkfleet.controld.v1.RecordingExportFormat
-	111, // 108: forkfleet.controld.v1.ExportRecordingResponse.duration:type_name -> google.protobuf.Duration
-	97,  // 109: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
-	17,  // 110: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	19,  // 111: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	21,  // 112: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	23,  // 113: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	25,  // 114: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	27,  // 115: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	29,  // 116: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	31,  // 117: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	33,  // 118: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	36,  // 119: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	72,  // 120: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	74,  // 121: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
-	76,  // 122: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
-	78,  // 123: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
-	80,  // 124: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
-	83,  // 125: forkfleet.controld.v1.SandboxService.StartRecording:input_type -> forkfleet.controld.v1.StartRecordingRequest
-	85,  // 126: forkfleet.controld.v1.SandboxService.StopRecording:input_type -> forkfleet.controld.v1.StopRecordingRequest
-	87,  // 127: forkfleet.controld.v1.SandboxService.GetRecording:input_type -> forkfleet.controld.v1.GetRecordingRequest
-	89,  // 128: forkfleet.controld.v1.SandboxService.ListRecordings:input_type -> forkfleet.controld.v1.ListRecordingsRequest
-	91,  // 129: forkfleet.controld.v1.SandboxService.ExportRecording:input_type -> forkfleet.controld.v1.ExportRecordingRequest
-	93,  // 130: forkfleet.controld.v1.SandboxService.DeleteRecording:input_type -> forkfleet.controld.v1.DeleteRecordingRequest
-	40,  // 131: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	42,  // 132: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	44,  // 133: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	46,  // 134: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	48,  // 135: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	51,  // 136: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	53,  // 137: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	56,  // 138: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	58,  // 139: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	60,  // 140: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	62,  // 141: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	64,  // 142: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	66,  // 143: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
-	95,  // 144: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
-	18,  // 145: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	20,  // 146: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	22,  // 147: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	24,  // 148: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	26,  // 149: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	28,  // 150: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	30,  // 151: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	32,  // 152: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	34,  // 153: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	37,  // 154: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	73,  // 155: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	75,  // 156: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
-	77,  // 157: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
-	79,  // 158: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
-	81,  // 159: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
-	84,  // 160: forkfleet.controld.v1.SandboxService.StartRecording:output_type -> forkfleet.controld.v1.StartRecordingResponse
-	86,  // 161: forkfleet.controld.v1.SandboxService.StopRecording:output_type -> forkfleet.controld.v1.StopRecordingResponse
-	88,  // 162: forkfleet.controld.v1.SandboxService.GetRecording:output_type -> forkfleet.controld.v1.GetRecordingResponse
-	90,  // 163: forkfleet.controld.v1.SandboxService.ListRecordings:output_type -> forkfleet.controld.v1.ListRecordingsResponse
-	92,  // 164: forkfleet.controld.v1.SandboxService.ExportRecording:output_type -> forkfleet.controld.v1.ExportRecordingResponse
-	94,  // 165: forkfleet.controld.v1.SandboxService.DeleteRecording:output_type -> forkfleet.controld.v1.DeleteRecordingResponse
-	41,  // 166: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	43,  // 167: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	45,  // 168: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	47,  // 169: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	50,  // 170: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	52,  // 171: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	54,  // 172: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	57,  // 173: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	59,  // 174: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	61,  // 175: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	63,  // 176: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	65,  // 177: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	67,  // 178: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
-	96,  // 179: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
-	145, // [145:180] is the sub-list for method output_type
-	110, // [110:145] is the sub-list for method input_type
-	110, // [110:110] is the sub-list for extension type_name
-	110, // [110:110] is the sub-list for extension extendee
-	0,   // [0:110] is the sub-list for field type_name
+	114, // 108: forkfleet.controld.v1.ExportRecordingResponse.duration:type_name -> google.protobuf.Duration
+	11,  // 109: forkfleet.controld.v1.CreateRecordingTicketRequest.file:type_name -> forkfleet.controld.v1.RecordingFile
+	114, // 110: forkfleet.controld.v1.CreateRecordingTicketRequest.ttl:type_name -> google.protobuf.Duration
+	113, // 111: forkfleet.controld.v1.CreateRecordingTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	100, // 112: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
+	18,  // 113: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	20,  // 114: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	22,  // 115: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	24,  // 116: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	26,  // 117: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	28,  // 118: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	30,  // 119: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	32,  // 120: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	34,  // 121: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	37,  // 122: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	73,  // 123: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	75,  // 124: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	77,  // 125: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	79,  // 126: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
+	81,  // 127: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
+	84,  // 128: forkfleet.controld.v1.SandboxService.StartRecording:input_type -> forkfleet.controld.v1.StartRecordingRequest
+	86,  // 129: forkfleet.controld.v1.SandboxService.StopRecording:input_type -> forkfleet.controld.v1.StopRecordingRequest
+	88,  // 130: forkfleet.controld.v1.SandboxService.GetRecording:input_type -> forkfleet.controld.v1.GetRecordingRequest
+	90,  // 131: forkfleet.controld.v1.SandboxService.ListRecordings:input_type -> forkfleet.controld.v1.ListRecordingsRequest
+	92,  // 132: forkfleet.controld.v1.SandboxService.ExportRecording:input_type -> forkfleet.controld.v1.ExportRecordingRequest
+	94,  // 133: forkfleet.controld.v1.SandboxService.DeleteRecording:input_type -> forkfleet.controld.v1.DeleteRecordingRequest
+	96,  // 134: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:input_type -> forkfleet.controld.v1.CreateRecordingTicketRequest
+	41,  // 135: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	43,  // 136: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	45,  // 137: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	47,  // 138: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	49,  // 139: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	52,  // 140: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	54,  // 141: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	57,  // 142: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	59,  // 143: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	61,  // 144: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	63,  // 145: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	65,  // 146: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	67,  // 147: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
+	98,  // 148: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
+	19,  // 149: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	21,  // 150: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	23,  // 151: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	25,  // 152: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	27,  // 153: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	29,  // 154: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	31,  // 155: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	33,  // 156: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	35,  // 157: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	38,  // 158: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	74,  // 159: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	76,  // 160: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	78,  // 161: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	80,  // 162: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
+	82,  // 163: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
+	85,  // 164: forkfleet.controld.v1.SandboxService.StartRecording:output_type -> forkfleet.controld.v1.StartRecordingResponse
+	87,  // 165: forkfleet.controld.v1.SandboxService.StopRecording:output_type -> forkfleet.controld.v1.StopRecordingResponse
+	89,  // 166: forkfleet.controld.v1.SandboxService.GetRecording:output_type -> forkfleet.controld.v1.GetRecordingResponse
+	91,  // 167: forkfleet.controld.v1.SandboxService.ListRecordings:output_type -> forkfleet.controld.v1.ListRecordingsResponse
+	93,  // 168: forkfleet.controld.v1.SandboxService.ExportRecording:output_type -> forkfleet.controld.v1.ExportRecordingResponse
+	95,  // 169: forkfleet.controld.v1.SandboxService.DeleteRecording:output_type -> forkfleet.controld.v1.DeleteRecordingResponse
+	97,  // 170: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:output_type -> forkfleet.controld.v1.CreateRecordingTicketResponse
+	42,  // 171: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	44,  // 172: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	46,  // 173: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	48,  // 174: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	51,  // 175: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	53,  // 176: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	55,  // 177: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	58,  // 178: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	60,  // 179: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	62,  // 180: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	64,  // 181: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	66,  // 182: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	68,  // 183: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
+	99,  // 184: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
+	149, // [149:185] is the sub-list for method output_type
+	113, // [113:149] is the sub-list for method input_type
+	113, // [113:113] is the sub-list for extension type_name
+	113, // [113:113] is the sub-list for extension extendee
+	0,   // [0:113] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -7149,8 +7370,8 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
-			NumEnums:      11,
-			NumMessages:   99,
+			NumEnums:      12,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

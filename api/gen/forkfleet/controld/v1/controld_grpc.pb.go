@@ -48,27 +48,28 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_CreateSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/CreateSandbox"
-	SandboxService_GetSandbox_FullMethodName           = "/forkfleet.controld.v1.SandboxService/GetSandbox"
-	SandboxService_ListSandboxes_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ListSandboxes"
-	SandboxService_DeleteSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/DeleteSandbox"
-	SandboxService_WaitSandboxReady_FullMethodName     = "/forkfleet.controld.v1.SandboxService/WaitSandboxReady"
-	SandboxService_WatchSandboxes_FullMethodName       = "/forkfleet.controld.v1.SandboxService/WatchSandboxes"
-	SandboxService_GetSandboxEndpoint_FullMethodName   = "/forkfleet.controld.v1.SandboxService/GetSandboxEndpoint"
-	SandboxService_SuspendSandbox_FullMethodName       = "/forkfleet.controld.v1.SandboxService/SuspendSandbox"
-	SandboxService_ResumeSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ResumeSandbox"
-	SandboxService_VerifySandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/VerifySandbox"
-	SandboxService_UpdateSandboxNetwork_FullMethodName = "/forkfleet.controld.v1.SandboxService/UpdateSandboxNetwork"
-	SandboxService_ExposePort_FullMethodName           = "/forkfleet.controld.v1.SandboxService/ExposePort"
-	SandboxService_UnexposePort_FullMethodName         = "/forkfleet.controld.v1.SandboxService/UnexposePort"
-	SandboxService_ExtendSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ExtendSandbox"
-	SandboxService_CreateViewTicket_FullMethodName     = "/forkfleet.controld.v1.SandboxService/CreateViewTicket"
-	SandboxService_StartRecording_FullMethodName       = "/forkfleet.controld.v1.SandboxService/StartRecording"
-	SandboxService_StopRecording_FullMethodName        = "/forkfleet.controld.v1.SandboxService/StopRecording"
-	SandboxService_GetRecording_FullMethodName         = "/forkfleet.controld.v1.SandboxService/GetRecording"
-	SandboxService_ListRecordings_FullMethodName       = "/forkfleet.controld.v1.SandboxService/ListRecordings"
-	SandboxService_ExportRecording_FullMethodName      = "/forkfleet.controld.v1.SandboxService/ExportRecording"
-	SandboxService_DeleteRecording_FullMethodName      = "/forkfleet.controld.v1.SandboxService/DeleteRecording"
+	SandboxService_CreateSandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/CreateSandbox"
+	SandboxService_GetSandbox_FullMethodName            = "/forkfleet.controld.v1.SandboxService/GetSandbox"
+	SandboxService_ListSandboxes_FullMethodName         = "/forkfleet.controld.v1.SandboxService/ListSandboxes"
+	SandboxService_DeleteSandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/DeleteSandbox"
+	SandboxService_WaitSandboxReady_FullMethodName      = "/forkfleet.controld.v1.SandboxService/WaitSandboxReady"
+	SandboxService_WatchSandboxes_FullMethodName        = "/forkfleet.controld.v1.SandboxService/WatchSandboxes"
+	SandboxService_GetSandboxEndpoint_FullMethodName    = "/forkfleet.controld.v1.SandboxService/GetSandboxEndpoint"
+	SandboxService_SuspendSandbox_FullMethodName        = "/forkfleet.controld.v1.SandboxService/SuspendSandbox"
+	SandboxService_ResumeSandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/ResumeSandbox"
+	SandboxService_VerifySandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/VerifySandbox"
+	SandboxService_UpdateSandboxNetwork_FullMethodName  = "/forkfleet.controld.v1.SandboxService/UpdateSandboxNetwork"
+	SandboxService_ExposePort_FullMethodName            = "/forkfleet.controld.v1.SandboxService/ExposePort"
+	SandboxService_UnexposePort_FullMethodName          = "/forkfleet.controld.v1.SandboxService/UnexposePort"
+	SandboxService_ExtendSandbox_FullMethodName         = "/forkfleet.controld.v1.SandboxService/ExtendSandbox"
+	SandboxService_CreateViewTicket_FullMethodName      = "/forkfleet.controld.v1.SandboxService/CreateViewTicket"
+	SandboxService_StartRecording_FullMethodName        = "/forkfleet.controld.v1.SandboxService/StartRecording"
+	SandboxService_StopRecording_FullMethodName         = "/forkfleet.controld.v1.SandboxService/StopRecording"
+	SandboxService_GetRecording_FullMethodName          = "/forkfleet.controld.v1.SandboxService/GetRecording"
+	SandboxService_ListRecordings_FullMethodName        = "/forkfleet.controld.v1.SandboxService/ListRecordings"
+	SandboxService_ExportRecording_FullMethodName       = "/forkfleet.controld.v1.SandboxService/ExportRecording"
+	SandboxService_DeleteRecording_FullMethodName       = "/forkfleet.controld.v1.SandboxService/DeleteRecording"
+	SandboxService_CreateRecordingTicket_FullMethodName = "/forkfleet.controld.v1.SandboxService/CreateRecordingTicket"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -126,6 +127,11 @@ type SandboxServiceClient interface {
 	ExportRecording(ctx context.Context, in *ExportRecordingRequest, opts ...grpc.CallOption) (*ExportRecordingResponse, error)
 	// DeleteRecording removes a stopped recording and its exports from disk.
 	DeleteRecording(ctx context.Context, in *DeleteRecordingRequest, opts ...grpc.CallOption) (*DeleteRecordingResponse, error)
+	// CreateRecordingTicket mints a short-lived, single-use ticket that
+	// downloads one file of a stopped recording over HTTP from controld's
+	// gateway (/v1/recordings/<id>/files/<name>): a client on another machine
+	// gets its exports and raw files without access to controld's host.
+	CreateRecordingTicket(ctx context.Context, in *CreateRecordingTicketRequest, opts ...grpc.CallOption) (*CreateRecordingTicketResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -355,6 +361,16 @@ func (c *sandboxServiceClient) DeleteRecording(ctx context.Context, in *DeleteRe
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CreateRecordingTicket(ctx context.Context, in *CreateRecordingTicketRequest, opts ...grpc.CallOption) (*CreateRecordingTicketResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateRecordingTicketResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateRecordingTicket_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -410,6 +426,11 @@ type SandboxServiceServer interface {
 	ExportRecording(context.Context, *ExportRecordingRequest) (*ExportRecordingResponse, error)
 	// DeleteRecording removes a stopped recording and its exports from disk.
 	DeleteRecording(context.Context, *DeleteRecordingRequest) (*DeleteRecordingResponse, error)
+	// CreateRecordingTicket mints a short-lived, single-use ticket that
+	// downloads one file of a stopped recording over HTTP from controld's
+	// gateway (/v1/recordings/<id>/files/<name>): a client on another machine
+	// gets its exports and raw files without access to controld's host.
+	CreateRecordingTicket(context.Context, *CreateRecordingTicketRequest) (*CreateRecordingTicketResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -482,6 +503,9 @@ func (UnimplementedSandboxServiceServer) ExportRecording(context.Context, *Expor
 }
 func (UnimplementedSandboxServiceServer) DeleteRecording(context.Context, *DeleteRecordingRequest) (*DeleteRecordingResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRecording not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateRecordingTicket(context.Context, *CreateRecordingTicketRequest) (*CreateRecordingTicketResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateRecordingTicket not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -875,6 +899,24 @@ func _SandboxService_DeleteRecording_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CreateRecordingTicket_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateRecordingTicketRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateRecordingTicket(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateRecordingTicket_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateRecordingTicket(ctx, req.(*CreateRecordingTicketRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -961,6 +1003,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRecording",
 			Handler:    _SandboxService_DeleteRecording_Handler,
+		},
+		{
+			MethodName: "CreateRecordingTicket",
+			Handler:    _SandboxService_CreateRecordingTicket_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

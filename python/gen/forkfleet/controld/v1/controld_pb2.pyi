@@ -22,6 +22,11 @@ NETWORK_PROTOCOL_UNSPECIFIED: NetworkProtocol
 RECORDING_EXPORT_FORMAT_FRAMES: RecordingExportFormat
 RECORDING_EXPORT_FORMAT_MP4: RecordingExportFormat
 RECORDING_EXPORT_FORMAT_UNSPECIFIED: RecordingExportFormat
+RECORDING_FILE_FRAMES: RecordingFile
+RECORDING_FILE_MP4: RecordingFile
+RECORDING_FILE_SCREENCAST: RecordingFile
+RECORDING_FILE_TRAJECTORY: RecordingFile
+RECORDING_FILE_UNSPECIFIED: RecordingFile
 RECORDING_STATE_RECORDING: RecordingState
 RECORDING_STATE_STOPPED: RecordingState
 RECORDING_STATE_UNSPECIFIED: RecordingState
@@ -224,6 +229,28 @@ class CreatePoolResponse(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     pool: Pool
     def __init__(self, pool: _Optional[_Union[Pool, _Mapping]] = ...) -> None: ...
+
+class CreateRecordingTicketRequest(_message.Message):
+    __slots__ = ["file", "id", "ttl"]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    file: RecordingFile
+    id: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, id: _Optional[str] = ..., file: _Optional[_Union[RecordingFile, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CreateRecordingTicketResponse(_message.Message):
+    __slots__ = ["expires_at", "name", "ticket", "url"]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    expires_at: _timestamp_pb2.Timestamp
+    name: str
+    ticket: str
+    url: str
+    def __init__(self, url: _Optional[str] = ..., ticket: _Optional[str] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
     __slots__ = ["env", "image", "labels", "network", "request_id", "resources", "run_as_root", "screen", "ttl", "wait_ready"]
@@ -1068,4 +1095,7 @@ class RecordingStopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class RecordingExportFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RecordingFile(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -120,6 +120,11 @@ class SandboxServiceStub(object):
                 request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.SerializeToString,
                 response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.FromString,
                 )
+        self.CreateRecordingTicket = channel.unary_unary(
+                '/forkfleet.controld.v1.SandboxService/CreateRecordingTicket',
+                request_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketRequest.SerializeToString,
+                response_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -280,6 +285,16 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateRecordingTicket(self, request, context):
+        """CreateRecordingTicket mints a short-lived, single-use ticket that
+        downloads one file of a stopped recording over HTTP from controld's
+        gateway (/v1/recordings/<id>/files/<name>): a client on another machine
+        gets its exports and raw files without access to controld's host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -387,6 +402,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DeleteRecording,
                     request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.FromString,
                     response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.SerializeToString,
+            ),
+            'CreateRecordingTicket': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateRecordingTicket,
+                    request_deserializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketRequest.FromString,
+                    response_serializer=forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -753,6 +773,23 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/DeleteRecording',
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingRequest.SerializeToString,
             forkfleet_dot_controld_dot_v1_dot_controld__pb2.DeleteRecordingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateRecordingTicket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/forkfleet.controld.v1.SandboxService/CreateRecordingTicket',
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketRequest.SerializeToString,
+            forkfleet_dot_controld_dot_v1_dot_controld__pb2.CreateRecordingTicketResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
