@@ -138,3 +138,9 @@ func RecordingNotExported(id string, f controldv1.RecordingFile) error {
 	return errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_NOT_EXPORTED",
 		"recording %s has no %s: ExportRecording it first", id, RecordingFileName(f))
 }
+
+// RecordingExporting: export, delete, ticket or download of a recording an
+// export is rewriting.
+func RecordingExporting(id string) error {
+	return errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_EXPORTING", "recording %s is being exported", id)
+}

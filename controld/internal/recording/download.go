@@ -62,7 +62,7 @@ func (m *Manager) CreateTicket(_ context.Context, req *controldv1.CreateRecordin
 	case running:
 		return nil, rules.RecordingRunning(id)
 	case exporting:
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_EXPORTING", "recording %s is being exported", id)
+		return nil, rules.RecordingExporting(id)
 	}
 	if _, err := m.stat(id, file); err != nil {
 		return nil, err
@@ -159,7 +159,7 @@ func (m *Manager) spend(id, name, ticket string) (recordingTicket, error) {
 		return t, ErrTicket
 	case exporting:
 		// An export rewrites the files: the holder may retry after it.
-		return t, errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_EXPORTING", "recording %s is being exported", id)
+		return t, rules.RecordingExporting(id)
 	}
 	delete(m.tickets, key)
 	return t, nil

@@ -44,7 +44,7 @@ func (m *Manager) Export(ctx context.Context, req *controldv1.ExportRecordingReq
 		return nil, rules.RecordingRunning(id)
 	case m.exporting[id]:
 		m.mu.Unlock()
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_EXPORTING", "recording %s is being exported", id)
+		return nil, rules.RecordingExporting(id)
 	case rec.GetFrames() == 0:
 		m.mu.Unlock()
 		return nil, rules.RecordingEmpty(id)

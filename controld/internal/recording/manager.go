@@ -394,7 +394,7 @@ func (m *Manager) Delete(_ context.Context, req *controldv1.DeleteRecordingReque
 		return nil, rules.RecordingRunning(id)
 	case m.exporting[id]:
 		m.mu.Unlock()
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_EXPORTING", "recording %s is being exported", id)
+		return nil, rules.RecordingExporting(id)
 	}
 	delete(m.recs, id)
 	m.mu.Unlock()
