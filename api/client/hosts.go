@@ -929,10 +929,10 @@ func (r *router) NewStream(ctx context.Context, desc *grpc.StreamDesc, method st
 	return fs, nil
 }
 
-// gatewayTLS is the TLS configuration for the ACI gateway of the host
-// holding sandbox id: the client's, verifying the DNS name the host was
-// resolved from (a pod's gateway URL names its address); nil when the
-// client has no TLS configuration or the host was given by address.
+// gatewayTLS is the TLS configuration for the gateway of the host holding
+// id (a sandbox or a recording): the client's, verifying the DNS name the
+// host was resolved from (a pod's gateway URL names its address); nil when
+// the client has no TLS configuration or the host was given by address.
 func (r *router) gatewayTLS(id string) *tls.Config {
 	if r.o.tls == nil || r.o.tls.ServerName != "" {
 		return nil

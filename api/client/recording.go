@@ -122,7 +122,7 @@ func (r *Recording) Download(ctx context.Context, file controldv1.RecordingFile,
 	if err != nil {
 		return 0, convert(ctx, err)
 	}
-	return download(ctx, r.c.gatewayTLS, t.GetUrl(), path)
+	return download(ctx, r.c.gatewayTLSOf(r.id), t.GetUrl(), path)
 }
 
 // download GETs url into path, checking the body against Content-Length.

@@ -311,13 +311,17 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 // gatewayTLS is the TLS configuration for HTTPS to the gateway of the
 // sandbox's host (exposed ports): the client's, verifying a DNS-resolved
 // host against its name (client of many hosts).
-func (sb *Sandbox) gatewayTLS() *tls.Config {
-	if sb.c.router != nil {
-		if t := sb.c.router.gatewayTLS(sb.id); t != nil {
+func (sb *Sandbox) gatewayTLS() *tls.Config { return sb.c.gatewayTLSOf(sb.id) }
+
+// gatewayTLSOf is the TLS configuration for the gateway of the host holding
+// id (a sandbox or a recording).
+func (c *Client) gatewayTLSOf(id string) *tls.Config {
+	if c.router != nil {
+		if t := c.router.gatewayTLS(id); t != nil {
 			return t
 		}
 	}
-	return sb.c.gatewayTLS
+	return c.gatewayTLS
 }
 
 // socketReachable is a cheap probe: this process may look into the
