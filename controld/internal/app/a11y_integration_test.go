@@ -16,7 +16,6 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci/pagetest"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
-	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // a11yPage places two buttons, a text input, a link and a checkbox at fixed
@@ -50,31 +49,14 @@ var a11yControls = []struct {
 // checkpoint and a fork the replica's tree equals the source's. Own
 // namespace forkfleet-a11y-it (testenv).
 func TestRealStackA11y(t *testing.T) {
-	s := newStackIn(t, "forkfleet-a11y-it")
-	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
-	s.cfg.DefaultImage, s.image = web, web
-	s.launch(0)
+	s := newWebStackIn(t, "forkfleet-a11y-it")
+	web := s.image
 	ctx := s.ctx
-	var sandboxes []string
-	var ckID string
-	t.Cleanup(func() {
-		bg := context.Background()
-		for _, id := range sandboxes {
-			if _, err := s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
-				t.Errorf("delete %s: %v", id, err)
-			}
-		}
-		if ckID != "" {
-			if _, err := s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID}); err != nil {
-				t.Errorf("delete checkpoint: %v", err)
-			}
-		}
-	})
 	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: web, WaitReady: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sandboxes = append(sandboxes, cr.Sandbox.Id)
+	s.deleteSandboxAtEnd(cr.Sandbox.Id)
 	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)
@@ -268,8 +250,8 @@ func TestRealStackA11y(t *testing.T) {
 	if err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}
-	ckID = ckr.Checkpoint.Id
-	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1})
+	s.deleteCheckpointAtEnd(ckr.Checkpoint.Id)
+	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckr.Checkpoint.Id, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +259,7 @@ func TestRealStackA11y(t *testing.T) {
 	if r.ErrorCode != 0 {
 		t.Fatalf("replica: %s", r.ErrorMessage)
 	}
-	sandboxes = append(sandboxes, r.Sandbox.Id)
+	s.deleteSandboxAtEnd(r.Sandbox.Id)
 	rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)
@@ -415,31 +397,14 @@ func TestRealStackA11ySlimDesktop(t *testing.T) {
 // checkpoint and a fork the replica's first tree is as current. Own
 // namespace forkfleet-a11y-cache-it (testenv).
 func TestRealStackA11yCache(t *testing.T) {
-	s := newStackIn(t, "forkfleet-a11y-cache-it")
-	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
-	s.cfg.DefaultImage, s.image = web, web
-	s.launch(0)
+	s := newWebStackIn(t, "forkfleet-a11y-cache-it")
+	web := s.image
 	ctx := s.ctx
-	var sandboxes []string
-	var ckID string
-	t.Cleanup(func() {
-		bg := context.Background()
-		for _, id := range sandboxes {
-			if _, err := s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
-				t.Errorf("delete %s: %v", id, err)
-			}
-		}
-		if ckID != "" {
-			if _, err := s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID}); err != nil {
-				t.Errorf("delete checkpoint: %v", err)
-			}
-		}
-	})
 	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: web, WaitReady: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sandboxes = append(sandboxes, cr.Sandbox.Id)
+	s.deleteSandboxAtEnd(cr.Sandbox.Id)
 	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)
@@ -492,8 +457,8 @@ func TestRealStackA11yCache(t *testing.T) {
 	if err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}
-	ckID = ckr.Checkpoint.Id
-	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1})
+	s.deleteCheckpointAtEnd(ckr.Checkpoint.Id)
+	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckr.Checkpoint.Id, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,7 +466,7 @@ func TestRealStackA11yCache(t *testing.T) {
 	if r.ErrorCode != 0 {
 		t.Fatalf("replica: %s", r.ErrorMessage)
 	}
-	sandboxes = append(sandboxes, r.Sandbox.Id)
+	s.deleteSandboxAtEnd(r.Sandbox.Id)
 	rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/containerdrt"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // bootStack is controld on the real containerd in its own namespace
@@ -67,6 +68,37 @@ func newStackIn(t *testing.T, base string, opts ...func(*config.Config)) *bootSt
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return &bootStack{t: t, ctx: ctx, cfg: cfg, rt: rt, image: cfg.DefaultImage, log: log}
+}
+
+// newWebStackIn is newStackIn launched (no warm slots) with the browser
+// desktop as its default image.
+func newWebStackIn(t *testing.T, base string) *bootStack {
+	t.Helper()
+	s := newStackIn(t, base)
+	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
+	s.cfg.DefaultImage, s.image = web, web
+	s.launch(0)
+	return s
+}
+
+// deleteSandboxAtEnd deletes sandbox id when the test ends. Cleanups run
+// last registered first: replicas go before their checkpoint, and the
+// checkpoint before its source.
+func (s *bootStack) deleteSandboxAtEnd(id string) {
+	s.t.Cleanup(func() {
+		if _, err := s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
+			s.t.Errorf("delete %s: %v", id, err)
+		}
+	})
+}
+
+// deleteCheckpointAtEnd deletes checkpoint id when the test ends.
+func (s *bootStack) deleteCheckpointAtEnd(id string) {
+	s.t.Cleanup(func() {
+		if _, err := s.ckc.DeleteCheckpoint(context.Background(), &controldv1.DeleteCheckpointRequest{Id: id}); err != nil {
+			s.t.Errorf("delete checkpoint %s: %v", id, err)
+		}
+	})
 }
 
 // launch runs controld with precreate warm slots.

@@ -16,7 +16,6 @@ import (
 	"github.com/forkfleet/forkfleet/api/client"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
-	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 var counterTitle = regexp.MustCompile(`^counter (\d+) (.*?)(?: - Chromium)?$`)
@@ -31,33 +30,16 @@ var counterTitle = regexp.MustCompile(`^counter (\d+) (.*?)(?: - Chromium)?$`)
 // page, and no crash or restore dialog shows. Own namespace
 // forkfleet-browser-it (testenv).
 func TestRealStackBrowser(t *testing.T) {
-	s := newStackIn(t, "forkfleet-browser-it")
-	web := testenv.Image(t, s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace, testenv.DesktopWeb)
-	s.cfg.DefaultImage, s.image = web, web
-	s.launch(0)
+	s := newWebStackIn(t, "forkfleet-browser-it")
+	web := s.image
 	ctx := s.ctx
-	var sandboxes []string
-	var ckID string
-	t.Cleanup(func() {
-		bg := context.Background()
-		for _, id := range sandboxes {
-			if _, err := s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id}); err != nil {
-				t.Errorf("delete %s: %v", id, err)
-			}
-		}
-		if ckID != "" {
-			if _, err := s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: ckID}); err != nil {
-				t.Errorf("delete checkpoint: %v", err)
-			}
-		}
-	})
 
 	cr, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{Image: web, WaitReady: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	src := cr.Sandbox.Id
-	sandboxes = append(sandboxes, src)
+	s.deleteSandboxAtEnd(src)
 	sess, err := aci.Dial(ctx, cr.Endpoint.Url, cr.Endpoint.Token)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +77,7 @@ func TestRealStackBrowser(t *testing.T) {
 		t.Fatalf("checkpoint of the browser: %v", err)
 	}
 	ck := ckr.Checkpoint
-	ckID = ck.Id
+	s.deleteCheckpointAtEnd(ck.Id)
 	t.Logf("checkpoint: frozen %v, total %v, memory %d MiB, layer %d KiB",
 		ck.Timing.GetFrozen().AsDuration(), ck.Timing.GetTotal().AsDuration(), ck.MemoryBytes>>20, ck.LayerBytes>>10)
 	after := counterOf(t, ctx, s, cr.Endpoint)
@@ -114,7 +96,7 @@ func TestRealStackBrowser(t *testing.T) {
 		if r.ErrorCode != 0 {
 			t.Fatalf("replica %d: %s", i, r.ErrorMessage)
 		}
-		sandboxes = append(sandboxes, r.Sandbox.Id)
+		s.deleteSandboxAtEnd(r.Sandbox.Id)
 		for _, v := range r.Verification {
 			if !v.Ok {
 				t.Fatalf("replica %d: %s: %s", i, v.Level, v.Detail)
