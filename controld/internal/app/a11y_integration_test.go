@@ -246,25 +246,7 @@ func TestRealStackA11y(t *testing.T) {
 	sess.Close()
 
 	// A replica's tree equals the source's.
-	ckr, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id})
-	if err != nil {
-		t.Fatalf("checkpoint: %v", err)
-	}
-	s.deleteCheckpointAtEnd(ckr.Checkpoint.Id)
-	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckr.Checkpoint.Id, Count: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := fork.Replicas[0]
-	if r.ErrorCode != 0 {
-		t.Fatalf("replica: %s", r.ErrorMessage)
-	}
-	s.deleteSandboxAtEnd(r.Sandbox.Id)
-	rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs := s.forkOne(cr.Sandbox.Id)
 	after, err := rs.A11yTree(ctx, nil)
 	if err != nil {
 		t.Fatalf("replica's tree: %v", err)
@@ -453,25 +435,7 @@ func TestRealStackA11yCache(t *testing.T) {
 
 	// The replica's first tree is as current: the cache came with guestd,
 	// the events in flight with the bus.
-	ckr, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: cr.Sandbox.Id})
-	if err != nil {
-		t.Fatalf("checkpoint: %v", err)
-	}
-	s.deleteCheckpointAtEnd(ckr.Checkpoint.Id)
-	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckr.Checkpoint.Id, Count: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := fork.Replicas[0]
-	if r.ErrorCode != 0 {
-		t.Fatalf("replica: %s", r.ErrorMessage)
-	}
-	s.deleteSandboxAtEnd(r.Sandbox.Id)
-	rs, err := aci.Dial(ctx, r.Endpoint.Url, r.Endpoint.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
+	rs := s.forkOne(cr.Sandbox.Id)
 	first, err := rs.A11yTree(ctx, nil)
 	if err != nil {
 		t.Fatalf("replica's tree: %v", err)

@@ -101,6 +101,33 @@ func (s *bootStack) deleteCheckpointAtEnd(id string) {
 	})
 }
 
+// forkOne checkpoints sandbox id live, forks one replica of it and returns
+// an ACI session to the replica; the checkpoint and the replica are deleted
+// when the test ends.
+func (s *bootStack) forkOne(id string) *aci.Session {
+	s.t.Helper()
+	ckr, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: id})
+	if err != nil {
+		s.t.Fatalf("checkpoint: %v", err)
+	}
+	s.deleteCheckpointAtEnd(ckr.Checkpoint.Id)
+	fork, err := s.ckc.ForkCheckpoint(s.ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckr.Checkpoint.Id, Count: 1})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	r := fork.Replicas[0]
+	if r.ErrorCode != 0 {
+		s.t.Fatalf("replica: %s", r.ErrorMessage)
+	}
+	s.deleteSandboxAtEnd(r.Sandbox.Id)
+	rs, err := aci.Dial(s.ctx, r.Endpoint.Url, r.Endpoint.Token)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { rs.Close() })
+	return rs
+}
+
 // launch runs controld with precreate warm slots.
 func (s *bootStack) launch(precreate int) {
 	s.t.Helper()
