@@ -215,10 +215,17 @@ func (wc *wireCall) wait(ctx context.Context, out ...any) error {
 	if wc.conn != nil {
 		wc.conn.flush(ctx)
 	}
+	// A reply that arrived is used even when ctx ended meanwhile: a select
+	// on both picks at random, and the pid the bus answered before a stopped
+	// application's ping used up the deadline was lost half the time.
 	select {
 	case <-wc.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
+		select {
+		case <-wc.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	if wc.err != nil {
 		return wc.err

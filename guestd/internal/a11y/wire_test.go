@@ -218,3 +218,22 @@ func FuzzCacheItems(f *testing.F) {
 		}
 	})
 }
+
+// A reply that arrived before the caller waited is used, even when the
+// caller's deadline has passed meanwhile (every time, not half the time).
+func TestWaitPrefersArrivedReply(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := 0; i < 200; i++ {
+		wc := &wireCall{done: make(chan struct{}), body: []any{uint32(42)}}
+		close(wc.done)
+		var pid uint32
+		if err := wc.wait(ctx, &pid); err != nil || pid != 42 {
+			t.Fatalf("wait after the reply, ctx done: pid %d, %v", pid, err)
+		}
+	}
+	wc := &wireCall{done: make(chan struct{})}
+	if err := wc.wait(ctx); err != context.Canceled {
+		t.Fatalf("wait without a reply, ctx done: %v", err)
+	}
+}
