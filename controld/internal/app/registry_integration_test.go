@@ -316,7 +316,10 @@ func TestRealStackRegistry(t *testing.T) {
 	cutPart := parts[len(parts)-1]
 	proxy.cutUpload(cutPart.Digest.String(), cutPart.Size/2)
 	if _, err := s.ckc.ExportCheckpoint(ctx, &controldv1.ExportCheckpointRequest{Id: ck.Checkpoint.Id, Reference: ref2, Push: true}); status.Code(err) != codes.Unavailable {
-		t.Fatalf("push with its connection cut: %v, want UNAVAILABLE", err)
+		// Seen once in CI (a push that the cut did not fail): say what the
+		// proxy saw, so that the next one shows which case it was.
+		t.Fatalf("push with its connection cut: %v, want UNAVAILABLE; cut part %s (%d B, cut after %d B); uploaded %v",
+			err, cutPart.Digest, cutPart.Size, cutPart.Size/2, proxy.uploaded())
 	}
 	before := proxy.uploaded()
 	// What the registry committed before the cut (an upload cancelled
