@@ -428,7 +428,23 @@ func (r *Runtime) learnSeccomp(ctx context.Context, image string) error {
 		root = r.workDir("")
 	}
 	dir := filepath.Join(root, ".policy-"+id)
-	res, err := r.Checkpoint(ctx, id, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory, Stop: true})
+	// The sandbox is dumped as soon as it boots, while its desktop still
+	// starts: a process caught in uninterruptible sleep (exec, page-in)
+	// cannot be seized and fails the dump, once in a fresh-clone CI run.
+	// A failed checkpoint leaves the throwaway sandbox running, so the
+	// dump is tried again while ctx lasts.
+	var res runtime.CheckpointResult
+	var err error
+	for attempt := 0; ; attempt++ {
+		res, err = r.Checkpoint(ctx, id, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory, Stop: true})
+		if err == nil || attempt == 2 || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return err
 	}
