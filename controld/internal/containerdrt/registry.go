@@ -414,6 +414,16 @@ func (r *Runtime) pullLease(ctx context.Context, target ocispec.Descriptor) (con
 // do not match its digest is refused, and its partial copy dropped so that
 // a retry fetches it anew.
 func (r *Runtime) fetchBlob(ctx context.Context, cs content.Store, f remotes.Fetcher, ref string, d ocispec.Descriptor) error {
+	// A blob the store has already (left by an earlier, refused pull, or
+	// held by something else) joins this pull's lease before it counts as
+	// fetched: otherwise a garbage collection before the manifest is
+	// labelled removes it, and the pull failed with "label manifest: not
+	// found" once in a fresh-clone CI run.
+	if l, ok := leases.FromContext(ctx); ok {
+		if err := r.client.LeasesService().AddResource(ctx, leases.Lease{ID: l}, leases.Resource{ID: d.Digest.String(), Type: "content"}); err != nil {
+			return fmt.Errorf("pull lease: %w", convertErr(err))
+		}
+	}
 	if _, err := cs.Info(ctx, d.Digest); err == nil {
 		return nil
 	}
