@@ -119,7 +119,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		return op.res, err
 	}
 	res = op.res
-	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: op.committed, Image: op.info.Image, Tier: spec.Tier}
+	res.Ref = runtime.CheckpointRef{Dir: spec.Dir, Snapshot: op.committed, Image: op.info.Image, Tier: spec.Tier, ImageDigest: op.meta.ImageDigest}
 	res.MemoryBytes = op.meta.MemoryBytes
 	res.LayerBytes = op.meta.LayerBytes
 	res.Total = time.Since(begin)

@@ -59,7 +59,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_CreateCheckpoint_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.CreateCheckpointResponse{} }, m.recoverCheckpoint,
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
-			ck, err := m.createCheckpoint(ctx, req, requestTag(r))
+			ck, err := m.createCheckpoint(ctx, req, requestTag(r), "")
 			if err != nil {
 				return nil, err
 			}
@@ -98,8 +98,9 @@ func (m *Manager) recoverCheckpoint(_ context.Context, key string, fp []byte) (p
 // createCheckpoint checkpoints a READY sandbox in steps: check the request
 // and the source, dump it through the runtime into a temporary directory,
 // publish the directory under the checkpoint's id, record the checkpoint,
-// and count it.
-func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag) (*controldv1.Checkpoint, error) {
+// and count it. With pool set, the source is a member of that image pool
+// and the checkpoint is the pool's own (see pool_checkpoint.go).
+func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag, pool string) (*controldv1.Checkpoint, error) {
 	start := time.Now()
 	tier, err := checkCreateCheckpoint(req)
 	if err != nil {
@@ -111,7 +112,7 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 	}
 	sb.op.Lock()
 	defer sb.op.Unlock()
-	c := &newCheckpoint{m: m, req: req, tag: tag, tier: tier, start: start, sb: sb}
+	c := &newCheckpoint{m: m, req: req, tag: tag, tier: tier, start: start, sb: sb, pool: pool}
 	if err := c.checkSource(); err != nil {
 		return nil, err
 	}
@@ -148,8 +149,11 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 		m.dropRuntimeCheckpoint(res.Ref, final)
 		return fail(err)
 	}
-	// Its first fork finds a container precreated too.
-	m.forkSlotsExpect(id)
+	// Its first fork finds a container precreated too. A pool's own
+	// checkpoint gets fork slots when its misses fork from it, not before.
+	if pool == "" {
+		m.forkSlotsExpect(id)
+	}
 	c.observe(res)
 	if req.GetStop() {
 		c.markSourceStopped()
@@ -168,6 +172,7 @@ type newCheckpoint struct {
 	sb    *sandbox             // the source; the caller holds sb.op
 	src   *store.SandboxRecord // a copy of its record
 	rec   *store.CheckpointRecord
+	pool  string // the image pool whose own checkpoint this is, or ""
 }
 
 // checkCreateCheckpoint validates a CreateCheckpointRequest and returns its
@@ -201,7 +206,7 @@ func (c *newCheckpoint) checkSource() error {
 	switch {
 	case deleting:
 		return sandboxNotFound(req.GetSandboxId())
-	case src.Pooled:
+	case src.Pooled && (c.pool == "" || src.Sandbox.GetPoolId() != c.pool):
 		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_POOLED", "sandbox %s is held by its pool; claim it first", src.Sandbox.Id)
 	case src.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY:
 		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "SANDBOX_WRONG_STATE",
@@ -316,6 +321,12 @@ func (c *newCheckpoint) describe(res runtime.CheckpointResult) {
 	}
 	rec.FSDigest = res.FSDigest
 	rec.Request = c.tag
+	if c.pool != "" {
+		// Shown as the pool's: ListCheckpoints finds it by the label its
+		// claimed sandboxes carry too.
+		rec.Pool = c.pool
+		rec.Checkpoint.Labels = map[string]string{rules.PoolIDLabel: c.pool}
+	}
 	rec.Checkpoint.VerifyLevels = levelsFor(tier, rec)
 }
 

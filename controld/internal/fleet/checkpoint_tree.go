@@ -158,6 +158,11 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, idOrName string, cascade
 	}
 	walk(id)
 	for _, x := range order {
+		if pl := m.poolOwnsLocked(m.checkpoints[x]); pl != "" {
+			m.mu.Unlock()
+			return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",
+				"checkpoint %s is pool %s's own (its misses fork from it); it goes with the pool", x, pl)
+		}
 		if n := m.liveForksLocked(x); n > 0 {
 			m.mu.Unlock()
 			return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",

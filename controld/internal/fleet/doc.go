@@ -23,7 +23,8 @@
 //     verified against its checkpoint).
 //   - Pools: pool.go (a pool's lifecycle and refill), pool_claim.go (claims:
 //     hit, miss and the gate between them), pool_session.go (frozen members
-//     and their held sessions).
+//     and their held sessions), pool_checkpoint.go (an image pool's own
+//     checkpoint, which its misses fork from).
 //   - Warm slots: warmslots.go (precreated boots), forkslots.go (precreated
 //     forks).
 //   - Telemetry: metrics.go, collector.go, host.go (GetHostStatus).

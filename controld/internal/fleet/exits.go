@@ -112,6 +112,8 @@ func (m *Manager) reapOnce(now time.Time) {
 			m.log.Info("sandbox expired", "sandbox", sb.rec.Sandbox.GetId())
 		}
 	}
+	// A retired pool checkpoint goes with the last fork of it.
+	m.sweepPoolCheckpoints(m.ctx)
 	// Request ids are remembered for a day: forget the expired ones once a
 	// minute.
 	if now.Sub(m.requestSweep) >= time.Minute {

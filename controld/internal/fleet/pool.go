@@ -42,6 +42,9 @@ type pool struct {
 	// held are admin sessions kept open across the freeze of the frozen
 	// members (see freezeWarm).
 	held heldSessions
+	// ck: an image pool's own checkpoint, which its misses fork from
+	// (pool_checkpoint.go); the replenisher's only.
+	ck poolCheckpoint
 }
 
 // CreatePool records a pool and starts filling it.
@@ -221,6 +224,15 @@ func (m *Manager) replenish(ctx context.Context, p *pool) {
 		m.mu.Unlock()
 		if need < 0 { // made smaller while refills ran
 			m.trimPool(ctx, p)
+		}
+		if need <= 0 && !p.rec.Pool.GetFrozen() {
+			again, ok := m.keepPoolCheckpoint(ctx, p)
+			if !ok {
+				return
+			}
+			if again {
+				continue
+			}
 		}
 		if need > 0 {
 			// A warm-up (a CRIU restore or a desktop boot) takes the CPU
@@ -447,6 +459,10 @@ func (m *Manager) DeletePool(ctx context.Context, id string) error {
 		if err := m.deleteSandbox(ctx, sb, "pool deleted"); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := errors.Join(errs...); err == nil {
+		// Its checkpoint goes now, or with the last claimed fork of it.
+		m.retirePoolCheckpoints(ctx, id)
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Leave the record so a retry finishes the job.

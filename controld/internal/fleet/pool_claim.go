@@ -450,6 +450,11 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 		}
 		return rep.Sandbox, rep.Endpoint, nil
 	}
+	// An image pool forks from its own checkpoint once it has one: fork
+	// speed, not boot speed.
+	if s, ep, ok := m.forkMiss(ctx, p, pb, labels, ttl, nw, t0, tag); ok {
+		return s, ep, nil
+	}
 	sb, err := m.newSandbox(sandboxParams{image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: labels, ttl: ttl, poolID: pb.Id, warmSlot: true,
 		network: nw, request: tag}, t0)
 	if err != nil {

@@ -143,24 +143,31 @@ func (m *Manager) freezeMember(ctx context.Context, p *pool, sb *sandbox) error 
 }
 
 // removeStrays deletes unclaimed members of a frozen pool that run: a
-// crash between a warm-up's verification and its freeze leaves one. Only
+// crash between a warm-up's verification and its freeze leaves one; and
+// stopped ones of any pool: a crash between an image pool's checkpoint of
+// its source (which stops it) and that source's delete leaves one. Only
 // the replenisher calls this, between warm-up rounds, so its own warm-ups
 // are never in that state here.
 func (m *Manager) removeStrays(ctx context.Context, p *pool) {
-	if !p.rec.Pool.GetFrozen() {
-		return
-	}
+	frozen := p.rec.Pool.GetFrozen()
 	m.mu.Lock()
 	var strays []*sandbox
 	for _, sb := range m.sandboxes {
-		if sb.rec.Pooled && sb.rec.Sandbox.PoolId == p.rec.Pool.Id && !sb.deleting && !sb.claimed &&
-			sb.rec.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_READY {
+		if !sb.rec.Pooled || sb.rec.Sandbox.PoolId != p.rec.Pool.Id || sb.deleting || sb.claimed {
+			continue
+		}
+		switch sb.rec.Sandbox.State {
+		case controldv1.SandboxState_SANDBOX_STATE_READY:
+			if frozen {
+				strays = append(strays, sb)
+			}
+		case controldv1.SandboxState_SANDBOX_STATE_STOPPED:
 			strays = append(strays, sb)
 		}
 	}
 	m.mu.Unlock()
 	for _, sb := range strays {
-		err := m.deleteSandbox(ctx, sb, "pool member found running (not frozen)")
+		err := m.deleteSandbox(ctx, sb, "pool member found running (frozen pool) or stopped")
 		if err != nil && !errors.Is(err, context.Canceled) {
 			m.log.Error("remove running member of a frozen pool", "sandbox", sb.rec.Sandbox.GetId(), "err", err)
 		}

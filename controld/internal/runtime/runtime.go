@@ -196,6 +196,20 @@ type CheckpointRef struct {
 	Snapshot string // committed snapshot key of the writable layer
 	Image    string // the image the source booted from
 	Tier     CheckpointTier
+	// ImageDigest is the manifest digest Image named when the source
+	// booted ("" when the runtime does not know it): a fork runs that
+	// image even after the name moved (see ImageResolver).
+	ImageDigest string `json:",omitempty"`
+}
+
+// ImageResolver is an optional Runtime extension: what an image reference
+// names now. An image pool compares it with its checkpoint's ImageDigest so
+// that its misses never fork a desktop of an image the name no longer
+// names.
+type ImageResolver interface {
+	// ImageDigest returns the manifest digest ref names now (ErrNotFound
+	// when there is no such image).
+	ImageDigest(ctx context.Context, ref string) (string, error)
 }
 
 // Exit is a sandbox task that ended.

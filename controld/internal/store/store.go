@@ -91,6 +91,12 @@ type CheckpointRecord struct {
 	// of a checkpoint_reference imported this checkpoint from: later forks
 	// of that digest reuse it.
 	ImportedDigest string `json:",omitempty"`
+	// Pool is the image pool that made this checkpoint of one of its
+	// members and forks its misses from it ("" for every other one).
+	Pool string
+	// Retired: the pool is gone or made a newer one; the checkpoint goes
+	// once no fork of it is left.
+	Retired bool
 }
 
 // PoolRecord is a warm pool.
@@ -445,6 +451,8 @@ type checkpointJSON struct {
 	NetValue    []byte                `json:"net_value,omitempty"`
 	FSDigest    []byte                `json:"fs_digest,omitempty"`
 	Request     *RequestTag           `json:"request,omitempty"`
+	Pool        string                `json:"pool,omitempty"`
+	Retired     bool                  `json:"retired,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -454,7 +462,7 @@ func (r *CheckpointRecord) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue,
-		r.NetPort, r.NetValue, r.FSDigest, r.Request})
+		r.NetPort, r.NetValue, r.FSDigest, r.Request, r.Pool, r.Retired})
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
@@ -470,6 +478,7 @@ func (r *CheckpointRecord) UnmarshalJSON(b []byte) error {
 	r.Ref, r.Env, r.AdminToken, r.Generation = j.Ref, j.Env, j.AdminToken, j.Generation
 	r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue = j.FrameHash, j.MarkerPath, j.MarkerValue, j.MemoryValue
 	r.NetPort, r.NetValue, r.FSDigest, r.Request = j.NetPort, j.NetValue, j.FSDigest, j.Request
+	r.Pool, r.Retired = j.Pool, j.Retired
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,6 +73,7 @@ type Runtime struct {
 	calls      map[string]int
 	ckDeleted  []runtime.CheckpointRef
 	ports      map[string]string // "id:port" -> address (ServePort)
+	images     map[string]string // ref -> manifest digest (SetImageDigest)
 }
 
 type instance struct {
@@ -79,6 +81,9 @@ type instance struct {
 	spec  runtime.BootSpec
 	guest *Guestd
 	net   NetState
+	// digest is the manifest digest of the image it runs (a boot: what
+	// spec.Image named then; a restore: its checkpoint's).
+	digest string
 }
 
 // NewRuntime returns an empty fake runtime.
@@ -94,10 +99,51 @@ func NewRuntime() *Runtime {
 }
 
 var (
-	_ runtime.Runtime    = (*Runtime)(nil)
-	_ runtime.Precreator = (*Runtime)(nil)
-	_ runtime.LimitProbe = (*Runtime)(nil)
+	_ runtime.Runtime       = (*Runtime)(nil)
+	_ runtime.Precreator    = (*Runtime)(nil)
+	_ runtime.LimitProbe    = (*Runtime)(nil)
+	_ runtime.ImageResolver = (*Runtime)(nil)
 )
+
+// SetImageDigest makes ref name an image of manifest digest dg from now on
+// (a re-tag or a new pull of the same name). Without it a ref names a
+// digest derived from the ref itself.
+func (r *Runtime) SetImageDigest(ref, dg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.images == nil {
+		r.images = map[string]string{}
+	}
+	r.images[ref] = dg
+}
+
+func (r *Runtime) imageDigestLocked(ref string) string {
+	if dg, ok := r.images[ref]; ok {
+		return dg
+	}
+	sum := sha256.Sum256([]byte(ref))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// ImageDigest implements runtime.ImageResolver.
+func (r *Runtime) ImageDigest(ctx context.Context, ref string) (string, error) {
+	r.count("image_digest")
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.imageDigestLocked(ref), nil
+}
+
+// setDigest records the image digest instance id runs.
+func (r *Runtime) setDigest(id, dg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in, ok := r.instances[id]; ok {
+		in.digest = dg
+	}
+}
 
 func (r *Runtime) count(op string) {
 	r.mu.Lock()
@@ -281,7 +327,14 @@ func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Inst
 		}
 	}
 	g := newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
-	return r.start(ctx, spec, g)
+	r.mu.Lock()
+	dg := r.imageDigestLocked(spec.Image)
+	r.mu.Unlock()
+	inst, err := r.start(ctx, spec, g)
+	if err == nil {
+		r.setDigest(spec.ID, dg)
+	}
+	return inst, err
 }
 
 // Precreate implements runtime.Precreator.
@@ -376,17 +429,18 @@ func (r *Runtime) Precreated() []string {
 
 // ckState is what the fake writes into a checkpoint directory.
 type ckState struct {
-	AdminToken string            `json:"admin_token"`
-	Generation uint64            `json:"generation"`
-	Mark       []byte            `json:"mark"`
-	NetValue   []byte            `json:"net_value"`
-	NetPort    uint32            `json:"net_port"`
-	Files      map[string][]byte `json:"files"`
-	FrameHash  []byte            `json:"frame_hash"`
-	Animating  bool              `json:"animating"`
-	Tier       runtime.CheckpointTier
-	Snapshot   string
-	Image      string
+	AdminToken  string            `json:"admin_token"`
+	Generation  uint64            `json:"generation"`
+	Mark        []byte            `json:"mark"`
+	NetValue    []byte            `json:"net_value"`
+	NetPort     uint32            `json:"net_port"`
+	Files       map[string][]byte `json:"files"`
+	FrameHash   []byte            `json:"frame_hash"`
+	Animating   bool              `json:"animating"`
+	Tier        runtime.CheckpointTier
+	Snapshot    string
+	Image       string
+	ImageDigest string
 }
 
 const stateFile = "fake-checkpoint.json"
@@ -426,7 +480,11 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, ref runtim
 	if r.OnRestore != nil {
 		r.OnRestore(spec, g)
 	}
-	return r.start(ctx, spec, g)
+	inst, err := r.start(ctx, spec, g)
+	if err == nil {
+		r.setDigest(spec.ID, st.ImageDigest)
+	}
+	return inst, err
 }
 
 // Delete implements runtime.Runtime.
@@ -547,6 +605,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 	g := in.guest
 	st := g.snapshot()
 	st.Tier, st.Snapshot, st.Image = spec.Tier, "snap-"+filepath.Base(spec.Dir), "image"
+	if in.spec.Image != "" {
+		st.Image = in.spec.Image
+	}
+	r.mu.Lock()
+	st.ImageDigest = in.digest
+	r.mu.Unlock()
 	if spec.Tier == runtime.TierDisk {
 		st.Mark, st.FrameHash = nil, nil
 	}
@@ -569,7 +633,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		r.setStatus(id, runtime.StatusStopped)
 	}
 	return runtime.CheckpointResult{
-		Ref:         runtime.CheckpointRef{Dir: spec.Dir, Snapshot: st.Snapshot, Image: st.Image, Tier: spec.Tier},
+		Ref:         runtime.CheckpointRef{Dir: spec.Dir, Snapshot: st.Snapshot, Image: st.Image, Tier: spec.Tier, ImageDigest: st.ImageDigest},
 		MemoryBytes: int64(len(b)), LayerBytes: 4096,
 		Frozen: frozen, Dump: frozen, Layer: time.Microsecond, Total: time.Since(start),
 	}, nil

@@ -1,0 +1,127 @@
+package fleet_test
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
+)
+
+// poolCheckpoints lists the checkpoints labelled as pool id's.
+func poolCheckpoints(t *testing.T, e *env, id string) []*controldv1.Checkpoint {
+	t.Helper()
+	l, _, err := e.m.ListCheckpoints(context.Background(), &controldv1.ListCheckpointsRequest{Labels: map[string]string{rules.PoolIDLabel: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// claimMiss claims from pool id until a claim misses (a refill may have
+// made the pool full again meanwhile) and returns the missed sandbox.
+func claimMiss(t *testing.T, e *env, id string) *controldv1.Sandbox {
+	t.Helper()
+	for range 8 {
+		s, _, hit, _, err := e.m.ClaimPool(context.Background(), &controldv1.ClaimPoolRequest{PoolId: id})
+		if err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+		if !hit {
+			return s
+		}
+	}
+	t.Fatal("no claim missed")
+	return nil
+}
+
+// An image pool checkpoints one of its members once it is full and forks
+// its misses from that checkpoint (verified like any fork) instead of
+// booting them; the checkpoint is shown as the pool's, only the pool
+// deletes it, a new one replaces it when the image name moves, and a
+// retired one goes with the last fork of it.
+func TestImagePoolMissForksFromItsCheckpoint(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_Image{Image: "img:latest"}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck *controldv1.Checkpoint
+	eventually(t, "image pool full with its checkpoint", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		l := poolCheckpoints(t, e, p.Id)
+		if len(l) == 1 {
+			ck = l[0]
+		}
+		return got.Available == 1 && len(l) == 1
+	})
+	if ck.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY || ck.Image != "img:latest" || len(ck.VerifyLevels) < 3 {
+		t.Fatalf("pool checkpoint %+v", ck)
+	}
+	_, err = e.m.DeleteCheckpoint(ctx, ck.Id, false)
+	wantCode(t, err, codes.FailedPrecondition, "")
+
+	restores := e.rt.Calls("restore")
+	miss := claimMiss(t, e, p.Id)
+	if miss.CheckpointId != ck.Id || miss.PoolId != p.Id || miss.Labels[rules.PoolIDLabel] != p.Id ||
+		miss.State != controldv1.SandboxState_SANDBOX_STATE_READY || miss.Generation != 1 {
+		t.Fatalf("missed claim not a verified fork of the pool's checkpoint: %+v", miss)
+	}
+	if got := e.rt.Calls("restore"); got != restores+1 {
+		t.Fatalf("%d restores for one missed claim", got-restores)
+	}
+
+	// The name moves to another image: the old checkpoint is retired and
+	// the next is of the new image.
+	e.rt.SetImageDigest("img:latest", "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+	hit, _, _, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next *controldv1.Checkpoint
+	eventually(t, "a checkpoint of the new image", func() bool {
+		for _, c := range poolCheckpoints(t, e, p.Id) {
+			if c.Id != ck.Id {
+				next = c
+			}
+		}
+		got, _ := e.m.GetPool(ctx, p.Id)
+		return next != nil && got.Available == 1
+	})
+	// The retired one stays while its fork lives, and goes with it.
+	if _, err := e.m.GetCheckpoint(ctx, ck.Id); err != nil {
+		t.Fatalf("retired checkpoint with a live fork: %v", err)
+	}
+	if err := e.m.DeleteSandbox(ctx, miss.Id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "retired checkpoint deleted with its last fork", func() bool {
+		_, err := e.m.GetCheckpoint(ctx, ck.Id)
+		return err != nil
+	})
+	miss2 := claimMiss(t, e, p.Id)
+	if miss2.CheckpointId != next.Id {
+		t.Fatalf("miss after the image moved forked %q, want %q", miss2.CheckpointId, next.Id)
+	}
+
+	// DeletePool retires its checkpoint; a claimed fork keeps it until it
+	// is deleted.
+	if err := e.m.DeletePool(ctx, p.Id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.GetCheckpoint(ctx, next.Id); err != nil {
+		t.Fatalf("pool checkpoint with a live fork after DeletePool: %v", err)
+	}
+	for _, id := range []string{miss2.Id, hit.Id} {
+		if err := e.m.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "pool checkpoint deleted after the pool and its forks", func() bool {
+		_, err := e.m.GetCheckpoint(ctx, next.Id)
+		return err != nil
+	})
+}
