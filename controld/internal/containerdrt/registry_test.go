@@ -155,7 +155,8 @@ func TestIntegrationRestorableCheck(t *testing.T) {
 // recorded CPU has features this one lacks to a real registry on loopback:
 // the pull refuses it with CPU_INCOMPATIBLE having fetched the manifest and
 // metadata only (the CRIU images never reach the content store), and keeps
-// no lease behind.
+// no lease behind. An honest one pulls whole, names its image and keeps no
+// lease either; pulled again, it fetches nothing.
 func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 	r := securityRuntime(t)
 	ctx := r.ctx(context.Background())
@@ -181,6 +182,13 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 	if _, err := r.PushCheckpoint(ctx, alien); err != nil {
 		t.Fatalf("push: %v", err)
 	}
+	honest := reg.Addr + "/forkfleet/honest:" + randomHex(4)
+	if _, err := r.ExportCheckpoint(ctx, ck.Ref, nil, honest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.PushCheckpoint(ctx, honest); err != nil {
+		t.Fatalf("push: %v", err)
+	}
 	is, cs := r.client.ImageService(), r.client.ContentStore()
 	img, err := is.Get(ctx, alien)
 	if err != nil {
@@ -190,7 +198,7 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{exported, alien} {
+	for _, name := range []string{exported, alien, honest} {
 		if err := is.Delete(ctx, name, images.SynchronousDelete()); err != nil {
 			t.Fatal(err)
 		}
@@ -211,6 +219,23 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 	}
 	if _, err := is.Get(ctx, alien); !cerrdefs.IsNotFound(err) {
 		t.Errorf("the refused pull left an image: %v", err)
+	}
+
+	n, err := r.PullCheckpoint(ctx, honest, honest)
+	if err != nil || n == 0 {
+		t.Fatalf("pull of an honest checkpoint: %d bytes, %v", n, err)
+	}
+	t.Cleanup(func() { is.Delete(context.WithoutCancel(ctx), honest) })
+	if got, err := is.Get(ctx, honest); err != nil {
+		t.Errorf("the pull named no image: %v", err)
+	} else if _, err := readCheckpointImage(ctx, cs, honest, got.Target); err != nil {
+		t.Errorf("the pulled image: %v", err)
+	}
+	if n := leaseCount(t, r); n != leases {
+		t.Errorf("%d leases after the pull, %d before", n, leases)
+	}
+	if n, err := r.PullCheckpoint(ctx, honest, honest); err != nil || n != 0 {
+		t.Errorf("second pull: %d bytes fetched, %v; want 0, nil", n, err)
 	}
 }
 

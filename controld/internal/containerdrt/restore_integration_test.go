@@ -5,6 +5,7 @@ package containerdrt
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -170,4 +171,84 @@ func TestIntegrationRestoreBaseOnce(t *testing.T) {
 	if _, ok := r.restoreBases.Load(res.Ref.Dir); ok {
 		t.Fatal("a deleted checkpoint's restore base is kept")
 	}
+}
+
+// TestIntegrationFailedRestoreLeavesNothing pins what a refused or failed
+// Restore leaves: nothing of the replica (container, task, snapshot,
+// cgroups, log, network namespace, its view of the CRIU images, its user
+// namespace range), and a sandbox holding the id untouched.
+func TestIntegrationFailedRestoreLeavesNothing(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+
+	src := bootT(t, r, testSpec(uniqueID("frsrc")))
+	mustCall(t, src, "set failed-restore")
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	reserved := func() int {
+		if r.cfg.UserNamespaces == nil {
+			return 0
+		}
+		m, err := r.cfg.UserNamespaces.Reserved()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m)
+	}
+	ranges := reserved()
+	leftNothing := func(what, id string, ref runtime.CheckpointRef) {
+		t.Helper()
+		assertGone(t, r, id)
+		if _, err := os.Stat(r.net.NetNS(id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: network namespace left (%v)", what, err)
+		}
+		if _, err := os.Stat(forkImagesDir(ref.Dir, id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: the replica's view of the images left (%v)", what, err)
+		}
+		if n := reserved(); n != ranges {
+			t.Errorf("%s: %d user namespace ranges reserved, %d before", what, n, ranges)
+		}
+	}
+
+	// Refused before anything is made.
+	other := res.Ref
+	other.Snapshot = "not-its-layer"
+	id := uniqueID("frlayer")
+	if _, err := r.Restore(ctx, testSpec(id), other); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("restore naming another layer: %v, want ErrFailedPrecondition", err)
+	}
+	leftNothing("another layer", id, res.Ref)
+
+	// Refused once its range and image view are made: the id's network is
+	// the running sandbox's, which keeps it and runs on.
+	if _, err := r.Restore(ctx, testSpec(src.ID), res.Ref); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("restore into a running sandbox's id: %v, want ErrAlreadyExists", err)
+	}
+	if _, err := os.Stat(forkImagesDir(res.Ref.Dir, src.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("taken id: the replica's view of the images left (%v)", err)
+	}
+	if n := reserved(); n != ranges {
+		t.Errorf("taken id: %d user namespace ranges reserved, %d before", n, ranges)
+	}
+	if _, err := os.Stat(r.net.NetNS(src.ID)); err != nil {
+		t.Errorf("taken id: the running sandbox's network namespace: %v", err)
+	}
+	if got := mustCall(t, src, "get"); got != "failed-restore" {
+		t.Errorf("the sandbox holding the id after a restore into it: %q", got)
+	}
+
+	// Failed at the container, its network made: the checkpoint's layer
+	// is gone.
+	gone := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	if err := r.sn.Remove(r.ctx(ctx), gone.Ref.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	id = uniqueID("frnolayer")
+	if _, err := r.Restore(ctx, testSpec(id), gone.Ref); err == nil {
+		t.Error("restore of a checkpoint whose layer is gone succeeded")
+	} else {
+		t.Logf("restore of a checkpoint whose layer is gone: %v", err)
+	}
+	leftNothing("layer gone", id, gone.Ref)
 }
