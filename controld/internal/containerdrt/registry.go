@@ -277,7 +277,9 @@ func (r *Runtime) ResolveCheckpoint(ctx context.Context, ref string) (string, er
 // refuses a checkpoint this host cannot restore (checkRestorable), then
 // fetches the rest. Blobs already in the store are not fetched again; the
 // blobs of an interrupted pull stay under a lease for pullLeaseExpiry and
-// a retry resumes a partial blob with a range request.
+// a retry resumes a partial blob with a range request. It runs as named
+// steps over one pullOp (see steps.go); finish ends the lease unless a
+// retry may use what it holds.
 func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (_ int64, retErr error) {
 	if err := validateReference("reference", ref); err != nil {
 		return 0, err
@@ -285,104 +287,174 @@ func (r *Runtime) PullCheckpoint(ctx context.Context, ref, local string) (_ int6
 	if err := validateReference("local", local); err != nil {
 		return 0, err
 	}
+	op := &pullOp{r: r, ref: ref, local: local, resolver: r.resolver()}
 	ctx = r.ctx(ctx)
-	resolver := r.resolver()
-	name, target, err := resolver.Resolve(ctx, ref)
+	defer func() { op.finish(ctx, retErr) }()
+	if err := runSteps(ctx,
+		op.resolve, // the manifest's descriptor, and a fetcher of its blobs
+		op.lease,   // the lease of pulls of that manifest, for what follows
+	); err != nil {
+		return op.fetched(), err
+	}
+	err := runSteps(op.ctx,
+		op.fetchMeta,     // the manifest and the metadata: small, all the check needs
+		op.checkHost,     // refused unless this host can restore it
+		op.fetchBulk,     // the rest, a few blobs at a time
+		op.labelManifest, // its gc references keep the blobs past the lease
+		op.nameImage,     // the image local, on the manifest
+	)
+	return op.fetched(), err
+}
+
+// pullOp is one PullCheckpoint in progress.
+type pullOp struct {
+	r          *Runtime
+	ref, local string
+	resolver   remotes.Resolver
+
+	// resolve
+	target  ocispec.Descriptor
+	fetcher *countingFetcher
+	// lease: the context of the steps that follow, under the pull's lease
+	ctx    context.Context
+	leased bool
+	// fetchMeta
+	ck *checkpointImage
+}
+
+// fetched is how many bytes the pull fetched.
+func (op *pullOp) fetched() int64 {
+	if op.fetcher == nil {
+		return 0
+	}
+	return op.fetcher.n.Load()
+}
+
+// finish ends the pull's lease once the image record holds the blobs, or
+// when the pull failed for good: only a transfer that may succeed on retry
+// keeps its blobs waiting; a refused checkpoint has nothing to resume.
+func (op *pullOp) finish(ctx context.Context, err error) {
+	if !op.leased {
+		return
+	}
+	if err != nil && (errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return
+	}
+	if l, ok := leases.FromContext(op.ctx); ok {
+		op.r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
+	}
+}
+
+// resolve asks the registry for ref's manifest, which must be an image
+// manifest of a sane size, and a fetcher of its blobs.
+func (op *pullOp) resolve(ctx context.Context) error {
+	name, target, err := op.resolver.Resolve(ctx, op.ref)
 	if err != nil {
-		return 0, registryErr(ref, err)
+		return registryErr(op.ref, err)
 	}
 	if target.MediaType != ocispec.MediaTypeImageManifest {
-		return 0, notCheckpointImage(ref, "media type %s", target.MediaType)
+		return notCheckpointImage(op.ref, "media type %s", target.MediaType)
 	}
 	if target.Size > maxManifestBytes {
-		return 0, notCheckpointImage(ref, "manifest of %d bytes", target.Size)
+		return notCheckpointImage(op.ref, "manifest of %d bytes", target.Size)
 	}
-	fetcher, err := resolver.Fetcher(ctx, name)
+	fetcher, err := op.resolver.Fetcher(ctx, name)
 	if err != nil {
-		return 0, registryErr(ref, err)
+		return registryErr(op.ref, err)
 	}
-	ctx, err = r.pullLease(ctx, target)
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		// Only a transfer that may succeed on retry keeps its blobs
-		// waiting; a refused checkpoint has nothing to resume.
-		if retErr != nil && !errors.Is(retErr, errdefs.ErrUnavailable) && !errors.Is(retErr, context.Canceled) && !errors.Is(retErr, context.DeadlineExceeded) {
-			if l, ok := leases.FromContext(ctx); ok {
-				r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
-			}
-		}
-	}()
-	cs := r.client.ContentStore()
-	f := &countingFetcher{Fetcher: fetcher}
-	fetch := func(ctx context.Context, d ocispec.Descriptor) error { return r.fetchBlob(ctx, cs, f, ref, d) }
+	op.target, op.fetcher = target, &countingFetcher{Fetcher: fetcher}
+	return nil
+}
 
-	// The manifest and the metadata first: small, and all the restore
-	// check needs.
-	if err := fetch(ctx, target); err != nil {
-		return f.n.Load(), err
+// lease puts the steps that follow under the lease of pulls of the
+// manifest.
+func (op *pullOp) lease(ctx context.Context) (err error) {
+	if op.ctx, err = op.r.pullLease(ctx, op.target); err != nil {
+		return err
 	}
-	mb, err := content.ReadBlob(ctx, cs, target)
-	if err != nil {
-		return f.n.Load(), blobErr(ref, "manifest", err)
+	op.leased = true
+	return nil
+}
+
+// fetch fetches one blob unless the store has it.
+func (op *pullOp) fetch(ctx context.Context, d ocispec.Descriptor) error {
+	return op.r.fetchBlob(ctx, op.r.client.ContentStore(), op.fetcher, op.ref, d)
+}
+
+// fetchMeta fetches and reads the manifest and the metadata blob.
+func (op *pullOp) fetchMeta(ctx context.Context) error {
+	cs := op.r.client.ContentStore()
+	if err := op.fetch(ctx, op.target); err != nil {
+		return err
 	}
-	ck, err := parseCheckpointManifest(ref, mb)
+	mb, err := content.ReadBlob(ctx, cs, op.target)
 	if err != nil {
-		return f.n.Load(), err
+		return blobErr(op.ref, "manifest", err)
+	}
+	ck, err := parseCheckpointManifest(op.ref, mb)
+	if err != nil {
+		return err
 	}
 	md := ck.manifest.Layers[len(ck.manifest.Layers)-1]
 	if md.Size > maxMetaBytes {
-		return f.n.Load(), notCheckpointImage(ref, "metadata of %d bytes", md.Size)
+		return notCheckpointImage(op.ref, "metadata of %d bytes", md.Size)
 	}
-	if err := fetch(ctx, md); err != nil {
-		return f.n.Load(), err
+	if err := op.fetch(ctx, md); err != nil {
+		return err
 	}
-	if ck, err = readCheckpointImage(ctx, cs, ref, target); err != nil {
-		return f.n.Load(), err
-	}
-	if err := checkRestorable(ctx, ref, ck); err != nil {
-		return f.n.Load(), err
-	}
+	op.ck, err = readCheckpointImage(ctx, cs, op.ref, op.target)
+	return err
+}
 
-	// The bulk, a few blobs at a time.
-	rest := append([]ocispec.Descriptor{ck.manifest.Config}, ck.manifest.Layers[:len(ck.manifest.Layers)-1]...)
+// checkHost refuses a checkpoint this host cannot restore, before the bulk
+// is fetched.
+func (op *pullOp) checkHost(ctx context.Context) error {
+	return checkRestorable(ctx, op.ref, op.ck)
+}
+
+// fetchBulk fetches the config and the layers, a few at a time.
+func (op *pullOp) fetchBulk(ctx context.Context) error {
+	m := op.ck.manifest
+	rest := append([]ocispec.Descriptor{m.Config}, m.Layers[:len(m.Layers)-1]...)
 	sem := semaphore.NewWeighted(registryParallel)
-	if err := images.Dispatch(ctx, images.HandlerFunc(func(ctx context.Context, d ocispec.Descriptor) ([]ocispec.Descriptor, error) {
-		return nil, fetch(ctx, d)
-	}), sem, rest...); err != nil {
-		return f.n.Load(), err
-	}
+	return images.Dispatch(ctx, images.HandlerFunc(func(ctx context.Context, d ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		return nil, op.fetch(ctx, d)
+	}), sem, rest...)
+}
 
-	// The manifest's gc references keep its blobs once the lease is gone
-	// (as export writes them).
-	labels := map[string]string{gcRefContentPrefix + "config": ck.manifest.Config.Digest.String()}
-	for i, l := range ck.manifest.Layers {
+// labelManifest gives the manifest the gc references that keep its blobs
+// once the lease is gone (as export writes them).
+func (op *pullOp) labelManifest(ctx context.Context) error {
+	m := op.ck.manifest
+	labels := map[string]string{gcRefContentPrefix + "config": m.Config.Digest.String()}
+	for i, l := range m.Layers {
 		labels[gcRefContentPrefix+"l."+strconv.Itoa(i)] = l.Digest.String()
 	}
 	paths := make([]string, 0, len(labels))
 	for k := range labels {
 		paths = append(paths, "labels."+k)
 	}
-	if _, err := cs.Update(ctx, content.Info{Digest: target.Digest, Labels: labels}, paths...); err != nil {
-		return f.n.Load(), fmt.Errorf("label manifest: %w", convertErr(err))
+	if _, err := op.r.client.ContentStore().Update(ctx, content.Info{Digest: op.target.Digest, Labels: labels}, paths...); err != nil {
+		return fmt.Errorf("label manifest: %w", convertErr(err))
 	}
-	is := r.client.ImageService()
-	img := images.Image{Name: local, Target: target}
+	return nil
+}
+
+// nameImage creates (or points) the image local at the manifest, and
+// labels the blobs with their source.
+func (op *pullOp) nameImage(ctx context.Context) error {
+	is := op.r.client.ImageService()
+	img := images.Image{Name: op.local, Target: op.target}
 	if _, err := is.Create(ctx, img); err != nil {
 		if !cerrdefs.IsAlreadyExists(err) {
-			return f.n.Load(), fmt.Errorf("image %s: %w", local, convertErr(err))
+			return fmt.Errorf("image %s: %w", op.local, convertErr(err))
 		}
 		if _, err := is.Update(ctx, img, "target", "labels"); err != nil {
-			return f.n.Load(), fmt.Errorf("image %s: %w", local, convertErr(err))
+			return fmt.Errorf("image %s: %w", op.local, convertErr(err))
 		}
 	}
-	labelSource(ctx, cs, ref, ck.manifest)
-	// Complete: the image record holds the blobs now.
-	if l, ok := leases.FromContext(ctx); ok {
-		r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: l})
-	}
-	return f.n.Load(), nil
+	labelSource(ctx, op.r.client.ContentStore(), op.ref, op.ck.manifest)
+	return nil
 }
 
 // RemoveCheckpointImage deletes the image name; the garbage collector

@@ -14,10 +14,12 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+	"github.com/forkfleet/forkfleet/controld/internal/userns"
 )
 
 // pinnedImage returns the image a checkpoint's source booted from: by name
@@ -156,100 +158,188 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, from runti
 func (r *Runtime) restoreWorkDir(id string) string { return r.workDir(id + "-restore") }
 
 // createRestore creates the fork's container and task (the shim holds the
-// restore options; runc restore runs at Start).
-func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (*sandbox, error) {
-	base, err := r.restoreBase(ctx, from)
-	if err != nil {
+// restore options; runc restore runs at Start). It runs as named steps over
+// one restoreOp (see steps.go); finish undoes what a failed one left.
+func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from runtime.CheckpointRef) (_ *sandbox, retErr error) {
+	op := &restoreOp{r: r, spec: spec, from: from}
+	defer func() { op.finish(ctx, retErr != nil) }()
+	if err := runSteps(ctx,
+		op.loadBase,     // metadata, pinned image, CRIU options (once per checkpoint)
+		op.checkBase,    // the checkpoint is the one from names, restorable here
+		op.takeRange,    // the fork's user namespace range
+		op.linkImages,   // memory tier: its own view of the CRIU images
+		op.setupNetwork, // its network namespace, held down
+		op.generateSpec, // its whole spec, from this host's policy and the image
+		op.clearWorkDir, // memory tier: CRIU's work dir, empty
+		op.newContainer, // the container, on its own snapshot of the layer
+	); err != nil {
 		return nil, err
 	}
-	meta := base.meta
+	// The container exists: createTask removes it (and with it everything
+	// above) when it fails.
+	return r.createTask(ctx, spec, op.c, op.restore)
+}
+
+// restoreOp is one createRestore in progress: what its steps share, and
+// what finish must undo.
+type restoreOp struct {
+	r    *Runtime
+	spec runtime.BootSpec
+	from runtime.CheckpointRef
+
+	// loadBase
+	base *restoreBase
+	// takeRange
+	rng *userns.Range
+	// linkImages: from here on a failure removes the fork's images dir
+	restore      *restorePaths
+	imagesLinked bool
+	// setupNetwork
+	nsb        network.Sandbox
+	networkSet bool
+	// generateSpec
+	s *specs.Spec
+	// newContainer: the container owns all of the above once made
+	c client.Container
+	// netOnly: the id's container exists (not ours), so only the network
+	// Setup made for this id is released, not the id's snapshot or cgroups
+	netOnly bool
+}
+
+// finish undoes, when a step failed, what the earlier ones left, in this
+// order: the range, the fork's images dir, and the network with what a
+// failed container creation left under the id (cleanup). A made container
+// owns them all.
+func (op *restoreOp) finish(ctx context.Context, failed bool) {
+	if !failed || op.c != nil {
+		return
+	}
+	r, id := op.r, op.spec.ID
+	r.releaseRange(id, op.rng) // none taken: nil
+	if op.imagesLinked {
+		os.RemoveAll(forkImagesDir(op.from.Dir, id))
+	}
+	switch {
+	case !op.networkSet:
+	case op.netOnly:
+		r.net.Release(ctx, id) // ours: Setup succeeded for this id
+	default:
+		r.cleanup(ctx, id, nil, nil, true)
+	}
+}
+
+// loadBase reads the checkpoint's restore base.
+func (op *restoreOp) loadBase(ctx context.Context) (err error) {
+	op.base, err = op.r.restoreBase(ctx, op.from)
+	return err
+}
+
+// checkBase refuses a checkpoint that is not the one from names (layer,
+// tier), lives in another snapshotter, or ran in another network mode.
+func (op *restoreOp) checkBase(context.Context) error {
+	meta, from, spec := op.base.meta, op.from, op.spec
 	if from.Snapshot != "" && from.Snapshot != meta.Snapshot {
-		return nil, fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", from.Dir, meta.Snapshot, from.Snapshot, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("checkpoint %s holds layer %s, not %s: %w", from.Dir, meta.Snapshot, from.Snapshot, errdefs.ErrFailedPrecondition)
 	}
 	if tierName(from.Tier) != meta.Tier {
-		return nil, fmt.Errorf("checkpoint %s is a %s checkpoint: %w", from.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("checkpoint %s is a %s checkpoint: %w", from.Dir, meta.Tier, errdefs.ErrFailedPrecondition)
 	}
-	if meta.Snapshotter != r.cfg.Snapshotter {
-		return nil, fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", from.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
+	if meta.Snapshotter != op.r.cfg.Snapshotter {
+		return fmt.Errorf("checkpoint %s lives in snapshotter %s: %w", from.Dir, meta.Snapshotter, errdefs.ErrFailedPrecondition)
 	}
 	// A fork keeps its source's in-sandbox network (address, routes,
 	// resolver): restored sockets and configuration depend on it.
 	if got := checkpointNetworkMode(meta); got != spec.Network.Mode {
-		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NETWORK_MODE_MISMATCH",
+		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "NETWORK_MODE_MISMATCH",
 			"checkpoint %s was taken in network mode %s; its forks cannot run in mode %s", from.Dir, got, spec.Network.Mode)
 	}
-	img, criuOpts, proc := base.img, base.criuOpts, base.proc
-	rng, err := r.takeRange(ctx, spec.ID)
-	if err != nil {
-		return nil, err
-	}
-	// A memory-tier fork restores from its own view of the images (its
-	// range's user namespace), made before anything else of it.
-	var restore *restorePaths
-	if from.Tier == runtime.TierMemory {
-		images, err := linkForkImages(from.Dir, spec.ID, rng, base.usernsImages)
-		if err != nil {
-			r.releaseRange(spec.ID, rng)
-			return nil, err
-		}
-		restore = &restorePaths{image: images, work: r.restoreWorkDir(spec.ID)}
-	}
-	// What is made before the container goes with it on error.
-	undo := func() {
-		r.releaseRange(spec.ID, rng)
-		os.RemoveAll(forkImagesDir(from.Dir, spec.ID))
-	}
-	nsb, err := r.setupNetwork(ctx, spec, from.Tier == runtime.TierMemory)
-	if err != nil {
-		undo()
-		return nil, err
-	}
-	// The whole spec from this host's policy and the checkpoint's (pinned)
-	// image, with the fork's own cgroup, limits, network namespace, user
-	// namespace and identity, as for a boot: nothing of the checkpoint's
-	// spec.json (whose capabilities, seccomp profile, mounts and devices are
-	// its writer's). Only process state (CRIU images, the user namespace's
-	// mappings rewritten to the fork's range) and the layer come from a
-	// checkpoint.
-	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: spec.ID},
-		r.sandboxSpecOpts(withImageProcess(proc), spec, criuOpts, nsb, rng, meta.RunLayout)...)
-	if err != nil {
-		undo()
-		r.cleanup(ctx, spec.ID, nil, nil, true)
-		return nil, fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
-	}
-	labels := withImageDigest(r.labelsOf(spec), img.Target().Digest.String())
-	labels[labelImage] = meta.Image // what the fork really runs
-	labels[labelCheckpoint] = from.Dir
-	labels[labelTier] = meta.Tier
+	return nil
+}
 
-	if restore != nil {
-		if err := os.RemoveAll(restore.work); err != nil {
-			undo()
-			r.cleanup(ctx, spec.ID, nil, nil, true)
-			return nil, fmt.Errorf("restore work dir: %w: %w", errdefs.ErrInternal, err)
+// takeRange reserves the fork's user namespace range.
+func (op *restoreOp) takeRange(ctx context.Context) (err error) {
+	op.rng, err = op.r.takeRange(ctx, op.spec.ID)
+	return err
+}
+
+// linkImages makes a memory-tier fork's own view of the images (its
+// range's user namespace), before anything else of it.
+func (op *restoreOp) linkImages(context.Context) error {
+	if op.from.Tier == runtime.TierMemory {
+		images, err := linkForkImages(op.from.Dir, op.spec.ID, op.rng, op.base.usernsImages)
+		if err != nil {
+			return err // linkForkImages removes what it made
 		}
+		op.restore = &restorePaths{image: images, work: op.r.restoreWorkDir(op.spec.ID)}
 	}
+	op.imagesLinked = true
+	return nil
+}
+
+// setupNetwork makes the fork's network namespace, held down until the
+// restore finishes.
+func (op *restoreOp) setupNetwork(ctx context.Context) (err error) {
+	op.nsb, err = op.r.setupNetwork(ctx, op.spec, op.from.Tier == runtime.TierMemory)
+	if err == nil {
+		op.networkSet = true
+	}
+	return err
+}
+
+// generateSpec builds the whole spec from this host's policy and the
+// checkpoint's (pinned) image, with the fork's own cgroup, limits, network
+// namespace, user namespace and identity, as for a boot: nothing of the
+// checkpoint's spec.json (whose capabilities, seccomp profile, mounts and
+// devices are its writer's). Only process state (CRIU images, the user
+// namespace's mappings rewritten to the fork's range) and the layer come
+// from a checkpoint.
+func (op *restoreOp) generateSpec(ctx context.Context) error {
+	r, b := op.r, op.base
+	s, err := oci.GenerateSpec(ctx, r.client, &containers.Container{ID: op.spec.ID},
+		r.sandboxSpecOpts(withImageProcess(b.proc), op.spec, b.criuOpts, op.nsb, op.rng, b.meta.RunLayout)...)
+	if err != nil {
+		return fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
+	}
+	op.s = s
+	return nil
+}
+
+// clearWorkDir removes a memory-tier fork's CRIU work dir left by an
+// earlier sandbox of the id.
+func (op *restoreOp) clearWorkDir(context.Context) error {
+	if op.from.Tier != runtime.TierMemory {
+		return nil
+	}
+	if err := os.RemoveAll(op.restore.work); err != nil {
+		return fmt.Errorf("restore work dir: %w: %w", errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
+// newContainer creates the fork's container on its own snapshot of the
+// checkpoint's layer, labelled with what it really runs.
+func (op *restoreOp) newContainer(ctx context.Context) error {
+	r, id, meta := op.r, op.spec.ID, op.base.meta
+	labels := withImageDigest(r.labelsOf(op.spec), op.base.img.Target().Digest.String())
+	labels[labelImage] = meta.Image // what the fork really runs
+	labels[labelCheckpoint] = op.from.Dir
+	labels[labelTier] = meta.Tier
 	opts := []client.NewContainerOpts{
-		withForkSnapshot(r.cfg.Snapshotter, spec.ID, meta.Snapshot, snapshotOpts(rng)...),
+		withForkSnapshot(r.cfg.Snapshotter, id, meta.Snapshot, snapshotOpts(op.rng)...),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),
-		client.WithSpec(s),
+		client.WithSpec(op.s),
 		client.WithContainerLabels(labels),
 	}
 	if meta.Image != "" {
 		opts = append(opts, client.WithImageName(meta.Image))
 	}
-	c, err := r.client.NewContainer(ctx, spec.ID, opts...)
+	c, err := r.client.NewContainer(ctx, id, opts...)
 	if err != nil {
-		undo()
-		if !cerrdefs.IsAlreadyExists(err) {
-			r.cleanup(ctx, spec.ID, nil, nil, true)
-		} else {
-			r.net.Release(ctx, spec.ID) // ours: Setup succeeded for this id
-		}
-		return nil, fmt.Errorf("sandbox %s: create container: %w", spec.ID, convertErr(err))
+		op.netOnly = cerrdefs.IsAlreadyExists(err)
+		return fmt.Errorf("sandbox %s: create container: %w", id, convertErr(err))
 	}
-	return r.createTask(ctx, spec, c, restore)
+	op.c = c
+	return nil
 }
 
 // withForkSnapshot prepares the fork's writable snapshot on top of the

@@ -13,8 +13,8 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs"
 )
 
-// The long operations (Checkpoint, ExportCheckpoint, ImportCheckpoint) are
-// written as named steps over one value holding the operation's state, as
+// The long operations (Checkpoint, ExportCheckpoint, ImportCheckpoint, a
+// fork's createRestore, PullCheckpoint) are written as named steps over one value holding the operation's state, as
 // containerd's client composes a checkpoint from options: each step does
 // one thing and records what it made, and the operation's finish undoes,
 // when a later step fails, what the earlier ones left.
