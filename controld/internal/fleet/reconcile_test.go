@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/fleet"
 	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
 // recoveringRuntime is the fake runtime with runtime.CheckpointRecoverer.
@@ -93,5 +95,126 @@ func TestReconcileThawsInterruptedCheckpointSource(t *testing.T) {
 	// The source works as a source again.
 	if _, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id}); err != nil {
 		t.Fatalf("checkpoint after recovery: %v", err)
+	}
+}
+
+// TestReconcileAdoptsEachRecordByItsState pins what a restart makes of each
+// stored sandbox, by its record's state and what the runtime still holds:
+// interrupted deletes, unwarmed pool members and interrupted forks that
+// never ran are dropped; an interrupted fork that runs, and a record whose
+// container vanished, are FAILED (the container removed); a failed record
+// keeps only its record; a task that exited is STOPPED; a live sandbox
+// takes the runtime's word on frozen-ness; an interrupted cold boot is
+// waited for again until READY.
+func TestReconcileAdoptsEachRecordByItsState(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	const (
+		creating  = controldv1.SandboxState_SANDBOX_STATE_CREATING
+		booting   = controldv1.SandboxState_SANDBOX_STATE_BOOTING
+		ready     = controldv1.SandboxState_SANDBOX_STATE_READY
+		suspended = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+		stopping  = controldv1.SandboxState_SANDBOX_STATE_STOPPING
+		stopped   = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+		failed    = controldv1.SandboxState_SANDBOX_STATE_FAILED
+	)
+	type tc struct {
+		name string
+		// the record as the killed controld left it, and the runtime
+		state    controldv1.SandboxState
+		fork     bool // a replica (its record names a checkpoint)
+		pooled   bool
+		runtime  string // "running", "gone", "exited", "frozen"
+		wantGone bool   // the record dropped
+		want     controldv1.SandboxState
+		wantMsg  string
+		wantRT   bool // the runtime still holds it
+	}
+	cases := []tc{
+		{name: "delete interrupted", state: stopping, runtime: "running", wantGone: true},
+		{name: "deleted", state: controldv1.SandboxState_SANDBOX_STATE_DELETED, runtime: "gone", wantGone: true},
+		{name: "pool member not warm", state: booting, pooled: true, runtime: "running", wantGone: true},
+		{name: "pool member vanished", state: ready, pooled: true, runtime: "gone", wantGone: true},
+		{name: "fork that never ran", state: creating, fork: true, runtime: "gone", wantGone: true},
+		{name: "fork interrupted", state: booting, fork: true, runtime: "running", want: failed, wantMsg: "fork interrupted by a controld restart"},
+		{name: "failed", state: failed, runtime: "running", want: failed},
+		{name: "stopped, kept", state: stopped, runtime: "exited", want: stopped, wantRT: true},
+		{name: "vanished", state: ready, runtime: "gone", want: failed, wantMsg: "container vanished while controld was down"},
+		{name: "exited", state: ready, runtime: "exited", want: stopped, wantRT: true},
+		{name: "suspended, running", state: suspended, runtime: "running", want: ready, wantRT: true},
+		{name: "ready, frozen by a suspend", state: suspended, runtime: "frozen", want: suspended, wantRT: true},
+		{name: "cold boot interrupted", state: booting, runtime: "running", want: ready, wantRT: true},
+	}
+	ids := make([]string, len(cases))
+	for i := range cases {
+		ids[i] = e.ready(nil).Id
+	}
+	e.stop()
+	st, err := store.Open(filepath.Join(e.dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := st.Sandboxes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]*store.SandboxRecord{}
+	for _, r := range recs {
+		byID[r.Sandbox.Id] = r
+	}
+	for i, c := range cases {
+		r := byID[ids[i]]
+		r.Sandbox.State, r.Pooled = c.state, c.pooled
+		if c.pooled {
+			r.Sandbox.PoolId = "pool-gone"
+		}
+		if c.fork {
+			r.Sandbox.CheckpointId = "ck-interrupted"
+		}
+		if err := st.PutSandbox(r); err != nil {
+			t.Fatal(err)
+		}
+		switch c.runtime {
+		case "gone":
+			e.rt.Vanish(ids[i])
+		case "exited":
+			e.rt.Exit(ids[i], 1)
+		case "frozen":
+			if err := e.rt.Freeze(ctx, ids[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	st.Close()
+	e.start()
+
+	for i, c := range cases {
+		id := ids[i]
+		got, err := e.m.GetSandbox(ctx, id)
+		if c.wantGone {
+			if err == nil {
+				t.Errorf("%s: record kept (%v), want it dropped", c.name, got.State)
+			}
+			if e.rt.Has(id) {
+				t.Errorf("%s: the runtime still holds it", c.name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if c.want == ready && got.State != ready {
+			eventually(t, c.name+" READY", func() bool {
+				got, err = e.m.GetSandbox(ctx, id)
+				return err == nil && got.State == ready
+			})
+		}
+		if got.State != c.want || c.wantMsg != "" && got.StatusMessage != c.wantMsg {
+			t.Errorf("%s: %v %q, want %v %q", c.name, got.State, got.StatusMessage, c.want, c.wantMsg)
+		}
+		if e.rt.Has(id) != c.wantRT {
+			t.Errorf("%s: the runtime holds it: %v, want %v", c.name, e.rt.Has(id), c.wantRT)
+		}
 	}
 }
