@@ -102,120 +102,173 @@ func isOurs(in runtime.Instance) bool {
 	return strings.HasPrefix(in.ID, rules.PrefixSandbox)
 }
 
-// adopt brings one stored sandbox back under management.
+// adopt brings one stored sandbox back under management. The record's
+// state and what the runtime still holds decide its fate, each a named
+// outcome of one adoption.
 func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]runtime.Instance) error {
-	id := r.Sandbox.Id
-	in, present := byID[id]
+	in, present := byID[r.Sandbox.Id]
 	// Records name the host that owns them now (config "host" may have
 	// changed since): clients route by it.
 	r.Sandbox.Host = m.opts.Host
-	sb := &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}
-	close(sb.started)
+	a := &adoption{m: m, rec: r, id: r.Sandbox.Id, in: in, present: present,
+		sb: &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}}
+	close(a.sb.started)
 	state := r.Sandbox.State
-	drop := func(why string) error {
-		m.log.Warn("dropping sandbox at reconciliation", "sandbox", id, "reason", why)
-		if present {
-			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				return fmt.Errorf("fleet: remove %s: %w", id, err)
-			}
-		}
-		return m.st.DeleteSandbox(id)
-	}
-	fail := func(why string) error {
-		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_FAILED
-		r.Sandbox.StatusMessage = why
-		if present {
-			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				return fmt.Errorf("fleet: remove %s: %w", id, err)
-			}
-		}
-		closeOnce(sb.settled)
-		m.sandboxes[id] = sb
-		return m.st.PutSandbox(r)
-	}
 	switch {
 	case state == controldv1.SandboxState_SANDBOX_STATE_STOPPING || state == controldv1.SandboxState_SANDBOX_STATE_DELETED:
-		return drop("delete was interrupted")
+		return a.drop(ctx, "delete was interrupted")
 	case r.Pooled && (!present || state != controldv1.SandboxState_SANDBOX_STATE_READY && state != controldv1.SandboxState_SANDBOX_STATE_SUSPENDED):
 		// A half-warmed or vanished pool member: its pool makes another.
-		return drop("pooled sandbox not warm")
+		return a.drop(ctx, "pooled sandbox not warm")
 	case r.Sandbox.CheckpointId != "" && (state == controldv1.SandboxState_SANDBOX_STATE_CREATING || state == controldv1.SandboxState_SANDBOX_STATE_BOOTING):
 		// A replica that was never told who it is must not run half-restored.
 		if !present {
-			return drop("fork interrupted")
+			return a.drop(ctx, "fork interrupted")
 		}
-		return fail("fork interrupted by a controld restart")
+		return a.fail(ctx, "fork interrupted by a controld restart")
 	case state == controldv1.SandboxState_SANDBOX_STATE_FAILED || state == controldv1.SandboxState_SANDBOX_STATE_STOPPED:
-		if present && in.Status != runtime.StatusStopped {
-			// A failed sandbox keeps only its record.
-			if err := m.rt.Delete(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				return fmt.Errorf("fleet: remove %s: %w", id, err)
-			}
-		}
-		closeOnce(sb.settled)
-		m.sandboxes[id] = sb
-		return nil
+		return a.keepRecord(ctx)
 	case !present:
-		return fail("container vanished while controld was down")
+		return a.fail(ctx, "container vanished while controld was down")
 	case in.Status == runtime.StatusStopped:
-		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
-		r.Sandbox.StatusMessage = "task exited while controld was down"
-		closeOnce(sb.settled)
-		m.sandboxes[id] = sb
-		return m.st.PutSandbox(r)
+		return a.exited()
+	case state == controldv1.SandboxState_SANDBOX_STATE_READY || state == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
+		return a.resumeLive(ctx)
+	default: // CREATING or BOOTING a cold boot
+		return a.resumeBoot()
 	}
-	if !in.ACISocket.IsZero() {
-		r.ACISocket = in.ACISocket
+}
+
+// adoption is one stored sandbox being adopted at start.
+type adoption struct {
+	m       *Manager
+	rec     *store.SandboxRecord
+	id      string
+	in      runtime.Instance // what the runtime holds, if present
+	present bool
+	sb      *sandbox
+}
+
+// removeContainer deletes what the runtime holds of the sandbox.
+func (a *adoption) removeContainer(ctx context.Context) error {
+	if err := a.m.rt.Delete(ctx, a.id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return fmt.Errorf("fleet: remove %s: %w", a.id, err)
 	}
-	m.sandboxes[id] = sb
-	switch state {
-	case controldv1.SandboxState_SANDBOX_STATE_READY, controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:
-		if state == controldv1.SandboxState_SANDBOX_STATE_READY && in.Status == runtime.StatusFrozen {
-			// Frozen without a record saying so: a checkpoint (or a Suspend)
-			// that never returned. Its caller got no checkpoint, so the
-			// source runs on; guestd's checkpoint hold is lifted too.
-			if err := m.rt.Thaw(ctx, id); err != nil {
-				m.log.Error("thaw a sandbox an interrupted checkpoint left frozen; keeping it SUSPENDED", "sandbox", id, "err", err)
-			} else {
-				m.log.Warn("thawed a sandbox an interrupted checkpoint left frozen", "sandbox", id)
-				in.Status = runtime.StatusRunning
-				sock, token := r.ACISocket, r.AdminToken
-				m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) })
-			}
-		}
-		// Otherwise trust the runtime about frozen-ness.
-		if in.Status == runtime.StatusFrozen {
-			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
-		} else if in.Status == runtime.StatusRunning {
-			r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
-		}
-		closeOnce(sb.settled)
-		return m.st.PutSandbox(r)
-	default: // CREATING or BOOTING a cold boot: resume waiting for guestd.
-		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
-		if err := m.st.PutSandbox(r); err != nil {
+	return nil
+}
+
+// drop forgets the sandbox: its container and its record.
+func (a *adoption) drop(ctx context.Context, why string) error {
+	a.m.log.Warn("dropping sandbox at reconciliation", "sandbox", a.id, "reason", why)
+	if a.present {
+		if err := a.removeContainer(ctx); err != nil {
 			return err
 		}
-		t0 := r.Sandbox.GetCreatedAt().AsTime()
-		deadline := t0.Add(m.opts.BootTimeout)
-		if d := time.Until(deadline); d < 5*time.Second {
-			// Give a resumed wait at least a few seconds.
-			deadline = time.Now().Add(5 * time.Second)
-		}
-		wctx, cancel := context.WithDeadline(m.ctx, deadline)
-		sb.cancelWork = cancel
-		m.goBackground(func() {
-			defer close(sb.workDone)
-			defer cancel()
-			_, span := m.tracer.Start(wctx, "sandbox.boot.resume")
-			wf := &waterfall{m: m, sb: sb, t0: t0, kind: "boot", span: span}
-			for _, p := range r.Sandbox.Boot {
-				wf.lastAt = t0.Add(p.GetAt().AsDuration())
-			}
-			m.awaitReady(wctx, sb, wf, in.ACISocket, r.AdminToken, in.TaskStartedAt)
-		})
-		return nil
 	}
+	return a.m.st.DeleteSandbox(a.id)
+}
+
+// fail keeps the sandbox as a FAILED record, its container removed.
+func (a *adoption) fail(ctx context.Context, why string) error {
+	a.rec.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_FAILED
+	a.rec.Sandbox.StatusMessage = why
+	if a.present {
+		if err := a.removeContainer(ctx); err != nil {
+			return err
+		}
+	}
+	closeOnce(a.sb.settled)
+	a.m.sandboxes[a.id] = a.sb
+	return a.m.st.PutSandbox(a.rec)
+}
+
+// keepRecord keeps a FAILED or STOPPED sandbox as it is: a failed one
+// keeps only its record, a stopped one its stopped container too.
+func (a *adoption) keepRecord(ctx context.Context) error {
+	if a.present && a.in.Status != runtime.StatusStopped {
+		if err := a.removeContainer(ctx); err != nil {
+			return err
+		}
+	}
+	closeOnce(a.sb.settled)
+	a.m.sandboxes[a.id] = a.sb
+	return nil
+}
+
+// exited records a task that exited while controld was down as STOPPED.
+func (a *adoption) exited() error {
+	a.rec.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
+	a.rec.Sandbox.StatusMessage = "task exited while controld was down"
+	closeOnce(a.sb.settled)
+	a.m.sandboxes[a.id] = a.sb
+	return a.m.st.PutSandbox(a.rec)
+}
+
+// register takes the sandbox under management as the runtime runs it.
+func (a *adoption) register() {
+	if !a.in.ACISocket.IsZero() {
+		a.rec.ACISocket = a.in.ACISocket
+	}
+	a.m.sandboxes[a.id] = a.sb
+}
+
+// resumeLive takes back a READY or SUSPENDED sandbox, trusting the
+// runtime about frozen-ness, but thawing one an interrupted checkpoint
+// left frozen.
+func (a *adoption) resumeLive(ctx context.Context) error {
+	m, r, in, id := a.m, a.rec, &a.in, a.id
+	a.register()
+	if r.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_READY && in.Status == runtime.StatusFrozen {
+		// Frozen without a record saying so: a checkpoint (or a Suspend)
+		// that never returned. Its caller got no checkpoint, so the
+		// source runs on; guestd's checkpoint hold is lifted too.
+		if err := m.rt.Thaw(ctx, id); err != nil {
+			m.log.Error("thaw a sandbox an interrupted checkpoint left frozen; keeping it SUSPENDED", "sandbox", id, "err", err)
+		} else {
+			m.log.Warn("thawed a sandbox an interrupted checkpoint left frozen", "sandbox", id)
+			in.Status = runtime.StatusRunning
+			sock, token := r.ACISocket, r.AdminToken
+			m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) })
+		}
+	}
+	// Otherwise trust the runtime about frozen-ness.
+	if in.Status == runtime.StatusFrozen {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
+	} else if in.Status == runtime.StatusRunning {
+		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_READY
+	}
+	closeOnce(a.sb.settled)
+	return m.st.PutSandbox(r)
+}
+
+// resumeBoot takes back an interrupted cold boot (CREATING or BOOTING):
+// BOOTING again, waiting for guestd until its boot's deadline.
+func (a *adoption) resumeBoot() error {
+	m, r, sb, in := a.m, a.rec, a.sb, a.in
+	a.register()
+	r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING
+	if err := m.st.PutSandbox(r); err != nil {
+		return err
+	}
+	t0 := r.Sandbox.GetCreatedAt().AsTime()
+	deadline := t0.Add(m.opts.BootTimeout)
+	if d := time.Until(deadline); d < 5*time.Second {
+		// Give a resumed wait at least a few seconds.
+		deadline = time.Now().Add(5 * time.Second)
+	}
+	wctx, cancel := context.WithDeadline(m.ctx, deadline)
+	sb.cancelWork = cancel
+	m.goBackground(func() {
+		defer close(sb.workDone)
+		defer cancel()
+		_, span := m.tracer.Start(wctx, "sandbox.boot.resume")
+		wf := &waterfall{m: m, sb: sb, t0: t0, kind: "boot", span: span}
+		for _, p := range r.Sandbox.Boot {
+			wf.lastAt = t0.Add(p.GetAt().AsDuration())
+		}
+		m.awaitReady(wctx, sb, wf, in.ACISocket, r.AdminToken, in.TaskStartedAt)
+	})
+	return nil
 }
 
 // reconcileCheckpoints removes what an interrupted checkpoint left: temp
