@@ -295,7 +295,8 @@ func Charts(r *result.Result) []Chart {
 func bootWaterfall(r *result.Result) (Chart, bool) {
 	var phases []Phase
 	for _, row := range r.Rows {
-		if row.Metric != "boot.milestone" || row.P50 == nil || row.Baseline {
+		// Cold boots (files from before the start label have only those).
+		if row.Metric != "boot.milestone" || row.P50 == nil || row.Baseline || (row.Labels["start"] != "" && row.Labels["start"] != "cold") {
 			continue
 		}
 		phases = append(phases, Phase{Label: row.Labels["milestone"], End: *row.P50, EndP90: *row.P90})
