@@ -112,6 +112,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		op.freezeAndDump, // freeze, AfterFreeze, CRIU dump (memory tier)
 		op.copyChanges,   // what changed since the first copy, still frozen
 		op.release,       // thaw, or kill with spec.Stop
+		op.shareImages,   // the images readable in any sandbox's user namespace
 		op.digestLayer,   // the filesystem proof, from the copy
 		op.writeMeta,     // spec.json and checkpoint.json
 		op.commitLayer,   // the target layer, committed under its name
@@ -440,6 +441,20 @@ func (op *checkpointOp) release(ctx context.Context) error {
 	return nil
 }
 
+// shareImages makes a memory-tier dump's images readable by the root of
+// any sandbox's user namespace (userns.go), once the sandbox is thawed:
+// nothing reads them before the checkpoint is published, and the chmod of
+// each of its 60 or so files is no part of the frozen window.
+func (op *checkpointOp) shareImages(context.Context) error {
+	if op.spec.Tier != runtime.TierMemory {
+		return nil
+	}
+	if err := shareImages(filepath.Join(op.spec.Dir, criuImageDir)); err != nil {
+		return fmt.Errorf("sandbox %s: checkpoint images: %w: %w", op.id, errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
 // digestLayer computes the filesystem proof from the consistent copy (the
 // source runs on). Without one the checkpoint still stands: its forks
 // cannot prove their filesystem, which the caller sees.
@@ -573,9 +588,6 @@ func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir stri
 		err = r.dumpRunc(ctx, id, imageDir, work)
 	}
 	if err == nil {
-		if err := shareImages(imageDir); err != nil {
-			return fmt.Errorf("sandbox %s: checkpoint images: %w: %w", id, errdefs.ErrInternal, err)
-		}
 		return nil
 	}
 	logPath := filepath.Join(work, "dump.log")

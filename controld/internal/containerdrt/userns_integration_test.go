@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -122,6 +123,25 @@ func TestIntegrationUserNamespace(t *testing.T) {
 	// Memory tier: each replica runs in a range of its own, with the
 	// source's memory and files (in the replica's ids).
 	mem := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	// Shared once Checkpoint returns (after the thaw, not in the frozen
+	// window): the directory 0711, every image 0644.
+	imgDir := filepath.Join(mem.Ref.Dir, criuImageDir)
+	if st, err := os.Stat(imgDir); err != nil {
+		t.Error(err)
+	} else if st.Mode().Perm() != 0o711 {
+		t.Errorf("images directory %s: mode %o, want 0711", imgDir, st.Mode().Perm())
+	}
+	if ents, err := os.ReadDir(imgDir); err != nil || len(ents) == 0 {
+		t.Errorf("images directory %s: %d entries (%v)", imgDir, len(ents), err)
+	} else {
+		for _, e := range ents {
+			if fi, err := e.Info(); err != nil {
+				t.Error(err)
+			} else if fi.Mode().Perm() != 0o644 {
+				t.Errorf("image %s: mode %o, want 0644", e.Name(), fi.Mode().Perm())
+			}
+		}
+	}
 	seen := map[userns.Range]string{rng: src.ID}
 	verify := func(f runtime.Instance) {
 		t.Helper()
