@@ -25,11 +25,12 @@ func registryOf(rt runtime.Runtime) (runtime.CheckpointRegistry, error) {
 	return nil, errNoRegistry
 }
 
-// remoteCheckpoint returns the local checkpoint forked for the registry
+// remote returns the local checkpoint forked for the registry
 // reference ref: the import of its manifest digest, pulled and imported
 // now unless an earlier one is still here. Concurrent calls for one digest
 // share the pull.
-func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.CheckpointRecord, error) {
+func (t *transfer) remote(ctx context.Context, ref string) (*store.CheckpointRecord, error) {
+	m := t.m
 	reg, err := registryOf(m.rt)
 	if err != nil {
 		return nil, err
@@ -40,14 +41,14 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint_reference %s: %w", ref, err)
 	}
-	if c := m.importedCheckpoint(dg); c != nil {
+	if c := t.imported(dg); c != nil {
 		m.metrics.RemoteForks.WithLabelValues("cached").Inc()
 		return c, nil
 	}
 	// The pull runs for every waiter: one caller's cancellation does not
 	// fail the others' forks.
-	v, err, shared := m.pulls.Do(dg, func() (any, error) {
-		if c := m.importedCheckpoint(dg); c != nil {
+	v, err, shared := t.pulls.Do(dg, func() (any, error) {
+		if c := t.imported(dg); c != nil {
 			return c, nil
 		}
 		pctx := context.WithoutCancel(ctx)
@@ -55,10 +56,10 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 		if err != nil {
 			return nil, err
 		}
-		if _, err := m.pull(pctx, reg, local); err != nil {
+		if _, err := t.pull(pctx, reg, local); err != nil {
 			return nil, fmt.Errorf("pull %s: %w", ref, err)
 		}
-		ck, err := m.importCheckpoint(pctx, local, dg)
+		ck, err := t.importImage(pctx, local, dg)
 		// The pulled image was only the way here: the import holds the
 		// checkpoint, and an image left behind would outlive it unowned.
 		if rerr := reg.RemoveCheckpointImage(pctx, local); rerr != nil {
@@ -81,7 +82,8 @@ func (m *Manager) remoteCheckpoint(ctx context.Context, ref string) (*store.Chec
 }
 
 // push and pull move a checkpoint image and count it (registry_* metrics).
-func (m *Manager) push(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+func (t *transfer) push(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+	m := t.m
 	t0 := time.Now()
 	n, err := reg.PushCheckpoint(ctx, ref)
 	m.metrics.RegistryBytes.WithLabelValues("push").Add(float64(n))
@@ -89,7 +91,8 @@ func (m *Manager) push(ctx context.Context, reg runtime.CheckpointRegistry, ref 
 	return n, err
 }
 
-func (m *Manager) pull(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+func (t *transfer) pull(ctx context.Context, reg runtime.CheckpointRegistry, ref string) (int64, error) {
+	m := t.m
 	ctx, span := m.tracer.Start(ctx, "checkpoint.pull")
 	defer span.End()
 	t0 := time.Now()
@@ -99,9 +102,10 @@ func (m *Manager) pull(ctx context.Context, reg runtime.CheckpointRegistry, ref 
 	return n, err
 }
 
-// importedCheckpoint returns the ready checkpoint imported from the image
+// imported returns the ready checkpoint imported from the image
 // with manifest digest dg, if one is here.
-func (m *Manager) importedCheckpoint(dg string) *store.CheckpointRecord {
+func (t *transfer) imported(dg string) *store.CheckpointRecord {
+	m := t.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, c := range m.checkpoints {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
@@ -13,14 +15,39 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
+// transfer moves checkpoints in and out of this host: export and import as
+// OCI images, push and pull through registries (checkpoint_registry.go),
+// and the one pull and import that concurrent forks of a registry
+// reference share. It works over the manager's registry (its records, lock
+// and store), reached through m; the manager's RPCs of it delegate here.
+type transfer struct {
+	m *Manager
+	// pulls shares one pull and import per manifest digest among
+	// concurrent forks of a registry checkpoint.
+	pulls singleflight.Group
+}
+
+// ExportCheckpoint writes a checkpoint as an OCI image (runtime
+// permitting), and pushes it when asked.
+func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+	return m.transfer.export(ctx, req)
+}
+
+// ImportCheckpoint materialises an exported checkpoint image as a new local
+// checkpoint, pulling it from its registry first when asked.
+func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
+	return m.transfer.importRequest(ctx, req)
+}
+
 // exportedCheckpoint is the metadata an exported checkpoint image carries.
 type exportedCheckpoint struct {
 	Version int                     `json:"version"`
 	Record  *store.CheckpointRecord `json:"record"`
 }
 
-// ExportCheckpoint writes a checkpoint as an OCI image (runtime permitting).
-func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+// export writes a checkpoint as an OCI image (runtime permitting).
+func (t *transfer) export(ctx context.Context, req *controldv1.ExportCheckpointRequest) (*controldv1.ExportCheckpointResponse, error) {
+	m := t.m
 	if err := rules.CheckpointRef("id", req.GetId()); err != nil {
 		return nil, err
 	}
@@ -60,17 +87,18 @@ func (m *Manager) ExportCheckpoint(ctx context.Context, req *controldv1.ExportCh
 	}
 	resp := &controldv1.ExportCheckpointResponse{Reference: res.Reference, Digest: res.Digest, SizeBytes: res.SizeBytes}
 	if reg != nil {
-		if resp.PushedBytes, err = m.push(ctx, reg, req.GetReference()); err != nil {
+		if resp.PushedBytes, err = t.push(ctx, reg, req.GetReference()); err != nil {
 			return nil, fmt.Errorf("push checkpoint %s: %w", rec.Checkpoint.Id, err)
 		}
 	}
 	return resp, nil
 }
 
-// ImportCheckpoint materialises an exported checkpoint image as a new local
+// importRequest materialises an exported checkpoint image as a new local
 // checkpoint (a new id; proofs, labels and name kept), pulling it from its
 // registry first when asked.
-func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
+func (t *transfer) importRequest(ctx context.Context, req *controldv1.ImportCheckpointRequest) (*controldv1.ImportCheckpointResponse, error) {
+	m := t.m
 	if req.GetReference() == "" {
 		return nil, errdefs.InvalidField("reference", "required")
 	}
@@ -83,12 +111,12 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 		if err != nil {
 			return nil, err
 		}
-		resp.PulledBytes, err = m.pull(ctx, reg, req.GetReference())
+		resp.PulledBytes, err = t.pull(ctx, reg, req.GetReference())
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: %w", req.GetReference(), err)
 		}
 	}
-	ck, err := m.importCheckpoint(ctx, req.GetReference(), "")
+	ck, err := t.importImage(ctx, req.GetReference(), "")
 	if err != nil {
 		return nil, err
 	}
@@ -96,10 +124,11 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 	return resp, nil
 }
 
-// importCheckpoint imports the image name from the content store. With
+// importImage imports the image name from the content store. With
 // digest (a fork's import of a registry checkpoint) the checkpoint is a
 // cache of that image: it takes no name and records the digest.
-func (m *Manager) importCheckpoint(ctx context.Context, name, digest string) (*controldv1.Checkpoint, error) {
+func (t *transfer) importImage(ctx context.Context, name, digest string) (*controldv1.Checkpoint, error) {
+	m := t.m
 	ex, err := exporterOf(m.rt)
 	if err != nil {
 		return nil, err

@@ -17,8 +17,10 @@
 //     controld/internal/recording).
 //   - Checkpoints: checkpoint.go (create: freeze, dump, commit),
 //     checkpoint_tree.go (get, list, delete), verify.go (the proofs a fork
-//     is its checkpoint), checkpoint_transfer.go (export and import as OCI
-//     images), checkpoint_registry.go (push and pull through a registry).
+//     is its checkpoint). Moving checkpoints in and out of the host is a
+//     type of its own over the same registry, transfer: checkpoint_transfer.go
+//     (export and import as OCI images), checkpoint_registry.go (push and
+//     pull through a registry, the pull forks of one reference share).
 //   - Forks: fork.go (ForkCheckpoint: N replicas, each a restore
 //     verified against its checkpoint).
 //   - Pools: pool.go (a pool's lifecycle and refill), pool_claim.go (claims:

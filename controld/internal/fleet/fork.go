@@ -86,7 +86,7 @@ func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 	}
 	var ck *store.CheckpointRecord
 	if ref := req.GetCheckpointReference(); ref != "" {
-		ck, err = m.remoteCheckpoint(ctx, ref)
+		ck, err = m.transfer.remote(ctx, ref)
 	} else {
 		ck, err = m.findCheckpoint(req.GetCheckpointId())
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/sync/singleflight"
 	"log/slog"
 	"os"
 	"sync"
@@ -90,10 +89,6 @@ const loopBound = 20 * time.Second
 // lifecycle and the background work (readiness waits, TTL reaper, exit
 // watcher, pool replenishers). Safe for concurrent use.
 type Manager struct {
-	// pulls shares one pull and import per manifest digest among
-	// concurrent forks of a registry checkpoint.
-	pulls singleflight.Group
-
 	opts    Options
 	rt      runtime.Runtime
 	dialer  GuestDialer
@@ -128,6 +123,10 @@ type Manager struct {
 	wmu           sync.Mutex
 	watchers      map[*Watch]struct{}
 	watchesClosed bool
+
+	// transfer moves checkpoints in and out of this host
+	// (checkpoint_transfer.go).
+	transfer transfer
 }
 
 // sandbox is the manager's in-memory view of one sandbox.
@@ -229,6 +228,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		watchers:    map[*Watch]struct{}{},
 		requests:    rules.Dedup{Store: opts.Store},
 	}
+	m.transfer.m = m
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)
 	if err != nil {
