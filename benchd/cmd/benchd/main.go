@@ -29,7 +29,7 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/report"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/runner"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 	"github.com/forkfleet/forkfleet/benchd/internal/suites"
 )
 
@@ -100,7 +100,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func cmdList(w io.Writer) int {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, s := range suite.All() {
+	for _, s := range suiteapi.All() {
 		fmt.Fprintf(tw, "%s\t%s\n", s.Name(), s.Description())
 	}
 	tw.Flush()
@@ -130,7 +130,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 	// Every suite's own flags, so `--suite all` takes them all. Names are
 	// unique across suites; Register panics otherwise via the FlagSet.
 	own := map[string]*flag.FlagSet{}
-	for _, s := range suite.All() {
+	for _, s := range suiteapi.All() {
 		sfs := flag.NewFlagSet(s.Name(), flag.ContinueOnError)
 		s.Flags(sfs)
 		sfs.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -143,20 +143,20 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "benchd run: unexpected arguments %v\n", fs.Args())
 		return exitUsage
 	}
-	var todo []suite.Suite
+	var todo []suiteapi.Suite
 	switch *name {
 	case "":
 		fmt.Fprintln(stderr, "benchd run: --suite is required (see benchd list)")
 		return exitUsage
 	case "all":
-		todo = suite.All()
+		todo = suiteapi.All()
 	default:
-		s, ok := suite.Lookup(*name)
+		s, ok := suiteapi.Lookup(*name)
 		if !ok {
 			fmt.Fprintf(stderr, "benchd run: unknown suite %q (see benchd list)\n", *name)
 			return exitUsage
 		}
-		todo = []suite.Suite{s}
+		todo = []suiteapi.Suite{s}
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -174,7 +174,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "benchd: %v\n", err)
 			return exitInfraError
 		}
-		env := &suite.Env{N: *n, Warmup: *warm, Self: self, RepoRoot: desktoptest.RepoRoot(wd), GuestdBin: *guestd,
+		env := &suiteapi.Env{N: *n, Warmup: *warm, Self: self, RepoRoot: desktoptest.RepoRoot(wd), GuestdBin: *guestd,
 			ControldSocket: *sock, WorkDir: work, SkipMissingPeers: *skipPeers, Log: stderr}
 		config := map[string]any{"n": *n, "warmup": *warm, "controld-socket": *sock}
 		if *guestd != "" {
@@ -374,7 +374,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	var order []string
-	for _, s := range suite.All() {
+	for _, s := range suiteapi.All() {
 		order = append(order, s.Name())
 	}
 	ls, bad, err := report.Latest(*dir, order)

@@ -11,7 +11,7 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/hostinfo"
 	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 	"github.com/forkfleet/forkfleet/benchd/internal/trace"
 )
 
@@ -29,7 +29,7 @@ type Outcome struct {
 // Run checks and runs s, then writes its result under root. The returned
 // error is about benchd itself (cannot write the result); a failing suite is
 // reported through Outcome.Status.
-func Run(ctx context.Context, s suite.Suite, env *suite.Env, root string, config map[string]any) (Outcome, error) {
+func Run(ctx context.Context, s suiteapi.Suite, env *suiteapi.Env, root string, config map[string]any) (Outcome, error) {
 	started := time.Now().UTC()
 	out := Outcome{Suite: s.Name()}
 	host := hostinfo.Collect(ctx)
@@ -57,7 +57,7 @@ func Run(ctx context.Context, s suite.Suite, env *suite.Env, root string, config
 		rows, runErr = runProtected(sctx, s, env)
 		span.End()
 	}
-	if r, ok := suite.IsSkip(runErr); ok {
+	if r, ok := suiteapi.IsSkip(runErr); ok {
 		status, reason = result.StatusSkipped, r
 	} else if runErr != nil {
 		status, reason = result.StatusFailed, runErr.Error()
@@ -97,8 +97,8 @@ var resolvePeers = peers.Resolve
 // before Check; tests that run a suite directly call it too). A missing peer
 // is an error, unless env.SkipMissingPeers: then it is noted in the result,
 // returned, and the suite runs without it.
-func ResolvePeers(s suite.Suite, env *suite.Env) (skipped []string, err error) {
-	p, ok := s.(suite.Peered)
+func ResolvePeers(s suiteapi.Suite, env *suiteapi.Env) (skipped []string, err error) {
+	p, ok := s.(suiteapi.Peered)
 	if !ok {
 		return nil, nil
 	}
@@ -120,7 +120,7 @@ func ResolvePeers(s suite.Suite, env *suite.Env) (skipped []string, err error) {
 
 // runProtected turns a suite panic into a failure of that suite, so
 // `--suite all` still runs the rest and still writes a result.
-func runProtected(ctx context.Context, s suite.Suite, env *suite.Env) (rows []result.Row, err error) {
+func runProtected(ctx context.Context, s suiteapi.Suite, env *suiteapi.Env) (rows []result.Row, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("suite %s panicked: %v", s.Name(), r)
@@ -133,7 +133,7 @@ func runProtected(ctx context.Context, s suite.Suite, env *suite.Env) (rows []re
 	return rows, err
 }
 
-func buildDir(env *suite.Env) string {
+func buildDir(env *suiteapi.Env) string {
 	if env.RepoRoot != "" {
 		return env.RepoRoot
 	}

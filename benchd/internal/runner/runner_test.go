@@ -10,7 +10,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/benchd/internal/peers"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 type fake struct {
@@ -18,11 +18,11 @@ type fake struct {
 	run   func() ([]result.Row, error)
 }
 
-func (fake) Name() string                                            { return "fake" }
-func (fake) Description() string                                     { return "test suite" }
-func (fake) Flags(*flag.FlagSet)                                     {}
-func (f fake) Check(context.Context, *suite.Env) error               { return f.check() }
-func (f fake) Run(context.Context, *suite.Env) ([]result.Row, error) { return f.run() }
+func (fake) Name() string                                               { return "fake" }
+func (fake) Description() string                                        { return "test suite" }
+func (fake) Flags(*flag.FlagSet)                                        {}
+func (f fake) Check(context.Context, *suiteapi.Env) error               { return f.check() }
+func (f fake) Run(context.Context, *suiteapi.Env) ([]result.Row, error) { return f.run() }
 
 func TestOutcomes(t *testing.T) {
 	ok := func() error { return nil }
@@ -33,8 +33,8 @@ func TestOutcomes(t *testing.T) {
 		status string
 	}{
 		{"ok", fake{ok, rows}, result.StatusOK},
-		{"skip in check", fake{func() error { return suite.Skipf("no controld") }, rows}, result.StatusSkipped},
-		{"skip in run", fake{ok, func() ([]result.Row, error) { return nil, suite.Skipf("no capability") }}, result.StatusSkipped},
+		{"skip in check", fake{func() error { return suiteapi.Skipf("no controld") }, rows}, result.StatusSkipped},
+		{"skip in run", fake{ok, func() ([]result.Row, error) { return nil, suiteapi.Skipf("no capability") }}, result.StatusSkipped},
 		{"failed", fake{ok, func() ([]result.Row, error) { return nil, errors.New("boom") }}, result.StatusFailed},
 		{"no rows", fake{ok, func() ([]result.Row, error) { return nil, nil }}, result.StatusFailed},
 		{"panic", fake{ok, func() ([]result.Row, error) { panic("oops") }}, result.StatusFailed},
@@ -42,7 +42,7 @@ func TestOutcomes(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
-			env := &suite.Env{Warmup: -1, WorkDir: t.TempDir()}
+			env := &suiteapi.Env{Warmup: -1, WorkDir: t.TempDir()}
 			o, err := Run(context.Background(), c.s, env, root, map[string]any{"x": 1})
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +77,7 @@ type peered struct {
 }
 
 func (p *peered) Peers() []string { return p.names }
-func (p *peered) Run(_ context.Context, env *suite.Env) ([]result.Row, error) {
+func (p *peered) Run(_ context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	p.saw = map[string]bool{}
 	for _, n := range p.names {
 		_, ok := env.Peer(n)
@@ -96,7 +96,7 @@ func TestMissingPeers(t *testing.T) {
 	}
 	for _, skip := range []bool{false, true} {
 		s := &peered{fake: fake{check: func() error { return nil }}, names: []string{"xdotool", "podman"}}
-		env := &suite.Env{Warmup: -1, WorkDir: t.TempDir(), SkipMissingPeers: skip}
+		env := &suiteapi.Env{Warmup: -1, WorkDir: t.TempDir(), SkipMissingPeers: skip}
 		o, err := Run(context.Background(), s, env, t.TempDir(), nil)
 		if err != nil {
 			t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // a11yPage is the a11y suite's workload: about 1,000 accessible nodes (120
@@ -55,9 +55,11 @@ func (a *a11ySuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&a.peerN, "a11y-peer-n", 5, "pyatspi dumps")
 	fs.BoolVar(&a.peer, "a11y-pyatspi", true, "also measure the pyatspi dump (python3-pyatspi in the image)")
 }
-func (a *a11ySuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+func (a *a11ySuite) Check(ctx context.Context, env *suiteapi.Env) error {
+	return checkControld(ctx, env)
+}
 
-func (a *a11ySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (a *a11ySuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -162,12 +164,12 @@ func (a *a11ySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 
 // cell measures one tree request n times: the round trip at the client,
 // guestd's own time, nodes, bytes on the wire and nodes per second.
-func (a *a11ySuite) cell(ctx context.Context, env *suite.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int) []result.Row {
+func (a *a11ySuite) cell(ctx context.Context, env *suiteapi.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int) []result.Row {
 	return a.cellAfter(ctx, env, s, root, req, n, warm, nil)
 }
 
 // cellAfter is cell with each tree asked after before(i) (untimed).
-func (a *a11ySuite) cellAfter(ctx context.Context, env *suite.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int, before func(i int) error) []result.Row {
+func (a *a11ySuite) cellAfter(ctx context.Context, env *suiteapi.Env, s *aci.Session, root string, req *aciv1.A11YTreeRequest, n, warm int, before func(i int) error) []result.Row {
 	lbl := labels("root", root)
 	rt := result.NewSeries("a11y.tree", "ms", lbl)
 	guest := result.NewSeries("a11y.tree_guestd", "ms", lbl)
@@ -195,7 +197,7 @@ func (a *a11ySuite) cellAfter(ctx context.Context, env *suite.Env, s *aci.Sessio
 			env.Progressf("a11y %s: %v (partial %v)", root, err, r.GetPartial())
 			continue
 		}
-		rt.Add(suite.Ms(d))
+		rt.Add(suiteapi.Ms(d))
 		guest.Add(float64(r.GetDurationNs()) / 1e6)
 		nodes.Add(float64(len(r.GetNodes())))
 		size.Add(float64(proto.Size(&aciv1.ServerMessage{Id: 1, Reply: &aciv1.ServerMessage_A11YTree{A11YTree: r}})))
@@ -210,7 +212,7 @@ func (a *a11ySuite) cellAfter(ctx context.Context, env *suite.Env, s *aci.Sessio
 // pyatspi runs the peer dump inside the sandbox (python3-pyatspi in the
 // image), peerN rounds in one process, and checks it saw about as many
 // nodes as guestd's tree.
-func (a *a11ySuite) pyatspi(ctx context.Context, env *suite.Env, s *aci.Session, ours int) ([]result.Row, error) {
+func (a *a11ySuite) pyatspi(ctx context.Context, env *suiteapi.Env, s *aci.Session, ours int) ([]result.Row, error) {
 	if err := s.PutFile(ctx, "/tmp/pyatspi_dump.py", pyatspiDump); err != nil {
 		return nil, err
 	}

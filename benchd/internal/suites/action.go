@@ -15,7 +15,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // actionSuite measures single ACI round trips on a 1280x800 desktop and, in
@@ -36,7 +36,7 @@ func (a *actionSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&a.peerN, "action-peer-n", 100, "samples per peer cell (--n overrides)")
 }
 
-func (a *actionSuite) Check(ctx context.Context, env *suite.Env) error { return checkHostGuest(env) }
+func (a *actionSuite) Check(ctx context.Context, env *suiteapi.Env) error { return checkHostGuest(env) }
 
 // Peers: a fresh process per action or screenshot, as OSWorld-style servers
 // drive a desktop.
@@ -45,7 +45,7 @@ func (a *actionSuite) Peers() []string { return []string{"xdotool", "import", "c
 // Where input lands: the root background in the sparse scene.
 const rootX, rootY = 1100, 700
 
-func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (a *actionSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	hg, err := startHostGuest(ctx, env)
 	if err != nil {
 		return nil, err
@@ -93,7 +93,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			cctx, sp := span(ctx, "action.screenshot", attribute.String("content", content), attribute.String("format", f.name))
 			lat := result.NewSeries("action.screenshot", "ms", labels("content", content, "format", f.name))
 			size := result.NewSeries("action.bytes", "bytes", labels("op", "screenshot", "content", content, "format", f.name))
-			err := suite.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
+			err := suiteapi.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
 				if err := touch.Touch(); err != nil {
 					return 0, err
 				}
@@ -105,12 +105,12 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 					return 0, err
 				}
 				if !validImage(f.name, r) {
-					return 0, suite.ErrUnverified
+					return 0, suiteapi.ErrUnverified
 				}
 				if !warm {
 					size.Add(float64(hg.Wire.Total() - w0))
 				}
-				return suite.Ms(d), nil
+				return suiteapi.Ms(d), nil
 			})
 			sp.End()
 			if err != nil {
@@ -126,7 +126,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			lat := result.NewSeries("action.screenshot_unchanged", "ms", labels("content", content, "format", "png"))
 			size := result.NewSeries("action.bytes", "bytes", labels("op", "screenshot_unchanged", "content", content, "format", "png"))
 			cctx, sp := span(ctx, "action.screenshot_unchanged", attribute.String("content", content))
-			err := suite.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
+			err := suiteapi.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
 				w0 := hg.Wire.Total()
 				t0 := time.Now()
 				r, err := s.Screenshot(cctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_PNG, IfNoneMatch: hash})
@@ -135,12 +135,12 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 					return 0, err
 				}
 				if !r.GetNotModified() || len(r.GetData()) != 0 {
-					return 0, suite.ErrUnverified
+					return 0, suiteapi.ErrUnverified
 				}
 				if !warm {
 					size.Add(float64(hg.Wire.Total() - w0))
 				}
-				return suite.Ms(d), nil
+				return suiteapi.Ms(d), nil
 			})
 			sp.End()
 			if err != nil {
@@ -155,7 +155,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			lat := result.NewSeries("action.click_png_step", "ms", labels("content", content))
 			size := result.NewSeries("action.bytes", "bytes", labels("op", "click_png_step", "content", content))
 			cctx, sp := span(ctx, "action.click_png_step", attribute.String("content", content))
-			err := suite.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
+			err := suiteapi.Measure(cctx, lat, warm, nShot, func(warm bool) (float64, error) {
 				w0 := hg.Wire.Total()
 				t0 := time.Now()
 				r, err := s.Step(cctx, []*aciv1.Action{aci.Click(1270, 790)}, aci.PNG())
@@ -167,12 +167,12 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 					return 0, e
 				}
 				if !validImage("png", r.GetObservation()) {
-					return 0, suite.ErrUnverified
+					return 0, suiteapi.ErrUnverified
 				}
 				if !warm {
 					size.Add(float64(hg.Wire.Total() - w0))
 				}
-				return suite.Ms(d), nil
+				return suiteapi.Ms(d), nil
 			})
 			sp.End()
 			if err != nil {
@@ -186,18 +186,18 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			lat := result.NewSeries("peer.import_png", "ms", labels("content", content))
 			size := result.NewSeries("peer.bytes", "bytes", labels("op", "import_png", "content", content))
 			lat.Baseline, size.Baseline = true, true
-			err := suite.Measure(ctx, lat, min(warm, 2), nPeer, func(warm bool) (float64, error) {
+			err := suiteapi.Measure(ctx, lat, min(warm, 2), nPeer, func(warm bool) (float64, error) {
 				out, d, err := runTimed(ctx, envX, imImport, "-window", "root", "png:-")
 				if err != nil {
 					return 0, err
 				}
 				if !isPNG(out) {
-					return 0, suite.ErrUnverified
+					return 0, suiteapi.ErrUnverified
 				}
 				if !warm {
 					size.Add(float64(len(out)))
 				}
-				return suite.Ms(d), nil
+				return suiteapi.Ms(d), nil
 			})
 			if err != nil {
 				return nil, err
@@ -208,18 +208,18 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			lat := result.NewSeries("peer.xwd_convert_png", "ms", labels("content", content))
 			size := result.NewSeries("peer.bytes", "bytes", labels("op", "xwd_convert_png", "content", content))
 			lat.Baseline, size.Baseline = true, true
-			err := suite.Measure(ctx, lat, min(warm, 2), nPeer, func(warm bool) (float64, error) {
+			err := suiteapi.Measure(ctx, lat, min(warm, 2), nPeer, func(warm bool) (float64, error) {
 				out, d, err := runPipeTimed(ctx, envX, []string{xwd, "-root", "-silent"}, []string{imConvert, "xwd:-", "png:-"})
 				if err != nil {
 					return 0, err
 				}
 				if !isPNG(out) {
-					return 0, suite.ErrUnverified
+					return 0, suiteapi.ErrUnverified
 				}
 				if !warm {
 					size.Add(float64(len(out)))
 				}
-				return suite.Ms(d), nil
+				return suiteapi.Ms(d), nil
 			})
 			if err != nil {
 				return nil, err
@@ -256,7 +256,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 		size := result.NewSeries("action.bytes", "bytes", labels("op", o.name))
 		cctx, sp := span(ctx, "action."+o.name)
 		i := 0
-		err := suite.Measure(cctx, lat, warm, nIn, func(warm bool) (float64, error) {
+		err := suiteapi.Measure(cctx, lat, warm, nIn, func(warm bool) (float64, error) {
 			i++
 			w0 := hg.Wire.Total()
 			t0 := time.Now()
@@ -267,7 +267,7 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			if !warm {
 				size.Add(float64(hg.Wire.Total() - w0))
 			}
-			return suite.Ms(d), nil
+			return suiteapi.Ms(d), nil
 		})
 		sp.End()
 		if err != nil {
@@ -291,9 +291,9 @@ func (a *actionSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 		}
 		lat := result.NewSeries("peer."+p.name, "ms", nil)
 		lat.Baseline = true
-		err := suite.Measure(ctx, lat, min(warm, 2), max(nPeer, min(nIn, 100)), func(warm bool) (float64, error) {
+		err := suiteapi.Measure(ctx, lat, min(warm, 2), max(nPeer, min(nIn, 100)), func(warm bool) (float64, error) {
 			_, d, err := runTimed(ctx, envX, p.argv...)
-			return suite.Ms(d), err
+			return suiteapi.Ms(d), err
 		})
 		if err != nil {
 			return nil, err

@@ -15,7 +15,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // containerdSocket and namespace controld uses (the floor runs there too).
@@ -39,11 +39,11 @@ func (b *bootSuite) Flags(fs *flag.FlagSet) {
 	fs.BoolVar(&b.floor, "boot-floor", true, "also time ctr run --rm IMAGE /bin/true, the runtime floor")
 	fs.StringVar(&b.image, "boot-image", "", "image to boot (default: controld's default image, which warm slots serve; another boots cold)")
 }
-func (b *bootSuite) Check(ctx context.Context, env *suite.Env) error {
+func (b *bootSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
 }
 
-func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (b *bootSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -107,8 +107,8 @@ func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 				s = result.NewSeries("boot.milestone", "ms", labels("milestone", k.milestone, "start", start))
 				phases[k] = s
 			}
-			s.Add(suite.Ms(at))
-			order[k] += suite.Ms(at)
+			s.Add(suiteapi.Ms(at))
+			order[k] += suiteapi.Ms(at)
 		}
 		_, ps := env.Tracer.Start(bctx, "boot.phase.client_first_screenshot", oteltrace.WithTimestamp(t0.Add(created)))
 		ps.End()
@@ -117,15 +117,15 @@ func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 		switch {
 		case isWarm:
 			u.Warmup()
-		case errors.Is(err, suite.ErrUnverified):
+		case errors.Is(err, suiteapi.ErrUnverified):
 			u.Unverified()
 		case err != nil:
 			u.Fail()
 		default:
-			u.Add(suite.Ms(total))
+			u.Add(suiteapi.Ms(total))
 		}
 		c.remove(ctx, sb.GetId())
-		env.Progressf("boot %d/%d (%s): usable after %.0f ms", i+1, warm+n, start, suite.Ms(total))
+		env.Progressf("boot %d/%d (%s): usable after %.0f ms", i+1, warm+n, start, suiteapi.Ms(total))
 	}
 	names := make([]key, 0, len(phases))
 	for k := range phases {
@@ -170,11 +170,11 @@ func (b *bootSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 	floor := result.NewSeries("boot.floor_ctr_run_true", "ms", labels("image", image))
 	floor.Baseline = true
 	i := 0
-	err = suite.Measure(ctx, floor, 1, n, func(bool) (float64, error) {
+	err = suiteapi.Measure(ctx, floor, 1, n, func(bool) (float64, error) {
 		i++
 		id := fmt.Sprintf("benchd-floor-%d-%d", time.Now().UnixNano(), i)
 		_, d, err := runTimed(ctx, nil, "ctr", "-a", containerdSocket, "-n", containerdNS, "run", "--rm", image, id, "/bin/true")
-		return suite.Ms(d), err
+		return suiteapi.Ms(d), err
 	})
 	if err != nil {
 		return nil, err

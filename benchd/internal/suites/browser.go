@@ -17,7 +17,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // browserShape labels every row of the browser suite.
@@ -48,11 +48,11 @@ func (b *browserSuite) Flags(fs *flag.FlagSet) {
 	fs.BoolVar(&b.peer, "browser-podman", true, "also measure podman checkpoint --leave-running / restore of the same image")
 }
 func (b *browserSuite) Peers() []string { return podmanPeers(b.peer) }
-func (b *browserSuite) Check(ctx context.Context, env *suite.Env) error {
+func (b *browserSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
 }
 
-func (b *browserSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (b *browserSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func (b *browserSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, e
 
 // boots measures create to the start page loaded (the browser window
 // carries its title) n times and keeps the last sandbox as the source.
-func (b *browserSuite) boots(ctx context.Context, env *suite.Env, c *controld, n, warm int) ([]result.Row, *controldv1.CreateSandboxResponse, error) {
+func (b *browserSuite) boots(ctx context.Context, env *suiteapi.Env, c *controld, n, warm int) ([]result.Row, *controldv1.CreateSandboxResponse, error) {
 	lbl := labels("shape", browserShape)
 	usable := result.NewSeries("browser.boot_usable", "ms", lbl)
 	loaded := result.NewSeries("browser.boot_page_loaded", "ms", lbl)
@@ -139,9 +139,9 @@ func (b *browserSuite) boots(ctx context.Context, env *suite.Env, c *controld, n
 			loaded.Fail()
 			env.Progressf("browser boot: %v", err)
 		default:
-			usable.Add(suite.Ms(u))
-			loaded.Add(suite.Ms(l))
-			env.Progressf("browser boot %d/%d: usable %.0f ms, page loaded %.0f ms", i+1-warm, n, suite.Ms(u), suite.Ms(l))
+			usable.Add(suiteapi.Ms(u))
+			loaded.Add(suiteapi.Ms(l))
+			env.Progressf("browser boot %d/%d: usable %.0f ms, page loaded %.0f ms", i+1-warm, n, suiteapi.Ms(u), suiteapi.Ms(l))
 		}
 		if keep != nil {
 			c.remove(ctx, keep.GetSandbox().GetId())
@@ -157,7 +157,7 @@ func (b *browserSuite) boots(ctx context.Context, env *suite.Env, c *controld, n
 // claimShowsPage claims a replica of the page from a frozen pool and checks
 // the first screenshot after the claim shows the page: the window is the
 // counter page's and the frame is not blank.
-func (b *browserSuite) claimShowsPage(ctx context.Context, env *suite.Env, c *controld, ckID string) error {
+func (b *browserSuite) claimShowsPage(ctx context.Context, env *suiteapi.Env, c *controld, ckID string) error {
 	pr, err := c.pl.CreatePool(ctx, &controldv1.CreatePoolRequest{Name: fmt.Sprintf("benchd-browser-shows-%d", time.Now().UnixNano()),
 		Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ckID}, Size: 1, Labels: map[string]string{benchLabel: "1"}})
 	if err != nil {
@@ -265,7 +265,7 @@ func waitTitle(ctx context.Context, s *aci.Session, ok func(string) bool) error 
 // podmanRows runs podman's checkpoint and restore of the same image with the
 // same CRIU options controld gives it (the image's ghost limit), on the
 // same page.
-func (b *browserSuite) podmanRows(ctx context.Context, env *suite.Env, n, warm int) []result.Row {
+func (b *browserSuite) podmanRows(ctx context.Context, env *suiteapi.Env, n, warm int) []result.Row {
 	conf := filepath.Join(env.WorkDir, "browser-criu.conf")
 	if err := os.WriteFile(conf, []byte("tcp-close\nfile-locks\nnetwork-lock skip\nghost-limit 67108864\n"), 0o644); err != nil {
 		env.Notef("podman peer not measured: %v", err)

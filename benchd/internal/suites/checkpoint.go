@@ -15,7 +15,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // checkpointSuite measures live checkpoints of a running sandbox.
@@ -39,11 +39,11 @@ func (s *checkpointSuite) Flags(fs *flag.FlagSet) {
 // --checkpoint-podman=false.
 func (s *checkpointSuite) Peers() []string { return podmanPeers(s.peer) }
 
-func (s *checkpointSuite) Check(ctx context.Context, env *suite.Env) error {
+func (s *checkpointSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
 }
 
-func (s *checkpointSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (s *checkpointSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -83,7 +83,7 @@ func (s *checkpointSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 }
 
 // peerRows measures podman (when asked) and our ratios against it.
-func (s *checkpointSuite) peerRows(ctx context.Context, env *suite.Env, image string, n, warm int, ours []result.Row) []result.Row {
+func (s *checkpointSuite) peerRows(ctx context.Context, env *suiteapi.Env, image string, n, warm int, ours []result.Row) []result.Row {
 	if !s.peer {
 		return nil
 	}
@@ -94,7 +94,7 @@ func (s *checkpointSuite) peerRows(ctx context.Context, env *suite.Env, image st
 // podmanRows runs podman's checkpoint --leave-running and restore --import
 // of the same image as baseline rows, and our bare-desktop checkpoint as
 // ratios against them. A peer that cannot run is a note, not a failure.
-func (s *checkpointSuite) podmanRows(ctx context.Context, env *suite.Env, image string, n, warm int) []result.Row {
+func (s *checkpointSuite) podmanRows(ctx context.Context, env *suiteapi.Env, image string, n, warm int) []result.Row {
 	peer, err := newPodmanPeer(ctx, env, image, "bare-desktop")
 	if err != nil {
 		env.Notef("podman peer not measured: %v", err)
@@ -173,7 +173,7 @@ func (s *checkpointSuite) ballast(ctx context.Context, ep *controldv1.Endpoint) 
 	return fmt.Errorf("RAM ballast did not reach %d MB within 2 minutes", s.ballMB)
 }
 
-func (s *checkpointSuite) shape(ctx context.Context, env *suite.Env, c *controld, sandboxID, shape string, n, warm int) ([]result.Row, error) {
+func (s *checkpointSuite) shape(ctx context.Context, env *suiteapi.Env, c *controld, sandboxID, shape string, n, warm int) ([]result.Row, error) {
 	lbl := labels("shape", shape, "tier", "memory")
 	client := result.NewSeries("checkpoint.client_total", "ms", lbl)
 	total := result.NewSeries("checkpoint.total", "ms", lbl)
@@ -202,7 +202,7 @@ func (s *checkpointSuite) shape(ctx context.Context, env *suite.Env, c *controld
 			continue
 		}
 		ck := r.GetCheckpoint()
-		client.Add(suite.Ms(d))
+		client.Add(suiteapi.Ms(d))
 		t := ck.GetTiming()
 		total.Add(dur(t.GetTotal()))
 		frozen.Add(dur(t.GetFrozen()))
@@ -211,7 +211,7 @@ func (s *checkpointSuite) shape(ctx context.Context, env *suite.Env, c *controld
 		mem.Add(float64(ck.GetMemoryBytes()) / 1e6)
 		disk.Add(float64(ck.GetLayerBytes()) / 1e6)
 		c.removeCheckpoint(ctx, ck.GetId())
-		env.Progressf("checkpoint %s %d/%d: %.0f ms (frozen %.0f)", shape, i+1-warm, n, suite.Ms(d), dur(t.GetFrozen()))
+		env.Progressf("checkpoint %s %d/%d: %.0f ms (frozen %.0f)", shape, i+1-warm, n, suiteapi.Ms(d), dur(t.GetFrozen()))
 	}
 	// The source must still be running: the checkpoint is live.
 	g, err := c.sb.GetSandbox(ctx, &controldv1.GetSandboxRequest{Id: sandboxID})

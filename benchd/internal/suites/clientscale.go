@@ -21,7 +21,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/hostinfo"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // clientScale measures the client plane alone: N ACI sessions in this process
@@ -62,9 +62,9 @@ func (c *clientScale) wants(client string) bool {
 	return false
 }
 
-func (c *clientScale) Check(ctx context.Context, env *suite.Env) error {
+func (c *clientScale) Check(ctx context.Context, env *suiteapi.Env) error {
 	if env.Self == "" {
-		return suite.Skipf("benchd cannot find its own executable to start peers")
+		return suiteapi.Skipf("benchd cannot find its own executable to start peers")
 	}
 	return nil
 }
@@ -117,7 +117,7 @@ func (p *peerProc) stop() {
 	}
 }
 
-func (c *clientScale) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (c *clientScale) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	if c.frameBytes <= 0 || c.peers <= 0 || c.window <= 0 {
 		return nil, errors.New("clientscale: frame bytes, peers and window must be positive")
 	}
@@ -234,7 +234,7 @@ func (py *pythonClient) run(ctx context.Context, peers []*peerProc, n int, mode 
 }
 
 // pythonTier is tier for the Python SDK: the same rows, labelled client=python.
-func (c *clientScale) pythonTier(ctx context.Context, env *suite.Env, py *pythonClient, peers []*peerProc, n, windows int, mhz float64) ([]result.Row, error) {
+func (c *clientScale) pythonTier(ctx context.Context, env *suiteapi.Env, py *pythonClient, peers []*peerProc, n, windows int, mhz float64) ([]result.Row, error) {
 	ws, err := py.run(ctx, peers, n, "observe", windows, c.window, c.frameBytes)
 	if err != nil {
 		return nil, err
@@ -281,7 +281,7 @@ func (c *clientScale) pythonTier(ctx context.Context, env *suite.Env, py *python
 // stepLatency is one session's closed-loop Step (three actions and a JPEG
 // observation of --clientscale-frame-bytes) for each client, in this run,
 // and the Python client's p50 over the Go client's.
-func (c *clientScale) stepLatency(ctx context.Context, env *suite.Env, py *pythonClient, peers []*peerProc, windows int) ([]result.Row, error) {
+func (c *clientScale) stepLatency(ctx context.Context, env *suiteapi.Env, py *pythonClient, peers []*peerProc, windows int) ([]result.Row, error) {
 	var rows []result.Row
 	var goP50, pyP50 float64
 	if c.wants("go") {
@@ -309,7 +309,7 @@ func (c *clientScale) stepLatency(ctx context.Context, env *suite.Env, py *pytho
 				case err != nil || len(r.GetObservation().GetData()) != c.frameBytes:
 					series.Fail()
 				default:
-					series.Add(suite.Ms(time.Since(t0)))
+					series.Add(suiteapi.Ms(time.Since(t0)))
 				}
 			}
 		}
@@ -352,7 +352,7 @@ func (c *clientScale) stepLatency(ctx context.Context, env *suite.Env, py *pytho
 	return rows, nil
 }
 
-func (c *clientScale) tier(ctx context.Context, env *suite.Env, peers []*peerProc, n, windows int, mhz float64) ([]result.Row, error) {
+func (c *clientScale) tier(ctx context.Context, env *suiteapi.Env, peers []*peerProc, n, windows int, mhz float64) ([]result.Row, error) {
 	sessions := make([]*aci.Session, n)
 	defer func() {
 		for _, s := range sessions {
@@ -462,7 +462,7 @@ func (c *clientScale) window1(ctx context.Context, sessions []*aci.Session, d ti
 					continue
 				}
 				frames.Add(1)
-				local = append(local, suite.Ms(time.Since(t0)))
+				local = append(local, suiteapi.Ms(time.Since(t0)))
 			}
 			if lat != nil {
 				mu.Lock()

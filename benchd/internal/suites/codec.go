@@ -14,7 +14,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // codecSuite is the observation codec ladder: format x quality x downscale
@@ -38,9 +38,9 @@ func (c *codecSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.n, "codec-n", 30, "samples per cell (--n overrides)")
 }
 
-func (c *codecSuite) Check(ctx context.Context, env *suite.Env) error { return checkHostGuest(env) }
+func (c *codecSuite) Check(ctx context.Context, env *suiteapi.Env) error { return checkHostGuest(env) }
 
-func (c *codecSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (c *codecSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	hg, err := startHostGuest(ctx, env)
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (c *codecSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, err
 				}
 				cctx, sp := env.Tracer.Start(ctx, "codec.cell", oteltrace.WithAttributes(
 					attribute.String("content", content), attribute.String("codec", ce.name), attribute.String("edge", edgeName)))
-				err := suite.Measure(cctx, lat, warm, n, func(w bool) (float64, error) {
+				err := suiteapi.Measure(cctx, lat, warm, n, func(w bool) (float64, error) {
 					if err := touch.Touch(); err != nil {
 						return 0, err
 					}
@@ -99,13 +99,13 @@ func (c *codecSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, err
 						return 0, err
 					}
 					if !validImage(format, r) || (edge > 0 && max(r.GetWidth(), r.GetHeight()) > uint32(edge)) {
-						return 0, suite.ErrUnverified
+						return 0, suiteapi.ErrUnverified
 					}
 					if !w {
 						size.Add(float64(len(r.GetData())))
 						enc.Add(float64(r.GetEncodeNs()) / 1e6)
 					}
-					return suite.Ms(d), nil
+					return suiteapi.Ms(d), nil
 				})
 				sp.End()
 				if err != nil {

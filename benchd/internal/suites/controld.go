@@ -20,7 +20,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/client"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/guestsock"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // benchLabel marks everything benchd creates through controld, so leftovers
@@ -38,28 +38,28 @@ type controld struct {
 }
 
 // checkControld skips unless the socket exists and answers.
-func checkControld(ctx context.Context, env *suite.Env) error {
+func checkControld(ctx context.Context, env *suiteapi.Env) error {
 	st, err := os.Stat(env.ControldSocket)
 	if err != nil {
-		return suite.Skipf("controld socket %s absent (controld not running)", env.ControldSocket)
+		return suiteapi.Skipf("controld socket %s absent (controld not running)", env.ControldSocket)
 	}
 	if st.Mode()&os.ModeSocket == 0 {
-		return suite.Skipf("%s is not a socket", env.ControldSocket)
+		return suiteapi.Skipf("%s is not a socket", env.ControldSocket)
 	}
 	c, err := dialControld(ctx, env)
 	if err != nil {
-		return suite.Skipf("controld: %v", err)
+		return suiteapi.Skipf("controld: %v", err)
 	}
 	defer c.Close()
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := c.sb.ListSandboxes(cctx, &controldv1.ListSandboxesRequest{Labels: map[string]string{benchLabel: "probe"}}); err != nil {
-		return suite.Skipf("controld at %s does not answer: %v", env.ControldSocket, err)
+		return suiteapi.Skipf("controld at %s does not answer: %v", env.ControldSocket, err)
 	}
 	return nil
 }
 
-func dialControld(ctx context.Context, env *suite.Env) (*controld, error) {
+func dialControld(ctx context.Context, env *suiteapi.Env) (*controld, error) {
 	c, err := client.Dial(ctx, "unix://"+env.ControldSocket)
 	if err != nil {
 		return nil, err
@@ -149,7 +149,7 @@ func firstScreenshot(ctx context.Context, ep *controldv1.Endpoint) error {
 		return err
 	}
 	if !validImage("png", r) {
-		return suite.ErrUnverified
+		return suiteapi.ErrUnverified
 	}
 	return nil
 }
@@ -299,7 +299,7 @@ func dur(d *durationpb.Duration) float64 {
 	if d == nil {
 		return 0
 	}
-	return suite.Ms(d.AsDuration())
+	return suiteapi.Ms(d.AsDuration())
 }
 
 func verified(r *controldv1.ForkReplica) bool {

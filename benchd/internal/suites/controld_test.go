@@ -14,7 +14,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/runner"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // TestControldSuitesAgainstFake runs every controld suite end to end against
@@ -29,7 +29,7 @@ func TestControldSuitesAgainstFake(t *testing.T) {
 	srv.SetEndpoint(func(*controldv1.Sandbox) *controldv1.Endpoint { return &controldv1.Endpoint{Url: guest.URL()} })
 
 	cases := []struct {
-		s     suite.Suite
+		s     suiteapi.Suite
 		flags []string
 		want  []string // metrics that must have successful samples
 	}{
@@ -47,7 +47,7 @@ func TestControldSuitesAgainstFake(t *testing.T) {
 			if err := fs.Parse(c.flags); err != nil {
 				t.Fatal(err)
 			}
-			env := &suite.Env{N: 2, Warmup: 0, ControldSocket: srv.SocketPath, WorkDir: t.TempDir()}
+			env := &suiteapi.Env{N: 2, Warmup: 0, ControldSocket: srv.SocketPath, WorkDir: t.TempDir()}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			o, err := runner.Run(ctx, c.s, env, t.TempDir(), map[string]any{})
@@ -75,9 +75,9 @@ func TestControldSuitesAgainstFake(t *testing.T) {
 }
 
 func TestControldSuitesSkipWithoutSocket(t *testing.T) {
-	env := &suite.Env{ControldSocket: "/nonexistent/controld.sock"}
-	for _, s := range []suite.Suite{&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &dedupSuite{}, &browserSuite{}, &legibilitySuite{}} {
-		reason, ok := suite.IsSkip(s.Check(context.Background(), env))
+	env := &suiteapi.Env{ControldSocket: "/nonexistent/controld.sock"}
+	for _, s := range []suiteapi.Suite{&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &dedupSuite{}, &browserSuite{}, &legibilitySuite{}} {
+		reason, ok := suiteapi.IsSkip(s.Check(context.Background(), env))
 		if !ok || !strings.Contains(reason, "absent") {
 			t.Errorf("%s: %q %v", s.Name(), reason, ok)
 		}

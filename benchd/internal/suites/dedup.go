@@ -16,7 +16,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // dedupSuite measures observation dedup over a forked fleet through one
@@ -35,9 +35,11 @@ func (d *dedupSuite) Flags(fs *flag.FlagSet) {
 	fs.Var(&d.ns, "dedup-ns", "fleet sizes")
 	fs.IntVar(&d.rounds, "dedup-rounds", 6, "observe-all rounds per mode")
 }
-func (d *dedupSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+func (d *dedupSuite) Check(ctx context.Context, env *suiteapi.Env) error {
+	return checkControld(ctx, env)
+}
 
-func (d *dedupSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (d *dedupSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -75,7 +77,7 @@ func (d *dedupSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, err
 	return rows, nil
 }
 
-func (d *dedupSuite) fleet(ctx context.Context, env *suite.Env, n int, eps []*controldv1.Endpoint, rounds int) ([]result.Row, error) {
+func (d *dedupSuite) fleet(ctx context.Context, env *suiteapi.Env, n int, eps []*controldv1.Endpoint, rounds int) ([]result.Row, error) {
 	if len(eps) < n {
 		env.Notef("fleet N=%d: only %d replicas verified; measuring those", n, len(eps))
 	}

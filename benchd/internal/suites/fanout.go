@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 type fanoutSuite struct {
@@ -27,11 +27,11 @@ func (f *fanoutSuite) Flags(fs *flag.FlagSet) {
 	fs.Var(&f.ns, "fanout-ns", "concurrent boot counts")
 	fs.IntVar(&f.reps, "fanout-reps", 3, "repetitions per N (--n overrides)")
 }
-func (f *fanoutSuite) Check(ctx context.Context, env *suite.Env) error {
+func (f *fanoutSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
 }
 
-func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (f *fanoutSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -75,8 +75,8 @@ func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			for i, err := range errs {
 				switch {
 				case err == nil:
-					per.Add(suite.Ms(took[i]))
-				case errors.Is(err, suite.ErrUnverified):
+					per.Add(suiteapi.Ms(took[i]))
+				case errors.Is(err, suiteapi.ErrUnverified):
 					per.Unverified()
 				default:
 					per.Fail()
@@ -89,8 +89,8 @@ func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 				}
 			}
 			if ok == n {
-				wall.Add(suite.Ms(w))
-				amort.Add(suite.Ms(w) / float64(n))
+				wall.Add(suiteapi.Ms(w))
+				amort.Add(suiteapi.Ms(w) / float64(n))
 				// Let the desktops settle before reading memory.
 				time.Sleep(2 * time.Second)
 				host.Add((hostUsedMB() - before) / float64(n))
@@ -116,7 +116,7 @@ func (f *fanoutSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 			for _, id := range ids {
 				c.remove(ctx, id)
 			}
-			env.Progressf("fanout: N=%d rep %d: %d/%d usable in %.0f ms", n, r+1, ok, n, suite.Ms(w))
+			env.Progressf("fanout: N=%d rep %d: %d/%d usable in %.0f ms", n, r+1, ok, n, suiteapi.Ms(w))
 		}
 		rows = append(rows, wall.Row(), per.Row(), amort.Row(), host.Row())
 		if rss.Len() > 0 {

@@ -17,7 +17,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // forkSuite measures fork to usable, verified replicas.
@@ -54,9 +54,11 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 // Peers: podman's restore of the same container, unless --fork-podman=false.
 func (f *forkSuite) Peers() []string { return podmanPeers(f.peer) }
 
-func (f *forkSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+func (f *forkSuite) Check(ctx context.Context, env *suiteapi.Env) error {
+	return checkControld(ctx, env)
+}
 
-func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (f *forkSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -101,7 +103,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 // referenceShape forks the reference shape (ramMB of RAM one process holds
 // and touches, 100 MB written on disk) from a memory-tier checkpoint: the
 // figure that grows with the sandbox's memory under eager restore.
-func (f *forkSuite) referenceShape(ctx context.Context, env *suite.Env, c *controld, reps int) []result.Row {
+func (f *forkSuite) referenceShape(ctx context.Context, env *suiteapi.Env, c *controld, reps int) []result.Row {
 	shape := fmt.Sprintf("ram-%dMB+disk-100MB", f.ramMB)
 	ref, err := c.create(ctx)
 	if err != nil {
@@ -130,7 +132,7 @@ func (f *forkSuite) referenceShape(ctx context.Context, env *suite.Env, c *contr
 // forkN forks n replicas of checkpoint ckID reps times: wall clock, per
 // replica, the restore breakdown, and memory per replica (after settle, and
 // on the last repetition after ksmWait). extra are labels every row carries.
-func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID, tier string, n, reps int, extra ...string) []result.Row {
+func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, ckID, tier string, n, reps int, extra ...string) []result.Row {
 	lbl := labels(append([]string{"tier", tier, "n", itoa(n)}, extra...)...)
 	wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
 	per := result.NewSeries("fork.replica_usable", "ms", lbl)
@@ -173,8 +175,8 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 		}
 		// A wall clock counts only when every replica is verified.
 		if good == n && len(resp.GetReplicas()) == n {
-			wall.Add(suite.Ms(w))
-			amort.Add(suite.Ms(w) / float64(n))
+			wall.Add(suiteapi.Ms(w))
+			amort.Add(suiteapi.Ms(w) / float64(n))
 		} else {
 			wall.Unverified()
 		}
@@ -198,7 +200,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 		for _, rep := range resp.GetReplicas() {
 			c.remove(ctx, rep.GetSandbox().GetId())
 		}
-		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier, n, r+1, good, n, suite.Ms(w))
+		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier, n, r+1, good, n, suiteapi.Ms(w))
 	}
 	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
 	rows = append(rows, breakdown.rows()...)
@@ -213,7 +215,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suite.Env, c *controld, ckID
 // podmanRows measures podman restore --import of the same image, N=1 and
 // N=4 at once, and our fork's wall clocks as ratios against it: both count
 // a replica once its guestd answers.
-func (f *forkSuite) podmanRows(ctx context.Context, env *suite.Env, image string, reps int) []result.Row {
+func (f *forkSuite) podmanRows(ctx context.Context, env *suiteapi.Env, image string, reps int) []result.Row {
 	if image == "" {
 		env.Notef("podman peer not measured: no golden sandbox named the image")
 		return nil

@@ -16,7 +16,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/desktoptest"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // hostGuest is the host-side system under test: Xvfb + openbox + guestd,
@@ -52,7 +52,7 @@ func (c countedConn) Write(p []byte) (int, error) {
 }
 
 // guestdBinary returns --guestd or builds guestd from the monorepo.
-func guestdBinary(ctx context.Context, env *suite.Env) (string, error) {
+func guestdBinary(ctx context.Context, env *suiteapi.Env) (string, error) {
 	bin := env.GuestdBin
 	if bin == "" {
 		env.Progressf("building guestd from %s/guestd", env.RepoRoot)
@@ -82,18 +82,18 @@ func fileSHA256(path string) (string, error) {
 }
 
 // checkHostGuest is the prerequisite check of every host-desktop suite.
-func checkHostGuest(env *suite.Env) error {
+func checkHostGuest(env *suiteapi.Env) error {
 	for _, bin := range []string{"Xvfb", "openbox", "xterm", "xsetroot"} {
 		if _, err := lookPath(bin); err != nil {
-			return suite.Skipf("%s not installed", bin)
+			return suiteapi.Skipf("%s not installed", bin)
 		}
 	}
 	if env.GuestdBin == "" && env.RepoRoot == "" {
-		return suite.Skipf("no --guestd given and no monorepo to build it from")
+		return suiteapi.Skipf("no --guestd given and no monorepo to build it from")
 	}
 	if env.GuestdBin != "" {
 		if _, err := os.Stat(env.GuestdBin); err != nil {
-			return suite.Skipf("--guestd: %v", err)
+			return suiteapi.Skipf("--guestd: %v", err)
 		}
 	}
 	return nil
@@ -101,7 +101,7 @@ func checkHostGuest(env *suite.Env) error {
 
 // startHostGuest brings up the desktop and guestd and dials one session
 // through a byte-counting dialer.
-func startHostGuest(ctx context.Context, env *suite.Env) (*hostGuest, error) {
+func startHostGuest(ctx context.Context, env *suiteapi.Env) (*hostGuest, error) {
 	bin, err := guestdBinary(ctx, env)
 	if err != nil {
 		return nil, err

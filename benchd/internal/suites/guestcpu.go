@@ -14,7 +14,7 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/rfb"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // guestCPUSuite measures what streaming costs in guest CPU: guestd and
@@ -40,7 +40,7 @@ func (g *guestCPUSuite) Flags(fs *flag.FlagSet) {
 // Peers: x11vnc, whose capture polls the screen.
 func (g *guestCPUSuite) Peers() []string { return []string{"x11vnc"} }
 
-func (g *guestCPUSuite) Check(ctx context.Context, env *suite.Env) error {
+func (g *guestCPUSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if g.window < time.Second || g.reps < 1 {
 		return fmt.Errorf("guestcpu: --guestcpu-window must be >= 1s and --guestcpu-reps >= 1")
 	}
@@ -112,7 +112,7 @@ func sortedKeys(m map[string][]string) []string {
 	return k
 }
 
-func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (g *guestCPUSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	hg, err := startHostGuest(ctx, env)
 	if err != nil {
 		return nil, err
@@ -241,7 +241,7 @@ func (g *guestCPUSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, 
 
 // peerCells runs x11vnc (with extra arguments) on a fresh scene with one
 // viewer keeping an incremental request outstanding, idle then typing.
-func (g *guestCPUSuite) peerCells(ctx context.Context, env *suite.Env, hg *hostGuest, x11vnc, tuning string, extra []string, xpid, gpid string,
+func (g *guestCPUSuite) peerCells(ctx context.Context, env *suiteapi.Env, hg *hostGuest, x11vnc, tuning string, extra []string, xpid, gpid string,
 	cellRun func(*cpuCell, bool, *atomic.Int64) error) error {
 	if err := freshScene(ctx, env, hg, harness.SceneSparse); err != nil {
 		return err
@@ -279,7 +279,7 @@ func (g *guestCPUSuite) peerCells(ctx context.Context, env *suite.Env, hg *hostG
 
 // streamCells runs the idle and typing cells of one delta-zlib stream at
 // fps on a fresh scene.
-func (g *guestCPUSuite) streamCells(ctx context.Context, env *suite.Env, hg *hostGuest, m castMode, fps int,
+func (g *guestCPUSuite) streamCells(ctx context.Context, env *suiteapi.Env, hg *hostGuest, m castMode, fps int,
 	ours func(string, int, bool) *cpuCell, cellRun func(*cpuCell, bool, *atomic.Int64) error) error {
 	if err := freshScene(ctx, env, hg, harness.SceneSparse); err != nil {
 		return err

@@ -23,7 +23,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // legibilityPage is the browser's scripted text: two lines at each of five
@@ -67,7 +67,7 @@ func (l *legibilitySuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&l.upscaleBy, "legibility-ocr-zoom", 3, "the OCR judge's zoom of each box")
 }
 
-func (l *legibilitySuite) Check(ctx context.Context, env *suite.Env) error {
+func (l *legibilitySuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if err := checkControld(ctx, env); err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func (l *legibilitySuite) cells() ([]legCell, error) {
 	return cells, nil
 }
 
-func (l *legibilitySuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (l *legibilitySuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	cells, err := l.cells()
 	if err != nil {
 		return nil, err
@@ -298,7 +298,7 @@ func (l *legibilitySuite) terminal(ctx context.Context, s *aci.Session, px int) 
 
 // judge takes every cell's screenshot, OCRs the region, scores the elements
 // and returns the source's rows; verdicts[i] gains cell i's scored elements.
-func (l *legibilitySuite) judge(ctx context.Context, env *suite.Env, s *aci.Session, source string, els []legElement, region image.Rectangle,
+func (l *legibilitySuite) judge(ctx context.Context, env *suiteapi.Env, s *aci.Session, source string, els []legElement, region image.Rectangle,
 	cells []legCell, verdicts [][]scoredElement) ([]result.Row, error) {
 	region = region.Intersect(image.Rectangle{Max: l.screenSize})
 	// A terminal is one uniform block of text (page segmentation mode 6);
@@ -335,7 +335,7 @@ func (l *legibilitySuite) judge(ctx context.Context, env *suite.Env, s *aci.Sess
 // ocr decodes the cell's image, crops the screen region (scaled to the
 // image), zooms it and runs tesseract; it returns the lines and the mapping
 // from OCR pixels to screen pixels (screen = px/scale + origin).
-func (l *legibilitySuite) ocr(ctx context.Context, env *suite.Env, shot *aciv1.ScreenshotResponse, region image.Rectangle, psm string) ([]ocrLine, float64, image.Point, error) {
+func (l *legibilitySuite) ocr(ctx context.Context, env *suiteapi.Env, shot *aciv1.ScreenshotResponse, region image.Rectangle, psm string) ([]ocrLine, float64, image.Point, error) {
 	var img image.Image
 	var err error
 	switch {

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 func TestEditDistance(t *testing.T) {
@@ -129,7 +129,7 @@ func TestLegibilitySuiteSmoke(t *testing.T) {
 	if sock == "" {
 		sock = "/run/forkfleet/controld.sock"
 	}
-	env := &suite.Env{ControldSocket: sock, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
+	env := &suiteapi.Env{ControldSocket: sock, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
 	l := &legibilitySuite{}
 	fs := flag.NewFlagSet("legibility", flag.ContinueOnError)
 	l.Flags(fs)

@@ -25,7 +25,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // networkSuite measures what network mode egress costs against mode none,
@@ -51,12 +51,12 @@ func (s *networkSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.mb, "network-mb", 256, "MiB per throughput transfer")
 }
 
-func (s *networkSuite) Check(ctx context.Context, env *suite.Env) error {
+func (s *networkSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if os.Geteuid() != 0 {
-		return suite.Skipf("needs root (a network namespace for the outside server)")
+		return suiteapi.Skipf("needs root (a network namespace for the outside server)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		return suite.Skipf("no ip (iproute2)")
+		return suiteapi.Skipf("no ip (iproute2)")
 	}
 	return checkControld(ctx, env)
 }
@@ -76,7 +76,7 @@ func modesInTurn(r int) []controldv1.NetworkMode {
 	return []controldv1.NetworkMode{networkModes[1], networkModes[0]}
 }
 
-func (s *networkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (s *networkSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func (s *networkSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, e
 		Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
 	if err != nil {
 		if errors.Is(errgrpc.FromGRPC(err), errdefs.ErrFailedPrecondition) {
-			return nil, suite.Skipf("controld offers no mode egress: %v", err)
+			return nil, suiteapi.Skipf("controld offers no mode egress: %v", err)
 		}
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func (s *networkSuite) create(ctx context.Context, c *controld, m controldv1.Net
 // boot: CreateSandbox with wait_ready, one at a time, after a pause long
 // enough for the warm slot to be refilled (the first create of each mode is
 // a warm-up: it tells controld egress slots are wanted).
-func (s *networkSuite) boot(ctx context.Context, env *suite.Env, c *controld, reps int) []result.Row {
+func (s *networkSuite) boot(ctx context.Context, env *suiteapi.Env, c *controld, reps int) []result.Row {
 	series := map[controldv1.NetworkMode]*result.Series{}
 	for _, m := range networkModes {
 		series[m] = result.NewSeries("network.boot_usable", "ms", labels("mode", modeName(m)))
@@ -134,7 +134,7 @@ func (s *networkSuite) boot(ctx context.Context, env *suite.Env, c *controld, re
 				continue
 			}
 			if r >= 0 {
-				series[m].Add(suite.Ms(d))
+				series[m].Add(suiteapi.Ms(d))
 			} else {
 				series[m].Warmup()
 			}
@@ -147,7 +147,7 @@ func (s *networkSuite) boot(ctx context.Context, env *suite.Env, c *controld, re
 // fork: ForkCheckpoint of a checkpoint of each mode, N=1 and N=8, client
 // wall to every replica verified at the default levels; then a pool claim
 // (frozen pool of 2 per mode) to its first ACI answer.
-func (s *networkSuite) fork(ctx context.Context, env *suite.Env, c *controld) ([]result.Row, error) {
+func (s *networkSuite) fork(ctx context.Context, env *suiteapi.Env, c *controld) ([]result.Row, error) {
 	cks := map[controldv1.NetworkMode]string{}
 	pools := map[controldv1.NetworkMode]string{}
 	defer func() {
@@ -199,7 +199,7 @@ func (s *networkSuite) fork(ctx context.Context, env *suite.Env, c *controld) ([
 				case r < 0:
 					series[m].Warmup()
 				default:
-					series[m].Add(suite.Ms(d))
+					series[m].Add(suiteapi.Ms(d))
 				}
 			}
 		}
@@ -240,7 +240,7 @@ func (s *networkSuite) fork(ctx context.Context, env *suite.Env, c *controld) ([
 				var ct claimTimes
 				err = usableAfter(ctx, t0, cr.GetEndpoint(), &ct)
 				if err == nil && cr.GetHit() {
-					claim[m].Add(suite.Ms(ct.usable))
+					claim[m].Add(suiteapi.Ms(ct.usable))
 				}
 			}
 			if err != nil {
@@ -255,7 +255,7 @@ func (s *networkSuite) fork(ctx context.Context, env *suite.Env, c *controld) ([
 
 // throughput: the same transfer (bash reading /dev/tcp into /dev/null) from
 // an egress sandbox and from the host, to the outside server, interleaved.
-func (s *networkSuite) throughput(ctx context.Context, env *suite.Env, c *controld) ([]result.Row, error) {
+func (s *networkSuite) throughput(ctx context.Context, env *suiteapi.Env, c *controld) ([]result.Row, error) {
 	out, err := newOutsideHost()
 	if err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	"github.com/forkfleet/forkfleet/api/guestsock"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // podmanGlobal makes podman work on this host (no systemd, cgroup v1) with
@@ -62,7 +62,7 @@ func (p *podmanPeer) labels(kv ...string) map[string]string {
 // podmanPeer is the desktop image controld boots, run by podman with the
 // environment guestd needs, as the peer of our checkpoint and fork.
 type podmanPeer struct {
-	env    *suite.Env
+	env    *suiteapi.Env
 	ref    string
 	source string
 	// aciToken authenticates benchd to guestd in every peer container (the
@@ -90,7 +90,7 @@ func podmanPeers(on bool) []string {
 // (loading it from containerd when not), starts the source desktop and
 // waits until its guestd answers. shape labels its rows; runArgs are extra
 // `podman run` arguments (the image's CRIU config, say).
-func newPodmanPeer(ctx context.Context, env *suite.Env, image, shape string, runArgs ...string) (*podmanPeer, error) {
+func newPodmanPeer(ctx context.Context, env *suiteapi.Env, image, shape string, runArgs ...string) (*podmanPeer, error) {
 	if _, ok := env.Peer("podman"); !ok {
 		return nil, errors.New("podman not installed (make peers)")
 	}
@@ -127,7 +127,7 @@ func randomToken() string {
 // samePodmanImage returns the image config digest podman and containerd
 // share for ref, loading the image from containerd into podman when podman
 // lacks it or holds a different build.
-func samePodmanImage(ctx context.Context, env *suite.Env, ref string) (string, error) {
+func samePodmanImage(ctx context.Context, env *suiteapi.Env, ref string) (string, error) {
 	want, err := containerdConfigDigest(ctx, ref)
 	if err != nil {
 		return "", fmt.Errorf("image %s in containerd: %w", ref, err)
@@ -385,7 +385,7 @@ func (p *podmanPeer) checkpointRows(ctx context.Context, n, warm int) []result.R
 			case serr != nil:
 				ck.Unverified()
 			default:
-				ck.Add(suite.Ms(d))
+				ck.Add(suiteapi.Ms(d))
 				size.Add(float64(st.Size()) / 1e6)
 			}
 		}
@@ -473,20 +473,20 @@ func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, 
 					usable.Unverified()
 				default:
 					ok++
-					cmd.Add(suite.Ms(o.cmd))
-					usable.Add(suite.Ms(o.usable))
+					cmd.Add(suiteapi.Ms(o.cmd))
+					usable.Add(suiteapi.Ms(o.usable))
 				}
 				if o.err != nil {
 					p.env.Progressf("podman restore N=%d: %v", n, o.err)
 				}
 			}
 			if ok == n {
-				wall.Add(suite.Ms(w))
+				wall.Add(suiteapi.Ms(w))
 			} else {
 				wall.Fail()
 			}
 			p.remove(ctx, names...)
-			p.env.Progressf("podman restore --import N=%d rep %d: %d/%d verified in %.0f ms", n, r+1, ok, n, suite.Ms(w))
+			p.env.Progressf("podman restore --import N=%d rep %d: %d/%d verified in %.0f ms", n, r+1, ok, n, suiteapi.Ms(w))
 		}
 		rows = append(rows, cmd.Row(), usable.Row(), wall.Row())
 	}

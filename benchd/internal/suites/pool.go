@@ -17,7 +17,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/aci"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // poolSuite measures claims from warm pools under bursts larger than them:
@@ -47,7 +47,9 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 }
-func (p *poolSuite) Check(ctx context.Context, env *suite.Env) error { return checkControld(ctx, env) }
+func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
+	return checkControld(ctx, env)
+}
 
 // claimTimes are the milestones of one claim, from the client's side.
 type claimTimes struct {
@@ -71,7 +73,7 @@ func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct 
 		return err
 	}
 	if !validImage("png", r) {
-		return suite.ErrUnverified
+		return suiteapi.ErrUnverified
 	}
 	ct.screenshot = time.Since(t0)
 	return nil
@@ -97,13 +99,13 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 		}
 		return
 	case err == nil:
-		cs.usable.Add(suite.Ms(ct.usable))
-		cs.screenshot.Add(suite.Ms(ct.screenshot))
-	case errors.Is(err, suite.ErrUnverified):
-		cs.usable.Add(suite.Ms(ct.usable))
+		cs.usable.Add(suiteapi.Ms(ct.usable))
+		cs.screenshot.Add(suiteapi.Ms(ct.screenshot))
+	case errors.Is(err, suiteapi.ErrUnverified):
+		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Unverified()
 	case ct.usable > 0:
-		cs.usable.Add(suite.Ms(ct.usable))
+		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Fail()
 	default:
 		cs.usable.Fail()
@@ -111,8 +113,8 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 	}
 	if ct.usable > 0 {
 		// The RPC counts once the sandbox it returned proved usable.
-		cs.rpc.Add(suite.Ms(ct.rpc))
-		cs.server.Add(suite.Ms(server))
+		cs.rpc.Add(suiteapi.Ms(ct.rpc))
+		cs.server.Add(suiteapi.Ms(server))
 	} else {
 		cs.rpc.Unverified()
 		cs.server.Unverified()
@@ -123,7 +125,7 @@ func (cs *claimSeries) all() []*result.Series {
 	return []*result.Series{cs.rpc, cs.server, cs.usable, cs.screenshot}
 }
 
-func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -187,7 +189,7 @@ func (p *poolSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 
 // measure creates one pool from req's source, reads its idle replicas'
 // memory, then claims in bursts; the pool is deleted afterwards.
-func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, kind string, req *controldv1.CreatePoolRequest, reps int) ([]result.Row, error) {
+func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld, kind string, req *controldv1.CreatePoolRequest, reps int) ([]result.Row, error) {
 	name := fmt.Sprintf("benchd-%s-%d", kind, time.Now().UnixNano())
 	req.Name, req.Size = name, uint32(p.size)
 	req.Labels = map[string]string{benchLabel: "1", poolKindLabel: name}
@@ -230,7 +232,7 @@ func (p *poolSuite) measure(ctx context.Context, env *suite.Env, c *controld, ki
 	poolLbl := func(kv ...string) map[string]string {
 		return labels(append([]string{"pool", kind, "pool_size", itoa(p.size)}, kv...)...)
 	}
-	fill := result.Single("pool.fill", "ms", poolLbl(), suite.Ms(time.Since(t0)))
+	fill := result.Single("pool.fill", "ms", poolLbl(), suiteapi.Ms(time.Since(t0)))
 	rows := []result.Row{fill}
 	// Memory of the idle replicas: right after warm-up, and for the frozen
 	// pool again once KSM had time to merge their identical pages.

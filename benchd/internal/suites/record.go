@@ -20,7 +20,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // recordSuite measures what recording a sandbox costs: one episode of
@@ -54,12 +54,12 @@ func (r *recordSuite) Flags(fs *flag.FlagSet) {
 // is the reference.
 func (*recordSuite) Peers() []string { return nil }
 
-func (r *recordSuite) Check(ctx context.Context, env *suite.Env) error {
+func (r *recordSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if r.episode < 5*time.Second || r.reps < 1 || r.fps < 1 || r.fps > 60 {
 		return fmt.Errorf("record: --record-episode must be >= 5s, --record-reps >= 1 and --record-fps 1..60")
 	}
 	if _, err := exec.LookPath("ffprobe"); err != nil {
-		return suite.Skipf("ffprobe (Debian's ffmpeg; deploy/host-setup.sh installs it): %v", err)
+		return suiteapi.Skipf("ffprobe (Debian's ffmpeg; deploy/host-setup.sh installs it): %v", err)
 	}
 	return checkControld(ctx, env)
 }
@@ -166,7 +166,7 @@ func cpuWindow(id, controldPid string, fn func() error) (sandbox, controld float
 	return sandbox, controld, nil
 }
 
-func (r *recordSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (r *recordSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ func (r *recordSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 // recordRun is one run's sandbox and the series of each mode.
 type recordRun struct {
 	r     *recordSuite
-	env   *suite.Env
+	env   *suiteapi.Env
 	c     *controld
 	id    string
 	ep    *controldv1.Endpoint

@@ -12,7 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // TestRecordSuiteSmoke runs the record suite with 5 s episodes against the
@@ -25,7 +25,7 @@ func TestRecordSuiteSmoke(t *testing.T) {
 	if sock == "" {
 		sock = "/run/forkfleet/controld.sock"
 	}
-	env := &suite.Env{ControldSocket: sock, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
+	env := &suiteapi.Env{ControldSocket: sock, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
 	r := &recordSuite{}
 	fs := flag.NewFlagSet("record", flag.ContinueOnError)
 	r.Flags(fs)

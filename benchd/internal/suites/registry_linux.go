@@ -2,16 +2,16 @@
 
 package suites
 
-import "github.com/forkfleet/forkfleet/benchd/internal/suite"
+import "github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 
 // The order of `benchd run --suite all` and `benchd list`: cheap host-only
 // suites first, then the controld lifecycle, then streaming.
 func init() {
-	for _, s := range []suite.Suite{
+	for _, s := range []suiteapi.Suite{
 		&actionSuite{}, &codecSuite{}, &stepSuite{}, &dedupSuite{}, &clientScale{},
 		&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &networkSuite{}, &browserSuite{},
 		&remoteSuite{}, &a11ySuite{}, &legibilitySuite{}, &screencastSuite{}, &guestCPUSuite{}, &viewSuite{}, &recordSuite{},
 	} {
-		suite.Register(s)
+		suiteapi.Register(s)
 	}
 }

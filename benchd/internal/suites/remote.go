@@ -17,7 +17,7 @@ import (
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/registrytest"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // remoteSuite measures checkpoints through an OCI registry: a real
@@ -56,12 +56,12 @@ func (s *remoteSuite) Flags(fs *flag.FlagSet) {
 	fs.Var(&s.hostsNs, "remote-hosts-ns", "replica counts of the forks spread over two hosts (0: no hosts)")
 }
 
-func (s *remoteSuite) Check(ctx context.Context, env *suite.Env) error {
+func (s *remoteSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if _, err := os.Stat(registrytest.Bin); err != nil {
-		return suite.Skipf("docker-registry not installed (make test-tools): %v", err)
+		return suiteapi.Skipf("docker-registry not installed (make test-tools): %v", err)
 	}
 	if _, err := s.ctrBin(); err != nil {
-		return suite.Skipf("%v", err)
+		return suiteapi.Skipf("%v", err)
 	}
 	return checkControld(ctx, env)
 }
@@ -79,7 +79,7 @@ func (s *remoteSuite) ctrBin() (string, error) {
 	return p, nil
 }
 
-func (s *remoteSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (s *remoteSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func (s *remoteSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, er
 
 type remoteRun struct {
 	s   *remoteSuite
-	env *suite.Env
+	env *suiteapi.Env
 	c   *controld
 	reg string
 	ctr string
@@ -244,7 +244,7 @@ func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, push
 		push.Fail()
 		return fmt.Errorf("push: %w", err)
 	}
-	push.Add(suite.Ms(time.Since(t0)))
+	push.Add(suiteapi.Ms(time.Since(t0)))
 	dumped.Add(mb(d))
 	pushedSz.Add(mb(ex.GetPushedBytes()))
 	ratio.Add(100 * float64(ex.GetPushedBytes()) / float64(d))
@@ -260,7 +260,7 @@ func (r *remoteRun) rep(ctx context.Context, ramMB int, forks bool, dumped, push
 		pull.Fail()
 		return fmt.Errorf("pull: %w", err)
 	}
-	pull.Add(suite.Ms(time.Since(t0)))
+	pull.Add(suiteapi.Ms(time.Since(t0)))
 	pulledSz.Add(mb(im.GetPulledBytes()))
 	r.c.removeCheckpoint(ctx, im.GetCheckpoint().GetId())
 	r.env.Progressf("remote: pushed %.1f of %.1f MB dumped in %.0f ms, pulled in %.0f ms", mb(ex.GetPushedBytes()), mb(d), push.Values()[push.Len()-1], pull.Values()[pull.Len()-1])
@@ -339,11 +339,11 @@ func (r *remoteRun) fork(ctx context.Context, fs *forkSeries, req *controldv1.Fo
 		r.c.remove(ctx, rep.GetSandbox().GetId())
 	}
 	if good == int(req.GetCount()) && len(resp.GetReplicas()) == good {
-		s.Add(suite.Ms(w))
+		s.Add(suiteapi.Ms(w))
 	} else {
 		s.Unverified()
 	}
-	r.env.Progressf("remote: fork %s%s N=%d: %d verified in %.0f ms", req.GetCheckpointId(), req.GetCheckpointReference(), req.GetCount(), good, suite.Ms(w))
+	r.env.Progressf("remote: fork %s%s N=%d: %d verified in %.0f ms", req.GetCheckpointId(), req.GetCheckpointReference(), req.GetCount(), good, suiteapi.Ms(w))
 	return resp.GetCheckpointId(), nil
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/client"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // The remote suite's fleet: two controlds of benchd's own standing in for
@@ -67,7 +67,7 @@ func hostsBinaries(bin, self string) (controldBin, imageBin string, err error) {
 // startBenchHost imports the desktop image into namespace ns (skipped when
 // there already) and runs controld bin as host name with its state under
 // dir, until stop.
-func startBenchHost(ctx context.Context, env *suite.Env, bin, imageBin, name, ns, dir string) (*benchHost, error) {
+func startBenchHost(ctx context.Context, env *suiteapi.Env, bin, imageBin, name, ns, dir string) (*benchHost, error) {
 	addr := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS")
 	if addr == "" {
 		addr = "/run/forkfleet/containerd/containerd.sock"
@@ -294,7 +294,7 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 			a.c.remove(ctx, rp.GetSandbox().GetId())
 		}
 		record(single, w, good == n && len(reps) == n)
-		r.env.Progressf("remote: hosts: fork N=%d on %s: %d verified in %.0f ms", n, a.name, good, suite.Ms(w))
+		r.env.Progressf("remote: hosts: fork N=%d on %s: %d verified in %.0f ms", n, a.name, good, suiteapi.Ms(w))
 		return nil
 	}
 	// N=1 has nothing to spread: b forks what a pushed (by digest, as the
@@ -353,7 +353,7 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 		if s == first {
 			other.Add(float64(onOther))
 		}
-		r.env.Progressf("remote: hosts: fork N=%d over %s and %s (%d on %s): %d verified in %.0f ms", n, a.name, b.name, onOther, b.name, good, suite.Ms(w))
+		r.env.Progressf("remote: hosts: fork N=%d over %s and %s (%d on %s): %d verified in %.0f ms", n, a.name, b.name, onOther, b.name, good, suiteapi.Ms(w))
 		return nil
 	}
 	steps := []func() error{forkSingle, func() error { return forkSpread(first) }, func() error { return forkSpread(spread) }}
@@ -371,7 +371,7 @@ func (hr *hostsRun) rep(ctx context.Context, n, rep int, single, first, spread, 
 // record adds a fork's wall clock when every replica was verified.
 func record(s *result.Series, w time.Duration, ok bool) {
 	if ok {
-		s.Add(suite.Ms(w))
+		s.Add(suiteapi.Ms(w))
 	} else {
 		s.Unverified()
 	}

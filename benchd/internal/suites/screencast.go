@@ -28,7 +28,7 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/rfb"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 	"go.opentelemetry.io/otel/attribute"
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
@@ -83,7 +83,7 @@ func (t *typist) run(ctx context.Context) error {
 // capability.
 func requireScreencast(ctx context.Context, hg *hostGuest) error {
 	if !hg.Session.HasCapability("screencast") {
-		return suite.Skipf("guestd does not advertise the \"screencast\" capability (welcome capabilities: %v)", hg.Session.Welcome().GetCapabilities())
+		return suiteapi.Skipf("guestd does not advertise the \"screencast\" capability (welcome capabilities: %v)", hg.Session.Welcome().GetCapabilities())
 	}
 	return nil
 }
@@ -476,7 +476,7 @@ func typeAndMeasure(ctx context.Context, hg *hostGuest, ch <-chan update, window
 			}
 		}
 		if d, ok := pairer.update(u.first); ok {
-			lat.Add(suite.Ms(d))
+			lat.Add(suiteapi.Ms(d))
 		}
 		st.frames++
 		if u.zlib {
@@ -562,7 +562,7 @@ func (s *screencastSuite) Flags(fs *flag.FlagSet) {
 // Peers: x11vnc, the VNC server a user would run to watch the desktop.
 func (s *screencastSuite) Peers() []string { return []string{"x11vnc"} }
 
-func (s *screencastSuite) Check(ctx context.Context, env *suite.Env) error {
+func (s *screencastSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if s.window < time.Second || s.idle < time.Second || s.scrolls < 1 {
 		return fmt.Errorf("screencast: --screencast-window and --screencast-idle must be >= 1s, --screencast-scrolls >= 1")
 	}
@@ -578,7 +578,7 @@ func (s *screencastSuite) Check(ctx context.Context, env *suite.Env) error {
 // pixel-exactly without a sequence gap to explain it.
 type reconstructionFailure []string
 
-func (s *screencastSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (s *screencastSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	hg, err := startHostGuest(ctx, env)
 	if err != nil {
 		return nil, err
@@ -637,14 +637,14 @@ func (s *screencastSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row
 	return rows, nil
 }
 
-func (s *screencastSuite) span(ctx context.Context, env *suite.Env, name string, kv ...attribute.KeyValue) (context.Context, oteltrace.Span) {
+func (s *screencastSuite) span(ctx context.Context, env *suiteapi.Env, name string, kv ...attribute.KeyValue) (context.Context, oteltrace.Span) {
 	return env.Tracer.Start(ctx, name, oteltrace.WithAttributes(kv...))
 }
 
 // ours measures one cell of guestd's screencast on a freshly painted scene:
 // the keyframe, the idle window, a typing window, and (lossless delta) the
 // reconstruction.
-func (s *screencastSuite) ours(ctx context.Context, env *suite.Env, hg *hostGuest, sc harness.Scene, m castMode, fps int, bad *reconstructionFailure) ([]result.Row, error) {
+func (s *screencastSuite) ours(ctx context.Context, env *suiteapi.Env, hg *hostGuest, sc harness.Scene, m castMode, fps int, bad *reconstructionFailure) ([]result.Row, error) {
 	ctx, span := s.span(ctx, env, "screencast.cell", attribute.String("system", "forkfleet"), attribute.String("mode", m.Name),
 		attribute.String("content", string(sc)), attribute.Int("fps", fps))
 	defer span.End()
@@ -706,7 +706,7 @@ func (s *screencastSuite) ours(ctx context.Context, env *suite.Env, hg *hostGues
 }
 
 // reconstruction records the lossless check of a cell.
-func (s *screencastSuite) reconstruction(ctx context.Context, env *suite.Env, o *ourStream, c *cell, bad *reconstructionFailure) error {
+func (s *screencastSuite) reconstruction(ctx context.Context, env *suiteapi.Env, o *ourStream, c *cell, bad *reconstructionFailure) error {
 	mismatch, gaps, err := o.verify(ctx)
 	if err != nil {
 		return err
@@ -726,7 +726,7 @@ func (s *screencastSuite) reconstruction(ctx context.Context, env *suite.Env, o 
 // same screen (typing in earlier cells would otherwise fill and scroll it),
 // waits until the window manager has focused it (typing goes there, and
 // focus redraws its cursor) and until the screen has been quiet for 500 ms.
-func freshScene(ctx context.Context, env *suite.Env, hg *hostGuest, sc harness.Scene) error {
+func freshScene(ctx context.Context, env *suiteapi.Env, hg *hostGuest, sc harness.Scene) error {
 	if err := hg.Desktop.SetScene(ctx, sc, env.WorkDir); err != nil {
 		return err
 	}
@@ -762,7 +762,7 @@ var x11vncLowLatency = []string{"-defer", "1", "-wait", "1", "-nonap"}
 
 // peers measures x11vnc with each encoding on both scenes, the ZRLE cells
 // again with x11vnc tuned for latency, then the scroll.
-func (s *screencastSuite) peers(ctx context.Context, env *suite.Env, hg *hostGuest, x11vnc string) ([]result.Row, error) {
+func (s *screencastSuite) peers(ctx context.Context, env *suiteapi.Env, hg *hostGuest, x11vnc string) ([]result.Row, error) {
 	var rows []result.Row
 	for _, tuning := range []string{"defaults", "low-latency"} {
 		var extra []string
@@ -811,7 +811,7 @@ var rfbEncodings = []struct {
 	{"rfb-raw", []int32{rfb.EncRaw}},
 }
 
-func (s *screencastSuite) peer(ctx context.Context, env *suite.Env, hg *hostGuest, addr string, sc harness.Scene, encName string, encs []int32, tuning string) ([]result.Row, error) {
+func (s *screencastSuite) peer(ctx context.Context, env *suiteapi.Env, hg *hostGuest, addr string, sc harness.Scene, encName string, encs []int32, tuning string) ([]result.Row, error) {
 	ctx, span := s.span(ctx, env, "screencast.cell", attribute.String("system", "x11vnc"), attribute.String("mode", encName),
 		attribute.String("content", string(sc)), attribute.String("tuning", tuning))
 	defer span.End()
@@ -861,7 +861,7 @@ type scrollTerm struct {
 	next int
 }
 
-func startScrollTerm(ctx context.Context, env *suite.Env, hg *hostGuest, n int) (*scrollTerm, error) {
+func startScrollTerm(ctx context.Context, env *suiteapi.Env, hg *hostGuest, n int) (*scrollTerm, error) {
 	if err := freshScene(ctx, env, hg, harness.SceneSparse); err != nil {
 		return nil, err
 	}
@@ -956,7 +956,7 @@ func measureScrolls(ctx context.Context, term *scrollTerm, ch <-chan update, n i
 	return nil
 }
 
-func (s *screencastSuite) scrollOurs(ctx context.Context, env *suite.Env, hg *hostGuest, m castMode, bad *reconstructionFailure) ([]result.Row, error) {
+func (s *screencastSuite) scrollOurs(ctx context.Context, env *suiteapi.Env, hg *hostGuest, m castMode, bad *reconstructionFailure) ([]result.Row, error) {
 	const fps = 30
 	ctx, span := s.span(ctx, env, "screencast.scroll", attribute.String("system", "forkfleet"), attribute.String("mode", m.Name))
 	defer span.End()
@@ -987,7 +987,7 @@ func (s *screencastSuite) scrollOurs(ctx context.Context, env *suite.Env, hg *ho
 	return c.rows, nil
 }
 
-func (s *screencastSuite) scrollPeer(ctx context.Context, env *suite.Env, hg *hostGuest, addr, encName string, encs []int32) ([]result.Row, error) {
+func (s *screencastSuite) scrollPeer(ctx context.Context, env *suiteapi.Env, hg *hostGuest, addr, encName string, encs []int32) ([]result.Row, error) {
 	ctx, span := s.span(ctx, env, "screencast.scroll", attribute.String("system", "x11vnc"), attribute.String("mode", encName))
 	defer span.End()
 	term, err := startScrollTerm(ctx, env, hg, s.scrolls)

@@ -14,12 +14,12 @@ import (
 
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/runner"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// integrationEnv is a suite.Env that builds guestd from this monorepo.
-func integrationEnv(t *testing.T) *suite.Env {
+// integrationEnv is a suiteapi.Env that builds guestd from this monorepo.
+func integrationEnv(t *testing.T) *suiteapi.Env {
 	t.Helper()
 	integration(t)
 	for _, bin := range []string{"Xvfb", "openbox", "xterm", "xsetroot", "go"} {
@@ -34,7 +34,7 @@ func integrationEnv(t *testing.T) *suite.Env {
 	if _, err := os.Stat(filepath.Join(root, "guestd", "go.mod")); err != nil {
 		t.Fatalf("monorepo root not found at %s: %v", root, err)
 	}
-	return &suite.Env{RepoRoot: root, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
+	return &suiteapi.Env{RepoRoot: root, WorkDir: t.TempDir(), Tracer: noop.NewTracerProvider().Tracer("test"), Log: io.Discard, Warmup: -1}
 }
 
 func rowsByKey(t *testing.T, rows []result.Row) map[string]result.Row {

@@ -16,7 +16,7 @@ import (
 	"github.com/forkfleet/forkfleet/benchd/internal/delayproxy"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // stepSuite measures a k-action agent step plus a JPEG q80 observation
@@ -41,11 +41,11 @@ func (s *stepSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.n, "step-n", 30, "steps per cell (--n overrides)")
 }
 
-func (s *stepSuite) Check(ctx context.Context, env *suite.Env) error { return checkHostGuest(env) }
+func (s *stepSuite) Check(ctx context.Context, env *suiteapi.Env) error { return checkHostGuest(env) }
 
 var stepModes = []string{"sequential", "pipelined", "fused"}
 
-func (s *stepSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (s *stepSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	hg, err := startHostGuest(ctx, env)
 	if err != nil {
 		return nil, err
@@ -71,10 +71,10 @@ func (s *stepSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 		// Validate the emulation before any step timing: a ping must take
 		// the added RTT plus loopback.
 		ping := result.NewSeries("step.proxy_ping", "ms", labels("rtt_ms", itoa(rttMs)))
-		if err := suite.Measure(ctx, ping, 2, 20, func(bool) (float64, error) {
+		if err := suiteapi.Measure(ctx, ping, 2, 20, func(bool) (float64, error) {
 			t0 := time.Now()
 			_, err := sess.Ping(ctx, nil)
-			return suite.Ms(time.Since(t0)), err
+			return suiteapi.Ms(time.Since(t0)), err
 		}); err != nil {
 			sess.Close()
 			p.Close()
@@ -94,7 +94,7 @@ func (s *stepSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 				lbl := labels("rtt_ms", itoa(rttMs), "k", itoa(k), "mode", mode, "series", fmt.Sprintf("%s k=%d", mode, k))
 				lat := result.NewSeries("step.latency", "ms", lbl)
 				i := 0
-				err := suite.Measure(ctx, lat, warm, n, func(bool) (float64, error) {
+				err := suiteapi.Measure(ctx, lat, warm, n, func(bool) (float64, error) {
 					i++
 					sctx, sp := env.Tracer.Start(ctx, "step", oteltrace.WithAttributes(attribute.String("mode", mode),
 						attribute.Int("k", k), attribute.Int("rtt_ms", rttMs)))
@@ -104,7 +104,7 @@ func (s *stepSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 						sp.RecordError(err)
 						return 0, err
 					}
-					return suite.Ms(time.Since(t0)), nil
+					return suiteapi.Ms(time.Since(t0)), nil
 				})
 				if err != nil {
 					sess.Close()
@@ -164,7 +164,7 @@ func runStep(ctx context.Context, s *aci.Session, mode string, actions []*aciv1.
 			return err
 		}
 		if !validImage("jpeg", r) {
-			return suite.ErrUnverified
+			return suiteapi.ErrUnverified
 		}
 		return nil
 	case "pipelined":
@@ -188,7 +188,7 @@ func runStep(ctx context.Context, s *aci.Session, mode string, actions []*aciv1.
 				if i < len(actions) {
 					err = stepErr(m.GetStep(), 1)
 				} else if !validImage("jpeg", m.GetScreenshot()) {
-					err = suite.ErrUnverified
+					err = suiteapi.ErrUnverified
 				}
 			}
 			if firstErr == nil {
@@ -205,7 +205,7 @@ func runStep(ctx context.Context, s *aci.Session, mode string, actions []*aciv1.
 			return err
 		}
 		if !validImage("jpeg", r.GetObservation()) {
-			return suite.ErrUnverified
+			return suiteapi.ErrUnverified
 		}
 		return nil
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/browsertest"
 	"github.com/forkfleet/forkfleet/benchd/internal/harness"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
-	"github.com/forkfleet/forkfleet/benchd/internal/suite"
+	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
 
 // viewSuite measures controld's live view as a person sees it: a real
@@ -46,17 +46,17 @@ func (v *viewSuite) Flags(fs *flag.FlagSet) {
 // hand out.
 func (v *viewSuite) Peers() []string { return []string{"x11vnc"} }
 
-func (v *viewSuite) Check(ctx context.Context, env *suite.Env) error {
+func (v *viewSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	if v.window < time.Second || v.idle < time.Second || v.viewers < 1 {
 		return fmt.Errorf("view: --view-window and --view-idle must be >= 1s, --view-viewers >= 1")
 	}
 	if _, err := browsertest.Path(); err != nil {
-		return suite.Skipf("%v", err)
+		return suiteapi.Skipf("%v", err)
 	}
 	return checkControld(ctx, env)
 }
 
-func (v *viewSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (v *viewSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	rows, err := v.ours(ctx, env)
 	if err != nil {
 		return rows, err
@@ -99,7 +99,7 @@ func (v *viewSuite) Run(ctx context.Context, env *suite.Env) ([]result.Row, erro
 }
 
 // ours: one sandbox through the shared controld, one Chromium.
-func (v *viewSuite) ours(ctx context.Context, env *suite.Env) ([]result.Row, error) {
+func (v *viewSuite) ours(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
 	c, err := dialControld(ctx, env)
 	if err != nil {
 		return nil, err
@@ -184,7 +184,7 @@ func (v *viewSuite) ours(ctx context.Context, env *suite.Env) ([]result.Row, err
 			k++
 		}
 		if d, ok := pairer.update(at); ok {
-			lat.Add(suite.Ms(d))
+			lat.Add(suiteapi.Ms(d))
 		}
 	}
 	for i := 0; i < pairer.unanswered()+len(keyTimes)-k; i++ {
@@ -240,7 +240,7 @@ func (v *viewSuite) ours(ctx context.Context, env *suite.Env) ([]result.Row, err
 
 // controldPid reads the shared controld's pid ("" with a note when it
 // cannot).
-func (v *viewSuite) controldPid(env *suite.Env) string {
+func (v *viewSuite) controldPid(env *suiteapi.Env) string {
 	b, err := os.ReadFile(v.pidfile)
 	pid := strings.TrimSpace(string(b))
 	if err == nil {

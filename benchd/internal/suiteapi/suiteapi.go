@@ -1,6 +1,8 @@
-// Package suite defines what a benchmark suite is and keeps the registry
-// benchd runs from.
-package suite
+// Package suiteapi is the contract between benchd and its suites: what a
+// suite is (Suite, Peered), what it gets from benchd (Env), how it skips
+// (SkipError), and the registry benchd runs from. The suites themselves
+// live in benchd/internal/suites, one file each.
+package suiteapi
 
 import (
 	"context"
