@@ -16,6 +16,7 @@ import (
 
 	"github.com/forkfleet/forkfleet/api/aci"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
@@ -234,6 +235,18 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 	}
 	fill := result.Single("pool.fill", "ms", poolLbl(), suiteapi.Ms(time.Since(t0)))
 	rows := []result.Row{fill}
+	if kind == "image" {
+		// Its misses fork from the pool's own checkpoint, made once the
+		// pool is full: measure them with it (a controld without it boots
+		// them).
+		if ck, err := waitPoolCheckpoint(ctx, c, poolID, 2*time.Minute); err != nil {
+			env.Notef("image pool: no checkpoint of its own (%v): its misses boot", err)
+		} else {
+			rows = append(rows, result.Single("pool.checkpoint_ready", "ms", poolLbl(), suite.Ms(time.Since(t0))))
+			env.Progressf("image pool: its checkpoint %s is ready", ck)
+		}
+	}
+	missForks, misses := 0, 0
 	// Memory of the idle replicas: right after warm-up, and for the frozen
 	// pool again once KSM had time to merge their identical pages.
 	waits := []time.Duration{0}
@@ -303,6 +316,11 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 						if cr.GetHit() {
 							s = hit
 							hits++
+						} else {
+							misses++
+							if cr.GetSandbox().GetCheckpointId() != "" {
+								missForks++
+							}
 						}
 					}
 					s.record(ct, cr.GetTook().AsDuration(), cr != nil, err)
@@ -324,5 +342,27 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 		}
 		rows = append(rows, rate.Row())
 	}
+	if misses > 0 {
+		env.Notef("%s pool: %d of %d misses were forks (the others booted)", kind, missForks, misses)
+	}
 	return rows, nil
+}
+
+// waitPoolCheckpoint waits until image pool poolID has its own checkpoint
+// (labelled with the pool's id) and returns its id.
+func waitPoolCheckpoint(ctx context.Context, c *controld, poolID string, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	for {
+		l, err := c.ck.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{Labels: map[string]string{rules.PoolIDLabel: poolID}})
+		if err != nil {
+			return "", err
+		}
+		if cks := l.GetCheckpoints(); len(cks) > 0 {
+			return cks[0].GetId(), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("none after %s", within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
