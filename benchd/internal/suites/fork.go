@@ -39,7 +39,7 @@ func (*forkSuite) Description() string {
 	return "fork N in {1,2,4,8,16} verified replicas from one checkpoint, memory and disk tiers, and the reference shape (300 MB RAM + 100 MB disk) N in {1,4,8}: wall, per replica, memory per replica"
 }
 func (f *forkSuite) Flags(fs *flag.FlagSet) {
-	f.ns = intList{1, 2, 4, 8, 16}
+	f.ns = intList{1, 2, 4, 8, 16, 64}
 	fs.Var(&f.ns, "fork-ns", "replica counts")
 	fs.StringVar(&f.image, "fork-image", "", "image of the golden sandbox (controld's default, the bare desktop, when empty)")
 	fs.IntVar(&f.reps, "fork-reps", 3, "repetitions per N (--n overrides)")
@@ -142,12 +142,13 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	memKSM := newReplicaMem("fork.replica", "_after_ksm", klbl, true)
 	scans := result.NewSeries("fork.ksm_full_scans", "scans", klbl)
 	breakdown := newForkBreakdown(tier, itoa(n), extra...)
+	res := replicaResources(ctx, env, c, ckID, n)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
 		ksm0 := readKSM(ksmDir)
 		t0 := time.Now()
 		resp, err := c.ck.ForkCheckpoint(fctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n),
-			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL)})
+			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL), Resources: res})
 		w := time.Since(t0)
 		sp.End()
 		if err != nil {
@@ -160,10 +161,12 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		}
 		good := 0
 		var ok []string
+		failed := map[string]int{}
 		for _, rep := range resp.GetReplicas() {
 			switch {
 			case rep.GetErrorCode() != 0 || rep.GetSandbox() == nil:
 				per.Fail()
+				failed[rep.GetErrorMessage()]++
 			case !verified(rep):
 				per.Unverified()
 			default:
@@ -172,6 +175,9 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 				breakdown.add(rep)
 				ok = append(ok, rep.GetSandbox().GetId())
 			}
+		}
+		for msg, k := range failed {
+			env.Notef("fork %s N=%d%s: %d replica(s) failed: %s", tier, n, labelSuffix(extra), k, msg)
 		}
 		// A wall clock counts only when every replica is verified.
 		if good == n && len(resp.GetReplicas()) == n {
@@ -297,4 +303,36 @@ func intStrings(l intList) []string {
 		out[i] = itoa(v)
 	}
 	return out
+}
+
+// replicaResources are the limits n replicas of checkpoint ckID are forked
+// with: the checkpoint's (nil), unless n replicas with its memory limit do
+// not fit the host's admission room (the sum of the sandboxes' memory
+// limits it admits, GetHostStatus): then the largest memory limit that
+// fits, as a trainer forking that wide on this host would ask for. The
+// replicas hold about 25 MB each, far below either limit.
+func replicaResources(ctx context.Context, env *suite.Env, c *controld, ckID string, n int) *controldv1.Resources {
+	ck, err := c.ck.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: ckID})
+	if err != nil {
+		return nil
+	}
+	hs, err := c.c.HostStatus(ctx)
+	if err != nil {
+		return nil
+	}
+	if room := int(hs.GetMaxSandboxes()) - int(hs.GetSandboxes()); room < n {
+		env.Notef("fork N=%d: the host admits %d more sandboxes", n, room)
+	}
+	limit := ck.GetCheckpoint().GetResources().GetMemoryBytes()
+	if limit == 0 {
+		limit = hs.GetDefaultMemoryBytes()
+	}
+	room := hs.GetMaxMemoryBytes() - hs.GetAdmittedMemoryBytes()
+	if limit == 0 || room <= 0 || int64(n)*limit <= room {
+		return nil
+	}
+	fit := room / int64(n) &^ (1<<20 - 1) // whole MiB
+	env.Notef("fork N=%d: replicas forked with a %d MiB memory limit each (%d MiB with the checkpoint's would be past the host's admission room of %d MiB)",
+		n, fit>>20, int64(n)*limit>>20, room>>20)
+	return &controldv1.Resources{MemoryBytes: fit}
 }
