@@ -311,7 +311,7 @@ func intStrings(l intList) []string {
 // limits it admits, GetHostStatus): then the largest memory limit that
 // fits, as a trainer forking that wide on this host would ask for. The
 // replicas hold about 25 MB each, far below either limit.
-func replicaResources(ctx context.Context, env *suite.Env, c *controld, ckID string, n int) *controldv1.Resources {
+func replicaResources(ctx context.Context, env *suiteapi.Env, c *controld, ckID string, n int) *controldv1.Resources {
 	ck, err := c.ck.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: ckID})
 	if err != nil {
 		return nil

@@ -242,7 +242,7 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 		if ck, err := waitPoolCheckpoint(ctx, c, poolID, 2*time.Minute); err != nil {
 			env.Notef("image pool: no checkpoint of its own (%v): its misses boot", err)
 		} else {
-			rows = append(rows, result.Single("pool.checkpoint_ready", "ms", poolLbl(), suite.Ms(time.Since(t0))))
+			rows = append(rows, result.Single("pool.checkpoint_ready", "ms", poolLbl(), suiteapi.Ms(time.Since(t0))))
 			env.Progressf("image pool: its checkpoint %s is ready", ck)
 		}
 	}
