@@ -28,6 +28,7 @@
 //     and their held sessions), pool_checkpoint.go (an image pool's own
 //     checkpoint, which its misses fork from).
 //   - Warm slots: warmslots.go (precreated boots), forkslots.go (precreated
-//     forks).
+//     forks); each filler is a type of its own (warmSlots, forkSlots) over
+//     the same registry.
 //   - Telemetry: metrics.go, collector.go, host.go (GetHostStatus).
 package fleet

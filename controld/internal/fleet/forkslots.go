@@ -32,7 +32,13 @@ const (
 	forkSlotPrune = 2 * time.Second
 )
 
+// forkSlots are the precreated forks of the recent checkpoints: their
+// filler and its steps are methods of their own, over the manager's
+// registry (m; their ready slots are guarded by Manager.mu). The manager's
+// entry points (take, begin/end, expect, drop) stay on the Manager.
 type forkSlots struct {
+	m    *Manager
+	ws   *warmSlots // the boot slots, whose age and admission fork slots share
 	rp   runtime.RestorePrecreator
 	want int // slots per checkpoint
 	kick chan struct{}
@@ -142,8 +148,9 @@ func (fs *forkSlots) holdLocked(now time.Time) time.Duration {
 	return max(fs.quietUntil.Sub(now), 0)
 }
 
-// forkSlotNeededLocked returns the most recent checkpoint short of slots, or nil.
-func (m *Manager) forkSlotNeededLocked(fs *forkSlots) *store.CheckpointRecord {
+// neededLocked returns the most recent checkpoint short of slots, or nil.
+func (fs *forkSlots) neededLocked() *store.CheckpointRecord {
+	m := fs.m
 	for i := len(fs.recent) - 1; i >= 0; i-- {
 		id := fs.recent[i]
 		if ck, ok := m.checkpoints[id]; ok && len(fs.ready[id]) < fs.want {
@@ -153,38 +160,39 @@ func (m *Manager) forkSlotNeededLocked(fs *forkSlots) *store.CheckpointRecord {
 	return nil
 }
 
-// fillForkSlots keeps the recent checkpoints' fork slots filled until the
-// manager closes, then discards them. Like fillSlots it precreates one at a
-// time and holds off while forks run and briefly after.
-func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
-	defer m.pruneForkSlots(ws, fs, true)
+// fill keeps the recent checkpoints' fork slots filled until the manager
+// closes, then discards them. Like the boot slots' fill it precreates one
+// at a time and holds off while forks run and briefly after.
+func (fs *forkSlots) fill() {
+	m, ws := fs.m, fs.ws
+	defer fs.prune(true)
 	prune := time.NewTicker(forkSlotPrune)
 	defer prune.Stop()
 	retry := m.opts.PoolRetry
 	var holdUntil time.Time
 	for m.ctx.Err() == nil {
-		m.pruneForkSlots(ws, fs, false)
-		m.trimSlots(ws)
+		fs.prune(false)
+		ws.trim()
 		m.mu.Lock()
 		now := time.Now()
-		ck, hold := m.forkSlotNeededLocked(fs), fs.holdLocked(now)
+		ck, hold := fs.neededLocked(), fs.holdLocked(now)
 		if ck != nil && !m.slotRoomLocked(m.memoryOf(ck.Checkpoint.GetResources())) {
 			ck = nil // at the host's admission limits: a delete wakes the filler
 		}
 		m.mu.Unlock()
-		if ck != nil && m.holdRefill(now, hold, &holdUntil, fs.kick) {
+		if ck != nil && holdRefill(m.ctx, now, hold, &holdUntil, fs.kick) {
 			continue
 		}
 		holdUntil = time.Time{}
 		if ck == nil {
-			m.idle(fs.kick, prune.C)
+			idle(m.ctx, fs.kick, prune.C)
 			continue
 		}
-		if err := m.precreateForkSlot(fs, ck); err != nil {
+		if err := fs.precreate(ck); err != nil {
 			if m.ctx.Err() != nil {
 				return
 			}
-			if !m.forkSlotWanted(fs, ck.Checkpoint.GetId()) {
+			if !fs.wanted(ck.Checkpoint.GetId()) {
 				// Deleted while its slot was made, or being deleted (its
 				// layer or images went under the precreate while its record
 				// still exists), or no longer recent: nothing failed, and
@@ -195,27 +203,29 @@ func (m *Manager) fillForkSlots(ws *warmSlots, fs *forkSlots) {
 				continue
 			}
 			m.log.Warn("fork slot precreate failed", "checkpoint", ck.Checkpoint.GetId(), "err", err, "retry_in", retry)
-			retry = m.backoff(retry)
+			retry = backoff(m.ctx, retry)
 			continue
 		}
 		retry = m.opts.PoolRetry
 	}
 }
 
-// forkSlotWanted reports whether checkpoint id still wants fork slots: it
+// wanted reports whether checkpoint id still wants fork slots: it
 // is recorded and among the recent ones. A delete takes it off the recent
 // list first (dropForkSlots), before its layer goes and long before its
 // record does.
-func (m *Manager) forkSlotWanted(fs *forkSlots, id string) bool {
+func (fs *forkSlots) wanted(id string) bool {
+	m := fs.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, ok := m.checkpoints[id]
 	return ok && slices.Contains(fs.recent, id)
 }
 
-// precreateForkSlot precreates one fork of ck, drawn as ForkCheckpoint
+// precreate precreates one fork of ck, drawn as ForkCheckpoint
 // draws a replica, and makes it ready unless ck stopped needing it.
-func (m *Manager) precreateForkSlot(fs *forkSlots, ck *store.CheckpointRecord) error {
+func (fs *forkSlots) precreate(ck *store.CheckpointRecord) error {
+	m := fs.m
 	rec, err := m.newRecord(forkSandboxParams(ck, forkParams{policy: ck.Checkpoint.GetNetwork().GetPolicy()}), time.Now())
 	if err != nil {
 		return err
@@ -260,9 +270,10 @@ func (m *Manager) dropForkSlots(ckID string) {
 	}
 }
 
-// pruneForkSlots discards the fork slots of deleted or no longer recent
+// prune discards the fork slots of deleted or no longer recent
 // checkpoints and those past their age; all of them when all is set.
-func (m *Manager) pruneForkSlots(ws *warmSlots, fs *forkSlots, all bool) {
+func (fs *forkSlots) prune(all bool) {
+	m, ws := fs.m, fs.ws
 	now := time.Now()
 	var drop []string
 	m.mu.Lock()

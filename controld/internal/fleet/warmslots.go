@@ -49,7 +49,13 @@ const (
 	slotMismatch = "mismatch" // spec differs from the slots': cold boot
 )
 
+// warmSlots are the precreated boots: their filler and its steps (fill,
+// precreate, trim, recycle, discardAll) are methods of their own, over the
+// manager's registry (m; their ready slots are guarded by Manager.mu). The
+// manager's entry points (start, take, boot done, wake, discard, the
+// admission checks) stay on the Manager.
 type warmSlots struct {
+	m      *Manager
 	pc     runtime.Precreator
 	want   int
 	maxAge time.Duration
@@ -147,7 +153,7 @@ func (m *Manager) startSlots() {
 		m.log.Info("runtime cannot precreate sandboxes; warm slots are off")
 		return
 	}
-	ws := &warmSlots{pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
+	ws := &warmSlots{m: m, pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
 	spec := m.slotSpec(false)
 	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
 	// Egress slots are made only once an egress create succeeded (which
@@ -156,14 +162,14 @@ func (m *Manager) startSlots() {
 		ws.egressKey = slotKey(m.slotSpec(true))
 	}
 	if rp, ok := pc.(runtime.RestorePrecreator); ok {
-		ws.forks = &forkSlots{rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}}
+		ws.forks = &forkSlots{m: m, ws: ws, rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}}
 	}
 	m.mu.Lock()
 	m.slots = ws
 	m.mu.Unlock()
-	m.goBackground(func() { m.fillSlots(ws) })
+	m.goBackground(ws.fill)
 	if ws.forks != nil {
-		m.goBackground(func() { m.fillForkSlots(ws, ws.forks) })
+		m.goBackground(ws.forks.fill)
 	}
 }
 
@@ -224,20 +230,21 @@ func (m *Manager) slotBootDone() {
 	}
 }
 
-// fillSlots keeps ws at its size until the manager closes, then discards
+// fill keeps ws at its size until the manager closes, then discards
 // what is left. It precreates one slot at a time, and holds off (for at
 // most slotRefillHold) while a boot that took a slot is still coming up and
 // briefly after: precreating competes for the same CPUs as the boots it
 // serves. A create that found no slot ends the hold.
-func (m *Manager) fillSlots(ws *warmSlots) {
-	defer m.discardAllSlots(ws)
+func (ws *warmSlots) fill() {
+	m := ws.m
+	defer ws.discardAll()
 	retry := m.opts.PoolRetry
 	recycle := time.NewTicker(ws.maxAge / 2)
 	defer recycle.Stop()
 	var holdUntil time.Time
 	for m.ctx.Err() == nil {
-		m.recycleSlots(ws)
-		m.trimSlots(ws)
+		ws.recycle()
+		ws.trim()
 		m.mu.Lock()
 		now := time.Now()
 		needDefault, needEgress := ws.want-ws.countLocked(ws.key), 0
@@ -253,28 +260,29 @@ func (m *Manager) fillSlots(ws *warmSlots) {
 			ws.demand = false // served by the precreate below, or moot
 		}
 		m.mu.Unlock()
-		if need > 0 && m.holdRefill(now, hold, &holdUntil, ws.kick) {
+		if need > 0 && holdRefill(m.ctx, now, hold, &holdUntil, ws.kick) {
 			continue
 		}
 		holdUntil = time.Time{}
 		if need <= 0 {
-			m.idle(ws.kick, recycle.C)
+			idle(m.ctx, ws.kick, recycle.C)
 			continue
 		}
-		if err := m.precreateSlot(ws, egress); err != nil {
+		if err := ws.precreate(egress); err != nil {
 			if m.ctx.Err() != nil {
 				return
 			}
 			m.log.Warn("warm slot precreate failed", "err", err, "retry_in", retry)
-			retry = m.backoff(retry)
+			retry = backoff(m.ctx, retry)
 			continue
 		}
 		retry = m.opts.PoolRetry
 	}
 }
 
-// precreateSlot precreates one slot and makes it ready.
-func (m *Manager) precreateSlot(ws *warmSlots, egress bool) error {
+// precreate precreates one slot and makes it ready.
+func (ws *warmSlots) precreate(egress bool) error {
+	m := ws.m
 	spec := m.slotSpec(egress)
 	// Like a boot's create, a precreate runs to completion even when Close
 	// interrupts it: the filler then discards a whole sandbox instead of
@@ -330,9 +338,10 @@ func (m *Manager) slotRoomLocked(memoryBytes int64) bool {
 	return m.opts.Limits.Admit(held, limits.Usage{Sandboxes: 1, MemoryBytes: memoryBytes}) == nil
 }
 
-// trimSlots discards slots while the sandboxes and the slots together pass
+// trim discards slots while the sandboxes and the slots together pass
 // the host's admission limits.
-func (m *Manager) trimSlots(ws *warmSlots) {
+func (ws *warmSlots) trim() {
+	m := ws.m
 	for {
 		var id string
 		m.mu.Lock()
@@ -384,8 +393,9 @@ func (m *Manager) wakeSlots() {
 	}
 }
 
-// recycleSlots discards slots past their age.
-func (m *Manager) recycleSlots(ws *warmSlots) {
+// recycle discards slots past their age.
+func (ws *warmSlots) recycle() {
+	m := ws.m
 	now := time.Now()
 	var old []string
 	m.mu.Lock()
@@ -406,9 +416,10 @@ func (m *Manager) recycleSlots(ws *warmSlots) {
 	}
 }
 
-// discardAllSlots discards every ready slot (at Close). Takes are refused
+// discardAll discards every ready slot (at Close). Takes are refused
 // by then (the manager is closed), so none is handed out meanwhile.
-func (m *Manager) discardAllSlots(ws *warmSlots) {
+func (ws *warmSlots) discardAll() {
+	m := ws.m
 	m.mu.Lock()
 	left := ws.ready
 	ws.ready = nil
@@ -441,9 +452,9 @@ func (m *Manager) discardSlot(id string) {
 
 // idle waits, in a slot filler with nothing to do, for a kick, the
 // filler's tick or the manager's end (the filler checks which).
-func (m *Manager) idle(kick <-chan struct{}, tick <-chan time.Time) {
+func idle(ctx context.Context, kick <-chan struct{}, tick <-chan time.Time) {
 	select {
-	case <-m.ctx.Done():
+	case <-ctx.Done():
 	case <-kick:
 	case <-tick:
 	}
@@ -451,11 +462,11 @@ func (m *Manager) idle(kick <-chan struct{}, tick <-chan time.Time) {
 
 // backoff waits retry after a failed precreate (less when the manager ends)
 // and returns the next, longer delay.
-func (m *Manager) backoff(retry time.Duration) time.Duration {
+func backoff(ctx context.Context, retry time.Duration) time.Duration {
 	t := time.NewTimer(retry)
 	defer t.Stop()
 	select {
-	case <-m.ctx.Done():
+	case <-ctx.Done():
 	case <-t.C:
 	}
 	return min(2*retry, slotRetryMax)
@@ -465,7 +476,7 @@ func (m *Manager) backoff(retry time.Duration) time.Duration {
 // flight or just ended), at most slotRefillHold from the first wait of this
 // refill (*holdUntil), waking early on kick or shutdown. It reports whether
 // it waited, so the filler re-evaluates before precreating.
-func (m *Manager) holdRefill(now time.Time, hold time.Duration, holdUntil *time.Time, kick <-chan struct{}) bool {
+func holdRefill(ctx context.Context, now time.Time, hold time.Duration, holdUntil *time.Time, kick <-chan struct{}) bool {
 	if hold <= 0 {
 		return false
 	}
@@ -479,7 +490,7 @@ func (m *Manager) holdRefill(now time.Time, hold time.Duration, holdUntil *time.
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-m.ctx.Done():
+	case <-ctx.Done():
 	case <-kick:
 	case <-t.C:
 	}
