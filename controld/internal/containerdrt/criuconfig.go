@@ -127,8 +127,15 @@ func parseBytes(v string) (int64, error) {
 	return n * mult, nil
 }
 
-// imageCRIUOptions reads the CRIU options of img's config labels.
+// imageCRIUOptions reads the CRIU options of img's config labels, once per
+// image digest: the config is content-addressed, and reading it is a few
+// round trips to containerd's content store (manifest, config) on every
+// cold boot's path to its container.
 func (r *Runtime) imageCRIUOptions(ctx context.Context, img client.Image) ([]string, error) {
+	key := img.Target().Digest
+	if v, ok := r.imageCRIUOpts.Load(key); ok {
+		return v.([]string), nil
+	}
 	ispec, err := img.Spec(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: config: %w", img.Name(), convertErr(err))
@@ -137,6 +144,7 @@ func (r *Runtime) imageCRIUOptions(ctx context.Context, img client.Image) ([]str
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", img.Name(), err)
 	}
+	r.imageCRIUOpts.Store(key, opts)
 	return opts, nil
 }
 

@@ -3,11 +3,16 @@
 package containerdrt
 
 import (
+	"context"
 	"errors"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 )
@@ -92,5 +97,50 @@ func TestCRIUConfigFor(t *testing.T) {
 	p3, _ := r.criuConfigFor([]string{"ghost-limit 1048576"})
 	if p3 == p {
 		t.Fatal("different options share a file")
+	}
+}
+
+// specCountingImage is a containerd image whose config counts its reads.
+type specCountingImage struct {
+	client.Image // unused methods panic
+	digest       digest.Digest
+	labels       map[string]string
+	reads        int
+}
+
+func (i *specCountingImage) Name() string               { return "img" }
+func (i *specCountingImage) Target() ocispec.Descriptor { return ocispec.Descriptor{Digest: i.digest} }
+func (i *specCountingImage) Spec(context.Context) (ocispec.Image, error) {
+	i.reads++
+	return ocispec.Image{Config: ocispec.ImageConfig{Labels: i.labels}}, nil
+}
+
+// A cold boot reads its image's CRIU options once per image digest, not
+// from containerd's content store on every boot; another digest (the same
+// name pushed again) is read anew.
+func TestImageCRIUOptionsOncePerDigest(t *testing.T) {
+	r := &Runtime{}
+	a := &specCountingImage{digest: digest.FromString("a"), labels: map[string]string{LabelCRIUGhostLimit: "64M"}}
+	for range 3 {
+		opts, err := r.imageCRIUOptions(context.Background(), a)
+		if err != nil || !slices.Equal(opts, []string{"ghost-limit 67108864"}) {
+			t.Fatalf("options %q (%v)", opts, err)
+		}
+	}
+	if a.reads != 1 {
+		t.Fatalf("image config read %d times for one digest, want 1", a.reads)
+	}
+	b := &specCountingImage{digest: digest.FromString("b")}
+	if opts, err := r.imageCRIUOptions(context.Background(), b); err != nil || len(opts) != 0 || b.reads != 1 {
+		t.Fatalf("second digest: options %q (%v), %d reads", opts, err, b.reads)
+	}
+	bad := &specCountingImage{digest: digest.FromString("c"), labels: map[string]string{LabelCRIUGhostLimit: "lots"}}
+	for range 2 {
+		if _, err := r.imageCRIUOptions(context.Background(), bad); err == nil {
+			t.Fatal("a bad label was admitted")
+		}
+	}
+	if bad.reads != 2 {
+		t.Fatalf("a refused config was cached (%d reads)", bad.reads)
 	}
 }

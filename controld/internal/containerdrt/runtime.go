@@ -280,8 +280,9 @@ type Runtime struct {
 	// (criupolicy.go).
 	seccomp *seccompRoots
 
-	unpacked sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
-	layers   layerSlots
+	unpacked      sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
+	imageCRIUOpts sync.Map // image digest -> []string: its CRIU options (imageCRIUOptions)
+	layers        layerSlots
 
 	criuBinary   string // "criu" in controld's PATH, run by dumps ("": dumps go through runc)
 	cgroupV2     bool
