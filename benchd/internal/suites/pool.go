@@ -55,11 +55,15 @@ func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 // claimTimes are the milestones of one claim, from the client's side.
 type claimTimes struct {
 	rpc, usable, screenshot time.Duration
+	// session is the client's own part of usable: its session's dial
+	// (connect, WebSocket upgrade, Hello) and first ping.
+	session time.Duration
 }
 
 // usableAfter completes a claim or create at t0: the sandbox's endpoint
 // answers a first ACI request (ping), then a first screenshot.
 func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
+	t1 := time.Now()
 	s, err := dialEndpoint(ctx, ep)
 	if err != nil {
 		return err
@@ -69,6 +73,7 @@ func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct 
 		return err
 	}
 	ct.usable = time.Since(t0)
+	ct.session = time.Since(t1)
 	r, err := s.Screenshot(ctx, aci.PNG())
 	if err != nil {
 		return err
@@ -81,12 +86,13 @@ func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct 
 }
 
 // claimSeries are one cell's series: served hit or miss.
-type claimSeries struct{ rpc, server, usable, screenshot *result.Series }
+type claimSeries struct{ rpc, server, session, usable, screenshot *result.Series }
 
 func newClaimSeries(lbl map[string]string) *claimSeries {
 	return &claimSeries{
 		rpc:        result.NewSeries("pool.claim_rpc", "ms", lbl),
 		server:     result.NewSeries("pool.claim_server", "ms", lbl),
+		session:    result.NewSeries("pool.claim_session", "ms", lbl),
 		usable:     result.NewSeries("pool.claim_usable", "ms", lbl),
 		screenshot: result.NewSeries("pool.claim_first_screenshot", "ms", lbl),
 	}
@@ -100,6 +106,7 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 		}
 		return
 	case err == nil:
+		cs.session.Add(suiteapi.Ms(ct.session))
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Add(suiteapi.Ms(ct.screenshot))
 	case errors.Is(err, suiteapi.ErrUnverified):
@@ -123,7 +130,7 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 }
 
 func (cs *claimSeries) all() []*result.Series {
-	return []*result.Series{cs.rpc, cs.server, cs.usable, cs.screenshot}
+	return []*result.Series{cs.rpc, cs.server, cs.session, cs.usable, cs.screenshot}
 }
 
 func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
