@@ -37,7 +37,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools test-tools python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz controld-up demo demo-stop image image-web host peers browser clean
+.PHONY: build tools test-tools kube-apiserver python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz controld-up demo demo-stop image image-web host peers browser clean
 
 # Every binary reports this version (--version; controld also as
 # forkfleet_controld_build_info): git describe of the checkout, -dirty with
@@ -79,6 +79,12 @@ $(TOOLS)/grpcurl:
 	GOBIN=$(TOOLS) GOFLAGS= go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 $(TOOLS)/grpc-health-probe:
 	GOBIN=$(TOOLS) GOFLAGS= go install github.com/grpc-ecosystem/grpc-health-probe@$(GRPC_HEALTH_PROBE_VERSION)
+
+## kube-apiserver: build (or reuse: cached by its inputs in /var/cache/forkfleet/kube-apiserver) Kubernetes'
+## API server with an embedded etcd from Go modules, for deploy/kubernetes's server-side dry run
+## (deploy/kubernetes/apiserver; a cold build compiles most of Kubernetes)
+kube-apiserver:
+	deploy/kubernetes/apiserver/build.sh >/dev/null
 
 ## python-tools: Debian's protoc and gRPC python plugin, which buf.gen.yaml names
 python-tools:
@@ -127,8 +133,9 @@ browser:
 	deploy/host-setup.sh --packages chromium
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
-## (benchd's suite smoke tests drive the host's controld, as benchd does: controld-up starts it)
-test: host image image-web peers python-deps browser test-tools controld-up
+## (benchd's suite smoke tests drive the host's controld, as benchd does: controld-up starts it; deploy/kubernetes's
+## server-side dry run needs the kube-apiserver target)
+test: host image image-web peers python-deps browser test-tools kube-apiserver controld-up
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack

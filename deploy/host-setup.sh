@@ -12,7 +12,8 @@
 #                                          undo the setup: every sandbox, containerd namespace, image,
 #                                          snapshot, state, log, config, unit and package it installed;
 #                                          --keep-caches keeps the slow caches keyed by their inputs
-#                                          (containerd build, CRIU .debs, image base tarballs, prometheus, registry)
+#                                          (containerd build, CRIU .debs, image base tarballs, prometheus, registry,
+#                                          the kube-apiserver build of deploy/kubernetes/apiserver)
 #   deploy/host-setup.sh --help
 #
 # Called by `make demo` and `make test`. Needs root. Works on a fresh Debian 12
@@ -1272,10 +1273,11 @@ main_uninstall() {
 	if ((keep)); then
 		# Keyed by their inputs: the containerd build by its version, CRIU
 		# by its .debs' version, image bases by the hash of their inputs,
-		# prometheus by its package's version.
-		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images ! -name prometheus ! -name registry -exec rm -rf {} +
+		# prometheus by its package's version, the kube-apiserver by its
+		# sources' hash (deploy/kubernetes/apiserver/build.sh).
+		find "$CACHE_DIR" -mindepth 1 -maxdepth 1 ! -name 'containerd-v*' ! -name criu ! -name images ! -name prometheus ! -name registry ! -name kube-apiserver -exec rm -rf {} +
 		find "$CACHE_DIR/images" -mindepth 1 -maxdepth 1 ! -name '*-base-*.tar' -exec rm -rf {} + 2>/dev/null || true
-		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar "$CACHE_DIR"/prometheus "$CACHE_DIR"/registry 2>/dev/null | paste -sd ' ')"
+		step caches keep "kept $(ls -d "$CACHE_DIR"/containerd-v* "$CACHE_DIR"/criu "$CACHE_DIR"/images/*-base-*.tar "$CACHE_DIR"/prometheus "$CACHE_DIR"/registry "$CACHE_DIR"/kube-apiserver 2>/dev/null | paste -sd ' ')"
 	else
 		rm -rf "$CACHE_DIR"
 		step caches "done" "removed $CACHE_DIR"
