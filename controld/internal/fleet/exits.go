@@ -113,7 +113,7 @@ func (m *Manager) reapOnce(now time.Time) {
 		}
 	}
 	// A retired pool checkpoint goes with the last fork of it.
-	m.sweepPoolCheckpoints(m.ctx)
+	m.sweepPoolCheckpointsIdle(m.ctx)
 	// Request ids are remembered for a day: forget the expired ones once a
 	// minute.
 	if now.Sub(m.requestSweep) >= time.Minute {

@@ -219,6 +219,21 @@ func (m *Manager) retirePoolCheckpoint(ctx context.Context, id, why string) {
 func (m *Manager) sweepPoolCheckpoints(ctx context.Context) {
 	m.ckMu.Lock()
 	defer m.ckMu.Unlock()
+	m.sweepPoolCheckpointsLocked(ctx)
+}
+
+// sweepPoolCheckpointsIdle is sweepPoolCheckpoints unless a checkpoint
+// operation holds the lock (the reaper's: it does not wait behind a long
+// delete; the next round sweeps).
+func (m *Manager) sweepPoolCheckpointsIdle(ctx context.Context) {
+	if !m.ckMu.TryLock() {
+		return
+	}
+	defer m.ckMu.Unlock()
+	m.sweepPoolCheckpointsLocked(ctx)
+}
+
+func (m *Manager) sweepPoolCheckpointsLocked(ctx context.Context) {
 	m.mu.Lock()
 	var gone []string
 	for id, c := range m.checkpoints {
