@@ -64,6 +64,18 @@ func TestImagePoolMissForksFromItsCheckpoint(t *testing.T) {
 	_, err = e.m.DeleteCheckpoint(ctx, ck.Id, false)
 	wantCode(t, err, codes.FailedPrecondition, "")
 
+	// The pool's own checkpoint survives a restart as the pool's.
+	e.restart()
+	eventually(t, "image pool full after a restart", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		return got.Available == 1
+	})
+	if l := poolCheckpoints(t, e, p.Id); len(l) != 1 || l[0].Id != ck.Id {
+		t.Fatalf("pool checkpoints after a restart: %v, want only %s", l, ck.Id)
+	}
+	_, err = e.m.DeleteCheckpoint(ctx, ck.Id, false)
+	wantCode(t, err, codes.FailedPrecondition, "")
+
 	restores := e.rt.Calls("restore")
 	miss := claimMiss(t, e, p.Id)
 	if miss.CheckpointId != ck.Id || miss.PoolId != p.Id || miss.Labels[rules.PoolIDLabel] != p.Id ||
