@@ -62,11 +62,18 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		byID[in.ID] = in
 	}
 	known := map[string]bool{}
+	// Work an adoption starts in the background (a resumed boot's wait, a
+	// hold to lift) waits until every record is adopted: it reads the
+	// whole table, which adoptions are still writing.
+	var later []func()
 	for _, r := range recs {
 		known[r.Sandbox.Id] = true
-		if err := m.adopt(ctx, r, byID); err != nil {
+		if err := m.adopt(ctx, r, byID, &later); err != nil {
 			return err
 		}
+	}
+	for _, start := range later {
+		start()
 	}
 	for _, in := range insts {
 		if known[in.ID] || !isOurs(in) {
@@ -105,12 +112,12 @@ func isOurs(in runtime.Instance) bool {
 // adopt brings one stored sandbox back under management. The record's
 // state and what the runtime still holds decide its fate, each a named
 // outcome of one adoption.
-func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]runtime.Instance) error {
+func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[string]runtime.Instance, later *[]func()) error {
 	in, present := byID[r.Sandbox.Id]
 	// Records name the host that owns them now (config "host" may have
 	// changed since): clients route by it.
 	r.Sandbox.Host = m.opts.Host
-	a := &adoption{m: m, rec: r, id: r.Sandbox.Id, in: in, present: present,
+	a := &adoption{m: m, rec: r, id: r.Sandbox.Id, in: in, present: present, later: later,
 		sb: &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}}
 	close(a.sb.started)
 	state := r.Sandbox.State
@@ -147,6 +154,7 @@ type adoption struct {
 	in      runtime.Instance // what the runtime holds, if present
 	present bool
 	sb      *sandbox
+	later   *[]func() // background work, started once every record is adopted
 }
 
 // removeContainer deletes what the runtime holds of the sandbox.
@@ -178,7 +186,7 @@ func (a *adoption) fail(ctx context.Context, why string) error {
 		}
 	}
 	closeOnce(a.sb.settled)
-	a.m.sandboxes[a.id] = a.sb
+	a.track()
 	return a.m.st.PutSandbox(a.rec)
 }
 
@@ -191,7 +199,7 @@ func (a *adoption) keepRecord(ctx context.Context) error {
 		}
 	}
 	closeOnce(a.sb.settled)
-	a.m.sandboxes[a.id] = a.sb
+	a.track()
 	return nil
 }
 
@@ -200,7 +208,7 @@ func (a *adoption) exited() error {
 	a.rec.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_STOPPED
 	a.rec.Sandbox.StatusMessage = "task exited while controld was down"
 	closeOnce(a.sb.settled)
-	a.m.sandboxes[a.id] = a.sb
+	a.track()
 	return a.m.st.PutSandbox(a.rec)
 }
 
@@ -209,7 +217,17 @@ func (a *adoption) register() {
 	if !a.in.ACISocket.IsZero() {
 		a.rec.ACISocket = a.in.ACISocket
 	}
+	a.track()
+}
+
+// track puts the sandbox in the manager's table. Adoption runs while
+// sandboxes adopted before it already work in the background (a resumed
+// boot's readiness wait reads the table under the lock), so it takes the
+// lock too.
+func (a *adoption) track() {
+	a.m.mu.Lock()
 	a.m.sandboxes[a.id] = a.sb
+	a.m.mu.Unlock()
 }
 
 // resumeLive takes back a READY or SUSPENDED sandbox, trusting the
@@ -228,7 +246,7 @@ func (a *adoption) resumeLive(ctx context.Context) error {
 			m.log.Warn("thawed a sandbox an interrupted checkpoint left frozen", "sandbox", id)
 			in.Status = runtime.StatusRunning
 			sock, token := r.ACISocket, r.AdminToken
-			m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) })
+			*a.later = append(*a.later, func() { m.goBackground(func() { m.liftCheckpointHold(m.ctx, sock, token, id) }) })
 		}
 	}
 	// Otherwise trust the runtime about frozen-ness.
@@ -258,7 +276,7 @@ func (a *adoption) resumeBoot() error {
 	}
 	wctx, cancel := context.WithDeadline(m.ctx, deadline)
 	sb.cancelWork = cancel
-	m.goBackground(func() {
+	wait := func() {
 		defer close(sb.workDone)
 		defer cancel()
 		_, span := m.tracer.Start(wctx, "sandbox.boot.resume")
@@ -267,7 +285,8 @@ func (a *adoption) resumeBoot() error {
 			wf.lastAt = t0.Add(p.GetAt().AsDuration())
 		}
 		m.awaitReady(wctx, sb, wf, in.ACISocket, r.AdminToken, in.TaskStartedAt)
-	})
+	}
+	*a.later = append(*a.later, func() { m.goBackground(wait) })
 	return nil
 }
 
