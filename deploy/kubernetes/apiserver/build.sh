@@ -14,8 +14,9 @@ export PATH=/usr/local/go/bin:$PATH
 CACHE=${FORKFLEET_KUBE_APISERVER_CACHE:-/var/cache/forkfleet/kube-apiserver}
 
 # Not in the repository's go.work: Kubernetes' requirements would raise the
-# versions every other module builds with.
-export GOWORK=off GOFLAGS=-trimpath
+# versions every other module builds with. No VCS stamp: the same inputs give
+# the same binary in any checkout.
+export GOWORK=off GOFLAGS="-trimpath -buildvcs=false"
 
 key=$({
 	go version
