@@ -86,6 +86,8 @@ type Fake struct {
 	exported    map[string]*controldv1.Checkpoint // reference -> the checkpoint as exported (an image outlives it)
 	pulled      map[string]string                 // pushed reference -> its import here (ForkCheckpoint's cache)
 	pools       map[string]*controldv1.Pool
+	poolCks     map[string]string // image pool id -> its own checkpoint (pool_checkpoint.go's rules)
+	retiredCks  map[string]bool   // pool checkpoints whose pool is gone, deleted with their last fork
 	watchers    map[*watcher]struct{}
 	endpoint    func(*controldv1.Sandbox) *controldv1.Endpoint
 	timers      map[*time.Timer]struct{}
@@ -106,6 +108,8 @@ func New() *Fake {
 		exported:    make(map[string]*controldv1.Checkpoint),
 		pulled:      make(map[string]string),
 		pools:       make(map[string]*controldv1.Pool),
+		poolCks:     make(map[string]string),
+		retiredCks:  make(map[string]bool),
 		watchers:    make(map[*watcher]struct{}),
 		timers:      make(map[*time.Timer]struct{}),
 		readyCh:     make(map[string]chan struct{}),
@@ -519,6 +523,10 @@ func (f *Fake) deleteSandbox(id string) bool {
 	}
 	if ck, ok := f.checkpoints[sb.GetCheckpointId()]; ok && ck.LiveForks > 0 {
 		ck.LiveForks--
+		if ck.LiveForks == 0 && f.retiredCks[ck.GetId()] {
+			delete(f.checkpoints, ck.GetId())
+			delete(f.retiredCks, ck.GetId())
+		}
 	}
 	sb.State = controldv1.SandboxState_SANDBOX_STATE_DELETED
 	f.emit(controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_DELETED, sb, nil)
@@ -817,6 +825,12 @@ func (f *Fake) DeleteCheckpoint(ctx context.Context, req *controldv1.DeleteCheck
 		}
 	}
 	ids := f.descendants(ck.GetId())
+	for pl, own := range f.poolCks {
+		if slices.Contains(ids, own) {
+			return nil, rpcErr(errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_IN_USE",
+				"checkpoint %s is pool %s's own (its misses fork from it); it goes with the pool", own, pl))
+		}
+	}
 	if parent, ok := f.checkpoints[ck.GetParentCheckpointId()]; ok {
 		parent.ChildIds = slices.DeleteFunc(parent.ChildIds, func(c string) bool { return c == ck.GetId() })
 	}
@@ -1115,6 +1129,9 @@ func (f *Fake) CreatePool(ctx context.Context, req *controldv1.CreatePoolRequest
 		p.CheckpointId, p.Frozen = ck.GetId(), true
 	}
 	f.pools[p.Id] = p
+	if p.GetImage() != "" {
+		f.makePoolCheckpoint(p)
+	}
 	return &controldv1.CreatePoolResponse{Pool: proto.CloneOf(p)}, nil
 }
 
@@ -1190,7 +1207,34 @@ func (f *Fake) DeletePool(ctx context.Context, req *controldv1.DeletePoolRequest
 		return nil, rpcErr(err)
 	}
 	delete(f.pools, p.GetId())
+	if own, ok := f.poolCks[p.GetId()]; ok {
+		delete(f.poolCks, p.GetId())
+		if ck := f.checkpoints[own]; ck.GetLiveForks() > 0 {
+			f.retiredCks[own] = true
+		} else {
+			delete(f.checkpoints, own)
+		}
+	}
 	return &controldv1.DeletePoolResponse{}, nil
+}
+
+// makePoolCheckpoint gives image pool p its own checkpoint, as controld
+// does once the pool is full (a fake pool is full at once): memory tier,
+// labelled pool_id=<pool>, its source sandbox gone; p's misses fork from it.
+func (f *Fake) makePoolCheckpoint(p *controldv1.Pool) {
+	levels := []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MARKER, controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY,
+		controldv1.VerifyLevel_VERIFY_LEVEL_PIXELS, controldv1.VerifyLevel_VERIFY_LEVEL_NETWORK, controldv1.VerifyLevel_VERIFY_LEVEL_FILESYSTEM}
+	ck := &controldv1.Checkpoint{
+		Id: rules.NewID(rules.PrefixCheckpoint), Tier: controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY,
+		State: controldv1.CheckpointState_CHECKPOINT_STATE_READY, SourceSandboxId: rules.NewID(rules.PrefixSandbox),
+		Image: p.GetImage(), Screen: proto.CloneOf(p.GetScreen()), Resources: proto.CloneOf(p.GetResources()),
+		Labels: map[string]string{rules.PoolIDLabel: p.GetId()}, CreatedAt: timestamppb.Now(), MemoryBytes: 180 << 20,
+		LayerBytes: 4 << 20, VerifyLevels: levels, Network: netpolicy.Normalize(p.GetNetwork()), Host: f.host(),
+		Timing: &controldv1.CheckpointTiming{Frozen: durationpb.New(40 * time.Millisecond), Dump: durationpb.New(30 * time.Millisecond),
+			Layer: durationpb.New(10 * time.Millisecond), Total: durationpb.New(60 * time.Millisecond)},
+	}
+	f.checkpoints[ck.Id] = ck
+	f.poolCks[p.GetId()] = ck.Id
 }
 
 func (f *Fake) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoolResponse, error) {
@@ -1245,6 +1289,11 @@ func (f *Fake) claimPool(req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoo
 		p.Misses++
 		took = 300 * time.Millisecond
 	}
+	ckID := p.GetCheckpointId()
+	if own, ok := f.poolCks[p.GetId()]; ok && !hit {
+		// An image pool's miss forks from the pool's own checkpoint.
+		ckID, took = own, 100*time.Millisecond
+	}
 	labels := maps.Clone(p.GetLabels())
 	if labels == nil {
 		labels = map[string]string{}
@@ -1252,10 +1301,10 @@ func (f *Fake) claimPool(req *controldv1.ClaimPoolRequest) (*controldv1.ClaimPoo
 	maps.Copy(labels, req.GetLabels())
 	labels[rules.PoolIDLabel] = p.GetId()
 	image := p.GetImage()
-	if ck, ok := f.checkpoints[p.GetCheckpointId()]; ok {
+	ck := f.checkpoints[ckID]
+	if ck != nil {
 		image = ck.GetImage()
 	}
-	ck := f.checkpoints[p.GetCheckpointId()]
 	sb := f.newSandbox(image, p.GetResources(), p.GetScreen(), labels, req.GetTtl(), true, func(sb *controldv1.Sandbox) {
 		sb.PoolId = p.GetId()
 		sb.Network = &controldv1.Network{Mode: netpolicy.Mode(p.GetNetwork()), Policy: proto.CloneOf(policy)}
