@@ -451,6 +451,7 @@ type checkpointJSON struct {
 	NetValue    []byte                `json:"net_value,omitempty"`
 	FSDigest    []byte                `json:"fs_digest,omitempty"`
 	Request     *RequestTag           `json:"request,omitempty"`
+	Imported    string                `json:"imported_digest,omitempty"`
 	Pool        string                `json:"pool,omitempty"`
 	Retired     bool                  `json:"retired,omitempty"`
 }
@@ -462,7 +463,7 @@ func (r *CheckpointRecord) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(checkpointJSON{pb, r.Ref, r.Env, r.AdminToken, r.Generation, r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue,
-		r.NetPort, r.NetValue, r.FSDigest, r.Request, r.Pool, r.Retired})
+		r.NetPort, r.NetValue, r.FSDigest, r.Request, r.ImportedDigest, r.Pool, r.Retired})
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
@@ -478,7 +479,7 @@ func (r *CheckpointRecord) UnmarshalJSON(b []byte) error {
 	r.Ref, r.Env, r.AdminToken, r.Generation = j.Ref, j.Env, j.AdminToken, j.Generation
 	r.FrameHash, r.MarkerPath, r.MarkerValue, r.MemoryValue = j.FrameHash, j.MarkerPath, j.MarkerValue, j.MemoryValue
 	r.NetPort, r.NetValue, r.FSDigest, r.Request = j.NetPort, j.NetValue, j.FSDigest, j.Request
-	r.Pool, r.Retired = j.Pool, j.Retired
+	r.ImportedDigest, r.Pool, r.Retired = j.Imported, j.Pool, j.Retired
 	return nil
 }
 
