@@ -41,6 +41,25 @@ async def wait_file(s: aci.Session, path: str, timeout: float = 15) -> bytes:
         await asyncio.sleep(0.1)
 
 
+async def wait_written(s: aci.Session, path: str, timeout: float = 15) -> bytes:
+    """path's content once it exists and two reads 0.3 s apart agree, even
+    when it does not end in a newline: a paste that carried a line break ran
+    its command early and left the redirect an empty file."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            data = await s.get_file(path)
+            if data == last:
+                return data
+            last = data
+        except forkfleet.NotFound:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear")
+        await asyncio.sleep(0.3)
+
+
 async def moved(s: aci.Session, old, timeout: float = 5):
     """xterm's geometry once the window manager moved it from old."""
     deadline = time.monotonic() + timeout
@@ -226,7 +245,9 @@ async def test_anthropic_actions_on_the_screen(stack, sandbox):
                 await comp.execute({"action": "middle_click", "coordinate": [mx, my]})
                 await comp.execute({"action": "type", "text": f" > /tmp/a4{attempt}"})
                 await comp.execute({"action": "key", "text": "Return"})
-                if await wait_file(s, f"/tmp/a4{attempt}") == b"markerword\n":
+                # Under load the double click can land as a triple one (the
+                # line with its newline): that paste writes an empty file.
+                if await wait_written(s, f"/tmp/a4{attempt}") == b"markerword\n":
                     break
             else:
                 raise AssertionError("double_click + middle_click did not paste the word")
