@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -593,6 +594,9 @@ func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir stri
 	logPath := filepath.Join(work, "dump.log")
 	logErrs := criuLogErrors(logPath, "criu dump.log")
 	logText, _ := os.ReadFile(logPath)
+	if pid, ok := uninterruptible(string(logText)); ok {
+		return &uninterruptibleError{sandbox: id, pid: pid, logErrs: logErrs}
+	}
 	if what := undumpable(string(logText)); what != "" {
 		// The sandbox holds something CRIU refuses: the caller can fix
 		// that (close it, shrink it), retrying as is cannot.
@@ -632,7 +636,8 @@ func (r *Runtime) dumpRunc(ctx context.Context, id, imageDir, work string) error
 var (
 	criuGhostRe     = regexp.MustCompile(`Can't dump ghost file (\S+) of (\d+) size`)
 	criuHandleRe    = regexp.MustCompile(`Handle (0x[0-9a-f]+):(0x[0-9a-f]+) cannot be opened`)
-	criuUnseizeRe   = regexp.MustCompile(`Unseizable non-zombie (\d+) found`)
+	criuTracedRe    = regexp.MustCompile(`zombie (\d+) \(comm .*\) found while seizing`)
+	criuUnseizeRe   = regexp.MustCompile(`Unseizable non-zombie (\d+) found, state (\S)(?:, err -?\d+/(\d+))?`)
 	criuNoHandleSig = "Can't dump that handle"
 )
 
@@ -657,8 +662,21 @@ func undumpable(log string) string {
 	if slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(log, sig) }) {
 		return "a unix socket connected outside the sandbox"
 	}
-	if m := criuUnseizeRe.FindStringSubmatch(log); m != nil {
-		return fmt.Sprintf("process %s (host pid), which CRIU cannot stop: it is outside the sandbox's freezer cgroup (entered from outside)", m[1])
+	if m := criuTracedRe.FindStringSubmatch(log); m != nil {
+		// CRIU 4.2 says "zombie" of any process in the frozen cgroup it
+		// cannot seize, and retries until its freeze timeout: one that
+		// another process traces (a debugger or strace in the sandbox; a
+		// process has one tracer), or one stuck exiting.
+		return fmt.Sprintf("process %s (host pid), which CRIU could not seize before its freeze timeout: another process traces it (a debugger or strace in the sandbox), or it is stuck exiting", m[1])
+	}
+	if m := criuUnseizeRe.FindStringSubmatch(log); m != nil && m[2] != "D" {
+		if m[3] == strconv.Itoa(int(syscall.ECHILD)) {
+			// PTRACE_SEIZE failed, so CRIU's wait found no child: the
+			// process already has a tracer (a debugger or strace in the
+			// sandbox), and a process has only one.
+			return fmt.Sprintf("process %s (host pid, state %s), which CRIU cannot stop: another process traces it (a debugger or strace in the sandbox)", m[1], m[2])
+		}
+		return fmt.Sprintf("process %s (host pid, state %s), which CRIU cannot stop", m[1], m[2])
 	}
 	if strings.Contains(log, "Unsupported") || strings.Contains(log, "unsupported") {
 		return "an unsupported kind of file or resource"
@@ -666,10 +684,36 @@ func undumpable(log string) string {
 	return ""
 }
 
-// retryableDump tells dump failures caused by unix connections in flight
-// (they go away once the sandbox runs a moment) from the others.
+// retryableDump tells dump failures that go away once the sandbox runs a
+// moment (unix connections in flight, a process in uninterruptible sleep)
+// from the others.
 func retryableDump(err error) bool {
-	return slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(err.Error(), sig) })
+	var busy *uninterruptibleError
+	return errors.As(err, &busy) ||
+		slices.ContainsFunc(unixConnErrors, func(sig string) bool { return strings.Contains(err.Error(), sig) })
+}
+
+// uninterruptibleError is a dump that failed on a process in uninterruptible
+// sleep: UNAVAILABLE, since the same call is likely to work a moment later.
+type uninterruptibleError struct{ sandbox, pid, logErrs string }
+
+func (e *uninterruptibleError) Error() string {
+	return fmt.Sprintf("sandbox %s: criu dump: process %s (host pid) was in uninterruptible sleep (state D) and could not be stopped; try again: %v%s",
+		e.sandbox, e.pid, errdefs.ErrUnavailable, e.logErrs)
+}
+
+func (e *uninterruptibleError) Unwrap() error { return errdefs.ErrUnavailable }
+
+// uninterruptible names the process CRIU could not seize because it was in
+// uninterruptible sleep (state D: waiting in the kernel, on I/O or memory
+// under pressure): a moment's state, not something the sandbox holds.
+func uninterruptible(log string) (pid string, ok bool) {
+	for _, m := range criuUnseizeRe.FindAllStringSubmatch(log, -1) {
+		if m[2] == "D" {
+			return m[1], true
+		}
+	}
+	return "", false
 }
 
 // unixConnErrors are CRIU's errors about a unix connection to outside the

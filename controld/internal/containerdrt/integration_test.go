@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -935,6 +936,39 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 	}
 	if _, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: "/etc/ckpt", Tier: runtime.TierMemory}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Checkpoint outside the checkpoint root: %v", err)
+	}
+}
+
+// TestIntegrationCheckpointTracedProcess checkpoints a sandbox in which a
+// process traces another (a debugger in the sandbox): CRIU cannot seize a
+// traced process, and the answer says so as FAILED_PRECONDITION
+// CHECKPOINT_UNDUMPABLE, not INTERNAL, with the source left running.
+func TestIntegrationCheckpointTracedProcess(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("traced")))
+	mustCall(t, src, "set still-here")
+	child := mustCall(t, src, "traced")
+	if _, err := strconv.Atoi(child); err != nil {
+		t.Fatalf("traced: %q", child)
+	}
+	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("traced"))
+	_, err := r.Checkpoint(ctx, src.ID, runtime.CheckpointSpec{Dir: dir, Tier: runtime.TierMemory})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || errdefs.Reason(err) != "CHECKPOINT_UNDUMPABLE" ||
+		!strings.Contains(err.Error(), "another process traces it") {
+		t.Fatalf("Checkpoint with a traced process: %v, want FAILED_PRECONDITION CHECKPOINT_UNDUMPABLE naming the tracing", err)
+	}
+	t.Logf("expected failure: %.300s", err)
+	if st, err := r.freezerState(src.ID); err != nil || st != freezerThawed {
+		t.Errorf("source freezer after a failed checkpoint: %q (%v)", st, err)
+	}
+	if got := mustCall(t, src, "get"); got != "still-here" {
+		t.Errorf("source after failed checkpoint: %q", got)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("failed checkpoint left its dir: %v", err)
 	}
 }
 

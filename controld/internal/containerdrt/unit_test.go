@@ -422,7 +422,13 @@ func TestUndumpable(t *testing.T) {
 			"(00.3) Warn  (criu/fsnotify.c:336): fsnotify: \tHandle 0x2b:0x1e0a cannot be opened\n" +
 			"(00.4) Warn  (criu/fsnotify.c:336): fsnotify: \tHandle 0x2b:0x1e0b cannot be opened\n" +
 			"(00.4) Error (criu/fsnotify.c:339): fsnotify: \tCan't dump that handle\n", "inotify watch on inode 0x1e0b of device 0x2b"},
-		{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 13323 found, state S, err -1/10", "process 13323"},
+		{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 13323 found, state S, err -1/10", "process 13323 (host pid, state S), which CRIU cannot stop: another process traces it"},
+		{"(00.02) Error (criu/seize.c:335): zombie 27165 (comm ) found while seizing\n" +
+			"(10.02) Error (criu/seize.c:335): zombie 27165 (comm ) found while seizing", "process 27165 (host pid), which CRIU could not seize before its freeze timeout: another process traces it"},
+		{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 13323 found, state R, err -1/3", "process 13323 (host pid, state R), which CRIU cannot stop"},
+		// Uninterruptible sleep is a moment's state, not the sandbox's:
+		// retried, then UNAVAILABLE (TestUninterruptibleDump).
+		{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 13323 found, state D, err -1/10", ""},
 		{"Error (criu/cr-dump.c:1): Dumping FAILED.", ""},
 		{"", ""},
 	} {
@@ -430,6 +436,29 @@ func TestUndumpable(t *testing.T) {
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("undumpable(%q) = %q, want something naming %q", tc.log, got, tc.want)
 		}
+	}
+}
+
+func TestUninterruptibleDump(t *testing.T) {
+	log := "(00.001) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
+		"(00.2) Error (compel/src/lib/infect.c:262): Unseizable non-zombie 4242 found, state D, err -1/10\n"
+	pid, ok := uninterruptible(log)
+	if !ok || pid != "4242" {
+		t.Fatalf("uninterruptible = %q, %v; want 4242", pid, ok)
+	}
+	if _, ok := uninterruptible("Unseizable non-zombie 4242 found, state S, err -1/10"); ok {
+		t.Error("state S taken for uninterruptible sleep")
+	}
+	var err error = &uninterruptibleError{sandbox: "sb", pid: pid}
+	err = fmt.Errorf("checkpoint: %w", err)
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("%v is not UNAVAILABLE", err)
+	}
+	if !retryableDump(err) {
+		t.Errorf("%v is not retried", err)
+	}
+	if retryableDump(fmt.Errorf("dump: %w", errdefs.ErrUnavailable)) {
+		t.Error("any UNAVAILABLE is retried, not only a process in uninterruptible sleep")
 	}
 }
 

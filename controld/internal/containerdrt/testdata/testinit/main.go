@@ -23,6 +23,8 @@
 //	held LINE           send LINE on the held connection, return the answer
 //	lo                  the flags of lo (/sys/class/net/lo/flags)
 //	fetch HOST:PORT PATH  an HTTP GET (the status line and first body line)
+//	traced              start a child that this process traces (as a
+//	                    debugger would) and return its pid
 package main
 
 import (
@@ -36,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -199,6 +202,8 @@ func serve(c net.Conn, logf *os.File) {
 	case "fetch":
 		hostport, path, _ := strings.Cut(arg, " ")
 		reply = fetch(hostport, path)
+	case "traced":
+		reply = startTraced()
 	case "exit":
 		exitCode, _ = strconv.Atoi(arg)
 		reply = "ok"
@@ -298,4 +303,20 @@ func fetch(hostport, path string) string {
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "testinit:", err)
 	os.Exit(1)
+}
+
+// startTraced starts a child under PTRACE_TRACEME: it stops at its exec
+// and stays stopped, traced by this process, which never waits for it.
+func startTraced() string {
+	self, err := os.Executable()
+	if err != nil {
+		return "error " + err.Error()
+	}
+	p, err := os.StartProcess(self, []string{self, "traced-child"}, &os.ProcAttr{
+		Sys: &syscall.SysProcAttr{Ptrace: true},
+	})
+	if err != nil {
+		return "error " + err.Error()
+	}
+	return strconv.Itoa(p.Pid)
 }
