@@ -133,11 +133,12 @@ func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time)
 // entropy) was installed before it was frozen (forkStart sends Restored
 // ahead of the freeze), so nothing per replica is left for the claim.
 //
-// The claim is made durable in one transaction (sandbox record and the
-// pool's hit counter) that runs while the thaw and the ping do, and Claim
-// returns only after both: a crash after Claim returned finds the sandbox
-// claimed (never back in the pool, never handed out twice). A crash before
-// can leave a claimed record nobody received: its TTL or a delete removes it.
+// The claim is made durable (sandbox record and the pool's hit counter,
+// store.Claim: one fdatasync of the claim journal) while the thaw and the
+// ping run, and Claim returns only after both: a crash after Claim returned
+// finds the sandbox claimed (never back in the pool, never handed out
+// twice). A crash before can leave a claimed record nobody received: its TTL
+// or a delete removes it.
 func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
 	tag *store.RequestTag) (*controldv1.Sandbox, error) {
 	ctx, span := m.tracer.Start(ctx, "pool.claim")
@@ -165,27 +166,25 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 	}
 	claim(claimed)
 
-	// Count the hit before the write so the transaction carries it; undone
+	// Count the hit before the write so the claim carries it; undone
 	// below if the claim fails.
 	p.hits.Add(1)
 	persisted := make(chan error, 1)
 	go func() {
 		_, ps := m.tracer.Start(ctx, "pool.claim.persist")
 		defer ps.End()
+		// The records' own write is queued behind every earlier write of
+		// this sandbox and ahead of every later one (the store's queue is
+		// in order), so it needs sb.persist only to be queued.
 		sb.persist.Lock()
-		defer sb.persist.Unlock()
-		persisted <- m.st.Update(func(tx *store.Tx) error {
-			if err := tx.PutSandbox(claimed); err != nil {
-				return err
+		applied, err := m.st.Claim(claimed, poolRec, func() (uint64, uint64) { return p.hits.Load(), p.misses.Load() })
+		sb.persist.Unlock()
+		persisted <- err
+		go func() {
+			if err := <-applied; err != nil {
+				m.log.Error("write claimed sandbox's record (its claim is in the journal)", "sandbox", id, "err", err)
 			}
-			if !tx.HasPool(poolRec.Pool.Id) {
-				return nil // deleted meanwhile: do not bring it back
-			}
-			// The counters as of this commit: a later claim's write may be
-			// ordered before this one in a shared commit.
-			poolRec.Pool.Hits, poolRec.Pool.Misses = p.hits.Load(), p.misses.Load()
-			return tx.PutPool(poolRec)
-		})
+		}()
 	}()
 	err := m.thawAndPing(ctx, p, id, sock, admin)
 	if err == nil {
