@@ -15,7 +15,7 @@ import (
 )
 
 // findCheckpoint resolves an id or a name.
-func (m *Manager) findCheckpoint(idOrName string) (*store.CheckpointRecord, error) {
+func (m *registry) findCheckpoint(idOrName string) (*store.CheckpointRecord, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c, ok := m.checkpoints[idOrName]; ok {

@@ -1,14 +1,21 @@
 // Package fleet is controld's manager: the records of sandboxes, checkpoints
-// and pools (one registry, guarded by Manager.mu and kept in the store), and
+// and pools (one registry, guarded by its mu and kept in the store), and
 // the operations on them. The runtime contract it drives lives in
 // controld/internal/runtime; the gRPC handlers in controld/internal/server.
 //
+// Manager is the API the handlers call and the sandbox concern; each other
+// concern is a type of its own that embeds the registry, so it reaches the
+// records and the shared plumbing through it and another concern only
+// through a field it holds (concerns_test.go pins the table, and bounds
+// Manager's methods). The split changed receivers, not code: method bodies
+// still name their receiver m.
+//
 // Where each concern lives:
 //
-//   - The registry: manager.go (Options, Manager, New and Close, lookups, the
-//     one way records change: update/touch, which persist and publish),
-//     watch.go (WatchSandboxes), reconcile.go (store and runtime brought to
-//     agree at start).
+//   - The registry (type registry): manager.go (Options, Manager, New and
+//     Close, lookups, the one way records change: update/touch, which
+//     persist and publish), watch.go (WatchSandboxes, publish),
+//     reconcile.go (store and runtime brought to agree at start).
 //   - Sandboxes: sandbox.go (create, get, list, delete, suspend, extend),
 //     boot.go (a boot and its phase waterfall, until usable or failed),
 //     exits.go (exit watcher, TTL reaper), limits.go (limits reached),
@@ -16,8 +23,9 @@
 //     recording.go (the recording RPCs and fork hook, delegated to
 //     controld/internal/recording).
 //   - Checkpoints: checkpoint.go (create: freeze, dump, commit),
-//     checkpoint_tree.go (get, list, delete), verify.go (the proofs a fork
-//     is its checkpoint). Moving checkpoints in and out of the host is a
+//     checkpoint_tree.go (get, list, delete; findCheckpoint is the
+//     registry's lookup), verify.go (type verifier: the proofs a fork is
+//     its checkpoint, on request and on every fresh replica). Moving checkpoints in and out of the host is a
 //     type of its own over the same registry, transfer: checkpoint_transfer.go
 //     (export and import as OCI images), checkpoint_registry.go (push and
 //     pull through a registry, the pull forks of one reference share).

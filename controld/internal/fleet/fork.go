@@ -364,7 +364,7 @@ func (f *replicaFork) identify(ctx context.Context) error {
 		restored <- err
 	}()
 	if len(f.p.levels) > 0 {
-		f.rep.Verification = m.verify(ctx, g, spec.ID, f.ck, f.p.levels, born)
+		f.rep.Verification = m.verifier.verify(ctx, g, spec.ID, f.ck, f.p.levels, born)
 	}
 	if err := <-restored; err != nil {
 		return f.fail(err, "restored notification")

@@ -87,8 +87,31 @@ const loopBound = 20 * time.Second
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
 // lifecycle and the background work (readiness waits, TTL reaper, exit
-// watcher, pool replenishers). Safe for concurrent use.
+// watcher, pool replenishers). Safe for concurrent use. Its methods are the
+// sandbox concern and the API the gRPC handlers call; the other concerns
+// are types of their own over the same registry (doc.go lists them).
 type Manager struct {
+	*registry
+
+	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
+	viewMu      sync.Mutex
+	viewTickets map[[32]byte]viewTicket
+	slots       *warmSlots // nil: warm slots off
+
+	// verifier runs the proofs that a fork is its checkpoint (verify.go).
+	verifier *verifier
+	// transfer moves checkpoints in and out of this host
+	// (checkpoint_transfer.go).
+	transfer transfer
+}
+
+// registry is the one set of records every concern works over: the
+// sandbox, checkpoint and pool tables and the lock that guards them, the
+// store they persist to and the watchers their changes are published to,
+// with what every concern shares (runtime, guest dialer, telemetry, the
+// background work Close waits for). Records change through its update and
+// touch only.
+type registry struct {
 	opts    Options
 	rt      runtime.Runtime
 	dialer  GuestDialer
@@ -101,19 +124,15 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	closed    bool
-	sandboxes map[string]*sandbox
-	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
-	viewMu      sync.Mutex
-	viewTickets map[[32]byte]viewTicket
+	mu          sync.Mutex
+	closed      bool
+	sandboxes   map[string]*sandbox
 	checkpoints map[string]*store.CheckpointRecord
 	pools       map[string]*pool
 	// tombstones remember recently deleted sandbox ids, so a retried delete
 	// (say, after a lost response) succeeds instead of failing NotFound.
 	tombstones map[string]time.Time
 	ckMu       sync.Mutex // serializes checkpoint tree edits (create, delete, import)
-	slots      *warmSlots // nil: warm slots off
 	// requests makes the creating calls idempotent by request id: their
 	// responses in the store, what they created tagged with the id.
 	requests rules.Dedup
@@ -123,10 +142,6 @@ type Manager struct {
 	wmu           sync.Mutex
 	watchers      map[*Watch]struct{}
 	watchesClosed bool
-
-	// transfer moves checkpoints in and out of this host
-	// (checkpoint_transfer.go).
-	transfer transfer
 }
 
 // sandbox is the manager's in-memory view of one sandbox.
@@ -217,7 +232,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("fleet: checkpoint dir: %w", err)
 	}
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m := &Manager{
+	r := &registry{
 		opts: opts, rt: opts.Runtime, dialer: opts.Dialer, st: opts.Store,
 		metrics: opts.Metrics, tracer: opts.Tracer, log: opts.Logger,
 		ctx: mctx, cancel: cancel,
@@ -228,6 +243,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		watchers:    map[*Watch]struct{}{},
 		requests:    rules.Dedup{Store: opts.Store},
 	}
+	m := &Manager{registry: r, verifier: &verifier{registry: r}}
 	m.transfer.m = m
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)
@@ -269,13 +285,13 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 
 // goBackground runs fn as tracked background work; after Close it refuses
 // (false), so Close's wait is never raced by a late Add.
-func (m *Manager) goBackground(fn func()) bool {
+func (m *registry) goBackground(fn func()) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.goBackgroundLocked(fn)
 }
 
-func (m *Manager) goBackgroundLocked(fn func()) bool {
+func (m *registry) goBackgroundLocked(fn func()) bool {
 	if m.closed {
 		return false
 	}
@@ -308,11 +324,11 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 }
 
-func (m *Manager) checkOpenErr() error {
+func (m *registry) checkOpenErr() error {
 	return errdefs.WithReason(errdefs.ErrUnavailable, "SHUTTING_DOWN", "controld is shutting down")
 }
 
-func (m *Manager) checkOpen() error {
+func (m *registry) checkOpen() error {
 	if m.closed {
 		return errdefs.WithReason(errdefs.ErrUnavailable, "SHUTTING_DOWN", "controld is shutting down")
 	}
@@ -333,7 +349,7 @@ func poolNotFound(id string) error {
 }
 
 // lookup returns a live sandbox (not being deleted).
-func (m *Manager) lookup(id string) (*sandbox, error) {
+func (m *registry) lookup(id string) (*sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]
@@ -344,7 +360,7 @@ func (m *Manager) lookup(id string) (*sandbox, error) {
 }
 
 // snapshot returns a copy of sb's public record.
-func (m *Manager) snapshot(sb *sandbox) *controldv1.Sandbox {
+func (m *registry) snapshot(sb *sandbox) *controldv1.Sandbox {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return proto.Clone(sb.rec.Sandbox).(*controldv1.Sandbox)
@@ -352,18 +368,18 @@ func (m *Manager) snapshot(sb *sandbox) *controldv1.Sandbox {
 
 // update mutates sb's record under the lock, writes it durably and then
 // publishes ev (when not UNSPECIFIED). Writes of one sandbox land in order.
-func (m *Manager) update(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
+func (m *registry) update(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
 	return m.change(sb, true, ev, phase, fn)
 }
 
 // touch is update without the durable write, for changes the next state
 // change persists anyway (boot phases): each write is an fsync on the boot
 // path.
-func (m *Manager) touch(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) {
+func (m *registry) touch(sb *sandbox, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) {
 	m.change(sb, false, ev, phase, fn)
 }
 
-func (m *Manager) change(sb *sandbox, durable bool, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
+func (m *registry) change(sb *sandbox, durable bool, ev controldv1.SandboxEventType, phase *controldv1.BootPhase, fn func(r *store.SandboxRecord)) (*controldv1.Sandbox, error) {
 	sb.persist.Lock()
 	defer sb.persist.Unlock()
 	m.mu.Lock()
@@ -390,7 +406,7 @@ func cloneRecord(r *store.SandboxRecord) *store.SandboxRecord {
 	return &c
 }
 
-func (m *Manager) refreshStateGaugeLocked() {
+func (m *registry) refreshStateGaugeLocked() {
 	counts := map[controldv1.SandboxState]int{}
 	for _, sb := range m.sandboxes {
 		counts[sb.rec.Sandbox.GetState()]++
@@ -467,7 +483,7 @@ func (m *Manager) Route(id string) (Route, error) {
 
 // dialGuest connects to guestd, retrying every 2 ms while its socket is not
 // there yet, until ctx ends.
-func (m *Manager) dialGuest(ctx context.Context, path guestsock.Addr, token string) (Guest, error) {
+func (m *registry) dialGuest(ctx context.Context, path guestsock.Addr, token string) (Guest, error) {
 	if path.IsZero() {
 		return nil, errdefs.WithReason(errdefs.ErrUnavailable, "GUEST_UNREACHABLE", "no guestd socket known")
 	}

@@ -16,8 +16,18 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
+// verifier runs the proofs that a sandbox is the checkpoint it was forked
+// from: on request (VerifySandbox) and on every fresh replica (fork.go).
+type verifier struct {
+	*registry
+}
+
 // VerifySandbox runs the verifiers of the sandbox's checkpoint against it.
 func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) ([]*controldv1.VerifyResult, error) {
+	return m.verifier.sandbox(ctx, req)
+}
+
+func (m *verifier) sandbox(ctx context.Context, req *controldv1.VerifySandboxRequest) ([]*controldv1.VerifyResult, error) {
 	if err := rules.SandboxID("id", req.GetId()); err != nil {
 		return nil, err
 	}
@@ -56,7 +66,7 @@ func (m *Manager) VerifySandbox(ctx context.Context, req *controldv1.VerifySandb
 // usable after the slowest proof, not after their sum. born, for a fresh
 // replica, delivers the hash of its first frame from Restored (see
 // verifyPixels).
-func (m *Manager) verify(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel, born <-chan []byte) []*controldv1.VerifyResult {
+func (m *verifier) verify(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, levels []controldv1.VerifyLevel, born <-chan []byte) []*controldv1.VerifyResult {
 	out := make([]*controldv1.VerifyResult, len(levels))
 	done := make(chan struct{}, len(levels))
 	for i, l := range levels {
@@ -73,7 +83,7 @@ func (m *Manager) verify(ctx context.Context, g Guest, id string, ck *store.Chec
 	return out
 }
 
-func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, l controldv1.VerifyLevel, born <-chan []byte) (bool, string) {
+func (m *verifier) verifyOne(ctx context.Context, g Guest, id string, ck *store.CheckpointRecord, l controldv1.VerifyLevel, born <-chan []byte) (bool, string) {
 	ctx, span := m.tracer.Start(ctx, "verify."+l.String())
 	defer span.End()
 	switch l {
@@ -132,7 +142,7 @@ func (m *Manager) verifyOne(ctx context.Context, g Guest, id string, ck *store.C
 // and any difference fails. Without it (a live replica re-verified, or a
 // checkpoint whose guestd predates the grab) the replica's current screen
 // is compared: at once, then after it has been still for FrameSettle.
-func (m *Manager) verifyPixels(ctx context.Context, g Guest, ck *store.CheckpointRecord, born <-chan []byte) (bool, string) {
+func (m *verifier) verifyPixels(ctx context.Context, g Guest, ck *store.CheckpointRecord, born <-chan []byte) (bool, string) {
 	if born != nil {
 		var first []byte
 		select {

@@ -18,7 +18,7 @@ import (
 // up is dropped (C closes, Err is ResourceExhausted) instead of slowing the
 // manager down.
 type Watch struct {
-	m      *Manager
+	m      *registry
 	C      <-chan *controldv1.WatchSandboxesResponse
 	ch     chan *controldv1.WatchSandboxesResponse
 	ids    map[string]bool
@@ -90,7 +90,7 @@ func (m *Manager) WatchSandboxes(ctx context.Context, req *controldv1.WatchSandb
 		return nil, err
 	}
 	ch := make(chan *controldv1.WatchSandboxesResponse, m.opts.WatchBuffer)
-	w := &Watch{m: m, C: ch, ch: ch, labels: copyMap(req.GetLabels())}
+	w := &Watch{m: m.registry, C: ch, ch: ch, labels: copyMap(req.GetLabels())}
 	if len(req.GetIds()) > 0 {
 		w.ids = map[string]bool{}
 		for _, id := range req.GetIds() {
@@ -132,7 +132,7 @@ func (m *Manager) WatchSandboxes(ctx context.Context, req *controldv1.WatchSandb
 }
 
 // publish fans ev out to every matching watcher without blocking.
-func (m *Manager) publish(ev *controldv1.WatchSandboxesResponse) {
+func (m *registry) publish(ev *controldv1.WatchSandboxesResponse) {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	for w := range m.watchers {

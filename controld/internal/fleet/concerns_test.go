@@ -1,0 +1,135 @@
+package fleet_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// maxManagerMethods bounds the methods declared on Manager: the sandbox
+// concern and the API the gRPC handlers call. A concern that grows goes on
+// its own type over the registry (doc.go), not back onto Manager; lower the
+// bound as concerns move off it.
+const maxManagerMethods = 149
+
+// concerns are the types the fleet is split into, each with the other
+// concern types it may hold (besides the registry, which every concern
+// embeds). A concern reaches another only through a field listed here, so
+// the coupling between concerns stays visible in one table.
+var concerns = map[string][]string{
+	"registry": nil,
+	"verifier": nil,
+}
+
+// splitEarlier are the concern types split off Manager before the registry
+// existed; they still hold the whole *Manager (stillOnManager).
+var splitEarlier = []string{"transfer", "warmSlots", "forkSlots"}
+
+// stillOnManager are the types that still hold the whole *Manager: those
+// concerns, and the steps of long operations (a boot's waterfall, a
+// checkpoint, a replica's fork, an adoption) that call back into it.
+// Shrink it, never grow it.
+var stillOnManager = append([]string{"collector", "waterfall", "newCheckpoint", "replicaFork", "adoption"}, splitEarlier...)
+
+// TestConcernsSplit pins the fleet's split by concern: Manager's method
+// count stays under its bound, the registry holds no concern, and a concern
+// type reaches the others only through the fields the table above lists,
+// never through a *Manager.
+func TestConcernsSplit(t *testing.T) {
+	fset := token.NewFileSet()
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	methods := map[string]int{}     // receiver type -> methods declared on it
+	fields := map[string][]string{} // struct type -> the named types of its fields
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv != nil && len(d.Recv.List) == 1 {
+					methods[typeName(d.Recv.List[0].Type)]++
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					ts, ok := s.(*ast.TypeSpec)
+					if !ok {
+						continue
+					}
+					st, ok := ts.Type.(*ast.StructType)
+					if !ok {
+						continue
+					}
+					for _, fl := range st.Fields.List {
+						fields[ts.Name.Name] = append(fields[ts.Name.Name], typeName(fl.Type))
+					}
+				}
+			}
+		}
+	}
+
+	if n := methods["Manager"]; n > maxManagerMethods {
+		t.Errorf("Manager has %d methods, more than %d: put the new ones on their concern's type (doc.go)", n, maxManagerMethods)
+	}
+	known := func(typ string) bool { _, ok := concerns[typ]; return ok || slices.Contains(splitEarlier, typ) }
+	for c, allowed := range concerns {
+		if _, ok := fields[c]; !ok {
+			t.Errorf("concern type %s is gone: update the table", c)
+			continue
+		}
+		for _, ft := range fields[c] {
+			if ft == "Manager" {
+				t.Errorf("%s holds a *Manager: reach the records through the registry", c)
+			} else if ft != "registry" && ft != c && known(ft) && !slices.Contains(allowed, ft) {
+				t.Errorf("%s holds a %s, which the concerns table does not list", c, ft)
+			}
+		}
+	}
+	if len(concerns["registry"]) > 0 {
+		t.Errorf("the registry is the bottom: it holds no concern")
+	}
+	var reaching []string
+	for typ, fts := range fields {
+		if slices.Contains(fts, "Manager") {
+			reaching = append(reaching, typ)
+		}
+	}
+	sort.Strings(reaching)
+	for _, typ := range reaching {
+		if !slices.Contains(stillOnManager, typ) {
+			t.Errorf("%s holds a *Manager: give it the registry (and the concerns it needs) instead", typ)
+		}
+	}
+	for _, typ := range stillOnManager {
+		if !slices.Contains(reaching, typ) {
+			t.Errorf("%s no longer holds a *Manager: take it off stillOnManager", typ)
+		}
+	}
+	t.Logf("methods: Manager %d, registry %d, verifier %d", methods["Manager"], methods["registry"], methods["verifier"])
+}
+
+// typeName is the name of a (pointer to a) named type, "" for others.
+func typeName(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.StarExpr:
+		return typeName(e.X)
+	case *ast.Ident:
+		return e.Name
+	case *ast.IndexExpr: // generic receiver
+		return typeName(e.X)
+	}
+	return ""
+}
