@@ -31,10 +31,11 @@
 //     pull through a registry, the pull forks of one reference share).
 //   - Forks: fork.go (ForkCheckpoint: N replicas, each a restore
 //     verified against its checkpoint).
-//   - Pools: pool.go (a pool's lifecycle and refill), pool_claim.go (claims:
-//     hit, miss and the gate between them), pool_session.go (frozen members
-//     and their held sessions), pool_checkpoint.go (an image pool's own
-//     checkpoint, which its misses fork from).
+//   - Pools (type pooler): pool.go (a pool's lifecycle and refill),
+//     pool_claim.go (claims: hit, miss and the gate between them),
+//     pool_session.go (frozen members and their held sessions),
+//     pool_checkpoint.go (an image pool's own checkpoint, which its misses
+//     fork from).
 //   - Warm slots: warmslots.go (precreated boots), forkslots.go (precreated
 //     forks); each filler is a type of its own (warmSlots, forkSlots) over
 //     the same registry.

@@ -92,6 +92,7 @@ const loopBound = 20 * time.Second
 // are types of their own over the same registry (doc.go lists them).
 type Manager struct {
 	*registry
+	*pooler
 
 	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
 	viewMu      sync.Mutex
@@ -244,6 +245,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		requests:    rules.Dedup{Store: opts.Store},
 	}
 	m := &Manager{registry: r, verifier: &verifier{registry: r}}
+	m.pooler = &pooler{registry: r, Manager: m}
 	m.transfer.m = m
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)

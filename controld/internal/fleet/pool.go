@@ -47,8 +47,18 @@ type pool struct {
 	ck poolCheckpoint
 }
 
+// pooler is the pools concern: warm pools, their replenishers and their
+// claims (pool.go, pool_claim.go, pool_session.go, pool_checkpoint.go).
+// Manager promotes its API.
+type pooler struct {
+	*registry
+	// The sandboxes, checkpoints and forks a pool's members are made of,
+	// until those concerns are types of their own.
+	*Manager
+}
+
 // CreatePool records a pool and starts filling it.
-func (m *Manager) CreatePool(_ context.Context, req *controldv1.CreatePoolRequest) (*controldv1.Pool, error) {
+func (m *pooler) CreatePool(_ context.Context, req *controldv1.CreatePoolRequest) (*controldv1.Pool, error) {
 	if err := rules.Name("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -153,7 +163,7 @@ func (p *pool) recordLocked() *store.PoolRecord {
 	return &store.PoolRecord{Pool: pb, Env: p.rec.Env}
 }
 
-func (m *Manager) startPoolLocked(p *pool) {
+func (m *pooler) startPoolLocked(p *pool) {
 	ctx, cancel := context.WithCancel(m.ctx)
 	p.cancel = cancel
 	m.metrics.PoolSize.WithLabelValues(p.rec.Pool.Id).Set(float64(p.rec.Pool.Size))
@@ -165,7 +175,7 @@ func (m *Manager) startPoolLocked(p *pool) {
 	}
 }
 
-func (m *Manager) kickPool(id string) {
+func (m *pooler) kickPool(id string) {
 	m.mu.Lock()
 	p, ok := m.pools[id]
 	m.mu.Unlock()
@@ -179,7 +189,7 @@ func (m *Manager) kickPool(id string) {
 
 // poolMembersLocked returns the pool's unclaimed sandboxes: warm ones
 // (claimable) and ones still warming.
-func (m *Manager) poolMembersLocked(p *pool) (warm, warming []*sandbox) {
+func (m *pooler) poolMembersLocked(p *pool) (warm, warming []*sandbox) {
 	want := controldv1.SandboxState_SANDBOX_STATE_READY
 	if p.rec.Pool.Frozen {
 		want = controldv1.SandboxState_SANDBOX_STATE_SUSPENDED
@@ -198,7 +208,7 @@ func (m *Manager) poolMembersLocked(p *pool) (warm, warming []*sandbox) {
 	return warm, warming
 }
 
-func (m *Manager) poolViewLocked(p *pool) *controldv1.Pool {
+func (m *pooler) poolViewLocked(p *pool) *controldv1.Pool {
 	v := p.recordLocked().Pool
 	v.Host = m.opts.Host
 	warm, _ := m.poolMembersLocked(p)
@@ -208,7 +218,7 @@ func (m *Manager) poolViewLocked(p *pool) *controldv1.Pool {
 }
 
 // replenish keeps the pool at its size until ctx ends.
-func (m *Manager) replenish(ctx context.Context, p *pool) {
+func (m *pooler) replenish(ctx context.Context, p *pool) {
 	retry := m.opts.PoolRetry
 	resync := time.NewTicker(5 * time.Second)
 	defer resync.Stop()
@@ -285,7 +295,7 @@ func (m *Manager) replenish(ctx context.Context, p *pool) {
 }
 
 // warmOne adds one warm sandbox to the pool (deleting it on failure).
-func (m *Manager) warmOne(ctx context.Context, p *pool) error {
+func (m *pooler) warmOne(ctx context.Context, p *pool) error {
 	m.mu.Lock()
 	pb := proto.Clone(p.rec.Pool).(*controldv1.Pool)
 	var ck *store.CheckpointRecord
@@ -327,7 +337,7 @@ func (m *Manager) warmOne(ctx context.Context, p *pool) error {
 }
 
 // findPool resolves a pool id.
-func (m *Manager) findPool(id string) (*pool, error) {
+func (m *pooler) findPool(id string) (*pool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p, ok := m.pools[id]
@@ -338,7 +348,7 @@ func (m *Manager) findPool(id string) (*pool, error) {
 }
 
 // GetPool returns a pool.
-func (m *Manager) GetPool(_ context.Context, id string) (*controldv1.Pool, error) {
+func (m *pooler) GetPool(_ context.Context, id string) (*controldv1.Pool, error) {
 	if err := rules.PoolID("id", id); err != nil {
 		return nil, err
 	}
@@ -353,7 +363,7 @@ func (m *Manager) GetPool(_ context.Context, id string) (*controldv1.Pool, error
 
 // ListPools returns the page of pools the request asks for (by id) and the
 // next page's token.
-func (m *Manager) ListPools(_ context.Context, req *controldv1.ListPoolsRequest) ([]*controldv1.Pool, string, error) {
+func (m *pooler) ListPools(_ context.Context, req *controldv1.ListPoolsRequest) ([]*controldv1.Pool, string, error) {
 	m.mu.Lock()
 	out := make([]*controldv1.Pool, 0, len(m.pools))
 	for _, p := range m.pools {
@@ -366,7 +376,7 @@ func (m *Manager) ListPools(_ context.Context, req *controldv1.ListPoolsRequest)
 // UpdatePool changes a pool's size: the replenisher fills a larger pool and
 // removes the warm members past a smaller one (newest first, warming ones
 // before warm ones); claimed sandboxes are not the pool's any more.
-func (m *Manager) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequest) (*controldv1.Pool, error) {
+func (m *pooler) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequest) (*controldv1.Pool, error) {
 	if err := rules.PoolID("id", req.GetId()); err != nil {
 		return nil, err
 	}
@@ -405,7 +415,7 @@ func (m *Manager) UpdatePool(ctx context.Context, req *controldv1.UpdatePoolRequ
 }
 
 // trimPool removes the members past the pool's size.
-func (m *Manager) trimPool(ctx context.Context, p *pool) {
+func (m *pooler) trimPool(ctx context.Context, p *pool) {
 	m.mu.Lock()
 	warm, warming := m.poolMembersLocked(p)
 	excess := len(warm) + len(warming) - int(p.rec.Pool.Size)
@@ -436,7 +446,7 @@ func (m *Manager) trimPool(ctx context.Context, p *pool) {
 
 // DeletePool stops refilling and deletes the pool's unclaimed sandboxes.
 // Claimed sandboxes are not touched.
-func (m *Manager) DeletePool(ctx context.Context, id string) error {
+func (m *pooler) DeletePool(ctx context.Context, id string) error {
 	if err := rules.PoolID("id", id); err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ type poolCheckpoint struct {
 }
 
 // poolCheckpointLocked returns p's checkpoint in service (nil: none).
-func (m *Manager) poolCheckpointLocked(poolID string) *store.CheckpointRecord {
+func (m *pooler) poolCheckpointLocked(poolID string) *store.CheckpointRecord {
 	for _, c := range m.checkpoints {
 		if c.Pool == poolID && !c.Retired {
 			return c
@@ -56,7 +56,7 @@ func (m *Manager) poolCheckpointLocked(poolID string) *store.CheckpointRecord {
 // imageMoved reports whether the image ck was taken on is no longer what its
 // name names (false when the runtime cannot tell, or the name is gone:
 // a fork still restores the image it pins).
-func (m *Manager) imageMoved(ctx context.Context, ck *store.CheckpointRecord) bool {
+func (m *pooler) imageMoved(ctx context.Context, ck *store.CheckpointRecord) bool {
 	res, ok := runtime.As[runtime.ImageResolver](m.rt)
 	if !ok || ck.Ref.ImageDigest == "" {
 		return false
@@ -72,7 +72,7 @@ func (m *Manager) imageMoved(ctx context.Context, ck *store.CheckpointRecord) bo
 // missCheckpoint returns the checkpoint p's miss forks from, or nil (none
 // yet, or of an image the name no longer names: retired here, and the
 // replenisher makes the next).
-func (m *Manager) missCheckpoint(ctx context.Context, p *pool) *store.CheckpointRecord {
+func (m *pooler) missCheckpoint(ctx context.Context, p *pool) *store.CheckpointRecord {
 	m.mu.Lock()
 	ck := m.poolCheckpointLocked(p.rec.Pool.Id)
 	m.mu.Unlock()
@@ -89,7 +89,7 @@ func (m *Manager) missCheckpoint(ctx context.Context, p *pool) *store.Checkpoint
 
 // forkMiss serves an image pool's miss from its checkpoint. ok is false
 // when there is none (or the fork failed): the caller boots.
-func (m *Manager) forkMiss(ctx context.Context, p *pool, pb *controldv1.Pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+func (m *pooler) forkMiss(ctx context.Context, p *pool, pb *controldv1.Pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
 	tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, bool) {
 	ck := m.missCheckpoint(ctx, p)
 	if ck == nil {
@@ -112,7 +112,7 @@ func (m *Manager) forkMiss(ctx context.Context, p *pool, pb *controldv1.Pool, la
 // checkpoints a member when there is none. again reports that it waited
 // for claims to go quiet (the caller looks at the pool again first); ok
 // is false when ctx ended.
-func (m *Manager) keepPoolCheckpoint(ctx context.Context, p *pool) (again, ok bool) {
+func (m *pooler) keepPoolCheckpoint(ctx context.Context, p *pool) (again, ok bool) {
 	id := p.rec.Pool.Id
 	m.mu.Lock()
 	ck := m.poolCheckpointLocked(id)
@@ -152,7 +152,7 @@ func (m *Manager) keepPoolCheckpoint(ctx context.Context, p *pool) (again, ok bo
 // checkpoints it (memory tier, stopping it) as p's own and deletes it. It
 // is reserved from the start: no claim takes it and the replenisher does
 // not count it, so the pool's members stay untouched and claimable.
-func (m *Manager) makePoolCheckpoint(ctx context.Context, p *pool) (*controldv1.Checkpoint, error) {
+func (m *pooler) makePoolCheckpoint(ctx context.Context, p *pool) (*controldv1.Checkpoint, error) {
 	m.mu.Lock()
 	pb := proto.Clone(p.rec.Pool).(*controldv1.Pool)
 	m.mu.Unlock()
@@ -187,7 +187,7 @@ func (m *Manager) makePoolCheckpoint(ctx context.Context, p *pool) (*controldv1.
 
 // retirePoolCheckpoint takes a pool's checkpoint out of service and deletes
 // it if no fork of it is left.
-func (m *Manager) retirePoolCheckpoint(ctx context.Context, id, why string) {
+func (m *pooler) retirePoolCheckpoint(ctx context.Context, id, why string) {
 	m.ckMu.Lock()
 	m.mu.Lock()
 	c, ok := m.checkpoints[id]
@@ -216,7 +216,7 @@ func (m *Manager) retirePoolCheckpoint(ctx context.Context, id, why string) {
 
 // sweepPoolCheckpoints deletes the retired pool checkpoints (and those of
 // pools that are gone: a crash in DeletePool) that no fork uses any more.
-func (m *Manager) sweepPoolCheckpoints(ctx context.Context) {
+func (m *pooler) sweepPoolCheckpoints(ctx context.Context) {
 	m.ckMu.Lock()
 	defer m.ckMu.Unlock()
 	m.sweepPoolCheckpointsLocked(ctx)
@@ -225,7 +225,7 @@ func (m *Manager) sweepPoolCheckpoints(ctx context.Context) {
 // sweepPoolCheckpointsIdle is sweepPoolCheckpoints unless a checkpoint
 // operation holds the lock (the reaper's: it does not wait behind a long
 // delete; the next round sweeps).
-func (m *Manager) sweepPoolCheckpointsIdle(ctx context.Context) {
+func (m *pooler) sweepPoolCheckpointsIdle(ctx context.Context) {
 	if !m.ckMu.TryLock() {
 		return
 	}
@@ -233,7 +233,7 @@ func (m *Manager) sweepPoolCheckpointsIdle(ctx context.Context) {
 	m.sweepPoolCheckpointsLocked(ctx)
 }
 
-func (m *Manager) sweepPoolCheckpointsLocked(ctx context.Context) {
+func (m *pooler) sweepPoolCheckpointsLocked(ctx context.Context) {
 	m.mu.Lock()
 	var gone []string
 	for id, c := range m.checkpoints {
@@ -257,7 +257,7 @@ func (m *Manager) sweepPoolCheckpointsLocked(ctx context.Context) {
 
 // poolOwnsLocked returns the pool that keeps checkpoint c as its own and
 // lives, or "".
-func (m *Manager) poolOwnsLocked(c *store.CheckpointRecord) string {
+func (m *pooler) poolOwnsLocked(c *store.CheckpointRecord) string {
 	if c == nil || c.Pool == "" || c.Retired {
 		return ""
 	}
@@ -268,7 +268,7 @@ func (m *Manager) poolOwnsLocked(c *store.CheckpointRecord) string {
 }
 
 // retirePoolCheckpoints retires every checkpoint of pool id (DeletePool).
-func (m *Manager) retirePoolCheckpoints(ctx context.Context, id string) {
+func (m *pooler) retirePoolCheckpoints(ctx context.Context, id string) {
 	m.mu.Lock()
 	var ids []string
 	for ckID, c := range m.checkpoints {

@@ -102,7 +102,7 @@ const pingTimeout = 5 * time.Second
 // waitClaimsQuiet waits until p's claims have been quiet for poolQuiet, or
 // until poolMaxDefer after since. waited reports whether it had to wait; ok
 // is false when ctx ended.
-func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time) (waited, ok bool) {
+func (m *pooler) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time) (waited, ok bool) {
 	deadline := since.Add(poolMaxDefer)
 	for {
 		wait := poolQuiet - time.Since(time.Unix(0, p.lastClaim.Load()))
@@ -139,7 +139,7 @@ func (m *Manager) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time)
 // finds the sandbox claimed (never back in the pool, never handed out
 // twice). A crash before can leave a claimed record nobody received: its TTL
 // or a delete removes it.
-func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+func (m *pooler) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
 	tag *store.RequestTag) (*controldv1.Sandbox, error) {
 	ctx, span := m.tracer.Start(ctx, "pool.claim")
 	defer span.End()
@@ -209,7 +209,7 @@ func (m *Manager) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels ma
 
 // connectClaimed gives a claimed egress sandbox its policy and lets it out:
 // a pooled one reached nothing (its link was held down since it was made).
-func (m *Manager) connectClaimed(ctx context.Context, id string, nw *controldv1.Network) error {
+func (m *pooler) connectClaimed(ctx context.Context, id string, nw *controldv1.Network) error {
 	if netpolicy.Mode(nw) != controldv1.NetworkMode_NETWORK_MODE_EGRESS {
 		return nil
 	}
@@ -227,7 +227,7 @@ func (m *Manager) connectClaimed(ctx context.Context, id string, nw *controldv1.
 
 // thawAndPing thaws a frozen pool's sandbox and waits for one round trip
 // with its guestd. An image pool's sandboxes run already: nothing to do.
-func (m *Manager) thawAndPing(ctx context.Context, p *pool, id string, sock guestsock.Addr, admin string) error {
+func (m *pooler) thawAndPing(ctx context.Context, p *pool, id string, sock guestsock.Addr, admin string) error {
 	if !p.rec.Pool.Frozen {
 		return nil
 	}
@@ -258,7 +258,7 @@ func (m *Manager) thawAndPing(ctx context.Context, p *pool, id string, sock gues
 }
 
 // pingGuest proves guestd answers with a fresh session.
-func (m *Manager) pingGuest(ctx context.Context, sock guestsock.Addr, token string) error {
+func (m *pooler) pingGuest(ctx context.Context, sock guestsock.Addr, token string) error {
 	g, err := m.dialGuest(ctx, sock, token)
 	if err != nil {
 		return err
@@ -276,7 +276,7 @@ func closeLater(g Guest) {
 
 // persistPool writes p's record with its current counters, unless the pool
 // was deleted meanwhile.
-func (m *Manager) persistPool(p *pool) error {
+func (m *pooler) persistPool(p *pool) error {
 	m.mu.Lock()
 	rec := p.recordLocked()
 	m.mu.Unlock()
@@ -291,7 +291,7 @@ func (m *Manager) persistPool(p *pool) error {
 
 // ClaimPool hands out a usable sandbox: a warm one (a hit) or, when none is
 // available, a fresh boot or fork (a miss).
-func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
+func (m *pooler) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolRequest) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
 	resp, err := m.requests.Do(ctx, controldv1.PoolService_ClaimPool_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.ClaimPoolResponse{} }, m.recoverClaim,
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
@@ -310,7 +310,7 @@ func (m *Manager) ClaimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 
 // recoverClaim answers a repeated ClaimPool with the sandbox its first call
 // claimed (it failed to answer, or controld restarted).
-func (m *Manager) recoverClaim(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
+func (m *pooler) recoverClaim(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
 	tagged := m.taggedSandboxes(key)
 	if len(tagged) == 0 {
 		return nil, false, nil
@@ -326,7 +326,7 @@ func (m *Manager) recoverClaim(ctx context.Context, key string, fp []byte) (prot
 	return &controldv1.ClaimPoolResponse{Sandbox: s, Endpoint: m.endpoint(sb), Hit: sb.rec.Request.Hit, Took: durationpb.New(0)}, true, nil
 }
 
-func (m *Manager) claimPool(ctx context.Context, req *controldv1.ClaimPoolRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
+func (m *pooler) claimPool(ctx context.Context, req *controldv1.ClaimPoolRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, bool, time.Duration, error) {
 	t0 := time.Now()
 	if err := rules.PoolID("pool_id", req.GetPoolId()); err != nil {
 		return nil, nil, false, 0, err
@@ -398,7 +398,7 @@ func (m *Manager) claimPool(ctx context.Context, req *controldv1.ClaimPoolReques
 
 // takeWarm reserves a warm sandbox of p, oldest first (it has waited
 // longest, and its KSM pages are most merged).
-func (m *Manager) takeWarm(p *pool) *sandbox {
+func (m *pooler) takeWarm(p *pool) *sandbox {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	warm, _ := m.poolMembersLocked(p)
@@ -424,7 +424,7 @@ func claimTag(tag *store.RequestTag, hit bool) *store.RequestTag {
 	return &t
 }
 
-func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
+func (m *pooler) claimMiss(ctx context.Context, p *pool, labels map[string]string, ttl time.Duration, nw *controldv1.Network, t0 time.Time,
 	tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	// In a burst larger than the pool, the hits of the same burst are still
 	// being handed out and used for the first time: a few ms that a restore
@@ -470,7 +470,7 @@ func (m *Manager) claimMiss(ctx context.Context, p *pool, labels map[string]stri
 // recordClaim counts a claim in the metrics and, for a miss, in the pool's
 // durable record (a hit is persisted by claimWarm, in the claim's own
 // transaction).
-func (m *Manager) recordClaim(p *pool, result string, t0 time.Time) {
+func (m *pooler) recordClaim(p *pool, result string, t0 time.Time) {
 	d := time.Since(t0)
 	id := p.rec.Pool.Id
 	m.mu.Lock()

@@ -71,7 +71,7 @@ func (h *heldSessions) closeAll() {
 
 // pooledLocked returns p's members that are not being deleted, including
 // the ones a claim in flight reserved (it takes their session next).
-func (m *Manager) pooledLocked(p *pool) []*sandbox {
+func (m *pooler) pooledLocked(p *pool) []*sandbox {
 	var out []*sandbox
 	for _, sb := range m.sandboxes {
 		if sb.rec.Pooled && sb.rec.Sandbox.PoolId == p.rec.Pool.Id && !sb.deleting {
@@ -84,7 +84,7 @@ func (m *Manager) pooledLocked(p *pool) []*sandbox {
 // freezeWarm turns a verified, running checkpoint-pool replica into a warm
 // member: it opens the session a claim will ping over, freezes the replica
 // and records it SUSPENDED. A replica that cannot be is deleted.
-func (m *Manager) freezeWarm(ctx context.Context, p *pool, id string) error {
+func (m *pooler) freezeWarm(ctx context.Context, p *pool, id string) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
 	m.mu.Unlock()
@@ -101,7 +101,7 @@ func (m *Manager) freezeWarm(ctx context.Context, p *pool, id string) error {
 	return fmt.Errorf("warm replica %s: %w", id, err)
 }
 
-func (m *Manager) freezeMember(ctx context.Context, p *pool, sb *sandbox) error {
+func (m *pooler) freezeMember(ctx context.Context, p *pool, sb *sandbox) error {
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	m.mu.Lock()
@@ -148,7 +148,7 @@ func (m *Manager) freezeMember(ctx context.Context, p *pool, sb *sandbox) error 
 // its source (which stops it) and that source's delete leaves one. Only
 // the replenisher calls this, between warm-up rounds, so its own warm-ups
 // are never in that state here.
-func (m *Manager) removeStrays(ctx context.Context, p *pool) {
+func (m *pooler) removeStrays(ctx context.Context, p *pool) {
 	frozen := p.rec.Pool.GetFrozen()
 	m.mu.Lock()
 	var strays []*sandbox
