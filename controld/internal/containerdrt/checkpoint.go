@@ -108,6 +108,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, spec runtime.Checkp
 		op.loadSource,    // a sandbox of ours, its task running, its freezer
 		op.makeDir,       // spec.Dir, which must not exist
 		op.openLayers,    // the source's writable layer and an empty target
+		op.startCRIU,     // the dump's CRIU, loading beside the next steps
 		op.copyLayer,     // first copy, while the sandbox runs
 		op.awaitHook,     // BeforeFreeze's outcome
 		op.freezeAndDump, // freeze, AfterFreeze, CRIU dump (memory tier)
@@ -152,6 +153,8 @@ type checkpointOp struct {
 	prepKey   string // the target layer, until committed
 	committed string // its name once committed
 	copier    *layerCopier
+	// startCRIU: the first dump attempt's CRIU (nil once handed over)
+	criu *dumpCRIU
 	// freezeAndDump, release
 	task         client.Task
 	frozenAt     time.Time
@@ -169,6 +172,9 @@ func (op *checkpointOp) finish(cleanCtx context.Context, failed bool) {
 	r := op.r
 	if !op.thawed && !op.wasFrozen {
 		r.thaw(cleanCtx, op.id, op.task, op.rawFreezer)
+	}
+	if op.criu != nil { // a step before the dump failed
+		op.criu.close()
 	}
 	if op.prepKey != "" && !op.committedOK {
 		r.sn.Remove(cleanCtx, op.prepKey)
@@ -283,6 +289,17 @@ func (op *checkpointOp) openLayers(ctx context.Context) error {
 	return nil
 }
 
+// startCRIU starts the memory dump's CRIU before the freeze (see
+// dumpCRIU). Without one the dump starts its own, or goes through runc:
+// the dump decides and reports.
+func (op *checkpointOp) startCRIU(context.Context) error {
+	if op.spec.Tier != runtime.TierMemory || op.r.dumpViaRunc {
+		return nil
+	}
+	op.criu, _ = op.r.startDumpCRIU(op.id, op.pid)
+	return nil
+}
+
 // copyLayer copies the writable layer while the sandbox runs.
 func (op *checkpointOp) copyLayer(ctx context.Context) error {
 	t := time.Now()
@@ -332,7 +349,9 @@ func (op *checkpointOp) freezeAndDump(ctx context.Context) error {
 		}
 		t := time.Now()
 		imageDir := filepath.Join(spec.Dir, criuImageDir)
-		err := r.dump(ctx, id, op.pid, imageDir)
+		pre := op.criu
+		op.criu = nil // one request per CRIU: a retry starts its own
+		err := r.dump(ctx, id, op.pid, imageDir, pre)
 		op.res.Dump = time.Since(t)
 		if err == nil {
 			return nil
@@ -573,14 +592,17 @@ func (r *Runtime) thaw(ctx context.Context, id string, task client.Task, rawFree
 }
 
 // dump dumps the frozen sandbox's processes into imageDir and leaves them
-// frozen: directly through CRIU (see dumpDirect), or through runc
-// checkpoint --leave-running when it cannot (errNoDirectDump).
-func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string) error {
+// frozen: directly through CRIU (see dumpDirect; pre is its CRIU when
+// started ahead, which dump ends), or through runc checkpoint
+// --leave-running when it cannot (errNoDirectDump).
+func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string, pre *dumpCRIU) error {
 	work := r.workDir(id + "-dump-" + randomHex(4))
 	defer os.RemoveAll(work)
 	err := errNoDirectDump
 	if !r.dumpViaRunc {
-		err = r.dumpDirect(ctx, id, pid, imageDir, work)
+		err = r.dumpDirect(ctx, id, pid, imageDir, work, pre)
+	} else if pre != nil {
+		pre.close()
 	}
 	if errors.Is(err, errNoDirectDump) {
 		r.runcDumpOnce.Do(func() {

@@ -5,6 +5,7 @@ package containerdrt
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -895,6 +896,11 @@ func TestIntegrationCheckpointFailureLeavesSourceRunning(t *testing.T) {
 		if n := countSnapshots(t, r); n > snapsBefore {
 			t.Errorf("snapshots: %d before, %d after a failed %s hook", snapsBefore, n, what)
 		}
+		// The dump's CRIU, started before the freeze, ended with the
+		// attempt that did not use it.
+		if got := criuChildren(t); len(got) != 0 {
+			t.Errorf("CRIU processes left by a failed %s hook: %v", what, got)
+		}
 	}
 	failedHook("after freeze", runtime.CheckpointSpec{AfterFreeze: func(context.Context) error { return errors.New("hook says no") }})
 	failedHook("before freeze", runtime.CheckpointSpec{BeforeFreeze: func(context.Context) error { return errors.New("hook says no") }})
@@ -1289,5 +1295,72 @@ func TestIntegrationDumpPaths(t *testing.T) {
 	}
 	if !slices.Contains(images[false], "descriptors.json") {
 		t.Errorf("direct dump wrote no descriptors.json: %v", images[false])
+	}
+}
+
+// criuChildren lists the CRIU service processes (criu swrk) this process
+// started and has not waited for.
+func criuChildren(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := strconv.Itoa(os.Getpid())
+	var out []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, not ")".
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[1] != self {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if slices.Contains(args, "swrk") {
+			out = append(out, e.Name()+": "+strings.Join(args, " "))
+		}
+	}
+	return out
+}
+
+// A memory checkpoint's CRIU is started before the freeze (its start is
+// no part of the frozen window), is the one that dumps, and has exited
+// when Checkpoint returns.
+func TestIntegrationDumpCRIUStartedBeforeFreeze(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	value := "mem-" + randomHex(8)
+	if got := mustCall(t, src, "set "+value); got != "ok" {
+		t.Fatal(got)
+	}
+	var atFreeze []string
+	res, err := r.Checkpoint(context.Background(), src.ID, runtime.CheckpointSpec{
+		Dir: filepath.Join(r.cfg.CheckpointRoot, uniqueID("ckpt")), Tier: runtime.TierMemory,
+		AfterFreeze: func(context.Context) error {
+			atFreeze = criuChildren(t)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.DeleteCheckpoint(context.Background(), res.Ref)
+	if len(atFreeze) != 1 {
+		t.Errorf("CRIU processes once the sandbox is frozen: %v, want the dump's, started ahead", atFreeze)
+	}
+	if got := criuChildren(t); len(got) != 0 {
+		t.Errorf("CRIU processes after the checkpoint: %v", got)
+	}
+	f := restoreT(t, r, testSpec(uniqueID("fork")), res.Ref)
+	if got := mustCall(t, f, "get"); got != value {
+		t.Errorf("fork: memory value %q, want %q", got, value)
 	}
 }
