@@ -37,7 +37,7 @@ INTEGRATION ?= 1
 # Bounded fuzzing in `make test`.
 FUZZTIME ?= 300x
 
-.PHONY: build tools test-tools kube-apiserver python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz controld-up demo demo-stop image image-web host peers browser clean
+.PHONY: build tools test-tools kube-apiserver python-tools python-deps python-venv python-test proto check test unit-test integration-test fuzz controld-up demo demo-stop image image-web image-node host peers browser clean
 
 # Every binary reports this version (--version; controld also as
 # forkfleet_controld_build_info): git describe of the checkout, -dirty with
@@ -128,14 +128,19 @@ image: host
 image-web: image
 	images/desktop-web/build.sh
 
+## image-node: build (or reuse) the node image of deploy/kubernetes's DaemonSet, an OCI layout in
+## /var/cache/forkfleet/images/node-oci (images/node; host-setup's containerd and CRIU, controld)
+image-node: host
+	images/node/build.sh
+
 ## browser: Debian's Chromium on the host, the real browser of the live view's tests (TestRealStackView)
 browser:
 	deploy/host-setup.sh --packages chromium
 
 ## test: set up what the tests need, then run every test (unit and real stack) and bounded fuzzing
 ## (benchd's suite smoke tests drive the host's controld, as benchd does: controld-up starts it; deploy/kubernetes's
-## server-side dry run needs the kube-apiserver target)
-test: host image image-web peers python-deps browser test-tools kube-apiserver controld-up
+## server-side dry run needs the kube-apiserver target, its node image tests the image-node one)
+test: host image image-web image-node peers python-deps browser test-tools kube-apiserver controld-up
 	$(MAKE) integration-test python-test fuzz
 
 ## unit-test: the tests that need no root and no real stack

@@ -145,6 +145,14 @@ func TestManifests(t *testing.T) {
 		t.Error("controld and containerd must share the pod's pid namespace (controld dumps the shims' processes)")
 	}
 
+	// Both containers run the image images/node/build.sh names.
+	image, _ := buildScriptConfig(t)
+	for _, c := range pod.Spec.Containers {
+		if c.Image != image {
+			t.Errorf("container %s runs %s, not the node image %s (images/node/build.sh)", c.Name, c.Image, image)
+		}
+	}
+
 	controld := container(t, pod.Spec, "controld")
 	if controld.ReadinessProbe == nil || controld.ReadinessProbe.HTTPGet == nil || controld.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Error("controld's readiness is /readyz: a reconciling controld must stay out of the Service")
