@@ -168,6 +168,9 @@ type imageFile struct {
 type nodeImage struct {
 	name   string
 	config imageConfig
+	env    []string
+	labels map[string]string
+	layers []string             // the layers' tars, bottom first
 	files  map[string]imageFile // absolute paths, layers applied in order
 }
 
@@ -209,12 +212,15 @@ func readLayout(t *testing.T, dir string) nodeImage {
 			Entrypoint []string
 			Env        []string
 			WorkingDir string
+			Labels     map[string]string
 		}
 	}
 	readJSON(blob(manifest.Config.Digest), &config)
 	img := nodeImage{
 		name:   index.Manifests[0].Annotations["io.containerd.image.name"],
 		config: imageConfig{Entrypoint: config.Config.Entrypoint, WorkingDir: config.Config.WorkingDir},
+		env:    config.Config.Env,
+		labels: config.Config.Labels,
 		files:  map[string]imageFile{},
 	}
 	for _, e := range config.Config.Env {
@@ -226,6 +232,7 @@ func readLayout(t *testing.T, dir string) nodeImage {
 		if l.MediaType != "application/vnd.oci.image.layer.v1.tar" {
 			t.Fatalf("layer %s: media type %s (build.sh writes uncompressed tars)", l.Digest, l.MediaType)
 		}
+		img.layers = append(img.layers, blob(l.Digest))
 		readLayer(t, blob(l.Digest), img.files)
 	}
 	return img

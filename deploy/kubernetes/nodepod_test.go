@@ -1,0 +1,662 @@
+package kubernetes
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	toml "github.com/pelletier/go-toml/v2"
+	"golang.org/x/sys/unix"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The downward API's values the test's pod gets: its node's name and its
+// address (the pod's network namespace has only its loopback).
+const (
+	podNodeName = "node-it"
+	podIP       = "127.0.0.1"
+)
+
+// TestNodePod runs the built node image (make image-node) as the
+// DaemonSet runs it, through runc directly (the kubelet's containerd would
+// do the same): a pod sandbox holding the pod's pid, network, IPC and UTS
+// namespaces (shareProcessNamespace), and the DaemonSet's containers in it,
+// each privileged as CRI makes a privileged container (every capability of
+// the bounding set, no seccomp, AppArmor or masked paths, a writable sysfs
+// and cgroupfs in a cgroup namespace of its own), each with its command,
+// env (the downward API filled in) and volume mounts: temporary directories
+// stand in for the node's host paths (shared bind mounts for Bidirectional
+// propagation, a small btrfs with quotas for the layers, as a node needs),
+// the ConfigMap's files, a certificate and a token for the Secrets. Then
+// containerd answers on the socket in the host path, containerd's exec
+// liveness probe passes, controld's /readyz (the readiness probe, dialled in
+// the pod's network namespace as the kubelet dials the pod's address)
+// answers 200, and a client on the host gets GetHostStatus through
+// controld's socket in the host path directory: the node's name, the
+// image's controld version.
+func TestNodePod(t *testing.T) {
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("TestNodePod runs runc and mounts: run it as root")
+	}
+	for _, tool := range []string{"runc", "tar", "mkfs.btrfs", "btrfs", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (make host installs it)", tool, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(NodeImageLayout, "index.json")); err != nil {
+		t.Fatalf("no node image (make image-node): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	img := readLayout(t, NodeImageLayout)
+	objs := manifests(t)
+	ds := objs["DaemonSet"].(*appsv1.DaemonSet)
+	cm := objs["ConfigMap"].(*corev1.ConfigMap)
+	p := newTestPod(t, img, ds.Spec.Template.Spec, cm)
+
+	p.start(ctx, "containerd")
+	sock := p.hostPath("/run/forkfleet/containerd/containerd.sock")
+	waitFor(ctx, t, p, "containerd's socket "+sock, func() error {
+		_, err := os.Stat(sock)
+		return err
+	})
+	p.start(ctx, "controld")
+
+	// containerd's exec liveness probe, in its container.
+	cd := container(t, ds.Spec.Template.Spec, "containerd")
+	if out, err := p.runc(ctx, append([]string{"exec", p.id("containerd")}, cd.LivenessProbe.Exec.Command...)...); err != nil {
+		t.Errorf("containerd's liveness probe %v fails: %v\n%s", cd.LivenessProbe.Exec.Command, err, out)
+	}
+
+	// controld's readiness probe: GET /readyz on its metrics port.
+	ctl := container(t, ds.Spec.Template.Spec, "controld")
+	probe := ctl.ReadinessProbe.HTTPGet
+	var port int32
+	for _, cp := range ctl.Ports {
+		if cp.Name == probe.Port.StrVal {
+			port = cp.ContainerPort
+		}
+	}
+	waitFor(ctx, t, p, "controld's readiness probe", func() error {
+		return p.httpGet(net.JoinHostPort(podIP, strconv.Itoa(int(port))), probe.Path)
+	})
+
+	// A client on the host, through controld's socket in the host path.
+	var grpcCfg struct {
+		GRPC struct {
+			UnixSocket string `toml:"unix_socket"`
+		} `toml:"grpc"`
+	}
+	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &grpcCfg); err != nil {
+		t.Fatal(err)
+	}
+	ctl2 := buildForkfleetctl(t)
+	var status struct {
+		Host              string
+		Version           string
+		MemoryTotalBytes  string `json:"memoryTotalBytes"`
+		MaxSandboxes      int    `json:"maxSandboxes"`
+		DefaultMemoryByte string `json:"defaultMemoryBytes"`
+	}
+	var out []byte
+	waitFor(ctx, t, p, "GetHostStatus through "+grpcCfg.GRPC.UnixSocket, func() error {
+		var err error
+		out, err = exec.CommandContext(ctx, ctl2, "--address", "unix://"+p.hostPath(grpcCfg.GRPC.UnixSocket), "-o", "json", "host", "status").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return json.Unmarshal(out, &status)
+	})
+	t.Logf("GetHostStatus: %s", out)
+	if status.Host != podNodeName {
+		t.Errorf("host %q, want the node's name %q (--host=$(NODE_NAME))", status.Host, podNodeName)
+	}
+	if want := img.labels["org.opencontainers.image.version"]; status.Version != want {
+		t.Errorf("controld version %q, the image's %q", status.Version, want)
+	}
+	if status.MemoryTotalBytes == "" || status.MaxSandboxes == 0 {
+		t.Errorf("no room reported: %s", out)
+	}
+	t.Logf("the pod's logs:\n%s", p.logs())
+}
+
+// testPod is the DaemonSet's pod run with runc: a sandbox container
+// holding the pod's namespaces, and the DaemonSet's containers.
+type testPod struct {
+	t       *testing.T
+	img     nodeImage
+	spec    corev1.PodSpec
+	dir     string
+	rootfs  string            // the image's layers, extracted
+	sources map[string]string // volume name -> host directory
+	state   string            // runc --root
+	cgroup  string            // the pod's cgroup, below the host's root
+	prefix  string            // of the runc container ids
+	sandbox int               // the pod sandbox's pid
+}
+
+func newTestPod(t *testing.T, img nodeImage, spec corev1.PodSpec, cm *corev1.ConfigMap) *testPod {
+	t.Helper()
+	suffix := os.Getenv("FORKFLEET_TEST_SUFFIX")
+	p := &testPod{
+		t: t, img: img, spec: spec, dir: t.TempDir(),
+		sources: map[string]string{},
+		prefix:  "forkfleet-node-it" + suffix,
+	}
+	p.cgroup = "/" + p.prefix
+	p.state = filepath.Join(p.dir, "runc")
+
+	// The image's layers, once; each container gets an overlay over them.
+	p.rootfs = filepath.Join(p.dir, "image")
+	if err := os.Mkdir(p.rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range img.layers {
+		if out, err := exec.Command("tar", "--numeric-owner", "-xpf", l, "-C", p.rootfs).CombinedOutput(); err != nil {
+			t.Fatalf("extract %s: %v\n%s", l, err, out)
+		}
+	}
+
+	// Cleanup runs after every mount's own (t.Cleanup is last in, first
+	// out): runc's containers first, then the cgroups they leave.
+	t.Cleanup(p.removeCgroups)
+	for _, v := range spec.Volumes {
+		src := filepath.Join(p.dir, "volumes", v.Name)
+		switch {
+		case v.HostPath != nil:
+			// The node's directory, a shared mount as on a systemd node,
+			// so Bidirectional propagation works both ways.
+			src = filepath.Join(p.dir, "node", v.HostPath.Path)
+			mkdir(t, src)
+			p.mount(src, src, "", unix.MS_BIND, "")
+			p.mount("", src, "", unix.MS_SHARED, "")
+		case v.ConfigMap != nil && v.ConfigMap.Name == cm.Name:
+			mkdir(t, src)
+			for k, data := range cm.Data {
+				writeFile(t, filepath.Join(src, k), []byte(data), 0o644)
+			}
+		case v.Secret != nil && v.Secret.SecretName == "forkfleet-controld-tls":
+			mkdir(t, src)
+			crt, key := selfSigned(t)
+			writeFile(t, filepath.Join(src, corev1.TLSCertKey), crt, 0o400)
+			writeFile(t, filepath.Join(src, corev1.TLSPrivateKeyKey), key, 0o400)
+		case v.Secret != nil && v.Secret.SecretName == "forkfleet-controld-token":
+			mkdir(t, src)
+			writeFile(t, filepath.Join(src, "token"), []byte(rand.Text()+"\n"), 0o400)
+		default:
+			t.Fatalf("volume %s: the test has no stand-in for it", v.Name)
+		}
+		p.sources[v.Name] = src
+	}
+
+	// The layers filesystem a node has (README.md, "Nodes"): a btrfs with
+	// quotas at controld's layers_dir, here a small one in a file.
+	var cfg struct {
+		LayersDir string `toml:"layers_dir"`
+	}
+	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	layers := p.hostPath(cfg.LayersDir)
+	mkdir(t, layers)
+	file := filepath.Join(p.dir, "layers.img")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(file, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"mkfs.btrfs", "-q", file}, {"mount", "-o", "loop", file, layers}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd, err, out)
+		}
+	}
+	t.Cleanup(func() { p.unmount(layers) })
+	if out, err := exec.Command("btrfs", "quota", "enable", layers).CombinedOutput(); err != nil {
+		t.Fatalf("btrfs quota enable: %v\n%s", err, out)
+	}
+
+	// The pod sandbox: it holds the namespaces the containers join.
+	p.sandbox = p.run(context.Background(), "sandbox", []string{"/bin/sleep", "infinity"}, nil, nil, false)
+	return p
+}
+
+func (p *testPod) id(name string) string { return p.prefix + "-" + name }
+
+// hostPath is where the pod's path lies on the (stand-in) node, through the
+// host path volume holding it.
+func (p *testPod) hostPath(inPod string) string {
+	p.t.Helper()
+	for _, v := range p.spec.Volumes {
+		if v.HostPath != nil && under(inPod, v.HostPath.Path) {
+			return filepath.Join(p.dir, "node", inPod)
+		}
+	}
+	p.t.Fatalf("%s is under none of the pod's host paths", inPod)
+	return ""
+}
+
+func (p *testPod) mount(src, dst, fstype string, flags uintptr, data string) {
+	p.t.Helper()
+	if err := unix.Mount(src, dst, fstype, flags, data); err != nil {
+		p.t.Fatalf("mount %s on %s: %v", src, dst, err)
+	}
+	if flags&unix.MS_BIND != 0 || fstype != "" {
+		p.t.Cleanup(func() { p.unmount(dst) })
+	}
+}
+
+// unmount detaches dst and every mount below it (what containerd and
+// controld mounted there and propagated back).
+func (p *testPod) unmount(dst string) {
+	if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil {
+		p.t.Errorf("unmount %s: %v", dst, err)
+	}
+}
+
+// start runs one of the DaemonSet's containers as the kubelet would.
+func (p *testPod) start(ctx context.Context, name string) {
+	p.t.Helper()
+	c := container(p.t, p.spec, name)
+	env := map[string]string{}
+	var envList []string
+	for _, e := range p.img.env {
+		k, v, _ := strings.Cut(e, "=")
+		env[k] = v
+	}
+	for _, e := range c.Env {
+		v := e.Value
+		if f := e.ValueFrom; f != nil && f.FieldRef != nil {
+			switch f.FieldRef.FieldPath {
+			case "spec.nodeName":
+				v = podNodeName
+			case "status.podIP":
+				v = podIP
+			default:
+				p.t.Fatalf("container %s: env %s from %s: the test has no value for it", name, e.Name, f.FieldRef.FieldPath)
+			}
+		}
+		env[e.Name] = v
+	}
+	for k, v := range env {
+		envList = append(envList, k+"="+v)
+	}
+	// $(VAR) in command and args, as the kubelet expands them.
+	expand := func(s []string) []string {
+		out := make([]string, len(s))
+		for i, a := range s {
+			out[i] = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(m string) string {
+				if v, ok := env[m[2:len(m)-1]]; ok {
+					return v
+				}
+				return m
+			})
+		}
+		return out
+	}
+	args := c.Command
+	if len(args) == 0 {
+		args = p.img.config.Entrypoint
+	}
+	args = append(expand(args), expand(c.Args)...)
+	p.run(ctx, name, args, envList, c.VolumeMounts, true)
+}
+
+// run makes and starts container name with runc; joined: in the pod
+// sandbox's namespaces. It returns the container's pid.
+func (p *testPod) run(ctx context.Context, name string, args, env []string, mounts []corev1.VolumeMount, joined bool) int {
+	p.t.Helper()
+	bundle := filepath.Join(p.dir, "bundles", name)
+	root := filepath.Join(bundle, "rootfs")
+	for _, d := range []string{root, filepath.Join(bundle, "upper"), filepath.Join(bundle, "work")} {
+		mkdir(p.t, d)
+	}
+	p.mount("overlay", root, "overlay", 0, fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", p.rootfs, bundle, bundle))
+
+	caps := boundingCaps(p.t)
+	if len(env) == 0 {
+		env = p.img.env
+	}
+	cwd := p.img.config.WorkingDir
+	if cwd == "" {
+		cwd = "/"
+	}
+	type mount struct {
+		Destination string   `json:"destination"`
+		Type        string   `json:"type,omitempty"`
+		Source      string   `json:"source,omitempty"`
+		Options     []string `json:"options,omitempty"`
+	}
+	ms := []mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		// Privileged: the node's devices.
+		{Destination: "/dev", Type: "bind", Source: "/dev", Options: []string{"rbind", "rprivate"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		// Privileged: sysfs and cgroupfs writable.
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
+	}
+	propagation := "rprivate"
+	for _, m := range mounts {
+		opts := []string{"rbind", "rprivate"}
+		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+			opts[1] = "rshared"
+			propagation = "rshared"
+		}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		src, ok := p.sources[m.Name]
+		if !ok {
+			p.t.Fatalf("container %s mounts %s: no such volume", name, m.Name)
+		}
+		ms = append(ms, mount{Destination: m.MountPath, Type: "bind", Source: src, Options: opts})
+	}
+	type ns struct {
+		Type string `json:"type"`
+		Path string `json:"path,omitempty"`
+	}
+	nss := []ns{{Type: "mount"}, {Type: "cgroup"}}
+	for _, n := range []struct{ typ, file string }{{"pid", "pid"}, {"network", "net"}, {"ipc", "ipc"}, {"uts", "uts"}} {
+		if joined {
+			nss = append(nss, ns{Type: n.typ, Path: fmt.Sprintf("/proc/%d/ns/%s", p.sandbox, n.file)})
+		} else {
+			nss = append(nss, ns{Type: n.typ})
+		}
+	}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"args": args, "env": env, "cwd": cwd,
+			"user":         map[string]int{"uid": 0, "gid": 0},
+			"capabilities": map[string][]string{"bounding": caps, "effective": caps, "permitted": caps},
+		},
+		"root":   map[string]any{"path": root},
+		"mounts": ms,
+		"linux": map[string]any{
+			"namespaces":        nss,
+			"cgroupsPath":       p.cgroup + "/" + name,
+			"rootfsPropagation": propagation,
+		},
+	}
+	if !joined {
+		spec["hostname"] = "forkfleet-node-it"
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	writeFile(p.t, filepath.Join(bundle, "config.json"), b, 0o600)
+
+	log, err := os.Create(filepath.Join(p.dir, name+".log"))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer log.Close()
+	pidFile := filepath.Join(bundle, "pid")
+	id := p.id(name)
+	cmd := exec.CommandContext(ctx, "runc", "--root", p.state, "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, log, log
+	// The container's first process inherits these; runc --detach returns
+	// once it runs.
+	p.t.Cleanup(func() {
+		// Killing the sandbox's init ends its pid namespace: every process
+		// of the pod, the shims too.
+		_, _ = p.runc(context.Background(), "kill", id, "KILL")
+		if out, err := p.runc(context.Background(), "delete", "--force", id); err != nil {
+			p.t.Errorf("runc delete %s: %v\n%s", id, err, out)
+		}
+	})
+	if err := cmd.Run(); err != nil {
+		p.t.Fatalf("runc run %s: %v\n%s", name, err, p.logs())
+	}
+	pid, err := os.ReadFile(pidFile)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return n
+}
+
+func (p *testPod) runc(ctx context.Context, args ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, "runc", append([]string{"--root", p.state}, args...)...).CombinedOutput()
+}
+
+// logs is every container's output so far, for a failure's message.
+func (p *testPod) logs() string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(p.dir, "*.log"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		if len(data) > 8<<10 {
+			data = data[len(data)-8<<10:]
+		}
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", filepath.Base(f), data)
+	}
+	return b.String()
+}
+
+// httpGet GETs path at addr in the pod's network namespace, as the
+// kubelet's httpGet probe does at the pod's address; 200 or an error.
+func (p *testPod) httpGet(addr, path string) error {
+	conn, err := dialInNetns(fmt.Sprintf("/proc/%d/ns/net", p.sandbox), addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return err
+	}
+	if err := req.Write(conn); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", path, resp.Status, body)
+	}
+	return nil
+}
+
+// dialInNetns connects to addr from the network namespace at nsPath: the
+// socket is made on a thread moved into it, and the thread moved back.
+func dialInNetns(nsPath, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer self.Close()
+		target, err := os.Open(nsPath)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			// The thread stays locked and dies with the goroutine.
+			ch <- result{c, err}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+// removeCgroups removes the pod's cgroup tree, deepest first: runc removes
+// its containers' own, not what containerd and controld made below them.
+func (p *testPod) removeCgroups() {
+	root := filepath.Join("/sys/fs/cgroup", p.cgroup)
+	var dirs []string
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.Remove(dirs[i]); err != nil && !os.IsNotExist(err) {
+			p.t.Errorf("cgroup %s: %v", dirs[i], err)
+		}
+	}
+}
+
+// waitFor polls ok until it returns nil, failing with the pod's logs when
+// ctx ends first.
+func waitFor(ctx context.Context, t *testing.T, p *testPod, what string, ok func() error) {
+	t.Helper()
+	for {
+		err := ok()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %v\n%s", what, err, p.logs())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// boundingCaps names every capability in this process's bounding set:
+// what CRI gives a privileged container (root on some hosts lacks a few).
+func boundingCaps(t *testing.T) []string {
+	t.Helper()
+	names := []string{
+		"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+		"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+		"CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+		"CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+		"CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+		"CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
+		"CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+		"CAP_CHECKPOINT_RESTORE",
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CapBnd:\s*([0-9a-f]+)$`).FindSubmatch(status)
+	if m == nil {
+		t.Fatal("no CapBnd in /proc/self/status")
+	}
+	bnd, err := strconv.ParseUint(string(m[1]), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var caps []string
+	for i, n := range names {
+		if bnd&(1<<i) != 0 {
+			caps = append(caps, n)
+		}
+	}
+	return caps
+}
+
+// selfSigned is a certificate and key for controld's TLS listeners, naming
+// the Service and the pod's address.
+func selfSigned(t *testing.T) (crt, key []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := make([]byte, 16)
+	_, _ = rand.Read(serial)
+	tmpl := &x509.Certificate{
+		SerialNumber: new(big.Int).SetBytes(serial),
+		Subject:      pkix.Name{CommonName: "controld.forkfleet.svc " + hex.EncodeToString(serial[:4])},
+		DNSNames:     []string{"controld.forkfleet.svc"},
+		IPAddresses:  []net.IP{net.ParseIP(podIP)},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+}
+
+// buildForkfleetctl builds the CLI from this checkout, for the host side.
+func buildForkfleetctl(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "forkfleetctl")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/forkfleetctl")
+	cmd.Dir = filepath.Join("..", "..", "api")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build forkfleetctl: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func mkdir(t *testing.T, d string) {
+	t.Helper()
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeFile(t *testing.T, f string, b []byte, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(f, b, mode); err != nil {
+		t.Fatal(err)
+	}
+}
