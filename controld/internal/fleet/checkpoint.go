@@ -52,10 +52,21 @@ func tierToRuntime(t controldv1.CheckpointTier) runtime.CheckpointTier {
 	return runtime.TierMemory
 }
 
+// checkpointer is the checkpoints concern: creating one from a running
+// sandbox (checkpoint.go) and the tree of them (checkpoint_tree.go: get,
+// list, delete). Manager promotes its API; transfer moves its checkpoints
+// in and out of the host.
+type checkpointer struct {
+	*registry
+	// The sandboxes, pools and fork slots a checkpoint's life touches,
+	// until those concerns are types of their own.
+	*Manager
+}
+
 // CreateCheckpoint captures a READY sandbox. The record is written only
 // after the runtime finished and the directory is in place under its final
 // name.
-func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.Checkpoint, error) {
+func (m *checkpointer) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest) (*controldv1.Checkpoint, error) {
 	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_CreateCheckpoint_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.CreateCheckpointResponse{} }, m.recoverCheckpoint,
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
@@ -73,7 +84,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, req *controldv1.CreateCh
 
 // recoverCheckpoint answers a repeated CreateCheckpoint with the checkpoint
 // its first call committed (controld restarted before it answered).
-func (m *Manager) recoverCheckpoint(_ context.Context, key string, fp []byte) (proto.Message, bool, error) {
+func (m *checkpointer) recoverCheckpoint(_ context.Context, key string, fp []byte) (proto.Message, bool, error) {
 	m.mu.Lock()
 	var found *store.CheckpointRecord
 	for _, c := range m.checkpoints {
@@ -100,7 +111,7 @@ func (m *Manager) recoverCheckpoint(_ context.Context, key string, fp []byte) (p
 // publish the directory under the checkpoint's id, record the checkpoint,
 // and count it. With pool set, the source is a member of that image pool
 // and the checkpoint is the pool's own (see pool_checkpoint.go).
-func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag, pool string) (*controldv1.Checkpoint, error) {
+func (m *checkpointer) createCheckpoint(ctx context.Context, req *controldv1.CreateCheckpointRequest, tag *store.RequestTag, pool string) (*controldv1.Checkpoint, error) {
 	start := time.Now()
 	tier, err := checkCreateCheckpoint(req)
 	if err != nil {
@@ -163,7 +174,7 @@ func (m *Manager) createCheckpoint(ctx context.Context, req *controldv1.CreateCh
 
 // newCheckpoint is one CreateCheckpoint in progress: what its steps share.
 type newCheckpoint struct {
-	m     *Manager
+	m     *checkpointer
 	id    string
 	req   *controldv1.CreateCheckpointRequest
 	tag   *store.RequestTag
@@ -361,7 +372,7 @@ func (c *newCheckpoint) markSourceStopped() {
 // the memory value) over one admin session, closes every connection from
 // outside (CRIU would have to dump them), and records the settled frame. The
 // session is closed before it returns: it would be part of the dump too.
-func (m *Manager) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *store.SandboxRecord, rec *store.CheckpointRecord) error {
+func (m *checkpointer) prepareCheckpointGuest(ctx context.Context, sb *sandbox, src *store.SandboxRecord, rec *store.CheckpointRecord) error {
 	ctx, span := m.tracer.Start(ctx, "checkpoint.before_freeze")
 	defer span.End()
 	g, err := m.dialGuest(ctx, src.ACISocket, src.AdminToken)
@@ -430,7 +441,7 @@ const checkpointHold = 10 * time.Second
 
 // liftCheckpointHold lets agents reconnect to a source that runs on. Best
 // effort: the hold expires by itself.
-func (m *Manager) liftCheckpointHold(ctx context.Context, socket guestsock.Addr, token, id string) {
+func (m *checkpointer) liftCheckpointHold(ctx context.Context, socket guestsock.Addr, token, id string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	g, err := m.dialGuest(ctx, socket, token)
@@ -443,7 +454,7 @@ func (m *Manager) liftCheckpointHold(ctx context.Context, socket guestsock.Addr,
 	}
 }
 
-func (m *Manager) setCheckpointing(sb *sandbox, v bool) {
+func (m *checkpointer) setCheckpointing(sb *sandbox, v bool) {
 	m.mu.Lock()
 	sb.checkpointing = v
 	m.mu.Unlock()
@@ -451,7 +462,7 @@ func (m *Manager) setCheckpointing(sb *sandbox, v bool) {
 
 // commitCheckpoint writes a new checkpoint record together with its
 // parent's child list, in one transaction.
-func (m *Manager) commitCheckpoint(rec *store.CheckpointRecord) error {
+func (m *checkpointer) commitCheckpoint(rec *store.CheckpointRecord) error {
 	m.ckMu.Lock()
 	defer m.ckMu.Unlock()
 	m.mu.Lock()
@@ -496,7 +507,7 @@ func cloneCheckpoint(r *store.CheckpointRecord) *store.CheckpointRecord {
 }
 
 // dropRuntimeCheckpoint undoes a runtime checkpoint that never got a record.
-func (m *Manager) dropRuntimeCheckpoint(ref runtime.CheckpointRef, dir string) {
+func (m *checkpointer) dropRuntimeCheckpoint(ref runtime.CheckpointRef, dir string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), time.Minute)
 	defer cancel()
 	ref.Dir = dir
@@ -517,9 +528,11 @@ func tierLabel(t controldv1.CheckpointTier) string {
 // checkpointDirFor and tmpCheckpointDir name a checkpoint's directories: the
 // runtime writes into the temporary one, which is renamed into place only
 // once complete, so a crash never leaves a half checkpoint under a real name.
-func (m *Manager) checkpointDirFor(id string) string { return filepath.Join(m.opts.CheckpointDir, id) }
+func (m *checkpointer) checkpointDirFor(id string) string {
+	return filepath.Join(m.opts.CheckpointDir, id)
+}
 
-func (m *Manager) tmpCheckpointDir(id string) string {
+func (m *checkpointer) tmpCheckpointDir(id string) string {
 	return filepath.Join(m.opts.CheckpointDir, tmpPrefix+id)
 }
 

@@ -18,10 +18,10 @@ import (
 // transfer moves checkpoints in and out of this host: export and import as
 // OCI images, push and pull through registries (checkpoint_registry.go),
 // and the one pull and import that concurrent forks of a registry
-// reference share. It works over the manager's registry (its records, lock
-// and store), reached through m; the manager's RPCs of it delegate here.
+// reference share. It works over the checkpoints concern (and through it
+// the registry), reached through m; the manager's RPCs of it delegate here.
 type transfer struct {
-	m *Manager
+	m *checkpointer
 	// pulls shares one pull and import per manifest digest among
 	// concurrent forks of a registry checkpoint.
 	pulls singleflight.Group

@@ -30,7 +30,7 @@ func (m *registry) findCheckpoint(idOrName string) (*store.CheckpointRecord, err
 }
 
 // checkpointView returns the public record with its live fork count.
-func (m *Manager) checkpointView(id string) (*controldv1.Checkpoint, error) {
+func (m *checkpointer) checkpointView(id string) (*controldv1.Checkpoint, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c, ok := m.checkpoints[id]
@@ -40,7 +40,7 @@ func (m *Manager) checkpointView(id string) (*controldv1.Checkpoint, error) {
 	return m.checkpointViewLocked(c), nil
 }
 
-func (m *Manager) checkpointViewLocked(c *store.CheckpointRecord) *controldv1.Checkpoint {
+func (m *checkpointer) checkpointViewLocked(c *store.CheckpointRecord) *controldv1.Checkpoint {
 	v := proto.Clone(c.Checkpoint).(*controldv1.Checkpoint)
 	v.LiveForks = uint32(m.liveForksLocked(c.Checkpoint.Id))
 	// This host holds it, whichever host took it (an import's record says
@@ -49,7 +49,7 @@ func (m *Manager) checkpointViewLocked(c *store.CheckpointRecord) *controldv1.Ch
 	return v
 }
 
-func (m *Manager) liveForksLocked(ckID string) int {
+func (m *checkpointer) liveForksLocked(ckID string) int {
 	n := 0
 	for _, sb := range m.sandboxes {
 		if sb.rec.Sandbox.CheckpointId == ckID && !sb.deleting {
@@ -60,7 +60,7 @@ func (m *Manager) liveForksLocked(ckID string) int {
 }
 
 // GetCheckpoint returns a checkpoint by id or name.
-func (m *Manager) GetCheckpoint(_ context.Context, idOrName string) (*controldv1.Checkpoint, error) {
+func (m *checkpointer) GetCheckpoint(_ context.Context, idOrName string) (*controldv1.Checkpoint, error) {
 	if err := rules.CheckpointRef("id", idOrName); err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func (m *Manager) GetCheckpoint(_ context.Context, idOrName string) (*controldv1
 // tree under root_id when set, oldest first.
 // ListCheckpoints returns the page of matching checkpoints the request asks
 // for (oldest first) and the next page's token.
-func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpointsRequest) ([]*controldv1.Checkpoint, string, error) {
+func (m *checkpointer) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpointsRequest) ([]*controldv1.Checkpoint, string, error) {
 	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, "", err
 	}
@@ -108,7 +108,7 @@ func (m *Manager) ListCheckpoints(_ context.Context, req *controldv1.ListCheckpo
 }
 
 // subtreeLocked returns root and its descendants.
-func (m *Manager) subtreeLocked(root string) map[string]bool {
+func (m *checkpointer) subtreeLocked(root string) map[string]bool {
 	seen := map[string]bool{}
 	queue := []string{root}
 	for len(queue) > 0 {
@@ -128,7 +128,7 @@ func (m *Manager) subtreeLocked(root string) map[string]bool {
 // DeleteCheckpoint removes a checkpoint (and with cascade its descendants,
 // deepest first). Refused while children exist without cascade, while a
 // pool forks from it, or while forks of it run.
-func (m *Manager) DeleteCheckpoint(ctx context.Context, idOrName string, cascade bool) ([]string, error) {
+func (m *checkpointer) DeleteCheckpoint(ctx context.Context, idOrName string, cascade bool) ([]string, error) {
 	if err := rules.CheckpointRef("id", idOrName); err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, idOrName string, cascade
 	return deleted, nil
 }
 
-func (m *Manager) deleteOneCheckpoint(ctx context.Context, id string) error {
+func (m *checkpointer) deleteOneCheckpoint(ctx context.Context, id string) error {
 	ctx = context.WithoutCancel(ctx)
 	m.mu.Lock()
 	c, ok := m.checkpoints[id]

@@ -3,12 +3,14 @@
 // the operations on them. The runtime contract it drives lives in
 // controld/internal/runtime; the gRPC handlers in controld/internal/server.
 //
-// Manager is the API the handlers call and the sandbox concern; each other
-// concern is a type of its own that embeds the registry, so it reaches the
-// records and the shared plumbing through it and another concern only
-// through a field it holds (concerns_test.go pins the table, and bounds
-// Manager's methods). The split changed receivers, not code: method bodies
-// still name their receiver m.
+// Manager is the API the handlers call and, for now, the sandbox concern.
+// Each other concern is a type of its own that embeds the registry (the
+// records and the plumbing every concern shares) and reaches another
+// concern only through a field it holds; Manager embeds them all, so their
+// RPCs are its methods. concerns_test.go pins the table of who holds whom,
+// bounds Manager's methods and lists the types that still hold the whole
+// Manager. The split changed receivers, not code: method bodies still name
+// their receiver m.
 //
 // Where each concern lives:
 //
@@ -22,13 +24,14 @@
 //     network.go (policy, exposed ports), view.go (view tickets),
 //     recording.go (the recording RPCs and fork hook, delegated to
 //     controld/internal/recording).
-//   - Checkpoints: checkpoint.go (create: freeze, dump, commit),
-//     checkpoint_tree.go (get, list, delete; findCheckpoint is the
-//     registry's lookup), verify.go (type verifier: the proofs a fork is
-//     its checkpoint, on request and on every fresh replica). Moving checkpoints in and out of the host is a
-//     type of its own over the same registry, transfer: checkpoint_transfer.go
-//     (export and import as OCI images), checkpoint_registry.go (push and
-//     pull through a registry, the pull forks of one reference share).
+//   - Checkpoints (type checkpointer): checkpoint.go (create: freeze,
+//     dump, commit), checkpoint_tree.go (get, list, delete; findCheckpoint
+//     is the registry's lookup). verify.go (type verifier): the proofs a
+//     fork is its checkpoint, on request and on every fresh replica. Moving
+//     checkpoints in and out of the host is a type of its own over the
+//     checkpointer, transfer: checkpoint_transfer.go (export and import as
+//     OCI images), checkpoint_registry.go (push and pull through a
+//     registry, the pull forks of one reference share).
 //   - Forks: fork.go (ForkCheckpoint: N replicas, each a restore
 //     verified against its checkpoint).
 //   - Pools (type pooler): pool.go (a pool's lifecycle and refill),

@@ -93,6 +93,7 @@ const loopBound = 20 * time.Second
 type Manager struct {
 	*registry
 	*pooler
+	*checkpointer
 
 	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
 	viewMu      sync.Mutex
@@ -246,7 +247,8 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m := &Manager{registry: r, verifier: &verifier{registry: r}}
 	m.pooler = &pooler{registry: r, Manager: m}
-	m.transfer.m = m
+	m.checkpointer = &checkpointer{registry: r, Manager: m}
+	m.transfer.m = m.checkpointer
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)
 	if err != nil {
