@@ -1,10 +1,16 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -16,8 +22,11 @@ import (
 // stack: once full, the pool has its own memory-tier checkpoint (shown with
 // its label, refused to DeleteCheckpoint); a claim beyond the pool is a
 // fork of it, verified at every level the checkpoint records and usable
-// through the gateway with its own token; DeletePool leaves the checkpoint
-// to the claimed fork and it goes with that fork.
+// through the gateway with its own token. When the image name moves to
+// another digest (a new manifest in containerd), the pool makes a checkpoint
+// of the new image, its misses fork from that one, and the retired one
+// stays while its fork lives and goes with it. DeletePool leaves the pool's
+// checkpoint to its claimed fork and it goes with that fork.
 func TestRealStackImagePoolMissForks(t *testing.T) {
 	s := newStackIn(t, "forkfleet-pool-it")
 	s.launch(0)
@@ -119,26 +128,135 @@ func TestRealStackImagePoolMissForks(t *testing.T) {
 		}
 	}
 
+	// The name moves to another image: the next checkpoint is of it, and
+	// the retired one stays for its fork.
+	moved := moveImage(t, s, s.image)
+	var next *controldv1.Checkpoint
+	deadline = time.Now().Add(3 * time.Minute)
+	for next == nil {
+		l, err := s.ckc.ListCheckpoints(ctx, &controldv1.ListCheckpointsRequest{Labels: map[string]string{rules.PoolIDLabel: poolID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.plc.GetPool(ctx, &controldv1.GetPoolRequest{Id: poolID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range l.Checkpoints {
+			if c.Id != ck.Id && g.Pool.Available == 1 {
+				next = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint of the moved image (%s): %v", moved, l.Checkpoints)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := s.ckc.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: ck.Id}); err != nil {
+		t.Fatalf("retired checkpoint with a live fork: %v", err)
+	}
+	var miss2 *controldv1.ClaimPoolResponse
+	for range 4 {
+		r, err := s.plc.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: poolID})
+		if err != nil {
+			t.Fatalf("claim after the image moved: %v", err)
+		}
+		id := r.Sandbox.Id
+		t.Cleanup(func() {
+			if _, err := s.sbc.DeleteSandbox(context.Background(), &controldv1.DeleteSandboxRequest{Id: id}); err != nil && status.Code(err) != codes.NotFound {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		})
+		if !r.Hit {
+			miss2 = r
+			break
+		}
+	}
+	if miss2 == nil || miss2.Sandbox.CheckpointId != next.Id {
+		t.Fatalf("miss after the image moved: %+v, want a fork of %s", miss2.GetSandbox(), next.Id)
+	}
+	if _, err := firstShot(ctx, miss2.Endpoint); err != nil {
+		t.Errorf("fork of the moved image's checkpoint: %v", err)
+	}
+	if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: m.Id}); err != nil {
+		t.Fatal(err)
+	}
+	waitCheckpointGone(t, s, ck.Id, "retired pool checkpoint after its last fork")
+
 	// The pool goes; its checkpoint stays for the claimed fork, then goes
 	// with it.
 	if _, err := s.plc.DeletePool(ctx, &controldv1.DeletePoolRequest{Id: poolID}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ckc.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: ck.Id}); err != nil {
+	if _, err := s.ckc.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: next.Id}); err != nil {
 		t.Fatalf("pool checkpoint with a live fork after DeletePool: %v", err)
 	}
-	if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: m.Id}); err != nil {
+	if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: miss2.Sandbox.Id}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
+	waitCheckpointGone(t, s, next.Id, "pool checkpoint after the pool and its fork")
+}
+
+// waitCheckpointGone waits until checkpoint id is deleted.
+func waitCheckpointGone(t *testing.T, s *bootStack, id, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := s.ckc.GetCheckpoint(ctx, &controldv1.GetCheckpointRequest{Id: ck.Id})
+		_, err := s.ckc.GetCheckpoint(s.ctx, &controldv1.GetCheckpointRequest{Id: id})
 		if status.Code(err) == codes.NotFound {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pool checkpoint still there after the pool and its fork: %v", err)
+			t.Fatalf("%s still there: %v", what, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// moveImage points image name ref in the stack's namespace at another
+// manifest: the same one with an annotation added (same config and layers,
+// so nothing is pulled or unpacked), as a registry push of a rebuilt image
+// under the same tag would. It returns the new digest.
+func moveImage(t *testing.T, s *bootStack, ref string) digest.Digest {
+	t.Helper()
+	c := s.rt.Client()
+	ctx := namespaces.WithNamespace(s.ctx, s.cfg.Containerd.Namespace)
+	img, err := c.ImageService().Get(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := c.ContentStore()
+	b, err := content.ReadBlob(ctx, cs, img.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	ann, _ := m["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
+	}
+	ann["dev.forkfleet.test.moved"] = time.Now().Format(time.RFC3339Nano)
+	m["annotations"] = ann
+	nb, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old manifest's labels name its children for containerd's garbage
+	// collector: the new one keeps them alive the same way.
+	info, err := cs.Info(ctx, img.Target.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := ocispec.Descriptor{MediaType: img.Target.MediaType, Digest: digest.FromBytes(nb), Size: int64(len(nb))}
+	if err := content.WriteBlob(ctx, cs, "moved-"+desc.Digest.Encoded(), bytes.NewReader(nb), desc, content.WithLabels(info.Labels)); err != nil {
+		t.Fatal(err)
+	}
+	img.Target = desc
+	if _, err := c.ImageService().Update(ctx, img, "target"); err != nil {
+		t.Fatal(err)
+	}
+	return desc.Digest
 }
