@@ -32,8 +32,8 @@
 //     checkpointer, transfer: checkpoint_transfer.go (export and import as
 //     OCI images), checkpoint_registry.go (push and pull through a
 //     registry, the pull forks of one reference share).
-//   - Forks: fork.go (ForkCheckpoint: N replicas, each a restore
-//     verified against its checkpoint).
+//   - Forks (type forker): fork.go (ForkCheckpoint: N replicas, each a
+//     restore verified against its checkpoint by the verifier).
 //   - Pools (type pooler): pool.go (a pool's lifecycle and refill),
 //     pool_claim.go (claims: hit, miss and the gate between them),
 //     pool_session.go (frozen members and their held sessions),

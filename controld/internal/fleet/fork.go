@@ -24,9 +24,20 @@ import (
 // entropyBytes is how much fresh randomness a replica gets on Restored.
 const entropyBytes = 64
 
+// forker is the forks concern: N replicas of a checkpoint, each a restore
+// verified against it (fork.go). Manager promotes its API; pools fork
+// their misses through it.
+type forker struct {
+	*registry
+	verifier *verifier
+	// The sandboxes and fork slots a replica is, until those concerns are
+	// types of their own.
+	*Manager
+}
+
 // ForkCheckpoint starts count replicas of a checkpoint concurrently and
 // reports each one's outcome; a replica that fails is removed completely.
-func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
+func (m *forker) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest) (*controldv1.ForkCheckpointResponse, error) {
 	resp, err := m.requests.Do(ctx, controldv1.CheckpointService_ForkCheckpoint_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.ForkCheckpointResponse{} }, m.recoverFork(req),
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
@@ -42,7 +53,7 @@ func (m *Manager) ForkCheckpoint(ctx context.Context, req *controldv1.ForkCheckp
 // replicas but no stored answer (controld restarted before it): the
 // replicas that became usable, and for the others the error that they were
 // lost (a replica interrupted before it was usable is removed at start).
-func (m *Manager) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recover {
+func (m *forker) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recover {
 	return func(_ context.Context, key string, fp []byte) (proto.Message, bool, error) {
 		tagged := m.taggedSandboxes(key)
 		if len(tagged) == 0 {
@@ -69,7 +80,7 @@ func (m *Manager) recoverFork(req *controldv1.ForkCheckpointRequest) rules.Recov
 	}
 }
 
-func (m *Manager) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest, tag *store.RequestTag) (*controldv1.ForkCheckpointResponse, error) {
+func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpointRequest, tag *store.RequestTag) (*controldv1.ForkCheckpointResponse, error) {
 	t0 := time.Now()
 	if err := rules.ForkSource(req); err != nil {
 		return nil, err
@@ -158,7 +169,7 @@ func replicaTag(tag *store.RequestTag, i int) *store.RequestTag {
 
 // forkReplica restores one replica, tells it who it is, verifies it and
 // marks it READY (SUSPENDED when p.freeze). On any failure it is deleted.
-func (m *Manager) forkReplica(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) *controldv1.ForkReplica {
+func (m *forker) forkReplica(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) *controldv1.ForkReplica {
 	sb, rep, err := m.forkStart(ctx, t0, ck, p)
 	if err != nil {
 		code := errgrpc.Code(err)
@@ -201,7 +212,7 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 
 // newForkSandbox registers a fork's sandbox; with useSlot it takes a
 // container pre-created for forks of ckID when one is ready.
-func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
+func (m *forker) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
 	take := func(rec *store.SandboxRecord) (runtime.BootSpec, bool) {
 		if useSlot {
 			if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
@@ -217,7 +228,7 @@ func (m *Manager) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, use
 // replica's steps under the fork's work context (cancelled by a delete, the
 // request's end or the boot timeout), each traced in the replica's
 // waterfall. On failure it returns the sandbox, for the caller to delete.
-func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
+func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
 	rep := &controldv1.ForkReplica{}
 	// Pool refills run in the background: fork slots serve requests.
 	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled)
@@ -240,7 +251,7 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
 		attribute.String("sandbox.id", f.spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
 		attribute.Bool("fork.slot", fromSlot)))
-	f.wf = &waterfall{m: m, sb: sb, t0: t0, kind: "fork", span: span}
+	f.wf = &waterfall{m: m.Manager, sb: sb, t0: t0, kind: "fork", span: span}
 	if p.pooled {
 		f.wf.kind = "pool"
 	}
@@ -263,7 +274,7 @@ func (m *Manager) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpo
 
 // replicaFork is one replica of a fork in progress: what its steps share.
 type replicaFork struct {
-	m        *Manager
+	m        *forker
 	ck       *store.CheckpointRecord
 	p        forkParams
 	t0       time.Time

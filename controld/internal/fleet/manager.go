@@ -94,6 +94,7 @@ type Manager struct {
 	*registry
 	*pooler
 	*checkpointer
+	*forker
 
 	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
 	viewMu      sync.Mutex
@@ -248,6 +249,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	m := &Manager{registry: r, verifier: &verifier{registry: r}}
 	m.pooler = &pooler{registry: r, Manager: m}
 	m.checkpointer = &checkpointer{registry: r, Manager: m}
+	m.forker = &forker{registry: r, verifier: m.verifier, Manager: m}
 	m.transfer.m = m.checkpointer
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)
