@@ -142,7 +142,13 @@ func TestManifests(t *testing.T) {
 		t.Error("the pod shares the node's pid, network or IPC namespace: the sandboxes need none of them")
 	}
 	if pod.Spec.ShareProcessNamespace == nil || !*pod.Spec.ShareProcessNamespace {
-		t.Error("controld and containerd must share the pod's pid namespace (controld dumps the shims' processes)")
+		t.Error("the pod's sandbox must be its init (shareProcessNamespace): it reaps the shims containerd leaves")
+	}
+	// containerd and controld in one container: controld sees the
+	// sandboxes' cgroups and runc's state only in containerd's cgroup and
+	// mount namespaces.
+	if len(pod.Spec.Containers) != 1 {
+		t.Errorf("%d containers: containerd and controld run in one (README.md, One container)", len(pod.Spec.Containers))
 	}
 
 	// Both containers run the image images/node/build.sh names.
@@ -153,12 +159,12 @@ func TestManifests(t *testing.T) {
 		}
 	}
 
-	controld := container(t, pod.Spec, "controld")
-	if controld.ReadinessProbe == nil || controld.ReadinessProbe.HTTPGet == nil || controld.ReadinessProbe.HTTPGet.Path != "/readyz" {
+	node := container(t, pod.Spec, "node")
+	if node.ReadinessProbe == nil || node.ReadinessProbe.HTTPGet == nil || node.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Error("controld's readiness is /readyz: a reconciling controld must stay out of the Service")
 	}
-	checkControldConfig(t, cm, controld)
-	checkContainerdConfig(t, cm, container(t, pod.Spec, "containerd"))
+	checkControldConfig(t, cm, node)
+	checkContainerdConfig(t, cm, node)
 }
 
 func container(t *testing.T, spec corev1.PodSpec, name string) corev1.Container {
@@ -181,13 +187,15 @@ func checkControldConfig(t *testing.T, cm *corev1.ConfigMap, c corev1.Container)
 	if err := os.WriteFile(file, []byte(cm.Data["controld.toml"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Command) == 0 || c.Command[0] != "/usr/local/bin/controld" {
-		t.Fatalf("controld's command %v", c.Command)
+	// The image's entrypoint (forkfleet-node) hands its arguments to
+	// controld.
+	if _, cfg := buildScriptConfig(t); len(c.Command) != 0 || !slices.Equal(cfg.Entrypoint, []string{"/usr/local/bin/forkfleet-node"}) {
+		t.Fatalf("command %v, the image's entrypoint %v: forkfleet-node must start containerd and controld", c.Command, cfg.Entrypoint)
 	}
 	env := map[string]string{"NODE_NAME": "node-1", "POD_IP": "10.1.2.3"}
 	args := []string{"run", "./cmd/controld"}
 	sawConfig := false
-	for _, a := range c.Command[1:] {
+	for _, a := range c.Args {
 		for k, v := range env {
 			a = strings.ReplaceAll(a, "$("+k+")", v)
 		}
@@ -256,7 +264,23 @@ func checkContainerdConfig(t *testing.T, cm *corev1.ConfigMap, c corev1.Containe
 	if fmt.Sprint(got) != fmt.Sprint(host) {
 		t.Errorf("containerd.toml %+v differs from the host's %+v", got, host)
 	}
-	if !slices.Contains(c.Command, "/etc/forkfleet/config/containerd.toml") {
-		t.Errorf("containerd's command %v does not read the ConfigMap's file", c.Command)
+	// forkfleet-node starts containerd with the ConfigMap's file and waits
+	// for it on its socket.
+	b, err = os.ReadFile(filepath.Join(nodeImageDir, "forkfleet-node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := string(b)
+	mounted := ""
+	for _, m := range c.VolumeMounts {
+		if m.Name == "config" {
+			mounted = m.MountPath
+		}
+	}
+	if !strings.Contains(entry, "FORKFLEET_CONTAINERD_CONFIG:-"+mounted+"/containerd.toml}") {
+		t.Errorf("forkfleet-node does not start containerd with the ConfigMap's file %s/containerd.toml", mounted)
+	}
+	if !strings.Contains(entry, "FORKFLEET_CONTAINERD_ADDRESS:-"+got.GRPC.Address+"}") {
+		t.Errorf("forkfleet-node does not wait for containerd at its address %s", got.GRPC.Address)
 	}
 }

@@ -32,6 +32,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// DesktopImageLayout is the desktop image's OCI layout (make image), which
+// the test imports into the pod's containerd.
+const DesktopImageLayout = "/var/cache/forkfleet/images/desktop-oci"
+
 // The downward API's values the test's pod gets: its node's name and its
 // address (the pod's network namespace has only its loopback).
 const (
@@ -42,20 +46,22 @@ const (
 // TestNodePod runs the built node image (make image-node) as the
 // DaemonSet runs it, through runc directly (the kubelet's containerd would
 // do the same): a pod sandbox holding the pod's pid, network, IPC and UTS
-// namespaces (shareProcessNamespace), and the DaemonSet's containers in it,
-// each privileged as CRI makes a privileged container (every capability of
-// the bounding set, no seccomp, AppArmor or masked paths, a writable sysfs
-// and cgroupfs in a cgroup namespace of its own), each with its command,
-// env (the downward API filled in) and volume mounts: temporary directories
-// stand in for the node's host paths (shared bind mounts for Bidirectional
-// propagation, a small btrfs with quotas for the layers, as a node needs),
-// the ConfigMap's files, a certificate and a token for the Secrets. Then
-// containerd answers on the socket in the host path, containerd's exec
-// liveness probe passes, controld's /readyz (the readiness probe, dialled in
-// the pod's network namespace as the kubelet dials the pod's address)
-// answers 200, and a client on the host gets GetHostStatus through
-// controld's socket in the host path directory: the node's name, the
-// image's controld version.
+// namespaces (shareProcessNamespace), and the DaemonSet's container in it,
+// privileged as CRI makes a privileged container (every capability of the
+// bounding set, no seccomp, AppArmor or masked paths, a writable sysfs and
+// cgroupfs in a cgroup namespace of its own), with the image's entrypoint,
+// its arguments, env (the downward API filled in) and volume mounts:
+// temporary directories stand in for the node's host paths (shared bind
+// mounts for Bidirectional propagation, a small btrfs with quotas for the
+// layers, as a node needs), the ConfigMap's files, a certificate and a
+// token for the Secrets. Then containerd answers on the socket in the host
+// path, controld's /readyz (the readiness probe, dialled in the pod's
+// network namespace as the kubelet dials the pod's address) answers 200, a
+// client on the host gets GetHostStatus through controld's socket in the
+// host path directory (the node's name, the image's controld version), and
+// the desktop image, imported through containerd's socket, boots a sandbox
+// in the pod whose memory checkpoint forks a replica that passes every
+// verification level.
 func TestNodePod(t *testing.T) {
 	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
 		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
@@ -80,25 +86,30 @@ func TestNodePod(t *testing.T) {
 	cm := objs["ConfigMap"].(*corev1.ConfigMap)
 	p := newTestPod(t, img, ds.Spec.Template.Spec, cm)
 
-	p.start(ctx, "containerd")
-	sock := p.hostPath("/run/forkfleet/containerd/containerd.sock")
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		p.start(ctx, c.Name)
+	}
+	var ctlCfg struct {
+		GRPC struct {
+			UnixSocket string `toml:"unix_socket"`
+		} `toml:"grpc"`
+		Containerd   struct{ Address, Namespace string }
+		DefaultImage string `toml:"default_image"`
+	}
+	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &ctlCfg); err != nil {
+		t.Fatal(err)
+	}
+	sock := p.hostPath(ctlCfg.Containerd.Address)
 	waitFor(ctx, t, p, "containerd's socket "+sock, func() error {
 		_, err := os.Stat(sock)
 		return err
 	})
-	p.start(ctx, "controld")
-
-	// containerd's exec liveness probe, in its container.
-	cd := container(t, ds.Spec.Template.Spec, "containerd")
-	if out, err := p.runc(ctx, append([]string{"exec", p.id("containerd")}, cd.LivenessProbe.Exec.Command...)...); err != nil {
-		t.Errorf("containerd's liveness probe %v fails: %v\n%s", cd.LivenessProbe.Exec.Command, err, out)
-	}
 
 	// controld's readiness probe: GET /readyz on its metrics port.
-	ctl := container(t, ds.Spec.Template.Spec, "controld")
-	probe := ctl.ReadinessProbe.HTTPGet
+	node := container(t, ds.Spec.Template.Spec, "node")
+	probe := node.ReadinessProbe.HTTPGet
 	var port int32
-	for _, cp := range ctl.Ports {
+	for _, cp := range node.Ports {
 		if cp.Name == probe.Port.StrVal {
 			port = cp.ContainerPort
 		}
@@ -108,32 +119,25 @@ func TestNodePod(t *testing.T) {
 	})
 
 	// A client on the host, through controld's socket in the host path.
-	var grpcCfg struct {
-		GRPC struct {
-			UnixSocket string `toml:"unix_socket"`
-		} `toml:"grpc"`
+	ctl := buildTool(t, "api", "forkfleetctl")
+	addr := "unix://" + p.hostPath(ctlCfg.GRPC.UnixSocket)
+	forkfleetctl := func(args ...string) []byte {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, ctl, append([]string{"--address", addr, "-o", "json"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("forkfleetctl %s: %v\n%s\n%s", strings.Join(args, " "), err, out, p.logs())
+		}
+		return out
 	}
-	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &grpcCfg); err != nil {
+	var status struct {
+		Host             string
+		Version          string
+		MemoryTotalBytes string `json:"memoryTotalBytes"`
+		MaxSandboxes     int    `json:"maxSandboxes"`
+	}
+	if err := json.Unmarshal(forkfleetctl("host", "status"), &status); err != nil {
 		t.Fatal(err)
 	}
-	ctl2 := buildForkfleetctl(t)
-	var status struct {
-		Host              string
-		Version           string
-		MemoryTotalBytes  string `json:"memoryTotalBytes"`
-		MaxSandboxes      int    `json:"maxSandboxes"`
-		DefaultMemoryByte string `json:"defaultMemoryBytes"`
-	}
-	var out []byte
-	waitFor(ctx, t, p, "GetHostStatus through "+grpcCfg.GRPC.UnixSocket, func() error {
-		var err error
-		out, err = exec.CommandContext(ctx, ctl2, "--address", "unix://"+p.hostPath(grpcCfg.GRPC.UnixSocket), "-o", "json", "host", "status").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return json.Unmarshal(out, &status)
-	})
-	t.Logf("GetHostStatus: %s", out)
 	if status.Host != podNodeName {
 		t.Errorf("host %q, want the node's name %q (--host=$(NODE_NAME))", status.Host, podNodeName)
 	}
@@ -141,9 +145,92 @@ func TestNodePod(t *testing.T) {
 		t.Errorf("controld version %q, the image's %q", status.Version, want)
 	}
 	if status.MemoryTotalBytes == "" || status.MaxSandboxes == 0 {
-		t.Errorf("no room reported: %s", out)
+		t.Errorf("no room reported: %+v", status)
 	}
-	t.Logf("the pod's logs:\n%s", p.logs())
+
+	// A sandbox in the pod: the desktop image imported into the node's
+	// containerd through its socket in the host path (as an operator
+	// imports it, README.md "Image"), one boot, a memory checkpoint (CRIU
+	// in the image, with its preload) and a fork of it verified at every
+	// level it supports.
+	if _, err := os.Stat(filepath.Join(DesktopImageLayout, "index.json")); err != nil {
+		t.Fatalf("no desktop image layout (make image): %v", err)
+	}
+	importer := buildTool(t, "controld", "forkfleet-image")
+	if out, err := exec.CommandContext(ctx, importer, "import", "--address", sock, "--namespace", ctlCfg.Containerd.Namespace, DesktopImageLayout).CombinedOutput(); err != nil {
+		t.Fatalf("import the desktop image: %v\n%s", err, out)
+	}
+	type sandbox struct{ ID, State string }
+	var created struct{ Sandbox sandbox }
+	if err := json.Unmarshal(forkfleetctl("sandbox", "create"), &created); err != nil {
+		t.Fatal(err)
+	}
+	sb := created.Sandbox
+	if sb.State != "SANDBOX_STATE_READY" {
+		t.Fatalf("sandbox %s is %s, not ready", sb.ID, sb.State)
+	}
+	var ck struct{ Checkpoint struct{ ID string } }
+	if err := json.Unmarshal(forkfleetctl("checkpoint", "create", sb.ID), &ck); err != nil {
+		t.Fatal(err)
+	}
+	fork := forkfleetctl("checkpoint", "fork", ck.Checkpoint.ID, "--count", "1")
+	var forked struct {
+		Replicas []struct {
+			Sandbox      sandbox
+			ErrorMessage string `json:"errorMessage"`
+			Verification []struct {
+				Level string
+				Ok    bool
+			}
+		}
+	}
+	if err := json.Unmarshal(fork, &forked); err != nil {
+		t.Fatalf("fork: %v\n%s", err, fork)
+	}
+	if len(forked.Replicas) != 1 || forked.Replicas[0].ErrorMessage != "" || len(forked.Replicas[0].Verification) == 0 {
+		t.Fatalf("fork of %s: %s", ck.Checkpoint.ID, fork)
+	}
+	for _, l := range forked.Replicas[0].Verification {
+		if !l.Ok {
+			t.Errorf("the replica fails verification %s: %s", l.Level, fork)
+		}
+	}
+	t.Logf("in the pod: sandbox %s, checkpoint %s, replica %s: %s", sb.ID, ck.Checkpoint.ID, forked.Replicas[0].Sandbox.ID, fork)
+
+	// The kubelet stops the container with SIGTERM, then SIGKILL after the
+	// grace period: the entrypoint stops controld, then containerd, well
+	// within it.
+	grace := time.Duration(*ds.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
+	if out, err := p.runc(ctx, "kill", p.id("node"), "TERM"); err != nil {
+		t.Fatalf("runc kill TERM: %v\n%s", err, out)
+	}
+	stopCtx, stopCancel := context.WithTimeout(ctx, grace)
+	defer stopCancel()
+	waitFor(stopCtx, t, p, "the container's end after SIGTERM", func() error {
+		out, err := p.runc(ctx, "state", p.id("node"))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		var st struct{ Status string }
+		if err := json.Unmarshal(out, &st); err != nil {
+			return err
+		}
+		if st.Status != "stopped" {
+			return fmt.Errorf("status %s", st.Status)
+		}
+		return nil
+	})
+	log, err := os.ReadFile(filepath.Join(p.dir, "node.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "forkfleet-node: stopping") || !strings.Contains(string(log), "controld shutting down") {
+		t.Errorf("no ordered stop in the container's log:\n%s", p.logs())
+	}
+	// controld's last shutdown step removes its socket.
+	if _, err := os.Stat(p.hostPath(ctlCfg.GRPC.UnixSocket)); !os.IsNotExist(err) {
+		t.Errorf("controld's socket after its stop: %v", err)
+	}
 }
 
 // testPod is the DaemonSet's pod run with runc: a sandbox container
@@ -364,6 +451,14 @@ func (p *testPod) run(ctx context.Context, name string, args, env []string, moun
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
 	}
+	if hybridCgroups() {
+		// A cgroup v1 host with the v2 hierarchy beside (systemd's
+		// hybrid layout, these machines): runc mounts the v1 controllers
+		// only, and CRIU dumps every hierarchy a task is in. The pod gets
+		// the node's layout; on a cgroup v2 node (what the kubelet runs on
+		// since Kubernetes 1.35) runc's cgroup mount is all there is.
+		ms = append(ms, mount{Destination: "/sys/fs/cgroup/unified", Type: "cgroup2", Source: "cgroup2", Options: []string{"nosuid", "noexec", "nodev", "rw"}})
+	}
 	propagation := "rprivate"
 	for _, m := range mounts {
 		opts := []string{"rbind", "rprivate"}
@@ -534,17 +629,28 @@ func dialInNetns(nsPath, addr string) (net.Conn, error) {
 	return r.c, r.err
 }
 
-// removeCgroups removes the pod's cgroup tree, deepest first: runc removes
-// its containers' own, not what containerd and controld made below them.
+// hybridCgroups says whether this host has systemd's hybrid cgroup layout:
+// v1 controllers, and the v2 hierarchy at /sys/fs/cgroup/unified.
+func hybridCgroups() bool {
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// removeCgroups removes the pod's cgroup trees (one per v1 hierarchy, or
+// the v2 one), deepest first: runc removes its containers' own, not what
+// containerd made below them.
 func (p *testPod) removeCgroups() {
-	root := filepath.Join("/sys/fs/cgroup", p.cgroup)
+	roots, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", p.cgroup))
+	roots = append(roots, filepath.Join("/sys/fs/cgroup", p.cgroup))
 	var dirs []string
-	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, path)
-		}
-		return nil
-	})
+	for _, root := range roots {
+		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+	}
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if err := os.Remove(dirs[i]); err != nil && !os.IsNotExist(err) {
 			p.t.Errorf("cgroup %s: %v", dirs[i], err)
@@ -635,14 +741,15 @@ func selfSigned(t *testing.T) (crt, key []byte) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
 }
 
-// buildForkfleetctl builds the CLI from this checkout, for the host side.
-func buildForkfleetctl(t *testing.T) string {
+// buildTool builds module's ./cmd/name from this checkout, for the host
+// side (the client, the image importer).
+func buildTool(t *testing.T, module, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "forkfleetctl")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/forkfleetctl")
-	cmd.Dir = filepath.Join("..", "..", "api")
+	bin := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+	cmd.Dir = filepath.Join("..", "..", module)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build forkfleetctl: %v\n%s", err, out)
+		t.Fatalf("build %s: %v\n%s", name, err, out)
 	}
 	return bin
 }

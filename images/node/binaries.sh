@@ -2,9 +2,9 @@
 # binaries.sh OUT
 #
 # Writes the node image's binaries as a tree under OUT, with deploy/host-setup.sh's
-# own functions: containerd, containerd-shim-runc-v2 and ctr (host-setup's
-# build, stripped), controld, forkfleet-log, forkfleet-nethook and
-# forkfleetctl in usr/local/bin; CRIU's wrapper in usr/local/sbin/criu, its
+# own functions: the entrypoint forkfleet-node, containerd, containerd-shim-runc-v2
+# and ctr (host-setup's build, stripped), controld, forkfleet-log,
+# forkfleet-nethook and forkfleetctl in usr/local/bin; CRIU's wrapper in usr/local/sbin/criu, its
 # preload library in usr/local/lib/forkfleet (outside the DaemonSet's host
 # paths /var/lib/forkfleet and /run/forkfleet, which would hide an image's
 # file there) and etc/forkfleet/criu.conf. The wrapper runs the private CRIU
@@ -50,3 +50,4 @@ build_criu_preload "$out/usr/local/lib/forkfleet/criu-preload.so" || die "the CR
 criu_wrapper_script "$criu_ver" /usr/local/lib/forkfleet/criu-preload.so >"$out/usr/local/sbin/criu"
 chmod 0755 "$out/usr/local/sbin/criu"
 criu_conf >"$out/etc/forkfleet/criu.conf"
+install -m 0755 "$here/forkfleet-node" "$out/usr/local/bin/forkfleet-node"

@@ -16,7 +16,8 @@
 # /var/cache/forkfleet/containerd-v*), runc, nft and ip (Debian), the private
 # CRIU (the same .debs host-setup installs, cached in /var/cache/forkfleet/criu)
 # with its wrapper and preload library, controld, forkfleet-log,
-# forkfleet-nethook and forkfleetctl.
+# forkfleet-nethook and forkfleetctl; its entrypoint forkfleet-node runs
+# containerd and then controld in one container.
 #
 # Steps: (a) binaries.sh (shared with the Dockerfile): containerd's build and
 # the CRIU .debs (host-setup's caches, made when missing), the Go builds,
@@ -87,7 +88,7 @@ while IFS= read -r -d '' f; do
 	adds+=("/${f#./}=$work/tree/${f#./}")
 done < <(cd "$work/tree" && find . -type f -print0 | LC_ALL=C sort -z)
 config=(
-	--entrypoint /usr/local/bin/controld
+	--entrypoint /usr/local/bin/forkfleet-node
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 	--workdir /
 	--label "org.forkfleet.base=$hash"
