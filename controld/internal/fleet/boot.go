@@ -37,7 +37,7 @@ const (
 )
 
 // startBoot boots sb in the background, bounded by the boot timeout.
-func (m *Manager) startBoot(sb *sandbox, t0 time.Time, kind string) {
+func (m *sandboxer) startBoot(sb *sandbox, t0 time.Time, kind string) {
 	ctx, cancel := context.WithDeadline(m.ctx, t0.Add(m.opts.BootTimeout))
 	m.mu.Lock()
 	sb.cancelWork = cancel
@@ -65,7 +65,7 @@ func (m *Manager) startBoot(sb *sandbox, t0 time.Time, kind string) {
 }
 
 // boot runs a cold boot to usable.
-func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind string) {
+func (m *sandboxer) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind string) {
 	spec := m.bootSpec(sb)
 	ctx, span := m.tracer.Start(ctx, "sandbox.boot", trace.WithTimestamp(t0),
 		trace.WithAttributes(attribute.String("sandbox.id", spec.ID), attribute.String("sandbox.image", spec.Image), attribute.String("kind", kind)))
@@ -117,7 +117,7 @@ func (m *Manager) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind stri
 // awaitReady follows guestd's readiness pushes until the desktop is usable,
 // then marks the sandbox READY; on failure FAILED (unless controld is
 // shutting down: the next start resumes the wait).
-func (m *Manager) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, sock guestsock.Addr, token string, guestStart time.Time) {
+func (m *sandboxer) awaitReady(ctx context.Context, sb *sandbox, wf *waterfall, sock guestsock.Addr, token string, guestStart time.Time) {
 	g, err := m.dialGuest(ctx, sock, token)
 	if err != nil {
 		m.bootFailed(sb, wf, err)
@@ -181,7 +181,7 @@ func guestTime(start time.Time, ms uint64, floor, now time.Time) time.Time {
 	return t
 }
 
-func (m *Manager) markReady(sb *sandbox, wf *waterfall) {
+func (m *sandboxer) markReady(sb *sandbox, wf *waterfall) {
 	now := time.Now()
 	wf.phase(PhaseUsable, now)
 	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
@@ -196,7 +196,7 @@ func (m *Manager) markReady(sb *sandbox, wf *waterfall) {
 	closeOnce(sb.settled)
 }
 
-func (m *Manager) bootFailed(sb *sandbox, wf *waterfall, err error) {
+func (m *sandboxer) bootFailed(sb *sandbox, wf *waterfall, err error) {
 	wf.end(err)
 	if m.ctx.Err() != nil {
 		// Shutting down: leave the sandbox BOOTING; reconciliation at the next
@@ -214,7 +214,7 @@ func (m *Manager) bootFailed(sb *sandbox, wf *waterfall, err error) {
 
 // failSandbox marks sb FAILED; with cleanup its runtime instance is removed
 // (the record stays until deleted or expired, for inspection).
-func (m *Manager) failSandbox(sb *sandbox, msg string, cleanup bool) {
+func (m *sandboxer) failSandbox(sb *sandbox, msg string, cleanup bool) {
 	id := sb.rec.Sandbox.GetId()
 	m.log.Warn("sandbox failed", "sandbox", id, "reason", msg)
 	if cleanup {
@@ -256,7 +256,7 @@ func closeOnce(ch chan struct{}) {
 }
 
 // waitStarted waits until the runtime created sb's task.
-func (m *Manager) waitStarted(ctx context.Context, sb *sandbox) error {
+func (m *sandboxer) waitStarted(ctx context.Context, sb *sandbox) error {
 	select {
 	case <-sb.started:
 		return sb.startErr
@@ -266,7 +266,7 @@ func (m *Manager) waitStarted(ctx context.Context, sb *sandbox) error {
 }
 
 // waitSettled waits until sb is READY or failed.
-func (m *Manager) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.Sandbox, error) {
+func (m *sandboxer) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.Sandbox, error) {
 	select {
 	case <-sb.settled:
 	case <-ctx.Done():
@@ -288,7 +288,7 @@ func (m *Manager) waitSettled(ctx context.Context, sb *sandbox) (*controldv1.San
 // waterfall records a sandbox's boot milestones: in its record (and watch
 // events), as spans under the boot span, and in the phase histogram.
 type waterfall struct {
-	m      *Manager
+	m      *sandboxer
 	sb     *sandbox
 	t0     time.Time
 	kind   string

@@ -3,14 +3,13 @@
 // the operations on them. The runtime contract it drives lives in
 // controld/internal/runtime; the gRPC handlers in controld/internal/server.
 //
-// Manager is the API the handlers call and, for now, the sandbox concern.
-// Each other concern is a type of its own that embeds the registry (the
-// records and the plumbing every concern shares) and reaches another
-// concern only through a field it holds; Manager embeds them all, so their
-// RPCs are its methods. concerns_test.go pins the table of who holds whom,
-// bounds Manager's methods and lists the types that still hold the whole
-// Manager. The split changed receivers, not code: method bodies still name
-// their receiver m.
+// Manager is the API the handlers call, a facade: each concern is a type
+// of its own that embeds the registry (the records and the plumbing every
+// concern shares) and reaches another concern only through a field it
+// holds; Manager embeds them all, so their RPCs are its methods.
+// concerns_test.go pins the table of who holds whom, bounds Manager's own
+// methods and lists the types that still hold the whole Manager. The split
+// changed receivers, not code: method bodies still name their receiver m.
 //
 // Where each concern lives:
 //
@@ -18,11 +17,12 @@
 //     Close, lookups, the one way records change: update/touch, which
 //     persist and publish), watch.go (WatchSandboxes, publish),
 //     reconcile.go (store and runtime brought to agree at start).
-//   - Sandboxes: sandbox.go (create, get, list, delete, suspend, extend),
-//     boot.go (a boot and its phase waterfall, until usable or failed),
-//     exits.go (exit watcher, TTL reaper), limits.go (limits reached),
-//     network.go (policy, exposed ports), view.go (view tickets),
-//     recording.go (the recording RPCs and fork hook, delegated to
+//   - Sandboxes (type sandboxer): sandbox.go (create, get, list, delete,
+//     suspend, extend), manager.go (endpoint, Route), boot.go (a boot and
+//     its phase waterfall, until usable or failed), exits.go (exit
+//     watcher, TTL reaper), limits.go (limits reached), network.go
+//     (policy, exposed ports), view.go (view tickets), recording.go (the
+//     recording RPCs and fork hook, delegated to
 //     controld/internal/recording).
 //   - Checkpoints (type checkpointer): checkpoint.go (create: freeze,
 //     dump, commit), checkpoint_tree.go (get, list, delete; findCheckpoint

@@ -10,7 +10,7 @@ import (
 )
 
 // watchExits marks sandboxes whose task ended on its own.
-func (m *Manager) watchExits(exits <-chan runtime.Exit) {
+func (m *sandboxer) watchExits(exits <-chan runtime.Exit) {
 	alive := m.opts.Health.Loop("exit watcher", loopBound)
 	defer alive.Done()
 	// Exits are rare: the ticker proves the loop is not stuck in one.
@@ -32,7 +32,7 @@ func (m *Manager) watchExits(exits <-chan runtime.Exit) {
 	}
 }
 
-func (m *Manager) handleExit(ex runtime.Exit) {
+func (m *sandboxer) handleExit(ex runtime.Exit) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[ex.ID]
 	if !ok || sb.deleting {
@@ -72,7 +72,7 @@ func (m *Manager) handleExit(ex runtime.Exit) {
 }
 
 // reapLoop deletes sandboxes past their TTL.
-func (m *Manager) reapLoop() {
+func (m *sandboxer) reapLoop() {
 	alive := m.opts.Health.Loop("ttl reaper", max(loopBound, 10*m.opts.ReapInterval))
 	defer alive.Done()
 	t := time.NewTicker(m.opts.ReapInterval)
@@ -88,7 +88,7 @@ func (m *Manager) reapLoop() {
 	}
 }
 
-func (m *Manager) reapOnce(now time.Time) {
+func (m *sandboxer) reapOnce(now time.Time) {
 	m.mu.Lock()
 	for id, at := range m.tombstones {
 		if now.Sub(at) > tombstoneTTL {

@@ -251,7 +251,7 @@ func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpoi
 	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
 		attribute.String("sandbox.id", f.spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
 		attribute.Bool("fork.slot", fromSlot)))
-	f.wf = &waterfall{m: m.Manager, sb: sb, t0: t0, kind: "fork", span: span}
+	f.wf = &waterfall{m: m.sandboxer, sb: sb, t0: t0, kind: "fork", span: span}
 	if p.pooled {
 		f.wf.kind = "pool"
 	}

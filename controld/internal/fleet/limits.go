@@ -35,7 +35,7 @@ func limitProbeOf(rt runtime.Runtime) (runtime.LimitProbe, bool) {
 }
 
 // watchLimits polls the limit counters of running sandboxes until Close.
-func (m *Manager) watchLimits(probe runtime.LimitProbe) {
+func (m *sandboxer) watchLimits(probe runtime.LimitProbe) {
 	alive := m.opts.Health.Loop("limit poller", max(loopBound, 10*m.opts.LimitPoll))
 	defer alive.Done()
 	t := time.NewTicker(m.opts.LimitPoll)
@@ -51,7 +51,7 @@ func (m *Manager) watchLimits(probe runtime.LimitProbe) {
 	}
 }
 
-func (m *Manager) pollLimits(probe runtime.LimitProbe, alive *health.Loop) {
+func (m *sandboxer) pollLimits(probe runtime.LimitProbe, alive *health.Loop) {
 	m.mu.Lock()
 	var running []*sandbox
 	for _, sb := range m.sandboxes {
@@ -84,7 +84,7 @@ func (m *Manager) pollLimits(probe runtime.LimitProbe, alive *health.Loop) {
 
 // noteLimits records what h says against sb's record, publishing a LIMIT
 // event when it changes anything.
-func (m *Manager) noteLimits(sb *sandbox, h runtime.LimitHits) {
+func (m *sandboxer) noteLimits(sb *sandbox, h runtime.LimitHits) {
 	m.mu.Lock()
 	res := sb.rec.Sandbox.GetResources()
 	old := sb.rec.Sandbox.GetLimitsReached()
@@ -151,7 +151,7 @@ func (m *Manager) noteLimits(sb *sandbox, h runtime.LimitHits) {
 
 // limitsOnExit reads the limit counters of a sandbox whose task exited and
 // says why when the memory limit killed it.
-func (m *Manager) limitsOnExit(sb *sandbox) string {
+func (m *sandboxer) limitsOnExit(sb *sandbox) string {
 	probe, ok := limitProbeOf(m.rt)
 	if !ok {
 		return ""

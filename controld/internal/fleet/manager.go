@@ -92,14 +92,12 @@ const loopBound = 20 * time.Second
 // are types of their own over the same registry (doc.go lists them).
 type Manager struct {
 	*registry
+	*sandboxer
 	*pooler
 	*checkpointer
 	*forker
 
-	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
-	viewMu      sync.Mutex
-	viewTickets map[[32]byte]viewTicket
-	slots       *warmSlots // nil: warm slots off
+	slots *warmSlots // nil: warm slots off
 
 	// verifier runs the proofs that a fork is its checkpoint (verify.go).
 	verifier *verifier
@@ -247,6 +245,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		requests:    rules.Dedup{Store: opts.Store},
 	}
 	m := &Manager{registry: r, verifier: &verifier{registry: r}}
+	m.sandboxer = &sandboxer{registry: r, Manager: m}
 	m.pooler = &pooler{registry: r, Manager: m}
 	m.checkpointer = &checkpointer{registry: r, Manager: m}
 	m.forker = &forker{registry: r, verifier: m.verifier, Manager: m}
@@ -425,13 +424,13 @@ func (m *registry) refreshStateGaugeLocked() {
 	}
 }
 
-func (m *Manager) endpoint(sb *sandbox) *controldv1.Endpoint {
+func (m *sandboxer) endpoint(sb *sandbox) *controldv1.Endpoint {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.endpointLocked(sb)
 }
 
-func (m *Manager) endpointLocked(sb *sandbox) *controldv1.Endpoint {
+func (m *sandboxer) endpointLocked(sb *sandbox) *controldv1.Endpoint {
 	scheme := "ws"
 	if m.opts.GatewayTLS {
 		scheme = "wss"
@@ -462,7 +461,7 @@ type Route struct {
 // the Route still carries its Token (nothing else), so the gateway checks
 // the caller's token before it reveals the state; for an unknown (or
 // pooled, unclaimed) sandbox the Route is empty.
-func (m *Manager) Route(id string) (Route, error) {
+func (m *sandboxer) Route(id string) (Route, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]

@@ -60,7 +60,7 @@ func policyOf(p *controldv1.NetworkPolicy) network.Policy {
 
 // checkEgress refuses mode egress up front when the runtime cannot set it
 // up, with the runtime's reason.
-func (m *Manager) checkEgress(n *controldv1.Network) error {
+func (m *sandboxer) checkEgress(n *controldv1.Network) error {
 	if netpolicy.Mode(n) != controldv1.NetworkMode_NETWORK_MODE_EGRESS {
 		return nil
 	}
@@ -71,7 +71,7 @@ func (m *Manager) checkEgress(n *controldv1.Network) error {
 	return nw.EgressUnavailable()
 }
 
-func (m *Manager) networker() (runtime.Networker, error) {
+func (m *sandboxer) networker() (runtime.Networker, error) {
 	nw, ok := runtime.As[runtime.Networker](m.rt)
 	if !ok {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "NO_NETWORKING", "this runtime has no sandbox networking")
@@ -80,7 +80,7 @@ func (m *Manager) networker() (runtime.Networker, error) {
 }
 
 // UpdateSandboxNetwork replaces a running sandbox's network policy.
-func (m *Manager) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.Sandbox, error) {
+func (m *sandboxer) UpdateSandboxNetwork(ctx context.Context, req *controldv1.UpdateSandboxNetworkRequest) (*controldv1.Sandbox, error) {
 	if err := rules.SandboxID("id", req.GetId()); err != nil {
 		return nil, err
 	}
@@ -126,13 +126,13 @@ func (m *Manager) UpdateSandboxNetwork(ctx context.Context, req *controldv1.Upda
 }
 
 // portURL is where the gateway serves an exposed port.
-func (m *Manager) portURL(id string, port uint32) string {
+func (m *sandboxer) portURL(id string, port uint32) string {
 	return fmt.Sprintf("http://%s/v1/sandboxes/%s/ports/%d/", m.opts.GatewayHost, id, port)
 }
 
 // ExposePort records an exposed port with a token of its own (the same
 // token again for a port exposed already).
-func (m *Manager) ExposePort(_ context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
+func (m *sandboxer) ExposePort(_ context.Context, req *controldv1.ExposePortRequest) (*controldv1.ExposePortResponse, error) {
 	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func (m *Manager) ExposePort(_ context.Context, req *controldv1.ExposePortReques
 
 // UnexposePort forgets an exposed port; connections through it go on
 // until they close.
-func (m *Manager) UnexposePort(_ context.Context, req *controldv1.UnexposePortRequest) error {
+func (m *sandboxer) UnexposePort(_ context.Context, req *controldv1.UnexposePortRequest) error {
 	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ type PortRoute struct {
 }
 
 // PortRoute returns how to reach an exposed port of a running sandbox.
-func (m *Manager) PortRoute(id string, port string) (PortRoute, error) {
+func (m *sandboxer) PortRoute(id string, port string) (PortRoute, error) {
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil || n == 0 {
 		return PortRoute{}, errdefs.InvalidField("port", "%q is not a TCP port", port)

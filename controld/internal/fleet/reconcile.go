@@ -280,7 +280,7 @@ func (a *adoption) resumeBoot() error {
 		defer close(sb.workDone)
 		defer cancel()
 		_, span := m.tracer.Start(wctx, "sandbox.boot.resume")
-		wf := &waterfall{m: m, sb: sb, t0: t0, kind: "boot", span: span}
+		wf := &waterfall{m: m.sandboxer, sb: sb, t0: t0, kind: "boot", span: span}
 		for _, p := range r.Sandbox.Boot {
 			wf.lastAt = t0.Add(p.GetAt().AsDuration())
 		}

@@ -27,7 +27,7 @@ type Recordings interface {
 	Forked(checkpointID, sourceSandboxID string, replicas []string, record bool) map[string]string
 }
 
-func (m *Manager) recordings() (Recordings, error) {
+func (m *sandboxer) recordings() (Recordings, error) {
 	if m.opts.Recordings == nil {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "RECORDING_DISABLED", "this controld does not record sandboxes")
 	}
@@ -35,11 +35,11 @@ func (m *Manager) recordings() (Recordings, error) {
 }
 
 // recording reports whether a sandbox is being recorded.
-func (m *Manager) recording(id string) bool {
+func (m *sandboxer) recording(id string) bool {
 	return m.opts.Recordings != nil && m.opts.Recordings.Active(id) != ""
 }
 
-func (m *Manager) StartRecording(ctx context.Context, req *controldv1.StartRecordingRequest) (*controldv1.StartRecordingResponse, error) {
+func (m *sandboxer) StartRecording(ctx context.Context, req *controldv1.StartRecordingRequest) (*controldv1.StartRecordingResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func (m *Manager) StartRecording(ctx context.Context, req *controldv1.StartRecor
 	return r.Start(ctx, req)
 }
 
-func (m *Manager) StopRecording(ctx context.Context, req *controldv1.StopRecordingRequest) (*controldv1.StopRecordingResponse, error) {
+func (m *sandboxer) StopRecording(ctx context.Context, req *controldv1.StopRecordingRequest) (*controldv1.StopRecordingResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -55,7 +55,7 @@ func (m *Manager) StopRecording(ctx context.Context, req *controldv1.StopRecordi
 	return r.Stop(ctx, req)
 }
 
-func (m *Manager) GetRecording(ctx context.Context, req *controldv1.GetRecordingRequest) (*controldv1.GetRecordingResponse, error) {
+func (m *sandboxer) GetRecording(ctx context.Context, req *controldv1.GetRecordingRequest) (*controldv1.GetRecordingResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func (m *Manager) GetRecording(ctx context.Context, req *controldv1.GetRecording
 	return r.Get(ctx, req)
 }
 
-func (m *Manager) ListRecordings(ctx context.Context, req *controldv1.ListRecordingsRequest) (*controldv1.ListRecordingsResponse, error) {
+func (m *sandboxer) ListRecordings(ctx context.Context, req *controldv1.ListRecordingsRequest) (*controldv1.ListRecordingsResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -71,7 +71,7 @@ func (m *Manager) ListRecordings(ctx context.Context, req *controldv1.ListRecord
 	return r.List(ctx, req)
 }
 
-func (m *Manager) ExportRecording(ctx context.Context, req *controldv1.ExportRecordingRequest) (*controldv1.ExportRecordingResponse, error) {
+func (m *sandboxer) ExportRecording(ctx context.Context, req *controldv1.ExportRecordingRequest) (*controldv1.ExportRecordingResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (m *Manager) ExportRecording(ctx context.Context, req *controldv1.ExportRec
 	return r.Export(ctx, req)
 }
 
-func (m *Manager) DeleteRecording(ctx context.Context, req *controldv1.DeleteRecordingRequest) (*controldv1.DeleteRecordingResponse, error) {
+func (m *sandboxer) DeleteRecording(ctx context.Context, req *controldv1.DeleteRecordingRequest) (*controldv1.DeleteRecordingResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (m *Manager) DeleteRecording(ctx context.Context, req *controldv1.DeleteRec
 }
 
 // recordForked starts the recordings of a fork's usable replicas.
-func (m *Manager) recordForked(checkpointID, source string, out []*controldv1.ForkReplica, record bool) {
+func (m *sandboxer) recordForked(checkpointID, source string, out []*controldv1.ForkReplica, record bool) {
 	if m.opts.Recordings == nil {
 		return
 	}
@@ -111,7 +111,7 @@ func (m *Manager) recordForked(checkpointID, source string, out []*controldv1.Fo
 	}
 }
 
-func (m *Manager) CreateRecordingTicket(ctx context.Context, req *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error) {
+func (m *sandboxer) CreateRecordingTicket(ctx context.Context, req *controldv1.CreateRecordingTicketRequest) (*controldv1.CreateRecordingTicketResponse, error) {
 	r, err := m.recordings()
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -22,9 +23,24 @@ import (
 
 const defaultWaitTimeout = 60 * time.Second
 
+// sandboxer is the sandboxes concern: a sandbox's create, boot, lifecycle
+// and exit (sandbox.go, boot.go, exits.go), its limits, network, view
+// tickets and recording (limits.go, network.go, view.go, recording.go), and
+// its endpoint and route (manager.go). Manager promotes its API; pools,
+// checkpoints and forks make and remove sandboxes through it.
+type sandboxer struct {
+	*registry
+	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
+	viewMu      sync.Mutex
+	viewTickets map[[32]byte]viewTicket
+	// The warm slots a create takes and the pools an exit refills, until
+	// those concerns are types of their own.
+	*Manager
+}
+
 // CreateSandbox validates req, records the sandbox and boots it. It returns
 // once the task runs (or, with wait_ready, once the desktop is usable).
-func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+func (m *sandboxer) CreateSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	resp, err := m.requests.Do(ctx, controldv1.SandboxService_CreateSandbox_FullMethodName, req.GetRequestId(), req,
 		func() proto.Message { return &controldv1.CreateSandboxResponse{} }, m.recoverCreate(req),
 		func(ctx context.Context, r rules.Request) (proto.Message, error) {
@@ -44,7 +60,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req *controldv1.CreateSandb
 // recoverCreate finds the sandbox a first CreateSandbox with the same
 // request id made (it failed to answer, or controld restarted) and answers
 // as that call would have.
-func (m *Manager) recoverCreate(req *controldv1.CreateSandboxRequest) rules.Recover {
+func (m *sandboxer) recoverCreate(req *controldv1.CreateSandboxRequest) rules.Recover {
 	return func(ctx context.Context, key string, fp []byte) (proto.Message, bool, error) {
 		tagged := m.taggedSandboxes(key)
 		if len(tagged) == 0 {
@@ -68,7 +84,7 @@ func (m *Manager) recoverCreate(req *controldv1.CreateSandboxRequest) rules.Reco
 	}
 }
 
-func (m *Manager) createSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
+func (m *sandboxer) createSandbox(ctx context.Context, req *controldv1.CreateSandboxRequest, tag *store.RequestTag) (*controldv1.Sandbox, *controldv1.Endpoint, error) {
 	t0 := time.Now()
 	if err := rules.Image("image", req.GetImage()); err != nil {
 		return nil, nil, err
@@ -149,7 +165,7 @@ type sandboxParams struct {
 }
 
 // newSandbox writes a CREATING record and registers it.
-func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
+func (m *sandboxer) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 	take := func(*store.SandboxRecord) (runtime.BootSpec, bool) { return runtime.BootSpec{}, false }
 	if p.warmSlot {
 		take = func(rec *store.SandboxRecord) (runtime.BootSpec, bool) {
@@ -176,7 +192,7 @@ func (m *Manager) newSandbox(p sandboxParams, t0 time.Time) (*sandbox, error) {
 // slot's id and tokens. take runs under the same lock as the open check, so
 // a slot is either handed to a registered sandbox or discarded at Close,
 // never lost; undo gives it up if persisting fails.
-func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (runtime.BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
+func (m *sandboxer) registerSandbox(p sandboxParams, t0 time.Time, take func(*store.SandboxRecord) (runtime.BootSpec, bool), undo func(id string)) (*sandbox, bool, error) {
 	rec, err := m.newRecord(p, t0)
 	if err != nil {
 		return nil, false, err
@@ -222,7 +238,7 @@ func (m *Manager) registerSandbox(p sandboxParams, t0 time.Time, take func(*stor
 // heldLocked is what the host's sandboxes hold against admission: every
 // record counts except FAILED ones (their runtime instance is removed);
 // memory counts for those whose processes may run (not STOPPED).
-func (m *Manager) heldLocked() limits.Usage {
+func (m *sandboxer) heldLocked() limits.Usage {
 	var u limits.Usage
 	for _, sb := range m.sandboxes {
 		switch sb.rec.Sandbox.GetState() {
@@ -239,7 +255,7 @@ func (m *Manager) heldLocked() limits.Usage {
 
 // newRecord builds the record of a new sandbox (fresh id and tokens) with
 // the defaults applied and its limits resolved; it registers nothing.
-func (m *Manager) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord, error) {
+func (m *sandboxer) newRecord(p sandboxParams, t0 time.Time) (*store.SandboxRecord, error) {
 	if p.image == "" {
 		p.image = m.opts.DefaultImage
 	}
@@ -289,7 +305,7 @@ func copyMap(in map[string]string) map[string]string {
 	return out
 }
 
-func (m *Manager) bootSpec(sb *sandbox) runtime.BootSpec {
+func (m *sandboxer) bootSpec(sb *sandbox) runtime.BootSpec {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return specOf(sb.rec)
@@ -320,7 +336,7 @@ func specOf(r *store.SandboxRecord) runtime.BootSpec {
 }
 
 // GetSandbox returns one sandbox.
-func (m *Manager) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox, error) {
+func (m *sandboxer) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox, error) {
 	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
@@ -332,7 +348,7 @@ func (m *Manager) GetSandbox(_ context.Context, id string) (*controldv1.Sandbox,
 }
 
 // SandboxEndpoint returns how to reach a sandbox's ACI.
-func (m *Manager) SandboxEndpoint(_ context.Context, id string) (*controldv1.Endpoint, error) {
+func (m *sandboxer) SandboxEndpoint(_ context.Context, id string) (*controldv1.Endpoint, error) {
 	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
@@ -353,7 +369,7 @@ func (m *Manager) SandboxEndpoint(_ context.Context, id string) (*controldv1.End
 // oldest first.
 // ListSandboxes returns the page of matching sandboxes the request asks
 // for (oldest first) and the next page's token.
-func (m *Manager) ListSandboxes(_ context.Context, req *controldv1.ListSandboxesRequest) ([]*controldv1.Sandbox, string, error) {
+func (m *sandboxer) ListSandboxes(_ context.Context, req *controldv1.ListSandboxesRequest) ([]*controldv1.Sandbox, string, error) {
 	if err := rules.Labels("labels", req.GetLabels()); err != nil {
 		return nil, "", err
 	}
@@ -386,7 +402,7 @@ func containsState(states []controldv1.SandboxState, s controldv1.SandboxState) 
 }
 
 // WaitSandboxReady waits until the sandbox is usable.
-func (m *Manager) WaitSandboxReady(ctx context.Context, id string, timeout *durationpb.Duration) (*controldv1.Sandbox, error) {
+func (m *sandboxer) WaitSandboxReady(ctx context.Context, id string, timeout *durationpb.Duration) (*controldv1.Sandbox, error) {
 	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
@@ -410,7 +426,7 @@ func (m *Manager) WaitSandboxReady(ctx context.Context, id string, timeout *dura
 // cgroup, record). It is idempotent: concurrent deletes coalesce, and
 // deleting an id deleted in the last 10 minutes (by this controld process)
 // succeeds; an id never seen is NotFound.
-func (m *Manager) DeleteSandbox(ctx context.Context, id string) error {
+func (m *sandboxer) DeleteSandbox(ctx context.Context, id string) error {
 	if err := rules.SandboxID("id", id); err != nil {
 		return err
 	}
@@ -429,7 +445,7 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string) error {
 
 // deleteSandbox tears sb down. The work runs to completion even when ctx is
 // canceled (a half-deleted sandbox helps nobody).
-func (m *Manager) deleteSandbox(ctx context.Context, sb *sandbox, why string) error {
+func (m *sandboxer) deleteSandbox(ctx context.Context, sb *sandbox, why string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	sb.op.Lock()
@@ -465,7 +481,7 @@ func (m *Manager) deleteSandbox(ctx context.Context, sb *sandbox, why string) er
 }
 
 // forget drops sb's record after its runtime instance is gone.
-func (m *Manager) forget(sb *sandbox) error {
+func (m *sandboxer) forget(sb *sandbox) error {
 	id := sb.rec.Sandbox.GetId()
 	sb.persist.Lock()
 	defer sb.persist.Unlock()
@@ -496,16 +512,16 @@ func (m *Manager) forget(sb *sandbox) error {
 }
 
 // SuspendSandbox freezes a READY sandbox (idempotent when SUSPENDED).
-func (m *Manager) SuspendSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
+func (m *sandboxer) SuspendSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
 	return m.freezeThaw(ctx, id, true)
 }
 
 // ResumeSandbox thaws a SUSPENDED sandbox (idempotent when READY).
-func (m *Manager) ResumeSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
+func (m *sandboxer) ResumeSandbox(ctx context.Context, id string) (*controldv1.Sandbox, error) {
 	return m.freezeThaw(ctx, id, false)
 }
 
-func (m *Manager) freezeThaw(ctx context.Context, id string, freeze bool) (*controldv1.Sandbox, error) {
+func (m *sandboxer) freezeThaw(ctx context.Context, id string, freeze bool) (*controldv1.Sandbox, error) {
 	if err := rules.SandboxID("id", id); err != nil {
 		return nil, err
 	}
@@ -559,7 +575,7 @@ func requestTag(r rules.Request) *store.RequestTag {
 
 // taggedSandboxes returns the live sandboxes a call with request key made
 // within the request id's lifetime, by replica index.
-func (m *Manager) taggedSandboxes(key string) []*sandbox {
+func (m *sandboxer) taggedSandboxes(key string) []*sandbox {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []*sandbox
@@ -579,7 +595,7 @@ func (m *Manager) taggedSandboxes(key string) []*sandbox {
 }
 
 // ExtendSandbox sets when a sandbox is deleted: ttl from now.
-func (m *Manager) ExtendSandbox(_ context.Context, req *controldv1.ExtendSandboxRequest) (*controldv1.Sandbox, error) {
+func (m *sandboxer) ExtendSandbox(_ context.Context, req *controldv1.ExtendSandboxRequest) (*controldv1.Sandbox, error) {
 	if err := rules.SandboxID("id", req.GetId()); err != nil {
 		return nil, err
 	}

@@ -40,7 +40,7 @@ type ViewGrant struct {
 }
 
 // CreateViewTicket mints a view ticket for a routable sandbox.
-func (m *Manager) CreateViewTicket(_ context.Context, req *controldv1.CreateViewTicketRequest) (*controldv1.CreateViewTicketResponse, error) {
+func (m *sandboxer) CreateViewTicket(_ context.Context, req *controldv1.CreateViewTicketRequest) (*controldv1.CreateViewTicketResponse, error) {
 	if err := rules.SandboxID("sandbox_id", req.GetSandboxId()); err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (m *Manager) CreateViewTicket(_ context.Context, req *controldv1.CreateView
 // expires, for the sandbox it was minted for. Every refusal is the same
 // PERMISSION_DENIED, whether the ticket never existed, expired, was spent,
 // or names another sandbox.
-func (m *Manager) RedeemViewTicket(id, ticket string) (ViewGrant, error) {
+func (m *sandboxer) RedeemViewTicket(id, ticket string) (ViewGrant, error) {
 	key := sha256.Sum256([]byte(ticket))
 	m.viewMu.Lock()
 	t, ok := m.viewTickets[key]
