@@ -214,8 +214,10 @@ func TestHostStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The image pool makes a checkpoint of its own once its member is warm
+	// (fleet/pool_checkpoint.go), in the background: it may be counted yet.
 	if hs.Host != "node-a" || hs.Version != "v9" || hs.MaxSandboxes != 7 || hs.MaxMemoryBytes != 6<<30 ||
-		hs.DefaultMemoryBytes != lim.Default.MemoryBytes || hs.Checkpoints != 1 {
+		hs.DefaultMemoryBytes != lim.Default.MemoryBytes || hs.Checkpoints < 1 || hs.Checkpoints > 2 {
 		t.Fatalf("status %v", hs)
 	}
 	if hs.MemoryTotalBytes <= 0 || hs.MemoryAvailableBytes <= 0 || hs.MemoryAvailableBytes > hs.MemoryTotalBytes {
