@@ -133,6 +133,19 @@ func TestNodeImageDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q (build.sh's input)", in)
 		}
 	}
+	// The Go builds resolve modules as make build does: the workspace.
+	work, err := os.ReadFile(filepath.Join("..", "..", "go.work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(all, "COPY go.work go.work.sum ./") {
+		t.Error("Dockerfile lacks go.work: its builds would resolve other module versions than build.sh's")
+	}
+	for _, m := range regexp.MustCompile(`(?m)^\s+\./(\S+)$`).FindAllSubmatch(work, -1) {
+		if mod := string(m[1]); !strings.Contains(all, "COPY "+mod+"/go.mod ") && !strings.Contains(all, "COPY "+mod+"/ ") {
+			t.Errorf("Dockerfile lacks %s/go.mod, a module of go.work", mod)
+		}
+	}
 	base, err := os.ReadFile(filepath.Join(nodeImageDir, "base.sh"))
 	if err != nil {
 		t.Fatal(err)

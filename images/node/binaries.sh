@@ -22,8 +22,6 @@ version=${VERSION:-$(git -C "$repo" describe --tags --always --dirty 2>/dev/null
 # shellcheck source=../../deploy/host-setup.sh
 . "$repo/deploy/host-setup.sh"
 export PATH=$PATH:/usr/local/go/bin
-# Each module with its own go.mod, as the Dockerfile (which has no go.work) builds it.
-export GOWORK=off
 
 die() { printf '[node-binaries] error: %s\n' "$*" >&2; exit 1; }
 

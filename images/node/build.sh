@@ -64,7 +64,7 @@ trap 'rm -rf --one-file-system "$work"' EXIT
 t=$(now_ms)
 VERSION=$version "$here/binaries.sh" "$work/tree"
 log "binaries: built in $(secs $(($(now_ms) - t)))"
-(cd "$repo/controld" && GOWORK=off CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
+(cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
 	die "forkfleet-image does not build"
 
 # (b) base rootfs, with the CRIU the wrapper runs.
