@@ -287,7 +287,12 @@ func (sb *Sandbox) ACI(ctx context.Context, opts ...ACIOption) (*aci.Session, er
 			if cfg.via == routeUnix {
 				return nil, unixErr
 			}
-		case cfg.via == routeUnix || socketReachable(ctx, addr):
+		default:
+			// Straight to the session: a socket this process cannot reach
+			// (not root, another host or pid namespace, the sandbox gone)
+			// fails the dial at once, and the gateway is tried next. A
+			// probe's connection first cost guestd an accept and the
+			// claim to usable path a connect (0.2 to 0.4 ms).
 			s, err := aci.DialSandbox(ctx, addr, ep.GetToken(), dialOpts...)
 			if err == nil || cfg.via == routeUnix || ctx.Err() != nil {
 				return s, err
@@ -322,20 +327,6 @@ func (c *Client) gatewayTLSOf(id string) *tls.Config {
 		}
 	}
 	return c.gatewayTLS
-}
-
-// socketReachable is a cheap probe: this process may look into the
-// sandbox (root, same host and pid namespace) and the socket accepts a
-// connection.
-func socketReachable(ctx context.Context, addr guestsock.Addr) bool {
-	ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	c, err := guestsock.Dial(ctx, addr)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
 }
 
 // Event is one sandbox lifecycle event from Watch.

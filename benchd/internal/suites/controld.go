@@ -127,11 +127,19 @@ func dialEndpoint(ctx context.Context, ep *controldv1.Endpoint, opts ...aci.Dial
 	opts = append(opts, aci.WithClientName("benchd"))
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if addr, ok := unixEndpoint(ep); ok {
-		return aci.DialSandbox(dctx, addr, ep.GetToken(), opts...)
+	// The unix socket straight away, as api/client does (no probe: it
+	// would cost a connect on the claim-to-usable path); the URL when
+	// this process cannot reach it.
+	var unixErr error
+	if addr, err := guestsock.Parse(ep.GetUnixPath(), ep.GetUnixPidStart()); err == nil {
+		s, err := aci.DialSandbox(dctx, addr, ep.GetToken(), opts...)
+		if err == nil || dctx.Err() != nil {
+			return s, err
+		}
+		unixErr = err
 	}
 	if ep.GetUrl() == "" {
-		return nil, errors.New("endpoint has neither a reachable unix path nor a URL")
+		return nil, fmt.Errorf("endpoint has neither a reachable unix path nor a URL (unix: %v)", unixErr)
 	}
 	return aci.Dial(dctx, ep.GetUrl(), ep.GetToken(), opts...)
 }
