@@ -182,6 +182,11 @@ func TestRealStack(t *testing.T) {
 		if out := notMerging(t, rt, r.Sandbox.Id); len(out) > 0 {
 			t.Errorf("replica %s has processes not opted into KSM after its restore: %v", r.Sandbox.Id, out)
 		}
+		// The replica restored at 8 times its weight (fleet's
+		// startupCPUWeight) and runs at its own once usable.
+		if got, want := cpuWeightFile(t, rt, r.Sandbox.Id), defaultCPUWeightFile(rt); got != want {
+			t.Errorf("replica %s's CPU weight after its fork: %s, want %s (its own, not the startup boost)", r.Sandbox.Id, got, want)
+		}
 	}
 
 	// Disk tier: the fork boots fresh from the captured layer (marker only).
@@ -306,6 +311,32 @@ func TestRealStack(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// cpuWeightFile reads sandbox id's CPU weight from its cgroup: cpu.shares
+// (v1) or cpu.weight (v2).
+func cpuWeightFile(t *testing.T, rt *containerdrt.Runtime, id string) string {
+	t.Helper()
+	c := rt.Config()
+	path := filepath.Join(c.CgroupRoot, "cpu", c.CgroupParent, id, "cpu.shares")
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		path = filepath.Join(c.CgroupRoot, c.CgroupParent, id, "cpu.weight")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("CPU weight of %s: %v", id, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// defaultCPUWeightFile is what cpuWeightFile reads for the default weight
+// (100): 1024 shares, or runc's conversion of them on cgroup v2.
+func defaultCPUWeightFile(rt *containerdrt.Runtime) string {
+	c := rt.Config()
+	if _, err := os.Stat(filepath.Join(c.CgroupRoot, "cpu")); err == nil {
+		return "1024"
+	}
+	return "39"
 }
 
 // aciDefaultScratchIdle is guestd's aci.DefaultScratchIdle (a guestd

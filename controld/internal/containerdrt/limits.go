@@ -19,9 +19,50 @@ import (
 )
 
 var (
-	_ runtime.LimitProbe = (*Runtime)(nil)
-	_ runtime.UsageProbe = (*Runtime)(nil)
+	_ runtime.LimitProbe  = (*Runtime)(nil)
+	_ runtime.UsageProbe  = (*Runtime)(nil)
+	_ runtime.CPUWeighter = (*Runtime)(nil)
 )
+
+// SetCPUWeight implements runtime.CPUWeighter: one write of the sandbox's
+// cgroup file (cpu.shares on cgroup v1; cpu.weight on v2, converted from
+// the shares as runc converts a spec's).
+func (r *Runtime) SetCPUWeight(_ context.Context, id string, weight uint32) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if weight > maxCPUWeight {
+		return errdefs.InvalidField("cpu_weight", "%d is above %d", weight, maxCPUWeight)
+	}
+	if weight == 0 {
+		weight = 100
+	}
+	path, value := filepath.Join(r.cfg.CgroupRoot, "cpu", r.cgroupsPath(id), "cpu.shares"), cpuShares(weight)
+	if r.cgroupV2 {
+		path, value = filepath.Join(r.cfg.CgroupRoot, r.cgroupsPath(id), "cpu.weight"), cgroupV2Weight(value)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w: no cgroup file %s", id, errdefs.ErrNotFound, path)
+		}
+		return fmt.Errorf("sandbox %s: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	_, err = f.WriteString(strconv.FormatUint(value, 10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: cpu weight: %w: %w", id, errdefs.ErrInternal, err)
+	}
+	return nil
+}
+
+// cgroupV2Weight is runc's conversion of cpu.shares to cgroup v2's
+// cpu.weight (what the sandbox got at start from the spec's shares).
+func cgroupV2Weight(shares uint64) uint64 {
+	return 1 + (shares-minCPUShares)*(maxCPUWeight-1)/(maxCPUShares-minCPUShares)
+}
 
 // Usage implements runtime.UsageProbe from the sandbox's cgroups: CPU time
 // (cpuacct.usage, or cpu.stat's usage_usec on cgroup v2) and memory charged

@@ -103,6 +103,9 @@ func validateBootSpec(spec runtime.BootSpec) error {
 	if spec.CPUWeight > maxCPUWeight {
 		return errdefs.InvalidField("cpu_weight", "%d is above %d", spec.CPUWeight, maxCPUWeight)
 	}
+	if spec.StartupCPUWeight > maxCPUWeight {
+		return errdefs.InvalidField("startup_cpu_weight", "%d is above %d", spec.StartupCPUWeight, maxCPUWeight)
+	}
 	for k := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return errdefs.InvalidField("env", "invalid variable name %q", k)
@@ -238,7 +241,11 @@ func withLimits(spec runtime.BootSpec) oci.SpecOpts {
 			limit := spec.MemoryBytes
 			res.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
 		}
-		if spec.CPUMillis > 0 || spec.CPUWeight > 0 {
+		weight := spec.CPUWeight
+		if spec.StartupCPUWeight > 0 {
+			weight = spec.StartupCPUWeight // until SetCPUWeight
+		}
+		if spec.CPUMillis > 0 || weight > 0 {
 			res.CPU = &specs.LinuxCPU{}
 		}
 		if spec.CPUMillis > 0 {
@@ -246,8 +253,8 @@ func withLimits(spec runtime.BootSpec) oci.SpecOpts {
 			period := uint64(cpuPeriod)
 			res.CPU.Quota, res.CPU.Period = &quota, &period
 		}
-		if spec.CPUWeight > 0 {
-			shares := cpuShares(spec.CPUWeight)
+		if weight > 0 {
+			shares := cpuShares(weight)
 			res.CPU.Shares = &shares
 		}
 		if spec.PidsMax > 0 {

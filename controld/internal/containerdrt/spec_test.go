@@ -4,12 +4,16 @@ package containerdrt
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
@@ -87,6 +91,56 @@ func TestSpecLimits(t *testing.T) {
 	for w, want := range map[uint32]uint64{1: 10, 100: 1024, 10000: 102400} {
 		if got := cpuShares(w); got != want {
 			t.Errorf("cpuShares(%d) = %d, want %d", w, got, want)
+		}
+	}
+	// A fork starting boosted gets the startup weight's shares, also
+	// without a weight of its own.
+	boosted := runtime.BootSpec{ID: "fork-2", StartupCPUWeight: 800}
+	if err := r.withSandbox(boosted, network.Sandbox{})(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.Linux.Resources.CPU; c == nil || *c.Shares != 8192 {
+		t.Fatalf("startup weight 800: cpu %+v, want 8192 shares", c)
+	}
+	if err := validateBootSpec(runtime.BootSpec{ID: "sb-2", StartupCPUWeight: maxCPUWeight + 1}); err == nil {
+		t.Fatal("startup weight above the range accepted")
+	}
+}
+
+// SetCPUWeight writes the sandbox's own cgroup file: cpu.shares on cgroup
+// v1, cpu.weight (runc's conversion of the shares) on v2.
+func TestSetCPUWeight(t *testing.T) {
+	ctx := context.Background()
+	for _, v2 := range []bool{false, true} {
+		root := t.TempDir()
+		r := &Runtime{cfg: Config{CgroupRoot: root, CgroupParent: "/forkfleet"}, cgroupV2: v2}
+		file := filepath.Join(root, "cpu", "forkfleet", "sb-1", "cpu.shares")
+		if v2 {
+			file = filepath.Join(root, "forkfleet", "sb-1", "cpu.weight")
+		}
+		if err := r.SetCPUWeight(ctx, "sb-1", 50); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("v2=%v: no cgroup: %v, want not found", v2, err)
+		}
+		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for w, want := range map[uint32]string{50: "512", 0: "1024"} {
+			if v2 {
+				want = map[uint32]string{50: "20", 0: "39"}[w]
+			}
+			// A plain file stands for the cgroup's, which a write replaces.
+			if err := os.WriteFile(file, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.SetCPUWeight(ctx, "sb-1", w); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(file); string(b) != want {
+				t.Errorf("v2=%v weight %d: wrote %q, want %q", v2, w, b, want)
+			}
+		}
+		if err := r.SetCPUWeight(ctx, "sb-1", maxCPUWeight+1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("weight above the range: %v", err)
 		}
 	}
 }

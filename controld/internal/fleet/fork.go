@@ -263,6 +263,7 @@ func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpoi
 		f.checkProofs, // every proof asked for held
 		f.endSession,  // the session is closed before the replica is handed out
 		f.freeze,      // pooled replicas wait frozen
+		f.settleCPU,   // its own CPU weight, after the startup boost
 		f.markUsable,  // READY (or SUSPENDED), the waterfall ended
 	} {
 		if err := step(wctx); err != nil {
@@ -423,6 +424,22 @@ func (f *replicaFork) freeze(ctx context.Context) error {
 	}
 	if err := f.m.rt.Freeze(ctx, f.spec.ID); err != nil {
 		return f.fail(err, "freeze")
+	}
+	return nil
+}
+
+// settleCPU ends the replica's startup boost (startupCPUWeight): from now
+// on it shares the cores at the weight it asked for.
+func (f *replicaFork) settleCPU(ctx context.Context) error {
+	if f.spec.StartupCPUWeight == 0 {
+		return nil
+	}
+	w, ok := runtime.As[runtime.CPUWeighter](f.m.rt)
+	if !ok {
+		return nil
+	}
+	if err := w.SetCPUWeight(ctx, f.spec.ID, f.spec.CPUWeight); err != nil {
+		return f.fail(err, "cpu weight")
 	}
 	return nil
 }

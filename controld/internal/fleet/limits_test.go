@@ -72,6 +72,61 @@ func TestLimitsDefaultsAndOverrides(t *testing.T) {
 	}
 }
 
+// A replica of an on-demand fork starts with 8 times its CPU weight (its
+// restore and verification outweigh running sandboxes) and has its own
+// once usable; boots and pool refills start at their own weight.
+func TestForkStartupCPUBoost(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	src := e.ready(nil)
+	if spec, _ := e.rt.Spec(src.Id); spec.StartupCPUWeight != 0 {
+		t.Fatalf("a boot starts boosted: %+v", spec)
+	}
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 2,
+		Resources: &controldv1.Resources{CpuWeight: 50}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		id := r.GetSandbox().GetId()
+		spec, ok := e.rt.Spec(id)
+		if !ok || spec.CPUWeight != 50 || spec.StartupCPUWeight != 400 {
+			t.Fatalf("replica %s spec %+v: want weight 50, starting at 400", id, spec)
+		}
+		if w, ok := e.rt.CPUWeight(id); !ok || w != 50 {
+			t.Fatalf("replica %s: weight set to %d (%v) once usable, want 50", id, w, ok)
+		}
+	}
+	// The boost is capped at the kernel's range.
+	reps, err = replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
+		Resources: &controldv1.Resources{CpuWeight: 5000}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec, _ := e.rt.Spec(reps[0].GetSandbox().GetId()); spec.StartupCPUWeight != limits.MaxCPUWeight {
+		t.Fatalf("boost of weight 5000: %+v", spec)
+	}
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Id}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pool filled", func() bool { got, _ := e.m.GetPool(ctx, p.Id); return got.Available == 1 })
+	claimed, _, _, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec, _ := e.rt.Spec(claimed.Id); spec.StartupCPUWeight != 0 {
+		t.Fatalf("a pool refill starts boosted: %+v", spec)
+	}
+	if _, ok := e.rt.CPUWeight(claimed.Id); ok {
+		t.Fatal("a pool member's weight was set")
+	}
+}
+
 // The host admits sandboxes up to its limits: creates, every fork replica
 // and pool fills are refused past them with RESOURCE_EXHAUSTED, and a
 // delete makes room again.

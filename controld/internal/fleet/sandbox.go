@@ -332,7 +332,35 @@ func specOf(r *store.SandboxRecord) runtime.BootSpec {
 		AdminToken:  r.AdminToken,
 		Labels:      map[string]string{LabelManaged: managedValue, LabelSandboxID: r.Sandbox.Id},
 		Network:     netSpecOf(r.Sandbox.GetNetwork(), r.Pooled),
+		// A fork slot is precreated from the same record: it starts
+		// boosted too.
+		StartupCPUWeight: startupCPUWeight(r),
 	}
+}
+
+// forkStartupBoost is how much a replica of an on-demand fork outweighs
+// running sandboxes for the CPU until it is usable.
+const forkStartupBoost = 8
+
+// startupCPUWeight is the CPU weight a replica of an on-demand fork starts
+// with (0: its own). Its restore runs in its cgroup (runc puts CRIU there)
+// and is CPU-bound: at a fan-out of N on a 2-core host, N restores shared
+// the cores at equal weight with every running sandbox, the fork's source
+// among them (a browser page that animates takes a third of a core), and
+// with the replicas restored first, which run their apps while the last
+// ones restore. Boosted 8 to 1, a fork takes the cores it needs, as a
+// person waits for it; replicaFork.settleCPU gives each replica its own
+// weight as soon as it is usable. Pool refills run in the background, at
+// their own weight.
+func startupCPUWeight(r *store.SandboxRecord) uint32 {
+	if r.Sandbox.GetCheckpointId() == "" || r.Pooled {
+		return 0
+	}
+	w := r.Sandbox.GetResources().GetCpuWeight()
+	if w == 0 {
+		w = 100 // the kernel's default
+	}
+	return min(w*forkStartupBoost, limits.MaxCPUWeight)
 }
 
 // GetSandbox returns one sandbox.

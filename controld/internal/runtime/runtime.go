@@ -93,6 +93,11 @@ type BootSpec struct {
 	// checkpoint's. The policy is applied when the sandbox starts and is not
 	// part of what makes a precreated sandbox match a request.
 	Network NetworkSpec
+	// StartupCPUWeight, when not 0, is the CPU weight the sandbox starts
+	// with instead of CPUWeight (a fork's restore, which runs in the
+	// sandbox's cgroup, and its verification): the manager sets CPUWeight
+	// with CPUWeighter.SetCPUWeight once the sandbox is usable.
+	StartupCPUWeight uint32
 }
 
 // NetworkSpec is a sandbox's network: its mode, and in mode egress what it
@@ -235,6 +240,14 @@ type LimitHits struct {
 	// DiskUsed and DiskLimit are the writable layer's bytes in use and its
 	// quota (0: no quota).
 	DiskUsed, DiskLimit int64
+}
+
+// CPUWeighter is an optional Runtime extension: a runtime that honours
+// BootSpec.StartupCPUWeight lowers a started sandbox to its own weight.
+type CPUWeighter interface {
+	// SetCPUWeight sets sandbox id's CPU weight (1..10000, 100 an ordinary
+	// process; 0 is 100) while it runs.
+	SetCPUWeight(ctx context.Context, id string, weight uint32) error
 }
 
 // UsageProbe is an optional Runtime extension: what a sandbox uses now,

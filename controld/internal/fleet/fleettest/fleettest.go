@@ -74,6 +74,7 @@ type Runtime struct {
 	ckDeleted  []runtime.CheckpointRef
 	ports      map[string]string // "id:port" -> address (ServePort)
 	images     map[string]string // ref -> manifest digest (SetImageDigest)
+	weights    map[string]uint32 // SetCPUWeight
 }
 
 type instance struct {
@@ -95,6 +96,7 @@ func NewRuntime() *Runtime {
 		exits:      make(chan runtime.Exit, 64),
 		deleted:    map[string]int{},
 		calls:      map[string]int{},
+		weights:    map[string]uint32{},
 	}
 }
 
@@ -103,6 +105,7 @@ var (
 	_ runtime.Precreator    = (*Runtime)(nil)
 	_ runtime.LimitProbe    = (*Runtime)(nil)
 	_ runtime.ImageResolver = (*Runtime)(nil)
+	_ runtime.CPUWeighter   = (*Runtime)(nil)
 )
 
 // SetImageDigest makes ref name an image of manifest digest dg from now on
@@ -402,6 +405,26 @@ func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
 		return runtime.Usage{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	return runtime.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20}, nil
+}
+
+// SetCPUWeight implements runtime.CPUWeighter for a running sandbox.
+func (r *Runtime) SetCPUWeight(_ context.Context, id string, weight uint32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.instances[id]; !ok {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	r.weights[id] = weight
+	return nil
+}
+
+// CPUWeight returns the weight SetCPUWeight last gave sandbox id, and
+// whether it was called.
+func (r *Runtime) CPUWeight(id string) (uint32, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.weights[id]
+	return w, ok
 }
 
 // Spec returns the spec a running sandbox was booted or restored with.
