@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -197,6 +198,11 @@ func TestNodePod(t *testing.T) {
 	}
 	t.Logf("in the pod: sandbox %s, checkpoint %s, replica %s: %s", sb.ID, ck.Checkpoint.ID, forked.Replicas[0].Sandbox.ID, fork)
 
+	// CRIU kept its kernel feature cache, on the pod's tmpfs /run.
+	if out, err := p.runc(ctx, "exec", p.id("node"), "test", "-s", "/run/criu.kdat"); err != nil {
+		t.Errorf("no /run/criu.kdat in the container after CRIU ran: %v %s", err, out)
+	}
+
 	// The kubelet stops the container with SIGTERM, then SIGKILL after the
 	// grace period: the entrypoint stops controld, then containerd, well
 	// within it.
@@ -283,6 +289,15 @@ func newTestPod(t *testing.T, img nodeImage, spec corev1.PodSpec, cm *corev1.Con
 			mkdir(t, src)
 			p.mount(src, src, "", unix.MS_BIND, "")
 			p.mount("", src, "", unix.MS_SHARED, "")
+		case v.EmptyDir != nil:
+			mkdir(t, src)
+			if v.EmptyDir.Medium == corev1.StorageMediumMemory {
+				opts := "mode=0755"
+				if l := v.EmptyDir.SizeLimit; l != nil {
+					opts += fmt.Sprintf(",size=%d", l.Value())
+				}
+				p.mount("tmpfs", src, "tmpfs", 0, opts)
+			}
 		case v.ConfigMap != nil && v.ConfigMap.Name == cm.Name:
 			mkdir(t, src)
 			for k, data := range cm.Data {
@@ -460,6 +475,11 @@ func (p *testPod) run(ctx context.Context, name string, args, env []string, moun
 		ms = append(ms, mount{Destination: "/sys/fs/cgroup/unified", Type: "cgroup2", Source: "cgroup2", Options: []string{"nosuid", "noexec", "nodev", "rw"}})
 	}
 	propagation := "rprivate"
+	// Shallow paths first, as CRI orders them: /run before /run/forkfleet.
+	mounts = slices.Clone(mounts)
+	slices.SortStableFunc(mounts, func(a, b corev1.VolumeMount) int {
+		return strings.Count(filepath.Clean(a.MountPath), "/") - strings.Count(filepath.Clean(b.MountPath), "/")
+	})
 	for _, m := range mounts {
 		opts := []string{"rbind", "rprivate"}
 		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
