@@ -58,9 +58,11 @@ func tierToRuntime(t controldv1.CheckpointTier) runtime.CheckpointTier {
 // in and out of the host.
 type checkpointer struct {
 	*registry
-	// The sandboxes, pools and fork slots a checkpoint's life touches,
-	// until those concerns are types of their own.
-	*Manager
+	// A new checkpoint becomes its fork slots' most recent one, a deleted
+	// one takes its fork slots along, and a pool's own one is the pool's
+	// to delete.
+	*warmer
+	*pooler
 }
 
 // CreateCheckpoint captures a READY sandbox. The record is written only

@@ -6,17 +6,20 @@
 // Manager is the API the handlers call, a facade: each concern is a type
 // of its own that embeds the registry (the records and the plumbing every
 // concern shares) and reaches another concern only through a field it
-// holds; Manager embeds them all, so their RPCs are its methods.
+// holds (embedded, so a pool's code still calls m.deleteSandbox: the type
+// says whose it is); Manager embeds them all, so their RPCs are its
+// methods.
 // concerns_test.go pins the table of who holds whom, bounds Manager's own
 // methods and lists the types that still hold the whole Manager. The split
 // changed receivers, not code: method bodies still name their receiver m.
 //
 // Where each concern lives:
 //
-//   - The registry (type registry): manager.go (Options, Manager, New and
-//     Close, lookups, the one way records change: update/touch, which
+//   - The registry (type registry): manager.go (Options, the tables and
+//     their lock, lookups, the one way records change: update/touch, which
 //     persist and publish), watch.go (WatchSandboxes, publish),
-//     reconcile.go (store and runtime brought to agree at start).
+//     reconcile.go (store and runtime brought to agree at start, on
+//     Manager: it adopts into every concern).
 //   - Sandboxes (type sandboxer): sandbox.go (create, get, list, delete,
 //     suspend, extend), manager.go (endpoint, Route), boot.go (a boot and
 //     its phase waterfall, until usable or failed), exits.go (exit
@@ -39,8 +42,10 @@
 //     pool_session.go (frozen members and their held sessions),
 //     pool_checkpoint.go (an image pool's own checkpoint, which its misses
 //     fork from).
-//   - Warm slots: warmslots.go (precreated boots), forkslots.go (precreated
-//     forks); each filler is a type of its own (warmSlots, forkSlots) over
-//     the same registry.
-//   - Telemetry: metrics.go, collector.go, host.go (GetHostStatus).
+//   - Warm slots (type warmer): warmslots.go (precreated boots),
+//     forkslots.go (precreated forks): the entry points creates and forks
+//     take a slot through; each filler is a type of its own (warmSlots,
+//     forkSlots) over the warmer.
+//   - On Manager itself: New's wiring and Close (manager.go), reconcile.go,
+//     telemetry (metrics.go, collector.go, host.go: GetHostStatus).
 package fleet

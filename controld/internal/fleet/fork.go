@@ -30,9 +30,10 @@ const entropyBytes = 64
 type forker struct {
 	*registry
 	verifier *verifier
-	// The sandboxes and fork slots a replica is, until those concerns are
-	// types of their own.
-	*Manager
+	transfer *transfer // a fork of a registry reference pulls it first
+	// A replica is a sandbox, restored into a fork slot when one is ready.
+	*sandboxer
+	*warmer
 }
 
 // ForkCheckpoint starts count replicas of a checkpoint concurrently and

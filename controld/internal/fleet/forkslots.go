@@ -33,11 +33,11 @@ const (
 )
 
 // forkSlots are the precreated forks of the recent checkpoints: their
-// filler and its steps are methods of their own, over the manager's
-// registry (m; their ready slots are guarded by Manager.mu). The manager's
-// entry points (take, begin/end, expect, drop) stay on the Manager.
+// filler and its steps are methods of their own, over the warmer (m; their
+// ready slots are guarded by the registry's mu), whose entry points (take,
+// begin/end, expect, drop) the forks and checkpoints call.
 type forkSlots struct {
-	m    *Manager
+	m    *warmer
 	ws   *warmSlots // the boot slots, whose age and admission fork slots share
 	rp   runtime.RestorePrecreator
 	want int // slots per checkpoint
@@ -65,7 +65,7 @@ func (fs *forkSlots) wake() {
 }
 
 // forkSlotsLocked returns the manager's fork slots, or nil when they are off.
-func (m *Manager) forkSlotsLocked() *forkSlots {
+func (m *warmer) forkSlotsLocked() *forkSlots {
 	if m.slots == nil {
 		return nil
 	}
@@ -74,7 +74,7 @@ func (m *Manager) forkSlotsLocked() *forkSlots {
 
 // forkSlotsBegin records that a fork of ckID starts: ckID becomes the most
 // recent checkpoint, and refills hold off until forkSlotsEnd.
-func (m *Manager) forkSlotsBegin(ckID string) {
+func (m *warmer) forkSlotsBegin(ckID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if fs := m.forkSlotsLocked(); fs != nil {
@@ -86,7 +86,7 @@ func (m *Manager) forkSlotsBegin(ckID string) {
 // forkSlotsExpect makes a new checkpoint the most recent one, so its first
 // on-demand fork finds a slot too (CreateCheckpoint calls it once the
 // checkpoint is committed).
-func (m *Manager) forkSlotsExpect(ckID string) {
+func (m *warmer) forkSlotsExpect(ckID string) {
 	m.mu.Lock()
 	fs := m.forkSlotsLocked()
 	if fs != nil {
@@ -108,7 +108,7 @@ func (fs *forkSlots) touchLocked(ckID string) {
 }
 
 // forkSlotsEnd reports that a fork begun with forkSlotsBegin has settled.
-func (m *Manager) forkSlotsEnd() {
+func (m *warmer) forkSlotsEnd() {
 	m.mu.Lock()
 	fs := m.forkSlotsLocked()
 	if fs != nil && fs.forking > 0 {
@@ -124,7 +124,7 @@ func (m *Manager) forkSlotsEnd() {
 // takeForkSlotLocked hands out a ready fork slot of checkpoint ckID whose
 // spec matches spec but for id and tokens, or nil. The caller adopts the
 // slot's id and tokens, so the runtime sees an identical spec.
-func (m *Manager) takeForkSlotLocked(ckID string, spec runtime.BootSpec) *forkSlot {
+func (m *warmer) takeForkSlotLocked(ckID string, spec runtime.BootSpec) *forkSlot {
 	fs := m.forkSlotsLocked()
 	if fs == nil {
 		return nil
@@ -255,7 +255,7 @@ func (fs *forkSlots) precreate(ck *store.CheckpointRecord) error {
 
 // dropForkSlots discards the fork slots of checkpoint ckID now, before the
 // checkpoint's layer goes: each slot's snapshot is a child of that layer.
-func (m *Manager) dropForkSlots(ckID string) {
+func (m *warmer) dropForkSlots(ckID string) {
 	m.mu.Lock()
 	fs := m.forkSlotsLocked()
 	var drop []forkSlot

@@ -87,23 +87,23 @@ const loopBound = 20 * time.Second
 
 // Manager owns sandboxes, checkpoints and pools: their records, their
 // lifecycle and the background work (readiness waits, TTL reaper, exit
-// watcher, pool replenishers). Safe for concurrent use. Its methods are the
-// sandbox concern and the API the gRPC handlers call; the other concerns
-// are types of their own over the same registry (doc.go lists them).
+// watcher, pool replenishers). Safe for concurrent use. It is the API the
+// gRPC handlers call, a facade: each concern is a type of its own over the
+// same registry (doc.go lists them), embedded here so its RPCs are
+// Manager's methods.
 type Manager struct {
 	*registry
 	*sandboxer
+	*warmer
 	*pooler
 	*checkpointer
 	*forker
-
-	slots *warmSlots // nil: warm slots off
 
 	// verifier runs the proofs that a fork is its checkpoint (verify.go).
 	verifier *verifier
 	// transfer moves checkpoints in and out of this host
 	// (checkpoint_transfer.go).
-	transfer transfer
+	transfer *transfer
 }
 
 // registry is the one set of records every concern works over: the
@@ -244,12 +244,17 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		watchers:    map[*Watch]struct{}{},
 		requests:    rules.Dedup{Store: opts.Store},
 	}
-	m := &Manager{registry: r, verifier: &verifier{registry: r}}
-	m.sandboxer = &sandboxer{registry: r, Manager: m}
-	m.pooler = &pooler{registry: r, Manager: m}
-	m.checkpointer = &checkpointer{registry: r, Manager: m}
-	m.forker = &forker{registry: r, verifier: m.verifier, Manager: m}
-	m.transfer.m = m.checkpointer
+	// The concerns, each over the registry and holding the others it
+	// calls (concerns_test.go keeps the table).
+	s := &sandboxer{registry: r}
+	w := &warmer{registry: r, sandboxer: s}
+	p := &pooler{registry: r, sandboxer: s}
+	c := &checkpointer{registry: r, warmer: w, pooler: p}
+	t := &transfer{m: c}
+	f := &forker{registry: r, verifier: &verifier{registry: r}, transfer: t, sandboxer: s, warmer: w}
+	s.warmer, s.pooler = w, p
+	p.checkpointer, p.forker = c, f
+	m := &Manager{registry: r, sandboxer: s, warmer: w, pooler: p, checkpointer: c, forker: f, verifier: f.verifier, transfer: t}
 	// Subscribe to exits before reconciling so none is lost in between.
 	exits, err := m.rt.Exits(mctx)
 	if err != nil {

@@ -52,9 +52,11 @@ type pool struct {
 // Manager promotes its API.
 type pooler struct {
 	*registry
-	// The sandboxes, checkpoints and forks a pool's members are made of,
-	// until those concerns are types of their own.
-	*Manager
+	// What a pool's members are made of: sandboxes booted or forked, and
+	// an image pool's own checkpoint.
+	*sandboxer
+	*checkpointer
+	*forker
 }
 
 // CreatePool records a pool and starts filling it.

@@ -33,9 +33,10 @@ type sandboxer struct {
 	// viewMu guards viewTickets (view.go), by the SHA-256 of the ticket.
 	viewMu      sync.Mutex
 	viewTickets map[[32]byte]viewTicket
-	// The warm slots a create takes and the pools an exit refills, until
-	// those concerns are types of their own.
-	*Manager
+	// A create takes a warm slot when one matches; a pooled sandbox's
+	// exit refills its pool.
+	*warmer
+	*pooler
 }
 
 // CreateSandbox validates req, records the sandbox and boots it. It returns

@@ -49,13 +49,22 @@ const (
 	slotMismatch = "mismatch" // spec differs from the slots': cold boot
 )
 
+// warmer is the warm slots concern: the entry points a create or a fork
+// takes a slot through (start, take, boot done, wake, discard, the
+// admission checks; warmslots.go, forkslots.go), over the fillers
+// warmSlots and forkSlots.
+type warmer struct {
+	*registry
+	slots *warmSlots // nil: warm slots off; set once at start, under mu
+	// A slot is a sandbox record in waiting, admitted with the others.
+	*sandboxer
+}
+
 // warmSlots are the precreated boots: their filler and its steps (fill,
 // precreate, trim, recycle, discardAll) are methods of their own, over the
-// manager's registry (m; their ready slots are guarded by Manager.mu). The
-// manager's entry points (start, take, boot done, wake, discard, the
-// admission checks) stay on the Manager.
+// warmer (m; their ready slots are guarded by the registry's mu).
 type warmSlots struct {
-	m      *Manager
+	m      *warmer
 	pc     runtime.Precreator
 	want   int
 	maxAge time.Duration
@@ -130,7 +139,7 @@ func slotKey(s runtime.BootSpec) string {
 
 // slotSpec draws a new slot: the spec of a default CreateSandbox (in
 // network mode egress with egress), with a fresh id and tokens.
-func (m *Manager) slotSpec(egress bool) runtime.BootSpec {
+func (m *warmer) slotSpec(egress bool) runtime.BootSpec {
 	p := sandboxParams{}
 	if egress {
 		p.network = &controldv1.Network{Mode: controldv1.NetworkMode_NETWORK_MODE_EGRESS}
@@ -144,7 +153,7 @@ func (m *Manager) slotSpec(egress bool) runtime.BootSpec {
 
 // startSlots starts the slot filler when slots are configured and the
 // runtime can precreate.
-func (m *Manager) startSlots() {
+func (m *warmer) startSlots() {
 	if m.opts.WarmSlots <= 0 {
 		return
 	}
@@ -177,7 +186,7 @@ func (m *Manager) startSlots() {
 // The caller adopts the slot's id and tokens, so the runtime sees an
 // identical spec, and calls slotBootDone when that boot has settled: the
 // refill waits for it (at most slotRefillHold), off the request path.
-func (m *Manager) takeSlotLocked(spec runtime.BootSpec) *warmSlot {
+func (m *warmer) takeSlotLocked(spec runtime.BootSpec) *warmSlot {
 	ws := m.slots
 	if ws == nil {
 		return nil
@@ -217,7 +226,7 @@ func (ws *warmSlots) wake() {
 }
 
 // slotBootDone reports that a boot which took a slot has settled.
-func (m *Manager) slotBootDone() {
+func (m *warmer) slotBootDone() {
 	m.mu.Lock()
 	ws := m.slots
 	if ws != nil && ws.booting > 0 {
@@ -313,7 +322,7 @@ func (ws *warmSlots) precreate(egress bool) error {
 // its limits are discarded (boot slots first: fork slots are worth more).
 
 // slotsUsageLocked is what the ready slots would hold as sandboxes.
-func (m *Manager) slotsUsageLocked() limits.Usage {
+func (m *warmer) slotsUsageLocked() limits.Usage {
 	var u limits.Usage
 	if m.slots == nil {
 		return u
@@ -333,7 +342,7 @@ func (m *Manager) slotsUsageLocked() limits.Usage {
 
 // slotRoomLocked reports whether one more slot with this memory limit fits
 // beside the sandboxes and the other slots.
-func (m *Manager) slotRoomLocked(memoryBytes int64) bool {
+func (m *warmer) slotRoomLocked(memoryBytes int64) bool {
 	held := m.heldLocked().Add(m.slotsUsageLocked())
 	return m.opts.Limits.Admit(held, limits.Usage{Sandboxes: 1, MemoryBytes: memoryBytes}) == nil
 }
@@ -372,7 +381,7 @@ func (ws *warmSlots) trim() {
 
 // memoryOf is the memory limit a sandbox with limits r gets (a checkpoint
 // taken before limits existed has none recorded: the default applies).
-func (m *Manager) memoryOf(r *controldv1.Resources) int64 {
+func (m *warmer) memoryOf(r *controldv1.Resources) int64 {
 	if b := r.GetMemoryBytes(); b > 0 {
 		return b
 	}
@@ -380,7 +389,7 @@ func (m *Manager) memoryOf(r *controldv1.Resources) int64 {
 }
 
 // wakeSlots wakes the slot fillers (a sandbox went: there may be room).
-func (m *Manager) wakeSlots() {
+func (m *warmer) wakeSlots() {
 	m.mu.Lock()
 	ws := m.slots
 	m.mu.Unlock()
@@ -431,7 +440,7 @@ func (ws *warmSlots) discardAll() {
 }
 
 // discardSlot removes a precreated sandbox that will not be booted.
-func (m *Manager) discardSlot(id string) {
+func (m *warmer) discardSlot(id string) {
 	m.mu.Lock()
 	ws := m.slots
 	m.mu.Unlock()
