@@ -239,6 +239,68 @@ func TestNodePod(t *testing.T) {
 	}
 }
 
+// TestNodePodContainerdExit: when containerd ends, the entrypoint stops
+// controld and the container ends, so the kubelet restarts both rather
+// than leave a controld without its containerd.
+func TestNodePodContainerdExit(t *testing.T) {
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("TestNodePodContainerdExit runs runc and mounts: run it as root")
+	}
+	if _, err := os.Stat(filepath.Join(NodeImageLayout, "index.json")); err != nil {
+		t.Fatalf("no node image (make image-node): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	objs := manifests(t)
+	ds := objs["DaemonSet"].(*appsv1.DaemonSet)
+	cm := objs["ConfigMap"].(*corev1.ConfigMap)
+	p := newTestPod(t, readLayout(t, NodeImageLayout), ds.Spec.Template.Spec, cm)
+	p.start(ctx, "node")
+	var cfg struct {
+		GRPC struct {
+			UnixSocket string `toml:"unix_socket"`
+		} `toml:"grpc"`
+	}
+	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	sock := p.hostPath(cfg.GRPC.UnixSocket)
+	waitFor(ctx, t, p, "controld's socket", func() error {
+		_, err := os.Stat(sock)
+		return err
+	})
+	if out, err := p.runc(ctx, "exec", p.id("node"), "sh", "-c", "kill -KILL $(pidof containerd)"); err != nil {
+		t.Fatalf("kill containerd: %v\n%s", err, out)
+	}
+	waitFor(ctx, t, p, "the container's end after containerd's", func() error {
+		out, err := p.runc(ctx, "state", p.id("node"))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		var st struct{ Status string }
+		if err := json.Unmarshal(out, &st); err != nil {
+			return err
+		}
+		if st.Status != "stopped" {
+			return fmt.Errorf("status %s", st.Status)
+		}
+		return nil
+	})
+	log, err := os.ReadFile(filepath.Join(p.dir, "node.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "containerd exited (status 137): stopping controld") || !strings.Contains(string(log), "controld shutting down") {
+		t.Errorf("no ordered stop after containerd's end:\n%s", p.logs())
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("controld's socket after its stop: %v", err)
+	}
+}
+
 // testPod is the DaemonSet's pod run with runc: a sandbox container
 // holding the pod's namespaces, and the DaemonSet's containers.
 type testPod struct {
