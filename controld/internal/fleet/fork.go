@@ -123,7 +123,7 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
 		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
 	defer span.End()
-	m.forkSlotsBegin(ck.Checkpoint.Id)
+	m.forkSlotsBegin(ck.Checkpoint.Id, int(req.GetCount()))
 	defer m.forkSlotsEnd()
 	n := int(req.GetCount())
 	out := make([]*controldv1.ForkReplica, n)

@@ -23,6 +23,12 @@ import (
 // longer among the recent ones, or older than the slot age, are discarded.
 
 const (
+	// maxForkSlots bounds a checkpoint's fork slots: a checkpoint keeps as
+	// many as its last fork had replicas (at least Options.WarmSlots), so a
+	// trainer forking 16 ways again finds 16 containers made. Replicas
+	// share shims (containerdrt shimgroup.go), so a slot holds a snapshot,
+	// a container, a network namespace and a shim's task without a process.
+	maxForkSlots = 16
 	// forkSlotCheckpoints bounds how many checkpoints keep fork slots (each
 	// slot holds a shim and a snapshot on the checkpoint's layer).
 	forkSlotCheckpoints = 2
@@ -45,6 +51,8 @@ type forkSlots struct {
 
 	// Guarded by Manager.mu.
 	ready map[string][]forkSlot // checkpoint id -> its slots
+	// forked: checkpoint id -> its last fork's replica count.
+	forked map[string]int
 	// recent: checkpoint ids, most recently forked last, at most
 	// forkSlotCheckpoints.
 	recent     []string
@@ -72,15 +80,22 @@ func (m *warmer) forkSlotsLocked() *forkSlots {
 	return m.slots.forks
 }
 
-// forkSlotsBegin records that a fork of ckID starts: ckID becomes the most
-// recent checkpoint, and refills hold off until forkSlotsEnd.
-func (m *warmer) forkSlotsBegin(ckID string) {
+// forkSlotsBegin records that a fork of n replicas of ckID starts: ckID
+// becomes the most recent checkpoint and wants n slots from now on, and
+// refills hold off until forkSlotsEnd.
+func (m *warmer) forkSlotsBegin(ckID string, n int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if fs := m.forkSlotsLocked(); fs != nil {
 		fs.touchLocked(ckID)
+		fs.forked[ckID] = n
 		fs.forking++
 	}
+}
+
+// wantLocked is how many slots checkpoint id keeps.
+func (fs *forkSlots) wantLocked(id string) int {
+	return min(max(fs.want, fs.forked[id]), maxForkSlots)
 }
 
 // forkSlotsExpect makes a new checkpoint the most recent one, so its first
@@ -103,6 +118,9 @@ func (m *warmer) forkSlotsExpect(ckID string) {
 func (fs *forkSlots) touchLocked(ckID string) {
 	fs.recent = append(slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID }), ckID)
 	if n := len(fs.recent) - forkSlotCheckpoints; n > 0 {
+		for _, id := range fs.recent[:n] {
+			delete(fs.forked, id)
+		}
 		fs.recent = slices.Delete(fs.recent, 0, n)
 	}
 }
@@ -153,7 +171,7 @@ func (fs *forkSlots) neededLocked() *store.CheckpointRecord {
 	m := fs.m
 	for i := len(fs.recent) - 1; i >= 0; i-- {
 		id := fs.recent[i]
-		if ck, ok := m.checkpoints[id]; ok && len(fs.ready[id]) < fs.want {
+		if ck, ok := m.checkpoints[id]; ok && len(fs.ready[id]) < fs.wantLocked(id) {
 			return ck
 		}
 	}
@@ -242,7 +260,7 @@ func (fs *forkSlots) precreate(ck *store.CheckpointRecord) error {
 	id := ck.Checkpoint.GetId()
 	m.mu.Lock()
 	_, exists := m.checkpoints[id]
-	keep := exists && m.ctx.Err() == nil && slices.Contains(fs.recent, id) && len(fs.ready[id]) < fs.want
+	keep := exists && m.ctx.Err() == nil && slices.Contains(fs.recent, id) && len(fs.ready[id]) < fs.wantLocked(id)
 	if keep {
 		fs.ready[id] = append(fs.ready[id], forkSlot{spec: spec, at: time.Now()})
 	}
@@ -262,6 +280,7 @@ func (m *warmer) dropForkSlots(ckID string) {
 	if fs != nil {
 		drop = fs.ready[ckID]
 		delete(fs.ready, ckID)
+		delete(fs.forked, ckID)
 		fs.recent = slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID })
 	}
 	m.mu.Unlock()

@@ -350,3 +350,43 @@ func TestForkSlotOfCheckpointBeingDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A checkpoint keeps as many fork slots as its last fork had replicas (at
+// least the configured count): forked 4 ways, its next 4-way fork only
+// starts precreated containers.
+func TestForkSlotsFollowTheForkWidth(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := func() int { return len(rp.forks()[e.dir+"/checkpoints/"+ck.Id]) }
+	eventually(t, "the configured slot", func() bool { return slots() == 1 })
+	fork := func() {
+		t.Helper()
+		reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 4}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reps {
+			if r.ErrorCode != 0 {
+				t.Fatalf("replica failed: %s", r.ErrorMessage)
+			}
+		}
+	}
+	fork()
+	if rp.hitCount() != 1 {
+		t.Fatalf("first 4-way fork used %d slots, want the 1 there was", rp.hitCount())
+	}
+	eventually(t, "a slot per replica of the last fork", func() bool { return slots() == 4 })
+	fork()
+	if rp.hitCount() != 5 {
+		t.Fatalf("second 4-way fork: %d slot starts in all, want 5", rp.hitCount())
+	}
+}
