@@ -17,21 +17,30 @@ import (
 // belongs on its concern's type (doc.go), not on Manager.
 const maxManagerMethods = 11
 
-// concerns are the types the fleet is split into, each with the other
-// concern types it may hold (besides the registry, which every concern
-// embeds). A concern reaches another only through a field listed here, so
-// the coupling between concerns stays visible in one table.
-var concerns = map[string][]string{
-	"registry":     nil,
-	"sandboxer":    {"warmer", "pooler"},
-	"warmer":       {"warmSlots", "sandboxer"},
-	"pooler":       {"sandboxer", "checkpointer", "forker"},
-	"checkpointer": {"warmer", "pooler"},
-	"forker":       {"verifier", "transfer", "sandboxer", "warmer"},
-	"verifier":     nil,
-	"transfer":     {"checkpointer"},
-	"warmSlots":    {"warmer", "forkSlots"},
-	"forkSlots":    {"warmer", "warmSlots"},
+// concern is one type the fleet is split into: the other concern types it
+// may hold (besides the registry, which every concern embeds) and the files
+// its methods live in (doc.go's map).
+type concern struct {
+	holds []string
+	files []string
+}
+
+// concerns is the split: a concern reaches another only through a field
+// listed here, so the coupling between concerns stays visible in one
+// table, and its methods stay in its files, so doc.go stays true.
+var concerns = map[string]concern{
+	"registry": {files: []string{"manager.go", "watch.go", "checkpoint_tree.go"}},
+	"sandboxer": {holds: []string{"warmer", "pooler"},
+		files: []string{"sandbox.go", "manager.go", "boot.go", "exits.go", "limits.go", "network.go", "view.go", "recording.go"}},
+	"warmer": {holds: []string{"warmSlots", "sandboxer"}, files: []string{"warmslots.go", "forkslots.go"}},
+	"pooler": {holds: []string{"sandboxer", "checkpointer", "forker"},
+		files: []string{"pool.go", "pool_claim.go", "pool_session.go", "pool_checkpoint.go"}},
+	"checkpointer": {holds: []string{"warmer", "pooler"}, files: []string{"checkpoint.go", "checkpoint_tree.go"}},
+	"forker":       {holds: []string{"verifier", "transfer", "sandboxer", "warmer"}, files: []string{"fork.go"}},
+	"verifier":     {files: []string{"verify.go"}},
+	"transfer":     {holds: []string{"checkpointer"}, files: []string{"checkpoint_transfer.go", "checkpoint_registry.go"}},
+	"warmSlots":    {holds: []string{"warmer", "forkSlots"}, files: []string{"warmslots.go"}},
+	"forkSlots":    {holds: []string{"warmer", "warmSlots"}, files: []string{"forkslots.go"}},
 }
 
 // stillOnManager are the types that hold the whole *Manager: its metrics
@@ -40,9 +49,10 @@ var concerns = map[string][]string{
 var stillOnManager = []string{"collector", "adoption"}
 
 // TestConcernsSplit pins the fleet's split by concern: Manager's method
-// count stays under its bound, the registry holds no concern, a concern
-// type reaches the others only through the fields the table above lists,
-// and only the types listed hold the whole *Manager.
+// count stays under its bound, a concern type reaches the others only
+// through the fields the table above lists (the registry holds none), its
+// methods stay in its files, and only the types listed hold the whole
+// *Manager.
 func TestConcernsSplit(t *testing.T) {
 	fset := token.NewFileSet()
 	entries, err := os.ReadDir(".")
@@ -50,6 +60,7 @@ func TestConcernsSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	methods := map[string]int{}     // receiver type -> methods declared on it
+	where := map[string][]string{}  // receiver type -> the files declaring them
 	fields := map[string][]string{} // struct type -> the named types of its fields
 	for _, e := range entries {
 		name := e.Name()
@@ -64,7 +75,11 @@ func TestConcernsSplit(t *testing.T) {
 			switch d := d.(type) {
 			case *ast.FuncDecl:
 				if d.Recv != nil && len(d.Recv.List) == 1 {
-					methods[typeName(d.Recv.List[0].Type)]++
+					recv := typeName(d.Recv.List[0].Type)
+					methods[recv]++
+					if !slices.Contains(where[recv], name) {
+						where[recv] = append(where[recv], name)
+					}
 				}
 			case *ast.GenDecl:
 				for _, s := range d.Specs {
@@ -87,14 +102,19 @@ func TestConcernsSplit(t *testing.T) {
 	if n := methods["Manager"]; n > maxManagerMethods {
 		t.Errorf("Manager has %d methods, more than %d: put the new ones on their concern's type (doc.go)", n, maxManagerMethods)
 	}
-	for c, allowed := range concerns {
+	for c, want := range concerns {
 		if _, ok := fields[c]; !ok {
 			t.Errorf("concern type %s is gone: update the table", c)
 			continue
 		}
 		for _, ft := range fields[c] {
-			if _, concern := concerns[ft]; concern && ft != "registry" && ft != c && !slices.Contains(allowed, ft) {
+			if _, isConcern := concerns[ft]; isConcern && ft != "registry" && ft != c && !slices.Contains(want.holds, ft) {
 				t.Errorf("%s holds a %s, which the concerns table does not list", c, ft)
+			}
+		}
+		for _, f := range where[c] {
+			if !slices.Contains(want.files, f) {
+				t.Errorf("%s has methods in %s, not one of its files %v: put them there (or move the concern, and doc.go with it)", c, f, want.files)
 			}
 		}
 	}
