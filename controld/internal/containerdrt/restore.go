@@ -300,10 +300,6 @@ func (op *restoreOp) generateSpec(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
-	if s.Annotations == nil {
-		s.Annotations = map[string]string{}
-	}
-	s.Annotations[shimGroupAnnotation] = r.forkShims.next()
 	op.s = s
 	return nil
 }
