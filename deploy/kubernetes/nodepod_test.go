@@ -64,20 +64,7 @@ const (
 // in the pod whose memory checkpoint forks a replica that passes every
 // verification level.
 func TestNodePod(t *testing.T) {
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("TestNodePod runs runc and mounts: run it as root")
-	}
-	for _, tool := range []string{"runc", "tar", "mkfs.btrfs", "btrfs", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s: %v (make host installs it)", tool, err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(NodeImageLayout, "index.json")); err != nil {
-		t.Fatalf("no node image (make image-node): %v", err)
-	}
+	needNodePod(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -90,16 +77,7 @@ func TestNodePod(t *testing.T) {
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		p.start(ctx, c.Name)
 	}
-	var ctlCfg struct {
-		GRPC struct {
-			UnixSocket string `toml:"unix_socket"`
-		} `toml:"grpc"`
-		Containerd   struct{ Address, Namespace string }
-		DefaultImage string `toml:"default_image"`
-	}
-	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &ctlCfg); err != nil {
-		t.Fatal(err)
-	}
+	ctlCfg := controldConfig(t, cm)
 	sock := p.hostPath(ctlCfg.Containerd.Address)
 	waitFor(ctx, t, p, "containerd's socket "+sock, func() error {
 		_, err := os.Stat(sock)
@@ -212,20 +190,7 @@ func TestNodePod(t *testing.T) {
 	}
 	stopCtx, stopCancel := context.WithTimeout(ctx, grace)
 	defer stopCancel()
-	waitFor(stopCtx, t, p, "the container's end after SIGTERM", func() error {
-		out, err := p.runc(ctx, "state", p.id("node"))
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		var st struct{ Status string }
-		if err := json.Unmarshal(out, &st); err != nil {
-			return err
-		}
-		if st.Status != "stopped" {
-			return fmt.Errorf("status %s", st.Status)
-		}
-		return nil
-	})
+	p.waitStopped(stopCtx, "node", "the container's end after SIGTERM")
 	log, err := os.ReadFile(filepath.Join(p.dir, "node.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -243,15 +208,7 @@ func TestNodePod(t *testing.T) {
 // controld and the container ends, so the kubelet restarts both rather
 // than leave a controld without its containerd.
 func TestNodePodContainerdExit(t *testing.T) {
-	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
-		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("TestNodePodContainerdExit runs runc and mounts: run it as root")
-	}
-	if _, err := os.Stat(filepath.Join(NodeImageLayout, "index.json")); err != nil {
-		t.Fatalf("no node image (make image-node): %v", err)
-	}
+	needNodePod(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	objs := manifests(t)
@@ -259,15 +216,7 @@ func TestNodePodContainerdExit(t *testing.T) {
 	cm := objs["ConfigMap"].(*corev1.ConfigMap)
 	p := newTestPod(t, readLayout(t, NodeImageLayout), ds.Spec.Template.Spec, cm)
 	p.start(ctx, "node")
-	var cfg struct {
-		GRPC struct {
-			UnixSocket string `toml:"unix_socket"`
-		} `toml:"grpc"`
-	}
-	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &cfg); err != nil {
-		t.Fatal(err)
-	}
-	sock := p.hostPath(cfg.GRPC.UnixSocket)
+	sock := p.hostPath(controldConfig(t, cm).GRPC.UnixSocket)
 	waitFor(ctx, t, p, "controld's socket", func() error {
 		_, err := os.Stat(sock)
 		return err
@@ -275,20 +224,7 @@ func TestNodePodContainerdExit(t *testing.T) {
 	if out, err := p.runc(ctx, "exec", p.id("node"), "sh", "-c", "kill -KILL $(pidof containerd)"); err != nil {
 		t.Fatalf("kill containerd: %v\n%s", err, out)
 	}
-	waitFor(ctx, t, p, "the container's end after containerd's", func() error {
-		out, err := p.runc(ctx, "state", p.id("node"))
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		var st struct{ Status string }
-		if err := json.Unmarshal(out, &st); err != nil {
-			return err
-		}
-		if st.Status != "stopped" {
-			return fmt.Errorf("status %s", st.Status)
-		}
-		return nil
-	})
+	p.waitStopped(ctx, "node", "the container's end after containerd's")
 	log, err := os.ReadFile(filepath.Join(p.dir, "node.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -299,6 +235,44 @@ func TestNodePodContainerdExit(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("controld's socket after its stop: %v", err)
 	}
+}
+
+// needNodePod opts a test in that runs the node image as a pod, and fails
+// loudly when this machine cannot.
+func needNodePod(t *testing.T) {
+	t.Helper()
+	if os.Getenv("FORKFLEET_INTEGRATION") != "1" {
+		t.Skip("needs root, runc, btrfs-progs, the node image (make image-node) and FORKFLEET_INTEGRATION=1")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatalf("%s runs runc and mounts: run it as root", t.Name())
+	}
+	for _, tool := range []string{"runc", "tar", "mkfs.btrfs", "btrfs", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (make host installs it)", tool, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(NodeImageLayout, "index.json")); err != nil {
+		t.Fatalf("no node image (make image-node): %v", err)
+	}
+}
+
+// podControldConfig is what the tests read of the ConfigMap's controld.toml.
+type podControldConfig struct {
+	GRPC struct {
+		UnixSocket string `toml:"unix_socket"`
+	} `toml:"grpc"`
+	Containerd struct{ Address, Namespace string }
+	LayersDir  string `toml:"layers_dir"`
+}
+
+func controldConfig(t *testing.T, cm *corev1.ConfigMap) podControldConfig {
+	t.Helper()
+	var cfg podControldConfig
+	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // testPod is the DaemonSet's pod run with runc: a sandbox container
@@ -381,13 +355,7 @@ func newTestPod(t *testing.T, img nodeImage, spec corev1.PodSpec, cm *corev1.Con
 
 	// The layers filesystem a node has (README.md, "Nodes"): a btrfs with
 	// quotas at controld's layers_dir, here a small one in a file.
-	var cfg struct {
-		LayersDir string `toml:"layers_dir"`
-	}
-	if err := toml.Unmarshal([]byte(cm.Data["controld.toml"]), &cfg); err != nil {
-		t.Fatal(err)
-	}
-	layers := p.hostPath(cfg.LayersDir)
+	layers := p.hostPath(controldConfig(t, cm).LayersDir)
 	mkdir(t, layers)
 	file := filepath.Join(p.dir, "layers.img")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
@@ -738,6 +706,25 @@ func (p *testPod) removeCgroups() {
 			p.t.Errorf("cgroup %s: %v", dirs[i], err)
 		}
 	}
+}
+
+// waitStopped waits until runc reports the pod's container name stopped.
+func (p *testPod) waitStopped(ctx context.Context, name, what string) {
+	p.t.Helper()
+	waitFor(ctx, p.t, p, what, func() error {
+		out, err := p.runc(ctx, "state", p.id(name))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		var st struct{ Status string }
+		if err := json.Unmarshal(out, &st); err != nil {
+			return err
+		}
+		if st.Status != "stopped" {
+			return fmt.Errorf("status %s", st.Status)
+		}
+		return nil
+	})
 }
 
 // waitFor polls ok until it returns nil, failing with the pod's logs when
