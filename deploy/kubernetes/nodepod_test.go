@@ -20,13 +20,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/innetns"
 	toml "github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
@@ -615,7 +615,11 @@ func (p *testPod) logs() string {
 // httpGet GETs path at addr in the pod's network namespace, as the
 // kubelet's httpGet probe does at the pod's address; 200 or an error.
 func (p *testPod) httpGet(addr, path string) error {
-	conn, err := dialInNetns(fmt.Sprintf("/proc/%d/ns/net", p.sandbox), addr)
+	var conn net.Conn
+	err := innetns.Run(fmt.Sprintf("/proc/%d/ns/net", p.sandbox), func() (err error) {
+		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -638,45 +642,6 @@ func (p *testPod) httpGet(addr, path string) error {
 		return fmt.Errorf("GET %s: %s: %s", path, resp.Status, body)
 	}
 	return nil
-}
-
-// dialInNetns connects to addr from the network namespace at nsPath: the
-// socket is made on a thread moved into it, and the thread moved back.
-func dialInNetns(nsPath, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer self.Close()
-		target, err := os.Open(nsPath)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with the goroutine.
-			ch <- result{c, err}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
 }
 
 // hybridCgroups says whether this host has systemd's hybrid cgroup layout:

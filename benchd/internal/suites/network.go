@@ -12,18 +12,17 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/innetns"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
@@ -373,7 +372,11 @@ func newOutsideHost() (*outsideServer, error) {
 			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	ln, err := listenInNetns("/run/netns/"+outsideNS, outsideAddr+":80")
+	var ln net.Listener
+	err := innetns.Run("/run/netns/"+outsideNS, func() (err error) {
+		ln, err = net.Listen("tcp4", outsideAddr+":80")
+		return err
+	})
 	if err != nil {
 		exec.Command("ip", "netns", "del", outsideNS).Run()
 		return nil, err
@@ -401,30 +404,4 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
-}
-
-// listenInNetns opens a TCP listener inside the namespace at path, on a
-// thread that dies afterwards (no thread of benchd stays in it).
-func listenInNetns(path, addr string) (net.Listener, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(fd)
-	type res struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- res{err: err}
-			return
-		}
-		ln, err := net.Listen("tcp4", addr)
-		ch <- res{ln, err}
-	}()
-	r := <-ch
-	return r.ln, r.err
 }

@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/innetns"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,61 +47,23 @@ type unixWatcher struct {
 	procs     string // cgroup.procs listing the sandbox's processes
 }
 
-// newUnixWatcher opens a sock_diag socket in the network namespace of pid.
-// The namespace switch happens on a dedicated, locked OS thread; if
-// switching back fails, the thread is left locked so it dies with its
-// goroutine instead of serving other goroutines in the wrong namespace.
+// newUnixWatcher opens a sock_diag socket in the network namespace of pid
+// (a netlink socket answers for the namespace it was made in).
 func newUnixWatcher(pid uint32, procs string) (*unixWatcher, error) {
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, restored, err := socketInNetns(pid)
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{fd, err}
-	}()
-	res := <-ch
-	if res.err != nil {
-		return nil, res.err
+	sandboxFD := -1
+	err := innetns.Run("/proc/"+strconv.FormatUint(uint64(pid), 10)+"/ns/net", func() (err error) {
+		sandboxFD, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag socket in the sandbox: %w", err)
 	}
 	own, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
-		unix.Close(res.fd)
+		unix.Close(sandboxFD)
 		return nil, fmt.Errorf("sock_diag socket: %w", err)
 	}
-	return &unixWatcher{sandboxFD: res.fd, ownFD: own, procs: procs}, nil
-}
-
-func socketInNetns(pid uint32) (fd int, restored bool, err error) {
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return -1, true, err
-	}
-	defer self.Close()
-	target, err := os.Open("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/ns/net")
-	if err != nil {
-		return -1, true, err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return -1, true, fmt.Errorf("setns: %w", err)
-	}
-	fd, serr := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		if serr == nil {
-			unix.Close(fd)
-		}
-		return -1, false, fmt.Errorf("setns back: %w", err)
-	}
-	if serr != nil {
-		return -1, true, fmt.Errorf("sock_diag socket: %w", serr)
-	}
-	return fd, true, nil
+	return &unixWatcher{sandboxFD: sandboxFD, ownFD: own, procs: procs}, nil
 }
 
 func (w *unixWatcher) Close() error {

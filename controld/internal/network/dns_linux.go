@@ -11,6 +11,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/forkfleet/forkfleet/api/innetns"
 )
 
 // Limits of one sandbox's DNS stub: everything it sends is hostile, so
@@ -41,7 +43,7 @@ func startDNS(routerNS string, upstream []netip.AddrPort, log *slog.Logger) (*dn
 	d := &dnsStub{upstream: upstream, log: log,
 		inflight: make(chan struct{}, dnsMaxInflight), conns: make(chan struct{}, dnsMaxTCPConns)}
 	addr := netip.AddrPortFrom(GatewayAddr.Addr(), 53)
-	err := inNetns(routerNS, func() error {
+	err := innetns.Run(routerNS, func() error {
 		u, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
 		if err != nil {
 			return err

@@ -68,27 +68,6 @@ func removeNetns(path string) error {
 	return nil
 }
 
-// inNetns runs fn on a thread that has joined the namespace at path; the
-// thread exits afterwards. Sockets fn creates stay in that namespace, and
-// processes it starts (os/exec forks from the calling thread) run in it.
-func inNetns(path string, fn func() error) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // writeSysctl sets a /proc/sys/net value of the calling thread's namespace
 // (call it inside inNetns).
 func writeSysctl(name, value string) error {

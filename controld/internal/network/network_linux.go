@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/innetns"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 )
 
@@ -493,7 +494,7 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
-	err = inNetns(rtPath, func() error {
+	err = innetns.Run(rtPath, func() error {
 		for name, v := range map[string]string{
 			"net/ipv4/ip_forward":                "1",
 			"net/ipv6/conf/all/disable_ipv6":     "1",
@@ -778,7 +779,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port uint16) (net.Con
 		targets = append(targets, SandboxAddr.Addr())
 	}
 	var conn net.Conn
-	err := inNetns(m.netnsPath(id), func() error {
+	err := innetns.Run(m.netnsPath(id), func() error {
 		var d net.Dialer
 		var errs []error
 		for _, a := range targets {
@@ -913,7 +914,7 @@ func (m *Manager) setLink(id string, up bool) error {
 // closed.
 func (m *Manager) CloseOutside(id string) (int, error) {
 	n := 0
-	err := inNetns(m.netnsPath(id), func() error {
+	err := innetns.Run(m.netnsPath(id), func() error {
 		socks, err := netlink.SocketDiagTCP(unix.AF_INET)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			return fmt.Errorf("list tcp sockets: %w", err)

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkfleet/forkfleet/api/innetns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -91,7 +92,7 @@ func NewOutside(t testing.TB, answer netip.Addr) *Outside {
 	must(h.RouteAdd(&netlink.Route{Gw: net.IP(host.AsSlice())}))
 
 	var ln net.Listener
-	must(InNS(o.nsPath, func() error {
+	must(innetns.Run(o.nsPath, func() error {
 		var err error
 		if ln, err = net.Listen("tcp4", out.String()+":80"); err != nil {
 			return err
@@ -160,26 +161,6 @@ func newNS(path string) error {
 			return
 		}
 		errc <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
-	}()
-	return <-errc
-}
-
-// InNS runs fn on a thread in the namespace at path (sockets fn makes stay
-// there).
-func InNS(path string, fn func() error) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
 	}()
 	return <-errc
 }
