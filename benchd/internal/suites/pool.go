@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,22 +59,46 @@ type claimTimes struct {
 	// session is the client's own part of usable: its session's dial
 	// (connect, WebSocket upgrade, Hello) and first ping.
 	session time.Duration
+	// The session's phases: connect (to guestd's socket, or the gateway's
+	// port), the upgrade's round trip (request written to 101 read), the
+	// Hello round trip, the first ping. Zero when the dial did not say
+	// (httptrace).
+	connect, upgrade, hello, ping time.Duration
+}
+
+// sessionTrace times a session dial's phases through net/http's client
+// trace, which the WebSocket upgrade goes through.
+type sessionTrace struct {
+	gotConn, firstByte time.Time
+}
+
+func (t *sessionTrace) with(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:              func(httptrace.GotConnInfo) { t.gotConn = time.Now() },
+		GotFirstResponseByte: func() { t.firstByte = time.Now() },
+	})
 }
 
 // usableAfter completes a claim or create at t0: the sandbox's endpoint
 // answers a first ACI request (ping), then a first screenshot.
 func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
 	t1 := time.Now()
-	s, err := dialEndpoint(ctx, ep)
+	var tr sessionTrace
+	s, err := dialEndpoint(tr.with(ctx), ep)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	t2 := time.Now()
 	if _, err := s.Ping(ctx, []byte("benchd")); err != nil {
 		return err
 	}
 	ct.usable = time.Since(t0)
 	ct.session = time.Since(t1)
+	if !tr.gotConn.IsZero() && !tr.firstByte.IsZero() {
+		ct.connect, ct.upgrade, ct.hello = tr.gotConn.Sub(t1), tr.firstByte.Sub(tr.gotConn), t2.Sub(tr.firstByte)
+	}
+	ct.ping = time.Since(t2)
 	r, err := s.Screenshot(ctx, aci.PNG())
 	if err != nil {
 		return err
@@ -85,14 +110,25 @@ func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct 
 	return nil
 }
 
-// claimSeries are one cell's series: served hit or miss.
-type claimSeries struct{ rpc, server, session, usable, screenshot *result.Series }
+// claimSeries are one cell's series: served hit or miss. The breakdown of
+// usable: rpc (of which server is controld's own part, and transport the
+// rest: gRPC both ways, the request's interceptors, the client) and
+// session (connect, upgrade, hello, ping).
+type claimSeries struct {
+	rpc, server, transport, session, usable, screenshot *result.Series
+	connect, upgrade, hello, ping                       *result.Series
+}
 
 func newClaimSeries(lbl map[string]string) *claimSeries {
 	return &claimSeries{
 		rpc:        result.NewSeries("pool.claim_rpc", "ms", lbl),
 		server:     result.NewSeries("pool.claim_server", "ms", lbl),
+		transport:  result.NewSeries("pool.claim_transport", "ms", lbl),
 		session:    result.NewSeries("pool.claim_session", "ms", lbl),
+		connect:    result.NewSeries("pool.claim_session_connect", "ms", lbl),
+		upgrade:    result.NewSeries("pool.claim_session_upgrade", "ms", lbl),
+		hello:      result.NewSeries("pool.claim_session_hello", "ms", lbl),
+		ping:       result.NewSeries("pool.claim_session_ping", "ms", lbl),
 		usable:     result.NewSeries("pool.claim_usable", "ms", lbl),
 		screenshot: result.NewSeries("pool.claim_first_screenshot", "ms", lbl),
 	}
@@ -107,6 +143,12 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 		return
 	case err == nil:
 		cs.session.Add(suiteapi.Ms(ct.session))
+		if ct.upgrade > 0 {
+			cs.connect.Add(suiteapi.Ms(ct.connect))
+			cs.upgrade.Add(suiteapi.Ms(ct.upgrade))
+			cs.hello.Add(suiteapi.Ms(ct.hello))
+		}
+		cs.ping.Add(suiteapi.Ms(ct.ping))
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Add(suiteapi.Ms(ct.screenshot))
 	case errors.Is(err, suiteapi.ErrUnverified):
@@ -123,14 +165,16 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 		// The RPC counts once the sandbox it returned proved usable.
 		cs.rpc.Add(suiteapi.Ms(ct.rpc))
 		cs.server.Add(suiteapi.Ms(server))
+		cs.transport.Add(suiteapi.Ms(ct.rpc - server))
 	} else {
 		cs.rpc.Unverified()
 		cs.server.Unverified()
+		cs.transport.Unverified()
 	}
 }
 
 func (cs *claimSeries) all() []*result.Series {
-	return []*result.Series{cs.rpc, cs.server, cs.session, cs.usable, cs.screenshot}
+	return []*result.Series{cs.rpc, cs.server, cs.transport, cs.session, cs.connect, cs.upgrade, cs.hello, cs.ping, cs.usable, cs.screenshot}
 }
 
 func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
