@@ -751,8 +751,25 @@ func freshScene(ctx context.Context, env *suiteapi.Env, hg *hostGuest, sc harnes
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	_, err := hg.Session.Screenshot(ctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE, SettleMs: 500, SettleTimeoutMs: 5000})
-	return err
+	// Drawn means two settled captures agree: on a loaded host a paint can
+	// stall past the settle window, and what it drew late would land in the
+	// idle window as a frame. guestd answers the second capture from its
+	// cache when nothing was drawn, so a still scene costs nothing more.
+	var drawn []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		r, err := hg.Session.Screenshot(ctx, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE,
+			SettleMs: 500, SettleTimeoutMs: 5000, IfNoneMatch: drawn})
+		if err != nil {
+			return err
+		}
+		if r.GetNotModified() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("scene %s: still changing after 20s", sc)
+		}
+		drawn = r.GetFrameHash()
+	}
 }
 
 // x11vncLowLatency are the x11vnc options that minimize its own pacing
