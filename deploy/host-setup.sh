@@ -419,12 +419,14 @@ criu_usable() {
 	[[ -n $v ]] && version_ge "$v" "$CRIU_MIN" && "$1" check >/dev/null 2>&1
 }
 
-# The Debian mirror the host already uses for its own release, reused for the
-# CRIU suites. Handles deb822 (*.sources) and one-line (*.list) sources.
-detect_mirror() {
-	local codename f uri
+# apt_mirror [SUITE [FALLBACK]]: the Debian mirror the host's apt sources use
+# for SUITE (default: the host's own release), FALLBACK (default
+# deb.debian.org's) when none does. The CRIU suites and the image builds reuse it. Handles deb822 (*.sources) and
+# one-line (*.list) sources.
+apt_mirror() {
+	local codename=${1:-} f uri
 	# shellcheck source=/dev/null
-	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	[[ -n $codename ]] || codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
 		[[ -f $f ]] || continue
 		uri=$(awk -v c="$codename" '
@@ -450,7 +452,7 @@ detect_mirror() {
 			END { if (!found) flush() }' "$f" | head -n 1)
 		[[ -n $uri ]] && echo "${uri%/}" && return
 	done
-	echo "http://deb.debian.org/debian"
+	echo "${2:-http://deb.debian.org/debian}"
 }
 
 # Private apt: own sources.list (the CRIU suites only), lists, cache, status
@@ -496,7 +498,7 @@ setup_private_apt() {
 # those are added as pkg/$CRIU_SUITE one by one as apt names them.
 download_criu() {
 	local mirror aptdir ver debs out rc attempt pkgs=("criu/$CRIU_SUITE") add
-	mirror=$(detect_mirror)
+	mirror=$(apt_mirror)
 	aptdir=$CRIU_CACHE/apt
 	setup_private_apt "$aptdir" "$mirror"
 	note criu "fetching criu from $mirror $CRIU_SUITE (+ $CRIU_BASE_SUITE libraries) with a private apt config in $aptdir" >&2

@@ -13,7 +13,7 @@
 #
 # Steps: (a) the desktop's base rootfs (images/desktop/build.sh --base-only,
 # cached); (b) the web base rootfs tar, cached as desktop-web-base-<hash>.tar
-# where the hash covers the desktop base's hash, packages.txt, web.sh and the
+# where the hash covers the desktop base's hash, packages.txt, web.sh, ../lib.sh and the
 # rootfs/ overlay: the desktop base extracted, the overlay copied, web.sh in a
 # chroot; (c) guestd; (d) OCI layout (one base layer + guestd); (e) import +
 # unpack, skipped when containerd already has that manifest digest unpacked.
@@ -38,28 +38,25 @@ for arg in "$@"; do
 	esac
 done
 
-log() { printf '[desktop-web] %s\n' "$*"; }
-die() { printf '[desktop-web] error: %s\n' "$*" >&2; exit 1; }
-now_ms() { date +%s%3N; }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
+image_tag=desktop-web
 # shellcheck source=../lib.sh
 . "$repo/images/lib.sh"
 
 t_all=$(now_ms)
 # (a) the desktop's base
 "$repo/images/desktop/build.sh" --base-only
-desktop_hash=$(inputs_hash "$repo/images/desktop" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh)
+desktop_hash=$(inputs_hash "$repo/images/desktop" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../lib.sh)
 desktop_tar=$cache/desktop-base-$desktop_hash.tar
 [[ -f $desktop_tar ]] || die "no desktop base at $desktop_tar"
 
-hash=$(inputs_hash "$here" "forkfleet-desktop-web-base v1 on $desktop_hash" packages.txt web.sh)
+hash=$(inputs_hash "$here" "forkfleet-desktop-web-base v1 on $desktop_hash" packages.txt web.sh ../lib.sh)
 base_tar=$cache/desktop-web-base-$hash.tar
 
 # (b) web base rootfs
 if [[ -f $base_tar && $rebuild_base -eq 0 ]]; then
 	log "base: reusing $base_tar ($(du -m --apparent-size "$base_tar" | cut -f1) MB)"
 else
-	[[ $(id -u) -eq 0 ]] || die "must run as root (chroot)"
+	need_root chroot
 	log "base: building $base_tar (desktop base + packages.txt, ~2 min)"
 	t=$(now_ms)
 	work=$(mktemp -d /var/tmp/forkfleet-desktop-web-base.XXXXXX)
@@ -70,27 +67,15 @@ else
 	apply_overlay "$here/rootfs" "$root"
 	mkdir -p "$root/tmp/forkfleet"
 	cp "$here/web.sh" "$here/packages.txt" "$root/tmp/forkfleet/"
-	security=${SECURITY_MIRROR:-$(host_apt_uri bookworm-security)}
-	security=${security:-http://deb.debian.org/debian-security}
+	security=${SECURITY_MIRROR:-$(apt_mirror bookworm-security http://deb.debian.org/debian-security)}
 	# apt needs the host's resolver; the file is emptied again below (the
 	# runtime provides it).
 	cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-	# Private mount namespace: /proc and /dev vanish with it, even on failure.
-	# shellcheck disable=SC2016 # $ROOT expands in the inner shell, on purpose
-	unshare --mount --fork env ROOT="$root" SECURITY_MIRROR="$security" bash -euo pipefail -c '
-		mount --make-rprivate /
-		mount -t proc proc "$ROOT/proc"
-		mount --rbind /dev "$ROOT/dev"
-		chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root SECURITY_MIRROR="$SECURITY_MIRROR" \
-			bash /tmp/forkfleet/web.sh /tmp/forkfleet/packages.txt
-	' || die "web.sh failed in the chroot"
+	in_chroot "$root" -- SECURITY_MIRROR="$security" bash /tmp/forkfleet/web.sh /tmp/forkfleet/packages.txt ||
+		die "web.sh failed in the chroot"
 	rm -rf "$root/tmp/forkfleet"
 	: >"$root/etc/resolv.conf"
-	tmp_out="$base_tar.tmp.$$"
-	tar --numeric-owner --sort=name --xattrs --acls -C "$root" \
-		--exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' --exclude='./run/*' \
-		-cf "$tmp_out" .
-	mv -f "$tmp_out" "$base_tar"
+	tar_rootfs "$root" "$base_tar"
 	rm -rf --one-file-system "$work"
 	trap - EXIT
 	log "base: built in $(secs $(($(now_ms) - t))), $(du -m --apparent-size "$base_tar" | cut -f1) MB"
@@ -101,21 +86,13 @@ work=$(mktemp -d /var/tmp/forkfleet-desktop-web-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # (c) guestd
-if [[ -n ${GUESTD_BIN:-} ]]; then
-	[[ -x $GUESTD_BIN ]] || die "GUESTD_BIN=$GUESTD_BIN is not an executable file"
-	guestd=$GUESTD_BIN
-else
-	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w -X main.version=$(guestd_version "$repo")" -o "$work/guestd" ./cmd/guestd) ||
-		die "guestd does not build; pass GUESTD_BIN=<path> to use a prebuilt binary"
-	guestd=$work/guestd
-fi
+guestd=$(guestd_binary "$repo" "$work")
 
 # (d) OCI layout: the desktop image's config (keep the two in step) plus TZ,
 # set so nothing resolves /etc/localtime and watches
 # /usr/share/zoneinfo (Chromium's time zone monitor does when TZ is unset,
 # an inotify watch CRIU cannot resolve on an overlay root).
-(cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
-	die "forkfleet-image does not build"
+image_tool "$repo" "$work/forkfleet-image"
 layout=$cache/desktop-web-oci
 rm -rf "$layout"
 "$work/forkfleet-image" build \

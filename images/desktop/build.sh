@@ -14,7 +14,7 @@
 #   SOURCE_DATE_EPOCH             mtime/created of the guestd layer and config (default 0)
 #
 # Steps: (a) base rootfs tar, cached as desktop-base-<sha256 of inputs>.tar
-# where the inputs are packages.txt, base.sh, slim.sh and the rootfs/ overlay (not
+# where the inputs are packages.txt, base.sh, slim.sh, ../lib.sh and the rootfs/ overlay (not
 # guestd); (b) guestd; (c) OCI layout = base layer + guestd layer, written by
 # forkfleet-image; (d) import + unpack into containerd, skipped when containerd
 # already has that manifest digest unpacked.
@@ -41,17 +41,13 @@ for arg in "$@"; do
 	esac
 done
 
-log() { printf '[desktop] %s\n' "$*"; }
-die() { printf '[desktop] error: %s\n' "$*" >&2; exit 1; }
-now_ms() { date +%s%3N; }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
-
+image_tag=desktop
 # shellcheck source=../lib.sh
 . "$here/../lib.sh"
 
 mkdir -p "$cache"
 t_all=$(now_ms)
-hash=$(inputs_hash "$here" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh)
+hash=$(inputs_hash "$here" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../lib.sh)
 base_tar=$cache/desktop-base-$hash.tar
 
 # (a) base rootfs
@@ -72,22 +68,10 @@ work=$(mktemp -d /var/tmp/forkfleet-desktop-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # (b) guestd
-if [[ -n ${GUESTD_BIN:-} ]]; then
-	[[ -x $GUESTD_BIN ]] || die "GUESTD_BIN=$GUESTD_BIN is not an executable file"
-	guestd=$GUESTD_BIN
-	log "guestd: using $guestd"
-else
-	[[ -d $repo/guestd/cmd/guestd ]] || die "no $repo/guestd/cmd/guestd yet; pass GUESTD_BIN=<path>"
-	t=$(now_ms)
-	(cd "$repo/guestd" && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w -X main.version=$(guestd_version "$repo")" -o "$work/guestd" ./cmd/guestd) ||
-		die "guestd does not build; pass GUESTD_BIN=<path> to use a prebuilt binary"
-	guestd=$work/guestd
-	log "guestd: built in $(secs $(($(now_ms) - t)))"
-fi
+guestd=$(guestd_binary "$repo" "$work")
 
 # (c) OCI layout
-(cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
-	die "forkfleet-image does not build"
+image_tool "$repo" "$work/forkfleet-image"
 layout=$cache/desktop-oci
 rm -rf "$layout"
 t=$(now_ms)

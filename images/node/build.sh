@@ -22,7 +22,7 @@
 # Steps: (a) binaries.sh (shared with the Dockerfile): containerd's build and
 # the CRIU .debs (host-setup's caches, made when missing), the Go builds,
 # CRIU's wrapper and preload; (b) base rootfs tar (base.sh), cached as
-# node-base-<hash>.tar where the inputs are packages.txt, base.sh, prune.sh,
+# node-base-<hash>.tar where the inputs are packages.txt, base.sh, prune.sh, ../lib.sh,
 # the rootfs/ overlay and the CRIU .debs; (c) the OCI layout =
 # base layer + binaries layer, rewritten only when the hash of everything in
 # it changed (node-oci.inputs).
@@ -40,19 +40,14 @@ case ${1:-} in
 *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
 esac
 
-# host-setup.sh's functions (newest_cached_criu, unpack_criu) and constants.
-# shellcheck source=../../deploy/host-setup.sh
-. "$repo/deploy/host-setup.sh"
+# lib.sh, and through it host-setup.sh's functions (newest_cached_criu,
+# unpack_criu) and constants.
+image_tag=node
 # shellcheck source=../lib.sh
 . "$here/../lib.sh"
 export PATH=$PATH:/usr/local/go/bin
 
-log() { printf '[node] %s\n' "$*"; }
-die() { printf '[node] error: %s\n' "$*" >&2; exit 1; }
-now_ms() { date +%s%3N; }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
-
-[[ $(id -u) -eq 0 ]] || die "must run as root (debootstrap, host-setup's caches)"
+need_root "debootstrap, host-setup's caches"
 mkdir -p "$cache" "$LIB_DIR" "$LOG_DIR"
 t_all=$(now_ms)
 
@@ -64,13 +59,12 @@ trap 'rm -rf --one-file-system "$work"' EXIT
 t=$(now_ms)
 VERSION=$version "$here/binaries.sh" "$work/tree"
 log "binaries: built in $(secs $(($(now_ms) - t)))"
-(cd "$repo/controld" && CGO_ENABLED=0 go build -trimpath -o "$work/forkfleet-image" ./cmd/forkfleet-image) ||
-	die "forkfleet-image does not build"
+image_tool "$repo" "$work/forkfleet-image"
 
 # (b) base rootfs, with the CRIU the wrapper runs.
 criu_ver=$(newest_cached_criu) || die "no CRIU .debs in $CRIU_CACHE after binaries.sh"
 criu_debs=$(cd "$CRIU_CACHE/$criu_ver/debs" && ls ./*.deb | LC_ALL=C sort | sha256sum | cut -c1-16)
-hash=$(inputs_hash "$here" "forkfleet-node-base v1 criu $criu_ver $criu_debs" packages.txt base.sh prune.sh)
+hash=$(inputs_hash "$here" "forkfleet-node-base v1 criu $criu_ver $criu_debs" packages.txt base.sh prune.sh ../lib.sh)
 base_tar=$cache/node-base-$hash.tar
 if [[ -f $base_tar ]]; then
 	log "base: reusing $base_tar ($(du -m --apparent-size "$base_tar" | cut -f1) MB)"
