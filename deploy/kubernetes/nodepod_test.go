@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	toml "github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
@@ -616,7 +616,7 @@ func (p *testPod) logs() string {
 // kubelet's httpGet probe does at the pod's address; 200 or an error.
 func (p *testPod) httpGet(addr, path string) error {
 	var conn net.Conn
-	err := innetns.Run(fmt.Sprintf("/proc/%d/ns/net", p.sandbox), func() (err error) {
+	err := netnsfile.Run(fmt.Sprintf("/proc/%d/ns/net", p.sandbox), func() (err error) {
 		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
 		return err
 	})

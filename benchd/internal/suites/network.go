@@ -22,7 +22,7 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
 )
@@ -373,7 +373,7 @@ func newOutsideHost() (*outsideServer, error) {
 		}
 	}
 	var ln net.Listener
-	err := innetns.Run("/run/netns/"+outsideNS, func() (err error) {
+	err := netnsfile.Run("/run/netns/"+outsideNS, func() (err error) {
 		ln, err = net.Listen("tcp4", outsideAddr+":80")
 		return err
 	})

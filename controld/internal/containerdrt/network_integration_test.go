@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/forkfleet/forkfleet/controld/internal/network"
 	"github.com/forkfleet/forkfleet/controld/internal/network/nettest"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
@@ -204,7 +204,7 @@ func TestIntegrationForkClosesOutsideConnections(t *testing.T) {
 	out := nettest.NewOutside(t, netip.MustParseAddr("198.18.255.254"))
 	// A line server on the outside host: one line per connection, then echo.
 	var ln net.Listener
-	if err := innetns.Run(out.NSPath(), func() (err error) { ln, err = net.Listen("tcp4", out.Addr.String()+":81"); return err }); err != nil {
+	if err := netnsfile.Run(out.NSPath(), func() (err error) { ln, err = net.Listen("tcp4", out.Addr.String()+":81"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()

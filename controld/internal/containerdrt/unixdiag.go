@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,7 +51,7 @@ type unixWatcher struct {
 // (a netlink socket answers for the namespace it was made in).
 func newUnixWatcher(pid uint32, procs string) (*unixWatcher, error) {
 	sandboxFD := -1
-	err := innetns.Run("/proc/"+strconv.FormatUint(uint64(pid), 10)+"/ns/net", func() (err error) {
+	err := netnsfile.Run("/proc/"+strconv.FormatUint(uint64(pid), 10)+"/ns/net", func() (err error) {
 		sandboxFD, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 		return err
 	})

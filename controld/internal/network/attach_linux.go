@@ -12,7 +12,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -114,7 +114,7 @@ func Attach(pid int, pin, router string) error {
 		return fmt.Errorf("default route: %w", err)
 	}
 	// A device gets its new namespace's defaults when it moves in.
-	return innetns.Run(pin, func() error { return writeSysctl("net/ipv6/conf/"+sandboxIf+"/disable_ipv6", "1") })
+	return netnsfile.Run(pin, func() error { return writeSysctl("net/ipv6/conf/"+sandboxIf+"/disable_ipv6", "1") })
 }
 
 // pinNetns binds the namespace open at fd to pin, an empty file on the

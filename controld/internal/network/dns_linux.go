@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 )
 
 // Limits of one sandbox's DNS stub: everything it sends is hostile, so
@@ -43,7 +43,7 @@ func startDNS(routerNS string, upstream []netip.AddrPort, log *slog.Logger) (*dn
 	d := &dnsStub{upstream: upstream, log: log,
 		inflight: make(chan struct{}, dnsMaxInflight), conns: make(chan struct{}, dnsMaxTCPConns)}
 	addr := netip.AddrPortFrom(GatewayAddr.Addr(), 53)
-	err := innetns.Run(routerNS, func() error {
+	err := netnsfile.Run(routerNS, func() error {
 		u, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
 		if err != nil {
 			return err

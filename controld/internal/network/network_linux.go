@@ -25,7 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/forkfleet/forkfleet/controld/internal/atomicfile"
 )
 
@@ -439,7 +439,7 @@ func withHandle(path string, fn func(*netlink.Handle) error) error {
 // sandbox and its DNS stub.
 func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error {
 	rtPath := m.routerPath(id)
-	if err := newNetns(rtPath); err != nil {
+	if err := netnsfile.New(rtPath); err != nil {
 		return err
 	}
 	rtNS, err := netns.GetFromPath(rtPath)
@@ -494,7 +494,7 @@ func (m *Manager) setupEgress(id string, st *sandboxState, holdDown bool) error 
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
-	err = innetns.Run(rtPath, func() error {
+	err = netnsfile.Run(rtPath, func() error {
 		for name, v := range map[string]string{
 			"net/ipv4/ip_forward":                "1",
 			"net/ipv6/conf/all/disable_ipv6":     "1",
@@ -600,7 +600,7 @@ func (m *Manager) release(_ context.Context, id string, st *sandboxState) error 
 		}
 	}
 	for _, p := range []string{m.routerPath(id), m.netnsPath(id)} {
-		if err := removeNetns(p); err != nil {
+		if err := netnsfile.Remove(p); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -664,7 +664,7 @@ func (m *Manager) Prune(ctx context.Context, keep func(id string) bool) error {
 			if _, ok := ids[id]; ok && keep(id) {
 				continue
 			}
-			if err := removeNetns(filepath.Join(m.nsDir, e.Name())); err != nil {
+			if err := netnsfile.Remove(filepath.Join(m.nsDir, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -719,7 +719,7 @@ func (m *Manager) Forget() error {
 	var errs []error
 	if ents, err := os.ReadDir(m.nsDir); err == nil {
 		for _, e := range ents {
-			if err := removeNetns(filepath.Join(m.nsDir, e.Name())); err != nil {
+			if err := netnsfile.Remove(filepath.Join(m.nsDir, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -779,7 +779,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port uint16) (net.Con
 		targets = append(targets, SandboxAddr.Addr())
 	}
 	var conn net.Conn
-	err := innetns.Run(m.netnsPath(id), func() error {
+	err := netnsfile.Run(m.netnsPath(id), func() error {
 		var d net.Dialer
 		var errs []error
 		for _, a := range targets {
@@ -914,7 +914,7 @@ func (m *Manager) setLink(id string, up bool) error {
 // closed.
 func (m *Manager) CloseOutside(id string) (int, error) {
 	n := 0
-	err := innetns.Run(m.netnsPath(id), func() error {
+	err := netnsfile.Run(m.netnsPath(id), func() error {
 		socks, err := netlink.SocketDiagTCP(unix.AF_INET)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			return fmt.Errorf("list tcp sockets: %w", err)

@@ -25,7 +25,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/forkfleet/forkfleet/controld/internal/network/nettest"
 )
 
@@ -76,7 +76,7 @@ func get(ns, url string) (string, error) {
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
-			err = innetns.Run(ns, func() error {
+			err = netnsfile.Run(ns, func() error {
 				var d net.Dialer
 				conn, err = d.DialContext(ctx, network, addr)
 				return err
@@ -94,7 +94,7 @@ func get(ns, url string) (string, error) {
 }
 
 func dialFrom(ns, addr string) error {
-	return innetns.Run(ns, func() error {
+	return netnsfile.Run(ns, func() error {
 		c, err := net.DialTimeout("tcp", addr, 700*time.Millisecond)
 		if err == nil {
 			c.Close()
@@ -106,7 +106,7 @@ func dialFrom(ns, addr string) error {
 func listenIn(t *testing.T, ns, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := innetns.Run(ns, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+	if err := netnsfile.Run(ns, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -334,7 +334,7 @@ func queryA(ns, server, name string) (netip.Addr, error) {
 	}
 	q = append(q, 0, 0, 1, 0, 1)
 	var resp []byte
-	err := innetns.Run(ns, func() error {
+	err := netnsfile.Run(ns, func() error {
 		c, err := net.Dial("udp", server)
 		if err != nil {
 			return err

@@ -16,17 +16,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/forkfleet/forkfleet/api/innetns"
+	"github.com/forkfleet/forkfleet/api/netnsfile"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // Outside is a host outside the sandboxes, in a namespace of the test's.
@@ -56,7 +53,7 @@ func NewOutside(t testing.TB, answer netip.Addr) *Outside {
 	o := &Outside{Addr: out, HostAddr: host, HTTPURL: "http://" + out.String() + "/",
 		DNS: netip.AddrPortFrom(out, 53), hostIf: fmt.Sprintf("fto%04x", n)}
 	o.nsPath = filepath.Join(t.TempDir(), "outside")
-	if err := newNS(o.nsPath); err != nil {
+	if err := netnsfile.New(o.nsPath); err != nil {
 		t.Fatalf("outside netns: %v", err)
 	}
 	t.Cleanup(o.close)
@@ -92,7 +89,7 @@ func NewOutside(t testing.TB, answer netip.Addr) *Outside {
 	must(h.RouteAdd(&netlink.Route{Gw: net.IP(host.AsSlice())}))
 
 	var ln net.Listener
-	must(innetns.Run(o.nsPath, func() error {
+	must(netnsfile.Run(o.nsPath, func() error {
 		var err error
 		if ln, err = net.Listen("tcp4", out.String()+":80"); err != nil {
 			return err
@@ -134,8 +131,7 @@ func (o *Outside) close() {
 	if l, err := netlink.LinkByName(o.hostIf); err == nil {
 		netlink.LinkDel(l)
 	}
-	unix.Unmount(o.nsPath, unix.MNT_DETACH)
-	os.Remove(o.nsPath)
+	netnsfile.Remove(o.nsPath)
 }
 
 type zeroReader struct{}
@@ -147,22 +143,6 @@ func (zeroReader) Read(p []byte) (int, error) {
 
 func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
-}
-
-func newNS(path string) error {
-	if err := os.WriteFile(path, nil, 0o444); err != nil {
-		return err
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
-	}()
-	return <-errc
 }
 
 // serveDNS answers every query of class IN type A with answer (TTL 5 s),
