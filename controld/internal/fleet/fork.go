@@ -346,7 +346,9 @@ func (f *replicaFork) dial(ctx context.Context) error {
 // identify tells the replica who it is (Restored: its identity, fresh
 // entropy), proves it is its checkpoint (p.levels) and waits until its
 // desktop is usable. A disk-tier fork boots its desktop fresh: usable when
-// guestd says so. A memory-tier replica was usable at the checkpoint (its
+// guestd says so, its waterfall with a boot's guest milestones (X up,
+// painted, windows mapped, focused: where a fresh session's time goes). A
+// memory-tier replica was usable at the checkpoint (its
 // guestd kept that); asking costs one round trip next to the restored
 // notification and the proofs, and proves its display answers. Restored and
 // the proofs are independent requests on one session: they run at once,
@@ -360,7 +362,8 @@ func (f *replicaFork) identify(ctx context.Context) error {
 			usable <- err
 		}()
 	} else {
-		if _, err := g.WaitReady(ctx, nil); err != nil {
+		seen := map[string]bool{}
+		if _, err := g.WaitReady(ctx, func(s ReadyState) { f.wf.guestPhases(s, f.inst.TaskStartedAt, seen) }); err != nil {
 			return f.fail(err, "desktop not ready")
 		}
 		usable <- nil

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -123,6 +124,24 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// wantPhases fails unless boot names exactly want's milestones, in order
+// and at non-decreasing offsets.
+func wantPhases(t *testing.T, boot []*controldv1.BootPhase, want ...string) {
+	t.Helper()
+	var names []string
+	for _, p := range boot {
+		names = append(names, p.Name)
+	}
+	if !slices.Equal(names, want) {
+		t.Fatalf("boot phases %v, want %v", names, want)
+	}
+	for i := 1; i < len(boot); i++ {
+		if boot[i].At.AsDuration() < boot[i-1].At.AsDuration() {
+			t.Fatalf("waterfall not ordered: %v", boot)
+		}
+	}
+}
+
 func TestCreateWaitGetListDelete(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -143,22 +162,7 @@ func TestCreateWaitGetListDelete(t *testing.T) {
 	if got.State != controldv1.SandboxState_SANDBOX_STATE_READY || got.ReadyAt == nil || got.Host != "test-host" {
 		t.Fatalf("ready sandbox %+v", got)
 	}
-	var names []string
-	for _, p := range got.Boot {
-		names = append(names, p.Name)
-	}
-	want := []string{"create", "task_start", "guestd_listening", "x_up", "painted", "windows_mapped", "focused", "usable"}
-	if len(names) != len(want) {
-		t.Fatalf("boot phases %v, want %v", names, want)
-	}
-	for i := range want {
-		if names[i] != want[i] {
-			t.Fatalf("boot phases %v, want %v", names, want)
-		}
-		if i > 0 && got.Boot[i].At.AsDuration() < got.Boot[i-1].At.AsDuration() {
-			t.Fatalf("waterfall not ordered: %v", got.Boot)
-		}
-	}
+	wantPhases(t, got.Boot, "create", "task_start", "guestd_listening", "x_up", "painted", "windows_mapped", "focused", "usable")
 	if s.Screen.Width != 1280 || s.Screen.Height != 800 || s.Screen.Depth != 24 || s.Image != "img:latest" {
 		t.Fatalf("defaults not applied: %+v", s)
 	}
@@ -427,6 +431,8 @@ func TestCheckpointForkVerifyTree(t *testing.T) {
 	if err != nil || dreps[0].ErrorCode != 0 || dreps[0].Sandbox.Generation != 2 {
 		t.Fatalf("disk fork: %v %v", dreps, err)
 	}
+	// Its desktop booted fresh: the waterfall has a boot's guest milestones.
+	wantPhases(t, dreps[0].Sandbox.Boot, "create", "task_start", "guestd_listening", "x_up", "painted", "windows_mapped", "focused", "usable")
 	_, err = e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: child.Id, Count: 1, Verify: []controldv1.VerifyLevel{controldv1.VerifyLevel_VERIFY_LEVEL_MEMORY}})
 	wantCode(t, err, codes.InvalidArgument, "verify[0]")
 
