@@ -30,9 +30,12 @@ type Loaded struct {
 
 // Latest walks dir for result files and returns, per suite, the newest run
 // (by started_at) that finished ok, or the newest run when none did, in suite
-// order; newer runs that did not finish ok are kept in Later. Files that are
-// not valid results are returned as errors alongside, never silently
-// dropped.
+// order; newer runs that did not finish ok are kept in Later. A run pooled
+// from others (benchd pool: an A/B's variant, a bisect's build) is picked
+// only when the suite has no ok run of its own: it is one side of a
+// comparison, often of an old or modified build, not the suite's latest
+// measurement of the default configuration. Files that are not valid
+// results are returned as errors alongside, never silently dropped.
 func Latest(dir string, order []string) ([]Loaded, []error, error) {
 	runs := map[string][]Loaded{}
 	var bad []error
@@ -57,12 +60,15 @@ func Latest(dir string, order []string) ([]Loaded, []error, error) {
 	latest := map[string]Loaded{}
 	for suite, rs := range runs {
 		sort.SliceStable(rs, func(i, j int) bool { return rs[i].StartedAt.After(rs[j].StartedAt) })
-		pick := slices.IndexFunc(rs, func(l Loaded) bool { return l.Status == result.StatusOK })
+		pick := slices.IndexFunc(rs, func(l Loaded) bool { return l.Status == result.StatusOK && !pooled(l.Result) })
+		if pick < 0 {
+			pick = slices.IndexFunc(rs, func(l Loaded) bool { return l.Status == result.StatusOK })
+		}
 		if pick < 0 {
 			pick = 0
 		}
 		l := rs[pick]
-		l.Later = rs[:pick]
+		l.Later = slices.DeleteFunc(slices.Clone(rs[:pick]), func(l Loaded) bool { return l.Status == result.StatusOK })
 		latest[suite] = l
 	}
 	rank := map[string]int{}
@@ -87,6 +93,12 @@ func Latest(dir string, order []string) ([]Loaded, []error, error) {
 		return out[i].Suite < out[j].Suite
 	})
 	return out, bad, nil
+}
+
+// pooled reports whether r was pooled from other runs (benchd pool).
+func pooled(r *result.Result) bool {
+	_, ok := r.Config["pooled_from"]
+	return ok
 }
 
 // Render writes outPath (Markdown) and its SVG charts into

@@ -222,3 +222,34 @@ func TestLatestOKOverLaterFailure(t *testing.T) {
 		t.Fatalf("report:\n%s", md)
 	}
 }
+
+// An A/B's pooled variant newer than the suite's own run does not replace it
+// in the report: it is one side of a comparison (often an old build). A suite
+// measured only in pools still shows the newest pool.
+func TestLatestOwnRunOverLaterPool(t *testing.T) {
+	root := t.TempDir()
+	t0 := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	write(t, root, mk("fork", t0, row("fork.fanout.wall", "ms", nil, 130)))
+	ab := mk("fork", t0.Add(time.Hour), row("fork.fanout.wall", "ms", nil, 160))
+	ab.Config["pooled_from"] = []string{"rounds/before/r1/fork-1.json"}
+	write(t, root, ab)
+	only := mk("boot", t0.Add(time.Hour), row("boot.milestone", "ms", nil, 20))
+	only.Config["pooled_from"] = []string{"rounds/after/r1/boot-1.json"}
+	write(t, root, only)
+	ls, _, err := Latest(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]time.Time{}
+	for _, l := range ls {
+		got[l.Suite] = l.StartedAt
+	}
+	if len(ls) != 2 || !got["fork"].Equal(t0) || !got["boot"].Equal(t0.Add(time.Hour)) {
+		t.Fatalf("latest: %v", got)
+	}
+	for _, l := range ls {
+		if len(l.Later) != 0 {
+			t.Fatalf("%s: the pool is named as a later run that did not finish ok: %+v", l.Suite, l.Later)
+		}
+	}
+}
