@@ -233,7 +233,12 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws, resp, err := dialWS(ctx, s.url, token, s.hc, &s.cfg)
+	hello := s.helloMessage()
+	hc, sent, err := s.upgradeClient(hello)
+	if err != nil {
+		return nil, err
+	}
+	ws, resp, err := dialWS(ctx, s.url, token, hc, &s.cfg)
 	if errors.Is(err, ErrProtocol) {
 		return nil, err
 	}
@@ -263,27 +268,57 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		pending: make(map[uint64]chan *aciv1.ServerMessage, 64),
 		done:    make(chan struct{}),
 	}
-	if err := c.handshake(ctx); err != nil {
+	if err := c.handshake(ctx, hello, sent); err != nil {
 		ws.CloseNow()
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *conn) handshake(ctx context.Context) error {
-	s := c.s
-	id := s.newID()
-	hello := &aciv1.ClientMessage{Id: id, Request: &aciv1.ClientMessage_Hello{Hello: &aciv1.HelloRequest{
+// helloMessage is the HelloRequest of a new connection, with its id.
+func (s *Session) helloMessage() *aciv1.ClientMessage {
+	return &aciv1.ClientMessage{Id: s.newID(), Request: &aciv1.ClientMessage_Hello{Hello: &aciv1.HelloRequest{
 		ProtocolVersion: ProtocolVersion,
 		ClientName:      s.cfg.clientName,
 		Capabilities:    s.cfg.capabilities,
 	}}}
+}
+
+// upgradeClient is the HTTP client of a connection's upgrade. A local dial
+// (DialUnix, DialSandbox) upgrades on its own connection and sends hello
+// with the upgrade request (directUpgrade): sent reports that.
+func (s *Session) upgradeClient(hello *aciv1.ClientMessage) (hc *http.Client, sent bool, err error) {
+	if !s.cfg.local || s.cfg.httpClient != nil || s.cfg.dialer == nil {
+		return s.hc, false, nil
+	}
+	typ, b, err := encodeClientMessage(nil, hello, s.cfg.json)
+	if err != nil {
+		return nil, false, fmt.Errorf("aci: %w: encode hello: %v", ErrInvalidArgument, err)
+	}
+	frame, err := clientFrame(typ, b)
+	if err != nil {
+		return nil, false, err
+	}
+	return &http.Client{
+		Transport: &directUpgrade{dial: s.cfg.dialer, early: frame},
+		// A redirect would carry the hello to wherever it points.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}, true, nil
+}
+
+// handshake completes the Hello exchange: it sends hello unless the upgrade
+// carried it already (sent), then reads and checks the reply.
+func (c *conn) handshake(ctx context.Context, hello *aciv1.ClientMessage, sent bool) error {
+	s := c.s
+	id := hello.GetId()
 	// The handshake runs before the reader goroutine exists, so a canceled
 	// ctx must unblock the raw read: closing the socket does.
 	stop := context.AfterFunc(ctx, func() { c.ws.CloseNow() })
 	defer stop()
-	if err := c.write(ctx, hello); err != nil {
-		return handshakeErr(ctx, s.url, err)
+	if !sent {
+		if err := c.write(ctx, hello); err != nil {
+			return handshakeErr(ctx, s.url, err)
+		}
 	}
 	var rd msgReader
 	var msg *aciv1.ServerMessage

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -771,5 +773,105 @@ func TestCloseUnblocksCalls(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not unblock the call")
+	}
+}
+
+// firstReads records what the server read first on each connection.
+type firstReads struct {
+	net.Listener
+	mu    sync.Mutex
+	reads [][]byte
+}
+
+func (l *firstReads) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &firstRead{Conn: c, l: l}, nil
+}
+
+type firstRead struct {
+	net.Conn
+	l    *firstReads
+	once sync.Once
+}
+
+func (c *firstRead) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.reads = append(c.l.reads, bytes.Clone(p[:n]))
+		c.l.mu.Unlock()
+	})
+	return n, err
+}
+
+// A local dial sends its Hello with the upgrade request (one round trip
+// before the first request, not two) and still reports what a dial
+// reports: a refused token, a server that never answers.
+func TestDialUnixSendsHelloWithUpgrade(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "aci.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &firstReads{Listener: ln}
+	srv := acitest.NewServer() // for its handler; its own TCP listener is not used
+	srv.Token = "tok"
+	hs := &http.Server{Handler: srv}
+	go hs.Serve(rec)
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+
+	for _, opts := range [][]aci.DialOption{nil, {aci.WithJSON()}} {
+		s, err := aci.DialUnix(ctxT(t), sock, "tok", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Ping(ctxT(t), []byte("p")); err != nil {
+			t.Fatal(err)
+		}
+		if s.Welcome().GetProtocolVersion() == 0 {
+			t.Error("no hello reply checked")
+		}
+		s.Close()
+	}
+	rec.mu.Lock()
+	for i, r := range rec.reads {
+		head, rest, ok := bytes.Cut(r, []byte("\r\n\r\n"))
+		if !ok || len(rest) == 0 {
+			t.Errorf("dial %d: the server's first read holds no hello behind the upgrade request: %q", i, head)
+		}
+	}
+	rec.mu.Unlock()
+
+	if _, err := aci.DialUnix(ctxT(t), sock, "wrong"); !errors.Is(err, aci.ErrPermissionDenied) {
+		t.Errorf("wrong token: %v", err)
+	}
+
+	// A socket that accepts and never answers: the dial ends with its ctx.
+	mute := filepath.Join(t.TempDir(), "mute.sock")
+	ml, err := net.Listen("unix", mute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ml.Close()
+	go func() {
+		for {
+			c, err := ml.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := aci.DialUnix(ctx, mute, ""); err == nil {
+		t.Fatal("dial of a mute socket succeeded")
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("dial of a mute socket took %v", d)
 	}
 }
