@@ -20,57 +20,10 @@ need_tools() {
 	done
 }
 
-# debootstrap_rootfs ROOT SUITE PACKAGES_TXT: a minbase (amd64) of SUITE with
-# the packages PACKAGES_TXT lists, from MIRROR or the host's mirror. Its log
-# is kept beside ROOT; its tail is printed when it fails.
-debootstrap_rootfs() {
-	local root=$1 suite=$2 list=$3 mirror pkgs t0=$SECONDS
-	mirror=${MIRROR:-$(apt_mirror "$suite")}
-	mapfile -t pkgs < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | grep -v '^$')
-	[[ ${#pkgs[@]} -gt 0 ]] || die "$list lists no packages"
-	log "debootstrap $suite (amd64, minbase) from $mirror: ${pkgs[*]}"
-	debootstrap --variant=minbase --arch=amd64 --components=main \
-		--include="$(IFS=,; echo "${pkgs[*]}")" "$suite" "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
-		{ tail -n 30 "$root.debootstrap.log" >&2; die "debootstrap failed (log above)"; }
-	log "debootstrap done in $((SECONDS - t0)) s"
-}
-
-# in_chroot ROOT [UNSHARE_FLAG...] -- VAR=VALUE... COMMAND...: runs COMMAND in
-# a chroot of ROOT with only the given environment, inside a private mount
-# namespace (plus the flags, e.g. --net) where /proc and /dev are mounted:
-# they vanish with the namespace, even on failure.
-in_chroot() {
-	local root=$1 flags=()
-	shift
-	while [[ $1 != -- ]]; do flags+=("$1"); shift; done
-	shift
-	# shellcheck disable=SC2016 # $ROOT expands in the inner shell, on purpose
-	unshare --mount --fork "${flags[@]}" env ROOT="$root" bash -euo pipefail -c '
-		mount --make-rprivate /
-		mount -t proc proc "$ROOT/proc"
-		mount --rbind /dev "$ROOT/dev"
-		chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"
-	' in_chroot "$@"
-}
-
-# host_files ROOT HOSTNAME: the files debootstrap copied from the build host
-# replaced by the sandbox's own (the runtime fills resolv.conf).
-host_files() {
-	: >"$1/etc/resolv.conf"
-	echo "$2" >"$1/etc/hostname"
-	printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$1/etc/hosts"
-}
-
-# tar_rootfs ROOT OUT: ROOT as an uncompressed tar with numeric owners in a
-# stable order, written beside OUT and renamed. dev, proc, sys and run keep
-# only their directories: the runtime mounts them.
-tar_rootfs() {
-	local tmp="$2.tmp.$$"
-	tar --numeric-owner --sort=name --xattrs --acls -C "$1" \
-		--exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' --exclude='./run/*' \
-		-cf "$tmp" .
-	mv -f "$tmp" "$2"
-}
+# The functions that shape a base rootfs: a file of their own, an input of
+# every base's hash (what is here is not, so a change to it rebuilds no base).
+# shellcheck source=rootfs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/rootfs.sh"
 
 # inputs_hash DIR TAG [EXTRA...]: hash of everything that shapes an image's
 # base rootfs: packages.txt and the *.sh scripts named in EXTRA, then every
@@ -99,27 +52,6 @@ inputs_hash() {
 				fi
 			done
 		} | sha256sum | cut -c1-16
-	)
-}
-
-# apply_overlay SRC ROOT: copies SRC's files and symlinks over ROOT. Directory
-# modes come from ROOT (or 0755 for new ones), not from the checkout's umask.
-apply_overlay() {
-	local src=$1 root=$2
-	(
-		cd "$src"
-		find . -mindepth 1 -type d -print0 | while IFS= read -r -d '' d; do
-			[[ -d $root/$d ]] || install -d -m 0755 -o 0 -g 0 "$root/$d"
-		done
-		find . \( -type f -o -type l \) -print0 | while IFS= read -r -d '' f; do
-			rm -f "$root/$f"
-			if [[ -L $f ]]; then
-				ln -s "$(readlink "$f")" "$root/$f"
-			else
-				mode=0644; [[ -x $f ]] && mode=0755
-				install -m "$mode" -o 0 -g 0 "$f" "$root/$f"
-			fi
-		done
 	)
 }
 
@@ -156,4 +88,36 @@ guestd_binary() {
 image_tool() {
 	(cd "$1/controld" && CGO_ENABLED=0 go build -trimpath -o "$2" ./cmd/forkfleet-image) ||
 		die "forkfleet-image does not build"
+}
+
+# desktop_layout TOOL BASE_TAR GUESTD LAYOUT NAME BASE_HASH [FLAG...]: writes
+# the OCI layout of a desktop image (BASE_TAR, then guestd as the entrypoint)
+# with the desktop's config; an image built on the desktop adds its FLAGs.
+desktop_layout() {
+	local tool=$1 base=$2 guestd=$3 layout=$4 name=$5 hash=$6
+	shift 6
+	rm -rf "$layout"
+	"$tool" build \
+		--base "$base" \
+		--add "/usr/local/bin/guestd=$guestd" \
+		--entrypoint /usr/local/bin/guestd \
+		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		--env HOME=/root \
+		--env DISPLAY=:0 \
+		--env LANG=C.UTF-8 \
+		--workdir /root \
+		--label "org.forkfleet.base=$hash" \
+		--name "$name" \
+		--out "$layout" \
+		"$@"
+}
+
+# import_layout TOOL LAYOUT ADDRESS NAMESPACE: imports and unpacks LAYOUT into
+# the containerd at ADDRESS (the tool skips a manifest it already has unpacked).
+import_layout() {
+	local t
+	[[ -S $3 ]] || die "no containerd socket at $3 (set FORKFLEET_CONTAINERD_ADDRESS, or --no-import)"
+	t=$(now_ms)
+	"$1" import --address "$3" --namespace "$4" "$2"
+	log "import: done in $(secs $(($(now_ms) - t)))"
 }

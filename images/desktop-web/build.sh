@@ -13,7 +13,7 @@
 #
 # Steps: (a) the desktop's base rootfs (images/desktop/build.sh --base-only,
 # cached); (b) the web base rootfs tar, cached as desktop-web-base-<hash>.tar
-# where the hash covers the desktop base's hash, packages.txt, web.sh, ../lib.sh and the
+# where the hash covers the desktop base's hash, packages.txt, web.sh, ../rootfs.sh and the
 # rootfs/ overlay: the desktop base extracted, the overlay copied, web.sh in a
 # chroot; (c) guestd; (d) OCI layout (one base layer + guestd); (e) import +
 # unpack, skipped when containerd already has that manifest digest unpacked.
@@ -45,11 +45,11 @@ image_tag=desktop-web
 t_all=$(now_ms)
 # (a) the desktop's base
 "$repo/images/desktop/build.sh" --base-only
-desktop_hash=$(inputs_hash "$repo/images/desktop" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../lib.sh)
+desktop_hash=$(inputs_hash "$repo/images/desktop" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../rootfs.sh)
 desktop_tar=$cache/desktop-base-$desktop_hash.tar
 [[ -f $desktop_tar ]] || die "no desktop base at $desktop_tar"
 
-hash=$(inputs_hash "$here" "forkfleet-desktop-web-base v1 on $desktop_hash" packages.txt web.sh ../lib.sh)
+hash=$(inputs_hash "$here" "forkfleet-desktop-web-base v1 on $desktop_hash" packages.txt web.sh ../rootfs.sh)
 base_tar=$cache/desktop-web-base-$hash.tar
 
 # (b) web base rootfs
@@ -88,34 +88,17 @@ trap 'rm -rf "$work"' EXIT
 # (c) guestd
 guestd=$(guestd_binary "$repo" "$work")
 
-# (d) OCI layout: the desktop image's config (keep the two in step) plus TZ,
+# (d) OCI layout: the desktop image's config plus TZ,
 # set so nothing resolves /etc/localtime and watches
 # /usr/share/zoneinfo (Chromium's time zone monitor does when TZ is unset,
 # an inotify watch CRIU cannot resolve on an overlay root).
 image_tool "$repo" "$work/forkfleet-image"
 layout=$cache/desktop-web-oci
-rm -rf "$layout"
-"$work/forkfleet-image" build \
-	--base "$base_tar" \
-	--add "/usr/local/bin/guestd=$guestd" \
-	--entrypoint /usr/local/bin/guestd \
-	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-	--env HOME=/root \
-	--env DISPLAY=:0 \
-	--env LANG=C.UTF-8 \
+desktop_layout "$work/forkfleet-image" "$base_tar" "$guestd" "$layout" "$image_name" "$hash" \
 	--env TZ=UTC \
-	--workdir /root \
-	--label "org.forkfleet.base=$hash" \
-	--label "org.forkfleet.criu.ghost-limit=64M" \
-	--name "$image_name" \
-	--out "$layout"
+	--label "org.forkfleet.criu.ghost-limit=64M"
 log "layout: $layout"
 
 # (e) import + unpack
-if [[ $do_import -eq 1 ]]; then
-	[[ -S $address ]] || die "no containerd socket at $address (set FORKFLEET_CONTAINERD_ADDRESS, or --no-import)"
-	t=$(now_ms)
-	"$work/forkfleet-image" import --address "$address" --namespace "$namespace" "$layout"
-	log "import: done in $(secs $(($(now_ms) - t)))"
-fi
+[[ $do_import -eq 0 ]] || import_layout "$work/forkfleet-image" "$layout" "$address" "$namespace"
 log "total $(secs $(($(now_ms) - t_all)))"

@@ -3,7 +3,7 @@
 #
 # Builds the forkfleet desktop base rootfs WITHOUT Docker and writes it as an
 # uncompressed tar. Called by build.sh only when no cached tar matches the
-# hash of (packages.txt, this script, slim.sh, ../lib.sh, rootfs/ overlay). Needs root, debootstrap,
+# hash of (packages.txt, this script, slim.sh, ../rootfs.sh, rootfs/ overlay). Needs root, debootstrap,
 # unshare and network access to the host's Debian mirror.
 #
 # Steps: debootstrap minbase + packages.txt; overlay rootfs/; slim.sh in a

@@ -14,7 +14,7 @@
 #   SOURCE_DATE_EPOCH             mtime/created of the guestd layer and config (default 0)
 #
 # Steps: (a) base rootfs tar, cached as desktop-base-<sha256 of inputs>.tar
-# where the inputs are packages.txt, base.sh, slim.sh, ../lib.sh and the rootfs/ overlay (not
+# where the inputs are packages.txt, base.sh, slim.sh, ../rootfs.sh and the rootfs/ overlay (not
 # guestd); (b) guestd; (c) OCI layout = base layer + guestd layer, written by
 # forkfleet-image; (d) import + unpack into containerd, skipped when containerd
 # already has that manifest digest unpacked.
@@ -47,7 +47,7 @@ image_tag=desktop
 
 mkdir -p "$cache"
 t_all=$(now_ms)
-hash=$(inputs_hash "$here" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../lib.sh)
+hash=$(inputs_hash "$here" "forkfleet-desktop-base v1" packages.txt base.sh slim.sh ../rootfs.sh)
 base_tar=$cache/desktop-base-$hash.tar
 
 # (a) base rootfs
@@ -73,27 +73,10 @@ guestd=$(guestd_binary "$repo" "$work")
 # (c) OCI layout
 image_tool "$repo" "$work/forkfleet-image"
 layout=$cache/desktop-oci
-rm -rf "$layout"
 t=$(now_ms)
-"$work/forkfleet-image" build \
-	--base "$base_tar" \
-	--add "/usr/local/bin/guestd=$guestd" \
-	--entrypoint /usr/local/bin/guestd \
-	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-	--env HOME=/root \
-	--env DISPLAY=:0 \
-	--env LANG=C.UTF-8 \
-	--workdir /root \
-	--label "org.forkfleet.base=$hash" \
-	--name "$image_name" \
-	--out "$layout"
+desktop_layout "$work/forkfleet-image" "$base_tar" "$guestd" "$layout" "$image_name" "$hash"
 log "layout: $layout written in $(secs $(($(now_ms) - t)))"
 
 # (d) import + unpack
-if [[ $do_import -eq 1 ]]; then
-	[[ -S $address ]] || die "no containerd socket at $address (set FORKFLEET_CONTAINERD_ADDRESS, or --no-import)"
-	t=$(now_ms)
-	"$work/forkfleet-image" import --address "$address" --namespace "$namespace" "$layout"
-	log "import: done in $(secs $(($(now_ms) - t)))"
-fi
+[[ $do_import -eq 0 ]] || import_layout "$work/forkfleet-image" "$layout" "$address" "$namespace"
 log "total $(secs $(($(now_ms) - t_all)))"

@@ -3,7 +3,7 @@
 #
 # Builds the forkfleet node image's base rootfs WITHOUT Docker and writes it
 # as an uncompressed tar. Called by build.sh only when no cached tar matches
-# the hash of its inputs (packages.txt, this script, prune.sh, ../lib.sh, the rootfs/
+# the hash of its inputs (packages.txt, this script, prune.sh, ../rootfs.sh, the rootfs/
 # overlay, the CRIU .debs). Needs root, debootstrap and the host's Debian mirror.
 #
 # Steps: debootstrap minbase + packages.txt; CRIU_TREE (the host's private

@@ -22,7 +22,7 @@
 # Steps: (a) binaries.sh (shared with the Dockerfile): containerd's build and
 # the CRIU .debs (host-setup's caches, made when missing), the Go builds,
 # CRIU's wrapper and preload; (b) base rootfs tar (base.sh), cached as
-# node-base-<hash>.tar where the inputs are packages.txt, base.sh, prune.sh, ../lib.sh,
+# node-base-<hash>.tar where the inputs are packages.txt, base.sh, prune.sh, ../rootfs.sh,
 # the rootfs/ overlay and the CRIU .debs; (c) the OCI layout =
 # base layer + binaries layer, rewritten only when the hash of everything in
 # it changed (node-oci.inputs).
@@ -64,7 +64,7 @@ image_tool "$repo" "$work/forkfleet-image"
 # (b) base rootfs, with the CRIU the wrapper runs.
 criu_ver=$(newest_cached_criu) || die "no CRIU .debs in $CRIU_CACHE after binaries.sh"
 criu_debs=$(cd "$CRIU_CACHE/$criu_ver/debs" && ls ./*.deb | LC_ALL=C sort | sha256sum | cut -c1-16)
-hash=$(inputs_hash "$here" "forkfleet-node-base v1 criu $criu_ver $criu_debs" packages.txt base.sh prune.sh ../lib.sh)
+hash=$(inputs_hash "$here" "forkfleet-node-base v1 criu $criu_ver $criu_debs" packages.txt base.sh prune.sh ../rootfs.sh)
 base_tar=$cache/node-base-$hash.tar
 if [[ -f $base_tar ]]; then
 	log "base: reusing $base_tar ($(du -m --apparent-size "$base_tar" | cut -f1) MB)"
