@@ -54,6 +54,21 @@ func (s *Session) CheckpointDone(ctx context.Context) error {
 	return nil
 }
 
+// ResumeApps lets the apps a replica's Restored (hold_apps) kept stopped
+// run (admin token only). It returns how many processes it continued: 0
+// when none were held.
+func (s *Session) ResumeApps(ctx context.Context) (uint32, error) {
+	m, err := s.Do(ctx, &aciv1.ClientMessage{Request: &aciv1.ClientMessage_ResumeApps{ResumeApps: &aciv1.ResumeAppsRequest{}}})
+	if err != nil {
+		return 0, err
+	}
+	r := m.GetResumeApps()
+	if r == nil {
+		return 0, unexpected("resume_apps", m)
+	}
+	return r.GetResumed(), nil
+}
+
 // ReleaseScratch gives the guest's idle scratch memory (capture segments,
 // freed heap) back to the kernel, as before freezing a replica (admin token
 // only). It returns the capture-segment bytes released.

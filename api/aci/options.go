@@ -31,7 +31,7 @@ var DefaultCapabilities = []string{
 	"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
 	"input", "windows", "clipboard", "events.ready", "cancel", "memory", "exec", "launch",
 	"files", "files.chunked", "screencast", "screencast.delta", "screencast.zlib", "checkpoint",
-	"restored.admin_token", "netprobe", "a11y",
+	"restored.admin_token", "apps.hold", "netprobe", "a11y",
 }
 
 // DialOption configures Dial and DialUnix.

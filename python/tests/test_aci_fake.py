@@ -82,6 +82,8 @@ async def test_every_request(fake):
             await s.checkpoint_done()
         with pytest.raises(forkfleet.Unimplemented):
             await s.release_scratch()
+        with pytest.raises(forkfleet.Unimplemented):
+            await s.resume_apps()
         assert await s.ping(b"still") == b"still"
 
 

@@ -3,6 +3,8 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -116,41 +118,120 @@ func TestRealStackBrowser(t *testing.T) {
 	}
 	t.Logf("counter: %d before the checkpoint, %d after; replicas at %v", before, after, reps)
 	for i, r := range reps {
-		rs, err := aci.Dial(ctx, r.ep.Url, r.ep.Token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Each replica gets its own text: they diverge.
-		if _, err := rs.Step(ctx, []*aciv1.Action{aci.Type(fmt.Sprintf(" r%d", i))}, nil); err != nil {
-			t.Fatal(err)
-		}
-		waitTitle(t, ctx, rs, fmt.Sprintf("replica %d advances with its own text", i), func(title string) bool {
-			m := counterTitle.FindStringSubmatch(title)
-			if m == nil {
-				return false
-			}
-			n, _ := strconv.Atoi(m[1])
-			return n > r.first && m[2] == fmt.Sprintf("%s r%d", typed, i)
-		})
-		// The restored DevTools server answers on the replica's loopback.
-		checkCDP(t, ctx, rs, fmt.Sprintf("replica %d", i))
-		if i == 0 {
-			cdpThroughGateway(t, ctx, client.NewFromConn(s.conn).Sandbox(r.id), "replica 0")
-		}
-		// Nothing but the browser's window: no crash or restore dialog.
-		ws, err := rs.ListWindows(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ws) != 1 {
-			var titles []string
-			for _, w := range ws {
-				titles = append(titles, w.GetTitle())
-			}
-			t.Fatalf("replica %d shows %d windows %q, want the browser's only", i, len(ws), titles)
-		}
-		rs.Close()
+		checkReplicaRuns(t, ctx, s, i, r.id, r.ep, r.first, typed)
 	}
+
+	// A frozen pool's member waits with every process but guestd and the X
+	// server stopped since its restored (and passed its proofs so; frozen,
+	// /proc shows them all in the freezer's D): claimed, none is left
+	// stopped and its page runs on from the checkpoint's state like a
+	// fork's replica.
+	pr, err := s.plc.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Id}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.plc.DeletePool(context.Background(), &controldv1.DeletePoolRequest{Id: pr.Pool.Id})
+	var member string
+	deadline := time.Now().Add(2 * time.Minute)
+	for member == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("browser pool did not fill in 2 minutes")
+		}
+		l, err := s.sbc.ListSandboxes(ctx, &controldv1.ListSandboxesRequest{States: []controldv1.SandboxState{controldv1.SandboxState_SANDBOX_STATE_SUSPENDED}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range l.Sandboxes {
+			if sb.PoolId == pr.Pool.Id {
+				member = sb.Id
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cl, err := s.plc.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: pr.Pool.Id})
+	if err != nil || !cl.Hit || cl.Sandbox.Id != member {
+		t.Fatalf("claim: %v (hit %v), want member %s", err, cl.GetHit(), member)
+	}
+	s.deleteSandboxAtEnd(member)
+	if stopped, all := stoppedProcesses(t, member); stopped != 0 || all == 0 {
+		t.Fatalf("claimed %s with %d of its %d processes stopped", member, stopped, all)
+	}
+	n, text := titleState(t, ctx, s, cl.Endpoint)
+	if n < before || text != typed {
+		t.Fatalf("claimed member starts at counter %d with %q; the source showed %d before the checkpoint, with %q", n, text, before, typed)
+	}
+	checkReplicaRuns(t, ctx, s, len(reps), member, cl.Endpoint, n, typed)
+}
+
+// checkReplicaRuns checks a replica's page: it takes its own text ("r<i>"
+// after typed) and its counter advances past first, its DevTools server
+// answers, and it shows nothing but the browser's window (no crash or
+// restore dialog).
+func checkReplicaRuns(t *testing.T, ctx context.Context, s *bootStack, i int, id string, ep *controldv1.Endpoint, first int, typed string) {
+	t.Helper()
+	rs, err := aci.Dial(ctx, ep.Url, ep.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each replica gets its own text: they diverge.
+	if _, err := rs.Step(ctx, []*aciv1.Action{aci.Type(fmt.Sprintf(" r%d", i))}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitTitle(t, ctx, rs, fmt.Sprintf("replica %d advances with its own text", i), func(title string) bool {
+		m := counterTitle.FindStringSubmatch(title)
+		if m == nil {
+			return false
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n > first && m[2] == fmt.Sprintf("%s r%d", typed, i)
+	})
+	// The restored DevTools server answers on the replica's loopback.
+	checkCDP(t, ctx, rs, fmt.Sprintf("replica %d", i))
+	if i == 0 {
+		cdpThroughGateway(t, ctx, client.NewFromConn(s.conn).Sandbox(id), "replica 0")
+	}
+	// Nothing but the browser's window: no crash or restore dialog.
+	ws, err := rs.ListWindows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 1 {
+		var titles []string
+		for _, w := range ws {
+			titles = append(titles, w.GetTitle())
+		}
+		t.Fatalf("replica %d shows %d windows %q, want the browser's only", i, len(ws), titles)
+	}
+	rs.Close()
+}
+
+// stoppedProcesses counts the processes of sandbox id (its freezer or
+// unified cgroup) and those stopped (state T). 0, 0 when its cgroup is not
+// found.
+func stoppedProcesses(t *testing.T, id string) (stopped, all int) {
+	t.Helper()
+	var procs []string
+	for _, pat := range []string{"/sys/fs/cgroup/freezer/*/" + id + "/cgroup.procs", "/sys/fs/cgroup/*/" + id + "/cgroup.procs"} {
+		if m, _ := filepath.Glob(pat); len(m) == 1 {
+			b, err := os.ReadFile(m[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			procs = strings.Fields(string(b))
+			break
+		}
+	}
+	for _, pid := range procs {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			continue
+		}
+		all++
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+			stopped++
+		}
+	}
+	return stopped, all
 }
 
 // checkCDP asks Chromium's DevTools server on the sandbox's loopback for

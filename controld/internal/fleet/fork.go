@@ -152,8 +152,10 @@ type forkParams struct {
 	ttl       time.Duration
 	levels    []controldv1.VerifyLevel
 	poolID    string
-	pooled    bool
-	freeze    bool // pools: freeze after verifying
+	// pooled: a frozen pool's member (pooler.warmOne). Its apps are held
+	// stopped from its Restored to its claim (RestoredInfo.HoldApps).
+	pooled bool
+	freeze bool // pools: freeze after verifying
 	// request tags the replica with the call (with a request id) making it.
 	request *store.RequestTag
 }
@@ -369,7 +371,7 @@ func (f *replicaFork) identify(ctx context.Context) error {
 		usable <- nil
 	}
 	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, AdminToken: spec.AdminToken,
-		Generation: f.sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes)}
+		Generation: f.sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes), HoldApps: f.p.pooled}
 	restored := make(chan error, 1)
 	born := make(chan []byte, 1) // the replica's first frame, for the pixel proof
 	rctx, rs := m.tracer.Start(ctx, "fork.restored")

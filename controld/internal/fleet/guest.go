@@ -51,6 +51,11 @@ type Guest interface {
 	// ReleaseScratch gives guestd's idle scratch memory back to the kernel
 	// before a replica is frozen (admin).
 	ReleaseScratch(ctx context.Context) error
+	// ResumeApps lets the apps that Restored with HoldApps kept stopped run
+	// (admin); it answers once they were continued (nothing to do when none
+	// are held). A claim of a frozen pool's replica sends it after the thaw:
+	// the round trip that proves guestd runs.
+	ResumeApps(ctx context.Context) error
 	// Ping round-trips one small message.
 	Ping(ctx context.Context) error
 	// Hello is what guestd announced when the session opened.
@@ -109,4 +114,8 @@ type RestoredInfo struct {
 	AdminToken string // the replica's own admin token
 	Generation uint64
 	Entropy    []byte
+	// HoldApps stops the replica's apps (every process but guestd and the
+	// X server) until ResumeApps: a pool's member, which waits frozen for
+	// its claim.
+	HoldApps bool
 }

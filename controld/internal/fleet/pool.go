@@ -312,7 +312,10 @@ func (m *pooler) warmOne(ctx context.Context, p *pool) error {
 		}
 		levels := rules.DefaultLevels(ck.Checkpoint.VerifyLevels)
 		// Not frozen by the fork: freezeWarm opens the session a claim
-		// pings over first.
+		// resumes it over first. Its apps are stopped from its Restored
+		// (the proofs need only guestd and the X server) until that claim:
+		// a waiting member holds the checkpoint's memory, not what its page
+		// would do until the freeze.
 		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: pb.Labels, levels: levels, poolID: pb.Id, pooled: true,
 			policy: pb.GetNetwork().GetPolicy()})
 		if rep.ErrorCode != 0 {

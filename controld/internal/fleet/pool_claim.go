@@ -128,7 +128,8 @@ func (m *pooler) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time) 
 
 // claimWarm hands out sb, a warm member of p that takeWarm reserved.
 //
-// For a frozen pool it thaws sb and proves guestd runs with one round trip.
+// For a frozen pool it thaws sb and lets its apps run (they were held
+// stopped since the restore), the round trip that proves guestd runs.
 // The replica's identity (own ACI and admin tokens, sandbox id, generation, fresh
 // entropy) was installed before it was frozen (forkStart sends Restored
 // ahead of the freeze), so nothing per replica is left for the claim.
@@ -226,7 +227,8 @@ func (m *pooler) connectClaimed(ctx context.Context, id string, nw *controldv1.N
 }
 
 // thawAndPing thaws a frozen pool's sandbox and waits for one round trip
-// with its guestd. An image pool's sandboxes run already: nothing to do.
+// with its guestd: ResumeApps, which lets the apps its Restored held run
+// (see warmOne). An image pool's sandboxes run already: nothing to do.
 func (m *pooler) thawAndPing(ctx context.Context, p *pool, id string, sock guestsock.Addr, admin string) error {
 	if !p.rec.Pool.Frozen {
 		return nil
@@ -244,27 +246,27 @@ func (m *pooler) thawAndPing(ctx context.Context, p *pool, id string, sock guest
 	// Over the session opened before the freeze when there is one: one round
 	// trip instead of a connect, WebSocket upgrade and Hello.
 	if g := p.held.take(id); g != nil {
-		err := g.Ping(pctx)
+		err := g.ResumeApps(pctx)
 		closeLater(g)
 		if err == nil {
 			return nil
 		}
-		m.log.Debug("ping over the held session failed; dialing", "sandbox", id, "err", err)
+		m.log.Debug("resume over the held session failed; dialing", "sandbox", id, "err", err)
 	}
-	if err := m.pingGuest(pctx, sock, admin); err != nil {
-		return fmt.Errorf("ping after thaw: %w", err)
+	if err := m.resumeGuest(pctx, sock, admin); err != nil {
+		return fmt.Errorf("resume apps after thaw: %w", err)
 	}
 	return nil
 }
 
-// pingGuest proves guestd answers with a fresh session.
-func (m *pooler) pingGuest(ctx context.Context, sock guestsock.Addr, token string) error {
+// resumeGuest lets a thawed replica's apps run over a fresh session.
+func (m *pooler) resumeGuest(ctx context.Context, sock guestsock.Addr, token string) error {
 	g, err := m.dialGuest(ctx, sock, token)
 	if err != nil {
 		return err
 	}
 	defer closeLater(g)
-	return g.Ping(ctx)
+	return g.ResumeApps(ctx)
 }
 
 // closeLater closes a claim's admin session once the claimant had time for

@@ -194,3 +194,42 @@ func TestPoolClaimUsesHeldSession(t *testing.T) {
 		t.Fatal("claim after a restart did not dial (no held session can exist)")
 	}
 }
+
+// A frozen pool's members wait with their apps held stopped (restored with
+// HoldApps): a claim lets them run, over the held session and, after a
+// restart, over a fresh one. A fork's replicas run their apps at once.
+func TestPoolMemberAppsHeldUntilClaim(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	p := frozenPool(t, e, 2)
+	var members []string
+	for _, id := range e.rt.IDs() {
+		if e.rt.Status(id) == runtime.StatusFrozen {
+			members = append(members, id)
+			if !e.rt.Guest(id).AppsHeld() {
+				t.Fatalf("member %s waits with its apps running", id)
+			}
+		}
+	}
+	if len(members) != 2 {
+		t.Fatalf("%d frozen members, want 2", len(members))
+	}
+	for range 2 {
+		s, _, hit, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
+		if err != nil || !hit {
+			t.Fatalf("claim: hit=%v err=%v", hit, err)
+		}
+		if e.rt.Guest(s.Id).AppsHeld() {
+			t.Fatalf("claimed %s with its apps still held", s.Id)
+		}
+		e.restart() // the second claim has no held session
+	}
+
+	resp, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: p.CheckpointId, Count: 1})
+	if err != nil || resp.Replicas[0].ErrorCode != 0 {
+		t.Fatalf("fork: %v %v", resp, err)
+	}
+	if id := resp.Replicas[0].Sandbox.Id; e.rt.Guest(id).AppsHeld() {
+		t.Fatalf("fork replica %s has its apps held", id)
+	}
+}

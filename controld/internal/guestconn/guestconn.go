@@ -180,7 +180,7 @@ func (g *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.Resto
 			g.s.Welcome().GetServerVersion(), capRestoredAdminToken)
 	}
 	resp, err := g.s.Restored(ctx, &aciv1.RestoredRequest{SandboxId: r.SandboxID, Token: r.Token, AdminToken: r.AdminToken,
-		Generation: r.Generation, Entropy: r.Entropy})
+		Generation: r.Generation, Entropy: r.Entropy, HoldApps: r.HoldApps})
 	if err != nil {
 		return fleet.RestoredResult{}, err
 	}
@@ -211,6 +211,19 @@ func (g *guest) ReleaseScratch(ctx context.Context) error {
 	_, err := g.s.ReleaseScratch(ctx)
 	return err
 }
+
+// ResumeApps falls back to a ping on a guestd without "apps.hold" (a
+// checkpoint taken before it): such a guestd never held its apps.
+func (g *guest) ResumeApps(ctx context.Context) error {
+	if !g.s.HasCapability(capAppsHold) {
+		return g.Ping(ctx)
+	}
+	_, err := g.s.ResumeApps(ctx)
+	return err
+}
+
+// capAppsHold: guestd stops its apps for a dump and serves resume_apps.
+const capAppsHold = "apps.hold"
 
 func (g *guest) Ping(ctx context.Context) error {
 	_, err := g.s.Ping(ctx, nil)

@@ -259,6 +259,31 @@ func (s *Server) expireGrab() {
 	s.releaseGrab()
 }
 
+// holdApps stops the session's apps until resume_apps (restored with
+// hold_apps); the X server runs on.
+func (s *Server) holdApps() {
+	if s.opts.StopApps == nil {
+		return
+	}
+	s.apps.Lock()
+	defer s.apps.Unlock()
+	if s.apps.cont == nil {
+		s.apps.cont = s.opts.StopApps()
+	}
+}
+
+// resumeApps continues the apps holdApps holds and returns how many.
+func (s *Server) resumeApps() int {
+	s.apps.Lock()
+	cont := s.apps.cont
+	s.apps.cont = nil
+	s.apps.Unlock()
+	if cont == nil {
+		return 0
+	}
+	return cont()
+}
+
 func (s *Server) startOfGrab() string {
 	s.grab.Lock()
 	defer s.grab.Unlock()

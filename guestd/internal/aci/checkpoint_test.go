@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -203,5 +204,71 @@ func TestProcessStart(t *testing.T) {
 	a, b := processStart(), processStart()
 	if a == "" || a != b {
 		t.Fatalf("process start %q then %q", a, b)
+	}
+}
+
+// appsStub stands in for supervise.StopOthers: it counts the holds and
+// the continues.
+type appsStub struct {
+	mu            sync.Mutex
+	held, resumes int
+}
+
+func (a *appsStub) hold() func() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held++
+	return func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.resumes++
+		return 3
+	}
+}
+
+func (a *appsStub) counts() (held, resumes int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held, a.resumes
+}
+
+// TestRestoredHoldApps checks that restored stops the apps only with
+// hold_apps, and resume_apps (admin only) continues them once.
+func TestRestoredHoldApps(t *testing.T) {
+	apps := &appsStub{}
+	h := newHarness(t, func(o *Options) { o.StopApps = apps.hold })
+	admin := h.session(adminToken)
+	resume := &aciv1.ClientMessage{Request: &aciv1.ClientMessage_ResumeApps{ResumeApps: &aciv1.ResumeAppsRequest{}}}
+	restored := func(token, admin string, gen uint64, hold bool) *aciv1.ClientMessage {
+		return &aciv1.ClientMessage{Request: &aciv1.ClientMessage_Restored{Restored: &aciv1.RestoredRequest{
+			SandboxId: "sb-2", Token: token, AdminToken: admin, Generation: gen, Entropy: bytes.Repeat([]byte{7}, 32), HoldApps: hold}}}
+	}
+
+	// A replica restored to run holds nothing.
+	if r := call(t, admin, restored("t1", "a1", 1, false)); r.GetRestored() == nil {
+		t.Fatalf("restored: %v", r)
+	}
+	if held, _ := apps.counts(); held != 0 {
+		t.Fatalf("restored without hold_apps held the apps %d times", held)
+	}
+	if r := call(t, h.session("a1"), resume).GetResumeApps(); r == nil || r.GetResumed() != 0 {
+		t.Fatalf("resume_apps with nothing held: %v", r)
+	}
+
+	// A pool's replica: held until resume_apps, which agents may not send.
+	call(t, h.session("a1"), restored("t2", "a2", 2, true))
+	if held, resumes := apps.counts(); held != 1 || resumes != 0 {
+		t.Fatalf("after restored with hold_apps: held %d, resumed %d", held, resumes)
+	}
+	wantCode(t, call(t, h.session("t2"), resume), aciv1.ErrorCode_ERROR_CODE_PERMISSION_DENIED)
+	a2 := h.session("a2")
+	if r := call(t, a2, resume).GetResumeApps(); r.GetResumed() != 3 {
+		t.Fatalf("resume_apps: %v", r)
+	}
+	if r := call(t, a2, resume).GetResumeApps(); r == nil || r.GetResumed() != 0 {
+		t.Fatalf("second resume_apps: %v", r)
+	}
+	if _, resumes := apps.counts(); resumes != 1 {
+		t.Fatalf("apps continued %d times, want 1", resumes)
 	}
 }

@@ -174,6 +174,12 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 		}
 		out.Reply = &aciv1.ServerMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchResponse{
 			ReleasedBytes: uint64(ss.srv.releaseScratch())}}
+	case *aciv1.ClientMessage_ResumeApps:
+		if ss.role != RoleAdmin {
+			return errReply(id, denied("resume_apps"))
+		}
+		out.Reply = &aciv1.ServerMessage_ResumeApps{ResumeApps: &aciv1.ResumeAppsResponse{
+			Resumed: uint32(ss.srv.resumeApps())}}
 	case *aciv1.ClientMessage_ScreencastStart:
 		return ss.screencastStart(id, r.ScreencastStart)
 	case *aciv1.ClientMessage_ScreencastStop:

@@ -65,6 +65,7 @@ func fuzzSeeds() []*aciv1.ClientMessage {
 		{Id: 22, Request: &aciv1.ClientMessage_CheckpointPrepare{CheckpointPrepare: &aciv1.CheckpointPrepareRequest{HoldMs: 1, SettleMs: 1}}},
 		{Id: 23, Request: &aciv1.ClientMessage_CheckpointDone{CheckpointDone: &aciv1.CheckpointDoneRequest{}}},
 		{Id: 24, Request: &aciv1.ClientMessage_ReleaseScratch{ReleaseScratch: &aciv1.ReleaseScratchRequest{}}},
+		{Id: 29, Request: &aciv1.ClientMessage_ResumeApps{ResumeApps: &aciv1.ResumeAppsRequest{}}},
 		// screencast
 		{Id: 25, Request: &aciv1.ClientMessage_ScreencastStart{ScreencastStart: &aciv1.ScreencastStartRequest{Fps: 60, Delta: true,
 			Format: screencast.FormatZlib, Cursor: aciv1.CursorMode_CURSOR_MODE_EVENTS, FrameHashes: true}}},

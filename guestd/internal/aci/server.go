@@ -112,6 +112,11 @@ type Options struct {
 	// DefaultScratchIdle when 0, never when negative.
 	ScratchIdle time.Duration
 
+	// StopApps stops the session's apps (every process of the sandbox but
+	// guestd and the X server) for restored.hold_apps and returns what
+	// continues them (supervise.StopOthers). nil: apps are never held.
+	StopApps func() (cont func() int)
+
 	// A11y reads and acts on the accessibility tree (a11y_tree,
 	// a11y_action, step.observe_tree); nil: not advertised, UNIMPLEMENTED.
 	A11y *a11y.Client
@@ -160,6 +165,11 @@ type Server struct {
 		held  ServerGrabber // nil: not grabbed
 		timer *time.Timer
 		start string // processStart() when grabbed
+	}
+	// apps continues the apps held since the restore (nil: none held).
+	apps struct {
+		sync.Mutex
+		cont func() int
 	}
 
 	mu       sync.Mutex
@@ -238,7 +248,7 @@ func New(opts Options) (*Server, error) {
 	s.sandboxID.Store(&sid)
 	s.caps = []string{"codec.png", "codec.jpeg", "codec.none", "dedup", "settle", "region", "downscale", "cursor",
 		"input", "windows", "clipboard", "events.ready", "cancel", "memory", "checkpoint", "restored.admin_token",
-		"netprobe", "screencast", "screencast.delta", screencast.CapabilityZlib}
+		"apps.hold", "netprobe", "screencast", "screencast.delta", screencast.CapabilityZlib}
 	if opts.Runner != nil {
 		s.caps = append(s.caps, "exec", "launch")
 	}

@@ -242,6 +242,12 @@ func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.R
 		return nil, acierr.New(aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION, "restored.generation",
 			"generation %d is older than the current %d", req.GetGeneration(), g)
 	}
+	// A pool's member: its apps stop first thing (the X server runs on for
+	// the capture below and the proofs) and run again at its claim
+	// (resume_apps).
+	if req.GetHoldApps() {
+		s.holdApps()
+	}
 	// Writing to /dev/urandom mixes the bytes into the kernel pool without
 	// crediting entropy; RNDADDENTROPY would need CAP_SYS_ADMIN.
 	if f, err := os.OpenFile(s.opts.EntropySink, os.O_WRONLY, 0); err != nil {
@@ -290,6 +296,6 @@ func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.R
 		s.log.Warn("restored: capture the first frame", "err", err)
 	}
 	s.releaseGrab()
-	s.log.Info("restored", "generation", req.GetGeneration(), "sandbox_id", req.GetSandboxId())
+	s.log.Info("restored", "generation", req.GetGeneration(), "sandbox_id", req.GetSandboxId(), "hold_apps", req.GetHoldApps())
 	return resp, nil
 }

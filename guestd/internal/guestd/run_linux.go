@@ -197,6 +197,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		// As the sandbox's init, /proc shows the sandbox only.
 		opts.SandboxCPU = sysops.OthersCPUTime
 	}
+	// sup is set below, before any session can be served. A pool's member
+	// keeps its X server running while its apps are held: its proofs
+	// capture the screen.
+	var sup *supervise.Supervisor
+	if supervising && os.Getpid() == 1 {
+		opts.StopApps = func() func() int {
+			return supervise.StopOthers(func() int { return sup.Pid(xvfbName(cfg)) })
+		}
+	}
 	a11yAddr := ""
 	if cfg.A11y != nil {
 		a11yAddr = cfg.A11y.Address
@@ -266,7 +275,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return nil
 	}})
 
-	sup := supervise.New(rp, log, childEnv, o.grace)
+	sup = supervise.New(rp, log, childEnv, o.grace)
 	dm := &desktopManager{cfg: cfg, srv: srv, log: log, sup: sup, agent: agent, access: access, supervising: supervising, trigger: make(chan struct{}, 1)}
 	dmCtx, dmCancel := context.WithCancel(context.Background())
 	dmDone := make(chan struct{})

@@ -132,20 +132,8 @@ func TerminateAll(grace time.Duration) {
 // is not a zombie (the reaper collects those).
 func othersAlive() bool {
 	self := os.Getpid()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return false
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] != 'Z' {
+	for _, pid := range pids() {
+		if st := procState(pid); pid != self && st != 0 && st != 'Z' {
 			return true
 		}
 	}

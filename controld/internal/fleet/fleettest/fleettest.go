@@ -717,6 +717,7 @@ type Guestd struct {
 	stopped      bool
 	restored     int
 	entropy      []byte
+	appsHeld     bool // Restored with HoldApps, no ResumeApps since
 
 	srv *acitest.Server
 	hs  *http.Server
@@ -750,6 +751,10 @@ func (g *Guestd) Generation() uint64 { g.mu.Lock(); defer g.mu.Unlock(); return 
 
 // Restored counts Restored notifications.
 func (g *Guestd) Restored() int { g.mu.Lock(); defer g.mu.Unlock(); return g.restored }
+
+// AppsHeld reports whether the apps are held stopped (Restored with
+// HoldApps and no ResumeApps since).
+func (g *Guestd) AppsHeld() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.appsHeld }
 
 // Entropy is the last entropy received.
 func (g *Guestd) Entropy() []byte { g.mu.Lock(); defer g.mu.Unlock(); return g.entropy }
@@ -1014,6 +1019,7 @@ func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.Resto
 	s.g.sandboxID, s.g.aciToken, s.g.adminToken, s.g.generation = r.SandboxID, r.Token, r.AdminToken, r.Generation
 	s.g.entropy = r.Entropy
 	s.g.restored++
+	s.g.appsHeld = r.HoldApps
 	// The replica's first frame: the screen as the checkpoint left it (the
 	// real guestd captures it under the X server grab the dump carried).
 	return fleet.RestoredResult{FrameHash: append([]byte(nil), s.g.frameHash...)}, nil
@@ -1026,6 +1032,16 @@ func (s *guest) CheckpointPrepare(ctx context.Context, _, settle time.Duration) 
 func (s *guest) CheckpointDone(ctx context.Context) error { return s.check(ctx) }
 
 func (s *guest) ReleaseScratch(ctx context.Context) error { return s.check(ctx) }
+
+func (s *guest) ResumeApps(ctx context.Context) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	s.g.mu.Lock()
+	s.g.appsHeld = false
+	s.g.mu.Unlock()
+	return nil
+}
 
 func (s *guest) Ping(ctx context.Context) error { return s.check(ctx) }
 

@@ -771,11 +771,13 @@ class Session:
                                    "memory_challenge", timeout)).mac
 
     async def restored(self, *, sandbox_id: str, token: str, admin_token: str, generation: int,
-                       entropy: bytes | None = None, timeout: float | None = None) -> a.RestoredResponse:
+                       entropy: bytes | None = None, hold_apps: bool = False,
+                       timeout: float | None = None) -> a.RestoredResponse:
         """Tells a freshly restored replica its identity, its tokens (both
-        roles), generation and fresh entropy (controld's job; admin token only)."""
+        roles), generation and fresh entropy (controld's job; admin token only).
+        With ``hold_apps`` its apps stay stopped, as dumped, until resume_apps."""
         req = a.RestoredRequest(sandbox_id=sandbox_id, token=token, admin_token=admin_token, generation=generation,
-                                entropy=entropy if entropy is not None else secrets.token_bytes(32))
+                                entropy=entropy if entropy is not None else secrets.token_bytes(32), hold_apps=hold_apps)
         return await self._expect(a.ClientMessage(restored=req), "restored", timeout)
 
     async def checkpoint_prepare(self, hold: float = 0, *, settle: float = 0, settle_timeout: float = 0,
@@ -788,6 +790,12 @@ class Session:
 
     async def checkpoint_done(self, *, timeout: float | None = None) -> None:
         await self._expect(a.ClientMessage(checkpoint_done=a.CheckpointDoneRequest()), "checkpoint_done", timeout)
+
+    async def resume_apps(self, *, timeout: float | None = None) -> int:
+        """Lets the apps restored(hold_apps=True) kept stopped run (admin token
+        only); returns how many processes were continued."""
+        return (await self._expect(a.ClientMessage(resume_apps=a.ResumeAppsRequest()), "resume_apps",
+                                   timeout)).resumed
 
     async def release_scratch(self, *, timeout: float | None = None) -> int:
         """Gives guestd's idle scratch memory back to the kernel (admin token

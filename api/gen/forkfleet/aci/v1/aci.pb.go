@@ -604,6 +604,7 @@ type ClientMessage struct {
 	//	*ClientMessage_NetProbe
 	//	*ClientMessage_A11YTree
 	//	*ClientMessage_A11YAction
+	//	*ClientMessage_ResumeApps
 	Request       isClientMessage_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -950,6 +951,15 @@ func (x *ClientMessage) GetA11YAction() *A11YActionRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetResumeApps() *ResumeAppsRequest {
+	if x != nil {
+		if x, ok := x.Request.(*ClientMessage_ResumeApps); ok {
+			return x.ResumeApps
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Request interface {
 	isClientMessage_Request()
 }
@@ -1086,6 +1096,10 @@ type ClientMessage_A11YAction struct {
 	A11YAction *A11YActionRequest `protobuf:"bytes,34,opt,name=a11y_action,json=a11yAction,proto3,oneof"`
 }
 
+type ClientMessage_ResumeApps struct {
+	ResumeApps *ResumeAppsRequest `protobuf:"bytes,35,opt,name=resume_apps,json=resumeApps,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Request() {}
 
 func (*ClientMessage_Ping) isClientMessage_Request() {}
@@ -1152,6 +1166,8 @@ func (*ClientMessage_A11YTree) isClientMessage_Request() {}
 
 func (*ClientMessage_A11YAction) isClientMessage_Request() {}
 
+func (*ClientMessage_ResumeApps) isClientMessage_Request() {}
+
 // ServerMessage is the only message a server sends.
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1193,6 +1209,7 @@ type ServerMessage struct {
 	//	*ServerMessage_NetProbe
 	//	*ServerMessage_A11YTree
 	//	*ServerMessage_A11YAction
+	//	*ServerMessage_ResumeApps
 	//	*ServerMessage_Event
 	Reply         isServerMessage_Reply `protobuf_oneof:"reply"`
 	unknownFields protoimpl.UnknownFields
@@ -1549,6 +1566,15 @@ func (x *ServerMessage) GetA11YAction() *A11YActionResponse {
 	return nil
 }
 
+func (x *ServerMessage) GetResumeApps() *ResumeAppsResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*ServerMessage_ResumeApps); ok {
+			return x.ResumeApps
+		}
+	}
+	return nil
+}
+
 func (x *ServerMessage) GetEvent() *Event {
 	if x != nil {
 		if x, ok := x.Reply.(*ServerMessage_Event); ok {
@@ -1700,6 +1726,10 @@ type ServerMessage_A11YAction struct {
 	A11YAction *A11YActionResponse `protobuf:"bytes,35,opt,name=a11y_action,json=a11yAction,proto3,oneof"`
 }
 
+type ServerMessage_ResumeApps struct {
+	ResumeApps *ResumeAppsResponse `protobuf:"bytes,36,opt,name=resume_apps,json=resumeApps,proto3,oneof"`
+}
+
 type ServerMessage_Event struct {
 	// Pushed without a request (id 0).
 	Event *Event `protobuf:"bytes,40,opt,name=event,proto3,oneof"`
@@ -1772,6 +1802,8 @@ func (*ServerMessage_NetProbe) isServerMessage_Reply() {}
 func (*ServerMessage_A11YTree) isServerMessage_Reply() {}
 
 func (*ServerMessage_A11YAction) isServerMessage_Reply() {}
+
+func (*ServerMessage_ResumeApps) isServerMessage_Reply() {}
 
 func (*ServerMessage_Event) isServerMessage_Reply() {}
 
@@ -6218,7 +6250,13 @@ type RestoredRequest struct {
 	Generation uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	Entropy    []byte `protobuf:"bytes,4,opt,name=entropy,proto3" json:"entropy,omitempty"`
 	// The replica's admin token. Required.
-	AdminToken    string `protobuf:"bytes,5,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
+	AdminToken string `protobuf:"bytes,5,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
+	// Stop the session's apps (SIGSTOP to every process of the sandbox but
+	// guestd and the X server, which the first frame and the proofs need)
+	// first thing, until resume_apps. controld sets it for a frozen pool's
+	// member: its apps then neither run nor touch memory between its
+	// restored and its claim. Servers advertise "apps.hold".
+	HoldApps      bool `protobuf:"varint,6,opt,name=hold_apps,json=holdApps,proto3" json:"hold_apps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6286,6 +6324,13 @@ func (x *RestoredRequest) GetAdminToken() string {
 		return x.AdminToken
 	}
 	return ""
+}
+
+func (x *RestoredRequest) GetHoldApps() bool {
+	if x != nil {
+		return x.HoldApps
+	}
+	return false
 }
 
 type RestoredResponse struct {
@@ -6635,6 +6680,91 @@ func (x *ReleaseScratchResponse) GetReleasedBytes() uint64 {
 	return 0
 }
 
+// ResumeAppsRequest continues the processes restored.hold_apps stopped (a
+// claimed pool member); a no-op when none are held. It answers after
+// they were continued. Admin only; servers that stop apps for a dump and
+// serve this advertise the capability "apps.hold".
+type ResumeAppsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeAppsRequest) Reset() {
+	*x = ResumeAppsRequest{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeAppsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeAppsRequest) ProtoMessage() {}
+
+func (x *ResumeAppsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeAppsRequest.ProtoReflect.Descriptor instead.
+func (*ResumeAppsRequest) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{81}
+}
+
+type ResumeAppsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Processes continued.
+	Resumed       uint32 `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeAppsResponse) Reset() {
+	*x = ResumeAppsResponse{}
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeAppsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeAppsResponse) ProtoMessage() {}
+
+func (x *ResumeAppsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeAppsResponse.ProtoReflect.Descriptor instead.
+func (*ResumeAppsResponse) Descriptor() ([]byte, []int) {
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *ResumeAppsResponse) GetResumed() uint32 {
+	if x != nil {
+		return x.Resumed
+	}
+	return 0
+}
+
 // NetProbeListenRequest makes guestd hold a TCP listener on its loopback
 // (127.0.0.1, a port of its choosing) that answers every line a client
 // sends (a hex nonce) with hex(HMAC-SHA256(key = value, nonce)): the network
@@ -6652,7 +6782,7 @@ type NetProbeListenRequest struct {
 
 func (x *NetProbeListenRequest) Reset() {
 	*x = NetProbeListenRequest{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6664,7 +6794,7 @@ func (x *NetProbeListenRequest) String() string {
 func (*NetProbeListenRequest) ProtoMessage() {}
 
 func (x *NetProbeListenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[81]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6677,7 +6807,7 @@ func (x *NetProbeListenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetProbeListenRequest.ProtoReflect.Descriptor instead.
 func (*NetProbeListenRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{81}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *NetProbeListenRequest) GetValue() []byte {
@@ -6696,7 +6826,7 @@ type NetProbeListenResponse struct {
 
 func (x *NetProbeListenResponse) Reset() {
 	*x = NetProbeListenResponse{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6708,7 +6838,7 @@ func (x *NetProbeListenResponse) String() string {
 func (*NetProbeListenResponse) ProtoMessage() {}
 
 func (x *NetProbeListenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[82]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6721,7 +6851,7 @@ func (x *NetProbeListenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetProbeListenResponse.ProtoReflect.Descriptor instead.
 func (*NetProbeListenResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{82}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *NetProbeListenResponse) GetPort() uint32 {
@@ -6744,7 +6874,7 @@ type NetProbeRequest struct {
 
 func (x *NetProbeRequest) Reset() {
 	*x = NetProbeRequest{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6756,7 +6886,7 @@ func (x *NetProbeRequest) String() string {
 func (*NetProbeRequest) ProtoMessage() {}
 
 func (x *NetProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[83]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6769,7 +6899,7 @@ func (x *NetProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetProbeRequest.ProtoReflect.Descriptor instead.
 func (*NetProbeRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{83}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *NetProbeRequest) GetPort() uint32 {
@@ -6795,7 +6925,7 @@ type NetProbeResponse struct {
 
 func (x *NetProbeResponse) Reset() {
 	*x = NetProbeResponse{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6807,7 +6937,7 @@ func (x *NetProbeResponse) String() string {
 func (*NetProbeResponse) ProtoMessage() {}
 
 func (x *NetProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[84]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6820,7 +6950,7 @@ func (x *NetProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetProbeResponse.ProtoReflect.Descriptor instead.
 func (*NetProbeResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{84}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *NetProbeResponse) GetMac() []byte {
@@ -6864,7 +6994,7 @@ type A11YTreeRequest struct {
 
 func (x *A11YTreeRequest) Reset() {
 	*x = A11YTreeRequest{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6876,7 +7006,7 @@ func (x *A11YTreeRequest) String() string {
 func (*A11YTreeRequest) ProtoMessage() {}
 
 func (x *A11YTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[85]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6889,7 +7019,7 @@ func (x *A11YTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YTreeRequest.ProtoReflect.Descriptor instead.
 func (*A11YTreeRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{85}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *A11YTreeRequest) GetRoot() A11YRoot {
@@ -7012,7 +7142,7 @@ type A11YNode struct {
 
 func (x *A11YNode) Reset() {
 	*x = A11YNode{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7024,7 +7154,7 @@ func (x *A11YNode) String() string {
 func (*A11YNode) ProtoMessage() {}
 
 func (x *A11YNode) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[86]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7037,7 +7167,7 @@ func (x *A11YNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YNode.ProtoReflect.Descriptor instead.
 func (*A11YNode) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{86}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *A11YNode) GetId() uint32 {
@@ -7158,7 +7288,7 @@ type A11YApp struct {
 
 func (x *A11YApp) Reset() {
 	*x = A11YApp{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7170,7 +7300,7 @@ func (x *A11YApp) String() string {
 func (*A11YApp) ProtoMessage() {}
 
 func (x *A11YApp) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[87]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7183,7 +7313,7 @@ func (x *A11YApp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YApp.ProtoReflect.Descriptor instead.
 func (*A11YApp) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{87}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *A11YApp) GetName() string {
@@ -7251,7 +7381,7 @@ type A11YTreeResponse struct {
 
 func (x *A11YTreeResponse) Reset() {
 	*x = A11YTreeResponse{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7263,7 +7393,7 @@ func (x *A11YTreeResponse) String() string {
 func (*A11YTreeResponse) ProtoMessage() {}
 
 func (x *A11YTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[88]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7276,7 +7406,7 @@ func (x *A11YTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YTreeResponse.ProtoReflect.Descriptor instead.
 func (*A11YTreeResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{88}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *A11YTreeResponse) GetNodes() []*A11YNode {
@@ -7359,7 +7489,7 @@ type A11YActionRequest struct {
 
 func (x *A11YActionRequest) Reset() {
 	*x = A11YActionRequest{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7371,7 +7501,7 @@ func (x *A11YActionRequest) String() string {
 func (*A11YActionRequest) ProtoMessage() {}
 
 func (x *A11YActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[89]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7384,7 +7514,7 @@ func (x *A11YActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YActionRequest.ProtoReflect.Descriptor instead.
 func (*A11YActionRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{89}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *A11YActionRequest) GetRef() string {
@@ -7437,7 +7567,7 @@ type A11YActionResponse struct {
 
 func (x *A11YActionResponse) Reset() {
 	*x = A11YActionResponse{}
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7449,7 +7579,7 @@ func (x *A11YActionResponse) String() string {
 func (*A11YActionResponse) ProtoMessage() {}
 
 func (x *A11YActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[90]
+	mi := &file_forkfleet_aci_v1_aci_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7462,14 +7592,14 @@ func (x *A11YActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use A11YActionResponse.ProtoReflect.Descriptor instead.
 func (*A11YActionResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{90}
+	return file_forkfleet_aci_v1_aci_proto_rawDescGZIP(), []int{92}
 }
 
 var File_forkfleet_aci_v1_aci_proto protoreflect.FileDescriptor
 
 const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\n" +
-	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xe7\x12\n" +
+	"\x1aforkfleet/aci/v1/aci.proto\x12\x10forkfleet.aci.v1\"\xaf\x13\n" +
 	"\rClientMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
 	"\x05hello\x18\x02 \x01(\v2\x1e.forkfleet.aci.v1.HelloRequestH\x00R\x05hello\x123\n" +
@@ -7512,8 +7642,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\tnet_probe\x18  \x01(\v2!.forkfleet.aci.v1.NetProbeRequestH\x00R\bnetProbe\x12@\n" +
 	"\ta11y_tree\x18! \x01(\v2!.forkfleet.aci.v1.A11yTreeRequestH\x00R\ba11yTree\x12F\n" +
 	"\va11y_action\x18\" \x01(\v2#.forkfleet.aci.v1.A11yActionRequestH\x00R\n" +
-	"a11yActionB\t\n" +
-	"\arequest\"\xe8\x13\n" +
+	"a11yAction\x12F\n" +
+	"\vresume_apps\x18# \x01(\v2#.forkfleet.aci.v1.ResumeAppsRequestH\x00R\n" +
+	"resumeAppsB\t\n" +
+	"\arequest\"\xb1\x14\n" +
 	"\rServerMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.forkfleet.aci.v1.ErrorH\x00R\x05error\x127\n" +
@@ -7557,7 +7689,9 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\tnet_probe\x18! \x01(\v2\".forkfleet.aci.v1.NetProbeResponseH\x00R\bnetProbe\x12A\n" +
 	"\ta11y_tree\x18\" \x01(\v2\".forkfleet.aci.v1.A11yTreeResponseH\x00R\ba11yTree\x12G\n" +
 	"\va11y_action\x18# \x01(\v2$.forkfleet.aci.v1.A11yActionResponseH\x00R\n" +
-	"a11yAction\x12/\n" +
+	"a11yAction\x12G\n" +
+	"\vresume_apps\x18$ \x01(\v2$.forkfleet.aci.v1.ResumeAppsResponseH\x00R\n" +
+	"resumeApps\x12/\n" +
 	"\x05event\x18( \x01(\v2\x17.forkfleet.aci.v1.EventH\x00R\x05eventB\a\n" +
 	"\x05reply\"h\n" +
 	"\x05Error\x12/\n" +
@@ -7866,7 +8000,7 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x16MemoryChallengeRequest\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"+\n" +
 	"\x17MemoryChallengeResponse\x12\x10\n" +
-	"\x03mac\x18\x01 \x01(\fR\x03mac\"\xa1\x01\n" +
+	"\x03mac\x18\x01 \x01(\fR\x03mac\"\xbe\x01\n" +
 	"\x0fRestoredRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -7876,7 +8010,8 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"generation\x12\x18\n" +
 	"\aentropy\x18\x04 \x01(\fR\aentropy\x12\x1f\n" +
 	"\vadmin_token\x18\x05 \x01(\tR\n" +
-	"adminToken\"1\n" +
+	"adminToken\x12\x1b\n" +
+	"\thold_apps\x18\x06 \x01(\bR\bholdApps\"1\n" +
 	"\x10RestoredResponse\x12\x1d\n" +
 	"\n" +
 	"frame_hash\x18\x01 \x01(\fR\tframeHash\"|\n" +
@@ -7893,7 +8028,10 @@ const file_forkfleet_aci_v1_aci_proto_rawDesc = "" +
 	"\x16CheckpointDoneResponse\"\x17\n" +
 	"\x15ReleaseScratchRequest\"?\n" +
 	"\x16ReleaseScratchResponse\x12%\n" +
-	"\x0ereleased_bytes\x18\x01 \x01(\x04R\rreleasedBytes\"-\n" +
+	"\x0ereleased_bytes\x18\x01 \x01(\x04R\rreleasedBytes\"\x13\n" +
+	"\x11ResumeAppsRequest\".\n" +
+	"\x12ResumeAppsResponse\x12\x18\n" +
+	"\aresumed\x18\x01 \x01(\rR\aresumed\"-\n" +
 	"\x15NetProbeListenRequest\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\fR\x05value\",\n" +
 	"\x16NetProbeListenResponse\x12\x12\n" +
@@ -8037,7 +8175,7 @@ func file_forkfleet_aci_v1_aci_proto_rawDescGZIP() []byte {
 }
 
 var file_forkfleet_aci_v1_aci_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_forkfleet_aci_v1_aci_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(ErrorCode)(0),                     // 0: forkfleet.aci.v1.ErrorCode
 	(MouseButton)(0),                   // 1: forkfleet.aci.v1.MouseButton
@@ -8128,18 +8266,20 @@ var file_forkfleet_aci_v1_aci_proto_goTypes = []any{
 	(*CheckpointDoneResponse)(nil),     // 86: forkfleet.aci.v1.CheckpointDoneResponse
 	(*ReleaseScratchRequest)(nil),      // 87: forkfleet.aci.v1.ReleaseScratchRequest
 	(*ReleaseScratchResponse)(nil),     // 88: forkfleet.aci.v1.ReleaseScratchResponse
-	(*NetProbeListenRequest)(nil),      // 89: forkfleet.aci.v1.NetProbeListenRequest
-	(*NetProbeListenResponse)(nil),     // 90: forkfleet.aci.v1.NetProbeListenResponse
-	(*NetProbeRequest)(nil),            // 91: forkfleet.aci.v1.NetProbeRequest
-	(*NetProbeResponse)(nil),           // 92: forkfleet.aci.v1.NetProbeResponse
-	(*A11YTreeRequest)(nil),            // 93: forkfleet.aci.v1.A11yTreeRequest
-	(*A11YNode)(nil),                   // 94: forkfleet.aci.v1.A11yNode
-	(*A11YApp)(nil),                    // 95: forkfleet.aci.v1.A11yApp
-	(*A11YTreeResponse)(nil),           // 96: forkfleet.aci.v1.A11yTreeResponse
-	(*A11YActionRequest)(nil),          // 97: forkfleet.aci.v1.A11yActionRequest
-	(*A11YActionResponse)(nil),         // 98: forkfleet.aci.v1.A11yActionResponse
-	nil,                                // 99: forkfleet.aci.v1.LaunchRequest.EnvEntry
-	nil,                                // 100: forkfleet.aci.v1.ExecRequest.EnvEntry
+	(*ResumeAppsRequest)(nil),          // 89: forkfleet.aci.v1.ResumeAppsRequest
+	(*ResumeAppsResponse)(nil),         // 90: forkfleet.aci.v1.ResumeAppsResponse
+	(*NetProbeListenRequest)(nil),      // 91: forkfleet.aci.v1.NetProbeListenRequest
+	(*NetProbeListenResponse)(nil),     // 92: forkfleet.aci.v1.NetProbeListenResponse
+	(*NetProbeRequest)(nil),            // 93: forkfleet.aci.v1.NetProbeRequest
+	(*NetProbeResponse)(nil),           // 94: forkfleet.aci.v1.NetProbeResponse
+	(*A11YTreeRequest)(nil),            // 95: forkfleet.aci.v1.A11yTreeRequest
+	(*A11YNode)(nil),                   // 96: forkfleet.aci.v1.A11yNode
+	(*A11YApp)(nil),                    // 97: forkfleet.aci.v1.A11yApp
+	(*A11YTreeResponse)(nil),           // 98: forkfleet.aci.v1.A11yTreeResponse
+	(*A11YActionRequest)(nil),          // 99: forkfleet.aci.v1.A11yActionRequest
+	(*A11YActionResponse)(nil),         // 100: forkfleet.aci.v1.A11yActionResponse
+	nil,                                // 101: forkfleet.aci.v1.LaunchRequest.EnvEntry
+	nil,                                // 102: forkfleet.aci.v1.ExecRequest.EnvEntry
 }
 var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	11,  // 0: forkfleet.aci.v1.ClientMessage.hello:type_name -> forkfleet.aci.v1.HelloRequest
@@ -8171,113 +8311,115 @@ var file_forkfleet_aci_v1_aci_proto_depIdxs = []int32{
 	83,  // 26: forkfleet.aci.v1.ClientMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareRequest
 	85,  // 27: forkfleet.aci.v1.ClientMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneRequest
 	87,  // 28: forkfleet.aci.v1.ClientMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchRequest
-	89,  // 29: forkfleet.aci.v1.ClientMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenRequest
-	91,  // 30: forkfleet.aci.v1.ClientMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeRequest
-	93,  // 31: forkfleet.aci.v1.ClientMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
-	97,  // 32: forkfleet.aci.v1.ClientMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionRequest
-	10,  // 33: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
-	12,  // 34: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
-	14,  // 35: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
-	29,  // 36: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
-	31,  // 37: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	33,  // 38: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
-	35,  // 39: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
-	37,  // 40: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	40,  // 41: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
-	42,  // 42: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
-	44,  // 43: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
-	46,  // 44: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
-	48,  // 45: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
-	50,  // 46: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
-	52,  // 47: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
-	54,  // 48: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
-	57,  // 49: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
-	59,  // 50: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
-	61,  // 51: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
-	63,  // 52: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
-	65,  // 53: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
-	67,  // 54: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
-	69,  // 55: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
-	71,  // 56: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
-	78,  // 57: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
-	80,  // 58: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
-	82,  // 59: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
-	84,  // 60: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
-	86,  // 61: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
-	88,  // 62: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
-	90,  // 63: forkfleet.aci.v1.ServerMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenResponse
-	92,  // 64: forkfleet.aci.v1.ServerMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeResponse
-	96,  // 65: forkfleet.aci.v1.ServerMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
-	98,  // 66: forkfleet.aci.v1.ServerMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionResponse
-	76,  // 67: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
-	0,   // 68: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
-	37,  // 69: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
-	15,  // 70: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
-	15,  // 71: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
-	1,   // 72: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	1,   // 73: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	15,  // 74: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
-	15,  // 75: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
-	15,  // 76: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
-	1,   // 77: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
-	15,  // 78: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
-	17,  // 79: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
-	18,  // 80: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
-	19,  // 81: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
-	19,  // 82: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
-	20,  // 83: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
-	21,  // 84: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
-	22,  // 85: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
-	22,  // 86: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
-	22,  // 87: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
-	23,  // 88: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
-	24,  // 89: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
-	25,  // 90: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
-	26,  // 91: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
-	30,  // 92: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
-	93,  // 93: forkfleet.aci.v1.StepRequest.observe_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
-	10,  // 94: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
-	28,  // 95: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
-	31,  // 96: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
-	10,  // 97: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
-	96,  // 98: forkfleet.aci.v1.StepResponse.tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
-	10,  // 99: forkfleet.aci.v1.StepResponse.tree_error:type_name -> forkfleet.aci.v1.Error
-	2,   // 100: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	16,  // 101: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
-	2,   // 102: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
-	16,  // 103: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
-	15,  // 104: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
-	16,  // 105: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
-	38,  // 106: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
-	3,   // 107: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
-	16,  // 108: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
-	99,  // 109: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
-	100, // 110: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
-	55,  // 111: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
-	55,  // 112: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
-	2,   // 113: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
-	16,  // 114: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
-	4,   // 115: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
-	16,  // 116: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
-	2,   // 117: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
-	72,  // 118: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
-	15,  // 119: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
-	33,  // 120: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
-	75,  // 121: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
-	73,  // 122: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
-	74,  // 123: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
-	5,   // 124: forkfleet.aci.v1.A11yTreeRequest.root:type_name -> forkfleet.aci.v1.A11yRoot
-	15,  // 125: forkfleet.aci.v1.A11yTreeRequest.point:type_name -> forkfleet.aci.v1.Point
-	6,   // 126: forkfleet.aci.v1.A11yTreeRequest.fields:type_name -> forkfleet.aci.v1.A11yField
-	16,  // 127: forkfleet.aci.v1.A11yNode.bounds:type_name -> forkfleet.aci.v1.Rect
-	94,  // 128: forkfleet.aci.v1.A11yTreeResponse.nodes:type_name -> forkfleet.aci.v1.A11yNode
-	95,  // 129: forkfleet.aci.v1.A11yTreeResponse.apps:type_name -> forkfleet.aci.v1.A11yApp
-	7,   // 130: forkfleet.aci.v1.A11yActionRequest.kind:type_name -> forkfleet.aci.v1.A11yActionKind
-	131, // [131:131] is the sub-list for method output_type
-	131, // [131:131] is the sub-list for method input_type
-	131, // [131:131] is the sub-list for extension type_name
-	131, // [131:131] is the sub-list for extension extendee
-	0,   // [0:131] is the sub-list for field type_name
+	91,  // 29: forkfleet.aci.v1.ClientMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenRequest
+	93,  // 30: forkfleet.aci.v1.ClientMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeRequest
+	95,  // 31: forkfleet.aci.v1.ClientMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
+	99,  // 32: forkfleet.aci.v1.ClientMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionRequest
+	89,  // 33: forkfleet.aci.v1.ClientMessage.resume_apps:type_name -> forkfleet.aci.v1.ResumeAppsRequest
+	10,  // 34: forkfleet.aci.v1.ServerMessage.error:type_name -> forkfleet.aci.v1.Error
+	12,  // 35: forkfleet.aci.v1.ServerMessage.hello:type_name -> forkfleet.aci.v1.HelloResponse
+	14,  // 36: forkfleet.aci.v1.ServerMessage.ping:type_name -> forkfleet.aci.v1.PingResponse
+	29,  // 37: forkfleet.aci.v1.ServerMessage.step:type_name -> forkfleet.aci.v1.StepResponse
+	31,  // 38: forkfleet.aci.v1.ServerMessage.screenshot:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	33,  // 39: forkfleet.aci.v1.ServerMessage.ready:type_name -> forkfleet.aci.v1.ReadyResponse
+	35,  // 40: forkfleet.aci.v1.ServerMessage.cursor_position:type_name -> forkfleet.aci.v1.CursorPositionResponse
+	37,  // 41: forkfleet.aci.v1.ServerMessage.screen_size:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	40,  // 42: forkfleet.aci.v1.ServerMessage.list_windows:type_name -> forkfleet.aci.v1.ListWindowsResponse
+	42,  // 43: forkfleet.aci.v1.ServerMessage.window_action:type_name -> forkfleet.aci.v1.WindowActionResponse
+	44,  // 44: forkfleet.aci.v1.ServerMessage.launch:type_name -> forkfleet.aci.v1.LaunchResponse
+	46,  // 45: forkfleet.aci.v1.ServerMessage.clipboard_get:type_name -> forkfleet.aci.v1.ClipboardGetResponse
+	48,  // 46: forkfleet.aci.v1.ServerMessage.clipboard_set:type_name -> forkfleet.aci.v1.ClipboardSetResponse
+	50,  // 47: forkfleet.aci.v1.ServerMessage.exec:type_name -> forkfleet.aci.v1.ExecResponse
+	52,  // 48: forkfleet.aci.v1.ServerMessage.file_put:type_name -> forkfleet.aci.v1.FilePutResponse
+	54,  // 49: forkfleet.aci.v1.ServerMessage.file_get:type_name -> forkfleet.aci.v1.FileGetResponse
+	57,  // 50: forkfleet.aci.v1.ServerMessage.file_stat:type_name -> forkfleet.aci.v1.FileStatResponse
+	59,  // 51: forkfleet.aci.v1.ServerMessage.file_list:type_name -> forkfleet.aci.v1.FileListResponse
+	61,  // 52: forkfleet.aci.v1.ServerMessage.file_mkdir:type_name -> forkfleet.aci.v1.FileMkdirResponse
+	63,  // 53: forkfleet.aci.v1.ServerMessage.file_delete:type_name -> forkfleet.aci.v1.FileDeleteResponse
+	65,  // 54: forkfleet.aci.v1.ServerMessage.cancel:type_name -> forkfleet.aci.v1.CancelResponse
+	67,  // 55: forkfleet.aci.v1.ServerMessage.screencast_start:type_name -> forkfleet.aci.v1.ScreencastStartResponse
+	69,  // 56: forkfleet.aci.v1.ServerMessage.screencast_stop:type_name -> forkfleet.aci.v1.ScreencastStopResponse
+	71,  // 57: forkfleet.aci.v1.ServerMessage.screencast_keyframe:type_name -> forkfleet.aci.v1.ScreencastKeyframeResponse
+	78,  // 58: forkfleet.aci.v1.ServerMessage.memory_mark:type_name -> forkfleet.aci.v1.MemoryMarkResponse
+	80,  // 59: forkfleet.aci.v1.ServerMessage.memory_challenge:type_name -> forkfleet.aci.v1.MemoryChallengeResponse
+	82,  // 60: forkfleet.aci.v1.ServerMessage.restored:type_name -> forkfleet.aci.v1.RestoredResponse
+	84,  // 61: forkfleet.aci.v1.ServerMessage.checkpoint_prepare:type_name -> forkfleet.aci.v1.CheckpointPrepareResponse
+	86,  // 62: forkfleet.aci.v1.ServerMessage.checkpoint_done:type_name -> forkfleet.aci.v1.CheckpointDoneResponse
+	88,  // 63: forkfleet.aci.v1.ServerMessage.release_scratch:type_name -> forkfleet.aci.v1.ReleaseScratchResponse
+	92,  // 64: forkfleet.aci.v1.ServerMessage.net_probe_listen:type_name -> forkfleet.aci.v1.NetProbeListenResponse
+	94,  // 65: forkfleet.aci.v1.ServerMessage.net_probe:type_name -> forkfleet.aci.v1.NetProbeResponse
+	98,  // 66: forkfleet.aci.v1.ServerMessage.a11y_tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
+	100, // 67: forkfleet.aci.v1.ServerMessage.a11y_action:type_name -> forkfleet.aci.v1.A11yActionResponse
+	90,  // 68: forkfleet.aci.v1.ServerMessage.resume_apps:type_name -> forkfleet.aci.v1.ResumeAppsResponse
+	76,  // 69: forkfleet.aci.v1.ServerMessage.event:type_name -> forkfleet.aci.v1.Event
+	0,   // 70: forkfleet.aci.v1.Error.code:type_name -> forkfleet.aci.v1.ErrorCode
+	37,  // 71: forkfleet.aci.v1.HelloResponse.screen:type_name -> forkfleet.aci.v1.ScreenSizeResponse
+	15,  // 72: forkfleet.aci.v1.MoveAction.to:type_name -> forkfleet.aci.v1.Point
+	15,  // 73: forkfleet.aci.v1.ClickAction.at:type_name -> forkfleet.aci.v1.Point
+	1,   // 74: forkfleet.aci.v1.ClickAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	1,   // 75: forkfleet.aci.v1.ButtonAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	15,  // 76: forkfleet.aci.v1.ButtonAction.at:type_name -> forkfleet.aci.v1.Point
+	15,  // 77: forkfleet.aci.v1.DragAction.from:type_name -> forkfleet.aci.v1.Point
+	15,  // 78: forkfleet.aci.v1.DragAction.to:type_name -> forkfleet.aci.v1.Point
+	1,   // 79: forkfleet.aci.v1.DragAction.button:type_name -> forkfleet.aci.v1.MouseButton
+	15,  // 80: forkfleet.aci.v1.ScrollAction.at:type_name -> forkfleet.aci.v1.Point
+	17,  // 81: forkfleet.aci.v1.Action.move:type_name -> forkfleet.aci.v1.MoveAction
+	18,  // 82: forkfleet.aci.v1.Action.click:type_name -> forkfleet.aci.v1.ClickAction
+	19,  // 83: forkfleet.aci.v1.Action.button_down:type_name -> forkfleet.aci.v1.ButtonAction
+	19,  // 84: forkfleet.aci.v1.Action.button_up:type_name -> forkfleet.aci.v1.ButtonAction
+	20,  // 85: forkfleet.aci.v1.Action.drag:type_name -> forkfleet.aci.v1.DragAction
+	21,  // 86: forkfleet.aci.v1.Action.scroll:type_name -> forkfleet.aci.v1.ScrollAction
+	22,  // 87: forkfleet.aci.v1.Action.key_down:type_name -> forkfleet.aci.v1.KeyAction
+	22,  // 88: forkfleet.aci.v1.Action.key_up:type_name -> forkfleet.aci.v1.KeyAction
+	22,  // 89: forkfleet.aci.v1.Action.key_press:type_name -> forkfleet.aci.v1.KeyAction
+	23,  // 90: forkfleet.aci.v1.Action.key_combo:type_name -> forkfleet.aci.v1.KeyComboAction
+	24,  // 91: forkfleet.aci.v1.Action.type_text:type_name -> forkfleet.aci.v1.TypeTextAction
+	25,  // 92: forkfleet.aci.v1.Action.wait:type_name -> forkfleet.aci.v1.WaitAction
+	26,  // 93: forkfleet.aci.v1.StepRequest.actions:type_name -> forkfleet.aci.v1.Action
+	30,  // 94: forkfleet.aci.v1.StepRequest.observe:type_name -> forkfleet.aci.v1.ScreenshotRequest
+	95,  // 95: forkfleet.aci.v1.StepRequest.observe_tree:type_name -> forkfleet.aci.v1.A11yTreeRequest
+	10,  // 96: forkfleet.aci.v1.ActionOutcome.error:type_name -> forkfleet.aci.v1.Error
+	28,  // 97: forkfleet.aci.v1.StepResponse.outcomes:type_name -> forkfleet.aci.v1.ActionOutcome
+	31,  // 98: forkfleet.aci.v1.StepResponse.observation:type_name -> forkfleet.aci.v1.ScreenshotResponse
+	10,  // 99: forkfleet.aci.v1.StepResponse.observation_error:type_name -> forkfleet.aci.v1.Error
+	98,  // 100: forkfleet.aci.v1.StepResponse.tree:type_name -> forkfleet.aci.v1.A11yTreeResponse
+	10,  // 101: forkfleet.aci.v1.StepResponse.tree_error:type_name -> forkfleet.aci.v1.Error
+	2,   // 102: forkfleet.aci.v1.ScreenshotRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 103: forkfleet.aci.v1.ScreenshotRequest.region:type_name -> forkfleet.aci.v1.Rect
+	2,   // 104: forkfleet.aci.v1.ScreenshotResponse.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 105: forkfleet.aci.v1.ScreenshotResponse.region:type_name -> forkfleet.aci.v1.Rect
+	15,  // 106: forkfleet.aci.v1.CursorPositionResponse.position:type_name -> forkfleet.aci.v1.Point
+	16,  // 107: forkfleet.aci.v1.Window.geometry:type_name -> forkfleet.aci.v1.Rect
+	38,  // 108: forkfleet.aci.v1.ListWindowsResponse.windows:type_name -> forkfleet.aci.v1.Window
+	3,   // 109: forkfleet.aci.v1.WindowActionRequest.op:type_name -> forkfleet.aci.v1.WindowOp
+	16,  // 110: forkfleet.aci.v1.WindowActionRequest.geometry:type_name -> forkfleet.aci.v1.Rect
+	101, // 111: forkfleet.aci.v1.LaunchRequest.env:type_name -> forkfleet.aci.v1.LaunchRequest.EnvEntry
+	102, // 112: forkfleet.aci.v1.ExecRequest.env:type_name -> forkfleet.aci.v1.ExecRequest.EnvEntry
+	55,  // 113: forkfleet.aci.v1.FileStatResponse.info:type_name -> forkfleet.aci.v1.FileInfo
+	55,  // 114: forkfleet.aci.v1.FileListResponse.entries:type_name -> forkfleet.aci.v1.FileInfo
+	2,   // 115: forkfleet.aci.v1.ScreencastStartRequest.format:type_name -> forkfleet.aci.v1.ImageFormat
+	16,  // 116: forkfleet.aci.v1.ScreencastStartRequest.region:type_name -> forkfleet.aci.v1.Rect
+	4,   // 117: forkfleet.aci.v1.ScreencastStartRequest.cursor:type_name -> forkfleet.aci.v1.CursorMode
+	16,  // 118: forkfleet.aci.v1.Tile.rect:type_name -> forkfleet.aci.v1.Rect
+	2,   // 119: forkfleet.aci.v1.ScreencastFrame.format:type_name -> forkfleet.aci.v1.ImageFormat
+	72,  // 120: forkfleet.aci.v1.ScreencastFrame.tiles:type_name -> forkfleet.aci.v1.Tile
+	15,  // 121: forkfleet.aci.v1.CursorEvent.position:type_name -> forkfleet.aci.v1.Point
+	33,  // 122: forkfleet.aci.v1.ReadyEvent.state:type_name -> forkfleet.aci.v1.ReadyResponse
+	75,  // 123: forkfleet.aci.v1.Event.ready:type_name -> forkfleet.aci.v1.ReadyEvent
+	73,  // 124: forkfleet.aci.v1.Event.frame:type_name -> forkfleet.aci.v1.ScreencastFrame
+	74,  // 125: forkfleet.aci.v1.Event.cursor:type_name -> forkfleet.aci.v1.CursorEvent
+	5,   // 126: forkfleet.aci.v1.A11yTreeRequest.root:type_name -> forkfleet.aci.v1.A11yRoot
+	15,  // 127: forkfleet.aci.v1.A11yTreeRequest.point:type_name -> forkfleet.aci.v1.Point
+	6,   // 128: forkfleet.aci.v1.A11yTreeRequest.fields:type_name -> forkfleet.aci.v1.A11yField
+	16,  // 129: forkfleet.aci.v1.A11yNode.bounds:type_name -> forkfleet.aci.v1.Rect
+	96,  // 130: forkfleet.aci.v1.A11yTreeResponse.nodes:type_name -> forkfleet.aci.v1.A11yNode
+	97,  // 131: forkfleet.aci.v1.A11yTreeResponse.apps:type_name -> forkfleet.aci.v1.A11yApp
+	7,   // 132: forkfleet.aci.v1.A11yActionRequest.kind:type_name -> forkfleet.aci.v1.A11yActionKind
+	133, // [133:133] is the sub-list for method output_type
+	133, // [133:133] is the sub-list for method input_type
+	133, // [133:133] is the sub-list for extension type_name
+	133, // [133:133] is the sub-list for extension extendee
+	0,   // [0:133] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_aci_v1_aci_proto_init() }
@@ -8319,6 +8461,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ClientMessage_NetProbe)(nil),
 		(*ClientMessage_A11YTree)(nil),
 		(*ClientMessage_A11YAction)(nil),
+		(*ClientMessage_ResumeApps)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[1].OneofWrappers = []any{
 		(*ServerMessage_Error)(nil),
@@ -8355,6 +8498,7 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*ServerMessage_NetProbe)(nil),
 		(*ServerMessage_A11YTree)(nil),
 		(*ServerMessage_A11YAction)(nil),
+		(*ServerMessage_ResumeApps)(nil),
 		(*ServerMessage_Event)(nil),
 	}
 	file_forkfleet_aci_v1_aci_proto_msgTypes[18].OneofWrappers = []any{
@@ -8376,14 +8520,14 @@ func file_forkfleet_aci_v1_aci_proto_init() {
 		(*Event_Frame)(nil),
 		(*Event_Cursor)(nil),
 	}
-	file_forkfleet_aci_v1_aci_proto_msgTypes[86].OneofWrappers = []any{}
+	file_forkfleet_aci_v1_aci_proto_msgTypes[88].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_aci_v1_aci_proto_rawDesc), len(file_forkfleet_aci_v1_aci_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   93,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -267,7 +267,7 @@ class ClickAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., button: _Optional[_Union[MouseButton, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "resume_apps", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
     A11Y_ACTION_FIELD_NUMBER: _ClassVar[int]
     A11Y_TREE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +295,7 @@ class ClientMessage(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SCRATCH_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_APPS_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_KEYFRAME_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_START_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_STOP_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +330,7 @@ class ClientMessage(_message.Message):
     ready: ReadyRequest
     release_scratch: ReleaseScratchRequest
     restored: RestoredRequest
+    resume_apps: ResumeAppsRequest
     screen_size: ScreenSizeRequest
     screencast_keyframe: ScreencastKeyframeRequest
     screencast_start: ScreencastStartRequest
@@ -336,7 +338,7 @@ class ClientMessage(_message.Message):
     screenshot: ScreenshotRequest
     step: StepRequest
     window_action: WindowActionRequest
-    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenRequest, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeRequest, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeRequest, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloRequest, _Mapping]] = ..., ping: _Optional[_Union[PingRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotRequest, _Mapping]] = ..., ready: _Optional[_Union[ReadyRequest, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionRequest, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeRequest, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsRequest, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionRequest, _Mapping]] = ..., launch: _Optional[_Union[LaunchRequest, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetRequest, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetRequest, _Mapping]] = ..., exec: _Optional[_Union[ExecRequest, _Mapping]] = ..., file_put: _Optional[_Union[FilePutRequest, _Mapping]] = ..., file_get: _Optional[_Union[FileGetRequest, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatRequest, _Mapping]] = ..., file_list: _Optional[_Union[FileListRequest, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirRequest, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartRequest, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopRequest, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeRequest, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkRequest, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeRequest, _Mapping]] = ..., restored: _Optional[_Union[RestoredRequest, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareRequest, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneRequest, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchRequest, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenRequest, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeRequest, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeRequest, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionRequest, _Mapping]] = ..., resume_apps: _Optional[_Union[ResumeAppsRequest, _Mapping]] = ...) -> None: ...
 
 class ClipboardGetRequest(_message.Message):
     __slots__ = []
@@ -782,24 +784,36 @@ class ReleaseScratchResponse(_message.Message):
     def __init__(self, released_bytes: _Optional[int] = ...) -> None: ...
 
 class RestoredRequest(_message.Message):
-    __slots__ = ["admin_token", "entropy", "generation", "sandbox_id", "token"]
+    __slots__ = ["admin_token", "entropy", "generation", "hold_apps", "sandbox_id", "token"]
     ADMIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HOLD_APPS_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     admin_token: str
     entropy: bytes
     generation: int
+    hold_apps: bool
     sandbox_id: str
     token: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., generation: _Optional[int] = ..., entropy: _Optional[bytes] = ..., admin_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., generation: _Optional[int] = ..., entropy: _Optional[bytes] = ..., admin_token: _Optional[str] = ..., hold_apps: bool = ...) -> None: ...
 
 class RestoredResponse(_message.Message):
     __slots__ = ["frame_hash"]
     FRAME_HASH_FIELD_NUMBER: _ClassVar[int]
     frame_hash: bytes
     def __init__(self, frame_hash: _Optional[bytes] = ...) -> None: ...
+
+class ResumeAppsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ResumeAppsResponse(_message.Message):
+    __slots__ = ["resumed"]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    resumed: int
+    def __init__(self, resumed: _Optional[int] = ...) -> None: ...
 
 class ScreenSizeRequest(_message.Message):
     __slots__ = []
@@ -944,7 +958,7 @@ class ScrollAction(_message.Message):
     def __init__(self, at: _Optional[_Union[Point, _Mapping]] = ..., dx: _Optional[int] = ..., dy: _Optional[int] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
+    __slots__ = ["a11y_action", "a11y_tree", "cancel", "checkpoint_done", "checkpoint_prepare", "clipboard_get", "clipboard_set", "cursor_position", "error", "event", "exec", "file_delete", "file_get", "file_list", "file_mkdir", "file_put", "file_stat", "hello", "id", "launch", "list_windows", "memory_challenge", "memory_mark", "net_probe", "net_probe_listen", "ping", "ready", "release_scratch", "restored", "resume_apps", "screen_size", "screencast_keyframe", "screencast_start", "screencast_stop", "screenshot", "step", "window_action"]
     A11Y_ACTION_FIELD_NUMBER: _ClassVar[int]
     A11Y_TREE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -974,6 +988,7 @@ class ServerMessage(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SCRATCH_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_APPS_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_KEYFRAME_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_START_FIELD_NUMBER: _ClassVar[int]
     SCREENCAST_STOP_FIELD_NUMBER: _ClassVar[int]
@@ -1010,6 +1025,7 @@ class ServerMessage(_message.Message):
     ready: ReadyResponse
     release_scratch: ReleaseScratchResponse
     restored: RestoredResponse
+    resume_apps: ResumeAppsResponse
     screen_size: ScreenSizeResponse
     screencast_keyframe: ScreencastKeyframeResponse
     screencast_start: ScreencastStartResponse
@@ -1017,7 +1033,7 @@ class ServerMessage(_message.Message):
     screenshot: ScreenshotResponse
     step: StepResponse
     window_action: WindowActionResponse
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenResponse, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeResponse, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeResponse, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., hello: _Optional[_Union[HelloResponse, _Mapping]] = ..., ping: _Optional[_Union[PingResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., screenshot: _Optional[_Union[ScreenshotResponse, _Mapping]] = ..., ready: _Optional[_Union[ReadyResponse, _Mapping]] = ..., cursor_position: _Optional[_Union[CursorPositionResponse, _Mapping]] = ..., screen_size: _Optional[_Union[ScreenSizeResponse, _Mapping]] = ..., list_windows: _Optional[_Union[ListWindowsResponse, _Mapping]] = ..., window_action: _Optional[_Union[WindowActionResponse, _Mapping]] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., clipboard_get: _Optional[_Union[ClipboardGetResponse, _Mapping]] = ..., clipboard_set: _Optional[_Union[ClipboardSetResponse, _Mapping]] = ..., exec: _Optional[_Union[ExecResponse, _Mapping]] = ..., file_put: _Optional[_Union[FilePutResponse, _Mapping]] = ..., file_get: _Optional[_Union[FileGetResponse, _Mapping]] = ..., file_stat: _Optional[_Union[FileStatResponse, _Mapping]] = ..., file_list: _Optional[_Union[FileListResponse, _Mapping]] = ..., file_mkdir: _Optional[_Union[FileMkdirResponse, _Mapping]] = ..., file_delete: _Optional[_Union[FileDeleteResponse, _Mapping]] = ..., cancel: _Optional[_Union[CancelResponse, _Mapping]] = ..., screencast_start: _Optional[_Union[ScreencastStartResponse, _Mapping]] = ..., screencast_stop: _Optional[_Union[ScreencastStopResponse, _Mapping]] = ..., screencast_keyframe: _Optional[_Union[ScreencastKeyframeResponse, _Mapping]] = ..., memory_mark: _Optional[_Union[MemoryMarkResponse, _Mapping]] = ..., memory_challenge: _Optional[_Union[MemoryChallengeResponse, _Mapping]] = ..., restored: _Optional[_Union[RestoredResponse, _Mapping]] = ..., checkpoint_prepare: _Optional[_Union[CheckpointPrepareResponse, _Mapping]] = ..., checkpoint_done: _Optional[_Union[CheckpointDoneResponse, _Mapping]] = ..., release_scratch: _Optional[_Union[ReleaseScratchResponse, _Mapping]] = ..., net_probe_listen: _Optional[_Union[NetProbeListenResponse, _Mapping]] = ..., net_probe: _Optional[_Union[NetProbeResponse, _Mapping]] = ..., a11y_tree: _Optional[_Union[A11yTreeResponse, _Mapping]] = ..., a11y_action: _Optional[_Union[A11yActionResponse, _Mapping]] = ..., resume_apps: _Optional[_Union[ResumeAppsResponse, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ["actions", "observe", "observe_tree", "stop_on_error"]

@@ -1,0 +1,100 @@
+//go:build linux
+
+package supervise
+
+import (
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// stopPasses bounds StopOthers' scans of /proc: a process forked while a
+// scan ran is stopped by the next one.
+const stopPasses = 5
+
+// StopOthers, as PID 1 of its PID namespace, stops (SIGSTOP) every other
+// process but the one keep names (the X server; 0: none), and returns a
+// function that continues (SIGCONT) exactly the processes it stopped and
+// returns their count: one stopped before (by an agent, a debugger) stays
+// stopped. Anywhere else it stops nothing, since /proc would show the
+// host's processes.
+//
+// A pool's member waits for its claim this way: its proofs need only
+// guestd and the X server, and apps stopped right after the restore hold
+// the checkpoint's memory, not what a page does until the member's freeze.
+func StopOthers(keep func() int) (cont func() int) {
+	var stopped []int
+	if os.Getpid() == 1 {
+		self, x := os.Getpid(), 0
+		if keep != nil {
+			x = keep()
+		}
+		seen := map[int]bool{}
+		for range stopPasses {
+			more := false
+			for _, pid := range pids() {
+				if pid == self || pid == x || seen[pid] {
+					continue
+				}
+				seen[pid] = true
+				switch procState(pid) {
+				case 0, 'Z', 'X', 'T', 't':
+					// Gone, exiting, or stopped by someone else.
+					continue
+				}
+				if unix.Kill(pid, unix.SIGSTOP) == nil {
+					stopped = append(stopped, pid)
+					more = true
+				}
+			}
+			if !more {
+				break
+			}
+		}
+	}
+	return func() int {
+		n := 0
+		for _, pid := range stopped {
+			if unix.Kill(pid, unix.SIGCONT) == nil {
+				n++
+			}
+		}
+		return n
+	}
+}
+
+// pids lists the numeric entries of /proc.
+func pids() []int {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil
+	}
+	out := make([]int, 0, len(names))
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// procState is the state letter of /proc/<pid>/stat (0 when unreadable).
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// comm (field 2) may hold spaces and parentheses: count from its end.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
+}
