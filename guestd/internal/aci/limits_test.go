@@ -3,6 +3,7 @@ package aci
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -222,5 +223,32 @@ func TestFileGetFIFO(t *testing.T) {
 	}
 	if r := call(t, c, ping(nil)); r.GetPing() == nil {
 		t.Fatalf("session after the FIFO: %v", r)
+	}
+}
+
+// A local client sends its Hello right behind the upgrade request
+// (api/aci's local dials; aci-spec section 3): guestd reads it as the
+// session's first message, and a refused upgrade leaves it unread.
+func TestHelloWithUpgrade(t *testing.T) {
+	h := newHarness(t)
+	sock := filepath.Join(t.TempDir(), "aci.sock")
+	ln, err := Listen(context.Background(), "unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.srv.Serve(ln)
+	s, err := aciclient.DialUnix(tctx(t), sock, aciToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Welcome().GetSandboxId() != "sb-1" {
+		t.Errorf("welcome = %v", s.Welcome())
+	}
+	if _, err := s.Ping(tctx(t), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aciclient.DialUnix(tctx(t), sock, "wrong"); !errors.Is(err, aciclient.ErrPermissionDenied) {
+		t.Errorf("wrong token: %v", err)
 	}
 }
