@@ -127,19 +127,67 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 	defer m.forkSlotsEnd()
 	n := int(req.GetCount())
 	out := make([]*controldv1.ForkReplica, n)
+	// The replicas of a fan-out hold their apps until every one is
+	// verified: on a busy host the cores go to the restores still running,
+	// not to the pages of the replicas restored first.
+	var held []Guest
+	if n > 1 {
+		held = make([]Guest, n)
+	}
 	done := make(chan struct{}, n)
 	for i := range n {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			out[i] = m.forkReplica(ctx, t0, ck, forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy,
-				request: replicaTag(tag, i)})
+			p := forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy,
+				request: replicaTag(tag, i)}
+			if held != nil {
+				p.keep = func(g Guest) { held[i] = g }
+			}
+			out[i] = m.forkReplica(ctx, t0, ck, p)
 		}()
 	}
 	for range n {
 		<-done
 	}
+	m.resumeHeld(ctx, t0, out, held)
 	m.recordForked(ck.Checkpoint.Id, ck.Checkpoint.GetSourceSandboxId(), out, req.GetRecord())
 	return &controldv1.ForkCheckpointResponse{Replicas: out, CheckpointId: ck.Checkpoint.Id}, nil
+}
+
+// resumeHeld lets the held replicas of a fan-out run their apps, over the
+// sessions their forks kept, and closes those. A replica that does not
+// answer is removed and reported failed.
+func (m *forker) resumeHeld(ctx context.Context, t0 time.Time, out []*controldv1.ForkReplica, held []Guest) {
+	if held == nil {
+		return
+	}
+	ctx, span := m.tracer.Start(ctx, "fork.resume_apps")
+	defer span.End()
+	done := make(chan struct{}, len(held))
+	for i, g := range held {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if g == nil {
+				return
+			}
+			err := g.ResumeApps(ctx)
+			g.Close()
+			if err == nil {
+				return
+			}
+			if sb, lerr := m.lookup(out[i].GetSandbox().GetId()); lerr == nil {
+				if derr := m.deleteSandbox(ctx, sb, "resume apps failed: "+err.Error()); derr != nil {
+					m.log.Error("remove replica whose apps did not resume", "sandbox", sb.rec.Sandbox.GetId(), "err", derr)
+				}
+			}
+			m.metrics.Forks.WithLabelValues(codes.Unavailable.String()).Inc()
+			out[i] = &controldv1.ForkReplica{ErrorCode: int32(codes.Unavailable), ErrorMessage: "resume apps: " + err.Error(),
+				Took: durationpb.New(time.Since(t0))}
+		}()
+	}
+	for range held {
+		<-done
+	}
 }
 
 type forkParams struct {
@@ -156,6 +204,10 @@ type forkParams struct {
 	// stopped from its Restored to its claim (RestoredInfo.HoldApps).
 	pooled bool
 	freeze bool // pools: freeze after verifying
+	// keep, when set, takes the replica's admin session instead of closing
+	// it, with the replica's apps held (RestoredInfo.HoldApps) until the
+	// caller resumes them (a fan-out, forker.resumeHeld).
+	keep func(Guest)
 	// request tags the replica with the call (with a request id) making it.
 	request *store.RequestTag
 }
@@ -371,7 +423,7 @@ func (f *replicaFork) identify(ctx context.Context) error {
 		usable <- nil
 	}
 	info := RestoredInfo{SandboxID: spec.ID, Token: spec.ACIToken, AdminToken: spec.AdminToken,
-		Generation: f.sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes), HoldApps: f.p.pooled}
+		Generation: f.sb.rec.Sandbox.Generation, Entropy: randomBytes(entropyBytes), HoldApps: f.p.pooled || f.p.keep != nil}
 	restored := make(chan error, 1)
 	born := make(chan []byte, 1) // the replica's first frame, for the pixel proof
 	rctx, rs := m.tracer.Start(ctx, "fork.restored")
@@ -410,6 +462,11 @@ func (f *replicaFork) checkProofs(context.Context) error {
 // endSession closes the admin session, whose end the replica's user should
 // not see.
 func (f *replicaFork) endSession(context.Context) error {
+	if f.p.keep != nil {
+		f.p.keep(f.g)
+		f.g = nil
+		return nil
+	}
 	if err := f.g.Close(); err != nil {
 		f.m.log.Debug("close replica session", "sandbox", f.spec.ID, "err", err)
 	}

@@ -197,7 +197,8 @@ func TestPoolClaimUsesHeldSession(t *testing.T) {
 
 // A frozen pool's members wait with their apps held stopped (restored with
 // HoldApps): a claim lets them run, over the held session and, after a
-// restart, over a fresh one. A fork's replicas run their apps at once.
+// restart, over a fresh one. A fork of one runs its apps at once; a fan-out
+// holds them until every replica is verified.
 func TestPoolMemberAppsHeldUntilClaim(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -225,11 +226,20 @@ func TestPoolMemberAppsHeldUntilClaim(t *testing.T) {
 		e.restart() // the second claim has no held session
 	}
 
-	resp, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: p.CheckpointId, Count: 1})
-	if err != nil || resp.Replicas[0].ErrorCode != 0 {
-		t.Fatalf("fork: %v %v", resp, err)
-	}
-	if id := resp.Replicas[0].Sandbox.Id; e.rt.Guest(id).AppsHeld() {
-		t.Fatalf("fork replica %s has its apps held", id)
+	// A fan-out holds its replicas' apps until all are verified, and
+	// returns them running.
+	for _, n := range []uint32{1, 3} {
+		resp, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: p.CheckpointId, Count: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.Replicas {
+			if r.ErrorCode != 0 {
+				t.Fatalf("fork %d: %s", n, r.ErrorMessage)
+			}
+			if g := e.rt.Guest(r.Sandbox.Id); g.AppsHeld() || (n > 1) != (g.Restored() == 1 && g.AppsResumed()) {
+				t.Fatalf("fork %d: replica %s held %v, resumed %v", n, r.Sandbox.Id, g.AppsHeld(), g.AppsResumed())
+			}
+		}
 	}
 }

@@ -718,6 +718,7 @@ type Guestd struct {
 	restored     int
 	entropy      []byte
 	appsHeld     bool // Restored with HoldApps, no ResumeApps since
+	appsResumed  bool // a ResumeApps found them held
 
 	srv *acitest.Server
 	hs  *http.Server
@@ -755,6 +756,9 @@ func (g *Guestd) Restored() int { g.mu.Lock(); defer g.mu.Unlock(); return g.res
 // AppsHeld reports whether the apps are held stopped (Restored with
 // HoldApps and no ResumeApps since).
 func (g *Guestd) AppsHeld() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.appsHeld }
+
+// AppsResumed reports whether a ResumeApps continued held apps.
+func (g *Guestd) AppsResumed() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.appsResumed }
 
 // Entropy is the last entropy received.
 func (g *Guestd) Entropy() []byte { g.mu.Lock(); defer g.mu.Unlock(); return g.entropy }
@@ -1038,6 +1042,7 @@ func (s *guest) ResumeApps(ctx context.Context) error {
 		return err
 	}
 	s.g.mu.Lock()
+	s.g.appsResumed = s.g.appsResumed || s.g.appsHeld
 	s.g.appsHeld = false
 	s.g.mu.Unlock()
 	return nil
