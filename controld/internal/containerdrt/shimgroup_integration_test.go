@@ -1,0 +1,256 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+)
+
+// parentOf is pid's parent (the shim that reaps a container's init).
+func parentOf(t *testing.T, pid uint32) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// comm may hold spaces: the fields after it start past the last ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ppid
+}
+
+// Replicas forked together share one shim daemon (shimgroup.go), and each
+// stays its own container: deleting one leaves the others running and
+// reported, an exit inside one is reported as that replica's, and the
+// group's shim goes with its last container.
+func TestIntegrationForksShareShim(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exits, err := r.Exits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	value := "mem-" + randomHex(8)
+	if got := mustCall(t, src, "set "+value); got != "ok" {
+		t.Fatal(got)
+	}
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+
+	const n = 3
+	forks := make([]runtime.Instance, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range forks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			spec := testSpec(uniqueID(fmt.Sprintf("grp%d", i)))
+			t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+			forks[i], errs[i] = r.Restore(ctx, spec, res.Ref)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+	}
+	shim := parentOf(t, forks[0].PID)
+	for _, f := range forks {
+		waitSocket(t, f, 10*time.Second)
+		if got := mustCall(t, f, "get"); got != value {
+			t.Errorf("%s: memory value %q, want %q", f.ID, got, value)
+		}
+		if p := parentOf(t, f.PID); p != shim {
+			t.Errorf("%s: init's parent %d, want the group's shim %d", f.ID, p, shim)
+		}
+	}
+	if p := parentOf(t, src.PID); p == shim {
+		t.Errorf("the booted source shares the forks' shim %d", shim)
+	}
+
+	// One deleted: the others run on, served by the same shim.
+	if err := r.Delete(ctx, forks[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks[1:] {
+		if got, _ := r.Get(ctx, f.ID); got.Status != runtime.StatusRunning {
+			t.Errorf("%s after a sibling's delete: %v", f.ID, got.Status)
+		}
+		if got := mustCall(t, f, "get"); got != value {
+			t.Errorf("%s after a sibling's delete: %q", f.ID, got)
+		}
+	}
+	// An exit inside one is that replica's.
+	if _, err := call(forks[1].ACISocket, "exit 3", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-exits:
+		if e.ID != forks[1].ID || e.Status != 3 {
+			t.Errorf("exit %+v, want %s status 3", e, forks[1].ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit reported")
+	}
+	if got, _ := r.Get(ctx, forks[2].ID); got.Status != runtime.StatusRunning {
+		t.Errorf("%s after a sibling's exit: %v", forks[2].ID, got.Status)
+	}
+	// The last ones go, and the shim with them.
+	for _, f := range forks[1:] {
+		if err := r.Delete(ctx, f.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", shim)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the group's shim %d outlived its containers", shim)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// shimsOf are the pids of the shim daemons serving namespace ns.
+func shimsOf(t *testing.T, ns string) []int {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte("\x00-namespace\x00" + ns + "\x00")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, want) || !bytes.Contains(b, []byte("containerd-shim")) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// shimGroupOf is the shim group in sandbox id's spec.
+func shimGroupOf(t *testing.T, r *Runtime, id string) string {
+	t.Helper()
+	ctx := r.ctx(context.Background())
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Annotations[shimGroupAnnotation]
+}
+
+// waitNoShims waits until no shim daemon serves ns any more.
+func waitNoShims(t *testing.T, ns string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := shimsOf(t, ns)
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shim daemons %v of namespace %s outlived its sandboxes", pids, ns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A group's last fork is deleted while the next fork starts, which may
+// choose that group: the delete must not end the group's daemon under the
+// start (the failure that reverted the first shared shims: "remove
+// pre-existing socket: no such file or directory"). Each round deletes the
+// previous fork, the last of its group, after a random delay while the
+// next fork is made; no fork may fail, each must answer with the source's
+// memory, and no shim may outlive the sandboxes.
+func TestIntegrationShimGroupLastDeleteRacesStart(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	value := "mem-" + randomHex(8)
+	if got := mustCall(t, src, "set "+value); got != "ok" {
+		t.Fatal(got)
+	}
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	fork := func(i int) (runtime.Instance, error) {
+		spec := testSpec(uniqueID(fmt.Sprintf("race%d", i)))
+		t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+		return r.Restore(ctx, spec, res.Ref)
+	}
+
+	rounds := 40
+	if testing.Short() {
+		rounds = 10
+	}
+	prev, err := fork(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prevGroup := shimGroupOf(t, r, prev.ID)
+	shared := 0
+	for i := 1; i <= rounds; i++ {
+		delay := time.Duration(rand.IntN(40)) * time.Millisecond
+		deleted := make(chan error, 1)
+		go func() {
+			time.Sleep(delay)
+			deleted <- r.Delete(ctx, prev.ID)
+		}()
+		next, err := fork(i)
+		if derr := <-deleted; derr != nil {
+			t.Fatalf("round %d: delete %s: %v", i, prev.ID, derr)
+		}
+		if err != nil {
+			t.Fatalf("round %d (delete after %v): fork: %v", i, delay, err)
+		}
+		waitSocket(t, next, 10*time.Second)
+		if got := mustCall(t, next, "get"); got != value {
+			t.Fatalf("round %d: %s: memory value %q, want %q", i, next.ID, got, value)
+		}
+		if parentOf(t, next.PID) == parentOf(t, src.PID) {
+			t.Fatalf("round %d: the fork shares the booted source's shim", i)
+		}
+		g := shimGroupOf(t, r, next.ID)
+		if g == prevGroup {
+			shared++
+		}
+		prev, prevGroup = next, g
+	}
+	t.Logf("%d rounds, %d with the next fork joining the deleted fork's group", rounds, shared)
+	if err := r.Delete(ctx, prev.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitNoShims(t, r.cfg.Namespace)
+}
