@@ -5,8 +5,10 @@ package containerdrt
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -247,6 +249,98 @@ func TestIntegrationShimGroupLastDeleteRacesStart(t *testing.T) {
 	}
 	t.Logf("%d rounds, %d with the next fork joining the deleted fork's group", rounds, shared)
 	if err := r.Delete(ctx, prev.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitNoShims(t, r.cfg.Namespace)
+}
+
+// shimSocketOf is where the runc shim of namespace ns listens for group
+// (containerd's shim.CreateSocketAddress): a hash of containerd's address,
+// the namespace and the group, in the directory of the socket of shim, a
+// running daemon that serves group had.
+func shimSocketOf(t *testing.T, shim int, ns, had, group string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", shim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(string(b), "\x00")
+	var address string
+	for i, a := range args {
+		if a == "-address" && i+1 < len(args) {
+			address = args[i+1]
+		}
+	}
+	hash := func(group string) string {
+		return fmt.Sprintf("%x", sha256.Sum256([]byte(filepath.Join(address, ns, group))))
+	}
+	unix, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(unix), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasSuffix(f[len(f)-1], "/"+hash(had)) {
+			return filepath.Join(filepath.Dir(f[len(f)-1]), hash(group))
+		}
+	}
+	t.Fatalf("no socket of shim %d (address %q) in /proc/net/unix", shim, address)
+	return ""
+}
+
+// A fork whose task create fails in its group's shim (here the group's
+// socket is held by a listener that hangs up, as a daemon does while it
+// exits) is created again in a shim of its own, and the group takes no
+// more forks.
+func TestIntegrationShimGroupFailedCreateRetries(t *testing.T) {
+	integration(t)
+	r := newTestRuntime(t, testNamespace)
+	importTestImage(t, r)
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("src")))
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+
+	// The group the next fork joins: a probe joins and leaves before its
+	// task exists, which leaves the group open.
+	group := r.forkShims.join("probe")
+	r.forkShims.leave(ctx, "probe")
+	path := shimSocketOf(t, parentOf(t, src.PID), r.cfg.Namespace, src.ID, group)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+
+	spec := testSpec(uniqueID("retry"))
+	t.Cleanup(func() { deleteQuiet(r, spec.ID) })
+	f, err := r.Restore(ctx, spec, res.Ref)
+	if err != nil {
+		t.Fatalf("fork whose group's shim hangs up: %v", err)
+	}
+	waitSocket(t, f, 10*time.Second)
+	if g := shimGroupOf(t, r, f.ID); g != "" {
+		t.Errorf("the fork made again is still in group %q", g)
+	}
+	if p := parentOf(t, f.PID); p == parentOf(t, src.PID) {
+		t.Errorf("the fork's shim %d is the source's", p)
+	}
+	if g := r.forkShims.join("probe2"); g == group {
+		t.Errorf("a fork joined group %q after a create failed in it", g)
+	}
+	r.forkShims.leave(ctx, "probe2")
+	if err := r.Delete(ctx, f.ID); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Delete(ctx, src.ID); err != nil {
