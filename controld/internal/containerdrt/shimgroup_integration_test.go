@@ -260,7 +260,7 @@ func TestIntegrationShimGroupLastDeleteRacesStart(t *testing.T) {
 // shimSocketOf is where the runc shim of namespace ns listens for group
 // (containerd's shim.CreateSocketAddress): a hash of containerd's address,
 // the namespace and the group, in the directory of the socket of shim, a
-// running daemon that serves group had.
+// running daemon that serves group had (as its net/unix shows).
 func shimSocketOf(t *testing.T, shim int, ns, had, group string) string {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", shim))
@@ -277,7 +277,9 @@ func shimSocketOf(t *testing.T, shim int, ns, had, group string) string {
 	hash := func(group string) string {
 		return fmt.Sprintf("%x", sha256.Sum256([]byte(filepath.Join(address, ns, group))))
 	}
-	unix, err := os.ReadFile("/proc/net/unix")
+	// The shim's namespace's: this process's threads may sit in a
+	// sandbox's network namespace (the runtime's network setup).
+	unix, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", shim))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +289,7 @@ func shimSocketOf(t *testing.T, shim int, ns, had, group string) string {
 			return filepath.Join(filepath.Dir(f[len(f)-1]), hash(group))
 		}
 	}
-	t.Fatalf("no socket of shim %d (address %q) in /proc/net/unix", shim, address)
+	t.Fatalf("no socket of shim %d (address %q) in its net/unix", shim, address)
 	return ""
 }
 
