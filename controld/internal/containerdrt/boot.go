@@ -136,17 +136,6 @@ func (r *Runtime) createTask(ctx context.Context, spec runtime.BootSpec, c clien
 		}
 	}
 	t, err := r.newTask(ctx, c, id, layer, stdio, opts)
-	if err != nil && r.forkShims.grouped(id) {
-		// A fork's create in a shared shim can fail with that shim
-		// (another fork's failed create ended it, shimgroup.go): once
-		// more, in a shim of its own.
-		r.forkShims.created(id, false)
-		r.log.WarnContext(ctx, "fork task create failed in a shared shim; again in its own", "sandbox", id, "error", err)
-		if err = ungroup(ctx, c); err == nil {
-			t, err = r.newTask(ctx, c, id, layer, stdio, opts)
-		}
-	}
-	r.forkShims.created(id, err == nil)
 	if err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))
@@ -254,8 +243,6 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 	defer cancel()
 	var errs []error
 	r.setQuiet(id)
-	// Before its task's delete, which may end a shared shim's daemon.
-	r.forkShims.leave(ctx, id)
 	if t != nil {
 		if err := r.killAndDeleteTask(ctx, id, t); err != nil {
 			errs = append(errs, err)

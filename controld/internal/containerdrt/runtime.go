@@ -276,7 +276,6 @@ type Runtime struct {
 
 	imageProcs   sync.Map // image digest -> imageProcess
 	restoreBases sync.Map // checkpoint dir -> *restoreBase
-	forkShims    shimGroups
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
 	seccomp *seccompRoots
