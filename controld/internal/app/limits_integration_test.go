@@ -293,7 +293,13 @@ func TestRealStackLimits(t *testing.T) {
 		}
 		lr := s.limitReached(sb.Id, controldv1.SandboxLimit_SANDBOX_LIMIT_DISK, func(r *controldv1.LimitReached) bool { return r.GetCount() == 1 })
 		t.Logf("stopped at %d bytes; controld: %s", written, lr.GetMessage())
-		if got := imgBlocks(); got != blocks {
+		// The layers file is preallocated, so the filler's bytes land in
+		// blocks it already has. What may still grow is the host file
+		// system's extent tree: writing into preallocated (unwritten)
+		// extents splits them, and st_blocks counts the tree's blocks
+		// (24 blocks, 12 KiB, were seen). A MiB bounds that, far below the
+		// filler's 64 MiB.
+		if got := imgBlocks(); got-blocks > 2048 {
 			t.Fatalf("the layers file grew on the host's disk: %d blocks, was %d", got, blocks)
 		}
 		// Others share this machine: only a write the size of the filler's
