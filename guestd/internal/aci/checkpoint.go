@@ -3,9 +3,8 @@ package aci
 import (
 	"context"
 	"image"
-	"os"
 	"runtime/debug"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/coder/websocket"
@@ -13,6 +12,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
 const (
@@ -339,23 +339,13 @@ func (s *Server) bornFrameHash() ([]byte, error) {
 	return sum[:], nil
 }
 
-// processStart is this process's start time (field 22 of /proc/self/stat,
-// clock ticks since the host booted). A CRIU restore creates the process
-// anew, so it differs in a replica. "" when unknown.
+// processStart is this process's start time (clock ticks since the host
+// booted). A CRIU restore creates the process anew, so it differs in a
+// replica. "" when unknown.
 func processStart() string {
-	b, err := os.ReadFile("/proc/self/stat")
+	st, err := sysops.ReadStat(0)
 	if err != nil {
 		return ""
 	}
-	// comm (field 2) may hold spaces and parentheses: count from its end.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(string(b[i+1:]))
-	const startField = 22 - 3 // fields after comm start at 3
-	if len(f) <= startField {
-		return ""
-	}
-	return f[startField]
+	return strconv.FormatUint(st.Start, 10)
 }

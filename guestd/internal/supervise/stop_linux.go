@@ -4,10 +4,10 @@ package supervise
 
 import (
 	"os"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
 // stopPasses bounds StopOthers' scans of /proc: a process forked while a
@@ -65,36 +65,17 @@ func StopOthers(keep func() int) (cont func() int) {
 	}
 }
 
-// pids lists the numeric entries of /proc.
+// pids lists the sandbox's processes (none when /proc cannot be read).
 func pids() []int {
-	d, err := os.Open("/proc")
-	if err != nil {
-		return nil
-	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil
-	}
-	out := make([]int, 0, len(names))
-	for _, n := range names {
-		if pid, err := strconv.Atoi(n); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
+	p, _ := sysops.PIDs()
+	return p
 }
 
 // procState is the state letter of /proc/<pid>/stat (0 when unreadable).
 func procState(pid int) byte {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := sysops.ReadStat(pid)
 	if err != nil {
 		return 0
 	}
-	// comm (field 2) may hold spaces and parentheses: count from its end.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0
-	}
-	return b[i+2]
+	return st.State
 }

@@ -14,23 +14,18 @@ import (
 // the sandbox ran. Processes that vanish between the directory read and
 // their file are skipped.
 func OthersCPUTime() (time.Duration, error) {
-	d, err := os.Open("/proc")
+	pids, err := PIDs()
 	if err != nil {
 		return 0, err
 	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return 0, err
-	}
-	self := strconv.Itoa(os.Getpid())
+	self := os.Getpid()
 	var total int64
 	buf := make([]byte, 0, 96)
-	for _, n := range names {
-		if n == self || n[0] < '0' || n[0] > '9' {
+	for _, pid := range pids {
+		if pid == self {
 			continue
 		}
-		f, err := os.Open("/proc/" + n + "/schedstat")
+		f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/schedstat")
 		if err != nil {
 			continue
 		}

@@ -574,3 +574,32 @@ func TestRunnerAsUser(t *testing.T) {
 		t.Fatal("the nil identity is not guestd's own")
 	}
 }
+
+func TestParseStat(t *testing.T) {
+	// comm may hold spaces and parentheses; fields count from its last ')'.
+	line := "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 10"
+	st, err := parseStat(line)
+	if err != nil || st.State != 'S' || st.Start != 123456 {
+		t.Fatalf("parseStat = %+v, %v; want state S, start 123456", st, err)
+	}
+	for _, bad := range []string{"", "42 (x", "42 (x) S 1 2", "42 (x) SS 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 9 1 1", "42 (x) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 -9 1 1"} {
+		if _, err := parseStat(bad); err == nil {
+			t.Errorf("parseStat(%q) accepted", bad)
+		}
+	}
+}
+
+func TestReadStatSelf(t *testing.T) {
+	a, err := ReadStat(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ReadStat(os.Getpid())
+	if err != nil || a.Start != b.Start || a.Start == 0 {
+		t.Fatalf("self %+v, by pid %+v (%v)", a, b, err)
+	}
+	pids, err := PIDs()
+	if err != nil || !slices.Contains(pids, os.Getpid()) {
+		t.Fatalf("PIDs() = %d entries, %v: want this process among them", len(pids), err)
+	}
+}
