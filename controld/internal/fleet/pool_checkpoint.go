@@ -177,12 +177,41 @@ func (m *pooler) makePoolCheckpoint(ctx context.Context, p *pool) (*controldv1.C
 	if _, err := m.waitSettled(ctx, sb); err != nil {
 		return nil, fmt.Errorf("boot its source %s: %w", srcID, err)
 	}
+	if err := m.waitScreenStill(ctx, sb); err != nil {
+		return nil, fmt.Errorf("source %s: screen still: %w", srcID, err)
+	}
 	ck, err := m.createCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: srcID, Tier: controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, Stop: true},
 		nil, pb.Id)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", srcID, err)
 	}
 	return ck, nil
+}
+
+// poolCheckpointSettle is how long the source's screen must have been
+// still before the pool checkpoints it (guestd bounds the wait).
+const poolCheckpointSettle = 500 * time.Millisecond
+
+// waitScreenStill waits until the pool checkpoint's source has stopped
+// drawing. The checkpoint hashes its frame under an X server grab without
+// waiting for the screen to settle (a user's checkpoint is of the moment it
+// was asked for). A source checkpointed right at "usable" (windows mapped
+// and focused) may still be painting: its shell's prompt, the focus
+// decorations. Its replicas are born with that frame (their first-frame
+// proof holds), but once the grab is released they finish the paint, so a
+// later VerifySandbox of a miss's fork compared a settled screen the
+// checkpoint never showed. The pool picks its own moment: a still one.
+func (m *pooler) waitScreenStill(ctx context.Context, sb *sandbox) error {
+	m.mu.Lock()
+	sock, admin := sb.rec.ACISocket, sb.rec.AdminToken
+	m.mu.Unlock()
+	g, err := m.dialGuest(ctx, sock, admin)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	_, err = g.FrameHash(ctx, poolCheckpointSettle)
+	return err
 }
 
 // retirePoolCheckpoint takes a pool's checkpoint out of service and deletes

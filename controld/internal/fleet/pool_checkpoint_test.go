@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
 
@@ -8,6 +9,8 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/fleet/fleettest"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // poolCheckpoints lists the checkpoints labelled as pool id's.
@@ -136,4 +139,38 @@ func TestImagePoolMissForksFromItsCheckpoint(t *testing.T) {
 		_, err := e.m.GetCheckpoint(ctx, next.Id)
 		return err != nil
 	})
+}
+
+// An image pool checkpoints a still screen. Its desktops are still
+// painting when they report ready (a shell's prompt, focus decorations):
+// the checkpoint's frame is hashed at once (under the X server grab), so a
+// source checkpointed then leaves forks that finish the paint after their
+// first frame. A miss's fork must pass a later VerifySandbox, which
+// compares its settled screen (the flake of TestRealStackImagePoolMissForks).
+func TestImagePoolCheckpointsStillScreen(t *testing.T) {
+	e := newEnv(t, nil)
+	final := []byte("prompt-drawn-0123")
+	e.rt.OnBoot = func(_ runtime.BootSpec, g *fleettest.Guestd) { g.SetPainting(final) }
+	ctx := context.Background()
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_Image{Image: "img:latest"}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "image pool full with its checkpoint", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		return got.Available == 1 && len(poolCheckpoints(t, e, p.Id)) == 1
+	})
+	miss := claimMiss(t, e, p.Id)
+	if got := e.rt.Guest(miss.Id).FrameNow(); !bytes.Equal(got, final) {
+		t.Fatalf("the miss's fork shows frame %x, want the source's finished paint %x", got, final)
+	}
+	res, err := e.m.VerifySandbox(ctx, &controldv1.VerifySandboxRequest{Id: miss.Id})
+	if err != nil || len(res) == 0 {
+		t.Fatalf("verify the miss's fork: %v %v", res, err)
+	}
+	for _, r := range res {
+		if !r.GetOk() {
+			t.Errorf("miss's fork: %s: %s", r.GetLevel(), r.GetDetail())
+		}
+	}
 }

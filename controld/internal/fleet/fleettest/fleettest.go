@@ -47,8 +47,10 @@ type Runtime struct {
 	CheckpointErr func(id string) error
 	// NeverReady makes guestds never report ready.
 	NeverReady bool
-	// OnRestore, when set, may alter a restored guestd before it starts.
+	// OnRestore, when set, may alter a restored guestd before it starts;
+	// OnBoot a booted one.
 	OnRestore func(spec runtime.BootSpec, g *Guestd)
+	OnBoot    func(spec runtime.BootSpec, g *Guestd)
 	// PrecreateErr fails Precreate when it returns an error; StartErr fails
 	// the Boot of a precreated sandbox (which is then removed, as the real
 	// runtime does when Start fails).
@@ -330,6 +332,9 @@ func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Inst
 		}
 	}
 	g := newGuestd(spec.ID, spec.AdminToken, spec.ACIToken)
+	if r.OnBoot != nil {
+		r.OnBoot(spec, g)
+	}
 	r.mu.Lock()
 	dg := r.imageDigestLocked(spec.Image)
 	r.mu.Unlock()
@@ -459,6 +464,7 @@ type ckState struct {
 	NetPort     uint32            `json:"net_port"`
 	Files       map[string][]byte `json:"files"`
 	FrameHash   []byte            `json:"frame_hash"`
+	Painting    []byte            `json:"painting,omitempty"`
 	Animating   bool              `json:"animating"`
 	Tier        runtime.CheckpointTier
 	Snapshot    string
@@ -493,7 +499,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, ref runtim
 		g = newGuestd("source", st.AdminToken, "source-token-until-restored")
 		g.mark = st.Mark
 		g.netValue, g.netPort = st.NetValue, st.NetPort
-		g.frameHash = st.FrameHash
+		g.frameHash, g.painting = st.FrameHash, st.Painting
 		g.animating = st.Animating
 		g.generation = st.Generation
 	}
@@ -707,18 +713,23 @@ type Guestd struct {
 	LoopbackDown bool
 	files        map[string][]byte
 	frameHash    []byte
-	animating    bool // every FrameHash finds a new frame
-	socket       string
-	listenAt     time.Time
-	readyAt      time.Time
-	startedAt    time.Time
-	neverReady   bool
-	frozen       bool
-	stopped      bool
-	restored     int
-	entropy      []byte
-	appsHeld     bool // Restored with HoldApps, no ResumeApps since
-	appsResumed  bool // a ResumeApps found them held
+	// painting is the frame the apps are still drawing towards (SetPainting):
+	// the screen becomes it once something waits for it to settle. A memory
+	// checkpoint carries the paint in flight, as a dump carries the apps'
+	// pending output.
+	painting    []byte
+	animating   bool // every FrameHash finds a new frame
+	socket      string
+	listenAt    time.Time
+	readyAt     time.Time
+	startedAt   time.Time
+	neverReady  bool
+	frozen      bool
+	stopped     bool
+	restored    int
+	entropy     []byte
+	appsHeld    bool // Restored with HoldApps, no ResumeApps since
+	appsResumed bool // a ResumeApps found them held
 
 	srv *acitest.Server
 	hs  *http.Server
@@ -738,7 +749,7 @@ func (g *Guestd) snapshot() ckState {
 		files[k] = v
 	}
 	return ckState{AdminToken: g.adminToken, Generation: g.generation, Mark: g.mark, NetValue: g.netValue, NetPort: g.netPort,
-		Files: files, FrameHash: g.frameHash, Animating: g.animating}
+		Files: files, FrameHash: g.frameHash, Painting: g.painting, Animating: g.animating}
 }
 
 // SandboxID is who guestd believes it is.
@@ -769,6 +780,17 @@ func (g *Guestd) SetAnimating(on bool) { g.mu.Lock(); g.animating = on; g.mu.Unl
 
 // SetFrameHash changes the screen.
 func (g *Guestd) SetFrameHash(h []byte) { g.mu.Lock(); g.frameHash = h; g.mu.Unlock() }
+
+// SetPainting makes the apps still draw towards frame h: the screen
+// becomes h at the next FrameHash that waits for it to settle.
+func (g *Guestd) SetPainting(h []byte) { g.mu.Lock(); g.painting = h; g.mu.Unlock() }
+
+// FrameNow is the screen's frame hash, without waiting for anything.
+func (g *Guestd) FrameNow() []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]byte(nil), g.frameHash...)
+}
 
 // SetFile changes a file.
 func (g *Guestd) SetFile(p string, b []byte) { g.mu.Lock(); g.files[p] = b; g.mu.Unlock() }
@@ -976,12 +998,15 @@ func (s *guest) NetProbe(ctx context.Context, port uint32, nonce []byte) ([]byte
 	return wire.ProofMAC(s.g.netValue, nonce), nil
 }
 
-func (s *guest) FrameHash(ctx context.Context, _ time.Duration) ([]byte, error) {
+func (s *guest) FrameHash(ctx context.Context, settle time.Duration) ([]byte, error) {
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
+	if settle > 0 && s.g.painting != nil {
+		s.g.frameHash, s.g.painting = s.g.painting, nil
+	}
 	if s.g.animating {
 		next := sha256.Sum256(s.g.frameHash)
 		s.g.frameHash = next[:16]
@@ -1026,11 +1051,18 @@ func (s *guest) Restored(ctx context.Context, r fleet.RestoredInfo) (fleet.Resto
 	s.g.appsHeld = r.HoldApps
 	// The replica's first frame: the screen as the checkpoint left it (the
 	// real guestd captures it under the X server grab the dump carried).
-	return fleet.RestoredResult{FrameHash: append([]byte(nil), s.g.frameHash...)}, nil
+	// Then the grab goes and the apps finish a paint the dump caught.
+	born := append([]byte(nil), s.g.frameHash...)
+	if s.g.painting != nil {
+		s.g.frameHash, s.g.painting = s.g.painting, nil
+	}
+	return fleet.RestoredResult{FrameHash: born}, nil
 }
 
-func (s *guest) CheckpointPrepare(ctx context.Context, _, settle time.Duration) ([]byte, error) {
-	return s.FrameHash(ctx, settle)
+// CheckpointPrepare hashes the frame at once, as guestd does under the X
+// server grab: a paint in flight is not waited for.
+func (s *guest) CheckpointPrepare(ctx context.Context, _, _ time.Duration) ([]byte, error) {
+	return s.FrameHash(ctx, 0)
 }
 
 func (s *guest) CheckpointDone(ctx context.Context) error { return s.check(ctx) }
