@@ -173,19 +173,21 @@ func (m *pooler) claimWarm(ctx context.Context, p *pool, sb *sandbox, labels map
 	persisted := make(chan error, 1)
 	go func() {
 		_, ps := m.tracer.Start(ctx, "pool.claim.persist")
-		defer ps.End()
-		// The records' own write is queued behind every earlier write of
-		// this sandbox and ahead of every later one (the store's queue is
-		// in order), so it needs sb.persist only to be queued.
+		// The records' own write is queued (once the claim's journal frame
+		// is synced) behind every earlier write of this sandbox and ahead
+		// of every later one (the store's queue is in order), so it needs
+		// sb.persist only until Claim returns.
 		sb.persist.Lock()
 		applied, err := m.st.Claim(claimed, poolRec, func() (uint64, uint64) { return p.hits.Load(), p.misses.Load() })
 		sb.persist.Unlock()
+		ps.End()
 		persisted <- err
-		go func() {
-			if err := <-applied; err != nil {
-				m.log.Error("write claimed sandbox's record (its claim is in the journal)", "sandbox", id, "err", err)
-			}
-		}()
+		if err != nil {
+			return
+		}
+		if err := <-applied; err != nil {
+			m.log.Error("write claimed sandbox's record (its claim is in the journal)", "sandbox", id, "err", err)
+		}
 	}()
 	err := m.thawAndPing(ctx, p, id, sock, admin)
 	if err == nil {

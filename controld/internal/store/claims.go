@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -19,17 +18,21 @@ import (
 // of a bbolt commit's two (data pages, then the meta page: 0.7 ms against
 // 0.26 ms on an idle ext4 disk, both several ms on a busy one). A claim is
 // appended to a preallocated file beside the store (overwritten in place, so
-// fdatasync has no file size or block allocation to commit) and its bbolt
-// write is queued behind every write before it without being waited for.
-// At Open the journal is replayed into the records before anything reads
-// them.
+// fdatasync has no file size or block allocation to commit); claims that
+// arrive together share one write and one fdatasync (group commit, the same
+// groupCommit as Update's), and each is answered only once its frame is
+// synced. Only then is its bbolt write queued (behind every write before
+// it, not waited for): the records' commit, two syncs of its own, does not
+// compete with the journal's sync on the claim's path. At Open the journal
+// is replayed into the records before anything reads them.
 //
 // Replay applies an entry only while the store still holds its sandbox as
 // pooled: a claimed sandbox is never pooled again, and every later write of
-// its record is queued after the claim's own bbolt write (Update is FIFO),
-// so a pooled record means that write never landed; anything else (the
-// record claimed, changed since or gone) is newer than the entry. That makes
-// replay idempotent, and the journal needs no truncation: entries left from
+// its record is queued after the claim's own bbolt write (Update is FIFO,
+// and the caller queues that sandbox's writes one at a time), so a pooled
+// record means that write never landed; anything else (the record claimed,
+// changed since or gone) is newer than the entry. That makes replay
+// idempotent, and the journal needs no truncation: entries left from
 // before are skipped the same way.
 
 // claimJournalSize is the journal's preallocated size: about 700 claims of
@@ -53,28 +56,31 @@ type claimEntry struct {
 
 // journal is the claim journal's file and its group-commit queue.
 type journal struct {
-	f    *os.File
-	size int64
-
-	mu      sync.Mutex
-	queue   []*frame
-	running bool
-	off     int64 // where the next batch goes (committer only)
-
-	// barrier waits until every bbolt write queued so far is committed
-	// (before a wrap overwrites the entries they carry).
-	barrier func() error
+	f      *os.File
+	size   int64
+	st     *Store // the records: a synced frame's write is queued there
+	frames groupCommit[*frame]
+	off    int64 // where the next batch goes (committer only)
 }
 
+// frame is one claim on its way into the journal.
 type frame struct {
-	b    []byte
-	done chan error
+	b     []byte
+	write func(*Tx) error // the claim's records' write, queued once b is synced
+	// done gets the outcome of the frame's sync, and once it succeeded,
+	// applied the outcome of the records' write.
+	done    chan error
+	applied <-chan error
 }
+
+// syncJournal makes the journal's written frames durable. A variable so a
+// test can crash a process between a batch's write and its sync.
+var syncJournal = func(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
 // openJournal opens the journal at path, preallocating it with zeros when it
 // is new or short (written, not fallocated: the first write of an unwritten
 // extent is a metadata change that fdatasync would commit).
-func openJournal(path string, size int64) (*journal, error) {
+func openJournal(path string, size int64, records *Store) (*journal, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
@@ -98,7 +104,19 @@ func openJournal(path string, size int64) (*journal, error) {
 			return nil, err
 		}
 	}
-	return &journal{f: f, size: size}, nil
+	j := &journal{f: f, size: size, st: records}
+	// As many frames as fit in the journal at once (every frame does:
+	// Claim admits only frames up to a quarter of it).
+	j.frames.take = func(q []*frame) int {
+		n, total := 0, 0
+		for n < len(q) && int64(total+len(q[n].b)) <= j.size {
+			total += len(q[n].b)
+			n++
+		}
+		return n
+	}
+	j.frames.commit = j.commit
+	return j, nil
 }
 
 func syncDir(dir string) error {
@@ -138,55 +156,28 @@ func (j *journal) entries() ([]claimEntry, error) {
 	return out, nil
 }
 
-// append writes b as one frame and returns once it is synced. Concurrent
-// appends share a write and a sync.
-func (j *journal) append(payload []byte) error {
-	b := make([]byte, claimFrameHeader+len(payload))
-	binary.LittleEndian.PutUint32(b, uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
-	copy(b[claimFrameHeader:], payload)
-	fr := &frame{b: b, done: make(chan error, 1)}
-	j.mu.Lock()
-	j.queue = append(j.queue, fr)
-	if !j.running {
-		j.running = true
-		go j.drain()
-	}
-	j.mu.Unlock()
-	return <-fr.done
-}
-
-func (j *journal) drain() {
-	for {
-		j.mu.Lock()
-		if len(j.queue) == 0 {
-			j.running = false
-			j.mu.Unlock()
-			return
+// commit writes batch at the journal's offset (wrapping to the start when
+// it does not fit) and syncs it; then, in the frames' order, it queues
+// their records' writes and answers them. A wrap first waits for the
+// records' writes queued so far (those of every frame it may overwrite:
+// this goroutine queued them, before it got here).
+func (j *journal) commit(batch []*frame) {
+	err := j.write(batch)
+	for _, fr := range batch {
+		if err == nil {
+			fr.applied = j.st.enqueue(fr.write)
 		}
-		// As many frames as fit in the journal at once (every frame does:
-		// Claim admits only frames up to a quarter of it).
-		var n, total int
-		for n < len(j.queue) && int64(total+len(j.queue[n].b)) <= j.size {
-			total += len(j.queue[n].b)
-			n++
-		}
-		batch := j.queue[:n:n]
-		j.queue = j.queue[n:]
-		j.mu.Unlock()
-		err := j.write(batch, total)
-		for _, fr := range batch {
-			fr.done <- err
-		}
+		fr.done <- err
 	}
 }
 
-// write puts batch at the journal's offset (wrapping to the start when it
-// does not fit) and syncs it.
-func (j *journal) write(batch []*frame, total int) error {
+func (j *journal) write(batch []*frame) error {
+	total := 0
+	for _, fr := range batch {
+		total += len(fr.b)
+	}
 	if j.off+int64(total) > j.size {
-		// The entries about to be overwritten must be in the records first.
-		if err := j.barrier(); err != nil {
+		if err := j.st.Ping(); err != nil {
 			return fmt.Errorf("claim journal: wrap: %w", err)
 		}
 		j.off = 0
@@ -198,7 +189,7 @@ func (j *journal) write(batch []*frame, total int) error {
 	if _, err := j.f.WriteAt(buf, j.off); err != nil {
 		return fmt.Errorf("claim journal: %w", err)
 	}
-	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+	if err := syncJournal(j.f); err != nil {
 		return fmt.Errorf("claim journal: fdatasync: %w", err)
 	}
 	j.off += int64(total)
@@ -257,12 +248,16 @@ func (s *Store) replayClaims() (int, error) {
 
 // Claim makes a pool claim durable: the claimed sandbox's record and its
 // pool's counters (as counters reports them when each write runs). It
-// returns once the claim is in the journal (one fdatasync, shared by
-// concurrent claims); the records' own write is queued behind every write
-// before it, and its outcome is sent on applied. A crash after Claim
-// returned finds the sandbox claimed at the next Open.
+// returns once the claim is in the journal (one fdatasync, shared by the
+// claims that arrive together); the records' own write is then queued
+// behind every write before it, and its outcome is sent on applied. A crash
+// after Claim returned finds the sandbox claimed at the next Open. On an
+// error the claim may or may not be found at the next Open (a frame written
+// but not synced): never answered, it was never the caller's.
 //
-// pool may be nil; its record is written only while the pool exists.
+// The caller queues no other write of sb's record until Claim returned (so
+// the records' write is ahead of them). pool may be nil; its record is
+// written only while the pool exists.
 func (s *Store) Claim(sb *SandboxRecord, pool *PoolRecord, counters func() (hits, misses uint64)) (applied <-chan error, err error) {
 	e := claimEntry{Sandbox: sb}
 	if pool != nil {
@@ -273,7 +268,7 @@ func (s *Store) Claim(sb *SandboxRecord, pool *PoolRecord, counters func() (hits
 	if err != nil {
 		return nil, fmt.Errorf("store: encode claim of %s: %w", sb.Sandbox.GetId(), err)
 	}
-	done := s.enqueue(func(tx *Tx) error {
+	write := func(tx *Tx) error {
 		if err := tx.PutSandbox(sb); err != nil {
 			return err
 		}
@@ -284,17 +279,23 @@ func (s *Store) Claim(sb *SandboxRecord, pool *PoolRecord, counters func() (hits
 		// first in a shared commit.
 		pool.Pool.Hits, pool.Pool.Misses = counters()
 		return tx.PutPool(pool)
-	})
+	}
 	if int64(claimFrameHeader+len(payload)) > s.claims.size/4 {
 		// Too large for the journal (labels and env at their limits):
 		// durable through the records' own commit.
-		err := <-done
+		err := <-s.enqueue(write)
 		ch := make(chan error, 1)
 		ch <- err
 		return ch, err
 	}
-	if err := s.claims.append(payload); err != nil {
-		return done, err
+	b := make([]byte, claimFrameHeader+len(payload))
+	binary.LittleEndian.PutUint32(b, uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	copy(b[claimFrameHeader:], payload)
+	fr := &frame{b: b, write: write, done: make(chan error, 1)}
+	s.claims.frames.add(fr)
+	if err := <-fr.done; err != nil {
+		return nil, err
 	}
-	return done, nil
+	return fr.applied, nil
 }

@@ -2,14 +2,18 @@ package store
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -256,4 +260,273 @@ func TestClaimJournalWraps(t *testing.T) {
 	for i := range n {
 		wantClaimed(t, s, i)
 	}
+}
+
+// hookJournalSync makes the journal's syncs call at with their number
+// (from 1) and the real sync; it returns a restore func.
+func hookJournalSync(at func(call int, f *os.File, sync func(*os.File) error) error) func() {
+	orig := syncJournal
+	var calls atomic.Int32
+	syncJournal = func(f *os.File) error { return at(int(calls.Add(1)), f, orig) }
+	return func() { syncJournal = orig }
+}
+
+// copyFile copies src to dst (a crash's view of a file: what was written).
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Group commit and a crash between a batch's write and its sync: claims
+// that arrive together share one write and one sync, and none of them is
+// answered before that sync. Whatever a crash there leaves of the written
+// batch (all of it, none of it, a torn frame in it), the reopened store
+// has the claim answered before claimed, and each of the others either
+// claimed whole (nobody received it: its TTL or a delete removes it) or
+// still pooled (never handed out, so it may be handed out now), never a
+// mix; the batch's own sync failing fails every claim of it.
+func TestClaimGroupCrashBetweenWriteAndSync(t *testing.T) {
+	const n = 6
+	path := pooledStore(t, n)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sync 1 (claim 0 alone) waits until claims 1..5 queue behind it, so
+	// they form the next batch; sync 2 is the crash point.
+	queued := func() int {
+		s.claims.frames.mu.Lock()
+		defer s.claims.frames.mu.Unlock()
+		return len(s.claims.frames.queue)
+	}
+	inSync1, crashAt, crashed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	errCrash := errors.New("crashed before the sync")
+	defer hookJournalSync(func(call int, f *os.File, sync func(*os.File) error) error {
+		switch call {
+		case 1:
+			close(inSync1)
+			for queued() < n-1 {
+				time.Sleep(100 * time.Microsecond)
+			}
+			return sync(f)
+		case 2:
+			close(crashAt)
+			<-crashed
+			return errCrash
+		}
+		return sync(f)
+	})()
+	claim := func(i int) (<-chan error, error) {
+		return s.Claim(claimedRecord(i), poolRecord(), func() (uint64, uint64) { return uint64(i + 1), 0 })
+	}
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, n)
+	first := make(chan (<-chan error), 1)
+	go func() {
+		applied, err := claim(0)
+		answers <- answer{0, err}
+		first <- applied
+	}()
+	<-inSync1
+	for i := 1; i < n; i++ {
+		go func() {
+			_, err := claim(i)
+			answers <- answer{i, err}
+		}()
+	}
+	if a := <-answers; a.i != 0 || a.err != nil {
+		t.Fatalf("first answer: claim %d: %v, want claim 0 synced alone", a.i, a.err)
+	}
+	if err := <-<-first; err != nil {
+		t.Fatal(err)
+	}
+	<-crashAt
+	select {
+	case a := <-answers:
+		t.Fatalf("claim %d answered (%v) before its batch was synced", a.i, a.err)
+	default:
+	}
+	// The disk as a crash here leaves it: the records (claim 0's write
+	// committed), and the journal with the batch written, not synced.
+	dir := t.TempDir()
+	crash := filepath.Join(dir, "state.db")
+	copyFile(t, path, crash)
+	copyFile(t, ClaimJournalPath(path), ClaimJournalPath(crash))
+	journal, err := os.ReadFile(ClaimJournalPath(crash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(crashed)
+	for range n - 1 {
+		if a := <-answers; !errors.Is(a.err, errCrash) {
+			t.Fatalf("claim %d of the batch whose sync failed: %v, want the sync's error", a.i, a.err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Frame offsets: claim 0's frame, then the batch's.
+	var offs []int
+	for off := 0; off+claimFrameHeader <= len(journal); {
+		l := int(binary.LittleEndian.Uint32(journal[off:]))
+		if l == 0 {
+			break
+		}
+		offs = append(offs, off)
+		off += claimFrameHeader + l
+	}
+	if len(offs) != n {
+		t.Fatalf("%d frames in the journal at the crash, want %d (one alone, then one batch of %d)", len(offs), n, n-1)
+	}
+	end := offs[n-1] + claimFrameHeader + int(binary.LittleEndian.Uint32(journal[offs[n-1]:]))
+	for _, c := range []struct {
+		name string
+		keep func(j []byte) // what of the unsynced batch reached the disk
+		want int            // claims found: the first want of the journal's order
+	}{
+		{"batch on disk", func([]byte) {}, n},
+		{"batch lost", func(j []byte) { clear(j[offs[1]:end]) }, 1},
+		{"batch torn in its third frame", func(j []byte) { clear(j[offs[3]+claimFrameHeader+4 : end]) }, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, "state.db")
+			copyFile(t, crash, p)
+			j := append([]byte(nil), journal...)
+			c.keep(j)
+			if err := os.WriteFile(ClaimJournalPath(p), j, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			// The journal's order is claim 0, then the batch in the order
+			// it queued, which the frames' records name.
+			var order []string
+			for _, off := range offs {
+				var e claimEntry
+				l := int(binary.LittleEndian.Uint32(journal[off:]))
+				if err := json.Unmarshal(journal[off+claimFrameHeader:off+claimFrameHeader+l], &e); err != nil {
+					t.Fatal(err)
+				}
+				order = append(order, e.Sandbox.Sandbox.GetId())
+			}
+			for k, id := range order {
+				var i int
+				fmt.Sscanf(id, "sb-%d", &i)
+				if k < c.want {
+					wantClaimed(t, s, i)
+					continue
+				}
+				if r := sandboxByID(t, s, id); r == nil || !r.Pooled || r.Request != nil || len(r.Sandbox.Labels) != 0 {
+					t.Fatalf("%s, not in the journal's intact frames: %+v, want it pooled as before", id, r)
+				}
+			}
+		})
+	}
+}
+
+// The same crash in a process on the real store: a child claims n members
+// at once with its journal's first sync hanging (the batch written, not
+// synced) and is killed there. No claim was answered; the reopened store
+// has the written batch's claims whole (the kill keeps the page cache) and
+// the other members pooled.
+func TestClaimGroupKilledBeforeSync(t *testing.T) {
+	if path := os.Getenv("FORKFLEET_STORE_GROUP_CHILD"); path != "" {
+		claimGroupThenHang(path)
+		return
+	}
+	const n = 6
+	path := pooledStore(t, n)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestClaimGroupKilledBeforeSync$")
+	cmd.Env = append(os.Environ(), "FORKFLEET_STORE_GROUP_CHILD="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	var written int
+	if _, serr := fmt.Sscanf(line, "written %d\n", &written); err != nil || serr != nil || written < 1 || written > n {
+		t.Fatalf("child: %q %v", line, err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	claimed := 0
+	for i := range n {
+		r := sandboxByID(t, s, fmt.Sprintf("sb-%03d", i))
+		switch {
+		case r == nil:
+			t.Fatalf("sb-%03d gone", i)
+		case r.Pooled:
+			if r.Request != nil || len(r.Sandbox.Labels) != 0 {
+				t.Fatalf("sb-%03d pooled with a claim's fields: %+v", i, r)
+			}
+		default:
+			wantClaimed(t, s, i)
+			claimed++
+		}
+	}
+	if claimed != written {
+		t.Fatalf("%d claimed after the restart, want the %d of the written batch", claimed, written)
+	}
+}
+
+// claimGroupThenHang is TestClaimGroupKilledBeforeSync's child: n claims
+// at once; the first sync reports its batch's size and hangs. A claim
+// answered before that is a failure the parent sees.
+func claimGroupThenHang(path string) {
+	s, err := Open(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	const n = 6
+	syncJournal = func(*os.File) error {
+		written, err := s.claims.entries()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		for {
+			s.claims.frames.mu.Lock()
+			q := len(s.claims.frames.queue)
+			s.claims.frames.mu.Unlock()
+			if q+len(written) == n {
+				break // every claim is written or queued behind
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		fmt.Printf("written %d\n", len(written))
+		select {}
+	}
+	for i := range n {
+		go func() {
+			if _, err := s.Claim(claimedRecord(i), poolRecord(), func() (uint64, uint64) { return uint64(i + 1), 0 }); err == nil {
+				fmt.Println("answered before its sync")
+				os.Exit(2)
+			}
+		}()
+	}
+	select {}
 }

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -111,13 +110,8 @@ var lockTimeout = 5 * time.Second
 
 // Store is the bbolt-backed record store. Safe for concurrent use.
 type Store struct {
-	db *bolt.DB
-
-	// mu guards the group-commit queue.
-	mu      sync.Mutex
-	queue   []*write
-	running bool // a committer goroutine is draining queue
-
+	db     *bolt.DB
+	writes groupCommit[*write] // Update's queue: one bbolt commit a batch
 	claims *journal
 }
 
@@ -169,11 +163,12 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	s := &Store{db: db}
-	if s.claims, err = openJournal(ClaimJournalPath(path), claimJournalSize); err != nil {
+	s.writes.take = func(q []*write) int { return min(len(q), maxBatch) }
+	s.writes.commit = s.commit
+	if s.claims, err = openJournal(ClaimJournalPath(path), claimJournalSize, s); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store %s: claim journal: %w", path, err)
 	}
-	s.claims.barrier = s.Ping
 	// Before anything reads the records. Once applied (committed), the
 	// journal is written from its start again.
 	if _, err := s.replayClaims(); err != nil {
@@ -217,31 +212,8 @@ func (s *Store) Update(fn func(*Tx) error) error { return <-s.enqueue(fn) }
 // returned. Writes commit in the order they were queued.
 func (s *Store) enqueue(fn func(*Tx) error) <-chan error {
 	w := &write{fn: fn, done: make(chan error, 1)}
-	s.mu.Lock()
-	s.queue = append(s.queue, w)
-	if !s.running {
-		s.running = true
-		go s.drain()
-	}
-	s.mu.Unlock()
+	s.writes.add(w)
 	return w.done
-}
-
-// drain commits queued writes until the queue is empty.
-func (s *Store) drain() {
-	for {
-		s.mu.Lock()
-		n := min(len(s.queue), maxBatch)
-		if n == 0 {
-			s.running = false
-			s.mu.Unlock()
-			return
-		}
-		batch := s.queue[:n:n]
-		s.queue = s.queue[n:]
-		s.mu.Unlock()
-		s.commit(batch)
-	}
 }
 
 // batchError names the write of a batch whose fn failed.
