@@ -4,7 +4,7 @@
 # Writes the node image's binaries as a tree under OUT, with deploy/host-setup.sh's
 # own functions: the entrypoint forkfleet-node, containerd, containerd-shim-runc-v2
 # and ctr (host-setup's build, stripped), controld, forkfleet-log,
-# forkfleet-nethook and forkfleetctl in usr/local/bin; CRIU's wrapper in usr/local/sbin/criu, its
+# forkfleet-nethook and forkfleetctl in usr/local/bin; CRIU's wrapper (a program) in usr/local/sbin/criu, its
 # preload library in usr/local/lib/forkfleet (outside the DaemonSet's host
 # paths /var/lib/forkfleet and /run/forkfleet, which would hide an image's
 # file there) and etc/forkfleet/criu.conf. The wrapper runs the private CRIU
@@ -32,7 +32,7 @@ if ! cache_complete; then
 	build_containerd
 	cache_complete || die "$CONTAINERD_CACHE lacks containerd v$CONTAINERD_VERSION after the build"
 fi
-criu_ver=$(newest_cached_criu) || criu_ver=$(download_criu)
+newest_cached_criu >/dev/null || download_criu >/dev/null
 
 for b in containerd containerd-shim-runc-v2 ctr; do
 	strip -o "$out/usr/local/bin/$b" "$CONTAINERD_CACHE/$b"
@@ -45,7 +45,11 @@ ldflags="-s -w -X main.version=$version"
 (cd "$repo/api" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/usr/local/bin/forkfleetctl" ./cmd/forkfleetctl) ||
 	die "forkfleetctl does not build"
 build_criu_preload "$out/usr/local/lib/forkfleet/criu-preload.so" || die "the CRIU preload library does not build"
-criu_wrapper_script "$criu_ver" /usr/local/lib/forkfleet/criu-preload.so >"$out/usr/local/sbin/criu"
+# The wrapper answers runc's VERSION probes from /run/forkfleet/criu-version.cache,
+# which forkfleet-node records at its start (the image's CRIU has a new inode in
+# every container).
+build_criu_wrapper "$out/usr/local/sbin/criu" /usr/local/lib/forkfleet/criu-preload.so /run/forkfleet/criu-version.cache ||
+	die "the CRIU wrapper does not build"
 chmod 0755 "$out/usr/local/sbin/criu"
 criu_conf >"$out/etc/forkfleet/criu.conf"
 install -m 0755 "$here/forkfleet-node" "$out/usr/local/bin/forkfleet-node"

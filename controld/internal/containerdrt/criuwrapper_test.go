@@ -1,0 +1,188 @@
+package containerdrt
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	criurpc "github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/forkfleet/forkfleet/api/desktoptest"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
+)
+
+// criuWrapper builds deploy/criu/wrapper.c the way host-setup does
+// (build_criu_wrapper), answering VERSION from cache.
+func criuWrapper(t *testing.T, dir, name, cache string) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := desktoptest.RepoRoot(wd)
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_wrapper "$2" "" "$3"`, "bash", root, out, cache)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build_criu_wrapper: %v\n%s", err, b)
+	}
+	return out
+}
+
+// swrk runs bin as runc runs CRIU (`criu swrk <fd>`), sends each request
+// and returns the responses and the exit status. A nil response is a
+// closed socket.
+func swrk(t *testing.T, bin string, reqs ...[]byte) ([][]byte, error) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cln := os.NewFile(uintptr(fds[0]), "cln")
+	defer cln.Close()
+	srv := os.NewFile(uintptr(fds[1]), "srv")
+	cmd := exec.Command(bin, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{srv}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	var resps [][]byte
+	for _, req := range reqs {
+		if _, err := cln.Write(req); err != nil {
+			resps = append(resps, nil)
+			continue
+		}
+		if err := cln.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil && !errors.Is(err, os.ErrNoDeadline) {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 8192)
+		n, err := cln.Read(buf)
+		if err != nil || n == 0 {
+			resps = append(resps, nil)
+			continue
+		}
+		resps = append(resps, buf[:n])
+	}
+	cln.Close()
+	return resps, cmd.Wait()
+}
+
+func versionReq(t *testing.T, keepOpen bool) []byte {
+	t.Helper()
+	req := &criurpc.CriuReq{Type: criurpc.CriuReqType_VERSION.Enum()}
+	if keepOpen {
+		req.KeepOpen = proto.Bool(true)
+	}
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestCRIUWrapperAnswersVersionLikeCRIU: the CRIU wrapper's own answer to
+// runc's VERSION probe is the real CRIU's, byte for byte; it comes from the
+// cache only while the cache's key is the binary's; and every other request
+// reaches the real CRIU untouched (the wrapper only peeks at it).
+func TestCRIUWrapperAnswersVersionLikeCRIU(t *testing.T) {
+	testenv.RealStack(t)
+	if _, err := os.Stat("/opt/forkfleet/criu/usr/sbin/criu"); err != nil {
+		t.Skip("no private CRIU in /opt/forkfleet/criu (host-setup used the host's CRIU)")
+	}
+	dir := t.TempDir()
+	cache := filepath.Join(dir, "criu-version.cache")
+	wrapper := criuWrapper(t, dir, "criu", cache)
+	// The same wrapper without a cache: the real CRIU answers everything.
+	plain := criuWrapper(t, dir, "criu-plain", filepath.Join(dir, "absent"))
+
+	real, err := swrk(t, plain, versionReq(t, false))
+	if err != nil || real[0] == nil {
+		t.Fatalf("the real CRIU's VERSION: %q, exit %v", real, err)
+	}
+	var resp criurpc.CriuResp
+	if err := proto.Unmarshal(real[0], &resp); err != nil || resp.GetType() != criurpc.CriuReqType_VERSION || !resp.GetSuccess() || resp.GetVersion().GetMajorNumber() < 3 {
+		t.Fatalf("the real CRIU's VERSION answer %x: %v %v", real[0], &resp, err)
+	}
+
+	if out, err := exec.Command(wrapper, "forkfleet-record-version", cache).CombinedOutput(); err != nil {
+		t.Fatalf("forkfleet-record-version: %v\n%s", err, out)
+	}
+	got, err := swrk(t, wrapper, versionReq(t, false))
+	if err != nil || !bytes.Equal(got[0], real[0]) {
+		t.Fatalf("the wrapper's VERSION answer %x (exit %v), the real CRIU's %x", got[0], err, real[0])
+	}
+	// go-criu's probe, as runc's checkCriuVersion makes it.
+	c := criu.MakeCriu()
+	c.SetCriuPath(wrapper)
+	v, err := c.GetCriuVersion()
+	c.SetCriuPath(plain)
+	want, werr := c.GetCriuVersion()
+	if err != nil || werr != nil || v != want {
+		t.Fatalf("go-criu's GetCriuVersion: %d (%v) through the cache, %d (%v) from CRIU", v, err, want, werr)
+	}
+
+	// The answer comes from the cache: a cache whose response was changed
+	// (key still the binary's) is what the wrapper sends...
+	b, err := os.ReadFile(cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl := bytes.IndexByte(b, '\n')
+	key, recorded := b[:nl+1], b[nl+1:]
+	marked := append(append([]byte{}, recorded...), 0x58, 0x07) // status = 7
+	if err := os.WriteFile(cache, append(append([]byte{}, key...), marked...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := swrk(t, wrapper, versionReq(t, false)); err != nil || !bytes.Equal(got[0], marked) {
+		t.Fatalf("with a changed cache the wrapper answered %x (exit %v), want the cache's %x", got[0], err, marked)
+	}
+	// ...and a key that is not the binary's (CRIU replaced) leaves the answer to CRIU.
+	stale := append([]byte("1 "), key...)
+	if err := os.WriteFile(cache, append(stale, marked...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := swrk(t, wrapper, versionReq(t, false)); err != nil || !bytes.Equal(got[0], real[0]) {
+		t.Fatalf("with a stale key the wrapper answered %x (exit %v), want CRIU's %x", got[0], err, real[0])
+	}
+	if err := os.WriteFile(cache, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// Any other request goes to CRIU unread: VERSION with keep_open is
+	// answered by CRIU, which then serves the next request on the socket.
+	got, err = swrk(t, wrapper, versionReq(t, true), versionReq(t, false))
+	if err != nil || !bytes.Equal(got[0], real[0]) || !bytes.Equal(got[1], real[0]) {
+		t.Fatalf("keep_open VERSION then VERSION through the wrapper: %x (exit %v), want CRIU's %x twice", got, err, real[0])
+	}
+	// A request CRIU refuses is refused by CRIU, as without the wrapper.
+	bad := []byte{0x08, 0x63} // type 99
+	viaPlain, perr := swrk(t, plain, bad)
+	viaWrapper, werr := swrk(t, wrapper, bad)
+	if !bytes.Equal(viaPlain[0], viaWrapper[0]) || exitCode(perr) != exitCode(werr) {
+		t.Fatalf("an invalid request: %x (exit %v) through the wrapper, %x (exit %v) from CRIU", viaWrapper[0], werr, viaPlain[0], perr)
+	}
+	// Other commands pass through with their arguments.
+	out, err := exec.Command(wrapper, "--version").CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("Version: "+strconv.Itoa(int(resp.GetVersion().GetMajorNumber()))+".")) {
+		t.Fatalf("criu --version through the wrapper: %v\n%s", err, out)
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
