@@ -390,3 +390,125 @@ func TestForkSlotsFollowTheForkWidth(t *testing.T) {
 		t.Fatalf("second 4-way fork: %d slot starts in all, want 5", rp.hitCount())
 	}
 }
+
+// claimBurst makes n claims of pool id at once and returns the sandboxes
+// the misses got.
+func claimBurst(t *testing.T, e *env, id string, n int) (misses []*controldv1.Sandbox, all []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, _, hit, _, err := e.m.ClaimPool(context.Background(), &controldv1.ClaimPoolRequest{PoolId: id})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("claim: %v", err)
+				return
+			}
+			all = append(all, s.Id)
+			if !hit {
+				misses = append(misses, s)
+			}
+		}()
+	}
+	wg.Wait()
+	return misses, all
+}
+
+// The misses of a burst beyond a pool are one fan-out to its checkpoint's
+// fork slots: the checkpoint then keeps a slot per miss of the burst, so
+// the next burst of as many misses only starts precreated containers.
+func TestPoolMissBurstFollowsForkSlots(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+		// A restore takes a while, as a real one does: a burst's misses
+		// fork side by side.
+		rt.RestoreErr = func(runtime.BootSpec, runtime.CheckpointRef) error { time.Sleep(30 * time.Millisecond); return nil }
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Id}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := func() int { return len(rp.forks()[e.dir+"/checkpoints/"+ck.Id]) }
+	full := func() bool { got, _ := e.m.GetPool(ctx, p.Id); return got.Available == 1 }
+	eventually(t, "the pool full and the configured slot", func() bool { return full() && slots() == 1 })
+	burst := func() int {
+		t.Helper()
+		before := rp.hitCount()
+		misses, all := claimBurst(t, e, p.Id, 4)
+		if len(misses) != 3 {
+			t.Fatalf("%d misses in a burst of 4 on a pool of 1", len(misses))
+		}
+		for _, s := range misses {
+			if s.CheckpointId != ck.Id || s.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+				t.Fatalf("miss not a fork of the pool's checkpoint: %+v", s)
+			}
+		}
+		for _, id := range all {
+			if err := e.m.DeleteSandbox(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rp.hitCount() - before
+	}
+	if n := burst(); n > 1 {
+		t.Fatalf("first burst's misses started %d slots, there was 1", n)
+	}
+	eventually(t, "a slot per miss of the last burst", func() bool { return full() && slots() == 3 })
+	if n := burst(); n != 3 {
+		t.Fatalf("second burst's 3 misses started %d precreated slots, want 3", n)
+	}
+}
+
+// A burst far beyond a pool forks at most maxMissForks (8) replicas at
+// once; the other misses wait their turn and are served too.
+func TestPoolMissForksBounded(t *testing.T) {
+	var mu sync.Mutex
+	var now, most int
+	e := newEnv(t, nil)
+	e.rt.RestoreErr = func(runtime.BootSpec, runtime.CheckpointRef) error {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		now--
+		mu.Unlock()
+		return nil
+	}
+	ctx := context.Background()
+	src := e.ready(nil)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_CheckpointId{CheckpointId: ck.Id}, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pool full", func() bool { got, _ := e.m.GetPool(ctx, p.Id); return got.Available == 1 })
+	mu.Lock()
+	most = 0
+	mu.Unlock()
+	misses, _ := claimBurst(t, e, p.Id, 13)
+	if len(misses) != 12 {
+		t.Fatalf("%d of 12 misses served", len(misses))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 8 {
+		t.Fatalf("%d restores at once for a burst of 12 misses, want the bound, 8", most)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,12 @@ type pool struct {
 	// ck: an image pool's own checkpoint, which its misses fork from
 	// (pool_checkpoint.go); the replenisher's only.
 	ck poolCheckpoint
+	// missForks bounds the misses that fork at once (maxMissForks);
+	// missing counts the misses forking and missPeak the most of them at
+	// once since missing was last 0 (see forkMissReplica).
+	missForks         chan struct{}
+	missMu            sync.Mutex
+	missing, missPeak int
 }
 
 // pooler is the pools concern: warm pools, their replenishers and their
@@ -152,7 +159,7 @@ func (m *pooler) CreatePool(_ context.Context, req *controldv1.CreatePoolRequest
 }
 
 func newPool(rec *store.PoolRecord) *pool {
-	p := &pool{rec: rec, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &pool{rec: rec, kick: make(chan struct{}, 1), done: make(chan struct{}), missForks: make(chan struct{}, maxMissForks)}
 	p.hits.Store(rec.Pool.GetHits())
 	p.misses.Store(rec.Pool.GetMisses())
 	return p

@@ -95,7 +95,7 @@ func (m *pooler) forkMiss(ctx context.Context, p *pool, pb *controldv1.Pool, lab
 	if ck == nil {
 		return nil, nil, false
 	}
-	rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
+	rep := m.forkMissReplica(ctx, p, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
 		poolID: pb.Id, policy: nw.GetPolicy(), request: tag})
 	if rep.ErrorCode != 0 {
 		// A boot still serves the claim; the checkpoint stays (a fork can

@@ -96,6 +96,14 @@ func (g *gate) wait(ctx context.Context, grace, limit time.Duration) {
 	}
 }
 
+// maxMissForks bounds the misses of one pool that fork at once: a burst
+// far beyond the pool queues its misses rather than starting a restore
+// each on the host's few cores at once (where every replica would take as
+// long as the slowest, and memory peaks), each waiting only as long as its
+// claim's deadline allows. Eight is about where a fan-out's wall on 2
+// vCPUs stops gaining from running restores side by side (forks.md).
+const maxMissForks = 8
+
 // pingTimeout bounds the round trip that proves a thawed guestd runs.
 const pingTimeout = 5 * time.Second
 
@@ -446,7 +454,7 @@ func (m *pooler) claimMiss(ctx context.Context, p *pool, labels map[string]strin
 		if ck == nil {
 			return nil, nil, checkpointNotFound(pb.CheckpointId)
 		}
-		rep := m.forkReplica(ctx, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
+		rep := m.forkMissReplica(ctx, p, t0, ck, forkParams{resources: pb.Resources, labels: labels, ttl: ttl, levels: rules.DefaultLevels(ck.Checkpoint.VerifyLevels),
 			poolID: pb.Id, policy: nw.GetPolicy(), request: tag})
 		if rep.ErrorCode != 0 {
 			return nil, nil, fmt.Errorf("pool %s: fork on miss: %w", pb.Id, errgrpc.FromGRPC(statusError(rep)))
@@ -469,6 +477,40 @@ func (m *pooler) claimMiss(ctx context.Context, p *pool, labels map[string]strin
 		return nil, nil, fmt.Errorf("pool %s: boot on miss (sandbox %s): %w", pb.Id, sb.rec.Sandbox.GetId(), err)
 	}
 	return s, m.endpoint(sb), nil
+}
+
+// forkMissReplica forks the replica that serves a miss of p. The misses of
+// one burst are one fan-out to the fork slots: each is answered as soon as
+// its own replica is verified, but together they tell the checkpoint's
+// fork slots how wide the burst was (forkSlotsBegin with the most misses
+// forking at once since none did), so the next burst of as many misses
+// finds a precreated container each, and refills of slots hold off until
+// the burst is done instead of precreating beside its restores. At most
+// maxMissForks fork at once.
+func (m *pooler) forkMissReplica(ctx context.Context, p *pool, t0 time.Time, ck *store.CheckpointRecord, fp forkParams) *controldv1.ForkReplica {
+	select {
+	case p.missForks <- struct{}{}:
+	case <-ctx.Done():
+		return &controldv1.ForkReplica{ErrorCode: int32(codes.DeadlineExceeded), ErrorMessage: "waiting for a miss's fork: " + ctx.Err().Error(),
+			Took: durationpb.New(time.Since(t0))}
+	}
+	defer func() { <-p.missForks }()
+	p.missMu.Lock()
+	p.missing++
+	if p.missing == 1 {
+		p.missPeak = 0
+	}
+	p.missPeak = max(p.missPeak, p.missing)
+	width := p.missPeak
+	p.missMu.Unlock()
+	defer func() {
+		p.missMu.Lock()
+		p.missing--
+		p.missMu.Unlock()
+	}()
+	m.forker.forkSlotsBegin(ck.Checkpoint.Id, width)
+	defer m.forker.forkSlotsEnd()
+	return m.forkReplica(ctx, t0, ck, fp)
 }
 
 // recordClaim counts a claim in the metrics and, for a miss, in the pool's
