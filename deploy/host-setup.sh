@@ -691,7 +691,7 @@ step_criu() {
 	step criu "done" "installed CRIU $CRIU_VER $how into $CRIU_PREFIX, wrapper $CRIU_WRAPPER; criu check passes; $(missing_features_summary)"
 }
 
-# The private CRIU's preload library, built from deploy/criu/*.c:
+# The private CRIU's preload library, built from deploy/criu/{syscall,rlimits,ksm,uffd}.c:
 # - rlimits.c: CRIU reads every dumped task's resource limits with prlimit(2),
 #   which the kernel allows across users only with CAP_SYS_RESOURCE. Root on
 #   some hosts (these VMs) lacks it, and a sandbox whose agent runs as its own
@@ -701,9 +701,14 @@ step_criu() {
 # - ksm.c: CRIU opts itself into KSM, so every process it restores inherits
 #   the opt-in that CRIU does not restore (replicas of one checkpoint merge
 #   what they map after their restore too).
+# - uffd.c: a lazy restore's tasks get their userfaultfd from /dev/userfaultfd
+#   (opened by CRIU as root before it forks them, closed in each task once its
+#   uffd exists) when userfaultfd(2) refuses them in their user namespace, so
+#   vm.unprivileged_userfaultfd stays 0 (docs/security.md).
+# - syscall.c: the one syscall() override, offering refused calls to the above.
 # build_criu_preload OUT: the preload library (also images/node/build.sh's).
 build_criu_preload() {
-	gcc -O2 -Wall -shared -fPIC -o "$1" "$SCRIPT_DIR"/criu/rlimits.c "$SCRIPT_DIR"/criu/ksm.c
+	gcc -O2 -Wall -shared -fPIC -o "$1" "$SCRIPT_DIR"/criu/{syscall,rlimits,ksm,uffd}.c
 }
 
 step_criu_preload() {
@@ -728,7 +733,7 @@ step_criu_preload() {
 	rm -f "$LIB_DIR/criu-rlimits.so" # the library's name before ksm.c
 	if ((changed)); then
 		"$CRIU_WRAPPER" check >/dev/null 2>&1 || die "CRIU with $CRIU_PRELOAD_SO preloaded fails criu check"
-		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes)"
+		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes; lazy restores' userfaultfds from /dev/userfaultfd)"
 	else
 		step criu-preload skip "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO"
 	fi

@@ -1,6 +1,6 @@
 /*
  * forkfleet-criu-rlimits: preloaded into forkfleet's private CRIU by
- * deploy/host-setup.sh.
+ * deploy/host-setup.sh (its syscall() is syscall.c's).
  *
  * CRIU reads each dumped task's resource limits with prlimit64(pid, res,
  * NULL, &old). Across users the kernel allows that only with CAP_SYS_RESOURCE
@@ -14,9 +14,7 @@
  * Nothing else changes; with CAP_SYS_RESOURCE the shim never acts.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,26 +73,18 @@ static int limit_from_proc(long pid, long res, struct rlimit64 *out)
 	return 0;
 }
 
-long syscall(long nr, ...)
+/*
+ * forkfleet_rlimit_syscall: called by syscall.c's syscall() after the real
+ * call returned r. Returns 1 when it answered a refused read of another
+ * task's limit (the call then returns 0), else 0.
+ */
+int forkfleet_rlimit_syscall(long nr, const long *a, long r)
 {
-	static long (*real)(long, ...);
-	long a[6];
-	va_list ap;
-	long r;
-	int i;
-
-	va_start(ap, nr);
-	for (i = 0; i < 6; i++)
-		a[i] = va_arg(ap, long);
-	va_end(ap);
-	if (!real)
-		real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
-	r = real(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 	/* A read (no new limit) of another task's limit, refused. */
 	if (r == -1 && errno == EPERM && nr == SYS_prlimit64 && a[0] > 0 && a[2] == 0 && a[3] != 0) {
 		if (limit_from_proc(a[0], a[1], (struct rlimit64 *)a[3]) == 0)
-			return 0;
+			return 1;
 		errno = EPERM;
 	}
-	return r;
+	return 0;
 }
