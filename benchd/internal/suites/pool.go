@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http/httptrace"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,13 @@ type poolSuite struct {
 	image   string
 	kinds   string
 	ksmWait time.Duration
+	// shotAfterHits: a hit's first screenshot waits until every hit of its
+	// burst is usable. A screenshot is the claimant's first action, not
+	// part of its claim: taken at once, the first claimant's capture and
+	// PNG encoding (about 10 ms of CPU in its guestd) ran on the 2 vCPUs
+	// while the burst's other claims still made their sessions, and their
+	// "usable" measured that.
+	shotAfterHits bool
 }
 
 // poolKindLabel keys the pool's sandboxes, so its idle replicas can be
@@ -48,6 +56,7 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.image, "pool-image", "", "image of the pool (empty: the image controld boots by default)")
 	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
+	fs.BoolVar(&p.shotAfterHits, "pool-shot-after-hits", true, "a hit's first screenshot waits until every hit of its burst is usable (false: at once, as runs before 2026-12-02 11:20)")
 }
 func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
@@ -82,6 +91,12 @@ func (t *sessionTrace) with(ctx context.Context) context.Context {
 // usableAfter completes a claim or create at t0: the sandbox's endpoint
 // answers a first ACI request (ping), then a first screenshot.
 func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
+	return usableThen(ctx, t0, ep, ct, nil)
+}
+
+// usableThen is usableAfter with usable called between the ping and the
+// screenshot (when not nil).
+func usableThen(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes, usable func()) error {
 	t1 := time.Now()
 	var tr sessionTrace
 	s, err := dialEndpoint(tr.with(ctx), ep)
@@ -99,6 +114,9 @@ func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct 
 		ct.connect, ct.upgrade, ct.hello = tr.gotConn.Sub(t1), tr.firstByte.Sub(tr.gotConn), t2.Sub(tr.firstByte)
 	}
 	ct.ping = time.Since(t2)
+	if usable != nil {
+		usable()
+	}
 	r, err := s.Screenshot(ctx, aci.PNG())
 	if err != nil {
 		return err
@@ -338,6 +356,12 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 		miss := newClaimSeries(poolLbl("burst", itoa(b), "served", "miss"))
 		rate := result.NewSeries("pool.hit_rate", "percent", poolLbl("burst", itoa(b)))
 		rate.Better = result.BetterHigher
+		// Where a burst's time goes on the host: the window from its start
+		// to its last hit usable, and the share of that window in which
+		// some task was runnable but waited for a CPU (the kernel's CPU
+		// pressure, /proc/pressure/cpu "some").
+		wall := result.NewSeries("pool.burst_hits_wall", "ms", poolLbl("burst", itoa(b)))
+		stall := result.NewSeries("pool.burst_cpu_wait", "percent", poolLbl("burst", itoa(b)))
 		for r := 0; r < reps; r++ {
 			if err := waitFull(); err != nil {
 				return nil, err
@@ -346,6 +370,22 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			var ids []string
 			hits := 0
 			var wg sync.WaitGroup
+			hitsUsable, allUsable := 0, make(chan struct{})
+			psi0, psiErr := cpuStallTotal()
+			start := time.Now()
+			onUsable := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if hitsUsable++; hitsUsable != min(b, p.size) {
+					return
+				}
+				w := time.Since(start)
+				if psi1, err := cpuStallTotal(); err == nil && psiErr == nil {
+					wall.Add(suiteapi.Ms(w))
+					stall.Add(float64(psi1-psi0) / float64(w.Microseconds()) * 100)
+				}
+				close(allUsable)
+			}
 			for i := 0; i < b; i++ {
 				wg.Add(1)
 				go func() {
@@ -355,7 +395,20 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 						Ttl: durationpb.New(benchTTL)})
 					ct := claimTimes{rpc: time.Since(t0)}
 					if err == nil {
-						err = usableAfter(ctx, t0, cr.GetEndpoint(), &ct)
+						var usable func()
+						if cr.GetHit() {
+							usable = func() {
+								onUsable()
+								if p.shotAfterHits {
+									select {
+									case <-allUsable:
+									case <-ctx.Done():
+									case <-time.After(5 * time.Second):
+									}
+								}
+							}
+						}
+						err = usableThen(ctx, t0, cr.GetEndpoint(), &ct, usable)
 					} else {
 						env.Progressf("%s pool claim: %v", kind, err)
 					}
@@ -392,11 +445,36 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			}
 		}
 		rows = append(rows, rate.Row())
+		for _, s := range []*result.Series{wall, stall} {
+			if row := s.Row(); row.N > 0 {
+				rows = append(rows, row)
+			}
+		}
 	}
 	if misses > 0 {
 		env.Notef("%s pool: %d of %d misses were forks (the others booted)", kind, missForks, misses)
 	}
 	return rows, nil
+}
+
+// cpuStallTotal is the host's CPU pressure: the microseconds in which some
+// runnable task waited for a CPU (/proc/pressure/cpu, "some ... total=").
+func cpuStallTotal() (uint64, error) {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "some ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "total="); ok {
+				return strconv.ParseUint(v, 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/pressure/cpu: no some total")
 }
 
 // waitPoolCheckpoint waits until image pool poolID has its own checkpoint
