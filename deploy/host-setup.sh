@@ -598,7 +598,9 @@ write_criu_wrapper() {
 build_criu_wrapper() {
 	local out=$1 preload=${2:-} cache=${3:-$CRIU_VERSION_CACHE} triplet loader
 	read -r triplet loader < <(multiarch_loader)
-	gcc -O2 -Wall -Werror -o "$out" \
+	# No libc (see wrapper.c): its own _start and system calls.
+	gcc -O2 -Wall -Werror -static -nostdlib -no-pie -fno-pie -ffreestanding -fno-stack-protector \
+		-fno-tree-loop-distribute-patterns -o "$out" \
 		-DCRIU_LOADER="\"$CRIU_PREFIX/$loader\"" \
 		-DCRIU_LIBPATH="\"$CRIU_PREFIX/usr/lib/$triplet:$CRIU_PREFIX/lib/$triplet\"" \
 		-DCRIU_BINARY="\"$CRIU_PREFIX/usr/sbin/criu\"" \
