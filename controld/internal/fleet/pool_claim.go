@@ -491,8 +491,8 @@ func (m *pooler) forkMissReplica(ctx context.Context, p *pool, t0 time.Time, ck 
 	select {
 	case p.missForks <- struct{}{}:
 	case <-ctx.Done():
-		return &controldv1.ForkReplica{ErrorCode: int32(codes.DeadlineExceeded), ErrorMessage: "waiting for a miss's fork: " + ctx.Err().Error(),
-			Took: durationpb.New(time.Since(t0))}
+		return &controldv1.ForkReplica{ErrorCode: int32(status.FromContextError(ctx.Err()).Code()),
+			ErrorMessage: "waiting for a miss's fork: " + ctx.Err().Error(), Took: durationpb.New(time.Since(t0))}
 	}
 	defer func() { <-p.missForks }()
 	p.missMu.Lock()
