@@ -17,7 +17,10 @@
  * does after a request without keep_open. Anything else (another request,
  * other fields, a missing or stale cache, a fd that is no SOCK_SEQPACKET
  * socket) execs the real CRIU with the request still unread on the socket:
- * the wrapper only peeks (MSG_PEEK) before it decides.
+ * the wrapper only peeks (MSG_PEEK) before it decides. It waits for that
+ * first request 10 ms at most, and not at all for a client that sets
+ * FORKFLEET_CRIU_WRAPPER_EXEC (controld, whose dumps start CRIU ahead of
+ * their request, before the sandbox is frozen).
  *
  * The cache holds the real CRIU's own response bytes, recorded by
  * `criu forkfleet-record-version FILE` (host-setup runs it after it installs
@@ -36,6 +39,7 @@
 #include <linux/fcntl.h>
 #include <linux/stat.h>
 
+#define POLLIN 0x1
 #define MSG_PEEK 0x2
 #define MSG_TRUNC 0x20
 #define AF_UNIX 1
@@ -68,6 +72,16 @@ __attribute__((used)) static const char marker[] =
 
 /* criu_req{type: VERSION}: field 1, varint, 10. go-criu sends exactly this. */
 static const unsigned char version_req[] = { 0x08, 0x0a };
+
+/*
+ * How long the wrapper waits for the first request. runc writes VERSION as
+ * soon as its exec of the wrapper returned; a client that starts CRIU ahead
+ * of its request (controld's dumps start CRIU before the freeze) must not
+ * find CRIU unloaded when the request comes: such a client sets
+ * NO_ANSWER_VAR, and any other gets CRIU after this long at most.
+ */
+#define FIRST_REQUEST_WAIT_NS 10000000L
+#define NO_ANSWER_VAR "FORKFLEET_CRIU_WRAPPER_EXEC="
 
 /* A response is small (a version: two ints, a sublevel, maybe a git id). */
 #define MAX_RESP 4096
@@ -350,6 +364,18 @@ static void answer_version(long sk)
 	rlen = cached_response(resp, sizeof(resp));
 	if (rlen <= 0)
 		return;
+	struct {
+		int fd;
+		short events, revents;
+	} pfd = { (int)sk, POLLIN, 0 };
+	struct {
+		long sec, nsec;
+	} wait = { 0, FIRST_REQUEST_WAIT_NS };
+	do
+		n = sys6(__NR_ppoll, (long)&pfd, 1, (long)&wait, 0, 0, 0);
+	while (n == -EINTR);
+	if (n != 1)
+		return; /* no request yet (or an error): CRIU waits for it */
 	do
 		n = sys6(__NR_recvfrom, sk, (long)req, sizeof(req), MSG_PEEK | MSG_TRUNC, 0, 0);
 	while (n == -EINTR);
@@ -466,8 +492,12 @@ __attribute__((noreturn, used)) void wrapper_main(long *sp)
 
 	if (argc == 3 && str_eq(argv[1], "swrk")) {
 		long sk = parse_fd(argv[2]);
+		int answer = 1;
 
-		if (sk >= 0)
+		for (char **e = envp; *e; e++)
+			if (mem_eq(*e, NO_ANSWER_VAR, sizeof(NO_ANSWER_VAR) - 1))
+				answer = 0;
+		if (sk >= 0 && answer)
 			answer_version(sk); /* exits when it answered */
 	} else if (argc == 3 && str_eq(argv[1], "forkfleet-record-version")) {
 		die(record_version(argv[2], envp));

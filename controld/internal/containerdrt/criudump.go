@@ -261,8 +261,16 @@ func (r *Runtime) startDumpCRIU(id string, pid uint32) (*dumpCRIU, error) {
 	// go-criu makes CRIU's end of its socket pair inheritable until CRIU
 	// has started: one dump at a time starts its CRIU, so a concurrent
 	// dump's CRIU cannot inherit (and hold open) this one's socket.
+	// The CRIU wrapper (deploy/criu/wrapper.c) waits for a client's first
+	// request before it loads CRIU, to answer runc's version probe itself;
+	// this CRIU is started ahead of its request so that it has loaded by
+	// the freeze, and the variable has the wrapper load it at once. Set
+	// around the start only (the lock orders the dumps' starts): any other
+	// child started meanwhile inherits a variable only the wrapper reads.
 	criuStartMu.Lock()
+	os.Setenv(criuWrapperExecVar, "1")
 	err = c.Prepare()
+	os.Unsetenv(criuWrapperExecVar)
 	criuStartMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("start criu: %w", err)
@@ -327,3 +335,7 @@ func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDi
 }
 
 var criuStartMu sync.Mutex
+
+// criuWrapperExecVar tells the CRIU wrapper to exec CRIU at once (see
+// startDumpCRIU).
+const criuWrapperExecVar = "FORKFLEET_CRIU_WRAPPER_EXEC"

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +42,13 @@ func criuWrapper(t *testing.T, dir, name, cache string) string {
 // closed socket.
 func swrk(t *testing.T, bin string, reqs ...[]byte) ([][]byte, error) {
 	t.Helper()
+	return swrkWith(t, bin, nil, 0, reqs...)
+}
+
+// swrkWith is swrk with extra environment variables and a delay before the
+// first request.
+func swrkWith(t *testing.T, bin string, env []string, delay time.Duration, reqs ...[]byte) ([][]byte, error) {
+	t.Helper()
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -50,10 +58,17 @@ func swrk(t *testing.T, bin string, reqs ...[]byte) ([][]byte, error) {
 	srv := os.NewFile(uintptr(fds[1]), "srv")
 	cmd := exec.Command(bin, "swrk", "3")
 	cmd.ExtraFiles = []*os.File{srv}
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, criuWrapperExecVar+"=") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	srv.Close()
+	time.Sleep(delay)
 	var resps [][]byte
 	for _, req := range reqs {
 		if _, err := cln.Write(req); err != nil {
@@ -143,6 +158,15 @@ func TestCRIUWrapperAnswersVersionLikeCRIU(t *testing.T) {
 	}
 	if got, err := swrk(t, wrapper, versionReq(t, false)); err != nil || !bytes.Equal(got[0], marked) {
 		t.Fatalf("with a changed cache the wrapper answered %x (exit %v), want the cache's %x", got[0], err, marked)
+	}
+	// A client that starts CRIU ahead of its request (controld's dumps)
+	// gets CRIU at once when it says so, and after the wrapper's wait (10
+	// ms) when it does not.
+	if got, err := swrkWith(t, wrapper, []string{criuWrapperExecVar + "=1"}, 0, versionReq(t, false)); err != nil || !bytes.Equal(got[0], real[0]) {
+		t.Fatalf("with %s set the wrapper answered %x (exit %v), want CRIU's %x", criuWrapperExecVar, got[0], err, real[0])
+	}
+	if got, err := swrkWith(t, wrapper, nil, 200*time.Millisecond, versionReq(t, false)); err != nil || !bytes.Equal(got[0], real[0]) {
+		t.Fatalf("a request 200 ms after the start: the wrapper answered %x (exit %v), want CRIU's %x", got[0], err, real[0])
 	}
 	// ...and a key that is not the binary's (CRIU replaced) leaves the answer to CRIU.
 	stale := append([]byte("1 "), key...)

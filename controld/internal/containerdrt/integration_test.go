@@ -1342,11 +1342,15 @@ func TestIntegrationDumpCRIUStartedBeforeFreeze(t *testing.T) {
 	if got := mustCall(t, src, "set "+value); got != "ok" {
 		t.Fatal(got)
 	}
-	var atFreeze []string
+	var atFreeze, exes []string
 	res, err := r.Checkpoint(context.Background(), src.ID, runtime.CheckpointSpec{
 		Dir: filepath.Join(r.cfg.CheckpointRoot, uniqueID("ckpt")), Tier: runtime.TierMemory,
 		AfterFreeze: func(context.Context) error {
 			atFreeze = criuChildren(t)
+			for _, c := range atFreeze {
+				exe, _ := os.Readlink(filepath.Join("/proc", strings.SplitN(c, ":", 2)[0], "exe"))
+				exes = append(exes, exe)
+			}
 			return nil
 		}})
 	if err != nil {
@@ -1355,6 +1359,15 @@ func TestIntegrationDumpCRIUStartedBeforeFreeze(t *testing.T) {
 	defer r.DeleteCheckpoint(context.Background(), res.Ref)
 	if len(atFreeze) != 1 {
 		t.Errorf("CRIU processes once the sandbox is frozen: %v, want the dump's, started ahead", atFreeze)
+	}
+	// Started means CRIU itself, not its wrapper waiting for a request
+	// (deploy/criu/wrapper.c waits for runc's version probe).
+	if wrapper, err := os.ReadFile(r.criuBinary); err == nil && bytes.Contains(wrapper, []byte("forkfleet-criu-wrapper")) {
+		for _, exe := range exes {
+			if exe == r.criuBinary {
+				t.Errorf("at the freeze the dump's CRIU is still its wrapper %s", exe)
+			}
+		}
 	}
 	if got := criuChildren(t); len(got) != 0 {
 		t.Errorf("CRIU processes after the checkpoint: %v", got)
