@@ -70,6 +70,11 @@
 __attribute__((used)) static const char marker[] =
 	"# forkfleet-criu-wrapper (built by deploy/host-setup.sh from deploy/criu/wrapper.c; do not edit)";
 
+/* What the wrapper runs, for those who inspect it (the node image's test). */
+__attribute__((used)) static const char paths[] =
+	"forkfleet-criu-wrapper-paths: loader=" CRIU_LOADER " preload=" CRIU_PRELOAD " library-path=" CRIU_LIBPATH
+	" binary=" CRIU_BINARY " conf=" CRIU_CONF " version-cache=" CRIU_VERSION_CACHE "\n";
+
 /* criu_req{type: VERSION}: field 1, varint, 10. go-criu sends exactly this. */
 static const unsigned char version_req[] = { 0x08, 0x0a };
 
