@@ -1,0 +1,68 @@
+// Package lazypages is controld's page server for CRIU lazy restores: it
+// replaces `criu lazy-pages` for one `criu restore --lazy-pages` and
+// serves the restored tasks' memory from the checkpoint's images through
+// the userfaultfds CRIU hands over (controld/docs/forks.md, "Lazy restore
+// with CRIU 4.2", says why CRIU's daemon does not pay here).
+//
+// Use, per checkpoint and per replica:
+//
+//	im, err := lazypages.Open(checkpointDir) // once per checkpoint, shared
+//	s, err := lazypages.Listen(ctx, im, workDir) // before `criu restore --lazy-pages --work-dir workDir`
+//	... restore, verify the replica (its working set faults in) ...
+//	s.Complete() // then the rest is copied in the background
+//	<-s.Done(); s.Err(); s.Stats()
+//	s.Close()
+//
+// Protocol (CRIU 4.2, criu/uffd.c): the restore connects to
+// <work-dir>/lazy-pages.socket and sends, per restored task, its pid as a
+// native int (the dumped, in-namespace pid: pagemap-<pid>.img) and then one
+// byte carrying the task's uffd in SCM_RIGHTS; a task without memory (a
+// zombie) sends its pid negated and no uffd; once every task is restored it
+// sends LAZY_PAGES_RESTORE_FINISHED. The uffds were opened with
+// UFFD_FEATURE_EVENT_FORK, REMAP, REMOVE and UNMAP, and every lazy VMA
+// (private anonymous) is registered for missing pages.
+//
+// What is lazy (criu/mem.c, criu/pagemap.c): pagemap entries flagged
+// PE_LAZY; their pages are in pages-<id>.img (PE_PRESENT) at the offset the
+// present entries before them add up to. Entries without flags are present
+// (older images); in_parent/PE_PARENT pages (incremental dumps) and lazy
+// pages not in the images (a lazy dump's remote pages) are refused: this
+// kernel has no dirty tracking, so controld makes neither. Any other fault
+// in a registered range is a page the dump found empty: it gets the zero
+// page.
+//
+// Serving: a fault copies a window of its lazy run (the whole run up to
+// WithFaultChunk, else that much from the fault on), since faults come in
+// runs (a framebuffer hash, a heap walk) and one copy of 64 pages costs
+// little more than one of a page. Nothing is copied in the background
+// until Complete; then the remaining pages go in chunks
+// (WithBackgroundChunk) only while no fault waits, and the session ends
+// (Done) once every process has them all. Races are handled as CRIU's
+// daemon does: EEXIST (the page is there), EAGAIN (the mm is changing:
+// the fault is retried after the event that changes it), ENOENT (no
+// registered VMA there any more), ESRCH/ENOSPC (the process is gone). A
+// fork gives a new uffd for the child, which misses what its parent missed
+// when it forked (the kernel fails copies into the parent with EAGAIN until
+// the fork event is read, so the parent's set is exact); remove and unmap
+// drop ranges; remap moves them.
+//
+// The caller's rules:
+//   - Pin: an Images holds read-only, shared mappings of the pages images,
+//     so removing the checkpoint directory does not take pages from a
+//     replica being served. Images.Close drops the owner's reference; the
+//     mappings go with the last session. Open it once per checkpoint, close
+//     it when the checkpoint is deleted.
+//   - Zeros: closing a uffd with pages still missing makes them read as
+//     zeros in the replica. A session that did not end with Done and a nil
+//     Err (failed, or closed early) did that: kill the replica, never let
+//     it run on.
+//   - Never a hang: ctx bounds the restore (until CRIU says it finished); a
+//     restore that closes the socket before that fails the session
+//     (ErrUnavailable); Close always returns.
+//
+// Images come from a sandbox's checkpoint or an import, so they are
+// hostile: files are opened with O_NOFOLLOW|O_NONBLOCK and must be regular,
+// sizes and counts are bounded, entries must be page aligned, ordered and
+// disjoint, inside lazy VMAs, and within the pages image. Bad images are
+// errdefs.ErrInvalidArgument, unsupported ones ErrFailedPrecondition.
+package lazypages

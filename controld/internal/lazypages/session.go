@@ -1,0 +1,874 @@
+package lazypages
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkfleet/forkfleet/api/errdefs"
+)
+
+// SocketName is the socket `criu restore --lazy-pages` connects to in its
+// --work-dir.
+const SocketName = "lazy-pages.socket"
+
+// restoreFinished is CRIU's LAZY_PAGES_RESTORE_FINISHED ("RSTF"), sent on
+// the socket once every task is restored. It cannot be a pid (pid_max is
+// at most 2^22).
+const restoreFinished = 0x52535446
+
+// Defaults, measured (see the package doc).
+const (
+	DefaultFaultChunk      = 256 << 10
+	DefaultBackgroundChunk = 512 << 10
+	// maxLive bounds the uffds one session holds: restored tasks and the
+	// forks they make before their pages are all in.
+	maxLive = 4096
+)
+
+// Option configures a Session.
+type Option func(*Session)
+
+// WithFaultChunk sets how much of a lazy run one fault brings in (rounded
+// to pages, at least one page). Runs up to that size come in whole.
+func WithFaultChunk(bytes int) Option {
+	return func(s *Session) { s.chunk = pagesOf(bytes) }
+}
+
+// WithBackgroundChunk sets the size of one background copy: a fault waits
+// for at most one of them.
+func WithBackgroundChunk(bytes int) Option {
+	return func(s *Session) { s.bgChunk = pagesOf(bytes) }
+}
+
+func pagesOf(bytes int) uint64 {
+	if bytes < pageSize {
+		return pageSize
+	}
+	return uint64(bytes) &^ (pageSize - 1)
+}
+
+// Stats is what a session did, for a fork's waterfall. Durations count from
+// Listen; zero means not yet.
+type Stats struct {
+	Processes       int   // uffds served: restored tasks and their forks
+	Forks           int   // of them, forks (UFFD_EVENT_FORK)
+	Zombies         int   // restored tasks without memory (negative pids)
+	LazyPages       int64 // lazy pages of the restored tasks
+	Faults          int64 // page faults handled
+	FaultPages      int64 // pages copied in for faults
+	ZeroPages       int64 // pages zero-filled (not in the images)
+	BackgroundPages int64 // pages copied in by background completion
+	Bytes           int64 // bytes copied from the images
+	FirstFault      time.Duration
+	RestoreFinished time.Duration // CRIU's "restore finished"
+	Completing      time.Duration // Complete called
+	Done            time.Duration // every page in, the session ended
+}
+
+// Session serves the lazy pages of one restore: `criu restore
+// --lazy-pages --work-dir W` connects to W/lazy-pages.socket, hands over a
+// uffd per restored task, and this session copies pages in on faults until
+// Complete, then completes them in the background and ends (Done).
+//
+// The rule the caller keeps: a uffd closed with pages still missing makes
+// them read as zeros in the replica. A session that ends without Done
+// succeeding (Close before, or Err set) has done that, so the caller kills
+// the replica before (or right after) it closes such a session and never
+// lets it run on.
+type Session struct {
+	im      *Images
+	chunk   uint64
+	bgChunk uint64
+	start   time.Time
+	path    string
+
+	lfd    int // listening socket, until the restore connects
+	wakeMu sync.Mutex
+	wake   int // eventfd: Complete, Close, the restore's context; -1 once closed
+
+	completing atomic.Bool
+	closing    atomic.Bool
+	stopCtx    func() bool
+
+	done     chan struct{}
+	exited   chan struct{}
+	closeOne sync.Once
+
+	mu    sync.Mutex
+	err   error
+	stats Stats
+}
+
+// Listen binds workDir/lazy-pages.socket for one restore of im's
+// checkpoint and serves it. ctx bounds the restore: if it ends before CRIU
+// says the restore finished, the session fails; after that only Close
+// stops it. The session holds a reference on im until it is closed.
+func Listen(ctx context.Context, im *Images, workDir string, opts ...Option) (*Session, error) {
+	s := &Session{
+		im:      im,
+		chunk:   DefaultFaultChunk,
+		bgChunk: DefaultBackgroundChunk,
+		path:    filepath.Join(workDir, SocketName),
+		lfd:     -1,
+		wake:    -1,
+		done:    make(chan struct{}),
+		exited:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if len(s.path) >= len(unix.RawSockaddrUnix{}.Path) {
+		return nil, fmt.Errorf("lazypages: socket path %s is longer than a unix socket address: %w", s.path, errdefs.ErrInvalidArgument)
+	}
+	if err := im.acquire(); err != nil {
+		return nil, err
+	}
+	if err := s.bind(); err != nil {
+		s.closeFDs()
+		im.release()
+		return nil, err
+	}
+	s.start = time.Now()
+	l := &loop{s: s, ctx: ctx, procs: map[int]*proc{}, pids: map[int32]bool{}, epfd: -1, conn: -1}
+	if err := l.init(); err != nil {
+		l.cleanup()
+		s.closeFDs()
+		im.release()
+		return nil, err
+	}
+	s.stopCtx = context.AfterFunc(ctx, s.poke)
+	go l.run()
+	return s, nil
+}
+
+func (s *Session) bind() error {
+	if st, err := os.Lstat(s.path); err == nil {
+		if st.Mode().Type() != os.ModeSocket {
+			return fmt.Errorf("lazypages: %s exists and is not a socket: %w", s.path, errdefs.ErrAlreadyExists)
+		}
+		if err := os.Remove(s.path); err != nil {
+			return fmt.Errorf("lazypages: remove stale %s: %w", s.path, err)
+		}
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("lazypages: socket: %w", err)
+	}
+	s.lfd = fd
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: s.path}); err != nil {
+		return fmt.Errorf("lazypages: bind %s: %w", s.path, err)
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		return fmt.Errorf("lazypages: listen %s: %w", s.path, err)
+	}
+	s.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("lazypages: eventfd: %w", err)
+	}
+	return nil
+}
+
+// closeFDs closes what Listen opened before the loop owned it.
+func (s *Session) closeFDs() {
+	if s.lfd >= 0 {
+		unix.Close(s.lfd)
+		os.Remove(s.path)
+		s.lfd = -1
+	}
+	if s.wake >= 0 {
+		unix.Close(s.wake)
+		s.wake = -1
+	}
+}
+
+func (s *Session) poke() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if s.wake < 0 {
+		return
+	}
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(s.wake, one[:])
+}
+
+// Complete starts background completion: from now on, between faults, the
+// session copies in every page still missing, and ends once all are in.
+// Call it once the replica is verified (its working set came in by faults).
+func (s *Session) Complete() {
+	if s.completing.CompareAndSwap(false, true) {
+		s.mu.Lock()
+		s.stats.Completing = time.Since(s.start)
+		s.mu.Unlock()
+		s.poke()
+	}
+}
+
+// Done is closed when the session ends: every page in after Complete, a
+// failure (Err), or Close.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err is why the session failed; nil while it serves and after it
+// completed.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Stats returns the session's counters so far.
+func (s *Session) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Close stops serving and releases everything: the socket, the uffds (a
+// replica with pages missing then reads zeros: kill it first, see
+// Session) and the session's reference on its Images. It waits for the
+// serving goroutine and is safe to call more than once.
+func (s *Session) Close() error {
+	s.closeOne.Do(func() {
+		s.closing.Store(true)
+		s.poke()
+		<-s.exited
+		s.stopCtx()
+		s.wakeMu.Lock()
+		unix.Close(s.wake)
+		s.wake = -1
+		s.wakeMu.Unlock()
+		s.im.release()
+	})
+	return nil
+}
+
+func (s *Session) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// proc is one uffd: a restored task or a fork of one.
+type proc struct {
+	pid   int32 // dumped pid (forks keep their parent's: they read its images)
+	fd    int
+	pages []byte
+	miss  *missing
+	retry []uint64 // fault addresses whose copy met EAGAIN (the mm was changing)
+}
+
+// loop is the session's one goroutine: it owns every fd but the eventfd.
+type loop struct {
+	s     *Session
+	ctx   context.Context
+	epfd  int
+	conn  int // the restore's connection
+	procs map[int]*proc
+	order []*proc // background order: restore order, then forks
+	pids  map[int32]bool
+
+	finished bool   // CRIU said the restore finished
+	buf      []byte // restore protocol bytes not parsed yet
+	fds      []int  // uffds received, not yet matched to a pid
+	wantFD   int32  // pid waiting for its uffd
+	msgs     [64 * msgSize]byte
+}
+
+func (l *loop) init() error {
+	var err error
+	if l.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return fmt.Errorf("lazypages: epoll: %w", err)
+	}
+	if err := l.watch(l.s.wake); err != nil {
+		return err
+	}
+	return l.watch(l.s.lfd)
+}
+
+func (l *loop) watch(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("lazypages: epoll add: %w", err)
+	}
+	return nil
+}
+
+func (l *loop) unwatch(fd int) { _ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) }
+
+func (l *loop) run() {
+	err := l.serve()
+	s := l.s
+	if err != nil {
+		s.fail(err)
+	} else {
+		s.mu.Lock()
+		s.stats.Done = time.Since(s.start)
+		s.mu.Unlock()
+	}
+	l.cleanup()
+	close(s.done)
+	close(s.exited)
+}
+
+var errClosed = fmt.Errorf("lazypages: session closed before every page was in: %w", errdefs.ErrCanceled)
+
+func (l *loop) serve() error {
+	s := l.s
+	events := make([]unix.EpollEvent, 64)
+	for {
+		timeout := -1
+		switch {
+		case l.retrying():
+			timeout = 1 // ms: an mm change (fork, mremap, madvise) is completing
+		case l.finished && s.completing.Load():
+			timeout = 0
+		}
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("lazypages: epoll wait: %w", err)
+		}
+		for _, ev := range events[:n] {
+			fd := int(ev.Fd)
+			switch {
+			case fd == s.wake:
+				var b [8]byte
+				_, _ = unix.Read(s.wake, b[:])
+				if s.closing.Load() {
+					return errClosed
+				}
+				if !l.finished && l.ctx.Err() != nil {
+					return fmt.Errorf("lazypages: the restore did not finish: %w", l.ctx.Err())
+				}
+			case fd == s.lfd:
+				if err := l.accept(); err != nil {
+					return err
+				}
+			case fd == l.conn:
+				if err := l.readConn(); err != nil {
+					return err
+				}
+			default:
+				p := l.procs[fd]
+				if p == nil {
+					continue
+				}
+				if ev.Events&unix.EPOLLERR != 0 {
+					l.gone(p)
+					continue
+				}
+				if err := l.readUffd(p); err != nil {
+					return err
+				}
+			}
+		}
+		for _, p := range slices.Clone(l.order) {
+			if len(p.retry) > 0 {
+				if err := l.retry(p); err != nil {
+					return err
+				}
+			}
+		}
+		if !l.finished || !s.completing.Load() {
+			continue
+		}
+		if n == 0 {
+			if err := l.background(); err != nil {
+				return err
+			}
+		}
+		if l.complete() {
+			return nil
+		}
+	}
+}
+
+func (l *loop) retrying() bool {
+	for _, p := range l.order {
+		if len(p.retry) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *loop) complete() bool {
+	for _, p := range l.order {
+		if !p.miss.empty() || len(p.retry) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *loop) cleanup() {
+	for _, p := range l.order {
+		unix.Close(p.fd)
+	}
+	l.order, l.procs = nil, nil
+	for _, fd := range l.fds {
+		unix.Close(fd)
+	}
+	l.fds = nil
+	if l.conn >= 0 {
+		unix.Close(l.conn)
+		l.conn = -1
+	}
+	if l.s.lfd >= 0 {
+		unix.Close(l.s.lfd)
+		os.Remove(l.s.path)
+		l.s.lfd = -1
+	}
+	if l.epfd >= 0 {
+		unix.Close(l.epfd)
+		l.epfd = -1
+	}
+}
+
+// accept takes the restore's connection: the first peer that is root (CRIU
+// runs as root) or this process's user. The listener closes then, as
+// CRIU's daemon does: one restore per session.
+func (l *loop) accept() error {
+	s := l.s
+	fd, _, err := unix.Accept4(s.lfd, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EINTR) {
+			return nil
+		}
+		return fmt.Errorf("lazypages: accept: %w", err)
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil || (cred.Uid != 0 && int(cred.Uid) != os.Geteuid()) {
+		unix.Close(fd)
+		return nil
+	}
+	l.unwatch(s.lfd)
+	unix.Close(s.lfd)
+	os.Remove(s.path)
+	s.lfd = -1
+	l.conn = fd
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("lazypages: epoll add: %w", err)
+	}
+	return nil
+}
+
+func protoErr(format string, args ...any) error {
+	return fmt.Errorf("lazypages: restore protocol: %s: %w", fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+}
+
+// readConn reads CRIU's side of the socket: per task a native-endian int
+// pid, then (pid > 0) one byte carrying the uffd in SCM_RIGHTS; a negative
+// pid is a task without memory (a zombie); then restoreFinished.
+func (l *loop) readConn() error {
+	var data [64]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(l.conn, data[:], oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				return nil
+			}
+			return fmt.Errorf("lazypages: read from the restore: %w", err)
+		}
+		if oobn > 0 {
+			if err := l.takeFDs(oob[:oobn]); err != nil {
+				return err
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 {
+			return protoErr("control message truncated")
+		}
+		if n == 0 {
+			l.unwatch(l.conn)
+			unix.Close(l.conn)
+			l.conn = -1
+			if !l.finished {
+				return fmt.Errorf("lazypages: the restore closed its connection before it finished: %w", errdefs.ErrUnavailable)
+			}
+			return nil
+		}
+		l.buf = append(l.buf, data[:n]...)
+		if err := l.parse(); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *loop) takeFDs(oob []byte) error {
+	cmsgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return protoErr("bad control message: %v", err)
+	}
+	for _, c := range cmsgs {
+		fds, err := unix.ParseUnixRights(&c)
+		if err != nil {
+			continue
+		}
+		l.fds = append(l.fds, fds...)
+	}
+	if len(l.fds) > 1 {
+		return protoErr("%d file descriptors at once", len(l.fds))
+	}
+	return nil
+}
+
+func (l *loop) parse() error {
+	for {
+		if l.finished {
+			if len(l.buf) > 0 || len(l.fds) > 0 {
+				return protoErr("data after restore finished")
+			}
+			return nil
+		}
+		if l.wantFD != 0 {
+			if len(l.buf) < 1 {
+				return nil
+			}
+			if len(l.fds) != 1 {
+				return protoErr("task %d: no uffd with its message", l.wantFD)
+			}
+			fd := l.fds[0]
+			l.fds, l.buf = l.fds[:0], l.buf[1:]
+			pid := l.wantFD
+			l.wantFD = 0
+			if err := l.addTask(pid, fd); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(l.buf) < 4 {
+			// A uffd comes on the byte after its pid (one recvmsg may read
+			// both): here none may be waiting.
+			if len(l.fds) > 0 {
+				return protoErr("a file descriptor without a pid")
+			}
+			return nil
+		}
+		v := int32(binary.NativeEndian.Uint32(l.buf))
+		l.buf = l.buf[4:]
+		switch {
+		case uint32(v) == restoreFinished:
+			l.finished = true
+			l.s.stopCtx()
+			l.s.mu.Lock()
+			l.s.stats.RestoreFinished = time.Since(l.s.start)
+			l.s.mu.Unlock()
+		case v < 0 && v != -1<<31:
+			l.s.mu.Lock()
+			l.s.stats.Zombies++
+			l.s.mu.Unlock()
+		case v > 0:
+			l.wantFD = v
+		default:
+			return protoErr("pid %d", v)
+		}
+	}
+}
+
+// isUffd reports whether fd is a userfaultfd: only those get our ioctls.
+func isUffd(fd int) bool {
+	target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	return err == nil && target == "anon_inode:[userfaultfd]"
+}
+
+func (l *loop) addTask(pid int32, fd int) error {
+	if !isUffd(fd) {
+		unix.Close(fd)
+		return protoErr("task %d: the descriptor is not a userfaultfd", pid)
+	}
+	pi := l.s.im.procs[pid]
+	if pi == nil {
+		unix.Close(fd)
+		return fmt.Errorf("lazypages: restored task %d has no pagemap-%d.img in %s: %w", pid, pid, l.s.im.dir, errdefs.ErrInvalidArgument)
+	}
+	if l.pids[pid] {
+		unix.Close(fd)
+		return protoErr("task %d sent twice", pid)
+	}
+	l.pids[pid] = true
+	p := &proc{pid: pid, fd: fd, pages: pi.pages, miss: newMissing(pi.runs)}
+	if err := l.add(p); err != nil {
+		return err
+	}
+	l.s.mu.Lock()
+	l.s.stats.LazyPages += int64(p.miss.pages())
+	l.s.mu.Unlock()
+	return nil
+}
+
+func (l *loop) add(p *proc) error {
+	if len(l.order) >= maxLive {
+		unix.Close(p.fd)
+		return fmt.Errorf("lazypages: more than %d processes with lazy pages: %w", maxLive, errdefs.ErrResourceExhausted)
+	}
+	if err := l.watch(p.fd); err != nil {
+		unix.Close(p.fd)
+		return err
+	}
+	l.procs[p.fd] = p
+	l.order = append(l.order, p)
+	l.s.mu.Lock()
+	l.s.stats.Processes++
+	l.s.mu.Unlock()
+	return nil
+}
+
+// gone forgets a process whose mm went away (exit, exec).
+func (l *loop) gone(p *proc) {
+	if l.procs[p.fd] != p {
+		return
+	}
+	l.unwatch(p.fd)
+	unix.Close(p.fd)
+	delete(l.procs, p.fd)
+	for i, q := range l.order {
+		if q == p {
+			l.order = append(l.order[:i], l.order[i+1:]...)
+			break
+		}
+	}
+	p.miss, p.retry = newMissing(nil), nil
+}
+
+func (l *loop) readUffd(p *proc) error {
+	for l.procs[p.fd] == p {
+		n, err := unix.Read(p.fd, l.msgs[:])
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				return nil
+			}
+			return fmt.Errorf("lazypages: read uffd of task %d: %w", p.pid, err)
+		}
+		if n == 0 || n%msgSize != 0 {
+			return fmt.Errorf("lazypages: read uffd of task %d: %d bytes: %w", p.pid, n, errdefs.ErrInternal)
+		}
+		for off := 0; off < n; off += msgSize {
+			if err := l.event(p, decodeMsg(l.msgs[off:off+msgSize])); err != nil {
+				return err
+			}
+			if l.procs[p.fd] != p {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+func (l *loop) event(p *proc, m uffdMsg) error {
+	switch m.event {
+	case eventPagefault:
+		l.s.mu.Lock()
+		l.s.stats.Faults++
+		if l.s.stats.FirstFault == 0 {
+			l.s.stats.FirstFault = time.Since(l.s.start)
+		}
+		l.s.mu.Unlock()
+		return l.fault(p, m.a&^(pageSize-1))
+	case eventFork:
+		// The child's mm is the parent's as of the fork: the pages the parent
+		// still misses, the child misses too (copies into the parent since
+		// the fork failed with EAGAIN until this event was read).
+		fd := int(m.a)
+		unix.CloseOnExec(fd)
+		child := &proc{pid: p.pid, fd: fd, pages: p.pages, miss: p.miss.clone()}
+		if err := l.add(child); err != nil {
+			return err
+		}
+		l.s.mu.Lock()
+		l.s.stats.Forks++
+		l.s.mu.Unlock()
+		return nil
+	case eventRemap:
+		p.miss.remap(m.a, m.b, m.c)
+		return nil
+	case eventRemove:
+		// madvise(DONTNEED/REMOVE): the pages read as zeros from now on.
+		// Unregister as CRIU does so their faults do not come here; ENOMEM
+		// means the mm is gone. Dropping them is what keeps them correct.
+		if m.b > m.a {
+			if err := uffdUnregister(p.fd, m.a, m.b-m.a); errors.Is(err, unix.ENOMEM) {
+				l.gone(p)
+				return nil
+			}
+		}
+		p.miss.drop(m.a, m.b)
+		return nil
+	case eventUnmap:
+		p.miss.drop(m.a, m.b)
+		return nil
+	default:
+		return fmt.Errorf("lazypages: task %d: unexpected uffd event %#x: %w", p.pid, m.event, errdefs.ErrInternal)
+	}
+}
+
+func (l *loop) retry(p *proc) error {
+	addrs := p.retry
+	p.retry = nil
+	for _, a := range addrs {
+		if l.procs[p.fd] != p {
+			return nil
+		}
+		if err := l.fault(p, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fault serves a fault at page addr: a window of its lazy run, or zero
+// pages up to the next lazy page when addr has no data in the images.
+func (l *loop) fault(p *proc, addr uint64) error {
+	if r, ok := p.miss.find(addr); ok {
+		start, end := window(r, addr, l.s.chunk)
+		return l.copy(p, start, end, addr)
+	}
+	end := min(addr+l.s.chunk, p.miss.next(addr))
+	return l.zero(p, addr, end)
+}
+
+const noFault = ^uint64(0)
+
+// copy copies [start, end), all missing, from the images, handling the
+// races CRIU's daemon handles: EEXIST (a page is there already), EAGAIN
+// (the mm is changing: retry after its event), ENOENT (not one registered
+// VMA any more), ESRCH/ENOSPC (the mm is gone). fault is the faulting
+// page, or noFault for background copies.
+func (l *loop) copy(p *proc, start, end, fault uint64) error {
+	for start < end {
+		r, ok := p.miss.find(start)
+		if !ok {
+			return fmt.Errorf("lazypages: task %d: %#x is not missing: %w", p.pid, start, errdefs.ErrInternal)
+		}
+		end = min(end, r.end)
+		src := uint64(uintptr(unsafe.Pointer(&p.pages[r.off+(start-r.start)])))
+		n, err := uffdCopy(p.fd, start, src, end-start)
+		n &^= pageSize - 1
+		if n > 0 {
+			p.miss.drop(start, start+n)
+			l.count(fault, int64(n))
+			start += n
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EEXIST):
+			// The page is there (a duplicate fault, or a race): it is no
+			// longer missing; wake a faulter that may wait on it.
+			p.miss.drop(start, start+pageSize)
+			_ = uffdWake(p.fd, start, pageSize)
+			start += pageSize
+		case errors.Is(err, unix.EAGAIN):
+			if fault != noFault && fault >= start && fault < end {
+				p.retry = append(p.retry, fault)
+			}
+			return nil
+		case errors.Is(err, unix.ENOENT):
+			if end-start > pageSize {
+				// A VMA was split (mprotect): fall back to the faulting page,
+				// or to one page for the background.
+				if fault != noFault && fault >= start && fault < end {
+					start = fault
+				}
+				end = start + pageSize
+				continue
+			}
+			// One page, no registered VMA: unmapped or unregistered (its event
+			// may still be queued). Nothing can wait on it; drop it.
+			p.miss.drop(start, end)
+			_ = uffdWake(p.fd, start, pageSize)
+			return nil
+		case errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOSPC):
+			l.gone(p)
+			return nil
+		default:
+			return fmt.Errorf("lazypages: task %d: UFFDIO_COPY %#x+%d: %w", p.pid, start, end-start, err)
+		}
+	}
+	return nil
+}
+
+// zero maps the zero page over [start, end), none of it lazy: pages the
+// dump found empty. A page already there ends the run early.
+func (l *loop) zero(p *proc, start, end uint64) error {
+	for start < end {
+		n, err := uffdZero(p.fd, start, end-start)
+		n &^= pageSize - 1
+		if n > 0 {
+			l.s.mu.Lock()
+			l.s.stats.ZeroPages += int64(n / pageSize)
+			l.s.mu.Unlock()
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EEXIST):
+			if n == 0 {
+				_ = uffdWake(p.fd, start, pageSize)
+			}
+			return nil
+		case errors.Is(err, unix.EAGAIN):
+			if n == 0 {
+				p.retry = append(p.retry, start)
+			}
+			return nil
+		case errors.Is(err, unix.ENOENT):
+			if n > 0 {
+				return nil
+			}
+			if end-start > pageSize {
+				end = start + pageSize // a registered VMA ends inside the window
+				continue
+			}
+			_ = uffdWake(p.fd, start, pageSize)
+			return nil
+		case errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOSPC):
+			l.gone(p)
+			return nil
+		default:
+			return fmt.Errorf("lazypages: task %d: UFFDIO_ZEROPAGE %#x+%d: %w", p.pid, start, end-start, err)
+		}
+	}
+	return nil
+}
+
+func (l *loop) count(fault uint64, bytes int64) {
+	s := l.s
+	s.mu.Lock()
+	if fault == noFault {
+		s.stats.BackgroundPages += bytes / pageSize
+	} else {
+		s.stats.FaultPages += bytes / pageSize
+	}
+	s.stats.Bytes += bytes
+	s.mu.Unlock()
+}
+
+// background copies one chunk of the first process with pages missing.
+func (l *loop) background() error {
+	for _, p := range l.order {
+		if p.miss.empty() || len(p.retry) > 0 {
+			continue
+		}
+		r := p.miss.s[0]
+		return l.copy(p, r.start, min(r.end, r.start+l.s.bgChunk), noFault)
+	}
+	return nil
+}
