@@ -30,8 +30,10 @@ const restoreFinished = 0x52535446
 
 // Defaults, measured (see the package doc).
 const (
-	DefaultFaultChunk      = 256 << 10
+	DefaultFaultChunk      = 1 << 20
 	DefaultBackgroundChunk = 512 << 10
+	// wakeChunk bounds a fault's first copy, the one that wakes it.
+	wakeChunk = 64 << 10
 	// maxLive bounds the uffds one session holds: restored tasks and the
 	// forks they make before their pages are all in.
 	maxLive = 4096
@@ -40,8 +42,9 @@ const (
 // Option configures a Session.
 type Option func(*Session)
 
-// WithFaultChunk sets how much of a lazy run one fault brings in (rounded
-// to pages, at least one page). Runs up to that size come in whole.
+// WithFaultChunk sets how much one fault brings in from the faulting page
+// on (rounded to pages, at least one page): lazy pages, and zero pages for
+// the holes between them. The first 64 KiB wake the faulting thread.
 func WithFaultChunk(bytes int) Option {
 	return func(s *Session) { s.chunk = pagesOf(bytes) }
 }
@@ -733,29 +736,68 @@ func (l *loop) retry(p *proc) error {
 	return nil
 }
 
-// fault serves a fault at page addr: a window of its lazy run, or zero
-// pages up to the next lazy page when addr has no data in the images.
+// fault serves a fault at page addr with its neighbourhood: a window of
+// its lazy run (or zero pages up to the next lazy page when addr has no
+// data in the images), then the rest of chunk bytes from addr, across the
+// holes between runs (a run ends wherever the dump found a page empty).
 func (l *loop) fault(p *proc, addr uint64) error {
-	if r, ok := p.miss.find(addr); ok {
-		start, end := window(r, addr, l.s.chunk)
-		return l.copy(p, start, end, addr)
-	}
 	end := min(addr+l.s.chunk, p.miss.next(addr))
-	return l.zero(p, addr, end)
+	var ok bool
+	var err error
+	if r, found := p.miss.find(addr); found {
+		// The first copy is small, so the faulting thread runs again soon;
+		// the rest of the neighbourhood follows while it does.
+		var start uint64
+		start, end = window(r, addr, min(l.s.chunk, wakeChunk))
+		ok, err = l.copy(p, start, end, addr)
+	} else {
+		ok, err = l.zero(p, addr, end, true)
+	}
+	if err != nil || !ok {
+		return err
+	}
+	return l.ahead(p, end, addr+l.s.chunk)
 }
 
-const noFault = ^uint64(0)
+// ahead fills [from, to) after a fault: lazy pages from the images, the
+// holes between them with zero pages. It stops at the first page it cannot
+// fill (a VMA's end, a page already there).
+func (l *loop) ahead(p *proc, from, to uint64) error {
+	for from < to && l.procs[p.fd] == p {
+		var ok bool
+		var err error
+		if r, found := p.miss.find(from); found {
+			end := min(r.end, to)
+			ok, err = l.copy(p, from, end, prefetch)
+			from = end
+		} else {
+			end := min(p.miss.next(from), to)
+			ok, err = l.zero(p, from, end, false)
+			from = end
+		}
+		if err != nil || !ok {
+			return err
+		}
+	}
+	return nil
+}
+
+// Values of copy's fault argument that are not a faulting page.
+const (
+	noFault  = ^uint64(0)     // background completion
+	prefetch = ^uint64(0) - 1 // a fault's neighbourhood
+)
 
 // copy copies [start, end), all missing, from the images, handling the
 // races CRIU's daemon handles: EEXIST (a page is there already), EAGAIN
 // (the mm is changing: retry after its event), ENOENT (not one registered
 // VMA any more), ESRCH/ENOSPC (the mm is gone). fault is the faulting
 // page, or noFault for background copies.
-func (l *loop) copy(p *proc, start, end, fault uint64) error {
+func (l *loop) copy(p *proc, start, end, fault uint64) (bool, error) {
 	for start < end {
 		r, ok := p.miss.find(start)
 		if !ok {
-			return fmt.Errorf("lazypages: task %d: %#x is not missing: %w", p.pid, start, errdefs.ErrInternal)
+			return false, fmt.Errorf("lazypages: task %d: %#x is not missing: %w", p.pid, start, errdefs.ErrInternal)
 		}
 		end = min(end, r.end)
 		src := uint64(uintptr(unsafe.Pointer(&p.pages[r.off+(start-r.start)])))
@@ -768,7 +810,7 @@ func (l *loop) copy(p *proc, start, end, fault uint64) error {
 		}
 		switch {
 		case err == nil:
-			return nil
+			return true, nil
 		case errors.Is(err, unix.EEXIST):
 			// The page is there (a duplicate fault, or a race): it is no
 			// longer missing; wake a faulter that may wait on it.
@@ -776,15 +818,15 @@ func (l *loop) copy(p *proc, start, end, fault uint64) error {
 			_ = uffdWake(p.fd, start, pageSize)
 			start += pageSize
 		case errors.Is(err, unix.EAGAIN):
-			if fault != noFault && fault >= start && fault < end {
+			if isFault(fault) && fault >= start && fault < end {
 				p.retry = append(p.retry, fault)
 			}
-			return nil
+			return false, nil
 		case errors.Is(err, unix.ENOENT):
 			if end-start > pageSize {
 				// A VMA was split (mprotect): fall back to the faulting page,
 				// or to one page for the background.
-				if fault != noFault && fault >= start && fault < end {
+				if isFault(fault) && fault >= start && fault < end {
 					start = fault
 				}
 				end = start + pageSize
@@ -794,21 +836,25 @@ func (l *loop) copy(p *proc, start, end, fault uint64) error {
 			// may still be queued). Nothing can wait on it; drop it.
 			p.miss.drop(start, end)
 			_ = uffdWake(p.fd, start, pageSize)
-			return nil
+			return false, nil
 		case errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOSPC):
 			l.gone(p)
-			return nil
+			return false, nil
 		default:
-			return fmt.Errorf("lazypages: task %d: UFFDIO_COPY %#x+%d: %w", p.pid, start, end-start, err)
+			return false, fmt.Errorf("lazypages: task %d: UFFDIO_COPY %#x+%d: %w", p.pid, start, end-start, err)
 		}
 	}
-	return nil
+	return true, nil
 }
 
+func isFault(addr uint64) bool { return addr != noFault && addr != prefetch }
+
 // zero maps the zero page over [start, end), none of it lazy: pages the
-// dump found empty. A page already there ends the run early.
-func (l *loop) zero(p *proc, start, end uint64) error {
-	for start < end {
+// dump found empty. It reports whether all of it is done; a page already
+// there or a VMA's end stops it. fault says start is a faulting page, which
+// must be resolved (woken) whatever happens.
+func (l *loop) zero(p *proc, start, end uint64, fault bool) (bool, error) {
+	for {
 		n, err := uffdZero(p.fd, start, end-start)
 		n &^= pageSize - 1
 		if n > 0 {
@@ -818,35 +864,34 @@ func (l *loop) zero(p *proc, start, end uint64) error {
 		}
 		switch {
 		case err == nil:
-			return nil
+			return true, nil
 		case errors.Is(err, unix.EEXIST):
-			if n == 0 {
+			if n == 0 && fault {
 				_ = uffdWake(p.fd, start, pageSize)
 			}
-			return nil
+			return false, nil
 		case errors.Is(err, unix.EAGAIN):
-			if n == 0 {
+			if n == 0 && fault {
 				p.retry = append(p.retry, start)
 			}
-			return nil
+			return false, nil
 		case errors.Is(err, unix.ENOENT):
-			if n > 0 {
-				return nil
+			if n > 0 || !fault {
+				return false, nil
 			}
 			if end-start > pageSize {
 				end = start + pageSize // a registered VMA ends inside the window
 				continue
 			}
 			_ = uffdWake(p.fd, start, pageSize)
-			return nil
+			return false, nil
 		case errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOSPC):
 			l.gone(p)
-			return nil
+			return false, nil
 		default:
-			return fmt.Errorf("lazypages: task %d: UFFDIO_ZEROPAGE %#x+%d: %w", p.pid, start, end-start, err)
+			return false, fmt.Errorf("lazypages: task %d: UFFDIO_ZEROPAGE %#x+%d: %w", p.pid, start, end-start, err)
 		}
 	}
-	return nil
 }
 
 func (l *loop) count(fault uint64, bytes int64) {
@@ -868,7 +913,8 @@ func (l *loop) background() error {
 			continue
 		}
 		r := p.miss.s[0]
-		return l.copy(p, r.start, min(r.end, r.start+l.s.bgChunk), noFault)
+		_, err := l.copy(p, r.start, min(r.end, r.start+l.s.bgChunk), noFault)
+		return err
 	}
 	return nil
 }
