@@ -64,8 +64,8 @@
 // process runs, against 40 to 60: the daemon serves it a page at a time
 // behind its 4 MiB background copies); reading everything by faults costs
 // about what CRIU's background copy does. In a run before (niced, no
-// lock), a fault chunk of 256 KiB read
-// 256 MiB 40% slower than 1 MiB; 4 MiB was no better than 1 MiB.
+// lock), a fault chunk of 256 KiB read 256 MiB 40% slower than 1 MiB;
+// 4 MiB was no better than 1 MiB.
 //
 // The caller's rules:
 //   - Pin: an Images holds read-only, shared mappings of the pages images,

@@ -66,7 +66,7 @@ func pagesOf(bytes int) uint64 {
 // Listen; zero means not yet.
 type Stats struct {
 	Processes       int   // uffds served: restored tasks and their forks
-	Forks           int   // of them, forks (UFFD_EVENT_FORK)
+	Forks           int   // forks seen (UFFD_EVENT_FORK); those with pages missing count in Processes
 	Zombies         int   // restored tasks without memory (negative pids)
 	LazyPages       int64 // lazy pages of the restored tasks
 	Faults          int64 // page faults handled
@@ -373,8 +373,9 @@ func (l *loop) serve() error {
 					continue
 				}
 				if ev.Events&unix.EPOLLERR != 0 {
-					l.gone(p)
-					continue
+					// Only an uffd without UFFDIO_API polls so; never drop its
+					// pages silently (they would read as zeros).
+					return fmt.Errorf("lazypages: uffd of task %d in error: %w", p.pid, errdefs.ErrInternal)
 				}
 				if err := l.readUffd(p); err != nil {
 					return err
@@ -691,14 +692,17 @@ func (l *loop) event(p *proc, m uffdMsg) error {
 		// the fork failed with EAGAIN until this event was read).
 		fd := int(m.a)
 		unix.CloseOnExec(fd)
-		child := &proc{pid: p.pid, fd: fd, pages: p.pages, miss: p.miss.clone()}
-		if err := l.add(child); err != nil {
-			return err
-		}
 		l.s.mu.Lock()
 		l.s.stats.Forks++
 		l.s.mu.Unlock()
-		return nil
+		if p.miss.empty() {
+			// Nothing lazy left to miss: the child's uffd is not needed (its
+			// never-touched pages fill with zeros as without one).
+			unix.Close(fd)
+			return nil
+		}
+		child := &proc{pid: p.pid, fd: fd, pages: p.pages, miss: p.miss.clone()}
+		return l.add(child)
 	case eventRemap:
 		p.miss.remap(m.a, m.b, m.c)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -367,6 +368,53 @@ func TestSessionFork(t *testing.T) {
 	}
 	if err := s.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Replicas of one checkpoint share its Images, and the images stay
+// readable for them after the owner closed it (a deleted checkpoint).
+func TestSessionsShareImages(t *testing.T) {
+	needUffd(t)
+	leakCheck(t)
+	im, err := Open(layoutImages(t, helperBase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var works [2]string
+	var sessions [2]*Session
+	for i := range sessions {
+		works[i] = t.TempDir()
+		if sessions[i], err = Listen(context.Background(), im, works[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	im.Close()
+	errs := make(chan error, 2)
+	for i := range sessions {
+		go func() {
+			out, err := runHelper(t, "fork", works[i])
+			if err != nil {
+				err = fmt.Errorf("replica %d: %v\n%s", i, err, out)
+			}
+			errs <- err
+		}()
+	}
+	for range sessions {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range sessions {
+		if st := s.Stats(); st.Forks != 2 || st.Faults == 0 {
+			t.Fatalf("replica %d: %+v", i, st)
+		}
+		s.Close()
+		if i == 0 && im.maps == nil {
+			t.Fatal("the images went with the first session")
+		}
+	}
+	if im.maps != nil {
+		t.Fatal("the images stay mapped after their owner and every session closed")
 	}
 }
 
