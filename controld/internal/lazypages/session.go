@@ -44,7 +44,8 @@ type Option func(*Session)
 
 // WithFaultChunk sets how much one fault brings in from the faulting page
 // on (rounded to pages, at least one page): lazy pages, and zero pages for
-// the holes between them. The first 64 KiB wake the faulting thread.
+// the holes between them; a lazy run up to that size comes whole. The
+// first 64 KiB wake the faulting thread.
 func WithFaultChunk(bytes int) Option {
 	return func(s *Session) { s.chunk = pagesOf(bytes) }
 }
@@ -754,6 +755,10 @@ func (l *loop) fault(p *proc, addr uint64) error {
 		var start uint64
 		start, end = window(r, addr, min(l.s.chunk, wakeChunk))
 		ok, err = l.copy(p, start, end, addr)
+		if ok && err == nil && r.start < start && r.end-r.start <= l.s.chunk {
+			// A run up to the chunk comes whole: its part before the fault too.
+			ok, err = l.copy(p, r.start, start, prefetch)
+		}
 	} else {
 		ok, err = l.zero(p, addr, end, true)
 	}

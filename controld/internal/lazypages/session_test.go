@@ -265,6 +265,13 @@ func TestSessionServes(t *testing.T) {
 	if st := s.Stats(); st.Faults != 1 {
 		t.Fatalf("the window's pages faulted again: %+v", st)
 	}
+	// What is left of a run, when small, comes whole: pages 0-4 for a
+	// fault at 3.
+	wantPattern(t, "page 3", sysRead(t, s, r.page(3)), r.addr(3))
+	wantPattern(t, "pages 0-4", sysRead(t, s, r.mem[:5*pageSize]), r.addr(0))
+	if st := statsWhen(t, s, func(st Stats) bool { return st.FaultPages >= 21 }); st.Faults != 2 || st.FaultPages != 21 {
+		t.Fatalf("a fault at 3 should bring 0-4: %+v", st)
+	}
 	wantZeros(t, "page 103", sysRead(t, s, r.page(103)))
 	if st := statsWhen(t, s, func(st Stats) bool { return st.ZeroPages > 0 }); st.ZeroPages != eager-103 {
 		t.Fatalf("zero pages %d, want the hole's rest, %d", st.ZeroPages, eager-103)
