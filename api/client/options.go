@@ -256,6 +256,15 @@ func WithRecord() ForkOption {
 	return forkFunc(func(r *controldv1.ForkCheckpointRequest) { r.Record = true })
 }
 
+// WithRestoreMode says how memory-tier replicas' pages are restored:
+// RESTORE_MODE_LAZY serves each page at its first touch (controld's page
+// server; FAILED_PRECONDITION when the host cannot), EAGER reads all before
+// the replica runs, AUTO (the default) lets controld choose by the
+// checkpoint's size. ForkReplica.restore_mode says what each replica got.
+func WithRestoreMode(m controldv1.RestoreMode) ForkOption {
+	return forkFunc(func(r *controldv1.ForkCheckpointRequest) { r.RestoreMode = m })
+}
+
 // ---- list and watch filters
 
 type statesOpt []controldv1.SandboxState

@@ -885,6 +885,14 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 	if err != nil {
 		return nil, err
 	}
+	// The fake holds no pages: AUTO restores eagerly, LAZY as asked.
+	mode, err := rules.RestoreMode("restore_mode", req.GetRestoreMode(), ck.GetTier())
+	if err != nil {
+		return nil, err
+	}
+	if mode == controldv1.RestoreMode_RESTORE_MODE_AUTO {
+		mode = controldv1.RestoreMode_RESTORE_MODE_EAGER
+	}
 	policy, err := netpolicy.PolicyFor("network_policy", netpolicy.Mode(ck.GetNetwork()), req.GetNetworkPolicy(), ck.GetNetwork().GetPolicy())
 	if err != nil {
 		return nil, err
@@ -911,7 +919,8 @@ func (f *Fake) forkCheckpoint(req *controldv1.ForkCheckpointRequest) (*controldv
 			})
 		ck.LiveForks++
 		rep := &controldv1.ForkReplica{
-			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: verifyResults(levels), Took: durationpb.New(20 * time.Millisecond)}
+			Sandbox: proto.CloneOf(sb), Endpoint: f.endpointFor(sb), Verification: verifyResults(levels), Took: durationpb.New(20 * time.Millisecond),
+			RestoreMode: mode}
 		// Recordings follow forks as controld's do (recording.Manager.Forked).
 		if parent := f.activeRecording(ck.GetSourceSandboxId()); req.GetRecord() || parent != nil {
 			maxBytes := uint64(rules.DefaultRecordingBytes)

@@ -337,6 +337,24 @@ func Tier(field string, t controldv1.CheckpointTier) (controldv1.CheckpointTier,
 	return 0, errdefs.InvalidField(field, "unknown tier %d", t)
 }
 
+// RestoreMode checks a fork's restore mode for a checkpoint of tier and
+// returns it, AUTO when unspecified. Lazy restore serves a memory-tier
+// replica's pages: a disk-tier replica boots fresh and has none.
+func RestoreMode(field string, m controldv1.RestoreMode, tier controldv1.CheckpointTier) (controldv1.RestoreMode, error) {
+	switch m {
+	case controldv1.RestoreMode_RESTORE_MODE_UNSPECIFIED:
+		return controldv1.RestoreMode_RESTORE_MODE_AUTO, nil
+	case controldv1.RestoreMode_RESTORE_MODE_EAGER, controldv1.RestoreMode_RESTORE_MODE_AUTO:
+		return m, nil
+	case controldv1.RestoreMode_RESTORE_MODE_LAZY:
+		if tier == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+			return 0, errdefs.InvalidField(field, "lazy restore applies to memory-tier checkpoints; this one is disk tier")
+		}
+		return m, nil
+	}
+	return 0, errdefs.InvalidField(field, "unknown restore mode %d", m)
+}
+
 // View tickets (CreateViewTicket): how long one can be redeemed.
 const (
 	DefaultViewTicketTTL = time.Minute

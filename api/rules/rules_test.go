@@ -189,3 +189,28 @@ func TestRequestIDSyntax(t *testing.T) {
 		}
 	}
 }
+
+func TestRestoreMode(t *testing.T) {
+	mem, disk := controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY, controldv1.CheckpointTier_CHECKPOINT_TIER_DISK
+	for _, tc := range []struct {
+		mode controldv1.RestoreMode
+		tier controldv1.CheckpointTier
+		want controldv1.RestoreMode
+		ok   bool
+	}{
+		{controldv1.RestoreMode_RESTORE_MODE_UNSPECIFIED, mem, controldv1.RestoreMode_RESTORE_MODE_AUTO, true},
+		{controldv1.RestoreMode_RESTORE_MODE_AUTO, disk, controldv1.RestoreMode_RESTORE_MODE_AUTO, true},
+		{controldv1.RestoreMode_RESTORE_MODE_EAGER, disk, controldv1.RestoreMode_RESTORE_MODE_EAGER, true},
+		{controldv1.RestoreMode_RESTORE_MODE_LAZY, mem, controldv1.RestoreMode_RESTORE_MODE_LAZY, true},
+		{controldv1.RestoreMode_RESTORE_MODE_LAZY, disk, 0, false},
+		{controldv1.RestoreMode(9), mem, 0, false},
+	} {
+		got, err := rules.RestoreMode("restore_mode", tc.mode, tc.tier)
+		if tc.ok != (err == nil) || got != tc.want {
+			t.Errorf("RestoreMode(%v, %v) = %v, %v", tc.mode, tc.tier, got, err)
+		}
+		if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("RestoreMode(%v, %v): %v is not INVALID_ARGUMENT", tc.mode, tc.tier, err)
+		}
+	}
+}

@@ -171,6 +171,7 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		requestID string
 		remote    bool
 		record    bool
+		restore   string
 	)
 	cmd := &cobra.Command{
 		Use:               "fork CHECKPOINT | --remote REFERENCE",
@@ -185,10 +186,12 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 	fs.StringVar(&requestID, "request-id", "", "makes the call idempotent: a repeat with the same id returns the same replicas")
 	fs.BoolVar(&remote, "remote", false, "the argument is a checkpoint image in an OCI registry (pushed by export --push): controld pulls it once and forks its import")
 	fs.BoolVar(&record, "record", false, "record every replica from its first keyframe (recording start; replicas of a recording source are recorded anyway)")
+	fs.StringVar(&restore, "restore", "auto", "how memory-tier replicas' pages come back: lazy (served at first touch), eager, or auto (controld chooses by the checkpoint's size)")
 	labels := addKeyValues(fs, "label", "label of every replica")
 	res := addResourceFlags(fs)
 	pol := addPolicyFlags(fs)
 	_ = cmd.RegisterFlagCompletionFunc("verify", cobra.FixedCompletions(sortedNames(levelByName), cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("restore", cobra.FixedCompletions(sortedNames(restoreModeByName), cobra.ShellCompDirectiveNoFileComp))
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		if n < 1 {
 			return usagef("--count %d: want at least 1", n)
@@ -203,6 +206,11 @@ func checkpointForkCmd(g *globals) *cobra.Command {
 		if record {
 			opts = append(opts, client.WithRecord())
 		}
+		mode, err := parseEnums("restore", []string{restore}, restoreModeByName)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, client.WithRestoreMode(mode[0]))
 		c, err := g.client()
 		if err != nil {
 			return err

@@ -230,6 +230,8 @@ var (
 	stateByName = enumNames[controldv1.SandboxState](controldv1.SandboxState_name, "SANDBOX_STATE_")
 	levelByName = enumNames[controldv1.VerifyLevel](controldv1.VerifyLevel_name, "VERIFY_LEVEL_")
 	tierByName  = enumNames[controldv1.CheckpointTier](controldv1.CheckpointTier_name, "CHECKPOINT_TIER_")
+	// restoreModeByName are fork --restore's values (auto, eager, lazy).
+	restoreModeByName = enumNames[controldv1.RestoreMode](controldv1.RestoreMode_name, "RESTORE_MODE_")
 )
 
 // parseEnums reads a repeatable enum flag.

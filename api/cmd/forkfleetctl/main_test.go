@@ -134,6 +134,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"sandbox", "verify", "sb-x", "--level", "vibes"}, "--level"},
 		{[]string{"checkpoint", "create", "sb-x", "--tier", "cold"}, "--tier"},
 		{[]string{"checkpoint", "fork", "ck-x", "-n", "0"}, "at least 1"},
+		{[]string{"checkpoint", "fork", "ck-x", "--restore", "sloth"}, "--restore"},
 		{[]string{"pool", "create", "p", "--size", "2"}, "exactly one of --image and --checkpoint"},
 		{[]string{"pool", "create", "p", "--size", "2", "--image", "i", "--checkpoint", "c"}, "exactly one"},
 		{[]string{"pool", "create", "p", "--image", "i"}, "--size 0"},
@@ -224,6 +225,10 @@ func TestCommandsAgainstFake(t *testing.T) {
 	fork := ok[*controldv1.ForkCheckpointResponse](t, target, "checkpoint", "fork", ck.GetId(), "-n", "2", "--label", "replica=yes")
 	if len(fork.GetReplicas()) != 2 || fork.GetReplicas()[0].GetSandbox().GetLabels()["replica"] != "yes" {
 		t.Fatalf("fork: %v", fork)
+	}
+	lazy := ok[*controldv1.ForkCheckpointResponse](t, target, "checkpoint", "fork", ck.GetId(), "--restore", "lazy")
+	if m := lazy.GetReplicas()[0].GetRestoreMode(); m != controldv1.RestoreMode_RESTORE_MODE_LAZY {
+		t.Fatalf("fork --restore lazy: replica restored %v", m)
 	}
 	replica := fork.GetReplicas()[0].GetSandbox().GetId()
 	if got := ok[*controldv1.VerifySandboxResponse](t, target, "sandbox", "verify", replica); len(got.GetResults()) == 0 {

@@ -412,6 +412,67 @@ func (CheckpointState) EnumDescriptor() ([]byte, []int) {
 	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{5}
 }
 
+// RestoreMode is how a memory-tier fork's process memory comes back.
+type RestoreMode int32
+
+const (
+	// AUTO.
+	RestoreMode_RESTORE_MODE_UNSPECIFIED RestoreMode = 0
+	// Every page is read into the replica before it runs.
+	RestoreMode_RESTORE_MODE_EAGER RestoreMode = 1
+	// The replica runs at once; controld's page server hands it each page at
+	// its first touch, and the rest in the background once the replica is
+	// verified. The checkpoint stays until every page is in. FAILED_PRECONDITION
+	// (LAZY_RESTORE_UNAVAILABLE) when the host cannot restore lazily.
+	RestoreMode_RESTORE_MODE_LAZY RestoreMode = 2
+	// LAZY when the checkpoint holds enough memory for it to pay and the host
+	// can restore lazily, else EAGER (controld.md, "Lazy restore").
+	RestoreMode_RESTORE_MODE_AUTO RestoreMode = 3
+)
+
+// Enum value maps for RestoreMode.
+var (
+	RestoreMode_name = map[int32]string{
+		0: "RESTORE_MODE_UNSPECIFIED",
+		1: "RESTORE_MODE_EAGER",
+		2: "RESTORE_MODE_LAZY",
+		3: "RESTORE_MODE_AUTO",
+	}
+	RestoreMode_value = map[string]int32{
+		"RESTORE_MODE_UNSPECIFIED": 0,
+		"RESTORE_MODE_EAGER":       1,
+		"RESTORE_MODE_LAZY":        2,
+		"RESTORE_MODE_AUTO":        3,
+	}
+)
+
+func (x RestoreMode) Enum() *RestoreMode {
+	p := new(RestoreMode)
+	*p = x
+	return p
+}
+
+func (x RestoreMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RestoreMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[6].Descriptor()
+}
+
+func (RestoreMode) Type() protoreflect.EnumType {
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[6]
+}
+
+func (x RestoreMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RestoreMode.Descriptor instead.
+func (RestoreMode) EnumDescriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{6}
+}
+
 // NetworkMode is what a sandbox's network reaches.
 type NetworkMode int32
 
@@ -451,11 +512,11 @@ func (x NetworkMode) String() string {
 }
 
 func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[6].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[7].Descriptor()
 }
 
 func (NetworkMode) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[6]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[7]
 }
 
 func (x NetworkMode) Number() protoreflect.EnumNumber {
@@ -464,7 +525,7 @@ func (x NetworkMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NetworkMode.Descriptor instead.
 func (NetworkMode) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{6}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
 }
 
 type NetworkProtocol int32
@@ -501,11 +562,11 @@ func (x NetworkProtocol) String() string {
 }
 
 func (NetworkProtocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[7].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[8].Descriptor()
 }
 
 func (NetworkProtocol) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[7]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[8]
 }
 
 func (x NetworkProtocol) Number() protoreflect.EnumNumber {
@@ -514,7 +575,7 @@ func (x NetworkProtocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NetworkProtocol.Descriptor instead.
 func (NetworkProtocol) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{7}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{8}
 }
 
 type RecordingState int32
@@ -552,11 +613,11 @@ func (x RecordingState) String() string {
 }
 
 func (RecordingState) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[8].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[9].Descriptor()
 }
 
 func (RecordingState) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[8]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[9]
 }
 
 func (x RecordingState) Number() protoreflect.EnumNumber {
@@ -565,7 +626,7 @@ func (x RecordingState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecordingState.Descriptor instead.
 func (RecordingState) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{8}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{9}
 }
 
 // Why a recording ended.
@@ -619,11 +680,11 @@ func (x RecordingStopReason) String() string {
 }
 
 func (RecordingStopReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[9].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[10].Descriptor()
 }
 
 func (RecordingStopReason) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[9]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[10]
 }
 
 func (x RecordingStopReason) Number() protoreflect.EnumNumber {
@@ -632,7 +693,7 @@ func (x RecordingStopReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecordingStopReason.Descriptor instead.
 func (RecordingStopReason) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{9}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
 }
 
 type RecordingExportFormat int32
@@ -671,11 +732,11 @@ func (x RecordingExportFormat) String() string {
 }
 
 func (RecordingExportFormat) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[10].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[11].Descriptor()
 }
 
 func (RecordingExportFormat) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[10]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[11]
 }
 
 func (x RecordingExportFormat) Number() protoreflect.EnumNumber {
@@ -684,7 +745,7 @@ func (x RecordingExportFormat) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecordingExportFormat.Descriptor instead.
 func (RecordingExportFormat) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{10}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{11}
 }
 
 // The files of a recording a ticket downloads. controld names and resolves
@@ -733,11 +794,11 @@ func (x RecordingFile) String() string {
 }
 
 func (RecordingFile) Descriptor() protoreflect.EnumDescriptor {
-	return file_forkfleet_controld_v1_controld_proto_enumTypes[11].Descriptor()
+	return file_forkfleet_controld_v1_controld_proto_enumTypes[12].Descriptor()
 }
 
 func (RecordingFile) Type() protoreflect.EnumType {
-	return &file_forkfleet_controld_v1_controld_proto_enumTypes[11]
+	return &file_forkfleet_controld_v1_controld_proto_enumTypes[12]
 }
 
 func (x RecordingFile) Number() protoreflect.EnumNumber {
@@ -746,7 +807,7 @@ func (x RecordingFile) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecordingFile.Descriptor instead.
 func (RecordingFile) EnumDescriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{11}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{12}
 }
 
 // Resources are a sandbox's limits, enforced by the kernel on the host. Every
@@ -3192,7 +3253,10 @@ type ForkCheckpointRequest struct {
 	// first keyframe. Replicas of a checkpoint whose source sandbox is
 	// recording are recorded without asking. Each replica's recording names
 	// its parent: the checkpoint and the source's recording.
-	Record        bool `protobuf:"varint,10,opt,name=record,proto3" json:"record,omitempty"`
+	Record bool `protobuf:"varint,10,opt,name=record,proto3" json:"record,omitempty"`
+	// How a memory-tier replica's pages are restored (unspecified: AUTO).
+	// Disk-tier replicas boot fresh: only AUTO and EAGER apply to them.
+	RestoreMode   RestoreMode `protobuf:"varint,11,opt,name=restore_mode,json=restoreMode,proto3,enum=forkfleet.controld.v1.RestoreMode" json:"restore_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3297,6 +3361,13 @@ func (x *ForkCheckpointRequest) GetRecord() bool {
 	return false
 }
 
+func (x *ForkCheckpointRequest) GetRestoreMode() RestoreMode {
+	if x != nil {
+		return x.RestoreMode
+	}
+	return RestoreMode_RESTORE_MODE_UNSPECIFIED
+}
+
 // ForkReplica is one replica's outcome.
 type ForkReplica struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3311,7 +3382,12 @@ type ForkReplica struct {
 	Took *durationpb.Duration `protobuf:"bytes,6,opt,name=took,proto3" json:"took,omitempty"`
 	// The replica's recording (ForkCheckpointRequest.record, or a recording
 	// source); empty when it is not recorded.
-	RecordingId   string `protobuf:"bytes,7,opt,name=recording_id,json=recordingId,proto3" json:"recording_id,omitempty"`
+	RecordingId string `protobuf:"bytes,7,opt,name=recording_id,json=recordingId,proto3" json:"recording_id,omitempty"`
+	// How this replica was restored: EAGER or LAZY (AUTO resolved).
+	RestoreMode RestoreMode `protobuf:"varint,8,opt,name=restore_mode,json=restoreMode,proto3,enum=forkfleet.controld.v1.RestoreMode" json:"restore_mode,omitempty"`
+	// A lazy replica's page server up to this answer (before the background
+	// completion of its remaining pages).
+	LazyRestore   *LazyRestoreStats `protobuf:"bytes,9,opt,name=lazy_restore,json=lazyRestore,proto3" json:"lazy_restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3395,6 +3471,84 @@ func (x *ForkReplica) GetRecordingId() string {
 	return ""
 }
 
+func (x *ForkReplica) GetRestoreMode() RestoreMode {
+	if x != nil {
+		return x.RestoreMode
+	}
+	return RestoreMode_RESTORE_MODE_UNSPECIFIED
+}
+
+func (x *ForkReplica) GetLazyRestore() *LazyRestoreStats {
+	if x != nil {
+		return x.LazyRestore
+	}
+	return nil
+}
+
+// LazyRestoreStats is what a lazy replica's page server did.
+type LazyRestoreStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pages the restore left to the page server.
+	LazyPages int64 `protobuf:"varint,1,opt,name=lazy_pages,json=lazyPages,proto3" json:"lazy_pages,omitempty"`
+	// Page faults served, and the pages they brought in (a fault brings in
+	// the rest of its run, up to a chunk).
+	Faults        int64 `protobuf:"varint,2,opt,name=faults,proto3" json:"faults,omitempty"`
+	FaultPages    int64 `protobuf:"varint,3,opt,name=fault_pages,json=faultPages,proto3" json:"fault_pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LazyRestoreStats) Reset() {
+	*x = LazyRestoreStats{}
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LazyRestoreStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LazyRestoreStats) ProtoMessage() {}
+
+func (x *LazyRestoreStats) ProtoReflect() protoreflect.Message {
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LazyRestoreStats.ProtoReflect.Descriptor instead.
+func (*LazyRestoreStats) Descriptor() ([]byte, []int) {
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *LazyRestoreStats) GetLazyPages() int64 {
+	if x != nil {
+		return x.LazyPages
+	}
+	return 0
+}
+
+func (x *LazyRestoreStats) GetFaults() int64 {
+	if x != nil {
+		return x.Faults
+	}
+	return 0
+}
+
+func (x *LazyRestoreStats) GetFaultPages() int64 {
+	if x != nil {
+		return x.FaultPages
+	}
+	return 0
+}
+
 type ForkCheckpointResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Replicas []*ForkReplica         `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
@@ -3407,7 +3561,7 @@ type ForkCheckpointResponse struct {
 
 func (x *ForkCheckpointResponse) Reset() {
 	*x = ForkCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3573,7 @@ func (x *ForkCheckpointResponse) String() string {
 func (*ForkCheckpointResponse) ProtoMessage() {}
 
 func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[39]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3586,7 @@ func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ForkCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{39}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForkCheckpointResponse) GetReplicas() []*ForkReplica {
@@ -3464,7 +3618,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3630,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[40]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3643,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{40}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -3527,7 +3681,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3693,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[41]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3706,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{41}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExportCheckpointResponse) GetReference() string {
@@ -3599,7 +3753,7 @@ type ImportCheckpointRequest struct {
 
 func (x *ImportCheckpointRequest) Reset() {
 	*x = ImportCheckpointRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3611,7 +3765,7 @@ func (x *ImportCheckpointRequest) String() string {
 func (*ImportCheckpointRequest) ProtoMessage() {}
 
 func (x *ImportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[42]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3624,7 +3778,7 @@ func (x *ImportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ImportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{42}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ImportCheckpointRequest) GetReference() string {
@@ -3652,7 +3806,7 @@ type ImportCheckpointResponse struct {
 
 func (x *ImportCheckpointResponse) Reset() {
 	*x = ImportCheckpointResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3818,7 @@ func (x *ImportCheckpointResponse) String() string {
 func (*ImportCheckpointResponse) ProtoMessage() {}
 
 func (x *ImportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[43]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3831,7 @@ func (x *ImportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ImportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{43}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ImportCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -3724,7 +3878,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3736,7 +3890,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[44]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3749,7 +3903,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{44}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Pool) GetId() string {
@@ -3876,7 +4030,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4042,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[45]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4055,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{45}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -3996,7 +4150,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4008,7 +4162,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[46]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4021,7 +4175,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{46}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -4040,7 +4194,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4206,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[47]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4219,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{47}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetPoolRequest) GetId() string {
@@ -4084,7 +4238,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4096,7 +4250,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[48]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4109,7 +4263,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{48}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -4131,7 +4285,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4143,7 +4297,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[49]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4156,7 +4310,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{49}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -4185,7 +4339,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4197,7 +4351,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[50]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4210,7 +4364,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{50}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -4236,7 +4390,7 @@ type DeletePoolRequest struct {
 
 func (x *DeletePoolRequest) Reset() {
 	*x = DeletePoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4402,7 @@ func (x *DeletePoolRequest) String() string {
 func (*DeletePoolRequest) ProtoMessage() {}
 
 func (x *DeletePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[51]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4415,7 @@ func (x *DeletePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{51}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeletePoolRequest) GetId() string {
@@ -4279,7 +4433,7 @@ type DeletePoolResponse struct {
 
 func (x *DeletePoolResponse) Reset() {
 	*x = DeletePoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4291,7 +4445,7 @@ func (x *DeletePoolResponse) String() string {
 func (*DeletePoolResponse) ProtoMessage() {}
 
 func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[52]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4304,7 +4458,7 @@ func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{52}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{53}
 }
 
 type ClaimPoolRequest struct {
@@ -4323,7 +4477,7 @@ type ClaimPoolRequest struct {
 
 func (x *ClaimPoolRequest) Reset() {
 	*x = ClaimPoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4335,7 +4489,7 @@ func (x *ClaimPoolRequest) String() string {
 func (*ClaimPoolRequest) ProtoMessage() {}
 
 func (x *ClaimPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[53]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4348,7 +4502,7 @@ func (x *ClaimPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimPoolRequest.ProtoReflect.Descriptor instead.
 func (*ClaimPoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{53}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ClaimPoolRequest) GetPoolId() string {
@@ -4399,7 +4553,7 @@ type ClaimPoolResponse struct {
 
 func (x *ClaimPoolResponse) Reset() {
 	*x = ClaimPoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4411,7 +4565,7 @@ func (x *ClaimPoolResponse) String() string {
 func (*ClaimPoolResponse) ProtoMessage() {}
 
 func (x *ClaimPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[54]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4424,7 +4578,7 @@ func (x *ClaimPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimPoolResponse.ProtoReflect.Descriptor instead.
 func (*ClaimPoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{54}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ClaimPoolResponse) GetSandbox() *Sandbox {
@@ -4466,7 +4620,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4478,7 +4632,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[55]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4491,7 +4645,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{55}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *UpdatePoolRequest) GetId() string {
@@ -4517,7 +4671,7 @@ type UpdatePoolResponse struct {
 
 func (x *UpdatePoolResponse) Reset() {
 	*x = UpdatePoolResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4683,7 @@ func (x *UpdatePoolResponse) String() string {
 func (*UpdatePoolResponse) ProtoMessage() {}
 
 func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[56]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4696,7 @@ func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{56}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UpdatePoolResponse) GetPool() *Pool {
@@ -4563,7 +4717,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4575,7 +4729,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[57]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4588,7 +4742,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{57}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PortRange) GetFirst() uint32 {
@@ -4618,7 +4772,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4630,7 +4784,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[58]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4643,7 +4797,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{58}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -4683,7 +4837,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4695,7 +4849,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[59]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4708,7 +4862,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{59}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *NetworkPolicy) GetAllow() []*NetworkRule {
@@ -4735,7 +4889,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4747,7 +4901,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[60]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4760,7 +4914,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{60}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Network) GetMode() NetworkMode {
@@ -4787,7 +4941,7 @@ type UpdateSandboxNetworkRequest struct {
 
 func (x *UpdateSandboxNetworkRequest) Reset() {
 	*x = UpdateSandboxNetworkRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4799,7 +4953,7 @@ func (x *UpdateSandboxNetworkRequest) String() string {
 func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[61]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4812,7 +4966,7 @@ func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{61}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *UpdateSandboxNetworkRequest) GetId() string {
@@ -4838,7 +4992,7 @@ type UpdateSandboxNetworkResponse struct {
 
 func (x *UpdateSandboxNetworkResponse) Reset() {
 	*x = UpdateSandboxNetworkResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4850,7 +5004,7 @@ func (x *UpdateSandboxNetworkResponse) String() string {
 func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[62]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4863,7 +5017,7 @@ func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{62}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
@@ -4885,7 +5039,7 @@ type ExposePortRequest struct {
 
 func (x *ExposePortRequest) Reset() {
 	*x = ExposePortRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4897,7 +5051,7 @@ func (x *ExposePortRequest) String() string {
 func (*ExposePortRequest) ProtoMessage() {}
 
 func (x *ExposePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[63]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4910,7 +5064,7 @@ func (x *ExposePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExposePortRequest.ProtoReflect.Descriptor instead.
 func (*ExposePortRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{63}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ExposePortRequest) GetSandboxId() string {
@@ -4944,7 +5098,7 @@ type ExposePortResponse struct {
 
 func (x *ExposePortResponse) Reset() {
 	*x = ExposePortResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4956,7 +5110,7 @@ func (x *ExposePortResponse) String() string {
 func (*ExposePortResponse) ProtoMessage() {}
 
 func (x *ExposePortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[64]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4969,7 +5123,7 @@ func (x *ExposePortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExposePortResponse.ProtoReflect.Descriptor instead.
 func (*ExposePortResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{64}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ExposePortResponse) GetUrl() string {
@@ -4996,7 +5150,7 @@ type UnexposePortRequest struct {
 
 func (x *UnexposePortRequest) Reset() {
 	*x = UnexposePortRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[65]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5008,7 +5162,7 @@ func (x *UnexposePortRequest) String() string {
 func (*UnexposePortRequest) ProtoMessage() {}
 
 func (x *UnexposePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[65]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5021,7 +5175,7 @@ func (x *UnexposePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnexposePortRequest.ProtoReflect.Descriptor instead.
 func (*UnexposePortRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{65}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UnexposePortRequest) GetSandboxId() string {
@@ -5046,7 +5200,7 @@ type UnexposePortResponse struct {
 
 func (x *UnexposePortResponse) Reset() {
 	*x = UnexposePortResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[66]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5058,7 +5212,7 @@ func (x *UnexposePortResponse) String() string {
 func (*UnexposePortResponse) ProtoMessage() {}
 
 func (x *UnexposePortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[66]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5071,7 +5225,7 @@ func (x *UnexposePortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnexposePortResponse.ProtoReflect.Descriptor instead.
 func (*UnexposePortResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{66}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{67}
 }
 
 type ExtendSandboxRequest struct {
@@ -5085,7 +5239,7 @@ type ExtendSandboxRequest struct {
 
 func (x *ExtendSandboxRequest) Reset() {
 	*x = ExtendSandboxRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[67]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5097,7 +5251,7 @@ func (x *ExtendSandboxRequest) String() string {
 func (*ExtendSandboxRequest) ProtoMessage() {}
 
 func (x *ExtendSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[67]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5110,7 +5264,7 @@ func (x *ExtendSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ExtendSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{67}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ExtendSandboxRequest) GetId() string {
@@ -5137,7 +5291,7 @@ type ExtendSandboxResponse struct {
 
 func (x *ExtendSandboxResponse) Reset() {
 	*x = ExtendSandboxResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[68]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5149,7 +5303,7 @@ func (x *ExtendSandboxResponse) String() string {
 func (*ExtendSandboxResponse) ProtoMessage() {}
 
 func (x *ExtendSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[68]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5162,7 +5316,7 @@ func (x *ExtendSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ExtendSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{68}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ExtendSandboxResponse) GetSandbox() *Sandbox {
@@ -5186,7 +5340,7 @@ type CreateViewTicketRequest struct {
 
 func (x *CreateViewTicketRequest) Reset() {
 	*x = CreateViewTicketRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5198,7 +5352,7 @@ func (x *CreateViewTicketRequest) String() string {
 func (*CreateViewTicketRequest) ProtoMessage() {}
 
 func (x *CreateViewTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[69]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5211,7 +5365,7 @@ func (x *CreateViewTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateViewTicketRequest.ProtoReflect.Descriptor instead.
 func (*CreateViewTicketRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{69}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CreateViewTicketRequest) GetSandboxId() string {
@@ -5249,7 +5403,7 @@ type CreateViewTicketResponse struct {
 
 func (x *CreateViewTicketResponse) Reset() {
 	*x = CreateViewTicketResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5261,7 +5415,7 @@ func (x *CreateViewTicketResponse) String() string {
 func (*CreateViewTicketResponse) ProtoMessage() {}
 
 func (x *CreateViewTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[70]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5274,7 +5428,7 @@ func (x *CreateViewTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateViewTicketResponse.ProtoReflect.Descriptor instead.
 func (*CreateViewTicketResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{70}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CreateViewTicketResponse) GetUrl() string {
@@ -5334,7 +5488,7 @@ type Recording struct {
 
 func (x *Recording) Reset() {
 	*x = Recording{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5346,7 +5500,7 @@ func (x *Recording) String() string {
 func (*Recording) ProtoMessage() {}
 
 func (x *Recording) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[71]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5359,7 +5513,7 @@ func (x *Recording) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recording.ProtoReflect.Descriptor instead.
 func (*Recording) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{71}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Recording) GetId() string {
@@ -5493,7 +5647,7 @@ type StartRecordingRequest struct {
 
 func (x *StartRecordingRequest) Reset() {
 	*x = StartRecordingRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5505,7 +5659,7 @@ func (x *StartRecordingRequest) String() string {
 func (*StartRecordingRequest) ProtoMessage() {}
 
 func (x *StartRecordingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[72]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5518,7 +5672,7 @@ func (x *StartRecordingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRecordingRequest.ProtoReflect.Descriptor instead.
 func (*StartRecordingRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{72}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StartRecordingRequest) GetSandboxId() string {
@@ -5544,7 +5698,7 @@ type StartRecordingResponse struct {
 
 func (x *StartRecordingResponse) Reset() {
 	*x = StartRecordingResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5556,7 +5710,7 @@ func (x *StartRecordingResponse) String() string {
 func (*StartRecordingResponse) ProtoMessage() {}
 
 func (x *StartRecordingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[73]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5569,7 +5723,7 @@ func (x *StartRecordingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRecordingResponse.ProtoReflect.Descriptor instead.
 func (*StartRecordingResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{73}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StartRecordingResponse) GetRecording() *Recording {
@@ -5588,7 +5742,7 @@ type StopRecordingRequest struct {
 
 func (x *StopRecordingRequest) Reset() {
 	*x = StopRecordingRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5600,7 +5754,7 @@ func (x *StopRecordingRequest) String() string {
 func (*StopRecordingRequest) ProtoMessage() {}
 
 func (x *StopRecordingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[74]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5613,7 +5767,7 @@ func (x *StopRecordingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRecordingRequest.ProtoReflect.Descriptor instead.
 func (*StopRecordingRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{74}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *StopRecordingRequest) GetId() string {
@@ -5632,7 +5786,7 @@ type StopRecordingResponse struct {
 
 func (x *StopRecordingResponse) Reset() {
 	*x = StopRecordingResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5644,7 +5798,7 @@ func (x *StopRecordingResponse) String() string {
 func (*StopRecordingResponse) ProtoMessage() {}
 
 func (x *StopRecordingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[75]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5657,7 +5811,7 @@ func (x *StopRecordingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRecordingResponse.ProtoReflect.Descriptor instead.
 func (*StopRecordingResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{75}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StopRecordingResponse) GetRecording() *Recording {
@@ -5676,7 +5830,7 @@ type GetRecordingRequest struct {
 
 func (x *GetRecordingRequest) Reset() {
 	*x = GetRecordingRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5688,7 +5842,7 @@ func (x *GetRecordingRequest) String() string {
 func (*GetRecordingRequest) ProtoMessage() {}
 
 func (x *GetRecordingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[76]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5701,7 +5855,7 @@ func (x *GetRecordingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRecordingRequest.ProtoReflect.Descriptor instead.
 func (*GetRecordingRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{76}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GetRecordingRequest) GetId() string {
@@ -5720,7 +5874,7 @@ type GetRecordingResponse struct {
 
 func (x *GetRecordingResponse) Reset() {
 	*x = GetRecordingResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5732,7 +5886,7 @@ func (x *GetRecordingResponse) String() string {
 func (*GetRecordingResponse) ProtoMessage() {}
 
 func (x *GetRecordingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[77]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5745,7 +5899,7 @@ func (x *GetRecordingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRecordingResponse.ProtoReflect.Descriptor instead.
 func (*GetRecordingResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{77}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetRecordingResponse) GetRecording() *Recording {
@@ -5767,7 +5921,7 @@ type ListRecordingsRequest struct {
 
 func (x *ListRecordingsRequest) Reset() {
 	*x = ListRecordingsRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5779,7 +5933,7 @@ func (x *ListRecordingsRequest) String() string {
 func (*ListRecordingsRequest) ProtoMessage() {}
 
 func (x *ListRecordingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[78]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5792,7 +5946,7 @@ func (x *ListRecordingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRecordingsRequest.ProtoReflect.Descriptor instead.
 func (*ListRecordingsRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{78}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListRecordingsRequest) GetSandboxId() string {
@@ -5826,7 +5980,7 @@ type ListRecordingsResponse struct {
 
 func (x *ListRecordingsResponse) Reset() {
 	*x = ListRecordingsResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5838,7 +5992,7 @@ func (x *ListRecordingsResponse) String() string {
 func (*ListRecordingsResponse) ProtoMessage() {}
 
 func (x *ListRecordingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[79]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5851,7 +6005,7 @@ func (x *ListRecordingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRecordingsResponse.ProtoReflect.Descriptor instead.
 func (*ListRecordingsResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{79}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListRecordingsResponse) GetRecordings() []*Recording {
@@ -5880,7 +6034,7 @@ type ExportRecordingRequest struct {
 
 func (x *ExportRecordingRequest) Reset() {
 	*x = ExportRecordingRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5892,7 +6046,7 @@ func (x *ExportRecordingRequest) String() string {
 func (*ExportRecordingRequest) ProtoMessage() {}
 
 func (x *ExportRecordingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[80]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5905,7 +6059,7 @@ func (x *ExportRecordingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRecordingRequest.ProtoReflect.Descriptor instead.
 func (*ExportRecordingRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{80}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ExportRecordingRequest) GetId() string {
@@ -5944,7 +6098,7 @@ type ExportRecordingResponse struct {
 
 func (x *ExportRecordingResponse) Reset() {
 	*x = ExportRecordingResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5956,7 +6110,7 @@ func (x *ExportRecordingResponse) String() string {
 func (*ExportRecordingResponse) ProtoMessage() {}
 
 func (x *ExportRecordingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[81]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5969,7 +6123,7 @@ func (x *ExportRecordingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRecordingResponse.ProtoReflect.Descriptor instead.
 func (*ExportRecordingResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{81}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ExportRecordingResponse) GetPath() string {
@@ -6009,7 +6163,7 @@ type DeleteRecordingRequest struct {
 
 func (x *DeleteRecordingRequest) Reset() {
 	*x = DeleteRecordingRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6021,7 +6175,7 @@ func (x *DeleteRecordingRequest) String() string {
 func (*DeleteRecordingRequest) ProtoMessage() {}
 
 func (x *DeleteRecordingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[82]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6034,7 +6188,7 @@ func (x *DeleteRecordingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRecordingRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRecordingRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{82}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DeleteRecordingRequest) GetId() string {
@@ -6052,7 +6206,7 @@ type DeleteRecordingResponse struct {
 
 func (x *DeleteRecordingResponse) Reset() {
 	*x = DeleteRecordingResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6064,7 +6218,7 @@ func (x *DeleteRecordingResponse) String() string {
 func (*DeleteRecordingResponse) ProtoMessage() {}
 
 func (x *DeleteRecordingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[83]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6077,7 +6231,7 @@ func (x *DeleteRecordingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRecordingResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRecordingResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{83}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{84}
 }
 
 type CreateRecordingTicketRequest struct {
@@ -6093,7 +6247,7 @@ type CreateRecordingTicketRequest struct {
 
 func (x *CreateRecordingTicketRequest) Reset() {
 	*x = CreateRecordingTicketRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6105,7 +6259,7 @@ func (x *CreateRecordingTicketRequest) String() string {
 func (*CreateRecordingTicketRequest) ProtoMessage() {}
 
 func (x *CreateRecordingTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[84]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6118,7 +6272,7 @@ func (x *CreateRecordingTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRecordingTicketRequest.ProtoReflect.Descriptor instead.
 func (*CreateRecordingTicketRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{84}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CreateRecordingTicketRequest) GetId() string {
@@ -6158,7 +6312,7 @@ type CreateRecordingTicketResponse struct {
 
 func (x *CreateRecordingTicketResponse) Reset() {
 	*x = CreateRecordingTicketResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6170,7 +6324,7 @@ func (x *CreateRecordingTicketResponse) String() string {
 func (*CreateRecordingTicketResponse) ProtoMessage() {}
 
 func (x *CreateRecordingTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[85]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6183,7 +6337,7 @@ func (x *CreateRecordingTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRecordingTicketResponse.ProtoReflect.Descriptor instead.
 func (*CreateRecordingTicketResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{85}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CreateRecordingTicketResponse) GetUrl() string {
@@ -6222,7 +6376,7 @@ type GetHostStatusRequest struct {
 
 func (x *GetHostStatusRequest) Reset() {
 	*x = GetHostStatusRequest{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6234,7 +6388,7 @@ func (x *GetHostStatusRequest) String() string {
 func (*GetHostStatusRequest) ProtoMessage() {}
 
 func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[86]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6247,7 +6401,7 @@ func (x *GetHostStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetHostStatusRequest) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{86}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{87}
 }
 
 type GetHostStatusResponse struct {
@@ -6282,7 +6436,7 @@ type GetHostStatusResponse struct {
 
 func (x *GetHostStatusResponse) Reset() {
 	*x = GetHostStatusResponse{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6294,7 +6448,7 @@ func (x *GetHostStatusResponse) String() string {
 func (*GetHostStatusResponse) ProtoMessage() {}
 
 func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[87]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6307,7 +6461,7 @@ func (x *GetHostStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHostStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetHostStatusResponse) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{87}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *GetHostStatusResponse) GetHost() string {
@@ -6400,7 +6554,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6412,7 +6566,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[88]
+	mi := &file_forkfleet_controld_v1_controld_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6425,7 +6579,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{88}
+	return file_forkfleet_controld_v1_controld_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *PoolStatus) GetId() string {
@@ -6668,7 +6822,7 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\acascade\x18\x02 \x01(\bR\acascade\";\n" +
 	"\x18DeleteCheckpointResponse\x12\x1f\n" +
 	"\vdeleted_ids\x18\x01 \x03(\tR\n" +
-	"deletedIds\"\xbf\x04\n" +
+	"deletedIds\"\x86\x05\n" +
 	"\x15ForkCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12P\n" +
@@ -6681,10 +6835,11 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"request_id\x18\b \x01(\tR\trequestId\x121\n" +
 	"\x14checkpoint_reference\x18\t \x01(\tR\x13checkpointReference\x12\x16\n" +
 	"\x06record\x18\n" +
-	" \x01(\bR\x06record\x1a9\n" +
+	" \x01(\bR\x06record\x12E\n" +
+	"\frestore_mode\x18\v \x01(\x0e2\".forkfleet.controld.v1.RestoreModeR\vrestoreMode\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf6\x03\n" +
 	"\vForkReplica\x128\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1e.forkfleet.controld.v1.SandboxR\asandbox\x12;\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1f.forkfleet.controld.v1.EndpointR\bendpoint\x12\x1d\n" +
@@ -6693,7 +6848,15 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12G\n" +
 	"\fverification\x18\x05 \x03(\v2#.forkfleet.controld.v1.VerifyResultR\fverification\x12-\n" +
 	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\x12!\n" +
-	"\frecording_id\x18\a \x01(\tR\vrecordingId\"}\n" +
+	"\frecording_id\x18\a \x01(\tR\vrecordingId\x12E\n" +
+	"\frestore_mode\x18\b \x01(\x0e2\".forkfleet.controld.v1.RestoreModeR\vrestoreMode\x12J\n" +
+	"\flazy_restore\x18\t \x01(\v2'.forkfleet.controld.v1.LazyRestoreStatsR\vlazyRestore\"j\n" +
+	"\x10LazyRestoreStats\x12\x1d\n" +
+	"\n" +
+	"lazy_pages\x18\x01 \x01(\x03R\tlazyPages\x12\x16\n" +
+	"\x06faults\x18\x02 \x01(\x03R\x06faults\x12\x1f\n" +
+	"\vfault_pages\x18\x03 \x01(\x03R\n" +
+	"faultPages\"}\n" +
 	"\x16ForkCheckpointResponse\x12>\n" +
 	"\breplicas\x18\x01 \x03(\v2\".forkfleet.controld.v1.ForkReplicaR\breplicas\x12#\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"[\n" +
@@ -6956,7 +7119,12 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x0fCheckpointState\x12 \n" +
 	"\x1cCHECKPOINT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_STATE_READY\x10\x01\x12\x1d\n" +
-	"\x19CHECKPOINT_STATE_DELETING\x10\x02*[\n" +
+	"\x19CHECKPOINT_STATE_DELETING\x10\x02*q\n" +
+	"\vRestoreMode\x12\x1c\n" +
+	"\x18RESTORE_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12RESTORE_MODE_EAGER\x10\x01\x12\x15\n" +
+	"\x11RESTORE_MODE_LAZY\x10\x02\x12\x15\n" +
+	"\x11RESTORE_MODE_AUTO\x10\x03*[\n" +
 	"\vNetworkMode\x12\x1c\n" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
@@ -7044,8 +7212,8 @@ func file_forkfleet_controld_v1_controld_proto_rawDescGZIP() []byte {
 	return file_forkfleet_controld_v1_controld_proto_rawDescData
 }
 
-var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_forkfleet_controld_v1_controld_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
+var file_forkfleet_controld_v1_controld_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(SandboxState)(0),                     // 0: forkfleet.controld.v1.SandboxState
 	(SandboxLimit)(0),                     // 1: forkfleet.controld.v1.SandboxLimit
@@ -7053,307 +7221,312 @@ var file_forkfleet_controld_v1_controld_proto_goTypes = []any{
 	(VerifyLevel)(0),                      // 3: forkfleet.controld.v1.VerifyLevel
 	(CheckpointTier)(0),                   // 4: forkfleet.controld.v1.CheckpointTier
 	(CheckpointState)(0),                  // 5: forkfleet.controld.v1.CheckpointState
-	(NetworkMode)(0),                      // 6: forkfleet.controld.v1.NetworkMode
-	(NetworkProtocol)(0),                  // 7: forkfleet.controld.v1.NetworkProtocol
-	(RecordingState)(0),                   // 8: forkfleet.controld.v1.RecordingState
-	(RecordingStopReason)(0),              // 9: forkfleet.controld.v1.RecordingStopReason
-	(RecordingExportFormat)(0),            // 10: forkfleet.controld.v1.RecordingExportFormat
-	(RecordingFile)(0),                    // 11: forkfleet.controld.v1.RecordingFile
-	(*Resources)(nil),                     // 12: forkfleet.controld.v1.Resources
-	(*LimitReached)(nil),                  // 13: forkfleet.controld.v1.LimitReached
-	(*Screen)(nil),                        // 14: forkfleet.controld.v1.Screen
-	(*BootPhase)(nil),                     // 15: forkfleet.controld.v1.BootPhase
-	(*Sandbox)(nil),                       // 16: forkfleet.controld.v1.Sandbox
-	(*Endpoint)(nil),                      // 17: forkfleet.controld.v1.Endpoint
-	(*CreateSandboxRequest)(nil),          // 18: forkfleet.controld.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),         // 19: forkfleet.controld.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),             // 20: forkfleet.controld.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),            // 21: forkfleet.controld.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),          // 22: forkfleet.controld.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),         // 23: forkfleet.controld.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),          // 24: forkfleet.controld.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),         // 25: forkfleet.controld.v1.DeleteSandboxResponse
-	(*WaitSandboxReadyRequest)(nil),       // 26: forkfleet.controld.v1.WaitSandboxReadyRequest
-	(*WaitSandboxReadyResponse)(nil),      // 27: forkfleet.controld.v1.WaitSandboxReadyResponse
-	(*WatchSandboxesRequest)(nil),         // 28: forkfleet.controld.v1.WatchSandboxesRequest
-	(*WatchSandboxesResponse)(nil),        // 29: forkfleet.controld.v1.WatchSandboxesResponse
-	(*GetSandboxEndpointRequest)(nil),     // 30: forkfleet.controld.v1.GetSandboxEndpointRequest
-	(*GetSandboxEndpointResponse)(nil),    // 31: forkfleet.controld.v1.GetSandboxEndpointResponse
-	(*SuspendSandboxRequest)(nil),         // 32: forkfleet.controld.v1.SuspendSandboxRequest
-	(*SuspendSandboxResponse)(nil),        // 33: forkfleet.controld.v1.SuspendSandboxResponse
-	(*ResumeSandboxRequest)(nil),          // 34: forkfleet.controld.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),         // 35: forkfleet.controld.v1.ResumeSandboxResponse
-	(*VerifyResult)(nil),                  // 36: forkfleet.controld.v1.VerifyResult
-	(*VerifySandboxRequest)(nil),          // 37: forkfleet.controld.v1.VerifySandboxRequest
-	(*VerifySandboxResponse)(nil),         // 38: forkfleet.controld.v1.VerifySandboxResponse
-	(*CheckpointTiming)(nil),              // 39: forkfleet.controld.v1.CheckpointTiming
-	(*Checkpoint)(nil),                    // 40: forkfleet.controld.v1.Checkpoint
-	(*CreateCheckpointRequest)(nil),       // 41: forkfleet.controld.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil),      // 42: forkfleet.controld.v1.CreateCheckpointResponse
-	(*GetCheckpointRequest)(nil),          // 43: forkfleet.controld.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),         // 44: forkfleet.controld.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),        // 45: forkfleet.controld.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),       // 46: forkfleet.controld.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),       // 47: forkfleet.controld.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),      // 48: forkfleet.controld.v1.DeleteCheckpointResponse
-	(*ForkCheckpointRequest)(nil),         // 49: forkfleet.controld.v1.ForkCheckpointRequest
-	(*ForkReplica)(nil),                   // 50: forkfleet.controld.v1.ForkReplica
-	(*ForkCheckpointResponse)(nil),        // 51: forkfleet.controld.v1.ForkCheckpointResponse
-	(*ExportCheckpointRequest)(nil),       // 52: forkfleet.controld.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),      // 53: forkfleet.controld.v1.ExportCheckpointResponse
-	(*ImportCheckpointRequest)(nil),       // 54: forkfleet.controld.v1.ImportCheckpointRequest
-	(*ImportCheckpointResponse)(nil),      // 55: forkfleet.controld.v1.ImportCheckpointResponse
-	(*Pool)(nil),                          // 56: forkfleet.controld.v1.Pool
-	(*CreatePoolRequest)(nil),             // 57: forkfleet.controld.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),            // 58: forkfleet.controld.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),                // 59: forkfleet.controld.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),               // 60: forkfleet.controld.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),              // 61: forkfleet.controld.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),             // 62: forkfleet.controld.v1.ListPoolsResponse
-	(*DeletePoolRequest)(nil),             // 63: forkfleet.controld.v1.DeletePoolRequest
-	(*DeletePoolResponse)(nil),            // 64: forkfleet.controld.v1.DeletePoolResponse
-	(*ClaimPoolRequest)(nil),              // 65: forkfleet.controld.v1.ClaimPoolRequest
-	(*ClaimPoolResponse)(nil),             // 66: forkfleet.controld.v1.ClaimPoolResponse
-	(*UpdatePoolRequest)(nil),             // 67: forkfleet.controld.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),            // 68: forkfleet.controld.v1.UpdatePoolResponse
-	(*PortRange)(nil),                     // 69: forkfleet.controld.v1.PortRange
-	(*NetworkRule)(nil),                   // 70: forkfleet.controld.v1.NetworkRule
-	(*NetworkPolicy)(nil),                 // 71: forkfleet.controld.v1.NetworkPolicy
-	(*Network)(nil),                       // 72: forkfleet.controld.v1.Network
-	(*UpdateSandboxNetworkRequest)(nil),   // 73: forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil),  // 74: forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	(*ExposePortRequest)(nil),             // 75: forkfleet.controld.v1.ExposePortRequest
-	(*ExposePortResponse)(nil),            // 76: forkfleet.controld.v1.ExposePortResponse
-	(*UnexposePortRequest)(nil),           // 77: forkfleet.controld.v1.UnexposePortRequest
-	(*UnexposePortResponse)(nil),          // 78: forkfleet.controld.v1.UnexposePortResponse
-	(*ExtendSandboxRequest)(nil),          // 79: forkfleet.controld.v1.ExtendSandboxRequest
-	(*ExtendSandboxResponse)(nil),         // 80: forkfleet.controld.v1.ExtendSandboxResponse
-	(*CreateViewTicketRequest)(nil),       // 81: forkfleet.controld.v1.CreateViewTicketRequest
-	(*CreateViewTicketResponse)(nil),      // 82: forkfleet.controld.v1.CreateViewTicketResponse
-	(*Recording)(nil),                     // 83: forkfleet.controld.v1.Recording
-	(*StartRecordingRequest)(nil),         // 84: forkfleet.controld.v1.StartRecordingRequest
-	(*StartRecordingResponse)(nil),        // 85: forkfleet.controld.v1.StartRecordingResponse
-	(*StopRecordingRequest)(nil),          // 86: forkfleet.controld.v1.StopRecordingRequest
-	(*StopRecordingResponse)(nil),         // 87: forkfleet.controld.v1.StopRecordingResponse
-	(*GetRecordingRequest)(nil),           // 88: forkfleet.controld.v1.GetRecordingRequest
-	(*GetRecordingResponse)(nil),          // 89: forkfleet.controld.v1.GetRecordingResponse
-	(*ListRecordingsRequest)(nil),         // 90: forkfleet.controld.v1.ListRecordingsRequest
-	(*ListRecordingsResponse)(nil),        // 91: forkfleet.controld.v1.ListRecordingsResponse
-	(*ExportRecordingRequest)(nil),        // 92: forkfleet.controld.v1.ExportRecordingRequest
-	(*ExportRecordingResponse)(nil),       // 93: forkfleet.controld.v1.ExportRecordingResponse
-	(*DeleteRecordingRequest)(nil),        // 94: forkfleet.controld.v1.DeleteRecordingRequest
-	(*DeleteRecordingResponse)(nil),       // 95: forkfleet.controld.v1.DeleteRecordingResponse
-	(*CreateRecordingTicketRequest)(nil),  // 96: forkfleet.controld.v1.CreateRecordingTicketRequest
-	(*CreateRecordingTicketResponse)(nil), // 97: forkfleet.controld.v1.CreateRecordingTicketResponse
-	(*GetHostStatusRequest)(nil),          // 98: forkfleet.controld.v1.GetHostStatusRequest
-	(*GetHostStatusResponse)(nil),         // 99: forkfleet.controld.v1.GetHostStatusResponse
-	(*PoolStatus)(nil),                    // 100: forkfleet.controld.v1.PoolStatus
-	nil,                                   // 101: forkfleet.controld.v1.Sandbox.LabelsEntry
-	nil,                                   // 102: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	nil,                                   // 103: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                   // 104: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                   // 105: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
-	nil,                                   // 106: forkfleet.controld.v1.Checkpoint.LabelsEntry
-	nil,                                   // 107: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	nil,                                   // 108: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	nil,                                   // 109: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	nil,                                   // 110: forkfleet.controld.v1.Pool.LabelsEntry
-	nil,                                   // 111: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	nil,                                   // 112: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),         // 113: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 114: google.protobuf.Duration
+	(RestoreMode)(0),                      // 6: forkfleet.controld.v1.RestoreMode
+	(NetworkMode)(0),                      // 7: forkfleet.controld.v1.NetworkMode
+	(NetworkProtocol)(0),                  // 8: forkfleet.controld.v1.NetworkProtocol
+	(RecordingState)(0),                   // 9: forkfleet.controld.v1.RecordingState
+	(RecordingStopReason)(0),              // 10: forkfleet.controld.v1.RecordingStopReason
+	(RecordingExportFormat)(0),            // 11: forkfleet.controld.v1.RecordingExportFormat
+	(RecordingFile)(0),                    // 12: forkfleet.controld.v1.RecordingFile
+	(*Resources)(nil),                     // 13: forkfleet.controld.v1.Resources
+	(*LimitReached)(nil),                  // 14: forkfleet.controld.v1.LimitReached
+	(*Screen)(nil),                        // 15: forkfleet.controld.v1.Screen
+	(*BootPhase)(nil),                     // 16: forkfleet.controld.v1.BootPhase
+	(*Sandbox)(nil),                       // 17: forkfleet.controld.v1.Sandbox
+	(*Endpoint)(nil),                      // 18: forkfleet.controld.v1.Endpoint
+	(*CreateSandboxRequest)(nil),          // 19: forkfleet.controld.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),         // 20: forkfleet.controld.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),             // 21: forkfleet.controld.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),            // 22: forkfleet.controld.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),          // 23: forkfleet.controld.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),         // 24: forkfleet.controld.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),          // 25: forkfleet.controld.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),         // 26: forkfleet.controld.v1.DeleteSandboxResponse
+	(*WaitSandboxReadyRequest)(nil),       // 27: forkfleet.controld.v1.WaitSandboxReadyRequest
+	(*WaitSandboxReadyResponse)(nil),      // 28: forkfleet.controld.v1.WaitSandboxReadyResponse
+	(*WatchSandboxesRequest)(nil),         // 29: forkfleet.controld.v1.WatchSandboxesRequest
+	(*WatchSandboxesResponse)(nil),        // 30: forkfleet.controld.v1.WatchSandboxesResponse
+	(*GetSandboxEndpointRequest)(nil),     // 31: forkfleet.controld.v1.GetSandboxEndpointRequest
+	(*GetSandboxEndpointResponse)(nil),    // 32: forkfleet.controld.v1.GetSandboxEndpointResponse
+	(*SuspendSandboxRequest)(nil),         // 33: forkfleet.controld.v1.SuspendSandboxRequest
+	(*SuspendSandboxResponse)(nil),        // 34: forkfleet.controld.v1.SuspendSandboxResponse
+	(*ResumeSandboxRequest)(nil),          // 35: forkfleet.controld.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),         // 36: forkfleet.controld.v1.ResumeSandboxResponse
+	(*VerifyResult)(nil),                  // 37: forkfleet.controld.v1.VerifyResult
+	(*VerifySandboxRequest)(nil),          // 38: forkfleet.controld.v1.VerifySandboxRequest
+	(*VerifySandboxResponse)(nil),         // 39: forkfleet.controld.v1.VerifySandboxResponse
+	(*CheckpointTiming)(nil),              // 40: forkfleet.controld.v1.CheckpointTiming
+	(*Checkpoint)(nil),                    // 41: forkfleet.controld.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),       // 42: forkfleet.controld.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil),      // 43: forkfleet.controld.v1.CreateCheckpointResponse
+	(*GetCheckpointRequest)(nil),          // 44: forkfleet.controld.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),         // 45: forkfleet.controld.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),        // 46: forkfleet.controld.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),       // 47: forkfleet.controld.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),       // 48: forkfleet.controld.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),      // 49: forkfleet.controld.v1.DeleteCheckpointResponse
+	(*ForkCheckpointRequest)(nil),         // 50: forkfleet.controld.v1.ForkCheckpointRequest
+	(*ForkReplica)(nil),                   // 51: forkfleet.controld.v1.ForkReplica
+	(*LazyRestoreStats)(nil),              // 52: forkfleet.controld.v1.LazyRestoreStats
+	(*ForkCheckpointResponse)(nil),        // 53: forkfleet.controld.v1.ForkCheckpointResponse
+	(*ExportCheckpointRequest)(nil),       // 54: forkfleet.controld.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),      // 55: forkfleet.controld.v1.ExportCheckpointResponse
+	(*ImportCheckpointRequest)(nil),       // 56: forkfleet.controld.v1.ImportCheckpointRequest
+	(*ImportCheckpointResponse)(nil),      // 57: forkfleet.controld.v1.ImportCheckpointResponse
+	(*Pool)(nil),                          // 58: forkfleet.controld.v1.Pool
+	(*CreatePoolRequest)(nil),             // 59: forkfleet.controld.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),            // 60: forkfleet.controld.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),                // 61: forkfleet.controld.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),               // 62: forkfleet.controld.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),              // 63: forkfleet.controld.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),             // 64: forkfleet.controld.v1.ListPoolsResponse
+	(*DeletePoolRequest)(nil),             // 65: forkfleet.controld.v1.DeletePoolRequest
+	(*DeletePoolResponse)(nil),            // 66: forkfleet.controld.v1.DeletePoolResponse
+	(*ClaimPoolRequest)(nil),              // 67: forkfleet.controld.v1.ClaimPoolRequest
+	(*ClaimPoolResponse)(nil),             // 68: forkfleet.controld.v1.ClaimPoolResponse
+	(*UpdatePoolRequest)(nil),             // 69: forkfleet.controld.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),            // 70: forkfleet.controld.v1.UpdatePoolResponse
+	(*PortRange)(nil),                     // 71: forkfleet.controld.v1.PortRange
+	(*NetworkRule)(nil),                   // 72: forkfleet.controld.v1.NetworkRule
+	(*NetworkPolicy)(nil),                 // 73: forkfleet.controld.v1.NetworkPolicy
+	(*Network)(nil),                       // 74: forkfleet.controld.v1.Network
+	(*UpdateSandboxNetworkRequest)(nil),   // 75: forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil),  // 76: forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	(*ExposePortRequest)(nil),             // 77: forkfleet.controld.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),            // 78: forkfleet.controld.v1.ExposePortResponse
+	(*UnexposePortRequest)(nil),           // 79: forkfleet.controld.v1.UnexposePortRequest
+	(*UnexposePortResponse)(nil),          // 80: forkfleet.controld.v1.UnexposePortResponse
+	(*ExtendSandboxRequest)(nil),          // 81: forkfleet.controld.v1.ExtendSandboxRequest
+	(*ExtendSandboxResponse)(nil),         // 82: forkfleet.controld.v1.ExtendSandboxResponse
+	(*CreateViewTicketRequest)(nil),       // 83: forkfleet.controld.v1.CreateViewTicketRequest
+	(*CreateViewTicketResponse)(nil),      // 84: forkfleet.controld.v1.CreateViewTicketResponse
+	(*Recording)(nil),                     // 85: forkfleet.controld.v1.Recording
+	(*StartRecordingRequest)(nil),         // 86: forkfleet.controld.v1.StartRecordingRequest
+	(*StartRecordingResponse)(nil),        // 87: forkfleet.controld.v1.StartRecordingResponse
+	(*StopRecordingRequest)(nil),          // 88: forkfleet.controld.v1.StopRecordingRequest
+	(*StopRecordingResponse)(nil),         // 89: forkfleet.controld.v1.StopRecordingResponse
+	(*GetRecordingRequest)(nil),           // 90: forkfleet.controld.v1.GetRecordingRequest
+	(*GetRecordingResponse)(nil),          // 91: forkfleet.controld.v1.GetRecordingResponse
+	(*ListRecordingsRequest)(nil),         // 92: forkfleet.controld.v1.ListRecordingsRequest
+	(*ListRecordingsResponse)(nil),        // 93: forkfleet.controld.v1.ListRecordingsResponse
+	(*ExportRecordingRequest)(nil),        // 94: forkfleet.controld.v1.ExportRecordingRequest
+	(*ExportRecordingResponse)(nil),       // 95: forkfleet.controld.v1.ExportRecordingResponse
+	(*DeleteRecordingRequest)(nil),        // 96: forkfleet.controld.v1.DeleteRecordingRequest
+	(*DeleteRecordingResponse)(nil),       // 97: forkfleet.controld.v1.DeleteRecordingResponse
+	(*CreateRecordingTicketRequest)(nil),  // 98: forkfleet.controld.v1.CreateRecordingTicketRequest
+	(*CreateRecordingTicketResponse)(nil), // 99: forkfleet.controld.v1.CreateRecordingTicketResponse
+	(*GetHostStatusRequest)(nil),          // 100: forkfleet.controld.v1.GetHostStatusRequest
+	(*GetHostStatusResponse)(nil),         // 101: forkfleet.controld.v1.GetHostStatusResponse
+	(*PoolStatus)(nil),                    // 102: forkfleet.controld.v1.PoolStatus
+	nil,                                   // 103: forkfleet.controld.v1.Sandbox.LabelsEntry
+	nil,                                   // 104: forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	nil,                                   // 105: forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                   // 106: forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                   // 107: forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	nil,                                   // 108: forkfleet.controld.v1.Checkpoint.LabelsEntry
+	nil,                                   // 109: forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	nil,                                   // 110: forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	nil,                                   // 111: forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	nil,                                   // 112: forkfleet.controld.v1.Pool.LabelsEntry
+	nil,                                   // 113: forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	nil,                                   // 114: forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),         // 115: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 116: google.protobuf.Duration
 }
 var file_forkfleet_controld_v1_controld_proto_depIdxs = []int32{
 	1,   // 0: forkfleet.controld.v1.LimitReached.limit:type_name -> forkfleet.controld.v1.SandboxLimit
-	113, // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
-	113, // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
-	114, // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
+	115, // 1: forkfleet.controld.v1.LimitReached.first_at:type_name -> google.protobuf.Timestamp
+	115, // 2: forkfleet.controld.v1.LimitReached.last_at:type_name -> google.protobuf.Timestamp
+	116, // 3: forkfleet.controld.v1.BootPhase.at:type_name -> google.protobuf.Duration
 	0,   // 4: forkfleet.controld.v1.Sandbox.state:type_name -> forkfleet.controld.v1.SandboxState
-	12,  // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
-	14,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
-	101, // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
-	113, // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	113, // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
-	113, // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	15,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
-	13,  // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
-	72,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
-	12,  // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	14,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	102, // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
-	103, // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
-	114, // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	72,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
-	16,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	17,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	16,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	104, // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
+	13,  // 5: forkfleet.controld.v1.Sandbox.resources:type_name -> forkfleet.controld.v1.Resources
+	15,  // 6: forkfleet.controld.v1.Sandbox.screen:type_name -> forkfleet.controld.v1.Screen
+	103, // 7: forkfleet.controld.v1.Sandbox.labels:type_name -> forkfleet.controld.v1.Sandbox.LabelsEntry
+	115, // 8: forkfleet.controld.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	115, // 9: forkfleet.controld.v1.Sandbox.ready_at:type_name -> google.protobuf.Timestamp
+	115, // 10: forkfleet.controld.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	16,  // 11: forkfleet.controld.v1.Sandbox.boot:type_name -> forkfleet.controld.v1.BootPhase
+	14,  // 12: forkfleet.controld.v1.Sandbox.limits_reached:type_name -> forkfleet.controld.v1.LimitReached
+	74,  // 13: forkfleet.controld.v1.Sandbox.network:type_name -> forkfleet.controld.v1.Network
+	13,  // 14: forkfleet.controld.v1.CreateSandboxRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	15,  // 15: forkfleet.controld.v1.CreateSandboxRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	104, // 16: forkfleet.controld.v1.CreateSandboxRequest.env:type_name -> forkfleet.controld.v1.CreateSandboxRequest.EnvEntry
+	105, // 17: forkfleet.controld.v1.CreateSandboxRequest.labels:type_name -> forkfleet.controld.v1.CreateSandboxRequest.LabelsEntry
+	116, // 18: forkfleet.controld.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	74,  // 19: forkfleet.controld.v1.CreateSandboxRequest.network:type_name -> forkfleet.controld.v1.Network
+	17,  // 20: forkfleet.controld.v1.CreateSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	18,  // 21: forkfleet.controld.v1.CreateSandboxResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	17,  // 22: forkfleet.controld.v1.GetSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	106, // 23: forkfleet.controld.v1.ListSandboxesRequest.labels:type_name -> forkfleet.controld.v1.ListSandboxesRequest.LabelsEntry
 	0,   // 24: forkfleet.controld.v1.ListSandboxesRequest.states:type_name -> forkfleet.controld.v1.SandboxState
-	16,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
-	114, // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
-	16,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	105, // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
+	17,  // 25: forkfleet.controld.v1.ListSandboxesResponse.sandboxes:type_name -> forkfleet.controld.v1.Sandbox
+	116, // 26: forkfleet.controld.v1.WaitSandboxReadyRequest.timeout:type_name -> google.protobuf.Duration
+	17,  // 27: forkfleet.controld.v1.WaitSandboxReadyResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	107, // 28: forkfleet.controld.v1.WatchSandboxesRequest.labels:type_name -> forkfleet.controld.v1.WatchSandboxesRequest.LabelsEntry
 	2,   // 29: forkfleet.controld.v1.WatchSandboxesResponse.type:type_name -> forkfleet.controld.v1.SandboxEventType
-	16,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	15,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
-	17,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	16,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	16,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	17,  // 30: forkfleet.controld.v1.WatchSandboxesResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	16,  // 31: forkfleet.controld.v1.WatchSandboxesResponse.phase:type_name -> forkfleet.controld.v1.BootPhase
+	18,  // 32: forkfleet.controld.v1.GetSandboxEndpointResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	17,  // 33: forkfleet.controld.v1.SuspendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	17,  // 34: forkfleet.controld.v1.ResumeSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
 	3,   // 35: forkfleet.controld.v1.VerifyResult.level:type_name -> forkfleet.controld.v1.VerifyLevel
-	114, // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
+	116, // 36: forkfleet.controld.v1.VerifyResult.took:type_name -> google.protobuf.Duration
 	3,   // 37: forkfleet.controld.v1.VerifySandboxRequest.levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	36,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
-	114, // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
-	114, // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
-	114, // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
-	114, // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
+	37,  // 38: forkfleet.controld.v1.VerifySandboxResponse.results:type_name -> forkfleet.controld.v1.VerifyResult
+	116, // 39: forkfleet.controld.v1.CheckpointTiming.frozen:type_name -> google.protobuf.Duration
+	116, // 40: forkfleet.controld.v1.CheckpointTiming.dump:type_name -> google.protobuf.Duration
+	116, // 41: forkfleet.controld.v1.CheckpointTiming.layer:type_name -> google.protobuf.Duration
+	116, // 42: forkfleet.controld.v1.CheckpointTiming.total:type_name -> google.protobuf.Duration
 	4,   // 43: forkfleet.controld.v1.Checkpoint.tier:type_name -> forkfleet.controld.v1.CheckpointTier
 	5,   // 44: forkfleet.controld.v1.Checkpoint.state:type_name -> forkfleet.controld.v1.CheckpointState
-	14,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
-	12,  // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
-	106, // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
-	113, // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
-	39,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
+	15,  // 45: forkfleet.controld.v1.Checkpoint.screen:type_name -> forkfleet.controld.v1.Screen
+	13,  // 46: forkfleet.controld.v1.Checkpoint.resources:type_name -> forkfleet.controld.v1.Resources
+	108, // 47: forkfleet.controld.v1.Checkpoint.labels:type_name -> forkfleet.controld.v1.Checkpoint.LabelsEntry
+	115, // 48: forkfleet.controld.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	40,  // 49: forkfleet.controld.v1.Checkpoint.timing:type_name -> forkfleet.controld.v1.CheckpointTiming
 	3,   // 50: forkfleet.controld.v1.Checkpoint.verify_levels:type_name -> forkfleet.controld.v1.VerifyLevel
-	72,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
+	74,  // 51: forkfleet.controld.v1.Checkpoint.network:type_name -> forkfleet.controld.v1.Network
 	4,   // 52: forkfleet.controld.v1.CreateCheckpointRequest.tier:type_name -> forkfleet.controld.v1.CheckpointTier
-	107, // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
-	40,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	40,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	108, // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
-	40,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
-	109, // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
-	114, // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
+	109, // 53: forkfleet.controld.v1.CreateCheckpointRequest.labels:type_name -> forkfleet.controld.v1.CreateCheckpointRequest.LabelsEntry
+	41,  // 54: forkfleet.controld.v1.CreateCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	41,  // 55: forkfleet.controld.v1.GetCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	110, // 56: forkfleet.controld.v1.ListCheckpointsRequest.labels:type_name -> forkfleet.controld.v1.ListCheckpointsRequest.LabelsEntry
+	41,  // 57: forkfleet.controld.v1.ListCheckpointsResponse.checkpoints:type_name -> forkfleet.controld.v1.Checkpoint
+	111, // 58: forkfleet.controld.v1.ForkCheckpointRequest.labels:type_name -> forkfleet.controld.v1.ForkCheckpointRequest.LabelsEntry
+	116, // 59: forkfleet.controld.v1.ForkCheckpointRequest.ttl:type_name -> google.protobuf.Duration
 	3,   // 60: forkfleet.controld.v1.ForkCheckpointRequest.verify:type_name -> forkfleet.controld.v1.VerifyLevel
-	12,  // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	71,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	16,  // 63: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	17,  // 64: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	36,  // 65: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
-	114, // 66: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
-	50,  // 67: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
-	40,  // 68: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
-	110, // 69: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
-	14,  // 70: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
-	12,  // 71: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
-	72,  // 72: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
-	14,  // 73: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
-	12,  // 74: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
-	111, // 75: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
-	72,  // 76: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
-	56,  // 77: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	56,  // 78: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	56,  // 79: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
-	112, // 80: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
-	114, // 81: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
-	71,  // 82: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	16,  // 83: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	17,  // 84: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
-	114, // 85: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
-	56,  // 86: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
-	7,   // 87: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
-	69,  // 88: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
-	70,  // 89: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
-	70,  // 90: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
-	6,   // 91: forkfleet.controld.v1.Network.mode:type_name -> forkfleet.controld.v1.NetworkMode
-	71,  // 92: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	71,  // 93: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
-	16,  // 94: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	114, // 95: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	16,  // 96: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
-	114, // 97: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
-	113, // 98: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
-	8,   // 99: forkfleet.controld.v1.Recording.state:type_name -> forkfleet.controld.v1.RecordingState
-	113, // 100: forkfleet.controld.v1.Recording.started_at:type_name -> google.protobuf.Timestamp
-	113, // 101: forkfleet.controld.v1.Recording.stopped_at:type_name -> google.protobuf.Timestamp
-	9,   // 102: forkfleet.controld.v1.Recording.stop_reason:type_name -> forkfleet.controld.v1.RecordingStopReason
-	83,  // 103: forkfleet.controld.v1.StartRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	83,  // 104: forkfleet.controld.v1.StopRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	83,  // 105: forkfleet.controld.v1.GetRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
-	83,  // 106: forkfleet.controld.v1.ListRecordingsResponse.recordings:type_name -> forkfleet.controld.v1.Recording
-	10,  // 107: forkfleet.controld.v1.ExportRecordingRequest.format:type_name -> forkfleet.controld.v1.RecordingExportFormat
-	114, // 108: forkfleet.controld.v1.ExportRecordingResponse.duration:type_name -> google.protobuf.Duration
-	11,  // 109: forkfleet.controld.v1.CreateRecordingTicketRequest.file:type_name -> forkfleet.controld.v1.RecordingFile
-	114, // 110: forkfleet.controld.v1.CreateRecordingTicketRequest.ttl:type_name -> google.protobuf.Duration
-	113, // 111: forkfleet.controld.v1.CreateRecordingTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
-	100, // 112: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
-	18,  // 113: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
-	20,  // 114: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
-	22,  // 115: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
-	24,  // 116: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
-	26,  // 117: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
-	28,  // 118: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
-	30,  // 119: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
-	32,  // 120: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
-	34,  // 121: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
-	37,  // 122: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
-	73,  // 123: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
-	75,  // 124: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
-	77,  // 125: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
-	79,  // 126: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
-	81,  // 127: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
-	84,  // 128: forkfleet.controld.v1.SandboxService.StartRecording:input_type -> forkfleet.controld.v1.StartRecordingRequest
-	86,  // 129: forkfleet.controld.v1.SandboxService.StopRecording:input_type -> forkfleet.controld.v1.StopRecordingRequest
-	88,  // 130: forkfleet.controld.v1.SandboxService.GetRecording:input_type -> forkfleet.controld.v1.GetRecordingRequest
-	90,  // 131: forkfleet.controld.v1.SandboxService.ListRecordings:input_type -> forkfleet.controld.v1.ListRecordingsRequest
-	92,  // 132: forkfleet.controld.v1.SandboxService.ExportRecording:input_type -> forkfleet.controld.v1.ExportRecordingRequest
-	94,  // 133: forkfleet.controld.v1.SandboxService.DeleteRecording:input_type -> forkfleet.controld.v1.DeleteRecordingRequest
-	96,  // 134: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:input_type -> forkfleet.controld.v1.CreateRecordingTicketRequest
-	41,  // 135: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
-	43,  // 136: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
-	45,  // 137: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
-	47,  // 138: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
-	49,  // 139: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
-	52,  // 140: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
-	54,  // 141: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
-	57,  // 142: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
-	59,  // 143: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
-	61,  // 144: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
-	63,  // 145: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
-	65,  // 146: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
-	67,  // 147: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
-	98,  // 148: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
-	19,  // 149: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
-	21,  // 150: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
-	23,  // 151: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
-	25,  // 152: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
-	27,  // 153: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
-	29,  // 154: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
-	31,  // 155: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
-	33,  // 156: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
-	35,  // 157: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
-	38,  // 158: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
-	74,  // 159: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
-	76,  // 160: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
-	78,  // 161: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
-	80,  // 162: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
-	82,  // 163: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
-	85,  // 164: forkfleet.controld.v1.SandboxService.StartRecording:output_type -> forkfleet.controld.v1.StartRecordingResponse
-	87,  // 165: forkfleet.controld.v1.SandboxService.StopRecording:output_type -> forkfleet.controld.v1.StopRecordingResponse
-	89,  // 166: forkfleet.controld.v1.SandboxService.GetRecording:output_type -> forkfleet.controld.v1.GetRecordingResponse
-	91,  // 167: forkfleet.controld.v1.SandboxService.ListRecordings:output_type -> forkfleet.controld.v1.ListRecordingsResponse
-	93,  // 168: forkfleet.controld.v1.SandboxService.ExportRecording:output_type -> forkfleet.controld.v1.ExportRecordingResponse
-	95,  // 169: forkfleet.controld.v1.SandboxService.DeleteRecording:output_type -> forkfleet.controld.v1.DeleteRecordingResponse
-	97,  // 170: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:output_type -> forkfleet.controld.v1.CreateRecordingTicketResponse
-	42,  // 171: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
-	44,  // 172: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
-	46,  // 173: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
-	48,  // 174: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
-	51,  // 175: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
-	53,  // 176: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
-	55,  // 177: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
-	58,  // 178: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
-	60,  // 179: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
-	62,  // 180: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
-	64,  // 181: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
-	66,  // 182: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
-	68,  // 183: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
-	99,  // 184: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
-	149, // [149:185] is the sub-list for method output_type
-	113, // [113:149] is the sub-list for method input_type
-	113, // [113:113] is the sub-list for extension type_name
-	113, // [113:113] is the sub-list for extension extendee
-	0,   // [0:113] is the sub-list for field type_name
+	13,  // 61: forkfleet.controld.v1.ForkCheckpointRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	73,  // 62: forkfleet.controld.v1.ForkCheckpointRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	6,   // 63: forkfleet.controld.v1.ForkCheckpointRequest.restore_mode:type_name -> forkfleet.controld.v1.RestoreMode
+	17,  // 64: forkfleet.controld.v1.ForkReplica.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	18,  // 65: forkfleet.controld.v1.ForkReplica.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	37,  // 66: forkfleet.controld.v1.ForkReplica.verification:type_name -> forkfleet.controld.v1.VerifyResult
+	116, // 67: forkfleet.controld.v1.ForkReplica.took:type_name -> google.protobuf.Duration
+	6,   // 68: forkfleet.controld.v1.ForkReplica.restore_mode:type_name -> forkfleet.controld.v1.RestoreMode
+	52,  // 69: forkfleet.controld.v1.ForkReplica.lazy_restore:type_name -> forkfleet.controld.v1.LazyRestoreStats
+	51,  // 70: forkfleet.controld.v1.ForkCheckpointResponse.replicas:type_name -> forkfleet.controld.v1.ForkReplica
+	41,  // 71: forkfleet.controld.v1.ImportCheckpointResponse.checkpoint:type_name -> forkfleet.controld.v1.Checkpoint
+	112, // 72: forkfleet.controld.v1.Pool.labels:type_name -> forkfleet.controld.v1.Pool.LabelsEntry
+	15,  // 73: forkfleet.controld.v1.Pool.screen:type_name -> forkfleet.controld.v1.Screen
+	13,  // 74: forkfleet.controld.v1.Pool.resources:type_name -> forkfleet.controld.v1.Resources
+	74,  // 75: forkfleet.controld.v1.Pool.network:type_name -> forkfleet.controld.v1.Network
+	15,  // 76: forkfleet.controld.v1.CreatePoolRequest.screen:type_name -> forkfleet.controld.v1.Screen
+	13,  // 77: forkfleet.controld.v1.CreatePoolRequest.resources:type_name -> forkfleet.controld.v1.Resources
+	113, // 78: forkfleet.controld.v1.CreatePoolRequest.labels:type_name -> forkfleet.controld.v1.CreatePoolRequest.LabelsEntry
+	74,  // 79: forkfleet.controld.v1.CreatePoolRequest.network:type_name -> forkfleet.controld.v1.Network
+	58,  // 80: forkfleet.controld.v1.CreatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	58,  // 81: forkfleet.controld.v1.GetPoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	58,  // 82: forkfleet.controld.v1.ListPoolsResponse.pools:type_name -> forkfleet.controld.v1.Pool
+	114, // 83: forkfleet.controld.v1.ClaimPoolRequest.labels:type_name -> forkfleet.controld.v1.ClaimPoolRequest.LabelsEntry
+	116, // 84: forkfleet.controld.v1.ClaimPoolRequest.ttl:type_name -> google.protobuf.Duration
+	73,  // 85: forkfleet.controld.v1.ClaimPoolRequest.network_policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	17,  // 86: forkfleet.controld.v1.ClaimPoolResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	18,  // 87: forkfleet.controld.v1.ClaimPoolResponse.endpoint:type_name -> forkfleet.controld.v1.Endpoint
+	116, // 88: forkfleet.controld.v1.ClaimPoolResponse.took:type_name -> google.protobuf.Duration
+	58,  // 89: forkfleet.controld.v1.UpdatePoolResponse.pool:type_name -> forkfleet.controld.v1.Pool
+	8,   // 90: forkfleet.controld.v1.NetworkRule.protocol:type_name -> forkfleet.controld.v1.NetworkProtocol
+	71,  // 91: forkfleet.controld.v1.NetworkRule.ports:type_name -> forkfleet.controld.v1.PortRange
+	72,  // 92: forkfleet.controld.v1.NetworkPolicy.allow:type_name -> forkfleet.controld.v1.NetworkRule
+	72,  // 93: forkfleet.controld.v1.NetworkPolicy.deny:type_name -> forkfleet.controld.v1.NetworkRule
+	7,   // 94: forkfleet.controld.v1.Network.mode:type_name -> forkfleet.controld.v1.NetworkMode
+	73,  // 95: forkfleet.controld.v1.Network.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	73,  // 96: forkfleet.controld.v1.UpdateSandboxNetworkRequest.policy:type_name -> forkfleet.controld.v1.NetworkPolicy
+	17,  // 97: forkfleet.controld.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	116, // 98: forkfleet.controld.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	17,  // 99: forkfleet.controld.v1.ExtendSandboxResponse.sandbox:type_name -> forkfleet.controld.v1.Sandbox
+	116, // 100: forkfleet.controld.v1.CreateViewTicketRequest.ttl:type_name -> google.protobuf.Duration
+	115, // 101: forkfleet.controld.v1.CreateViewTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	9,   // 102: forkfleet.controld.v1.Recording.state:type_name -> forkfleet.controld.v1.RecordingState
+	115, // 103: forkfleet.controld.v1.Recording.started_at:type_name -> google.protobuf.Timestamp
+	115, // 104: forkfleet.controld.v1.Recording.stopped_at:type_name -> google.protobuf.Timestamp
+	10,  // 105: forkfleet.controld.v1.Recording.stop_reason:type_name -> forkfleet.controld.v1.RecordingStopReason
+	85,  // 106: forkfleet.controld.v1.StartRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	85,  // 107: forkfleet.controld.v1.StopRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	85,  // 108: forkfleet.controld.v1.GetRecordingResponse.recording:type_name -> forkfleet.controld.v1.Recording
+	85,  // 109: forkfleet.controld.v1.ListRecordingsResponse.recordings:type_name -> forkfleet.controld.v1.Recording
+	11,  // 110: forkfleet.controld.v1.ExportRecordingRequest.format:type_name -> forkfleet.controld.v1.RecordingExportFormat
+	116, // 111: forkfleet.controld.v1.ExportRecordingResponse.duration:type_name -> google.protobuf.Duration
+	12,  // 112: forkfleet.controld.v1.CreateRecordingTicketRequest.file:type_name -> forkfleet.controld.v1.RecordingFile
+	116, // 113: forkfleet.controld.v1.CreateRecordingTicketRequest.ttl:type_name -> google.protobuf.Duration
+	115, // 114: forkfleet.controld.v1.CreateRecordingTicketResponse.expires_at:type_name -> google.protobuf.Timestamp
+	102, // 115: forkfleet.controld.v1.GetHostStatusResponse.pools:type_name -> forkfleet.controld.v1.PoolStatus
+	19,  // 116: forkfleet.controld.v1.SandboxService.CreateSandbox:input_type -> forkfleet.controld.v1.CreateSandboxRequest
+	21,  // 117: forkfleet.controld.v1.SandboxService.GetSandbox:input_type -> forkfleet.controld.v1.GetSandboxRequest
+	23,  // 118: forkfleet.controld.v1.SandboxService.ListSandboxes:input_type -> forkfleet.controld.v1.ListSandboxesRequest
+	25,  // 119: forkfleet.controld.v1.SandboxService.DeleteSandbox:input_type -> forkfleet.controld.v1.DeleteSandboxRequest
+	27,  // 120: forkfleet.controld.v1.SandboxService.WaitSandboxReady:input_type -> forkfleet.controld.v1.WaitSandboxReadyRequest
+	29,  // 121: forkfleet.controld.v1.SandboxService.WatchSandboxes:input_type -> forkfleet.controld.v1.WatchSandboxesRequest
+	31,  // 122: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:input_type -> forkfleet.controld.v1.GetSandboxEndpointRequest
+	33,  // 123: forkfleet.controld.v1.SandboxService.SuspendSandbox:input_type -> forkfleet.controld.v1.SuspendSandboxRequest
+	35,  // 124: forkfleet.controld.v1.SandboxService.ResumeSandbox:input_type -> forkfleet.controld.v1.ResumeSandboxRequest
+	38,  // 125: forkfleet.controld.v1.SandboxService.VerifySandbox:input_type -> forkfleet.controld.v1.VerifySandboxRequest
+	75,  // 126: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:input_type -> forkfleet.controld.v1.UpdateSandboxNetworkRequest
+	77,  // 127: forkfleet.controld.v1.SandboxService.ExposePort:input_type -> forkfleet.controld.v1.ExposePortRequest
+	79,  // 128: forkfleet.controld.v1.SandboxService.UnexposePort:input_type -> forkfleet.controld.v1.UnexposePortRequest
+	81,  // 129: forkfleet.controld.v1.SandboxService.ExtendSandbox:input_type -> forkfleet.controld.v1.ExtendSandboxRequest
+	83,  // 130: forkfleet.controld.v1.SandboxService.CreateViewTicket:input_type -> forkfleet.controld.v1.CreateViewTicketRequest
+	86,  // 131: forkfleet.controld.v1.SandboxService.StartRecording:input_type -> forkfleet.controld.v1.StartRecordingRequest
+	88,  // 132: forkfleet.controld.v1.SandboxService.StopRecording:input_type -> forkfleet.controld.v1.StopRecordingRequest
+	90,  // 133: forkfleet.controld.v1.SandboxService.GetRecording:input_type -> forkfleet.controld.v1.GetRecordingRequest
+	92,  // 134: forkfleet.controld.v1.SandboxService.ListRecordings:input_type -> forkfleet.controld.v1.ListRecordingsRequest
+	94,  // 135: forkfleet.controld.v1.SandboxService.ExportRecording:input_type -> forkfleet.controld.v1.ExportRecordingRequest
+	96,  // 136: forkfleet.controld.v1.SandboxService.DeleteRecording:input_type -> forkfleet.controld.v1.DeleteRecordingRequest
+	98,  // 137: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:input_type -> forkfleet.controld.v1.CreateRecordingTicketRequest
+	42,  // 138: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:input_type -> forkfleet.controld.v1.CreateCheckpointRequest
+	44,  // 139: forkfleet.controld.v1.CheckpointService.GetCheckpoint:input_type -> forkfleet.controld.v1.GetCheckpointRequest
+	46,  // 140: forkfleet.controld.v1.CheckpointService.ListCheckpoints:input_type -> forkfleet.controld.v1.ListCheckpointsRequest
+	48,  // 141: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:input_type -> forkfleet.controld.v1.DeleteCheckpointRequest
+	50,  // 142: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:input_type -> forkfleet.controld.v1.ForkCheckpointRequest
+	54,  // 143: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:input_type -> forkfleet.controld.v1.ExportCheckpointRequest
+	56,  // 144: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:input_type -> forkfleet.controld.v1.ImportCheckpointRequest
+	59,  // 145: forkfleet.controld.v1.PoolService.CreatePool:input_type -> forkfleet.controld.v1.CreatePoolRequest
+	61,  // 146: forkfleet.controld.v1.PoolService.GetPool:input_type -> forkfleet.controld.v1.GetPoolRequest
+	63,  // 147: forkfleet.controld.v1.PoolService.ListPools:input_type -> forkfleet.controld.v1.ListPoolsRequest
+	65,  // 148: forkfleet.controld.v1.PoolService.DeletePool:input_type -> forkfleet.controld.v1.DeletePoolRequest
+	67,  // 149: forkfleet.controld.v1.PoolService.ClaimPool:input_type -> forkfleet.controld.v1.ClaimPoolRequest
+	69,  // 150: forkfleet.controld.v1.PoolService.UpdatePool:input_type -> forkfleet.controld.v1.UpdatePoolRequest
+	100, // 151: forkfleet.controld.v1.HostService.GetHostStatus:input_type -> forkfleet.controld.v1.GetHostStatusRequest
+	20,  // 152: forkfleet.controld.v1.SandboxService.CreateSandbox:output_type -> forkfleet.controld.v1.CreateSandboxResponse
+	22,  // 153: forkfleet.controld.v1.SandboxService.GetSandbox:output_type -> forkfleet.controld.v1.GetSandboxResponse
+	24,  // 154: forkfleet.controld.v1.SandboxService.ListSandboxes:output_type -> forkfleet.controld.v1.ListSandboxesResponse
+	26,  // 155: forkfleet.controld.v1.SandboxService.DeleteSandbox:output_type -> forkfleet.controld.v1.DeleteSandboxResponse
+	28,  // 156: forkfleet.controld.v1.SandboxService.WaitSandboxReady:output_type -> forkfleet.controld.v1.WaitSandboxReadyResponse
+	30,  // 157: forkfleet.controld.v1.SandboxService.WatchSandboxes:output_type -> forkfleet.controld.v1.WatchSandboxesResponse
+	32,  // 158: forkfleet.controld.v1.SandboxService.GetSandboxEndpoint:output_type -> forkfleet.controld.v1.GetSandboxEndpointResponse
+	34,  // 159: forkfleet.controld.v1.SandboxService.SuspendSandbox:output_type -> forkfleet.controld.v1.SuspendSandboxResponse
+	36,  // 160: forkfleet.controld.v1.SandboxService.ResumeSandbox:output_type -> forkfleet.controld.v1.ResumeSandboxResponse
+	39,  // 161: forkfleet.controld.v1.SandboxService.VerifySandbox:output_type -> forkfleet.controld.v1.VerifySandboxResponse
+	76,  // 162: forkfleet.controld.v1.SandboxService.UpdateSandboxNetwork:output_type -> forkfleet.controld.v1.UpdateSandboxNetworkResponse
+	78,  // 163: forkfleet.controld.v1.SandboxService.ExposePort:output_type -> forkfleet.controld.v1.ExposePortResponse
+	80,  // 164: forkfleet.controld.v1.SandboxService.UnexposePort:output_type -> forkfleet.controld.v1.UnexposePortResponse
+	82,  // 165: forkfleet.controld.v1.SandboxService.ExtendSandbox:output_type -> forkfleet.controld.v1.ExtendSandboxResponse
+	84,  // 166: forkfleet.controld.v1.SandboxService.CreateViewTicket:output_type -> forkfleet.controld.v1.CreateViewTicketResponse
+	87,  // 167: forkfleet.controld.v1.SandboxService.StartRecording:output_type -> forkfleet.controld.v1.StartRecordingResponse
+	89,  // 168: forkfleet.controld.v1.SandboxService.StopRecording:output_type -> forkfleet.controld.v1.StopRecordingResponse
+	91,  // 169: forkfleet.controld.v1.SandboxService.GetRecording:output_type -> forkfleet.controld.v1.GetRecordingResponse
+	93,  // 170: forkfleet.controld.v1.SandboxService.ListRecordings:output_type -> forkfleet.controld.v1.ListRecordingsResponse
+	95,  // 171: forkfleet.controld.v1.SandboxService.ExportRecording:output_type -> forkfleet.controld.v1.ExportRecordingResponse
+	97,  // 172: forkfleet.controld.v1.SandboxService.DeleteRecording:output_type -> forkfleet.controld.v1.DeleteRecordingResponse
+	99,  // 173: forkfleet.controld.v1.SandboxService.CreateRecordingTicket:output_type -> forkfleet.controld.v1.CreateRecordingTicketResponse
+	43,  // 174: forkfleet.controld.v1.CheckpointService.CreateCheckpoint:output_type -> forkfleet.controld.v1.CreateCheckpointResponse
+	45,  // 175: forkfleet.controld.v1.CheckpointService.GetCheckpoint:output_type -> forkfleet.controld.v1.GetCheckpointResponse
+	47,  // 176: forkfleet.controld.v1.CheckpointService.ListCheckpoints:output_type -> forkfleet.controld.v1.ListCheckpointsResponse
+	49,  // 177: forkfleet.controld.v1.CheckpointService.DeleteCheckpoint:output_type -> forkfleet.controld.v1.DeleteCheckpointResponse
+	53,  // 178: forkfleet.controld.v1.CheckpointService.ForkCheckpoint:output_type -> forkfleet.controld.v1.ForkCheckpointResponse
+	55,  // 179: forkfleet.controld.v1.CheckpointService.ExportCheckpoint:output_type -> forkfleet.controld.v1.ExportCheckpointResponse
+	57,  // 180: forkfleet.controld.v1.CheckpointService.ImportCheckpoint:output_type -> forkfleet.controld.v1.ImportCheckpointResponse
+	60,  // 181: forkfleet.controld.v1.PoolService.CreatePool:output_type -> forkfleet.controld.v1.CreatePoolResponse
+	62,  // 182: forkfleet.controld.v1.PoolService.GetPool:output_type -> forkfleet.controld.v1.GetPoolResponse
+	64,  // 183: forkfleet.controld.v1.PoolService.ListPools:output_type -> forkfleet.controld.v1.ListPoolsResponse
+	66,  // 184: forkfleet.controld.v1.PoolService.DeletePool:output_type -> forkfleet.controld.v1.DeletePoolResponse
+	68,  // 185: forkfleet.controld.v1.PoolService.ClaimPool:output_type -> forkfleet.controld.v1.ClaimPoolResponse
+	70,  // 186: forkfleet.controld.v1.PoolService.UpdatePool:output_type -> forkfleet.controld.v1.UpdatePoolResponse
+	101, // 187: forkfleet.controld.v1.HostService.GetHostStatus:output_type -> forkfleet.controld.v1.GetHostStatusResponse
+	152, // [152:188] is the sub-list for method output_type
+	116, // [116:152] is the sub-list for method input_type
+	116, // [116:116] is the sub-list for extension type_name
+	116, // [116:116] is the sub-list for extension extendee
+	0,   // [0:116] is the sub-list for field type_name
 }
 
 func init() { file_forkfleet_controld_v1_controld_proto_init() }
@@ -7361,7 +7534,7 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 	if File_forkfleet_controld_v1_controld_proto != nil {
 		return
 	}
-	file_forkfleet_controld_v1_controld_proto_msgTypes[45].OneofWrappers = []any{
+	file_forkfleet_controld_v1_controld_proto_msgTypes[46].OneofWrappers = []any{
 		(*CreatePoolRequest_Image)(nil),
 		(*CreatePoolRequest_CheckpointId)(nil),
 	}
@@ -7370,8 +7543,8 @@ func file_forkfleet_controld_v1_controld_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkfleet_controld_v1_controld_proto_rawDesc), len(file_forkfleet_controld_v1_controld_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   101,
+			NumEnums:      13,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

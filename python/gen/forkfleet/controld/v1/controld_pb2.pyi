@@ -36,6 +36,10 @@ RECORDING_STOP_REASON_FAILED: RecordingStopReason
 RECORDING_STOP_REASON_REQUESTED: RecordingStopReason
 RECORDING_STOP_REASON_SANDBOX_GONE: RecordingStopReason
 RECORDING_STOP_REASON_UNSPECIFIED: RecordingStopReason
+RESTORE_MODE_AUTO: RestoreMode
+RESTORE_MODE_EAGER: RestoreMode
+RESTORE_MODE_LAZY: RestoreMode
+RESTORE_MODE_UNSPECIFIED: RestoreMode
 SANDBOX_EVENT_TYPE_CREATED: SandboxEventType
 SANDBOX_EVENT_TYPE_DELETED: SandboxEventType
 SANDBOX_EVENT_TYPE_EXISTING: SandboxEventType
@@ -449,7 +453,7 @@ class ExtendSandboxResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class ForkCheckpointRequest(_message.Message):
-    __slots__ = ["checkpoint_id", "checkpoint_reference", "count", "labels", "network_policy", "record", "request_id", "resources", "ttl", "verify"]
+    __slots__ = ["checkpoint_id", "checkpoint_reference", "count", "labels", "network_policy", "record", "request_id", "resources", "restore_mode", "ttl", "verify"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -465,6 +469,7 @@ class ForkCheckpointRequest(_message.Message):
     RECORD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_MODE_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
@@ -475,9 +480,10 @@ class ForkCheckpointRequest(_message.Message):
     record: bool
     request_id: str
     resources: Resources
+    restore_mode: RestoreMode
     ttl: _duration_pb2.Duration
     verify: _containers.RepeatedScalarFieldContainer[VerifyLevel]
-    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., checkpoint_reference: _Optional[str] = ..., record: bool = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ..., count: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., verify: _Optional[_Iterable[_Union[VerifyLevel, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., checkpoint_reference: _Optional[str] = ..., record: bool = ..., restore_mode: _Optional[_Union[RestoreMode, str]] = ...) -> None: ...
 
 class ForkCheckpointResponse(_message.Message):
     __slots__ = ["checkpoint_id", "replicas"]
@@ -488,22 +494,26 @@ class ForkCheckpointResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ForkReplica, _Mapping]]] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class ForkReplica(_message.Message):
-    __slots__ = ["endpoint", "error_code", "error_message", "recording_id", "sandbox", "took", "verification"]
+    __slots__ = ["endpoint", "error_code", "error_message", "lazy_restore", "recording_id", "restore_mode", "sandbox", "took", "verification"]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAZY_RESTORE_FIELD_NUMBER: _ClassVar[int]
     RECORDING_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_MODE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     TOOK_FIELD_NUMBER: _ClassVar[int]
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     endpoint: Endpoint
     error_code: int
     error_message: str
+    lazy_restore: LazyRestoreStats
     recording_id: str
+    restore_mode: RestoreMode
     sandbox: Sandbox
     took: _duration_pb2.Duration
     verification: _containers.RepeatedCompositeFieldContainer[VerifyResult]
-    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., verification: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recording_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., verification: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., took: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recording_id: _Optional[str] = ..., restore_mode: _Optional[_Union[RestoreMode, str]] = ..., lazy_restore: _Optional[_Union[LazyRestoreStats, _Mapping]] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ["id"]
@@ -610,6 +620,16 @@ class ImportCheckpointResponse(_message.Message):
     checkpoint: Checkpoint
     pulled_bytes: int
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
+
+class LazyRestoreStats(_message.Message):
+    __slots__ = ["fault_pages", "faults", "lazy_pages"]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    FAULT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    LAZY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    fault_pages: int
+    faults: int
+    lazy_pages: int
+    def __init__(self, lazy_pages: _Optional[int] = ..., faults: _Optional[int] = ..., fault_pages: _Optional[int] = ...) -> None: ...
 
 class LimitReached(_message.Message):
     __slots__ = ["count", "first_at", "last_at", "limit", "message"]
@@ -1080,6 +1100,9 @@ class CheckpointTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class CheckpointState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RestoreMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class NetworkMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
