@@ -292,6 +292,7 @@ func (d *controld) startManager(ctx context.Context) error {
 		BootTimeout:   cfg.BootTimeout.D(),
 		FrameSettle:   cfg.FrameSettle.D(),
 		WarmSlots:     cfg.Boot.Precreate,
+		LazyMinBytes:  int64(cfg.Fork.LazyMinBytes),
 		Limits:        cfg.HostLimits(ram),
 		Health:        d.hc,
 		Recordings:    d.recs,

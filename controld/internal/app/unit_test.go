@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
@@ -60,7 +63,7 @@ var (
 	}
 	confinementKeys = map[string]bool{
 		"NoNewPrivileges": true, "CapabilityBoundingSet": true, "UMask": true, "LimitNOFILE": true, "OOMScoreAdjust": true,
-		"DevicePolicy":    true,
+		"DevicePolicy": true, "DeviceAllow": true,
 		"LockPersonality": true, "RestrictRealtime": true, "MemoryDenyWriteExecute": true, "RestrictSUIDSGID": true,
 		"SystemCallArchitectures": true,
 	}
@@ -73,7 +76,12 @@ var (
 // settings (seccompExec).
 func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 	t.Helper()
-	var script, setpriv, seccomp []string
+	var script, setpriv, seccomp, allow []string
+	for _, k := range keys {
+		if k.section == "Service" && k.key == "DeviceAllow" {
+			allow = append(allow, deviceRule(t, k.value))
+		}
+	}
 	for _, k := range keys {
 		if k.section != "Service" || lifecycleKeys[k.key] {
 			continue
@@ -97,7 +105,8 @@ func hardeningWrapper(t *testing.T, keys []unitKey) []string {
 			if k.value != "closed" {
 				t.Fatalf("%s=%s: the test applies only closed", k.key, k.value)
 			}
-			script = append(script, devicePolicyClosed(t)...)
+			script = append(script, devicePolicyClosed(t, allow)...)
+		case "DeviceAllow": // with DevicePolicy
 		case "UMask":
 			script = append(script, "umask "+k.value)
 		case "LimitNOFILE":
@@ -143,11 +152,26 @@ var systemdClosedDevices = []string{
 
 var deviceCgroups atomic.Int32
 
+// deviceRule turns a DeviceAllow value ("/dev/x rw") into a devices.allow
+// line for the device's node on this host.
+func deviceRule(t *testing.T, v string) string {
+	path, perm, _ := strings.Cut(v, " ")
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatalf("DeviceAllow=%s: %v", v, err)
+	}
+	kind := "c"
+	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+		kind = "b"
+	}
+	return fmt.Sprintf("%s %d:%d %s", kind, unix.Major(st.Rdev), unix.Minor(st.Rdev), perm)
+}
+
 // devicePolicyClosed returns the shell lines that put the wrapper (and
 // what it execs) in a devices cgroup of its own allowing what systemd's
 // DevicePolicy=closed allows. cgroup v1 only (these hosts): on v2 systemd
 // attaches a BPF program instead, which a shell cannot.
-func devicePolicyClosed(t *testing.T) []string {
+func devicePolicyClosed(t *testing.T, allow []string) []string {
 	cg := fmt.Sprintf("/sys/fs/cgroup/devices/forkfleet-unit-test-%d-%d", os.Getpid(), deviceCgroups.Add(1))
 	t.Cleanup(func() {
 		// After the test's controld stopped (cleanups run last first).
@@ -159,7 +183,7 @@ func devicePolicyClosed(t *testing.T) []string {
 		`[ -d /sys/fs/cgroup/devices ] || { echo "DevicePolicy: the hardening test applies it with cgroup v1's devices controller only" >&2; exit 1; }`,
 		"mkdir -p " + cg, "echo a > " + cg + "/devices.deny",
 	}
-	for _, d := range systemdClosedDevices {
+	for _, d := range append(slices.Clone(systemdClosedDevices), allow...) {
 		lines = append(lines, "echo '"+d+"' > "+cg+"/devices.allow")
 	}
 	return append(lines, "echo $$ > "+cg+"/cgroup.procs")

@@ -36,6 +36,7 @@ type Config struct {
 	FrameSettle     Duration  `toml:"frame_settle"`
 	DefaultScreen   Screen    `toml:"default_screen"`
 	Boot            Boot      `toml:"boot"`
+	Fork            Fork      `toml:"fork"`
 	Limits          Limits    `toml:"limits"`
 	Admission       Admission `toml:"admission"`
 
@@ -109,6 +110,14 @@ type Boot struct {
 	// resources are kept created but not started (warm slots), so a
 	// matching create only starts one; 0 disables.
 	Precreate int `toml:"precreate"`
+}
+
+// Fork configures forks of checkpoints.
+type Fork struct {
+	// LazyMinBytes: a fork in restore mode AUTO restores lazily when its
+	// checkpoint leaves at least this much memory to the page server (and
+	// the host can: docs/controld.md "Lazy restore"); 0: AUTO is eager.
+	LazyMinBytes Size `toml:"lazy_min_bytes"`
 }
 
 // MaxPrecreate bounds boot.precreate: each slot holds a shim, a runc init
@@ -321,6 +330,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FrameSettle.D() <= 0 || c.FrameSettle.D() > 3*time.Second {
 		errs = append(errs, errors.New("frame_settle: must be positive and at most 3s"))
+	}
+	if c.Fork.LazyMinBytes < 0 {
+		errs = append(errs, errors.New("fork.lazy_min_bytes: must not be negative"))
 	}
 	if c.Boot.Precreate < 0 || c.Boot.Precreate > MaxPrecreate {
 		errs = append(errs, fmt.Errorf("boot.precreate %d: must be in 0..%d", c.Boot.Precreate, MaxPrecreate))

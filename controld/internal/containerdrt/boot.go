@@ -356,6 +356,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := r.cleanup(ctx, id, c, t, true); err != nil {
 		return fmt.Errorf("sandbox %s: delete: %w", id, convertErr(err))
 	}
+	r.endLazy(id) // its processes are gone: no page is missed
 	return nil
 }
 
@@ -399,6 +400,10 @@ func (r *Runtime) instance(ctx context.Context, c containers.Container) (runtime
 		Status:    runtime.StatusStopped,
 		Labels:    userLabels(c.Labels),
 		CreatedAt: c.CreatedAt,
+	}
+	if c.Labels[labelLazyRestore] != "" {
+		_, live := r.lazySession(c.ID)
+		inst.LazyPending = !live // its page server was another controld's
 	}
 	st, err := r.client.TaskService().Get(ctx, taskGetRequest(c.ID))
 	if err != nil {

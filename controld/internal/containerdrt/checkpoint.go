@@ -845,6 +845,9 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	if err := r.validateCheckpointDir("ref.dir", ref.Dir); err != nil {
 		return err
 	}
+	if err := r.waitLazyReplicas(ctx, ref.Dir); err != nil {
+		return err
+	}
 	r.restoreBases.Delete(ref.Dir)
 	ctx = r.ctx(ctx)
 	_, statErr := os.Stat(filepath.Join(ref.Dir, metaFile))

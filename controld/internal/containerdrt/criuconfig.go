@@ -182,3 +182,37 @@ func (r *Runtime) criuConfigFor(imageOpts []string) (string, error) {
 	}
 	return p, nil
 }
+
+// A lazy restore's CRIU config is its eager one's twin with lazy-pages
+// added, named after it: runc hands it to the restore, and a dump of the
+// replica (criuDumpRequest) takes the eager one back (a dump with
+// lazy-pages would leave the pages out of the images).
+const lazyConfigSuffix = ".lazy.conf"
+
+// lazyCRIUConfig writes (once) and returns eager's lazy twin.
+func (r *Runtime) lazyCRIUConfig(eager string) (string, error) {
+	if filepath.Dir(eager) != r.cfg.StateDir || !strings.HasSuffix(eager, ".conf") {
+		return "", fmt.Errorf("containerdrt: criu config %s is not this runtime's: %w", eager, errdefs.ErrInternal)
+	}
+	b, err := os.ReadFile(eager)
+	if err != nil {
+		return "", fmt.Errorf("containerdrt: criu config: %w: %w", errdefs.ErrInternal, err)
+	}
+	body := string(b) + "lazy-pages\n"
+	p := strings.TrimSuffix(eager, ".conf") + lazyConfigSuffix
+	if old, err := os.ReadFile(p); err == nil && string(old) == body {
+		return p, nil
+	}
+	if err := atomicfile.Write(p, []byte(body), 0o644); err != nil {
+		return "", fmt.Errorf("containerdrt: criu config: %w: %w", errdefs.ErrInternal, err)
+	}
+	return p, nil
+}
+
+// eagerCRIUConfig is the eager config of a lazy one (else p itself).
+func eagerCRIUConfig(p string) string {
+	if base, ok := strings.CutSuffix(p, lazyConfigSuffix); ok {
+		return base + ".conf"
+	}
+	return p
+}

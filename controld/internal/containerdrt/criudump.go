@@ -135,7 +135,7 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 	configFile, annotated := "/etc/criu/runc.conf", false
 	for _, l := range c.Labels {
 		if v, ok := strings.CutPrefix(l, "org.criu.config="); ok {
-			configFile, annotated = v, true
+			configFile, annotated = eagerCRIUConfig(v), true
 		}
 	}
 	if configFile != "" || !annotated {

@@ -132,9 +132,24 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, from runti
 		}
 	}
 	work := r.restoreWorkDir(spec.ID)
+	var lazy *lazyRestore
+	if spec.LazyRestore && from.Tier == runtime.TierMemory {
+		var err error
+		if lazy, err = r.startLazy(ctx, spec.ID, from.Dir, work); err != nil {
+			r.cleanup(ctx, spec.ID, sb.container, sb.task, true)
+			return runtime.Instance{}, err
+		}
+	}
 	inst, err := r.start(ctx, sb, spec.Network.Policy)
 	if err != nil && from.Tier == runtime.TierMemory {
 		err = fmt.Errorf("%w%s", err, criuLogErrors(filepath.Join(work, "restore.log"), "criu restore.log"))
+	}
+	switch {
+	case lazy == nil:
+	case err != nil:
+		lazy.abort() // runc removed what the failed restore made
+	default:
+		lazy.restored(ctx)
 	}
 	os.RemoveAll(work)
 	os.RemoveAll(forkImagesDir(from.Dir, spec.ID)) // restored: CRIU read them
@@ -146,6 +161,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, from runti
 		n, cerr := r.net.FinishRestore(spec.ID, !spec.Network.Hold)
 		if cerr != nil {
 			r.cleanup(ctx, spec.ID, sb.container, sb.task, true)
+			r.endLazy(spec.ID)
 			return runtime.Instance{}, fmt.Errorf("sandbox %s: %w", spec.ID, cerr)
 		}
 		if n > 0 {
@@ -205,6 +221,9 @@ type restoreOp struct {
 	// Setup made for this id is released, not the id's snapshot or cgroups
 	netOnly bool
 }
+
+// lazy says the fork restores lazily.
+func (op *restoreOp) lazy() bool { return op.spec.LazyRestore && op.from.Tier == runtime.TierMemory }
 
 // finish undoes, when a step failed, what the earlier ones left, in this
 // order: the range, the fork's images dir, and the network with what a
@@ -300,6 +319,12 @@ func (op *restoreOp) generateSpec(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
+	if op.lazy() {
+		// runc's restore hands CRIU this file: its lazy twin.
+		if s.Annotations[criuConfigAnnotation], err = r.lazyCRIUConfig(s.Annotations[criuConfigAnnotation]); err != nil {
+			return err
+		}
+	}
 	op.s = s
 	return nil
 }
@@ -324,6 +349,9 @@ func (op *restoreOp) newContainer(ctx context.Context) error {
 	labels[labelImage] = meta.Image // what the fork really runs
 	labels[labelCheckpoint] = op.from.Dir
 	labels[labelTier] = meta.Tier
+	if op.lazy() {
+		labels[labelLazyRestore] = "pending"
+	}
 	opts := []client.NewContainerOpts{
 		withForkSnapshot(r.cfg.Snapshotter, id, meta.Snapshot, snapshotOpts(op.rng)...),
 		client.WithRuntime(r.cfg.Runtime, r.runcOptions()),

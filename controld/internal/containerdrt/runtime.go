@@ -132,6 +132,9 @@ type Config struct {
 	UserNamespaces *userns.Pool
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
+	// PageServer serves the pages of lazy restores (BootSpec.LazyRestore;
+	// lazy.go); nil: memory-tier forks restore eagerly only.
+	PageServer PageServer
 }
 
 // The helper binaries installed beside controld: the log writer the shim
@@ -276,6 +279,7 @@ type Runtime struct {
 
 	imageProcs   sync.Map // image digest -> imageProcess
 	restoreBases sync.Map // checkpoint dir -> *restoreBase
+	lazy         lazyState
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
 	seccomp *seccompRoots
@@ -363,6 +367,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		seccomp:     loadSeccompRoots(filepath.Join(cfg.StateDir, seccompRootsFile)),
 		quiet:       map[string]time.Time{},
 		precreated:  map[string]*precreated{},
+		lazy:        lazyState{checkpoints: map[string]*lazyCheckpoint{}, replicas: map[string]*lazyReplica{}},
 		criuBinary:  lookPath("criu"),
 		cgroupV2:    isCgroupV2(cfg.CgroupRoot),
 		net:         netm,
@@ -404,6 +409,7 @@ func (r *Runtime) Close() error {
 	ctx, cancel := context.WithTimeout(r.ctx(context.Background()), cleanupTimeout)
 	defer cancel()
 	var errs []error
+	r.closeLazy(ctx)
 	if err := r.closeLayerSlots(ctx); err != nil {
 		errs = append(errs, err)
 	}

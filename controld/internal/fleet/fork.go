@@ -120,8 +120,17 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 	if err := m.checkEgress(ck.Checkpoint.GetNetwork()); err != nil {
 		return nil, err
 	}
+	mode, err := rules.RestoreMode("restore_mode", req.GetRestoreMode(), ck.Checkpoint.GetTier())
+	if err != nil {
+		return nil, err
+	}
+	lazy, err := m.restoreLazily(ctx, mode, ck)
+	if err != nil {
+		return nil, err
+	}
 	ctx, span := m.tracer.Start(ctx, "checkpoint.fork", trace.WithAttributes(
-		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount()))))
+		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount())),
+		attribute.Bool("fork.lazy", lazy)))
 	defer span.End()
 	m.forkSlotsBegin(ck.Checkpoint.Id, int(req.GetCount()))
 	defer m.forkSlotsEnd()
@@ -139,7 +148,7 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 		go func() {
 			defer func() { done <- struct{}{} }()
 			p := forkParams{labels: req.GetLabels(), ttl: ttl, levels: levels, resources: req.GetResources(), policy: policy,
-				request: replicaTag(tag, i)}
+				request: replicaTag(tag, i), lazy: lazy}
 			if held != nil {
 				p.keep = func(g Guest) { held[i] = g }
 			}
@@ -150,8 +159,53 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 		<-done
 	}
 	m.resumeHeld(ctx, t0, out, held)
+	if lazy {
+		m.completeLazy(out)
+	}
 	m.recordForked(ck.Checkpoint.Id, ck.Checkpoint.GetSourceSandboxId(), out, req.GetRecord())
 	return &controldv1.ForkCheckpointResponse{Replicas: out, CheckpointId: ck.Checkpoint.Id}, nil
+}
+
+// restoreLazily resolves a fork's restore mode: LAZY when the runtime can
+// restore ck lazily (else FAILED_PRECONDITION), AUTO when it can, it is
+// safe on this host, and ck holds at least Options.LazyMinBytes of pages.
+func (m *forker) restoreLazily(ctx context.Context, mode controldv1.RestoreMode, ck *store.CheckpointRecord) (bool, error) {
+	if mode == controldv1.RestoreMode_RESTORE_MODE_EAGER || ck.Checkpoint.GetTier() == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		return false, nil
+	}
+	lr, ok := runtime.As[runtime.LazyRestorer](m.rt)
+	if !ok {
+		if mode == controldv1.RestoreMode_RESTORE_MODE_LAZY {
+			return false, errdefs.WithReason(errdefs.ErrFailedPrecondition, "LAZY_RESTORE_UNAVAILABLE", "this runtime restores eagerly only")
+		}
+		return false, nil
+	}
+	if mode == controldv1.RestoreMode_RESTORE_MODE_AUTO && (m.opts.LazyMinBytes <= 0 || !lr.LazySafe()) {
+		return false, nil
+	}
+	n, err := lr.LazyBytes(ctx, ck.Ref)
+	if mode == controldv1.RestoreMode_RESTORE_MODE_LAZY {
+		return err == nil, err
+	}
+	return err == nil && n >= m.opts.LazyMinBytes, nil
+}
+
+// completeLazy has the runtime copy the remaining pages of a lazy fork's
+// verified replicas (a fan-out's once all are verified and resumed: until
+// then the cores go to the restores and faults).
+func (m *forker) completeLazy(out []*controldv1.ForkReplica) {
+	lr, ok := runtime.As[runtime.LazyRestorer](m.rt)
+	if !ok {
+		return
+	}
+	for _, rep := range out {
+		if id := rep.GetSandbox().GetId(); id != "" {
+			if st, ok := lr.LazyStats(id); ok {
+				rep.LazyRestore = &controldv1.LazyRestoreStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages}
+			}
+			lr.CompleteRestore(id)
+		}
+	}
 }
 
 // resumeHeld lets the held replicas of a fan-out run their apps, over the
@@ -210,6 +264,9 @@ type forkParams struct {
 	keep func(Guest)
 	// request tags the replica with the call (with a request id) making it.
 	request *store.RequestTag
+	// lazy: the replica's pages are served at first touch
+	// (runtime.LazyRestorer); it takes no fork slot (made eager).
+	lazy bool
 }
 
 // replicaTag is tag for replica i (nil without a request id).
@@ -286,7 +343,7 @@ func (m *forker) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useS
 func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
 	rep := &controldv1.ForkReplica{}
 	// Pool refills run in the background: fork slots serve requests.
-	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled)
+	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled && !p.lazy)
 	if err != nil {
 		return nil, rep, err
 	}
@@ -303,6 +360,11 @@ func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.Checkpoi
 
 	f := &replicaFork{m: m, ck: ck, p: p, t0: t0, sb: sb, rep: rep, fromSlot: fromSlot, spec: m.bootSpec(sb),
 		memTier: ck.Checkpoint.Tier != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK}
+	f.spec.LazyRestore = p.lazy
+	rep.RestoreMode = controldv1.RestoreMode_RESTORE_MODE_EAGER
+	if p.lazy {
+		rep.RestoreMode = controldv1.RestoreMode_RESTORE_MODE_LAZY
+	}
 	wctx, span := m.tracer.Start(wctx, "fork.replica", trace.WithTimestamp(t0), trace.WithAttributes(
 		attribute.String("sandbox.id", f.spec.ID), attribute.String("checkpoint.id", ck.Checkpoint.Id),
 		attribute.Bool("fork.slot", fromSlot)))

@@ -47,6 +47,10 @@ type Options struct {
 	DefaultScreen *controldv1.Screen
 	CheckpointDir string
 	BootTimeout   time.Duration // request to usable; 60 s when 0
+	// LazyMinBytes is the least memory a checkpoint's lazy restore must
+	// leave to the page server for a fork in mode AUTO to restore lazily;
+	// 0: AUTO restores eagerly.
+	LazyMinBytes int64
 
 	ReapInterval time.Duration // TTL reaper period; 1 s when 0
 	WatchBuffer  int           // events buffered per watcher; 1024 when 0

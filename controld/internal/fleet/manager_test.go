@@ -759,3 +759,67 @@ func TestBootSpans(t *testing.T) {
 func replicasOf(resp *controldv1.ForkCheckpointResponse, err error) ([]*controldv1.ForkReplica, error) {
 	return resp.GetReplicas(), err
 }
+
+// TestForkRestoreModes: LAZY restores every replica lazily and completes
+// their pages once all are verified; AUTO is lazy only for a checkpoint
+// with enough pages on a host where it is safe; a runtime that cannot
+// restore lazily fails LAZY clearly and AUTO restores eagerly.
+func TestForkRestoreModes(t *testing.T) {
+	e := newEnv(t, func(o *fleet.Options) { o.LazyMinBytes = 100 << 20 })
+	ctx := context.Background()
+	src := e.ready(nil)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lazySpecs atomic.Int32
+	e.rt.OnRestore = func(spec runtime.BootSpec, _ *fleettest.Guestd) {
+		if spec.LazyRestore {
+			lazySpecs.Add(1)
+		}
+	}
+	fork := func(mode controldv1.RestoreMode, n uint32) []*controldv1.ForkReplica {
+		t.Helper()
+		reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: n, RestoreMode: mode}))
+		if err != nil {
+			t.Fatalf("fork %v: %v", mode, err)
+		}
+		return reps
+	}
+	want := func(reps []*controldv1.ForkReplica, mode controldv1.RestoreMode) {
+		t.Helper()
+		for _, r := range reps {
+			if r.ErrorCode != 0 || r.GetRestoreMode() != mode {
+				t.Fatalf("replica %+v, want restored %v", r, mode)
+			}
+		}
+	}
+	lazy := fork(controldv1.RestoreMode_RESTORE_MODE_LAZY, 3)
+	want(lazy, controldv1.RestoreMode_RESTORE_MODE_LAZY)
+	if got := lazySpecs.Load(); got != 3 {
+		t.Errorf("%d lazy restores, want 3", got)
+	}
+	if got := e.rt.Completed(); len(got) != 3 {
+		t.Errorf("completed %v, want the 3 replicas", got)
+	}
+	want(fork(controldv1.RestoreMode_RESTORE_MODE_UNSPECIFIED, 1), controldv1.RestoreMode_RESTORE_MODE_EAGER) // 0 bytes: AUTO is eager
+	e.rt.LazyPageBytes = 300 << 20
+	want(fork(controldv1.RestoreMode_RESTORE_MODE_AUTO, 1), controldv1.RestoreMode_RESTORE_MODE_LAZY)
+	want(fork(controldv1.RestoreMode_RESTORE_MODE_EAGER, 1), controldv1.RestoreMode_RESTORE_MODE_EAGER)
+	e.rt.LazyUnsafe = true
+	want(fork(controldv1.RestoreMode_RESTORE_MODE_AUTO, 1), controldv1.RestoreMode_RESTORE_MODE_EAGER)
+	e.rt.LazyErr = errdefs.WithReason(errdefs.ErrFailedPrecondition, "LAZY_RESTORE_UNAVAILABLE", "no page server")
+	want(fork(controldv1.RestoreMode_RESTORE_MODE_AUTO, 1), controldv1.RestoreMode_RESTORE_MODE_EAGER)
+	if _, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: 1,
+		RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("LAZY without lazy restore: %v, want FAILED_PRECONDITION", err)
+	}
+	disk, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id, Tier: controldv1.CheckpointTier_CHECKPOINT_TIER_DISK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: disk.Id, Count: 1,
+		RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("LAZY fork of a disk-tier checkpoint: %v, want INVALID_ARGUMENT", err)
+	}
+}

@@ -137,6 +137,10 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 		return a.keepRecord(ctx)
 	case !present:
 		return a.fail(ctx, "container vanished while controld was down")
+	case in.LazyPending:
+		// Its page server was the last controld's: the pages it never got
+		// would read as zeros.
+		return a.fail(ctx, "lazy restore incomplete when controld restarted: its pages were lost with the page server")
 	case in.Status == runtime.StatusStopped:
 		return a.exited()
 	case state == controldv1.SandboxState_SANDBOX_STATE_READY || state == controldv1.SandboxState_SANDBOX_STATE_SUSPENDED:

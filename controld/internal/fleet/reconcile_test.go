@@ -140,6 +140,8 @@ func TestReconcileAdoptsEachRecordByItsState(t *testing.T) {
 		{name: "failed", state: failed, runtime: "running", want: failed},
 		{name: "stopped, kept", state: stopped, runtime: "exited", want: stopped, wantRT: true},
 		{name: "vanished", state: ready, runtime: "gone", want: failed, wantMsg: "container vanished while controld was down"},
+		{name: "lazy replica incomplete", state: ready, fork: true, runtime: "lazy", want: failed,
+			wantMsg: "lazy restore incomplete when controld restarted: its pages were lost with the page server"},
 		{name: "exited", state: ready, runtime: "exited", want: stopped, wantRT: true},
 		{name: "suspended, running", state: suspended, runtime: "running", want: ready, wantRT: true},
 		{name: "ready, frozen by a suspend", state: suspended, runtime: "frozen", want: suspended, wantRT: true},
@@ -179,6 +181,8 @@ func TestReconcileAdoptsEachRecordByItsState(t *testing.T) {
 			e.rt.Vanish(ids[i])
 		case "exited":
 			e.rt.Exit(ids[i], 1)
+		case "lazy":
+			e.rt.SetLazyPending(ids[i])
 		case "frozen":
 			if err := e.rt.Freeze(ctx, ids[i]); err != nil {
 				t.Fatal(err)

@@ -98,6 +98,9 @@ type BootSpec struct {
 	// sandbox's cgroup, and its verification): the manager sets CPUWeight
 	// with CPUWeighter.SetCPUWeight once the sandbox is usable.
 	StartupCPUWeight uint32
+	// LazyRestore: a memory-tier fork's pages are served at first touch
+	// (LazyRestorer); the manager sets it only when the runtime is one.
+	LazyRestore bool `json:",omitempty"`
 }
 
 // NetworkSpec is a sandbox's network: its mode, and in mode egress what it
@@ -141,6 +144,10 @@ type Instance struct {
 	// Phase times as the runtime saw them.
 	CreatedAt     time.Time // container created
 	TaskStartedAt time.Time // task started (or restored)
+	// LazyPending: a lazy replica whose pages were never all in and whose
+	// page server is gone (another controld's): its missing memory would
+	// read as zeros.
+	LazyPending bool
 }
 
 // InstanceStatus is the runtime's view of a sandbox.
@@ -205,6 +212,32 @@ type CheckpointRef struct {
 	// booted ("" when the runtime does not know it): a fork runs that
 	// image even after the name moved (see ImageResolver).
 	ImageDigest string `json:",omitempty"`
+}
+
+// LazyRestorer is an optional Runtime extension: memory-tier forks whose
+// pages are served at their first touch (BootSpec.LazyRestore).
+type LazyRestorer interface {
+	// LazyBytes is the memory a lazy restore of ref leaves to the page
+	// server, or why this host cannot restore ref lazily
+	// (FAILED_PRECONDITION, reason LAZY_RESTORE_UNAVAILABLE).
+	LazyBytes(ctx context.Context, ref CheckpointRef) (int64, error)
+	// LazySafe says a fork in mode AUTO may restore lazily on this host: a
+	// lazy restore maps each process's private memory writable before its
+	// pages come, which the kernel's heuristic overcommit refuses for
+	// reservations larger than the host (Chromium's).
+	LazySafe() bool
+	// CompleteRestore starts copying a verified lazy replica's remaining
+	// pages in the background (nothing for another sandbox).
+	CompleteRestore(id string)
+	// LazyStats is what a lazy replica's page server did so far (false
+	// when id is no lazy replica still fetching pages).
+	LazyStats(id string) (LazyStats, bool)
+}
+
+// LazyStats is a lazy replica's page server's work: the pages left to it,
+// the faults it served and the pages they brought in.
+type LazyStats struct {
+	LazyPages, Faults, FaultPages int64
 }
 
 // ImageResolver is an optional Runtime extension: what an image reference

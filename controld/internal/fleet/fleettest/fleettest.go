@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -62,8 +63,15 @@ type Runtime struct {
 	// reconciliation's first look at the runtime: a test holds controld in
 	// its startup).
 	ListGate chan struct{}
+	// LazyPageBytes is what LazyBytes reports for every checkpoint;
+	// LazyErr, when set, is its error (lazy restore unavailable); LazyUnsafe
+	// makes LazySafe false.
+	LazyPageBytes int64
+	LazyErr       error
+	LazyUnsafe    bool
 
 	mu        sync.Mutex
+	completed []string                     // CompleteRestore's ids, in order
 	hits      map[string]runtime.LimitHits // SetLimitHits
 	instances map[string]*instance
 	// precreated are sandboxes created but not started (Precreate): List
@@ -148,6 +156,49 @@ func (r *Runtime) setDigest(id, dg string) {
 	if in, ok := r.instances[id]; ok {
 		in.digest = dg
 	}
+}
+
+// LazyBytes implements runtime.LazyRestorer.
+func (r *Runtime) LazyBytes(context.Context, runtime.CheckpointRef) (int64, error) {
+	return r.LazyPageBytes, r.LazyErr
+}
+
+// LazySafe implements runtime.LazyRestorer.
+func (r *Runtime) LazySafe() bool { return !r.LazyUnsafe }
+
+// CompleteRestore implements runtime.LazyRestorer.
+func (r *Runtime) CompleteRestore(id string) {
+	r.mu.Lock()
+	r.completed = append(r.completed, id)
+	r.mu.Unlock()
+}
+
+// SetLazyPending makes id a lazy replica whose page server was another
+// controld's (Instance.LazyPending).
+func (r *Runtime) SetLazyPending(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in := r.instances[id]; in != nil {
+		in.inst.LazyPending = true
+	}
+}
+
+// LazyStats implements runtime.LazyRestorer: a replica not completed yet
+// had one fault.
+func (r *Runtime) LazyStats(id string) (runtime.LazyStats, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slices.Contains(r.completed, id) {
+		return runtime.LazyStats{}, false
+	}
+	return runtime.LazyStats{LazyPages: r.LazyPageBytes / 4096, Faults: 1, FaultPages: 1}, true
+}
+
+// Completed returns the ids CompleteRestore was called with, in order.
+func (r *Runtime) Completed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.completed)
 }
 
 func (r *Runtime) count(op string) {

@@ -23,6 +23,9 @@
 //	held LINE           send LINE on the held connection, return the answer
 //	lo                  the flags of lo (/sys/class/net/lo/flags)
 //	fetch HOST:PORT PATH  an HTTP GET (the status line and first body line)
+//	fill MIB            hold MIB MiB of pseudo-random bytes (a sandbox
+//	                    whose memory a restore must bring back)
+//	sum                 a checksum of the bytes fill holds
 //	traced              start a child that this process traces (as a
 //	                    debugger would) and return its pid
 package main
@@ -53,6 +56,7 @@ var (
 	mu    sync.Mutex
 	value = "initial"
 	open  []*os.File // files kept open, as openbox keeps its log open
+	fill  []byte     // fill's bytes
 )
 
 func main() {
@@ -94,6 +98,23 @@ func serve(c net.Conn, logf *os.File) {
 	switch cmd {
 	case "get":
 		reply = value
+	case "fill":
+		n, _ := strconv.Atoi(arg)
+		fill = make([]byte, n<<20)
+		x := uint64(0x9e3779b97f4a7c15)
+		for i := range fill {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			fill[i] = byte(x)
+		}
+		reply = "ok"
+	case "sum":
+		var h uint64 = 14695981039346656037
+		for _, b := range fill {
+			h = (h ^ uint64(b)) * 1099511628211
+		}
+		reply = strconv.FormatUint(h, 16)
 	case "set":
 		value = arg
 		shown.Store(arg)

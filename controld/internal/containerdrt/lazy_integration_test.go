@@ -1,0 +1,307 @@
+//go:build linux
+
+package containerdrt
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+)
+
+// criuPageServer is CRIU's own page server (criu lazy-pages), one daemon
+// per restore: the wiring's stand-in until the tests use lazypages.
+type criuPageServer struct{}
+
+func (criuPageServer) Open(dir string) (PageImages, error) {
+	if _, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil {
+		return nil, err
+	}
+	return &criuImages{dir: dir}, nil
+}
+
+type criuImages struct{ dir string }
+
+func (im *criuImages) LazyBytes() int64 {
+	var n int64
+	m, _ := filepath.Glob(filepath.Join(im.dir, "pages-*.img"))
+	for _, p := range m {
+		if st, err := os.Stat(p); err == nil {
+			n += st.Size()
+		}
+	}
+	return n
+}
+
+func (im *criuImages) Close() error { return nil }
+
+func (im *criuImages) Listen(_ context.Context, work string) (PageSession, error) {
+	cmd := exec.Command(criuTestBinary(), "lazy-pages", "--images-dir", im.dir, "--work-dir", work, "-v2", "-o", "lazy-pages.log")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &criuSession{cmd: cmd, done: make(chan struct{})}
+	go func() { s.err = cmd.Wait(); close(s.done) }()
+	for range 2000 {
+		if _, err := os.Stat(filepath.Join(work, "lazy-pages.socket")); err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			return nil, errors.New("criu lazy-pages exited")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cmd.Process.Kill()
+	return nil, errors.New("criu lazy-pages: no socket")
+}
+
+func criuTestBinary() string {
+	if p, err := exec.LookPath("criu"); err == nil {
+		return p
+	}
+	return "/usr/local/sbin/criu"
+}
+
+type criuSession struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	once sync.Once
+}
+
+func (s *criuSession) Complete()                {} // the daemon completes on its own
+func (s *criuSession) Stats() runtime.LazyStats { return runtime.LazyStats{} }
+func (s *criuSession) Done() <-chan struct{}    { return s.done }
+func (s *criuSession) Err() error               { <-s.done; return s.err }
+func (s *criuSession) Close() error {
+	s.once.Do(func() { s.cmd.Process.Kill() })
+	<-s.done
+	return nil
+}
+
+// lazyTestRuntime is a runtime whose lazy restores use ps.
+func lazyTestRuntime(t *testing.T, ps PageServer) *Runtime {
+	t.Helper()
+	if _, err := os.Stat(userfaultfdDevice); err != nil {
+		t.Fatalf("lazy restore needs %s: %v", userfaultfdDevice, err)
+	}
+	r := newTestRuntime(t, testNamespace, func(c *Config) { c.PageServer = ps })
+	importTestImage(t, r)
+	return r
+}
+
+// sandboxFds lists the targets of every open fd of the processes in a
+// sandbox's cgroup (pids v1 hierarchy).
+func sandboxFdTargets(t *testing.T, r *Runtime, id string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(r.cfg.CgroupRoot, "pids", r.cfg.CgroupParent, id, "cgroup.procs"))
+	if err != nil {
+		t.Fatalf("sandbox %s processes: %v", id, err)
+	}
+	var out []string
+	for _, pid := range strings.Fields(string(b)) {
+		des, _ := os.ReadDir("/proc/" + pid + "/fd")
+		for _, de := range des {
+			if l, err := os.Readlink("/proc/" + pid + "/fd/" + de.Name()); err == nil {
+				out = append(out, pid+":"+l)
+			}
+		}
+	}
+	return out
+}
+
+// TestIntegrationLazyRestore forks a sandbox holding 64 MiB lazily: its
+// memory reads back whole, no restored process holds /dev/userfaultfd, the
+// replica is marked pending until its pages are in, and a restart's view
+// (another runtime without its session) reports it LazyPending.
+func TestIntegrationLazyRestore(t *testing.T) {
+	integration(t)
+	r := lazyTestRuntime(t, criuPageServer{})
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("lazysrc")))
+	mustCall(t, src, "set lazy-value")
+	mustCall(t, src, "fill 64")
+	want := mustCall(t, src, "sum")
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+
+	if n, err := r.LazyBytes(ctx, res.Ref); err != nil || n < 64<<20 {
+		t.Fatalf("LazyBytes = %d, %v; want at least 64 MiB", n, err)
+	}
+	spec := testSpec(uniqueID("lazyf"))
+	spec.LazyRestore = true
+	f := restoreT(t, r, spec, res.Ref)
+	if got := mustCall(t, f, "get"); got != "lazy-value" {
+		t.Errorf("lazy replica value %q", got)
+	}
+	if got := mustCall(t, f, "sum"); got != want {
+		t.Errorf("lazy replica's 64 MiB sum %s, want %s", got, want)
+	}
+	for _, l := range sandboxFdTargets(t, r, f.ID) {
+		if strings.Contains(l, "userfaultfd") && !strings.Contains(l, "anon_inode") {
+			t.Errorf("a restored process holds %s", l)
+		}
+	}
+	// Another controld's view: the session is not its own.
+	other := newTestRuntime(t, testNamespace)
+	if in, err := other.Get(ctx, f.ID); err != nil || (!in.LazyPending && r.lazyPendingLabel(t, f.ID)) {
+		t.Errorf("restart view of a pending lazy replica: %+v, %v", in, err)
+	}
+	r.CompleteRestore(f.ID)
+	waitLazyDone(t, r, f.ID)
+	if r.lazyPendingLabel(t, f.ID) {
+		t.Error("lazy replica still labelled pending after its pages are in")
+	}
+	if in, err := other.Get(ctx, f.ID); err != nil || in.LazyPending {
+		t.Errorf("restart view of a complete lazy replica: %+v, %v", in, err)
+	}
+	if got := mustCall(t, f, "sum"); got != want {
+		t.Errorf("completed lazy replica's sum %s, want %s", got, want)
+	}
+	// An eager fork of the same checkpoint, side by side.
+	e := restoreT(t, r, testSpec(uniqueID("eagerf")), res.Ref)
+	if got := mustCall(t, e, "sum"); got != want {
+		t.Errorf("eager replica's sum %s, want %s", got, want)
+	}
+}
+
+// TestIntegrationLazyRestoreDeleteCheckpoint deletes a checkpoint while a
+// lazy replica still fetches from it: the delete waits for the pages, and
+// the replica's memory is whole after.
+func TestIntegrationLazyRestoreDeleteCheckpoint(t *testing.T) {
+	integration(t)
+	r := lazyTestRuntime(t, criuPageServer{})
+	ctx := context.Background()
+	src := bootT(t, r, testSpec(uniqueID("lazydsrc")))
+	mustCall(t, src, "fill 32")
+	want := mustCall(t, src, "sum")
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	spec := testSpec(uniqueID("lazydf"))
+	spec.LazyRestore = true
+	f := restoreT(t, r, spec, res.Ref)
+	if err := r.DeleteCheckpoint(ctx, res.Ref); err != nil {
+		t.Fatalf("DeleteCheckpoint with a lazy replica: %v", err)
+	}
+	if _, live := r.lazySession(f.ID); live {
+		t.Error("DeleteCheckpoint returned with the replica's session live")
+	}
+	if got := mustCall(t, f, "sum"); got != want {
+		t.Errorf("lazy replica's sum after its checkpoint went %s, want %s", got, want)
+	}
+	// A lazy fork of a deleted checkpoint fails clearly.
+	spec2 := testSpec(uniqueID("lazydf2"))
+	spec2.LazyRestore = true
+	if _, err := r.Restore(ctx, spec2, res.Ref); err == nil {
+		t.Error("lazy Restore of a deleted checkpoint succeeded")
+	}
+}
+
+// TestIntegrationLazyRestoreSourceFails ends a lazy replica's page source
+// before its pages are in: the replica is killed, not left running with
+// zero pages.
+func TestIntegrationLazyRestoreSourceFails(t *testing.T) {
+	integration(t)
+	ps := &failingPageServer{}
+	r := lazyTestRuntime(t, ps)
+	src := bootT(t, r, testSpec(uniqueID("lazyxsrc")))
+	mustCall(t, src, "fill 32")
+	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
+	spec := testSpec(uniqueID("lazyxf"))
+	spec.LazyRestore = true
+	f := restoreT(t, r, spec, res.Ref)
+	ps.fail(errors.New("page source gone"))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		in, err := r.Get(context.Background(), f.ID)
+		if err == nil && in.Status == runtime.StatusStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica whose page source failed still %+v, %v", in, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, live := r.lazySession(f.ID); live {
+		t.Error("failed session still held")
+	}
+}
+
+// failingPageServer serves through CRIU's daemon and fails its sessions on
+// demand (a session reports an error while its replica runs).
+type failingPageServer struct {
+	mu       sync.Mutex
+	sessions []*failingSession
+}
+
+func (p *failingPageServer) Open(dir string) (PageImages, error) {
+	im, err := criuPageServer{}.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &failingImages{PageImages: im, p: p}, nil
+}
+
+func (p *failingPageServer) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.sessions {
+		s.failOnce.Do(func() { s.err = err; close(s.done) })
+	}
+}
+
+type failingImages struct {
+	PageImages
+	p *failingPageServer
+}
+
+func (im *failingImages) Listen(ctx context.Context, work string) (PageSession, error) {
+	s, err := im.PageImages.Listen(ctx, work)
+	if err != nil {
+		return nil, err
+	}
+	fs := &failingSession{PageSession: s, done: make(chan struct{})}
+	im.p.mu.Lock()
+	im.p.sessions = append(im.p.sessions, fs)
+	im.p.mu.Unlock()
+	return fs, nil
+}
+
+type failingSession struct {
+	PageSession
+	done     chan struct{}
+	err      error
+	failOnce sync.Once
+}
+
+func (s *failingSession) Done() <-chan struct{} { return s.done }
+func (s *failingSession) Err() error            { <-s.done; return s.err }
+
+func (r *Runtime) lazyPendingLabel(t *testing.T, id string) bool {
+	t.Helper()
+	c, err := r.client.ContainerService().Get(r.ctx(context.Background()), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Labels[labelLazyRestore] != ""
+}
+
+func waitLazyDone(t *testing.T, r *Runtime, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, live := r.lazySession(id); !live {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lazy replica %s: pages not all in after 30 s", id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
