@@ -33,6 +33,8 @@ type browserSuite struct {
 	ns      intList
 	ksmWait time.Duration
 	peer    bool
+	// restores are the fork restore modes measured, in turn.
+	restores restoreModes
 }
 
 func (*browserSuite) Name() string { return "browser" }
@@ -46,6 +48,8 @@ func (b *browserSuite) Flags(fs *flag.FlagSet) {
 	fs.Var(&b.ns, "browser-fork-ns", "replica counts")
 	fs.DurationVar(&b.ksmWait, "browser-ksm-wait", 30*time.Second, "read replica memory again this long after the fork (KSM merges over time)")
 	fs.BoolVar(&b.peer, "browser-podman", true, "also measure podman checkpoint --leave-running / restore of the same image")
+	b.restores = restoreModes{controldv1.RestoreMode_RESTORE_MODE_EAGER}
+	fs.Var(&b.restores, "browser-restore", "restore modes of the browser forks, each measured in turn: eager, lazy, auto (lazy needs vm.overcommit_memory=1: docs/security.md)")
 }
 func (b *browserSuite) Peers() []string { return podmanPeers(b.peer) }
 func (b *browserSuite) Check(ctx context.Context, env *suiteapi.Env) error {
@@ -89,8 +93,11 @@ func (b *browserSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row
 	defer c.removeCheckpoint(ctx, ck.GetId())
 	f := &forkSuite{settle: 2 * time.Second, ksmWait: b.ksmWait}
 	for _, k := range b.ns {
-		rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), "memory", k, max(2, n/k), "shape", browserShape)...)
+		for _, m := range b.restores {
+			rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), "memory", k, max(2, n/k), m, "shape", browserShape)...)
+		}
 	}
+	rows = append(rows, lazySpeedups(rows)...)
 
 	// Claims from a frozen pool of replicas of the page.
 	p := &poolSuite{size: 2, bursts: intList{1}, ksmWait: b.ksmWait}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,46 @@ type forkSuite struct {
 	// process plus 100 MB on disk, forked eagerly shapeNs ways.
 	ramMB   int
 	shapeNs intList
+	// restores are the restore modes memory-tier forks are measured in,
+	// one after the other in the same run (eager, lazy).
+	restores restoreModes
+}
+
+// restoreModes is a list flag of fork restore modes: eager, lazy, auto.
+type restoreModes []controldv1.RestoreMode
+
+func (m *restoreModes) String() string {
+	var out []string
+	for _, v := range *m {
+		out = append(out, restoreName(v))
+	}
+	return strings.Join(out, ",")
+}
+
+func (m *restoreModes) Set(s string) error {
+	*m = nil
+	for _, f := range strings.Split(s, ",") {
+		v, ok := controldv1.RestoreMode_value["RESTORE_MODE_"+strings.ToUpper(strings.TrimSpace(f))]
+		if !ok || v == 0 {
+			return fmt.Errorf("restore mode %q: want eager, lazy or auto", f)
+		}
+		*m = append(*m, controldv1.RestoreMode(v))
+	}
+	return nil
+}
+
+// restoreName is a mode's row label value: eager, lazy, auto.
+func restoreName(m controldv1.RestoreMode) string {
+	return strings.ToLower(strings.TrimPrefix(m.String(), "RESTORE_MODE_"))
+}
+
+// restoreLabels are the labels of rows forked in mode m: none for eager
+// (the rows every earlier run has), "restore" otherwise.
+func restoreLabels(m controldv1.RestoreMode, extra ...string) []string {
+	if m == controldv1.RestoreMode_RESTORE_MODE_EAGER {
+		return extra
+	}
+	return append(slices.Clone(extra), "restore", restoreName(m))
 }
 
 func (*forkSuite) Name() string { return "fork" }
@@ -49,6 +90,8 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	f.shapeNs = intList{1, 4, 8}
 	fs.IntVar(&f.ramMB, "fork-ram-mb", 300, "RAM held by the reference shape's ballast process, forked --fork-shape-ns ways (memory tier; 0: no reference shape)")
 	fs.Var(&f.shapeNs, "fork-shape-ns", "replica counts of the reference shape")
+	f.restores = restoreModes{controldv1.RestoreMode_RESTORE_MODE_EAGER, controldv1.RestoreMode_RESTORE_MODE_LAZY}
+	fs.Var(&f.restores, "fork-restore", "restore modes of the memory-tier forks (bare desktop and reference shape), each measured in turn: eager, lazy, auto")
 }
 
 // Peers: podman's restore of the same container, unless --fork-podman=false.
@@ -82,8 +125,14 @@ func (f *forkSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 			env.Notef("fork tier %s not measured: %v", tier.name, err)
 			continue
 		}
+		modes := f.restores
+		if tier.t == controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+			modes = restoreModes{controldv1.RestoreMode_RESTORE_MODE_EAGER} // a disk replica boots
+		}
 		for _, n := range f.ns {
-			rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), tier.name, n, reps)...)
+			for _, m := range modes {
+				rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), tier.name, n, reps, m)...)
+			}
 		}
 		c.removeCheckpoint(ctx, ck.GetId())
 	}
@@ -93,6 +142,7 @@ func (f *forkSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 	if f.ramMB > 0 {
 		rows = append(rows, f.referenceShape(ctx, env, c, reps)...)
 	}
+	rows = append(rows, lazySpeedups(rows)...)
 	if f.peer {
 		rows = append(rows, f.podmanRows(ctx, env, image, reps)...)
 		rows = append(rows, forkRatios(rows)...)
@@ -124,15 +174,20 @@ func (f *forkSuite) referenceShape(ctx context.Context, env *suiteapi.Env, c *co
 	defer c.removeCheckpoint(ctx, r.GetCheckpoint().GetId())
 	var rows []result.Row
 	for _, n := range f.shapeNs {
-		rows = append(rows, f.forkN(ctx, env, c, r.GetCheckpoint().GetId(), "memory", n, reps, "shape", shape)...)
+		for _, m := range f.restores {
+			rows = append(rows, f.forkN(ctx, env, c, r.GetCheckpoint().GetId(), "memory", n, reps, m, "shape", shape)...)
+		}
 	}
 	return rows
 }
 
 // forkN forks n replicas of checkpoint ckID reps times: wall clock, per
 // replica, the restore breakdown, and memory per replica (after settle, and
-// on the last repetition after ksmWait). extra are labels every row carries.
-func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, ckID, tier string, n, reps int, extra ...string) []result.Row {
+// on the last repetition after ksmWait), restored in mode (a lazy
+// replica's rows carry restore=lazy). extra are labels every row carries.
+func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, ckID, tier string, n, reps int, mode controldv1.RestoreMode, extra ...string) []result.Row {
+	extra = restoreLabels(mode, extra...)
+	modes := map[controldv1.RestoreMode]int{}
 	lbl := labels(append([]string{"tier", tier, "n", itoa(n)}, extra...)...)
 	wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
 	per := result.NewSeries("fork.replica_usable", "ms", lbl)
@@ -142,13 +197,18 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	memKSM := newReplicaMem("fork.replica", "_after_ksm", klbl, true)
 	scans := result.NewSeries("fork.ksm_full_scans", "scans", klbl)
 	breakdown := newForkBreakdown(tier, itoa(n), extra...)
+	// A lazy replica's page server up to its answer: faults, the pages
+	// they brought in, and the pages left to it.
+	lazyFaults := result.NewSeries("fork.lazy.faults", "faults", lbl)
+	lazyFaultPages := result.NewSeries("fork.lazy.fault_pages", "pages", lbl)
+	lazyPages := result.NewSeries("fork.lazy.lazy_pages", "pages", lbl)
 	res := replicaResources(ctx, env, c, ckID, n)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
 		ksm0 := readKSM(ksmDir)
 		t0 := time.Now()
 		resp, err := c.ck.ForkCheckpoint(fctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: uint32(n),
-			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL), Resources: res})
+			Labels: map[string]string{benchLabel: "1"}, Ttl: durationpb.New(benchTTL), Resources: res, RestoreMode: mode})
 		w := time.Since(t0)
 		sp.End()
 		if err != nil {
@@ -171,6 +231,12 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 				per.Unverified()
 			default:
 				good++
+				modes[rep.GetRestoreMode()]++
+				if st := rep.GetLazyRestore(); st != nil {
+					lazyFaults.Add(float64(st.GetFaults()))
+					lazyFaultPages.Add(float64(st.GetFaultPages()))
+					lazyPages.Add(float64(st.GetLazyPages()))
+				}
 				per.Add(dur(rep.GetTook()))
 				breakdown.add(rep)
 				ok = append(ok, rep.GetSandbox().GetId())
@@ -208,7 +274,15 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		}
 		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier, n, r+1, good, n, suiteapi.Ms(w))
 	}
+	for m, k := range modes {
+		if m != mode && mode != controldv1.RestoreMode_RESTORE_MODE_AUTO {
+			env.Notef("fork %s N=%d%s: %d replica(s) restored %s", tier, n, labelSuffix(extra), k, restoreName(m))
+		}
+	}
 	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
+	if lazyPages.Len() > 0 {
+		rows = append(rows, lazyFaults.Row(), lazyFaultPages.Row(), lazyPages.Row())
+	}
 	rows = append(rows, breakdown.rows()...)
 	rows = append(rows, mem.rows()...)
 	rows = append(rows, memKSM.rows()...)
@@ -270,6 +344,34 @@ func forkRatios(rows []result.Row) []result.Row {
 		}
 		if p, ok := peer[[2]string{shapeOf(r), r.Labels["n"]}]; ok {
 			out = append(out, result.Single("fork.speedup_vs_podman", "x", labels("tier", r.Labels["tier"], "n", r.Labels["n"]), p / *r.P50))
+		}
+	}
+	return out
+}
+
+// lazySpeedups divides each eager fork's p50 (wall and per replica) by the
+// same fork's lazy p50 in this run: fork.lazy_speedup, per tier, shape, n.
+func lazySpeedups(rows []result.Row) []result.Row {
+	key := func(r result.Row) [4]string {
+		return [4]string{r.Metric, r.Labels["tier"], r.Labels["shape"], r.Labels["n"]}
+	}
+	eager := map[[4]string]float64{}
+	for _, r := range rows {
+		if (r.Metric == "fork.fanout.wall" || r.Metric == "fork.replica_usable") && r.Labels["restore"] == "" && r.P50 != nil {
+			eager[key(r)] = *r.P50
+		}
+	}
+	var out []result.Row
+	for _, r := range rows {
+		if r.Labels["restore"] != "lazy" || r.P50 == nil || *r.P50 <= 0 {
+			continue
+		}
+		if e, ok := eager[key(r)]; ok {
+			lbl := labels("tier", r.Labels["tier"], "n", r.Labels["n"], "of", r.Metric)
+			if s := r.Labels["shape"]; s != "" {
+				lbl["shape"] = s
+			}
+			out = append(out, result.Single("fork.lazy_speedup", "x", lbl, e / *r.P50))
 		}
 	}
 	return out
