@@ -86,6 +86,25 @@ func TestRealStackUnitHardening(t *testing.T) {
 		t.Fatal("no file of the image's agent home to delete")
 	}
 	s.checkpointForkDelete(src)
+	// A lazy fork: controld opens /dev/userfaultfd for the restore's CRIU
+	// under the unit's device policy (DeviceAllow).
+	ck, err := s.ckc.CreateCheckpoint(s.ctx, &controldv1.CreateCheckpointRequest{SandboxId: src})
+	if err != nil {
+		t.Fatalf("checkpoint for a lazy fork: %v", err)
+	}
+	fr, err := s.ckc.ForkCheckpoint(s.ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Checkpoint.Id, Count: 1,
+		RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY})
+	if err != nil {
+		t.Fatalf("lazy fork: %v", err)
+	}
+	if r := fr.Replicas[0]; r.ErrorCode != 0 {
+		t.Errorf("lazy replica failed under the unit's confinement: %s", r.ErrorMessage)
+	} else if _, err := s.sbc.DeleteSandbox(s.ctx, &controldv1.DeleteSandboxRequest{Id: r.Sandbox.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ckc.DeleteCheckpoint(s.ctx, &controldv1.DeleteCheckpointRequest{Id: ck.Checkpoint.Id}); err != nil {
+		t.Fatal(err)
+	}
 	// An egress sandbox: controld pins its namespace, wires its veth and
 	// loads its nft rules under the same confinement.
 	eg, err := s.sbc.CreateSandbox(s.ctx, &controldv1.CreateSandboxRequest{WaitReady: true, Labels: map[string]string{"test": "unit-hardening"},

@@ -71,7 +71,7 @@ func openUserfaultfd() (*os.File, error) {
 	fd, err := unix.Open(userfaultfdDevice, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "LAZY_RESTORE_UNAVAILABLE",
-			"lazy restore needs %s (Linux 6.1, CONFIG_USERFAULTFD): %v", userfaultfdDevice, err)
+			"lazy restore needs %s (Linux 6.1 with CONFIG_USERFAULTFD, open to controld: its unit's DeviceAllow): %v", userfaultfdDevice, err)
 	}
 	return os.NewFile(uintptr(fd), userfaultfdDevice), nil
 }
