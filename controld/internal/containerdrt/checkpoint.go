@@ -848,6 +848,7 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	if err := r.waitLazyReplicas(ctx, ref.Dir); err != nil {
 		return err
 	}
+	r.lazy.bytes.Delete(ref.Dir)
 	r.restoreBases.Delete(ref.Dir)
 	ctx = r.ctx(ctx)
 	_, statErr := os.Stat(filepath.Join(ref.Dir, metaFile))

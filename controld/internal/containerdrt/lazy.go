@@ -27,7 +27,7 @@ import (
 // and the replica runs at once: the server fills every page at its first
 // touch. Once the replica is verified, CompleteRestore has the server copy
 // the rest in the background. The page server is controld's own
-// (Config.PageServer: controld/internal/lazypages); a task's uffd comes
+// (controld/internal/lazypages, unless Config.PageServer); a task's uffd comes
 // from /dev/userfaultfd (userfaultfd.go).
 //
 // While any replica of a checkpoint still fetches pages the checkpoint's
@@ -92,6 +92,7 @@ type lazyState struct {
 	mu          sync.Mutex
 	checkpoints map[string]*lazyCheckpoint // by checkpoint dir
 	replicas    map[string]*lazyReplica    // by sandbox id
+	bytes       sync.Map                   // checkpoint dir -> its LazyBytes
 }
 
 // LazyBytes implements runtime.LazyRestorer: what a lazy restore of ref
@@ -107,19 +108,21 @@ func (r *Runtime) LazyBytes(ctx context.Context, ref runtime.CheckpointRef) (int
 	if err := r.validateCheckpointDir("from.dir", ref.Dir); err != nil {
 		return 0, err
 	}
+	if n, ok := r.lazy.bytes.Load(ref.Dir); ok {
+		return n.(int64), nil // a checkpoint does not change
+	}
 	im, err := r.acquireLazy(ref.Dir)
 	if err != nil {
 		return 0, err
 	}
 	defer r.releaseLazy(ref.Dir)
-	return im.LazyBytes(), nil
+	n := im.LazyBytes()
+	r.lazy.bytes.Store(ref.Dir, n)
+	return n, nil
 }
 
 // lazyAvailable says why this runtime cannot restore lazily, if it cannot.
 func (r *Runtime) lazyAvailable() error {
-	if r.cfg.PageServer == nil {
-		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "LAZY_RESTORE_UNAVAILABLE", "this controld has no page server")
-	}
 	dev, err := openUserfaultfd()
 	if err != nil {
 		return err
@@ -328,6 +331,7 @@ func (r *Runtime) waitLazyReplicas(ctx context.Context, dir string) error {
 		return nil
 	}
 	ck.deleting = true
+	l.bytes.Delete(dir)
 	if ck.gone == nil {
 		ck.gone = make(chan struct{})
 	}

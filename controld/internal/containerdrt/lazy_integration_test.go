@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,78 +15,8 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
-// criuPageServer is CRIU's own page server (criu lazy-pages), one daemon
-// per restore: the wiring's stand-in until the tests use lazypages.
-type criuPageServer struct{}
-
-func (criuPageServer) Open(dir string) (PageImages, error) {
-	if _, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil {
-		return nil, err
-	}
-	return &criuImages{dir: dir}, nil
-}
-
-type criuImages struct{ dir string }
-
-func (im *criuImages) LazyBytes() int64 {
-	var n int64
-	m, _ := filepath.Glob(filepath.Join(im.dir, "pages-*.img"))
-	for _, p := range m {
-		if st, err := os.Stat(p); err == nil {
-			n += st.Size()
-		}
-	}
-	return n
-}
-
-func (im *criuImages) Close() error { return nil }
-
-func (im *criuImages) Listen(_ context.Context, work string) (PageSession, error) {
-	cmd := exec.Command(criuTestBinary(), "lazy-pages", "--images-dir", im.dir, "--work-dir", work, "-v2", "-o", "lazy-pages.log")
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &criuSession{cmd: cmd, done: make(chan struct{})}
-	go func() { s.err = cmd.Wait(); close(s.done) }()
-	for range 2000 {
-		if _, err := os.Stat(filepath.Join(work, "lazy-pages.socket")); err == nil {
-			return s, nil
-		}
-		select {
-		case <-s.done:
-			return nil, errors.New("criu lazy-pages exited")
-		case <-time.After(time.Millisecond):
-		}
-	}
-	cmd.Process.Kill()
-	return nil, errors.New("criu lazy-pages: no socket")
-}
-
-func criuTestBinary() string {
-	if p, err := exec.LookPath("criu"); err == nil {
-		return p
-	}
-	return "/usr/local/sbin/criu"
-}
-
-type criuSession struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-	once sync.Once
-}
-
-func (s *criuSession) Complete()                {} // the daemon completes on its own
-func (s *criuSession) Stats() runtime.LazyStats { return runtime.LazyStats{} }
-func (s *criuSession) Done() <-chan struct{}    { return s.done }
-func (s *criuSession) Err() error               { <-s.done; return s.err }
-func (s *criuSession) Close() error {
-	s.once.Do(func() { s.cmd.Process.Kill() })
-	<-s.done
-	return nil
-}
-
-// lazyTestRuntime is a runtime whose lazy restores use ps.
+// lazyTestRuntime is a runtime whose lazy restores use ps (nil:
+// controld's own page server).
 func lazyTestRuntime(t *testing.T, ps PageServer) *Runtime {
 	t.Helper()
 	if _, err := os.Stat(userfaultfdDevice); err != nil {
@@ -124,7 +53,7 @@ func sandboxFdTargets(t *testing.T, r *Runtime, id string) []string {
 // (another runtime without its session) reports it LazyPending.
 func TestIntegrationLazyRestore(t *testing.T) {
 	integration(t)
-	r := lazyTestRuntime(t, criuPageServer{})
+	r := lazyTestRuntime(t, nil)
 	ctx := context.Background()
 	src := bootT(t, r, testSpec(uniqueID("lazysrc")))
 	mustCall(t, src, "set lazy-value")
@@ -172,12 +101,12 @@ func TestIntegrationLazyRestore(t *testing.T) {
 	}
 }
 
-// TestIntegrationLazyRestoreDeleteCheckpoint deletes a checkpoint while a
+// TestIntegrationLazyDeleteCheckpoint deletes a checkpoint while a
 // lazy replica still fetches from it: the delete waits for the pages, and
 // the replica's memory is whole after.
-func TestIntegrationLazyRestoreDeleteCheckpoint(t *testing.T) {
+func TestIntegrationLazyDeleteCheckpoint(t *testing.T) {
 	integration(t)
-	r := lazyTestRuntime(t, criuPageServer{})
+	r := lazyTestRuntime(t, nil)
 	ctx := context.Background()
 	src := bootT(t, r, testSpec(uniqueID("lazydsrc")))
 	mustCall(t, src, "fill 32")
@@ -203,10 +132,10 @@ func TestIntegrationLazyRestoreDeleteCheckpoint(t *testing.T) {
 	}
 }
 
-// TestIntegrationLazyRestoreSourceFails ends a lazy replica's page source
+// TestIntegrationLazySourceFails ends a lazy replica's page source
 // before its pages are in: the replica is killed, not left running with
 // zero pages.
-func TestIntegrationLazyRestoreSourceFails(t *testing.T) {
+func TestIntegrationLazySourceFails(t *testing.T) {
 	integration(t)
 	ps := &failingPageServer{}
 	r := lazyTestRuntime(t, ps)
@@ -233,15 +162,15 @@ func TestIntegrationLazyRestoreSourceFails(t *testing.T) {
 	}
 }
 
-// failingPageServer serves through CRIU's daemon and fails its sessions on
-// demand (a session reports an error while its replica runs).
+// failingPageServer serves through controld's page server and fails its
+// sessions on demand (a session reports an error while its replica runs).
 type failingPageServer struct {
 	mu       sync.Mutex
 	sessions []*failingSession
 }
 
 func (p *failingPageServer) Open(dir string) (PageImages, error) {
-	im, err := criuPageServer{}.Open(dir)
+	im, err := lazyPagesServer{}.Open(dir)
 	if err != nil {
 		return nil, err
 	}

@@ -133,7 +133,7 @@ type Config struct {
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
 	// PageServer serves the pages of lazy restores (BootSpec.LazyRestore;
-	// lazy.go); nil: memory-tier forks restore eagerly only.
+	// lazy.go); nil: controld's own (controld/internal/lazypages).
 	PageServer PageServer
 }
 
@@ -353,6 +353,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	)
 	if err != nil {
 		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
+	}
+	if cfg.PageServer == nil {
+		cfg.PageServer = lazyPagesServer{}
 	}
 	r := &Runtime{
 		cfg:         cfg,
