@@ -34,8 +34,10 @@ type forkSuite struct {
 	ramMB   int
 	shapeNs intList
 	// restores are the restore modes memory-tier forks are measured in,
-	// one after the other in the same run (eager, lazy).
+	// one after the other in the same run (eager, lazy): the reference
+	// shape's at every N, the bare desktop's other than eager at lazyNs.
 	restores restoreModes
+	lazyNs   intList
 }
 
 // restoreModes is a list flag of fork restore modes: eager, lazy, auto.
@@ -91,7 +93,9 @@ func (f *forkSuite) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&f.ramMB, "fork-ram-mb", 300, "RAM held by the reference shape's ballast process, forked --fork-shape-ns ways (memory tier; 0: no reference shape)")
 	fs.Var(&f.shapeNs, "fork-shape-ns", "replica counts of the reference shape")
 	f.restores = restoreModes{controldv1.RestoreMode_RESTORE_MODE_EAGER, controldv1.RestoreMode_RESTORE_MODE_LAZY}
-	fs.Var(&f.restores, "fork-restore", "restore modes of the memory-tier forks (bare desktop and reference shape), each measured in turn: eager, lazy, auto")
+	fs.Var(&f.restores, "fork-restore", "restore modes of the memory-tier forks (the reference shape's; the bare desktop's at --fork-lazy-ns), each measured in turn: eager, lazy, auto")
+	f.lazyNs = intList{1, 16}
+	fs.Var(&f.lazyNs, "fork-lazy-ns", "replica counts at which the bare desktop is also forked in --fork-restore's other modes")
 }
 
 // Peers: podman's restore of the same container, unless --fork-podman=false.
@@ -131,6 +135,9 @@ func (f *forkSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 		}
 		for _, n := range f.ns {
 			for _, m := range modes {
+				if m != controldv1.RestoreMode_RESTORE_MODE_EAGER && !slices.Contains(f.lazyNs, n) {
+					continue
+				}
 				rows = append(rows, f.forkN(ctx, env, c, ck.GetId(), tier.name, n, reps, m)...)
 			}
 		}
