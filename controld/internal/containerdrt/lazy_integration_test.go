@@ -94,6 +94,13 @@ func TestIntegrationLazyRestore(t *testing.T) {
 	if got := mustCall(t, f, "sum"); got != want {
 		t.Errorf("completed lazy replica's sum %s, want %s", got, want)
 	}
+	// A checkpoint of the lazy replica dumps every page (its dump takes the
+	// eager CRIU config): its own fork holds them all.
+	res2 := checkpointT(t, r, f.ID, runtime.TierMemory, false)
+	g := restoreT(t, r, testSpec(uniqueID("lazyg")), res2.Ref)
+	if got := mustCall(t, g, "sum"); got != want {
+		t.Errorf("fork of the lazy replica's checkpoint: sum %s, want %s", got, want)
+	}
 	// An eager fork of the same checkpoint, side by side.
 	e := restoreT(t, r, testSpec(uniqueID("eagerf")), res.Ref)
 	if got := mustCall(t, e, "sum"); got != want {
