@@ -289,7 +289,7 @@ type loop struct {
 	buf      []byte // restore protocol bytes not parsed yet
 	fds      []int  // uffds received, not yet matched to a pid
 	wantFD   int32  // pid waiting for its uffd
-	msgs     [64 * msgSize]byte
+	msg      [msgSize]byte
 }
 
 func (l *loop) init() error {
@@ -653,25 +653,26 @@ func (l *loop) gone(p *proc) {
 	p.miss, p.retry = newMissing(nil), nil
 }
 
+// readUffd handles p's messages one read at a time, as CRIU's daemon
+// does: a message must be handled before the next is read. The kernel
+// fails copies into a process with EAGAIN only until its fork (or remap,
+// unmap, remove) event is read; a copy made after reading that event but
+// before handling it would take from the parent's set pages its child
+// still misses (the child would read zeros), or drop a page that moved.
 func (l *loop) readUffd(p *proc) error {
 	for l.procs[p.fd] == p {
-		n, err := unix.Read(p.fd, l.msgs[:])
+		n, err := unix.Read(p.fd, l.msg[:])
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 				return nil
 			}
 			return fmt.Errorf("lazypages: read uffd of task %d: %w", p.pid, err)
 		}
-		if n == 0 || n%msgSize != 0 {
+		if n != msgSize {
 			return fmt.Errorf("lazypages: read uffd of task %d: %d bytes: %w", p.pid, n, errdefs.ErrInternal)
 		}
-		for off := 0; off < n; off += msgSize {
-			if err := l.event(p, decodeMsg(l.msgs[off:off+msgSize])); err != nil {
-				return err
-			}
-			if l.procs[p.fd] != p {
-				return nil
-			}
+		if err := l.event(p, decodeMsg(l.msg[:])); err != nil {
+			return err
 		}
 	}
 	return nil
