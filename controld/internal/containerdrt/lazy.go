@@ -130,7 +130,8 @@ func (r *Runtime) lazyAvailable() error {
 	return dev.Close()
 }
 
-// acquireLazy opens (or shares) dir's images for one more replica.
+// acquireLazy opens (or shares) dir's images for one more replica (or
+// LazyBytes).
 func (r *Runtime) acquireLazy(dir string) (PageImages, error) {
 	l := &r.lazy
 	l.mu.Lock()
@@ -151,7 +152,9 @@ func (r *Runtime) acquireLazy(dir string) (PageImages, error) {
 	return ck.images, nil
 }
 
-// releaseLazy drops one replica's hold on dir's images; the last closes them.
+// releaseLazy drops one replica's hold on dir's images. They stay open
+// for the checkpoint's next lazy forks (parsed and mapped once) until it is
+// deleted: then the last replica closes them.
 func (r *Runtime) releaseLazy(dir string) {
 	l := &r.lazy
 	l.mu.Lock()
@@ -160,10 +163,15 @@ func (r *Runtime) releaseLazy(dir string) {
 	if ck == nil {
 		return
 	}
-	if ck.refs--; ck.refs > 0 {
+	if ck.refs--; ck.refs > 0 || !ck.deleting {
 		return
 	}
-	delete(l.checkpoints, dir)
+	r.closeImagesLocked(dir, ck)
+}
+
+// closeImagesLocked closes a checkpoint's images nothing uses any more.
+func (r *Runtime) closeImagesLocked(dir string, ck *lazyCheckpoint) {
+	delete(r.lazy.checkpoints, dir)
 	if err := ck.images.Close(); err != nil {
 		r.log.Warn("close checkpoint images", "checkpoint", dir, "err", err)
 	}
@@ -336,6 +344,9 @@ func (r *Runtime) waitLazyReplicas(ctx context.Context, dir string) error {
 		ck.gone = make(chan struct{})
 	}
 	gone := ck.gone
+	if ck.refs == 0 {
+		r.closeImagesLocked(dir, ck)
+	}
 	var sessions []PageSession
 	for _, rep := range l.replicas {
 		if rep.dir == dir {
@@ -409,6 +420,14 @@ func (r *Runtime) closeLazy(ctx context.Context) {
 		}
 		r.endLazy(id)
 	}
+	r.lazy.mu.Lock()
+	for dir, ck := range r.lazy.checkpoints {
+		ck.deleting = true
+		if ck.refs == 0 {
+			r.closeImagesLocked(dir, ck)
+		}
+	}
+	r.lazy.mu.Unlock()
 }
 
 // LazySafe implements runtime.LazyRestorer: only under
