@@ -927,6 +927,21 @@ ksm_write() {
 	echo "$2" >"$f" 2>/dev/null || note ksm "could not set $1=$2"
 }
 
+# Lazy restores (controld.md "Lazy restore") make their tasks' userfaultfds
+# from /dev/userfaultfd, which controld hands to CRIU (docs/security.md):
+# vm.unprivileged_userfaultfd is left as it is. Nothing to change here; the
+# step says what the host offers. vm.overcommit_memory is left as it is too:
+# restore mode AUTO restores lazily only under 1.
+step_userfaultfd() {
+	local oc
+	oc=$(cat /proc/sys/vm/overcommit_memory 2>/dev/null || echo "?")
+	if [[ -c /dev/userfaultfd ]]; then
+		step userfaultfd skip "/dev/userfaultfd present: lazy restores need no vm.unprivileged_userfaultfd; vm.overcommit_memory=$oc (AUTO restores lazily only under 1)"
+	else
+		note userfaultfd "no /dev/userfaultfd (Linux 6.1+, CONFIG_USERFAULTFD): forks restore eagerly only (LAZY fails FAILED_PRECONDITION)"
+	fi
+}
+
 step_ksm() {
 	local k=/sys/kernel/mm/ksm
 	if [[ ! -e $k/run ]]; then
@@ -1497,6 +1512,7 @@ main() {
 	step_containerd_config
 	step_start
 	step_ksm
+	step_userfaultfd
 	step_conntrack
 	step_forward
 	step_layers
