@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,9 +160,8 @@ func TestIntegrationCRIULazyRestore(t *testing.T) {
 	}
 	trigger := filepath.Join(dir, "trigger")
 	helper := startCRIUHelper(t, dir, mb, trigger)
-	pid := helper.Process.Pid
-	runCRIU(t, criu, images, "dump", "-t", strconv.Itoa(pid), "-D", images, "-o", "dump.log", "-v2")
-	helper.Wait() // CRIU killed it; its pid must be free for the restores
+	runCRIU(t, criu, images, "dump", "-t", strconv.Itoa(helper.Process.Pid), "-D", images, "-o", "dump.log", "-v2")
+	helper.Wait() // CRIU killed it
 	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -171,12 +171,17 @@ func TestIntegrationCRIULazyRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer im.Close()
+	// CRIU names images, and sends over the socket, the pid inside the
+	// namespace: the helper is 1 there.
+	if pids := im.Processes(); len(pids) != 1 || pids[0] != 1 {
+		t.Fatalf("images of pids %v, want [1]", pids)
+	}
 	if im.LazyBytes() < int64(mb)<<20*(holeEvery-1)/holeEvery {
 		t.Fatalf("LazyBytes %d for %d MiB of touched memory", im.LazyBytes(), mb)
 	}
 
-	own := restoreOwn(t, criu, dir, images, im, pid)
-	peer := restoreDaemon(t, criu, dir, images, pid)
+	own := restoreOwn(t, criu, dir, images, im)
+	peer := restoreDaemon(t, criu, dir, images)
 	t.Logf("%d MiB, %d lazy MiB: ms from restore start  restored / running / %d pages read / child checked all / parent read all / every page in",
 		mb, im.LazyBytes()>>20, workingSet)
 	for _, r := range []struct {
@@ -189,8 +194,10 @@ func TestIntegrationCRIULazyRestore(t *testing.T) {
 	}
 }
 
-// startCRIUHelper starts the helper in its own session (no terminal for
-// CRIU to care about) and waits for it to fill its memory.
+// startCRIUHelper starts the helper as the init of its own pid namespace
+// (the restores recreate one, so its pid never collides with the host's,
+// and it is pid 1 as a sandbox's first process is) and session (no
+// terminal for CRIU to care about), and waits for it to fill its memory.
 func startCRIUHelper(t *testing.T, dir string, mb int, trigger string) *exec.Cmd {
 	t.Helper()
 	out := filepath.Join(dir, "helper.out")
@@ -202,7 +209,12 @@ func startCRIUHelper(t *testing.T, dir string, mb int, trigger string) *exec.Cmd
 	cmd := exec.Command(os.Args[0], "-test.run=^$", strconv.Itoa(mb), trigger, filepath.Join(dir, "result"))
 	cmd.Env = append(os.Environ(), helperEnv+"=criu")
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWPID}
+	// No fd of ours but stdio may reach it (a flock'd file, make's
+	// jobserver pipes): CRIU would refuse or dump them.
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -240,18 +252,24 @@ func tail(b []byte, lines int) []byte {
 // restore runs `criu restore --lazy-pages` of the dump with its page server
 // listening in work and waits for the helper's report. The caller reaps
 // the helper (reap) once the page server is done.
-func restore(t *testing.T, criu, dir, images, work string, pid int, start time.Time) restoreRun {
+func restore(t *testing.T, criu, dir, images, work string, start time.Time) (restoreRun, int) {
 	t.Helper()
 	result := filepath.Join(dir, "result")
 	os.Remove(result)
-	cmd := exec.Command(criu, "restore", "-d", "--lazy-pages", "-D", images, "--work-dir", work, "-o", "restore.log", "-v2")
+	pidfile := filepath.Join(work, "restored.pid")
+	cmd := exec.Command(criu, "restore", "-d", "--lazy-pages", "-D", images, "--work-dir", work, "-o", "restore.log", "-v2", "--pidfile", pidfile)
 	out, err := cmd.CombinedOutput()
 	restored := time.Since(start)
-	t.Cleanup(func() { reap(pid) })
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(work, "restore.log"))
 		t.Fatalf("criu restore: %v\n%s\n%s", err, out, tail(log, 40))
 	}
+	b, _ := os.ReadFile(pidfile)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("criu restore's pidfile: %q", b)
+	}
+	t.Cleanup(func() { reap(pid) })
 	var line string
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -270,10 +288,11 @@ func restore(t *testing.T, criu, dir, images, work string, pid int, start time.T
 		t.Fatalf("restored helper: %s", line)
 	}
 	since := func(ns int64) time.Duration { return time.Unix(0, ns).Sub(start) }
-	return restoreRun{restored: restored, sawTrigger: since(ts[0]), workingSet: since(ts[1]), childDone: since(ts[2]), allRead: since(ts[3])}
+	return restoreRun{restored: restored, sawTrigger: since(ts[0]), workingSet: since(ts[1]), childDone: since(ts[2]), allRead: since(ts[3])}, pid
 }
 
-// reap kills the restored helper (our child: we are its subreaper).
+// reap kills the restored helper, its pid namespace's init (our child: we
+// are its subreaper).
 func reap(pid int) {
 	unix.Kill(pid, unix.SIGKILL)
 	var ws unix.WaitStatus
@@ -285,7 +304,7 @@ func reap(pid int) {
 	}
 }
 
-func restoreOwn(t *testing.T, criu, dir, images string, im *Images, pid int) restoreRun {
+func restoreOwn(t *testing.T, criu, dir, images string, im *Images) restoreRun {
 	t.Helper()
 	work := filepath.Join(dir, "work-own")
 	if err := os.Mkdir(work, 0o700); err != nil {
@@ -303,7 +322,7 @@ func restoreOwn(t *testing.T, criu, dir, images string, im *Images, pid int) res
 		t.Fatal(err)
 	}
 	defer s.Close()
-	r := restore(t, criu, dir, images, work, pid, start)
+	r, pid := restore(t, criu, dir, images, work, start)
 	s.Complete()
 	select {
 	case <-s.Done():
@@ -325,7 +344,7 @@ func restoreOwn(t *testing.T, criu, dir, images string, im *Images, pid int) res
 
 // restoreDaemon restores the same dump with CRIU's own `criu lazy-pages`,
 // the peer the page server replaces.
-func restoreDaemon(t *testing.T, criu, dir, images string, pid int) restoreRun {
+func restoreDaemon(t *testing.T, criu, dir, images string) restoreRun {
 	t.Helper()
 	work := filepath.Join(dir, "work-criu")
 	if err := os.Mkdir(work, 0o700); err != nil {
@@ -351,7 +370,7 @@ func restoreDaemon(t *testing.T, criu, dir, images string, pid int) restoreRun {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	r := restore(t, criu, dir, images, work, pid, start)
+	r, pid := restore(t, criu, dir, images, work, start)
 	select {
 	case err := <-exited:
 		r.complete = time.Since(start)
