@@ -147,6 +147,7 @@ func TestIntegrationCRIULazyRestore(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s=1 but no criu on PATH (deploy/host-setup.sh installs it): %v", testenv.EnvIntegration, err)
 	}
+	leakCheck(t)
 	// The restored helper is reparented to us when `criu restore -d` exits,
 	// so the test can reap it.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

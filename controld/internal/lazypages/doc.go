@@ -50,7 +50,8 @@
 // of patterned memory, one page in 64 never touched, dumped once and
 // restored lazily with this package and with `criu lazy-pages`, back to
 // back, 5 reps, under the bench lock on a quiet host; medians in ms from
-// the restore's start; benchd/results/2026-12-02/lazypages-criu-114858.txt):
+// the restore's start; this package as of 512d7cb;
+// benchd/results/2026-12-02/lazypages-criu-114858.txt):
 //
 //	                            lazypages  criu lazy-pages
 //	criu restore returned            25.0             37.8
