@@ -42,6 +42,7 @@ const (
 // checkpoint (or an import): nothing in them is trusted.
 const (
 	maxProcesses   = 4096     // pagemap-<pid>.img files in one checkpoint
+	maxDirEntries  = 1 << 16  // files in the images directory
 	maxMetaFile    = 16 << 20 // a pagemap or mm image
 	maxMetaTotal   = 64 << 20 // all of them together
 	maxMessage     = 16 << 20 // one protobuf message in them
@@ -92,9 +93,19 @@ func Open(dir string) (*Images, error) {
 		return nil, fmt.Errorf("lazypages: images %s: %w", dir, err)
 	}
 	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("lazypages: images %s: %w", dir, err)
+	var names []string
+	for {
+		batch, err := d.Readdirnames(1024)
+		names = append(names, batch...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lazypages: images %s: %w", dir, err)
+		}
+		if len(names) > maxDirEntries {
+			return nil, invalid(dir, "more than %d entries", maxDirEntries)
+		}
 	}
 	im := &Images{dir: dir, procs: map[int32]*procImage{}, refs: 1}
 	pagesByID := map[uint32][]byte{}
