@@ -22,7 +22,7 @@ import (
 func TestRealStackLazyFork(t *testing.T) {
 	s := newStackIn(t, "forkfleet-lazy-it", func(c *config.Config) { c.Fork.LazyMinBytes = 1 << 40 })
 	ctx := s.ctx
-	s.launch(0)
+	s.launch(1) // fork slots: made for lazy restores after the first lazy fork
 	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,19 @@ func TestIntegrationLazyRestore(t *testing.T) {
 	if got := mustCall(t, g, "sum"); got != want {
 		t.Errorf("fork of the lazy replica's checkpoint: sum %s, want %s", got, want)
 	}
+	// A fork slot made for a lazy restore, started lazily.
+	pspec := testSpec(uniqueID("lazyp"))
+	pspec.LazyRestore = true
+	if err := r.PrecreateRestore(ctx, pspec, res.Ref); err != nil {
+		t.Fatalf("precreate a lazy fork: %v", err)
+	}
+	p := restoreT(t, r, pspec, res.Ref)
+	if got := mustCall(t, p, "sum"); got != want {
+		t.Errorf("lazy replica from a fork slot: sum %s, want %s", got, want)
+	}
+	if _, live := r.lazySession(p.ID); !live {
+		t.Error("a lazy replica from a fork slot has no page session")
+	}
 	// An eager fork of the same checkpoint, side by side.
 	e := restoreT(t, r, testSpec(uniqueID("eagerf")), res.Ref)
 	if got := mustCall(t, e, "sum"); got != want {

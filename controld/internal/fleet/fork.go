@@ -132,7 +132,7 @@ func (m *forker) forkCheckpoint(ctx context.Context, req *controldv1.ForkCheckpo
 		attribute.String("checkpoint.id", ck.Checkpoint.Id), attribute.Int("count", int(req.GetCount())),
 		attribute.Bool("fork.lazy", lazy)))
 	defer span.End()
-	m.forkSlotsBegin(ck.Checkpoint.Id, int(req.GetCount()))
+	m.forkSlotsBegin(ck.Checkpoint.Id, int(req.GetCount()), lazy)
 	defer m.forkSlotsEnd()
 	n := int(req.GetCount())
 	out := make([]*controldv1.ForkReplica, n)
@@ -265,7 +265,7 @@ type forkParams struct {
 	// request tags the replica with the call (with a request id) making it.
 	request *store.RequestTag
 	// lazy: the replica's pages are served at first touch
-	// (runtime.LazyRestorer); it takes no fork slot (made eager).
+	// (runtime.LazyRestorer); it takes a fork slot made for lazy restores.
 	lazy bool
 }
 
@@ -323,11 +323,14 @@ func forkSandboxParams(ck *store.CheckpointRecord, p forkParams) sandboxParams {
 }
 
 // newForkSandbox registers a fork's sandbox; with useSlot it takes a
-// container pre-created for forks of ckID when one is ready.
-func (m *forker) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot bool) (*sandbox, bool, error) {
+// container pre-created for forks of ckID (in the fork's restore mode)
+// when one is ready.
+func (m *forker) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useSlot, lazy bool) (*sandbox, bool, error) {
 	take := func(rec *store.SandboxRecord) (runtime.BootSpec, bool) {
 		if useSlot {
-			if s := m.takeForkSlotLocked(ckID, specOf(rec)); s != nil {
+			spec := specOf(rec)
+			spec.LazyRestore = lazy
+			if s := m.takeForkSlotLocked(ckID, spec); s != nil {
 				return s.spec, true
 			}
 		}
@@ -343,7 +346,7 @@ func (m *forker) newForkSandbox(p sandboxParams, t0 time.Time, ckID string, useS
 func (m *forker) forkStart(ctx context.Context, t0 time.Time, ck *store.CheckpointRecord, p forkParams) (*sandbox, *controldv1.ForkReplica, error) {
 	rep := &controldv1.ForkReplica{}
 	// Pool refills run in the background: fork slots serve requests.
-	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled && !p.lazy)
+	sb, fromSlot, err := m.newForkSandbox(forkSandboxParams(ck, p), t0, ck.Checkpoint.Id, !p.pooled, p.lazy)
 	if err != nil {
 		return nil, rep, err
 	}

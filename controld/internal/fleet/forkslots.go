@@ -53,6 +53,9 @@ type forkSlots struct {
 	ready map[string][]forkSlot // checkpoint id -> its slots
 	// forked: checkpoint id -> its last fork's replica count.
 	forked map[string]int
+	// lazy: checkpoint id -> its last fork restored lazily, so its slots
+	// are made for lazy restores (a slot's CRIU config is in its spec).
+	lazy map[string]bool
 	// recent: checkpoint ids, most recently forked last, at most
 	// forkSlotCheckpoints.
 	recent     []string
@@ -80,16 +83,26 @@ func (m *warmer) forkSlotsLocked() *forkSlots {
 	return m.slots.forks
 }
 
-// forkSlotsBegin records that a fork of n replicas of ckID starts: ckID
-// becomes the most recent checkpoint and wants n slots from now on, and
-// refills hold off until forkSlotsEnd.
-func (m *warmer) forkSlotsBegin(ckID string, n int) {
+// forkSlotsBegin records that a fork of n replicas of ckID starts, lazily
+// or not: ckID becomes the most recent checkpoint and wants n slots of that
+// restore mode from now on (its slots of the other mode go), and refills
+// hold off until forkSlotsEnd.
+func (m *warmer) forkSlotsBegin(ckID string, n int, lazy bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	var drop []forkSlot
 	if fs := m.forkSlotsLocked(); fs != nil {
 		fs.touchLocked(ckID)
 		fs.forked[ckID] = n
 		fs.forking++
+		if fs.lazy[ckID] != lazy {
+			fs.lazy[ckID] = lazy
+			drop = fs.ready[ckID]
+			delete(fs.ready, ckID)
+		}
+	}
+	m.mu.Unlock()
+	for _, s := range drop {
+		m.discardSlot(s.spec.ID)
 	}
 }
 
@@ -120,6 +133,7 @@ func (fs *forkSlots) touchLocked(ckID string) {
 	if n := len(fs.recent) - forkSlotCheckpoints; n > 0 {
 		for _, id := range fs.recent[:n] {
 			delete(fs.forked, id)
+			delete(fs.lazy, id)
 		}
 		fs.recent = slices.Delete(fs.recent, 0, n)
 	}
@@ -249,6 +263,10 @@ func (fs *forkSlots) precreate(ck *store.CheckpointRecord) error {
 		return err
 	}
 	spec := specOf(rec)
+	id := ck.Checkpoint.GetId()
+	m.mu.Lock()
+	spec.LazyRestore = fs.lazy[id]
+	m.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), slotOpTimeout)
 	defer cancel()
 	start := time.Now()
@@ -257,10 +275,10 @@ func (fs *forkSlots) precreate(ck *store.CheckpointRecord) error {
 	if err != nil {
 		return err
 	}
-	id := ck.Checkpoint.GetId()
 	m.mu.Lock()
 	_, exists := m.checkpoints[id]
-	keep := exists && m.ctx.Err() == nil && slices.Contains(fs.recent, id) && len(fs.ready[id]) < fs.wantLocked(id)
+	keep := exists && m.ctx.Err() == nil && slices.Contains(fs.recent, id) && len(fs.ready[id]) < fs.wantLocked(id) &&
+		fs.lazy[id] == spec.LazyRestore
 	if keep {
 		fs.ready[id] = append(fs.ready[id], forkSlot{spec: spec, at: time.Now()})
 	}
@@ -281,6 +299,7 @@ func (m *warmer) dropForkSlots(ckID string) {
 		drop = fs.ready[ckID]
 		delete(fs.ready, ckID)
 		delete(fs.forked, ckID)
+		delete(fs.lazy, ckID)
 		fs.recent = slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID })
 	}
 	m.mu.Unlock()

@@ -512,3 +512,61 @@ func TestPoolMissForksBounded(t *testing.T) {
 		t.Fatalf("%d restores at once for a burst of 12 misses, want the bound, 8", most)
 	}
 }
+
+// TestForkSlotsFollowTheRestoreMode: a checkpoint's fork slots are made for
+// its last fork's restore mode (a slot's CRIU config is in its spec): a
+// lazy fork finds none of the eager ones, the next lazy fork starts the
+// lazy slots made after it, and an eager fork again drops them.
+func TestForkSlotsFollowTheRestoreMode(t *testing.T) {
+	var rp *restorePrecreating
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		rp = &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}
+		o.Runtime = rp
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := e.dir + "/checkpoints/" + ck.Id
+	slots := func(lazy bool) int {
+		rp.mu.Lock()
+		defer rp.mu.Unlock()
+		n := 0
+		for _, p := range rp.pre {
+			if p.ref.Dir == dir && p.spec.LazyRestore == lazy {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, "the configured eager slot", func() bool { return slots(false) == 1 })
+	fork := func(mode controldv1.RestoreMode, n uint32) {
+		t.Helper()
+		reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Id, Count: n, RestoreMode: mode}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reps {
+			if r.ErrorCode != 0 {
+				t.Fatalf("replica failed: %s", r.ErrorMessage)
+			}
+		}
+	}
+	fork(controldv1.RestoreMode_RESTORE_MODE_LAZY, 2)
+	if rp.hitCount() != 0 {
+		t.Fatalf("a lazy fork started %d eager slots", rp.hitCount())
+	}
+	eventually(t, "two lazy slots, no eager one", func() bool { return slots(true) == 2 && slots(false) == 0 })
+	fork(controldv1.RestoreMode_RESTORE_MODE_LAZY, 2)
+	if rp.hitCount() != 2 {
+		t.Fatalf("second lazy fork started %d lazy slots, want 2", rp.hitCount())
+	}
+	eventually(t, "two lazy slots again", func() bool { return slots(true) == 2 })
+	fork(controldv1.RestoreMode_RESTORE_MODE_EAGER, 1)
+	if rp.hitCount() != 2 {
+		t.Fatalf("an eager fork started a lazy slot (%d starts)", rp.hitCount())
+	}
+	eventually(t, "eager slots after an eager fork", func() bool { return slots(true) == 0 && slots(false) >= 1 })
+}

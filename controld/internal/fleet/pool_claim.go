@@ -508,7 +508,7 @@ func (m *pooler) forkMissReplica(ctx context.Context, p *pool, t0 time.Time, ck 
 		p.missing--
 		p.missMu.Unlock()
 	}()
-	m.forker.forkSlotsBegin(ck.Checkpoint.Id, width)
+	m.forker.forkSlotsBegin(ck.Checkpoint.Id, width, false)
 	defer m.forker.forkSlotsEnd()
 	return m.forkReplica(ctx, t0, ck, fp)
 }

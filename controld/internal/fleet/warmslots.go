@@ -171,7 +171,7 @@ func (m *warmer) startSlots() {
 		ws.egressKey = slotKey(m.slotSpec(true))
 	}
 	if rp, ok := pc.(runtime.RestorePrecreator); ok {
-		ws.forks = &forkSlots{m: m, ws: ws, rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}, forked: map[string]int{}}
+		ws.forks = &forkSlots{m: m, ws: ws, rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}, forked: map[string]int{}, lazy: map[string]bool{}}
 	}
 	m.mu.Lock()
 	m.slots = ws
