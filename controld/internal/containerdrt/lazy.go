@@ -249,8 +249,13 @@ func (r *Runtime) watchLazy(ctx context.Context, id string, rep *lazyReplica) {
 		if kerr := r.killTask(ctx, id); kerr != nil {
 			r.log.Error("kill replica whose pages failed", "sandbox", id, "err", kerr)
 		}
-	} else if err := r.clearLazyLabel(ctx, id); err != nil {
-		r.log.Warn("clear lazy restore label", "sandbox", id, "err", err)
+	} else {
+		st := rep.session.Stats()
+		r.log.Info("lazy restore complete", "sandbox", id, "lazy_pages", st.LazyPages, "faults", st.Faults,
+			"fault_pages", st.FaultPages, "background_pages", st.BackgroundPages)
+		if err := r.clearLazyLabel(ctx, id); err != nil {
+			r.log.Warn("clear lazy restore label", "sandbox", id, "err", err)
+		}
 	}
 	r.endLazy(id)
 }

@@ -35,5 +35,5 @@ type lazyPagesSession struct{ *lazypages.Session }
 
 func (s lazyPagesSession) Stats() runtime.LazyStats {
 	st := s.Session.Stats()
-	return runtime.LazyStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages}
+	return runtime.LazyStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages, BackgroundPages: st.BackgroundPages}
 }

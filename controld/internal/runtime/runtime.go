@@ -235,9 +235,10 @@ type LazyRestorer interface {
 }
 
 // LazyStats is a lazy replica's page server's work: the pages left to it,
-// the faults it served and the pages they brought in.
+// the faults it served and the pages they brought in, and the pages it
+// copied in the background once the replica was verified.
 type LazyStats struct {
-	LazyPages, Faults, FaultPages int64
+	LazyPages, Faults, FaultPages, BackgroundPages int64
 }
 
 // ImageResolver is an optional Runtime extension: what an image reference

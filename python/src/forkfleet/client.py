@@ -716,8 +716,9 @@ class AsyncCheckpoint:
                    verify: Sequence[int] = (), resources: Any = None, network_policy: pb.NetworkPolicy | None = None,
                    timeout: float | None = None, **fields: Any) -> list[ForkResult]:
         """Starts n replicas concurrently (each with ``resources`` limits and
-        ``network_policy`` when given). The error raised is the request's;
-        each replica's own failure is in its ForkResult."""
+        ``network_policy`` when given; other request fields as keywords, e.g.
+        ``restore_mode=pb.RESTORE_MODE_LAZY``). The error raised is the
+        request's; each replica's own failure is in its ForkResult."""
         req = _fork_request(n, labels, ttl, verify, resources, network_policy, fields)
         if self.client._router is not None and self.client._registry:
             return await _fork_across(self, req, timeout)
