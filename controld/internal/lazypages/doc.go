@@ -31,13 +31,18 @@
 // in a registered range is a page the dump found empty: it gets the zero
 // page.
 //
-// Serving: a fault copies a window of its lazy run (the whole run up to
-// WithFaultChunk, else that much from the fault on), since faults come in
-// runs (a framebuffer hash, a heap walk) and one copy of 64 pages costs
-// little more than one of a page. Nothing is copied in the background
-// until Complete; then the remaining pages go in chunks
-// (WithBackgroundChunk) only while no fault waits, and the session ends
-// (Done) once every process has them all. Races are handled as CRIU's
+// Serving: a fault brings its neighbourhood, since faults come in runs (a
+// framebuffer hash, a heap walk) and one copy of 64 pages costs little
+// more than one of a page. Its first copy (64 KiB of its lazy run, or the
+// run whole when small) wakes it; the rest of WithFaultChunk (1 MiB from
+// the fault: lazy pages, and zero pages for the holes between runs) is
+// queued and filled while no other fault waits, newest first, so one
+// process's neighbourhood never delays another's fault. A fault inside or
+// right after its process's previous neighbourhood is a stream outrunning
+// that: it gets the whole chunk at once. Nothing is copied in the
+// background until Complete; then the remaining pages go in chunks
+// (WithBackgroundChunk) only while no fault or neighbourhood waits, and the
+// session ends (Done) once every process has them all. Races are handled as CRIU's
 // daemon does: EEXIST (the page is there), EAGAIN (the mm is changing:
 // the fault is retried after the event that changes it), ENOENT (no
 // registered VMA there any more), ESRCH/ENOSPC (the process is gone). A
@@ -65,8 +70,10 @@
 // process runs, against 40 to 60: the daemon serves it a page at a time
 // behind its 4 MiB background copies); reading everything by faults costs
 // about what CRIU's background copy does. In a run before (niced, no
-// lock), a fault chunk of 256 KiB read 256 MiB 40% slower than 1 MiB;
-// 4 MiB was no better than 1 MiB.
+// lock), a fault chunk of 256 KiB read 256 MiB 40% slower than 1 MiB; 4
+// MiB was no better. At 512d7cb every fault copied its whole chunk at
+// once; the queued neighbourhoods (for replicas whose processes fault at
+// the same time) came after and are not in these numbers.
 //
 // The caller's rules:
 //   - Pin: an Images holds read-only, shared mappings of the pages images,

@@ -273,6 +273,8 @@ type proc struct {
 	pages []byte
 	miss  *missing
 	retry []uint64 // fault addresses whose copy met EAGAIN (the mm was changing)
+	// lastFault is the page of its latest fault.
+	lastFault uint64
 }
 
 // loop is the session's one goroutine: it owns every fd but the eventfd.
@@ -290,6 +292,7 @@ type loop struct {
 	fds      []int  // uffds received, not yet matched to a pid
 	wantFD   int32  // pid waiting for its uffd
 	msg      [msgSize]byte
+	pre      []prefetchJob // faults' neighbourhoods still to fill, newest last
 }
 
 func (l *loop) init() error {
@@ -336,6 +339,8 @@ func (l *loop) serve() error {
 	for {
 		timeout := -1
 		switch {
+		case len(l.pre) > 0:
+			timeout = 0
 		case l.retrying():
 			timeout = 1 // ms: an mm change (fork, mremap, madvise) is completing
 		case l.finished && s.completing.Load():
@@ -390,6 +395,13 @@ func (l *loop) serve() error {
 				}
 			}
 		}
+		// Faults first, then their neighbourhoods, then (once asked) the rest.
+		if n == 0 && len(l.pre) > 0 {
+			if err := l.prefetch(); err != nil {
+				return err
+			}
+			continue
+		}
 		if !l.finished || !s.completing.Load() {
 			continue
 		}
@@ -414,6 +426,9 @@ func (l *loop) retrying() bool {
 }
 
 func (l *loop) complete() bool {
+	if len(l.pre) > 0 {
+		return false
+	}
 	for _, p := range l.order {
 		if !p.miss.empty() || len(p.retry) > 0 {
 			return false
@@ -742,23 +757,31 @@ func (l *loop) retry(p *proc) error {
 	return nil
 }
 
-// fault serves a fault at page addr with its neighbourhood: a window of
-// its lazy run (or zero pages up to the next lazy page when addr has no
-// data in the images), then the rest of chunk bytes from addr, across the
-// holes between runs (a run ends wherever the dump found a page empty).
+// fault serves a fault at page addr: a small window of its lazy run (or
+// zero pages up to the next lazy page when addr has no data in the
+// images), which wakes the faulting thread; the rest of its neighbourhood
+// is queued (prefetch), to be filled while no other fault waits, so one
+// process's neighbourhood never delays another's fault.
 func (l *loop) fault(p *proc, addr uint64) error {
-	end := min(addr+l.s.chunk, p.miss.next(addr))
+	// A fault inside (or right after) the neighbourhood of the process's
+	// previous one is a stream (a framebuffer hash, a heap walk) outrunning
+	// the prefetch: it gets the whole chunk at once, holes included.
+	first := min(l.s.chunk, wakeChunk)
+	stream := addr >= p.lastFault && addr <= p.lastFault+l.s.chunk
+	if stream {
+		first = l.s.chunk
+	}
+	p.lastFault = addr
+	end := min(addr+l.s.chunk, p.miss.next(addr), addr+first)
 	var ok bool
 	var err error
 	if r, found := p.miss.find(addr); found {
-		// The first copy is small, so the faulting thread runs again soon;
-		// the rest of the neighbourhood follows while it does.
 		var start uint64
-		start, end = window(r, addr, min(l.s.chunk, wakeChunk))
+		start, end = window(r, addr, first)
 		ok, err = l.copy(p, start, end, addr)
 		if ok && err == nil && r.start < start && r.end-r.start <= l.s.chunk {
 			// A run up to the chunk comes whole: its part before the fault too.
-			ok, err = l.copy(p, r.start, start, prefetch)
+			l.queue(p, r.start, start)
 		}
 	} else {
 		ok, err = l.zero(p, addr, end, true)
@@ -766,14 +789,58 @@ func (l *loop) fault(p *proc, addr uint64) error {
 	if err != nil || !ok {
 		return err
 	}
-	return l.ahead(p, end, addr+l.s.chunk)
+	if stream {
+		_, _, err = l.ahead(p, end, addr+l.s.chunk)
+		return err
+	}
+	l.queue(p, end, addr+l.s.chunk)
+	return nil
 }
 
-// ahead fills [from, to) after a fault: lazy pages from the images, the
-// holes between them with zero pages. It stops at the first page it cannot
-// fill (a VMA's end, a page already there).
-func (l *loop) ahead(p *proc, from, to uint64) error {
-	for from < to && l.procs[p.fd] == p {
+// prefetchJob is the rest of a fault's neighbourhood, [from, to) of p.
+type prefetchJob struct {
+	p        *proc
+	from, to uint64
+}
+
+// maxPrefetch bounds the queue: the oldest neighbourhoods go first, the
+// newest faults' are the likeliest read next.
+const maxPrefetch = 256
+
+func (l *loop) queue(p *proc, from, to uint64) {
+	if from >= to {
+		return
+	}
+	if len(l.pre) == maxPrefetch {
+		l.pre = append(l.pre[:0], l.pre[1:]...)
+	}
+	l.pre = append(l.pre, prefetchJob{p, from, to})
+}
+
+// prefetch fills one piece (wakeChunk) of the newest queued neighbourhood.
+func (l *loop) prefetch() error {
+	j := &l.pre[len(l.pre)-1]
+	if l.procs[j.p.fd] != j.p {
+		l.pre = l.pre[:len(l.pre)-1]
+		return nil
+	}
+	to := min(j.to, j.from+wakeChunk)
+	next, ok, err := l.ahead(j.p, j.from, to)
+	j.from = next
+	if err != nil || !ok || j.from >= j.to {
+		l.pre = l.pre[:len(l.pre)-1]
+	}
+	return err
+}
+
+// ahead fills [from, to): lazy pages from the images, the holes between
+// them with zero pages. It stops at the first page it cannot fill (a VMA's
+// end, a page already there, an mm changing) and says how far it got.
+func (l *loop) ahead(p *proc, from, to uint64) (uint64, bool, error) {
+	for from < to {
+		if l.procs[p.fd] != p {
+			return from, false, nil
+		}
 		var ok bool
 		var err error
 		if r, found := p.miss.find(from); found {
@@ -786,10 +853,10 @@ func (l *loop) ahead(p *proc, from, to uint64) error {
 			from = end
 		}
 		if err != nil || !ok {
-			return err
+			return from, false, err
 		}
 	}
-	return nil
+	return from, true, nil
 }
 
 // Values of copy's fault argument that are not a faulting page.
