@@ -343,6 +343,35 @@ func TestSessionServes(t *testing.T) {
 	}
 }
 
+// A fault's neighbourhood past its first 64 KiB comes in the background
+// of faults: lazy pages, then the hole after them as zero pages, up to a
+// page already there.
+func TestSessionPrefetch(t *testing.T) {
+	needUffd(t)
+	leakCheck(t)
+	r, _, s := serveSelf(t, WithFaultChunk(64*pageSize))
+	wantPattern(t, "page 30", sysRead(t, s, r.page(30)), r.addr(30))
+	st := statsWhen(t, s, func(st Stats) bool { return st.FaultPages >= 64 })
+	if st.Faults != 1 || st.FaultPages != 64 {
+		t.Fatalf("a fault at 30 should bring 30-93: %+v", st)
+	}
+	wantPattern(t, "pages 30-93", sysRead(t, s, r.mem[30*pageSize:94*pageSize]), r.addr(30))
+	if st := s.Stats(); st.Faults != 1 {
+		t.Fatalf("the neighbourhood faulted again: %+v", st)
+	}
+	// Far from the last fault: the end of the run (moved back to stay
+	// inside it), then the hole as zeros, up to the eager pages.
+	wantPattern(t, "page 99", sysRead(t, s, r.page(99)), r.addr(99))
+	st = statsWhen(t, s, func(st Stats) bool { return st.ZeroPages >= eager-holeStart })
+	if st.Faults != 2 || st.ZeroPages != eager-holeStart {
+		t.Fatalf("a fault at 99 should bring the hole: %+v", st)
+	}
+	wantZeros(t, "hole", sysRead(t, s, r.mem[holeStart*pageSize:eager*pageSize]))
+	if st := s.Stats(); st.Faults != 2 {
+		t.Fatalf("the hole faulted again: %+v", st)
+	}
+}
+
 func TestSessionFork(t *testing.T) {
 	needUffd(t)
 	leakCheck(t)
