@@ -6,7 +6,7 @@
 //
 // Use, per checkpoint and per replica:
 //
-//	im, err := lazypages.Open(checkpointDir) // once per checkpoint, shared
+//	im, err := lazypages.Open(imagesDir) // CRIU's images, once per checkpoint, shared
 //	s, err := lazypages.Listen(ctx, im, workDir) // before `criu restore --lazy-pages --work-dir workDir`
 //	... restore, verify the replica (its working set faults in) ...
 //	s.Complete() // then the rest is copied in the background
@@ -42,14 +42,16 @@
 // that: it gets the whole chunk at once. Nothing is copied in the
 // background until Complete; then the remaining pages go in chunks
 // (WithBackgroundChunk) only while no fault or neighbourhood waits, and the
-// session ends (Done) once every process has them all. Races are handled as CRIU's
-// daemon does: EEXIST (the page is there), EAGAIN (the mm is changing:
-// the fault is retried after the event that changes it), ENOENT (no
-// registered VMA there any more), ESRCH/ENOSPC (the process is gone). A
-// fork gives a new uffd for the child, which misses what its parent missed
-// when it forked (the kernel fails copies into the parent with EAGAIN until
-// the fork event is read, so the parent's set is exact); remove and unmap
-// drop ranges; remap moves them.
+// session ends (Done) once every process has them all.
+//
+// Races are handled as CRIU's daemon does: EEXIST (the page is there),
+// EAGAIN (the mm is changing: the fault is retried after the event that
+// changes it), ENOENT (no registered VMA there any more), ESRCH/ENOSPC
+// (the process is gone). A fork gives a new uffd for the child, which
+// misses what its parent missed when it forked: the kernel fails copies
+// into the parent with EAGAIN until the fork event is read, and each
+// message is handled before the next is read, so the parent's set is
+// exact when it is cloned. Remove and unmap drop ranges; remap moves them.
 //
 // Measured (TestIntegrationCRIULazyRestore, a Go process holding 256 MiB
 // of patterned memory, one page in 64 never touched, dumped once and
