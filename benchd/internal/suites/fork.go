@@ -350,7 +350,11 @@ func forkRatios(rows []result.Row) []result.Row {
 			continue
 		}
 		if p, ok := peer[[2]string{shapeOf(r), r.Labels["n"]}]; ok {
-			out = append(out, result.Single("fork.speedup_vs_podman", "x", labels("tier", r.Labels["tier"], "n", r.Labels["n"]), p / *r.P50))
+			lbl := labels("tier", r.Labels["tier"], "n", r.Labels["n"])
+			if m := r.Labels["restore"]; m != "" {
+				lbl["restore"] = m
+			}
+			out = append(out, result.Single("fork.speedup_vs_podman", "x", lbl, p / *r.P50))
 		}
 	}
 	return out
