@@ -71,6 +71,7 @@ type Server struct {
 	notModified atomic.Uint64
 	canceled    atomic.Uint64
 	conCount    atomic.Uint64
+	open        atomic.Int64
 }
 
 // DefaultCapabilities is what the fake advertises by default.
@@ -184,6 +185,10 @@ func (s *Server) DropConnections() {
 // Connections is how many connections completed a handshake so far.
 func (s *Server) Connections() uint64 { return s.conCount.Load() }
 
+// Open is how many WebSocket connections are open now, handshake done or
+// not (what a checkpoint of a real guestd would find).
+func (s *Server) Open() int64 { return s.open.Load() }
+
 // FullFrames and NotModified count screenshot replies by kind.
 func (s *Server) FullFrames() uint64  { return s.fullFrames.Load() }
 func (s *Server) NotModified() uint64 { return s.notModified.Load() }
@@ -222,6 +227,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	s.open.Add(1)
+	defer s.open.Add(-1)
 	maxMsg := s.MaxMessageBytes
 	if maxMsg == 0 {
 		maxMsg = 64 << 20

@@ -238,6 +238,14 @@ func (g *Gateway) serveACI(w http.ResponseWriter, r *http.Request) {
 		up.Close()
 		return
 	}
+	// A checkpoint that began after the Route above dropped the sandbox's
+	// connections before this one was tracked: the route says so now.
+	if _, err := g.router.Route(id); err != nil {
+		g.untrack(down, up)
+		down.Close()
+		up.Close()
+		return
+	}
 	// A recorded sandbox's connection is read as it passes (the trajectory);
 	// the bytes go through unchanged.
 	var tap recording.Sink
@@ -344,7 +352,9 @@ func (g *Gateway) track(id string, cs ...io.Closer) bool {
 // DropSandbox closes every gateway connection to one sandbox and returns
 // how many agent connections it closed. controld calls it before freezing a
 // sandbox for a checkpoint: CRIU cannot dump a unix socket whose peer (this
-// gateway) is outside the sandbox. Agents reconnect.
+// gateway) is outside the sandbox. Agents reconnect. The caller makes the
+// router refuse the sandbox first: a connection being made as DropSandbox
+// runs asks the router again once it is tracked, and closes.
 func (g *Gateway) DropSandbox(id string) int {
 	g.ports.drop(id)
 	g.mu.Lock()

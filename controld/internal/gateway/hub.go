@@ -75,7 +75,8 @@ type hub struct {
 	// of the same frames, after the same compositor, that never block.
 	sinks map[recording.Sink]struct{}
 	// hashes: the current stream carries frame_hash on every frame (while
-	// recording: the trajectory names frames by guestd's hash).
+	// recording: the trajectory names frames by guestd's hash); set when
+	// the session decides it, before the stream starts.
 	hashes   bool
 	history  [][]byte // a keyframe, then the frames since; nil when not synced
 	histSize int
@@ -83,6 +84,9 @@ type hub struct {
 	cursor   []byte // the last cursor message
 	sess     *aci.Session
 	stream   uint32
+	// conn is the upstream connection from its dial on (sess only exists
+	// once the stream started): what drop closes.
+	conn net.Conn
 }
 
 // hubLocked adds a consumer to sandbox id's hub (add runs under the hub's
@@ -147,11 +151,11 @@ func (h *hub) release(remove func()) {
 func (g *Gateway) Record(id string, s recording.Sink) (detach func()) {
 	var sess *aci.Session
 	var stream uint32
-	var hashes bool
+	var hashes, upstream bool
 	g.mu.Lock()
 	h := g.hubLocked(id, func(h *hub) {
 		h.sinks[s] = struct{}{}
-		sess, stream, hashes = h.sess, h.stream, h.hashes
+		sess, stream, hashes, upstream = h.sess, h.stream, h.hashes, h.conn != nil
 	})
 	g.taps[id] = s
 	g.mu.Unlock()
@@ -161,7 +165,7 @@ func (g *Gateway) Record(id string, s recording.Sink) (detach func()) {
 	default:
 	}
 	switch {
-	case sess != nil && !hashes:
+	case upstream && !hashes:
 		h.drop() // redial with frame hashes: the new stream starts with a keyframe
 	case sess != nil:
 		go sess.ScreencastKeyframe(context.Background(), stream)
@@ -176,14 +180,16 @@ func (g *Gateway) Record(id string, s recording.Sink) (detach func()) {
 	}
 }
 
-// drop closes the upstream session (a checkpoint is coming); the hub
-// reconnects after it, and its viewers stay connected.
+// drop closes the upstream connection (a checkpoint is coming); the hub
+// reconnects after it, and its viewers stay connected. A connection still
+// being dialed is closed too: session checks the route again once its
+// connection is where drop finds it.
 func (h *hub) drop() {
 	h.mu.Lock()
-	s := h.sess
+	c := h.conn
 	h.mu.Unlock()
-	if s != nil {
-		s.Close()
+	if c != nil {
+		c.Close()
 	}
 }
 
@@ -253,8 +259,24 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 			return nil, err
 		}
 		wc = &watchedConn{Conn: c, dead: dead}
+		h.mu.Lock()
+		h.conn = wc
+		h.mu.Unlock()
+		// A checkpoint that began after run's Route closed what drop found
+		// before this connection was there: the route says so now.
+		if _, err := h.g.router.Route(h.id); err != nil {
+			wc.Close()
+			return nil, err
+		}
 		return wc, nil
 	}
+	defer func() {
+		h.mu.Lock()
+		if wc != nil && h.conn == wc {
+			h.conn = nil
+		}
+		h.mu.Unlock()
+	}()
 	// WithInsecure: the "ws://" names guestd's unix socket, dialed above on
 	// this host; no network carries the token.
 	s, err := aci.Dial(ctx, "ws://guestd"+aci.DefaultUnixPath, token, aci.WithDialer(dial), aci.WithInsecure(),
@@ -269,6 +291,7 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 	comp := screencast.NewCompositor(screencast.RGBA, screencast.WithKeyframeRequester(screencast.SessionKeyframes(sctx, s)))
 	h.mu.Lock()
 	hashes := len(h.sinks) > 0
+	h.hashes = hashes // a recording that starts from here on redials if false
 	h.mu.Unlock()
 	stream, err := s.ScreencastStart(sctx, &aciv1.ScreencastStartRequest{
 		Fps: viewFPS, Delta: true, Format: aciv1.ImageFormat_IMAGE_FORMAT_ZLIB_RECORDS, Cursor: aciv1.CursorMode_CURSOR_MODE_EVENTS,
@@ -278,7 +301,7 @@ func (h *hub) session(ctx context.Context, addr guestsock.Addr, token string) (b
 		return false, err
 	}
 	h.mu.Lock()
-	h.sess, h.stream, h.hashes = s, stream, hashes
+	h.sess, h.stream = s, stream
 	h.history, h.histSize, h.synced = nil, 0, false
 	h.mu.Unlock()
 	defer func() {

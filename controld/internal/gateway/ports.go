@@ -134,7 +134,7 @@ func (g *Gateway) servePort(pr PortRouter) http.HandlerFunc {
 			return
 		}
 		prefix := "/v1/sandboxes/" + id + "/ports/" + port
-		g.portProxy(id, port, prefix, route).ServeHTTP(w, r)
+		g.portProxy(pr, id, port, prefix, route).ServeHTTP(w, r)
 	}
 }
 
@@ -142,7 +142,7 @@ func (g *Gateway) servePort(pr PortRouter) http.HandlerFunc {
 // The upstream connection is made for this request and closed after it:
 // a request of another client on a pooled connection would otherwise skip
 // its own authorization.
-func (g *Gateway) portProxy(id, port, prefix string, route fleet.PortRoute) *httputil.ReverseProxy {
+func (g *Gateway) portProxy(pr PortRouter, id, port, prefix string, route fleet.PortRoute) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(p *httputil.ProxyRequest) {
 			p.Out.URL.Scheme = "http"
@@ -164,7 +164,14 @@ func (g *Gateway) portProxy(id, port, prefix string, route fleet.PortRoute) *htt
 				if err != nil {
 					return nil, err
 				}
-				return g.ports.add(id, c), nil
+				tc := g.ports.add(id, c)
+				// A checkpoint that began after the route was resolved
+				// dropped the ports before this connection was tracked.
+				if _, err := pr.PortRoute(id, port); err != nil {
+					tc.Close()
+					return nil, err
+				}
+				return tc, nil
 			},
 			DisableKeepAlives:      true,
 			MaxResponseHeaderBytes: 1 << 20,

@@ -36,15 +36,49 @@ type viewRouter struct {
 	mu      sync.Mutex
 	tickets map[string]fleet.ViewGrant
 	deleted bool
+	// checkpointing refuses routes as fleet.Manager does during a dump;
+	// afterRoute runs after a successful Route, before it returns.
+	checkpointing bool
+	afterRoute    func()
+	routes        int
 }
 
 func (r *viewRouter) Route(id string) (fleet.Route, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.deleted {
-		return fleet.Route{}, errdefs.ErrNotFound
+	r.routes++
+	rt, err := r.router.Route(id)
+	switch {
+	case r.deleted:
+		rt, err = fleet.Route{}, errdefs.ErrNotFound
+	case r.checkpointing:
+		rt, err = fleet.Route{Token: rt.Token}, errdefs.WithReason(errdefs.ErrUnavailable, "SANDBOX_CHECKPOINTING", "checkpointing")
 	}
-	return r.router.Route(id)
+	after := r.afterRoute
+	r.mu.Unlock()
+	if err == nil && after != nil {
+		after()
+	}
+	return rt, err
+}
+
+// beginCheckpointAfterNextRoute makes the next successful Route start a
+// checkpoint just before it returns: the caller holds a route while the
+// gateway's connections are dropped, the race the gateway must close.
+func (f *viewFixture) beginCheckpointAfterNextRoute() {
+	f.vr.mu.Lock()
+	defer f.vr.mu.Unlock()
+	f.vr.afterRoute = func() {
+		f.vr.mu.Lock()
+		f.vr.checkpointing, f.vr.afterRoute = true, nil
+		f.vr.mu.Unlock()
+		f.gw.DropSandbox(viewSB)
+	}
+}
+
+func (f *viewFixture) routeCount() int {
+	f.vr.mu.Lock()
+	defer f.vr.mu.Unlock()
+	return f.vr.routes
 }
 
 func (r *viewRouter) RedeemViewTicket(id, ticket string) (fleet.ViewGrant, error) {
