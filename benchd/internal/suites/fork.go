@@ -209,6 +209,9 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	lazyFaults := result.NewSeries("fork.lazy.faults", "faults", lbl)
 	lazyFaultPages := result.NewSeries("fork.lazy.fault_pages", "pages", lbl)
 	lazyPages := result.NewSeries("fork.lazy.lazy_pages", "pages", lbl)
+	// and the pages that came in ahead of faults from the checkpoint's
+	// working set (0 for its first lazy fork, which learns it).
+	lazyHotPages := result.NewSeries("fork.lazy.hot_pages", "pages", lbl)
 	res := replicaResources(ctx, env, c, ckID, n)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
@@ -243,6 +246,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 					lazyFaults.Add(float64(st.GetFaults()))
 					lazyFaultPages.Add(float64(st.GetFaultPages()))
 					lazyPages.Add(float64(st.GetLazyPages()))
+					lazyHotPages.Add(float64(st.GetHotPages()))
 				}
 				per.Add(dur(rep.GetTook()))
 				breakdown.add(rep)
@@ -288,7 +292,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	}
 	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
 	if lazyPages.Len() > 0 {
-		rows = append(rows, lazyFaults.Row(), lazyFaultPages.Row(), lazyPages.Row())
+		rows = append(rows, lazyFaults.Row(), lazyFaultPages.Row(), lazyPages.Row(), lazyHotPages.Row())
 	}
 	rows = append(rows, breakdown.rows()...)
 	rows = append(rows, mem.rows()...)

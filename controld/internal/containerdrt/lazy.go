@@ -252,7 +252,8 @@ func (r *Runtime) watchLazy(ctx context.Context, id string, rep *lazyReplica) {
 	} else {
 		st := rep.session.Stats()
 		r.log.Info("lazy restore complete", "sandbox", id, "lazy_pages", st.LazyPages, "faults", st.Faults,
-			"fault_pages", st.FaultPages, "background_pages", st.BackgroundPages)
+			"fault_pages", st.FaultPages, "hot_pages", st.HotPages, "background_pages", st.BackgroundPages,
+			"hot_done", st.HotDone, "restore_finished", st.RestoreFinished, "first_fault", st.FirstFault)
 		if err := r.clearLazyLabel(ctx, id); err != nil {
 			r.log.Warn("clear lazy restore label", "sandbox", id, "err", err)
 		}

@@ -114,6 +114,11 @@ func TestIntegrationLazyRestore(t *testing.T) {
 	if _, live := r.lazySession(p.ID); !live {
 		t.Error("a lazy replica from a fork slot has no page session")
 	}
+	// f was verified (CompleteRestore) after it read its 64 MiB: the
+	// checkpoint's working set, which p got ahead of its faults.
+	if st, _ := r.LazyStats(p.ID); st.HotPages < 16<<20/4096 {
+		t.Errorf("lazy replica after a verified one: %d hot pages, want its working set: %+v", st.HotPages, st)
+	}
 	// An eager fork of the same checkpoint, side by side.
 	e := restoreT(t, r, testSpec(uniqueID("eagerf")), res.Ref)
 	if got := mustCall(t, e, "sum"); got != want {

@@ -35,5 +35,6 @@ type lazyPagesSession struct{ *lazypages.Session }
 
 func (s lazyPagesSession) Stats() runtime.LazyStats {
 	st := s.Session.Stats()
-	return runtime.LazyStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages, BackgroundPages: st.BackgroundPages}
+	return runtime.LazyStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages, BackgroundPages: st.BackgroundPages,
+		HotPages: st.HotPages, FirstFault: st.FirstFault, HotDone: st.HotDone, RestoreFinished: st.RestoreFinished}
 }

@@ -201,7 +201,8 @@ func (m *forker) completeLazy(out []*controldv1.ForkReplica) {
 	for _, rep := range out {
 		if id := rep.GetSandbox().GetId(); id != "" {
 			if st, ok := lr.LazyStats(id); ok {
-				rep.LazyRestore = &controldv1.LazyRestoreStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages}
+				rep.LazyRestore = &controldv1.LazyRestoreStats{LazyPages: st.LazyPages, Faults: st.Faults, FaultPages: st.FaultPages,
+					HotPages: st.HotPages}
 			}
 			lr.CompleteRestore(id)
 		}

@@ -69,8 +69,9 @@ type Images struct {
 // procImage is one dumped process: its lazy runs in dump-time addresses.
 type procImage struct {
 	pid   int32
-	runs  []span // sorted, disjoint, each inside one lazy VMA
-	pages []byte // the mapping of its pages-<id>.img; shared between processes of one id
+	runs  []span  // sorted, disjoint, each inside one lazy VMA
+	pages []byte  // the mapping of its pages-<id>.img; shared between processes of one id
+	hot   *hotSet // the hot pages of that image (hot.go); shared likewise
 }
 
 // span is [start, end) in the process's address space whose bytes are at
@@ -108,7 +109,7 @@ func Open(dir string) (*Images, error) {
 		}
 	}
 	im := &Images{dir: dir, procs: map[int32]*procImage{}, refs: 1}
-	pagesByID := map[uint32][]byte{}
+	pagesByID := map[uint32]pagesImage{}
 	dfd := int(d.Fd())
 	ok := false
 	defer func() {
@@ -215,7 +216,13 @@ func (im *Images) unmap() {
 	im.maps = nil
 }
 
-func (im *Images) openProc(dfd int, pid int32, pagesByID map[uint32][]byte) (*procImage, error) {
+// pagesImage is one pages-<id>.img: its mapping and its hot set.
+type pagesImage struct {
+	pages []byte
+	hot   *hotSet
+}
+
+func (im *Images) openProc(dfd int, pid int32, pagesByID map[uint32]pagesImage) (*procImage, error) {
 	pmName := fmt.Sprintf("pagemap-%d.img", pid)
 	pm, err := im.readMeta(dfd, pmName)
 	if err != nil {
@@ -234,18 +241,20 @@ func (im *Images) openProc(dfd int, pid int32, pagesByID map[uint32][]byte) (*pr
 	if err != nil {
 		return nil, err
 	}
-	pages, ok := pagesByID[pagesID]
+	pi, ok := pagesByID[pagesID]
 	pagesName := fmt.Sprintf("pages-%d.img", pagesID)
 	if !ok {
-		pages, err = mapPages(dfd, pagesName)
+		pages, err := mapPages(dfd, pagesName)
 		if err != nil {
 			return nil, err
 		}
 		if pages != nil {
 			im.maps = append(im.maps, pages)
 		}
-		pagesByID[pagesID] = pages
+		pi = pagesImage{pages: pages, hot: &hotSet{}}
+		pagesByID[pagesID] = pi
 	}
+	pages := pi.pages
 	var present uint64
 	for _, e := range entries {
 		if e.flags&pePresent != 0 {
@@ -259,7 +268,7 @@ func (im *Images) openProc(dfd int, pid int32, pagesByID map[uint32][]byte) (*pr
 	if err != nil {
 		return nil, err
 	}
-	return &procImage{pid: pid, runs: runs, pages: pages}, nil
+	return &procImage{pid: pid, runs: runs, pages: pages, hot: pi.hot}, nil
 }
 
 // openImage opens name in the images directory without following a link

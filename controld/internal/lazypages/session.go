@@ -74,8 +74,11 @@ type Stats struct {
 	FaultPages      int64 // pages copied in for faults
 	ZeroPages       int64 // pages zero-filled (not in the images)
 	BackgroundPages int64 // pages copied in by background completion
+	HotSet          int64 // pages of the checkpoint's hot set (hot.go) the restored tasks miss
+	HotPages        int64 // pages copied in from the hot set, ahead of faults
 	Bytes           int64 // bytes copied from the images
 	FirstFault      time.Duration
+	HotDone         time.Duration // the hot set all in (or its processes gone)
 	RestoreFinished time.Duration // CRIU's "restore finished"
 	Completing      time.Duration // Complete called
 	Done            time.Duration // every page in, the session ended
@@ -145,7 +148,7 @@ func Listen(ctx context.Context, im *Images, workDir string, opts ...Option) (*S
 		return nil, err
 	}
 	s.start = time.Now()
-	l := &loop{s: s, ctx: ctx, procs: map[int]*proc{}, pids: map[int32]bool{}, epfd: -1, conn: -1}
+	l := &loop{s: s, ctx: ctx, procs: map[int]*proc{}, pids: map[int32]bool{}, epfd: -1, conn: -1, rec: map[*hotSet][]uint64{}}
 	if err := l.init(); err != nil {
 		l.cleanup()
 		s.closeFDs()
@@ -271,8 +274,14 @@ type proc struct {
 	pid   int32 // dumped pid (forks keep their parent's: they read its images)
 	fd    int
 	pages []byte
+	img   *procImage
 	miss  *missing
-	retry []uint64 // fault addresses whose copy met EAGAIN (the mm was changing)
+	// hot is what is left to copy of the checkpoint's hot set (hot.go), in
+	// address order; hotWait is when to try again after its memory was not
+	// registered yet.
+	hot     []span
+	hotWait time.Time
+	retry   []uint64 // fault addresses whose copy met EAGAIN (the mm was changing)
 	// lastFault is the page of its latest fault.
 	lastFault uint64
 }
@@ -293,6 +302,12 @@ type loop struct {
 	wantFD   int32  // pid waiting for its uffd
 	msg      [msgSize]byte
 	pre      []prefetchJob // faults' neighbourhoods still to fill, newest last
+
+	// rec is what faults brought in, per pages image, until Complete; then
+	// (learned) it goes to the checkpoint's hot set.
+	rec     map[*hotSet][]uint64
+	learned bool
+	hadHot  bool
 }
 
 func (l *loop) init() error {
@@ -337,12 +352,16 @@ func (l *loop) serve() error {
 	s := l.s
 	events := make([]unix.EpollEvent, 64)
 	for {
+		if !l.learned && s.completing.Load() {
+			l.learn()
+		}
+		hot, hotWaits := l.hotNext(time.Now())
 		timeout := -1
 		switch {
-		case len(l.pre) > 0:
+		case len(l.pre) > 0 || hot != nil:
 			timeout = 0
-		case l.retrying():
-			timeout = 1 // ms: an mm change (fork, mremap, madvise) is completing
+		case l.retrying() || hotWaits:
+			timeout = 1 // ms: an mm change (fork, mremap, madvise) is completing, or a restorer registering
 		case l.finished && s.completing.Load():
 			timeout = 0
 		}
@@ -395,12 +414,21 @@ func (l *loop) serve() error {
 				}
 			}
 		}
-		// Faults first, then their neighbourhoods, then (once asked) the rest.
+		// Faults first, then their neighbourhoods, then the hot set, then
+		// (once asked) the rest.
 		if n == 0 && len(l.pre) > 0 {
 			if err := l.prefetch(); err != nil {
 				return err
 			}
 			continue
+		}
+		if n == 0 {
+			if p, _ := l.hotNext(time.Now()); p != nil {
+				if err := l.hotStep(p); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		if !l.finished || !s.completing.Load() {
 			continue
@@ -624,12 +652,18 @@ func (l *loop) addTask(pid int32, fd int) error {
 		return protoErr("task %d sent twice", pid)
 	}
 	l.pids[pid] = true
-	p := &proc{pid: pid, fd: fd, pages: pi.pages, miss: newMissing(pi.runs)}
+	p := &proc{pid: pid, fd: fd, pages: pi.pages, img: pi, miss: newMissing(pi.runs), hot: pi.hot.spans(pi.runs)}
 	if err := l.add(p); err != nil {
 		return err
 	}
+	var hot uint64
+	for _, h := range p.hot {
+		hot += (h.end - h.start) / pageSize
+	}
+	l.hadHot = l.hadHot || hot > 0
 	l.s.mu.Lock()
 	l.s.stats.LazyPages += int64(p.miss.pages())
+	l.s.stats.HotSet += int64(hot)
 	l.s.mu.Unlock()
 	return nil
 }
@@ -665,7 +699,7 @@ func (l *loop) gone(p *proc) {
 			break
 		}
 	}
-	p.miss, p.retry = newMissing(nil), nil
+	p.miss, p.retry, p.hot = newMissing(nil), nil, nil
 }
 
 // readUffd handles p's messages one read at a time, as CRIU's daemon
@@ -718,7 +752,7 @@ func (l *loop) event(p *proc, m uffdMsg) error {
 			unix.Close(fd)
 			return nil
 		}
-		child := &proc{pid: p.pid, fd: fd, pages: p.pages, miss: p.miss.clone()}
+		child := &proc{pid: p.pid, fd: fd, pages: p.pages, img: p.img, miss: p.miss.clone()}
 		return l.add(child)
 	case eventRemap:
 		p.miss.remap(m.a, m.b, m.c)
@@ -863,6 +897,7 @@ func (l *loop) ahead(p *proc, from, to uint64) (uint64, bool, error) {
 const (
 	noFault  = ^uint64(0)     // background completion
 	prefetch = ^uint64(0) - 1 // a fault's neighbourhood
+	hotFetch = ^uint64(0) - 2 // the checkpoint's hot set
 )
 
 // copy copies [start, end), all missing, from the images, handling the
@@ -881,6 +916,7 @@ func (l *loop) copy(p *proc, start, end, fault uint64) (bool, error) {
 		n, err := uffdCopy(p.fd, start, src, end-start)
 		n &^= pageSize - 1
 		if n > 0 {
+			l.record(p, r.off+(start-r.start), n, fault)
 			p.miss.drop(start, start+n)
 			l.count(fault, int64(n))
 			start += n
@@ -898,6 +934,11 @@ func (l *loop) copy(p *proc, start, end, fault uint64) (bool, error) {
 			if isFault(fault) && fault >= start && fault < end {
 				p.retry = append(p.retry, fault)
 			}
+			return false, nil
+		case errors.Is(err, unix.ENOENT) && fault == hotFetch && !l.finished:
+			// Not registered yet: CRIU's restorer registers a task's lazy
+			// memory once it has moved it into place, after it sent the uffd.
+			// Nothing is dropped; the hot set tries again.
 			return false, nil
 		case errors.Is(err, unix.ENOENT):
 			if end-start > pageSize {
@@ -924,7 +965,7 @@ func (l *loop) copy(p *proc, start, end, fault uint64) (bool, error) {
 	return true, nil
 }
 
-func isFault(addr uint64) bool { return addr != noFault && addr != prefetch }
+func isFault(addr uint64) bool { return addr != noFault && addr != prefetch && addr != hotFetch }
 
 // zero maps the zero page over [start, end), none of it lazy: pages the
 // dump found empty. It reports whether all of it is done; a page already
@@ -974,9 +1015,12 @@ func (l *loop) zero(p *proc, start, end uint64, fault bool) (bool, error) {
 func (l *loop) count(fault uint64, bytes int64) {
 	s := l.s
 	s.mu.Lock()
-	if fault == noFault {
+	switch fault {
+	case noFault:
 		s.stats.BackgroundPages += bytes / pageSize
-	} else {
+	case hotFetch:
+		s.stats.HotPages += bytes / pageSize
+	default:
 		s.stats.FaultPages += bytes / pageSize
 	}
 	s.stats.Bytes += bytes
@@ -992,6 +1036,86 @@ func (l *loop) background() error {
 		r := p.miss.s[0]
 		_, err := l.copy(p, r.start, min(r.end, r.start+l.s.bgChunk), noFault)
 		return err
+	}
+	return nil
+}
+
+// record notes pages [off, off+n) of p's pages image as brought in by a
+// fault (or its neighbourhood), until the session learned (Complete).
+func (l *loop) record(p *proc, off, n, fault uint64) {
+	if l.learned || fault == noFault || fault == hotFetch || p.img == nil {
+		return
+	}
+	rec := l.rec[p.img.hot]
+	if rec == nil {
+		rec = make([]uint64, words(p.pages))
+		l.rec[p.img.hot] = rec
+	}
+	setBits(rec, off/pageSize, (off+n)/pageSize)
+}
+
+// learn adds what this replica's faults brought in before it was verified
+// to its checkpoint's hot set, for the next replicas.
+func (l *loop) learn() {
+	l.learned = true
+	for h, rec := range l.rec {
+		h.add(rec)
+	}
+	l.rec = nil
+}
+
+// hotChunk bounds one copy of the hot set: a fault waits for at most one.
+const hotChunk = 256 << 10
+
+// hotNext is the process whose hot set to copy next (restore order), or
+// nil; waits says whether one waits for its restorer to register its
+// memory. Once no process has any left, HotDone is noted.
+func (l *loop) hotNext(now time.Time) (next *proc, waits bool) {
+	for _, p := range l.order {
+		if len(p.hot) == 0 {
+			continue
+		}
+		if now.Before(p.hotWait) {
+			waits = true
+			continue
+		}
+		return p, false
+	}
+	if !waits && l.hadHot {
+		l.hadHot = false
+		l.s.mu.Lock()
+		l.s.stats.HotDone = time.Since(l.s.start)
+		l.s.mu.Unlock()
+	}
+	return nil, waits
+}
+
+// hotStep copies one chunk of p's hot set, skipping pages that are in
+// already. A copy that does not go through (p's restorer has not registered
+// that memory yet, or its mm is changing) is tried again a millisecond
+// later.
+func (l *loop) hotStep(p *proc) error {
+	for len(p.hot) > 0 {
+		h := &p.hot[0]
+		r, found := p.miss.find(h.start)
+		if !found {
+			if next := p.miss.next(h.start); next < h.end {
+				h.start = next
+			} else {
+				p.hot = p.hot[1:]
+			}
+			continue
+		}
+		end := min(h.end, r.end, h.start+hotChunk)
+		ok, err := l.copy(p, h.start, end, hotFetch)
+		if err != nil || !ok {
+			p.hotWait = time.Now().Add(time.Millisecond)
+			return err
+		}
+		if h.start = end; h.start >= h.end {
+			p.hot = p.hot[1:]
+		}
+		return nil
 	}
 	return nil
 }

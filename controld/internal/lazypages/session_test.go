@@ -574,3 +574,110 @@ func TestSessionFailures(t *testing.T) {
 		}
 	})
 }
+
+// A checkpoint's later replicas get the pages its first replica's faults
+// brought in before it was verified, in bulk, as soon as the restore has
+// registered their memory, before the restore ends: they run without
+// those faults.
+func TestSessionHotSet(t *testing.T) {
+	needUffd(t)
+	leakCheck(t)
+	const base = 0x7e5b00000000
+	im, err := Open(layoutImages(t, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	mapAt := func() *region {
+		p, err := unix.MmapPtr(-1, 0, unsafe.Add(nil, base), regionLen*pageSize, unix.PROT_READ|unix.PROT_WRITE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE)
+		if err != nil || uintptr(p) != base {
+			t.Fatalf("mmap at %#x: %v", base, err)
+		}
+		r := &region{mem: unsafe.Slice((*byte)(p), regionLen*pageSize), base: base}
+		copy(r.mem[eager*pageSize:lazyB*pageSize], pattern(r.addr(eager), 2*pageSize))
+		return r
+	}
+	unmap := func(r *region) { unix.Syscall(unix.SYS_MUNMAP, uintptr(r.base), uintptr(len(r.mem)), 0) }
+	complete := func(s *Session) {
+		t.Helper()
+		s.Complete()
+		select {
+		case <-s.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("not done 10 s after Complete: %+v", s.Stats())
+		}
+		if err := s.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first replica faults at pages 5 and 130, 16 pages each.
+	r := mapAt()
+	s1, err := Listen(context.Background(), im, t.TempDir(), WithFaultChunk(16*pageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uffd := openUffd(t)
+	register(t, uffd, r.base, regionLen*pageSize)
+	f := dialRestore(t, filepath.Dir(s1.path))
+	f.sendTask(1, uffd)
+	unix.Close(uffd)
+	f.finish()
+	wantPattern(t, "page 5", sysRead(t, s1, r.page(5)), r.addr(5))
+	wantPattern(t, "page 130", sysRead(t, s1, r.page(130)), r.addr(130))
+	statsWhen(t, s1, func(st Stats) bool { return st.FaultPages >= 32 })
+	if n := im.HotPages(); n != 0 {
+		t.Fatalf("a replica not yet verified taught %d hot pages", n)
+	}
+	complete(s1)
+	s1.Close()
+	if n := im.HotPages(); n != 32 {
+		t.Fatalf("hot set of %d pages after the first replica, want its 32 fault pages", n)
+	}
+	unmap(r)
+
+	// The next replica: its uffd comes before its memory is registered (as
+	// CRIU sends it before the restorer runs); the hot set waits for the
+	// registration, then comes in before the restore has finished.
+	r = mapAt()
+	defer unmap(r)
+	s2, err := Listen(context.Background(), im, t.TempDir(), WithFaultChunk(16*pageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	uffd = openUffd(t)
+	f = dialRestore(t, filepath.Dir(s2.path))
+	f.sendTask(1, uffd)
+	time.Sleep(20 * time.Millisecond)
+	if st := s2.Stats(); st.HotSet != 32 || st.HotPages != 0 || s2.Err() != nil {
+		t.Fatalf("before the registration: %+v, err %v", st, s2.Err())
+	}
+	register(t, uffd, r.base, regionLen*pageSize)
+	unix.Close(uffd)
+	if st := statsWhen(t, s2, func(st Stats) bool { return st.HotPages == 32 }); st.HotPages != 32 || st.HotDone == 0 || st.RestoreFinished != 0 {
+		t.Fatalf("the hot set should be in before the restore finished: %+v", st)
+	}
+	f.finish()
+	wantPattern(t, "pages 5-20", sysRead(t, s2, r.mem[5*pageSize:21*pageSize]), r.addr(5))
+	wantPattern(t, "pages 130-145", sysRead(t, s2, r.mem[130*pageSize:146*pageSize]), r.addr(130))
+	if st := s2.Stats(); st.Faults != 0 {
+		t.Fatalf("hot pages faulted: %+v", st)
+	}
+	wantPattern(t, "page 50", sysRead(t, s2, r.page(50)), r.addr(50))
+	complete(s2)
+	if st := s2.Stats(); st.Faults != 1 || st.HotPages != 32 {
+		t.Fatalf("after completion: %+v", st)
+	}
+	for i := 0; i < regionLen; i++ {
+		if i >= holeStart && i < eager {
+			continue // never touched: no zero page was asked for
+		}
+		wantPattern(t, "page", r.page(i), r.addr(i))
+	}
+	// Its own fault (page 50, 16 pages) joins the set.
+	if n := im.HotPages(); n != 48 {
+		t.Fatalf("hot set of %d pages after the second replica, want 48", n)
+	}
+}

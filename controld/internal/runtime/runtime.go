@@ -239,6 +239,11 @@ type LazyRestorer interface {
 // copied in the background once the replica was verified.
 type LazyStats struct {
 	LazyPages, Faults, FaultPages, BackgroundPages int64
+	// HotPages came in ahead of faults, from the checkpoint's working set.
+	HotPages int64
+	// From the page session's start (the restore's): its first fault, the
+	// working set all in, CRIU's "restore finished".
+	FirstFault, HotDone, RestoreFinished time.Duration
 }
 
 // ImageResolver is an optional Runtime extension: what an image reference

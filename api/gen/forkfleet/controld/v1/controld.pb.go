@@ -3492,8 +3492,12 @@ type LazyRestoreStats struct {
 	LazyPages int64 `protobuf:"varint,1,opt,name=lazy_pages,json=lazyPages,proto3" json:"lazy_pages,omitempty"`
 	// Page faults served, and the pages they brought in (a fault brings in
 	// the rest of its run, up to a chunk).
-	Faults        int64 `protobuf:"varint,2,opt,name=faults,proto3" json:"faults,omitempty"`
-	FaultPages    int64 `protobuf:"varint,3,opt,name=fault_pages,json=faultPages,proto3" json:"fault_pages,omitempty"`
+	Faults     int64 `protobuf:"varint,2,opt,name=faults,proto3" json:"faults,omitempty"`
+	FaultPages int64 `protobuf:"varint,3,opt,name=fault_pages,json=faultPages,proto3" json:"fault_pages,omitempty"`
+	// Pages copied in ahead of faults from the checkpoint's working set (the
+	// pages its earlier lazy replicas needed before they were verified), as
+	// soon as the restore had registered the replica's memory.
+	HotPages      int64 `protobuf:"varint,4,opt,name=hot_pages,json=hotPages,proto3" json:"hot_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3545,6 +3549,13 @@ func (x *LazyRestoreStats) GetFaults() int64 {
 func (x *LazyRestoreStats) GetFaultPages() int64 {
 	if x != nil {
 		return x.FaultPages
+	}
+	return 0
+}
+
+func (x *LazyRestoreStats) GetHotPages() int64 {
+	if x != nil {
+		return x.HotPages
 	}
 	return 0
 }
@@ -6850,13 +6861,14 @@ const file_forkfleet_controld_v1_controld_proto_rawDesc = "" +
 	"\x04took\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04took\x12!\n" +
 	"\frecording_id\x18\a \x01(\tR\vrecordingId\x12E\n" +
 	"\frestore_mode\x18\b \x01(\x0e2\".forkfleet.controld.v1.RestoreModeR\vrestoreMode\x12J\n" +
-	"\flazy_restore\x18\t \x01(\v2'.forkfleet.controld.v1.LazyRestoreStatsR\vlazyRestore\"j\n" +
+	"\flazy_restore\x18\t \x01(\v2'.forkfleet.controld.v1.LazyRestoreStatsR\vlazyRestore\"\x87\x01\n" +
 	"\x10LazyRestoreStats\x12\x1d\n" +
 	"\n" +
 	"lazy_pages\x18\x01 \x01(\x03R\tlazyPages\x12\x16\n" +
 	"\x06faults\x18\x02 \x01(\x03R\x06faults\x12\x1f\n" +
 	"\vfault_pages\x18\x03 \x01(\x03R\n" +
-	"faultPages\"}\n" +
+	"faultPages\x12\x1b\n" +
+	"\thot_pages\x18\x04 \x01(\x03R\bhotPages\"}\n" +
 	"\x16ForkCheckpointResponse\x12>\n" +
 	"\breplicas\x18\x01 \x03(\v2\".forkfleet.controld.v1.ForkReplicaR\breplicas\x12#\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"[\n" +

@@ -622,14 +622,16 @@ class ImportCheckpointResponse(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
 
 class LazyRestoreStats(_message.Message):
-    __slots__ = ["fault_pages", "faults", "lazy_pages"]
+    __slots__ = ["fault_pages", "faults", "hot_pages", "lazy_pages"]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
     FAULT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOT_PAGES_FIELD_NUMBER: _ClassVar[int]
     LAZY_PAGES_FIELD_NUMBER: _ClassVar[int]
     fault_pages: int
     faults: int
+    hot_pages: int
     lazy_pages: int
-    def __init__(self, lazy_pages: _Optional[int] = ..., faults: _Optional[int] = ..., fault_pages: _Optional[int] = ...) -> None: ...
+    def __init__(self, lazy_pages: _Optional[int] = ..., faults: _Optional[int] = ..., fault_pages: _Optional[int] = ..., hot_pages: _Optional[int] = ...) -> None: ...
 
 class LimitReached(_message.Message):
     __slots__ = ["count", "first_at", "last_at", "limit", "message"]
