@@ -39,6 +39,9 @@ type poolSuite struct {
 	// while the burst's other claims still made their sessions, and their
 	// "usable" measured that.
 	shotAfterHits bool
+	// burstCPU: read every host task's CPU time before each burst and when
+	// its last hit is usable, for where the burst's CPU went (taskGroup).
+	burstCPU bool
 }
 
 // poolKindLabel keys the pool's sandboxes, so its idle replicas can be
@@ -57,6 +60,7 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 	fs.BoolVar(&p.shotAfterHits, "pool-shot-after-hits", true, "a hit's first screenshot waits until every hit of its burst is usable (false: at once, as runs before 2026-12-02 11:20)")
+	fs.BoolVar(&p.burstCPU, "pool-burst-cpu", true, "report the CPU time each group of host tasks (client, controld, guestd, desktop, runtime, kernel...) ran in each burst's window, read from /proc before the burst and once its last hit is usable")
 }
 func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	return checkControld(ctx, env)
@@ -362,6 +366,12 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 		// pressure, /proc/pressure/cpu "some").
 		wall := result.NewSeries("pool.burst_hits_wall", "ms", poolLbl("burst", itoa(b)))
 		stall := result.NewSeries("pool.burst_cpu_wait", "percent", poolLbl("burst", itoa(b)))
+		// What ran in that window, by group of tasks (taskGroup), and all
+		// of it: the window has 2 x wall of CPU on 2 vCPUs.
+		cpu := map[string]*result.Series{}
+		for _, g := range append([]string{"all"}, burstCPUGroups...) {
+			cpu[g] = result.NewSeries("pool.burst_cpu", "ms", poolLbl("burst", itoa(b), "proc", g))
+		}
 		for r := 0; r < reps; r++ {
 			if err := waitFull(); err != nil {
 				return nil, err
@@ -371,7 +381,12 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			hits := 0
 			var wg sync.WaitGroup
 			hitsUsable, allUsable := 0, make(chan struct{})
+			var tasks *taskMeter
+			if p.burstCPU {
+				tasks = newTaskMeter()
+			}
 			psi0, psiErr := cpuStallTotal()
+			mono0 := monotonicNow()
 			start := time.Now()
 			onUsable := func() {
 				mu.Lock()
@@ -383,6 +398,19 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 				if psi1, err := cpuStallTotal(); err == nil && psiErr == nil {
 					wall.Add(suiteapi.Ms(w))
 					stall.Add(float64(psi1-psi0) / float64(w.Microseconds()) * 100)
+				}
+				if tasks != nil {
+					mono1 := monotonicNow()
+					ran := tasks.since()
+					// The window on CLOCK_MONOTONIC, for a host profile of
+					// the run (perf record -k CLOCK_MONOTONIC).
+					env.Progressf("%s pool: burst %d rep %d: hits window %d-%d (CLOCK_MONOTONIC ns)", kind, b, r+1, mono0, mono1)
+					var all time.Duration
+					for _, g := range burstCPUGroups {
+						cpu[g].Add(suiteapi.Ms(ran[g]))
+						all += ran[g]
+					}
+					cpu["all"].Add(suiteapi.Ms(all))
 				}
 				close(allUsable)
 			}
@@ -431,6 +459,9 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 				}()
 			}
 			wg.Wait()
+			if tasks != nil {
+				tasks.Close()
+			}
 			rate.Add(float64(hits) / float64(b) * 100)
 			for _, id := range ids {
 				c.remove(ctx, id)
@@ -445,8 +476,13 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			}
 		}
 		rows = append(rows, rate.Row())
-		for _, s := range []*result.Series{wall, stall} {
+		for _, s := range []*result.Series{wall, stall, cpu["all"]} {
 			if row := s.Row(); row.N > 0 {
+				rows = append(rows, row)
+			}
+		}
+		for _, g := range burstCPUGroups {
+			if row := cpu[g].Row(); row.N > 0 && row.P50 != nil && row.Max != nil && *row.Max > 0 {
 				rows = append(rows, row)
 			}
 		}
@@ -456,6 +492,10 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 	}
 	return rows, nil
 }
+
+// burstCPUGroups are the groups of host tasks a burst's CPU is split by
+// (taskGroup).
+var burstCPUGroups = []string{"client", "controld", "guestd", "desktop", "runtime", "ksmd", "kworker", "kernel", "other"}
 
 // cpuStallTotal is the host's CPU pressure: the microseconds in which some
 // runnable task waited for a CPU (/proc/pressure/cpu, "some ... total=").

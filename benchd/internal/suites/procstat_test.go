@@ -1,0 +1,35 @@
+//go:build linux
+
+package suites
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSchedRuntime(t *testing.T) {
+	sched := "head (12329, #threads: 1)\n---\nse.exec_start                                :      83656419.859607\n" +
+		"se.vruntime                                  :           408.711080\nse.sum_exec_runtime                          :             12.129435\n"
+	got, ok := schedRuntime([]byte(sched))
+	if want := 12129435 * time.Nanosecond; !ok || got != want {
+		t.Fatalf("schedRuntime = %v, %v; want %v", got, ok, want)
+	}
+	if _, ok := schedRuntime([]byte("no such field\n")); ok {
+		t.Fatal("schedRuntime parsed a file without se.sum_exec_runtime")
+	}
+}
+
+// The host's tasks are read, this process's own counted as the client's.
+func TestCPUByGroupCountsThisProcess(t *testing.T) {
+	tm := newTaskMeter()
+	defer tm.Close()
+	if len(tm.files) == 0 {
+		t.Skip("no /proc/<pid>/task/<tid>/sched on this kernel")
+	}
+	for end := time.Now().Add(20 * time.Millisecond); time.Now().Before(end); {
+	}
+	ran := tm.since()
+	if ran["client"] < 10*time.Millisecond {
+		t.Fatalf("client ran %v in a 20 ms busy loop; groups %v", ran["client"], ran)
+	}
+}
