@@ -173,11 +173,14 @@ func (m *warmer) takeForkSlotLocked(ckID string, spec runtime.BootSpec) *forkSlo
 	return nil
 }
 
+// holdLocked says how much longer a refill should wait (0: go now): while
+// forks run and briefly after, and while pool claims arrive (the fill
+// bounds the wait, holdRefill).
 func (fs *forkSlots) holdLocked(now time.Time) time.Duration {
 	if fs.forking > 0 {
 		return slotRefillHold // forkSlotsEnd wakes the filler earlier
 	}
-	return max(fs.quietUntil.Sub(now), 0)
+	return max(fs.quietUntil.Sub(now), fs.m.claims.quietIn(poolQuiet), 0)
 }
 
 // neededLocked returns the most recent checkpoint short of slots, or nil.

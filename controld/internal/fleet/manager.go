@@ -138,6 +138,13 @@ type registry struct {
 	// (say, after a lost response) succeeds instead of failing NotFound.
 	tombstones map[string]time.Time
 	ckMu       sync.Mutex // serializes checkpoint tree edits (create, delete, import)
+	// claims are the pool claims in flight, of every pool: refills of
+	// every kind (pool members, an image pool's checkpoint, boot and fork
+	// slots) wait until they have been quiet for poolQuiet
+	// (pool_claim.go), since on a host of a few cores a refill's restore,
+	// boot or precreate takes the CPU a claim burst and its clients' first
+	// requests need.
+	claims gate
 	// requests makes the creating calls idempotent by request id: their
 	// responses in the store, what they created tagged with the id.
 	requests rules.Dedup

@@ -33,10 +33,6 @@ type pool struct {
 	// transaction reads them on the store's committer goroutine, which must
 	// not take Manager.mu (see store.Update).
 	hits, misses atomic.Uint64
-	// claiming counts claims in flight and lastClaim is when the last one
-	// ended (unix ns): refills wait for claims to go quiet (waitClaimsQuiet).
-	claiming  atomic.Int32
-	lastClaim atomic.Int64
 	// thawing holds the hits being handed out; a miss lets them finish
 	// before it starts its fork or boot (see claimMiss).
 	thawing gate
@@ -259,7 +255,7 @@ func (m *pooler) replenish(ctx context.Context, p *pool) {
 			if deferring.IsZero() {
 				deferring = time.Now()
 			}
-			waited, ok := m.waitClaimsQuiet(ctx, p, deferring)
+			waited, ok := m.waitClaimsQuiet(ctx, deferring)
 			if !ok {
 				return
 			}

@@ -128,7 +128,7 @@ func (m *pooler) keepPoolCheckpoint(ctx context.Context, p *pool) (again, ok boo
 	}
 	// A checkpoint freezes a member for its dump and takes the CPU a claim
 	// burst needs, like a refill.
-	waited, ok := m.waitClaimsQuiet(ctx, p, time.Now())
+	waited, ok := m.waitClaimsQuiet(ctx, time.Now())
 	if !ok || waited {
 		return waited, ok
 	}

@@ -20,11 +20,13 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
-// Refills wait until no claim has ended for poolQuiet (and none is in
-// flight), so a warm-up (hundreds of ms of CPU for a CRIU restore on a
-// 2-core host) does not run while a claim burst thaws its sandboxes and their
-// clients make their first requests. poolMaxDefer bounds the wait so a
-// steady stream of claims still gets its pool refilled.
+// Refills wait until no claim of any pool has ended for poolQuiet (and
+// none is in flight), so a warm-up (hundreds of ms of CPU for a CRIU
+// restore on a 2-core host) does not run while a claim burst thaws its
+// sandboxes and their clients make their first requests. poolMaxDefer
+// bounds the wait so a steady stream of claims still gets its pool
+// refilled. Boot and fork slots hold their precreates the same way, for at
+// most slotRefillHold (warmslots.go, forkslots.go).
 const (
 	poolQuiet    = 150 * time.Millisecond
 	poolMaxDefer = 2 * time.Second
@@ -63,6 +65,17 @@ func (g *gate) leave() {
 		close(g.idle)
 	}
 	g.mu.Unlock()
+}
+
+// quietIn is how long until nothing will have been in flight for grace:
+// grace while something is, 0 once it has been quiet that long.
+func (g *gate) quietIn(grace time.Duration) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n > 0 {
+		return grace
+	}
+	return max(grace-time.Since(g.last), 0)
 }
 
 // wait returns once nothing has been in flight for grace, after at most
@@ -107,19 +120,13 @@ const maxMissForks = 8
 // pingTimeout bounds the round trip that proves a thawed guestd runs.
 const pingTimeout = 5 * time.Second
 
-// waitClaimsQuiet waits until p's claims have been quiet for poolQuiet, or
-// until poolMaxDefer after since. waited reports whether it had to wait; ok
-// is false when ctx ended.
-func (m *pooler) waitClaimsQuiet(ctx context.Context, p *pool, since time.Time) (waited, ok bool) {
+// waitClaimsQuiet waits until the host's claims have been quiet for
+// poolQuiet, or until poolMaxDefer after since. waited reports whether it
+// had to wait; ok is false when ctx ended.
+func (m *pooler) waitClaimsQuiet(ctx context.Context, since time.Time) (waited, ok bool) {
 	deadline := since.Add(poolMaxDefer)
 	for {
-		wait := poolQuiet - time.Since(time.Unix(0, p.lastClaim.Load()))
-		if p.claiming.Load() > 0 {
-			wait = max(wait, poolQuiet)
-		}
-		if rem := time.Until(deadline); wait > rem {
-			wait = rem
-		}
+		wait := min(m.claims.quietIn(poolQuiet), time.Until(deadline))
 		if wait <= 0 {
 			return waited, true
 		}
@@ -368,10 +375,9 @@ func (m *pooler) claimPool(ctx context.Context, req *controldv1.ClaimPoolRequest
 		labels[k] = v
 	}
 	labels[rules.PoolIDLabel] = p.rec.Pool.Id
-	p.claiming.Add(1)
+	m.claims.enter()
 	defer func() {
-		p.lastClaim.Store(time.Now().UnixNano())
-		p.claiming.Add(-1)
+		m.claims.leave()
 		// Refill behind the claim (the replenisher waits for claims to go
 		// quiet before it starts).
 		m.kickPool(p.rec.Pool.Id)

@@ -8,33 +8,58 @@ import (
 
 func TestWaitClaimsQuiet(t *testing.T) {
 	ctx := context.Background()
-	m := &Manager{}
+	m := &pooler{registry: &registry{}}
 
-	p := &pool{}
 	start := time.Now()
-	if waited, ok := m.waitClaimsQuiet(ctx, p, start); waited || !ok {
+	if waited, ok := m.waitClaimsQuiet(ctx, start); waited || !ok {
 		t.Fatalf("no claims ever: waited=%v ok=%v, want no wait", waited, ok)
 	}
 
-	p.lastClaim.Store(time.Now().UnixNano())
+	m.claims.enter()
+	m.claims.leave()
 	start = time.Now()
-	waited, ok := m.waitClaimsQuiet(ctx, p, start)
+	waited, ok := m.waitClaimsQuiet(ctx, start)
 	if d := time.Since(start); !waited || !ok || d < poolQuiet-5*time.Millisecond {
 		t.Fatalf("claim just ended: waited=%v ok=%v after %v, want a wait of about %v", waited, ok, d, poolQuiet)
 	}
 
 	// A claim in flight holds refills off, but not past poolMaxDefer.
-	p.claiming.Add(1)
+	m.claims.enter()
+	defer m.claims.leave()
 	since := time.Now().Add(-poolMaxDefer + 20*time.Millisecond)
 	start = time.Now()
-	if _, ok := m.waitClaimsQuiet(ctx, p, since); !ok || time.Since(start) > poolQuiet {
+	if _, ok := m.waitClaimsQuiet(ctx, since); !ok || time.Since(start) > poolQuiet {
 		t.Fatalf("deferral not bounded: ok=%v after %v", ok, time.Since(start))
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, ok := m.waitClaimsQuiet(cctx, p, time.Now()); ok {
+	if _, ok := m.waitClaimsQuiet(cctx, time.Now()); ok {
 		t.Fatal("canceled wait reported ok")
+	}
+}
+
+// Boot and fork slots hold their precreates while claims of any pool are
+// in flight and for poolQuiet after (the fill bounds the hold by
+// slotRefillHold); a create that found no boot slot ends the hold.
+func TestSlotRefillsHoldForClaims(t *testing.T) {
+	w := &warmer{registry: &registry{}}
+	ws, fs := &warmSlots{m: w}, &forkSlots{m: w}
+	now := time.Now()
+	if h, f := ws.holdLocked(now), fs.holdLocked(now); h != 0 || f != 0 {
+		t.Fatalf("no claims: boot slots hold %v, fork slots %v; want 0", h, f)
+	}
+	w.claims.enter()
+	if h, f := ws.holdLocked(now), fs.holdLocked(now); h != poolQuiet || f != poolQuiet {
+		t.Fatalf("claim in flight: boot slots hold %v, fork slots %v; want %v", h, f, poolQuiet)
+	}
+	w.claims.leave()
+	if h, f := ws.holdLocked(time.Now()), fs.holdLocked(time.Now()); h <= 0 || h > poolQuiet || f <= 0 || f > poolQuiet {
+		t.Fatalf("claim just ended: boot slots hold %v, fork slots %v; want (0, %v]", h, f, poolQuiet)
+	}
+	ws.demand = true
+	if h := ws.holdLocked(time.Now()); h != 0 {
+		t.Fatalf("a create found no slot: boot slots hold %v, want 0", h)
 	}
 }
 

@@ -108,7 +108,9 @@ func (ws *warmSlots) countLocked(key string) int {
 	return n
 }
 
-// holdLocked says how much longer a refill should wait (0: go now).
+// holdLocked says how much longer a refill should wait (0: go now): while
+// boots that took slots come up and briefly after, and while pool claims
+// arrive (the fill bounds the wait, holdRefill).
 func (ws *warmSlots) holdLocked(now time.Time) time.Duration {
 	switch {
 	case ws.demand:
@@ -116,7 +118,7 @@ func (ws *warmSlots) holdLocked(now time.Time) time.Duration {
 	case ws.booting > 0:
 		return slotRefillHold // slotBootDone wakes the filler earlier
 	}
-	return max(ws.quietUntil.Sub(now), 0)
+	return max(ws.quietUntil.Sub(now), ws.m.claims.quietIn(poolQuiet), 0)
 }
 
 type warmSlot struct {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -165,7 +166,7 @@ func (j *journal) commit(batch []*frame) {
 	err := j.write(batch)
 	for _, fr := range batch {
 		if err == nil {
-			fr.applied = j.st.enqueue(fr.write)
+			fr.applied = j.st.enqueueLazy(fr.write)
 		}
 		fr.done <- err
 	}
@@ -293,8 +294,12 @@ func (s *Store) Claim(sb *SandboxRecord, pool *PoolRecord, counters func() (hits
 	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
 	copy(b[claimFrameHeader:], payload)
 	fr := &frame{b: b, write: write, done: make(chan error, 1)}
+	s.journaling.Add(1)
 	s.claims.frames.add(fr)
-	if err := <-fr.done; err != nil {
+	err = <-fr.done
+	s.journaled.Store(time.Now().UnixNano())
+	s.journaling.Add(-1)
+	if err != nil {
 		return nil, err
 	}
 	return fr.applied, nil

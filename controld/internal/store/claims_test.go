@@ -18,6 +18,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
+	"github.com/forkfleet/forkfleet/api/rules"
 )
 
 // pooledStore makes a store holding pool pl-a and n pooled sandboxes
@@ -529,4 +530,76 @@ func claimGroupThenHang(path string) {
 		}()
 	}
 	select {}
+}
+
+// setClaimHold sets the lazy writes' quiet time and bound for a test.
+func setClaimHold(t *testing.T, quiet, hold time.Duration) {
+	q, h := claimQuiet, claimHold
+	claimQuiet, claimHold = quiet, hold
+	t.Cleanup(func() { claimQuiet, claimHold = q, h })
+}
+
+// A claim's records' write waits for the claims around it, and any other
+// write takes it along in order: once that write is committed, so is the
+// claim's.
+func TestClaimRecordsWaitForClaims(t *testing.T) {
+	setClaimHold(t, time.Hour, time.Hour)
+	s, err := Open(pooledStore(t, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	applied, err := s.Claim(claimedRecord(0), poolRecord(), func() (uint64, uint64) { return 1, 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A finished request's answer is lazy too.
+	put := make(chan error, 1)
+	go func() { put <- s.PutRequest(&rules.RequestRecord{Key: "/m/r", Expires: time.Now().Add(time.Hour)}) }()
+	select {
+	case err := <-applied:
+		t.Fatalf("the claim's records were written while claims were quiet for less than claimQuiet (err %v)", err)
+	case err := <-put:
+		t.Fatalf("a request's answer was written while claims were quiet for less than claimQuiet (err %v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := s.Update(func(tx *Tx) error { return tx.PutSandbox(pooledRecord(1)) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-applied:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatal("a write queued after the claim's records committed before them")
+	}
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+	wantClaimed(t, s, 0)
+}
+
+// The wait is bounded: a steady stream of claims still gets its records
+// written.
+func TestClaimRecordsHoldBounded(t *testing.T) {
+	setClaimHold(t, time.Hour, 20*time.Millisecond)
+	s, err := Open(pooledStore(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	applied, err := s.Claim(claimedRecord(0), poolRecord(), func() (uint64, uint64) { return 1, 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-applied:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim's records were held past claimHold")
+	}
+	wantClaimed(t, s, 0)
 }

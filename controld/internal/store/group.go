@@ -1,6 +1,9 @@
 package store
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // groupCommit is the store's one way of making writes durable together:
 // items queue, and one goroutine at a time commits them in batches, so
@@ -14,10 +17,15 @@ type groupCommit[T any] struct {
 	// its items.
 	take   func(queue []T) int
 	commit func(batch []T)
+	// hold, when set, is how much longer the committer waits before it
+	// takes the next batch of a non-empty queue (0: take it now); an add
+	// ends the wait early, for hold to look again. Called with mu held.
+	hold func(queue []T) time.Duration
 
 	mu      sync.Mutex
 	queue   []T
-	running bool // a committer goroutine is draining queue
+	running bool          // a committer goroutine is draining queue
+	added   chan struct{} // an add during a hold (capacity 1)
 }
 
 // add queues item for the next batch, starting a committer when none runs.
@@ -27,6 +35,11 @@ func (g *groupCommit[T]) add(item T) {
 	if !g.running {
 		g.running = true
 		go g.drain()
+	} else if g.added != nil {
+		select {
+		case g.added <- struct{}{}:
+		default:
+		}
 	}
 	g.mu.Unlock()
 }
@@ -39,6 +52,21 @@ func (g *groupCommit[T]) drain() {
 			g.running = false
 			g.mu.Unlock()
 			return
+		}
+		if g.hold != nil {
+			if d := g.hold(g.queue); d > 0 {
+				if g.added == nil {
+					g.added = make(chan struct{}, 1)
+				}
+				g.mu.Unlock()
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-g.added:
+				}
+				t.Stop()
+				continue
+			}
 		}
 		n := g.take(g.queue)
 		batch := g.queue[:n:n]
