@@ -706,7 +706,9 @@ step_criu() {
 # - uffd.c: a lazy restore's tasks get their userfaultfd from /dev/userfaultfd
 #   (opened by CRIU as root before it forks them, closed in each task once its
 #   uffd exists) when userfaultfd(2) refuses them in their user namespace, so
-#   vm.unprivileged_userfaultfd stays 0 (docs/security.md).
+#   vm.unprivileged_userfaultfd stays 0 (docs/security.md); and a lazy
+#   restore's writable premap of a reservation that the heuristic overcommit
+#   refuses is made again with MAP_NORESERVE (Chromium's, docs/security.md).
 # - syscall.c: the one syscall() override, offering refused calls to the above.
 # build_criu_preload OUT: the preload library (also images/node/build.sh's).
 build_criu_preload() {
@@ -735,7 +737,7 @@ step_criu_preload() {
 	rm -f "$LIB_DIR/criu-rlimits.so" # the library's name before ksm.c
 	if ((changed)); then
 		"$CRIU_WRAPPER" check >/dev/null 2>&1 || die "CRIU with $CRIU_PRELOAD_SO preloaded fails criu check"
-		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes; lazy restores' userfaultfds from /dev/userfaultfd)"
+		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes; lazy restores' userfaultfds from /dev/userfaultfd and unreserved premaps)"
 	else
 		step criu-preload skip "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO"
 	fi
@@ -931,12 +933,14 @@ ksm_write() {
 # from /dev/userfaultfd, which controld hands to CRIU (docs/security.md):
 # vm.unprivileged_userfaultfd is left as it is. Nothing to change here; the
 # step says what the host offers. vm.overcommit_memory is left as it is too:
-# restore mode AUTO restores lazily only under 1.
+# restore mode AUTO restores lazily unless it is 2 (strict accounting refuses
+# the writable premaps of Chromium's reservations; under 0 the CRIU preload's
+# uffd.c makes them MAP_NORESERVE).
 step_userfaultfd() {
 	local oc
 	oc=$(cat /proc/sys/vm/overcommit_memory 2>/dev/null || echo "?")
 	if [[ -c /dev/userfaultfd ]]; then
-		step userfaultfd skip "/dev/userfaultfd present: lazy restores need no vm.unprivileged_userfaultfd; vm.overcommit_memory=$oc (AUTO restores lazily only under 1)"
+		step userfaultfd skip "/dev/userfaultfd present: lazy restores need no vm.unprivileged_userfaultfd; vm.overcommit_memory=$oc (AUTO restores lazily unless it is 2)"
 	else
 		note userfaultfd "no /dev/userfaultfd (Linux 6.1+, CONFIG_USERFAULTFD): forks restore eagerly only (LAZY fails FAILED_PRECONDITION)"
 	fi

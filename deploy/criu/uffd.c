@@ -24,6 +24,22 @@
  * before the restored tasks run). The fd is checked to still be the device
  * before the ioctl (a restored file that took its number would fail the
  * restore, not be used). An eager restore and a dump never open it.
+ *
+ * Overcommit: a lazy restore reads no page in the restorer (CRIU's page
+ * reader is not "pieok" with --lazy-pages, criu/pagemap.c), so CRIU premaps
+ * every private mapping of every task in its own process, writable
+ * (criu/mem.c premap_private_vma: prot | PROT_WRITE), where an eager restore
+ * maps most of them in place with their own protection. A PROT_NONE
+ * reservation (Chromium reserves up to a terabyte of address space for V8's
+ * cages) is then a writable private mapping larger than the host's memory,
+ * which the heuristic overcommit (vm.overcommit_memory=0) refuses: ENOMEM,
+ * "Unable to map ANON_VMA", and the restore fails. Only in a lazy restore,
+ * such a refused fixed private anonymous writable mapping is made again with
+ * MAP_NORESERVE: the kernel does not charge it (as it did not charge the
+ * PROT_NONE original), the restorer moves it into place and gives it back
+ * its protection. Nothing else changes: under strict accounting (2) the
+ * kernel ignores MAP_NORESERVE and the restore fails as before; any other
+ * mapping, and every mapping of an eager restore or a dump, is CRIU's own.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -32,6 +48,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -49,6 +66,7 @@
 
 static const char sock_name[] = "lazy-pages.socket";
 
+static int lazy_restore; /* CRIU connected to lazy-pages.socket; its tasks inherit it */
 static int devfd = -1;
 static pid_t devfd_owner; /* CRIU's own process: its closes are real */
 static dev_t devfd_rdev;
@@ -151,11 +169,38 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		if (plen >= n && !memcmp(sun->sun_path + plen - n, sock_name, n) &&
 		    (plen == n || sun->sun_path[plen - n - 1] == '/')) {
 			int saved = errno;
+			lazy_restore = 1;
 			open_device(sun->sun_path, plen - n);
 			errno = saved;
 		}
 	}
 	return r;
+}
+
+static void *real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	static void *(*real)(void *, size_t, int, int, int, off_t);
+
+	if (!real)
+		real = (void *(*)(void *, size_t, int, int, int, off_t))dlsym(RTLD_NEXT, "mmap");
+	return real(addr, len, prot, flags, fd, off);
+}
+
+/* A lazy restore's premap of a reservation: see the top of this file. */
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	const int premap = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED;
+	void *p = real_mmap(addr, len, prot, flags, fd, off);
+
+	if (p == MAP_FAILED && errno == ENOMEM && lazy_restore && (prot & PROT_WRITE) &&
+	    (flags & (premap | MAP_SHARED | MAP_NORESERVE)) == premap)
+		p = real_mmap(addr, len, prot, flags | MAP_NORESERVE, fd, off);
+	return p;
+}
+
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return mmap(addr, len, prot, flags, fd, off);
 }
 
 int close(int fd)

@@ -436,13 +436,14 @@ func (r *Runtime) closeLazy(ctx context.Context) {
 	r.lazy.mu.Unlock()
 }
 
-// LazySafe implements runtime.LazyRestorer: only under
-// vm.overcommit_memory=1. CRIU premaps a lazy restore's private mappings
+// LazySafe implements runtime.LazyRestorer: unless
+// vm.overcommit_memory=2. CRIU premaps a lazy restore's private mappings
 // writable before their pages come; the heuristic (0) refuses a single
-// mapping larger than the host's memory, which Chromium's reservations are
-// (a browser replica's restore fails: criu/mem.c "Unable to map ANON_VMA"),
-// and strict accounting (2) would charge every reservation.
+// mapping larger than the host's memory, which Chromium's reservations are,
+// and the CRIU preload (deploy/criu/uffd.c) makes such a refused premap
+// again without reserving it; strict accounting (2) ignores that and would
+// refuse the browser's restore (criu/mem.c "Unable to map ANON_VMA").
 func (r *Runtime) LazySafe() bool {
 	b, err := os.ReadFile("/proc/sys/vm/overcommit_memory")
-	return err == nil && strings.TrimSpace(string(b)) == "1"
+	return err == nil && strings.TrimSpace(string(b)) != "2"
 }

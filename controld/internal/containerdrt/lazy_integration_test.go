@@ -5,8 +5,10 @@ package containerdrt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -59,6 +61,12 @@ func TestIntegrationLazyRestore(t *testing.T) {
 	mustCall(t, src, "set lazy-value")
 	mustCall(t, src, "fill 64")
 	want := mustCall(t, src, "sum")
+	// A reservation larger than the host, as Chromium's: a lazy restore
+	// premaps it writable, which the heuristic overcommit refuses unless
+	// the CRIU preload makes it MAP_NORESERVE (deploy/criu/uffd.c).
+	if got := mustCall(t, src, fmt.Sprintf("reserve %d", hostMemoryGiB(t)*2)); got != "ok" {
+		t.Fatalf("reserve: %s", got)
+	}
 	res := checkpointT(t, r, src.ID, runtime.TierMemory, false)
 
 	if n, err := r.LazyBytes(ctx, res.Ref); err != nil || n < 64<<20 {
@@ -258,4 +266,22 @@ func waitLazyDone(t *testing.T, r *Runtime, id string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// hostMemoryGiB is the host's memory and swap, in GiB rounded up.
+func hostMemoryGiB(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kib int
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "MemTotal:" || f[0] == "SwapTotal:") {
+			n, _ := strconv.Atoi(f[1])
+			kib += n
+		}
+	}
+	return kib>>20 + 1
 }

@@ -223,7 +223,7 @@ type LazyRestorer interface {
 	LazyBytes(ctx context.Context, ref CheckpointRef) (int64, error)
 	// LazySafe says a fork in mode AUTO may restore lazily on this host: a
 	// lazy restore maps each process's private memory writable before its
-	// pages come, which the kernel's heuristic overcommit refuses for
+	// pages come, which strict overcommit accounting refuses for
 	// reservations larger than the host (Chromium's).
 	LazySafe() bool
 	// CompleteRestore starts copying a verified lazy replica's remaining

@@ -26,6 +26,8 @@
 //	fill MIB            hold MIB MiB of pseudo-random bytes (a sandbox
 //	                    whose memory a restore must bring back)
 //	sum                 a checksum of the bytes fill holds
+//	reserve GIB         reserve GIB GiB of address space, PROT_NONE (as
+//	                    Chromium reserves V8's cages)
 //	traced              start a child that this process traces (as a
 //	                    debugger would) and return its pid
 package main
@@ -57,6 +59,7 @@ var (
 	value = "initial"
 	open  []*os.File // files kept open, as openbox keeps its log open
 	fill  []byte     // fill's bytes
+	kept  [][]byte   // reserve's reservations
 )
 
 func main() {
@@ -109,6 +112,14 @@ func serve(c net.Conn, logf *os.File) {
 			fill[i] = byte(x)
 		}
 		reply = "ok"
+	case "reserve":
+		n, _ := strconv.Atoi(arg)
+		m, err := unix.Mmap(-1, 0, n<<30, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		reply = "ok"
+		if err != nil {
+			reply = "error " + err.Error()
+		}
+		kept = append(kept, m)
 	case "sum":
 		var h uint64 = 14695981039346656037
 		for _, b := range fill {
