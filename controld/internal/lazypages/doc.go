@@ -44,6 +44,16 @@
 // (WithBackgroundChunk) only while no fault or neighbourhood waits, and the
 // session ends (Done) once every process has them all.
 //
+// Working set (hot.go): what a session's faults brought in until Complete
+// (the replica verified) is added to its Images' hot set, one bit per page
+// of a pages image. A later session of the checkpoint copies those pages
+// into each task as soon as CRIU's restorer has registered the task's
+// memory (a copy refused with ENOENT before the restore finished is tried
+// again a millisecond later: the uffd comes before the registration), in
+// 256 KiB copies behind faults and their neighbourhoods: the replica runs
+// with them in. The first lazy fork of a checkpoint learns it; a sandbox
+// can at most make its own later replicas copy every lazy page up front.
+//
 // Races are handled as CRIU's daemon does: EEXIST (the page is there),
 // EAGAIN (the mm is changing: the fault is retried after the event that
 // changes it), ENOENT (no registered VMA there any more), ESRCH/ENOSPC
