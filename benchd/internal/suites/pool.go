@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http/httptrace"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,11 @@ type poolSuite struct {
 	// burstCPU: read every host task's CPU time before each burst and when
 	// its last hit is usable, for where the burst's CPU went (taskGroup).
 	burstCPU bool
+	// gcBeforeBurst: benchd collects its own garbage before each burst, so
+	// its collector (a fifth of benchd's CPU in a burst's window when it
+	// fell there: the client's heap is small, so it collects often) does
+	// not run on the 2 vCPUs beside the claims it measures.
+	gcBeforeBurst bool
 }
 
 // poolKindLabel keys the pool's sandboxes, so its idle replicas can be
@@ -60,6 +66,7 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 	fs.BoolVar(&p.shotAfterHits, "pool-shot-after-hits", true, "a hit's first screenshot waits until every hit of its burst is usable (false: at once, as runs before 2026-12-02 11:20)")
+	fs.BoolVar(&p.gcBeforeBurst, "pool-gc-before-burst", true, "benchd collects its own garbage before each burst, so its collector does not run beside the claims it measures (false: as runs before 2026-12-02 14:00)")
 	fs.BoolVar(&p.burstCPU, "pool-burst-cpu", true, "report the CPU time each group of host tasks (client, controld, guestd, desktop, runtime, kernel...) ran in each burst's window, read from /proc before the burst and once its last hit is usable")
 }
 func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
@@ -381,6 +388,9 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			hits := 0
 			var wg sync.WaitGroup
 			hitsUsable, allUsable := 0, make(chan struct{})
+			if p.gcBeforeBurst {
+				runtime.GC()
+			}
 			var tasks *taskMeter
 			if p.burstCPU {
 				tasks = newTaskMeter()
