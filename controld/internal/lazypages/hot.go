@@ -42,8 +42,8 @@ func (h *hotSet) add(rec []uint64) {
 	if h.bits == nil {
 		h.bits = make([]uint64, len(rec))
 	}
-	for i, w := range rec {
-		h.bits[i] |= w
+	for i := range min(len(rec), len(h.bits)) { // one image: one length
+		h.bits[i] |= rec[i]
 	}
 }
 
