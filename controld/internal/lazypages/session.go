@@ -1091,9 +1091,10 @@ func (l *loop) hotNext(now time.Time) (next *proc, waits bool) {
 }
 
 // hotStep copies one chunk of p's hot set, skipping pages that are in
-// already. A copy that does not go through (p's restorer has not registered
-// that memory yet, or its mm is changing) is tried again a millisecond
-// later.
+// already. A copy that does not go through before the restore finished
+// (p's restorer has not registered that memory yet) is tried again a
+// millisecond later; after it, copy has dropped what is gone, and an mm
+// changing has its event read before the next step.
 func (l *loop) hotStep(p *proc) error {
 	for len(p.hot) > 0 {
 		h := &p.hot[0]
@@ -1109,7 +1110,9 @@ func (l *loop) hotStep(p *proc) error {
 		end := min(h.end, r.end, h.start+hotChunk)
 		ok, err := l.copy(p, h.start, end, hotFetch)
 		if err != nil || !ok {
-			p.hotWait = time.Now().Add(time.Millisecond)
+			if !l.finished {
+				p.hotWait = time.Now().Add(time.Millisecond)
+			}
 			return err
 		}
 		if h.start = end; h.start >= h.end {
