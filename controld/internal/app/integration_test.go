@@ -441,6 +441,8 @@ func realStackRuntime(t *testing.T, ctx context.Context, cfg *config.Config, sta
 	if err != nil {
 		t.Fatalf("runtime: %v", err)
 	}
+	// Checked after Close removed the precreated sandboxes (fork slots).
+	testenv.NoLeakedShims(t, cfg.Containerd.Namespace)
 	t.Cleanup(func() { rt.Close() })
 	cfg.DefaultImage = testenv.Image(t, ctx, rt.Client(), cfg.Containerd.Namespace, testenv.Desktop)
 	return rt

@@ -135,7 +135,7 @@ func (r *Runtime) createTask(ctx context.Context, spec runtime.BootSpec, c clien
 			return nil, err
 		}
 	}
-	t, err := r.newTask(ctx, c, id, layer, stdio, opts)
+	t, err := r.newGroupedTask(ctx, c, id, layer, stdio, opts)
 	if err != nil {
 		r.cleanup(ctx, id, c, nil, true)
 		return nil, fmt.Errorf("sandbox %s: create task: %w", id, convertErr(err))
@@ -243,6 +243,8 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 	defer cancel()
 	var errs []error
 	r.setQuiet(id)
+	// Before its task's delete, which may end a shared shim's daemon.
+	r.forkShims.leave(ctx, id)
 	if t != nil {
 		if err := r.killAndDeleteTask(ctx, id, t); err != nil {
 			errs = append(errs, err)

@@ -78,6 +78,8 @@ func newTestRuntime(t *testing.T, namespace string, opts ...func(*Config)) *Runt
 	if err != nil {
 		t.Fatalf("New: %v (is containerd up at %s?)", err, testenv.Address())
 	}
+	// Checked after Close removed the precreated sandboxes.
+	testenv.NoLeakedShims(t, cfg.Namespace)
 	t.Cleanup(func() { r.Close() })
 	return r
 }

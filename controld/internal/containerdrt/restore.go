@@ -361,8 +361,12 @@ func (op *restoreOp) newContainer(ctx context.Context) error {
 	if meta.Image != "" {
 		opts = append(opts, client.WithImageName(meta.Image))
 	}
+	// The fork's shim group: from here until its task is created, the
+	// group's daemon is kept from exiting (shimgroup.go).
+	withShimGroup(op.s, r.forkShims.join(id))
 	c, err := r.client.NewContainer(ctx, id, opts...)
 	if err != nil {
+		r.forkShims.leave(ctx, id)
 		op.netOnly = cerrdefs.IsAlreadyExists(err)
 		return fmt.Errorf("sandbox %s: create container: %w", id, convertErr(err))
 	}

@@ -279,6 +279,7 @@ type Runtime struct {
 
 	imageProcs   sync.Map // image digest -> imageProcess
 	restoreBases sync.Map // checkpoint dir -> *restoreBase
+	forkShims    shimGroups
 	lazy         lazyState
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
