@@ -56,6 +56,11 @@ type forkSlots struct {
 	// lazy: checkpoint id -> its last fork restored lazily, so its slots
 	// are made for lazy restores (a slot's CRIU config is in its spec).
 	lazy map[string]bool
+	// stale: checkpoint id -> its slots of the other restore mode, left by
+	// a fork that switched modes: discarded by the filler once the forks
+	// are done, not on the fork's path (16 discards took 400 ms of its
+	// replicas' creates); until then they count as slots (admission, trim).
+	stale map[string][]forkSlot
 	// recent: checkpoint ids, most recently forked last, at most
 	// forkSlotCheckpoints.
 	recent     []string
@@ -85,24 +90,23 @@ func (m *warmer) forkSlotsLocked() *forkSlots {
 
 // forkSlotsBegin records that a fork of n replicas of ckID starts, lazily
 // or not: ckID becomes the most recent checkpoint and wants n slots of that
-// restore mode from now on (its slots of the other mode go), and refills
-// hold off until forkSlotsEnd.
+// restore mode from now on (its slots of the other mode go stale, for the
+// filler to discard after the fork), and refills hold off until
+// forkSlotsEnd.
 func (m *warmer) forkSlotsBegin(ckID string, n int, lazy bool) {
 	m.mu.Lock()
-	var drop []forkSlot
+	defer m.mu.Unlock()
 	if fs := m.forkSlotsLocked(); fs != nil {
 		fs.touchLocked(ckID)
 		fs.forked[ckID] = n
 		fs.forking++
 		if fs.lazy[ckID] != lazy {
 			fs.lazy[ckID] = lazy
-			drop = fs.ready[ckID]
+			if slots := fs.ready[ckID]; len(slots) > 0 {
+				fs.stale[ckID] = append(fs.stale[ckID], slots...)
+			}
 			delete(fs.ready, ckID)
 		}
-	}
-	m.mu.Unlock()
-	for _, s := range drop {
-		m.discardSlot(s.spec.ID)
 	}
 }
 
@@ -214,11 +218,16 @@ func (fs *forkSlots) fill() {
 		if ck != nil && !m.slotRoomLocked(m.memoryOf(ck.Checkpoint.GetResources())) {
 			ck = nil // at the host's admission limits: a delete wakes the filler
 		}
+		stale := len(fs.stale) > 0
 		m.mu.Unlock()
-		if ck != nil && holdRefill(m.ctx, now, hold, &holdUntil, fs.kick) {
+		if (ck != nil || stale) && holdRefill(m.ctx, now, hold, &holdUntil, fs.kick) {
 			continue
 		}
 		holdUntil = time.Time{}
+		if stale {
+			fs.discardStale()
+			continue
+		}
 		if ck == nil {
 			idle(m.ctx, fs.kick, prune.C)
 			continue
@@ -299,8 +308,9 @@ func (m *warmer) dropForkSlots(ckID string) {
 	fs := m.forkSlotsLocked()
 	var drop []forkSlot
 	if fs != nil {
-		drop = fs.ready[ckID]
+		drop = append(fs.ready[ckID], fs.stale[ckID]...)
 		delete(fs.ready, ckID)
+		delete(fs.stale, ckID)
 		delete(fs.forked, ckID)
 		delete(fs.lazy, ckID)
 		fs.recent = slices.DeleteFunc(fs.recent, func(id string) bool { return id == ckID })
@@ -335,8 +345,48 @@ func (fs *forkSlots) prune(all bool) {
 			fs.ready[id] = keep
 		}
 	}
+	if all {
+		for _, slots := range fs.stale {
+			for _, s := range slots {
+				drop = append(drop, s.spec.ID)
+			}
+		}
+		clear(fs.stale)
+	}
 	m.mu.Unlock()
 	for _, id := range drop {
 		m.discardSlot(id)
 	}
+}
+
+// discardStale discards the slots that a change of restore mode left.
+func (fs *forkSlots) discardStale() {
+	m := fs.m
+	m.mu.Lock()
+	var drop []forkSlot
+	for _, slots := range fs.stale {
+		drop = append(drop, slots...)
+	}
+	clear(fs.stale)
+	m.mu.Unlock()
+	for _, s := range drop {
+		m.discardSlot(s.spec.ID)
+	}
+}
+
+// takeStaleLocked takes a stale slot out of fs for its caller to discard
+// ("": none; fs may be nil).
+func (fs *forkSlots) takeStaleLocked() string {
+	if fs == nil {
+		return ""
+	}
+	for ck, slots := range fs.stale {
+		if len(slots) == 1 {
+			delete(fs.stale, ck)
+		} else {
+			fs.stale[ck] = slots[1:]
+		}
+		return slots[0].spec.ID
+	}
+	return ""
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -29,6 +30,9 @@ type restorePrecreating struct {
 	hook func(ref runtime.CheckpointRef) error
 	// deleteHook, when set, runs before a checkpoint's runtime delete.
 	deleteHook func(ref runtime.CheckpointRef)
+	// otherMode counts, at each restore, the precreated forks of the same
+	// checkpoint in the other restore mode still there.
+	otherMode []int
 }
 
 func (r *restorePrecreating) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRef) error {
@@ -76,6 +80,13 @@ func (r *restorePrecreating) Restore(ctx context.Context, spec runtime.BootSpec,
 	if ok && reflect.DeepEqual(p, precreatedFork{spec: spec, ref: ref}) {
 		r.hits++
 	}
+	other := 0
+	for _, q := range r.pre {
+		if q.ref.Dir == ref.Dir && q.spec.LazyRestore != spec.LazyRestore {
+			other++
+		}
+	}
+	r.otherMode = append(r.otherMode, other)
 	r.mu.Unlock()
 	return r.Runtime.Restore(ctx, spec, ref)
 }
@@ -557,6 +568,13 @@ func TestForkSlotsFollowTheRestoreMode(t *testing.T) {
 	fork(controldv1.RestoreMode_RESTORE_MODE_LAZY, 2)
 	if rp.hitCount() != 0 {
 		t.Fatalf("a lazy fork started %d eager slots", rp.hitCount())
+	}
+	// The eager slot was discarded after the fork, not on its path.
+	rp.mu.Lock()
+	other := slices.Clone(rp.otherMode)
+	rp.mu.Unlock()
+	if !slices.Equal(other, []int{1, 1}) {
+		t.Errorf("eager slots left at the lazy replicas' restores: %v, want [1 1] (discarded after the fork)", other)
 	}
 	eventually(t, "two lazy slots, no eager one", func() bool { return slots(true) == 2 && slots(false) == 0 })
 	fork(controldv1.RestoreMode_RESTORE_MODE_LAZY, 2)

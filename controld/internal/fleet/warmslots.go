@@ -173,7 +173,8 @@ func (m *warmer) startSlots() {
 		ws.egressKey = slotKey(m.slotSpec(true))
 	}
 	if rp, ok := pc.(runtime.RestorePrecreator); ok {
-		ws.forks = &forkSlots{m: m, ws: ws, rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}, forked: map[string]int{}, lazy: map[string]bool{}}
+		ws.forks = &forkSlots{m: m, ws: ws, rp: rp, want: m.opts.WarmSlots, kick: make(chan struct{}, 1), ready: map[string][]forkSlot{}, forked: map[string]int{}, lazy: map[string]bool{},
+			stale: map[string][]forkSlot{}}
 	}
 	m.mu.Lock()
 	m.slots = ws
@@ -338,6 +339,11 @@ func (m *warmer) slotsUsageLocked() limits.Usage {
 				u = u.Add(limits.Usage{Sandboxes: 1, MemoryBytes: s.spec.MemoryBytes})
 			}
 		}
+		for _, slots := range fs.stale {
+			for _, s := range slots {
+				u = u.Add(limits.Usage{Sandboxes: 1, MemoryBytes: s.spec.MemoryBytes})
+			}
+		}
 	}
 	return u
 }
@@ -360,7 +366,9 @@ func (ws *warmSlots) trim() {
 			m.mu.Unlock()
 			return
 		}
-		if n := len(ws.ready); n > 0 {
+		if id = ws.forks.takeStaleLocked(); id != "" {
+			// a fork slot of the other restore mode: going anyway
+		} else if n := len(ws.ready); n > 0 {
 			id = ws.ready[0].spec.ID
 			ws.ready = ws.ready[1:]
 			m.metrics.WarmSlots.Set(float64(len(ws.ready)))
