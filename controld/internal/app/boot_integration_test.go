@@ -242,6 +242,27 @@ func firstShot(ctx context.Context, ep *controldv1.Endpoint) (time.Duration, err
 	return dial, nil
 }
 
+// waitStill waits until the sandbox's screen has not changed for half a
+// second. A checkpoint of a desktop that has just become usable may catch
+// it still painting (its shell's prompt, the focus decorations): its
+// replicas are born with that frame and pass their first-frame proof, then
+// finish the paint, so a later pixel verification compares a screen the
+// checkpoint never showed. Tests that verify replicas again later
+// checkpoint a still screen, as pools do (fleet's waitScreenStill).
+func waitStill(ctx context.Context, ep *controldv1.Endpoint) error {
+	sess, err := aci.Dial(ctx, ep.Url, ep.Token)
+	if err != nil {
+		return fmt.Errorf("ACI dial: %w", err)
+	}
+	defer sess.Close()
+	req := aci.PNG()
+	req.SettleMs, req.SettleTimeoutMs = 500, 10000
+	if _, err := sess.Screenshot(ctx, req); err != nil {
+		return fmt.Errorf("settled screenshot: %w", err)
+	}
+	return nil
+}
+
 // TestRealStackWarmSlots checks warm slots on the real stack: a default
 // create takes the precreated sandbox and only starts it, the slot is
 // refilled with a new identity, a non-matching create boots cold, slots

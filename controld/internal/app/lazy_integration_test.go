@@ -28,6 +28,10 @@ func TestRealStackLazyFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.deleteSandboxAtEnd(src.Sandbox.Id)
+	// Every replica is verified again at the end: checkpoint a still screen.
+	if err := waitStill(ctx, src.Endpoint); err != nil {
+		t.Fatal(err)
+	}
 	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Sandbox.Id})
 	if err != nil {
 		t.Fatal(err)
