@@ -49,7 +49,7 @@ func (b *browserSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&b.ksmWait, "browser-ksm-wait", 30*time.Second, "read replica memory again this long after the fork (KSM merges over time)")
 	fs.BoolVar(&b.peer, "browser-podman", true, "also measure podman checkpoint --leave-running / restore of the same image")
 	b.restores = restoreModes{controldv1.RestoreMode_RESTORE_MODE_EAGER}
-	fs.Var(&b.restores, "browser-restore", "restore modes of the browser forks, each measured in turn: eager, lazy, auto (lazy needs vm.overcommit_memory=1: docs/security.md)")
+	fs.Var(&b.restores, "browser-restore", "restore modes of the browser forks, each measured in turn: eager, lazy, auto (lazy fails under strict overcommit, vm.overcommit_memory=2: docs/security.md)")
 }
 func (b *browserSuite) Peers() []string { return podmanPeers(b.peer) }
 func (b *browserSuite) Check(ctx context.Context, env *suiteapi.Env) error {
