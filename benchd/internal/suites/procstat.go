@@ -16,18 +16,10 @@ const userHZ = 100
 // CPUTime reads utime+stime of pid ("self" for this process) from
 // /proc/<pid>/stat.
 func CPUTime(pid string) (time.Duration, error) {
-	data, err := os.ReadFile("/proc/" + pid + "/stat")
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name may hold spaces and parentheses: fields start after
-	// the last ')'.
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%s/stat: malformed", pid)
-	}
-	f := strings.Fields(s[i+1:])
 	// f[0] is field 3 (state); utime is field 14, stime 15.
 	if len(f) < 13 {
 		return 0, fmt.Errorf("/proc/%s/stat: short", pid)
@@ -38,6 +30,22 @@ func CPUTime(pid string) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%s/stat: bad times", pid)
 	}
 	return time.Duration(ut+st) * time.Second / userHZ, nil
+}
+
+// statFields returns the fields of /proc/<pid>/stat from the third
+// (state) on. The command name before them may hold spaces and
+// parentheses: they start after the last ')'.
+func statFields(pid string) ([]string, error) {
+	data, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("/proc/%s/stat: malformed", pid)
+	}
+	return strings.Fields(s[i+1:]), nil
 }
 
 // StatusKB reads a "Key:   N kB" line of /proc/<pid>/status.
@@ -223,17 +231,8 @@ func kernelThread(pid string) bool {
 	if pid == "2" {
 		return true
 	}
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return false
-	}
-	f := strings.Fields(s[i+1:])
-	return len(f) > 1 && f[1] == "2" // f[1]: field 4, ppid
+	f, err := statFields(pid)
+	return err == nil && len(f) > 1 && f[1] == "2" // f[1]: field 4, ppid
 }
 
 // inSandbox reports whether pid runs in a container: another mount

@@ -1302,26 +1302,33 @@ func TestIntegrationDumpPaths(t *testing.T) {
 
 // criuChildren lists the CRIU service processes (criu swrk) this process
 // started and has not waited for.
+// statPPID reads pid's parent from /proc/<pid>/stat: "pid (comm) state
+// ppid ...", where comm may hold spaces and parentheses.
+func statPPID(pid string) (int, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%s/stat: short", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
 func criuChildren(t *testing.T) []string {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
 	}
-	self := strconv.Itoa(os.Getpid())
 	var out []string
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // exited
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, not ")".
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 || fields[1] != self {
-			continue
+		if ppid, err := statPPID(e.Name()); err != nil || ppid != os.Getpid() {
+			continue // exited, or not ours
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")

@@ -26,13 +26,7 @@ import (
 // parentOf is pid's parent (the shim that reaps a container's init).
 func parentOf(t *testing.T, pid uint32) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// comm may hold spaces: the fields after it start past the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	ppid, err := strconv.Atoi(f[1])
+	ppid, err := statPPID(strconv.FormatUint(uint64(pid), 10))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -305,15 +305,7 @@ func TestSessionServes(t *testing.T) {
 		t.Fatalf("done before Complete: %v", s.Err())
 	default:
 	}
-	s.Complete()
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("not done 10 s after Complete: %+v", s.Stats())
-	}
-	if err := s.Err(); err != nil {
-		t.Fatal(err)
-	}
+	completeSession(t, s)
 	st = s.Stats()
 	if st.BackgroundPages == 0 || st.Done == 0 || st.Completing == 0 {
 		t.Fatalf("background: %+v", st)
@@ -396,15 +388,7 @@ func TestSessionFork(t *testing.T) {
 	if st.Forks != 2 || st.Processes != 3 || st.Zombies != 1 {
 		t.Fatalf("forks not seen: %+v", st)
 	}
-	s.Complete()
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("not done 10 s after Complete: %+v", s.Stats())
-	}
-	if err := s.Err(); err != nil {
-		t.Fatal(err)
-	}
+	completeSession(t, s)
 }
 
 // Replicas of one checkpoint share its Images, and the images stay
@@ -599,18 +583,6 @@ func TestSessionHotSet(t *testing.T) {
 		return r
 	}
 	unmap := func(r *region) { unix.Syscall(unix.SYS_MUNMAP, uintptr(r.base), uintptr(len(r.mem)), 0) }
-	complete := func(s *Session) {
-		t.Helper()
-		s.Complete()
-		select {
-		case <-s.Done():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("not done 10 s after Complete: %+v", s.Stats())
-		}
-		if err := s.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// The first replica faults at pages 5 and 130, 16 pages each.
 	r := mapAt()
@@ -630,7 +602,7 @@ func TestSessionHotSet(t *testing.T) {
 	if n := im.HotPages(); n != 0 {
 		t.Fatalf("a replica not yet verified taught %d hot pages", n)
 	}
-	complete(s1)
+	completeSession(t, s1)
 	s1.Close()
 	if n := im.HotPages(); n != 32 {
 		t.Fatalf("hot set of %d pages after the first replica, want its 32 fault pages", n)
@@ -666,7 +638,7 @@ func TestSessionHotSet(t *testing.T) {
 		t.Fatalf("hot pages faulted: %+v", st)
 	}
 	wantPattern(t, "page 50", sysRead(t, s2, r.page(50)), r.addr(50))
-	complete(s2)
+	completeSession(t, s2)
 	if st := s2.Stats(); st.Faults != 1 || st.HotPages != 32 {
 		t.Fatalf("after completion: %+v", st)
 	}
@@ -679,5 +651,19 @@ func TestSessionHotSet(t *testing.T) {
 	// Its own fault (page 50, 16 pages) joins the set.
 	if n := im.HotPages(); n != 48 {
 		t.Fatalf("hot set of %d pages after the second replica, want 48", n)
+	}
+}
+
+// completeSession calls Complete and waits for s to finish without error.
+func completeSession(t *testing.T, s *Session) {
+	t.Helper()
+	s.Complete()
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not done 10 s after Complete: %+v", s.Stats())
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
