@@ -2,6 +2,9 @@ package app_test
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -91,5 +94,137 @@ func TestRealStackLazyFork(t *testing.T) {
 				t.Errorf("%s: %s after its pages came in: %s", rep.Sandbox.Id, r.GetLevel(), r.GetDetail())
 			}
 		}
+	}
+}
+
+// TestRealStackLazyHotSetSurvivesRestart: a checkpoint's working set (the
+// pages its verified lazy replicas touched) is persisted in controld's state
+// and survives a restart of controld and its runtime (its page server):
+// the first lazy fork after the restart copies it in ahead of faults
+// instead of learning it again. A truncated file is ignored and the set
+// relearned, the fork unharmed; deleting the checkpoint removes the file.
+func TestRealStackLazyHotSetSurvivesRestart(t *testing.T) {
+	s := newStackIn(t, "forkfleet-lazyhot-it", func(c *config.Config) { c.Fork.LazyMinBytes = 1 << 40 })
+	ctx := s.ctx
+	runtimeDir := filepath.Join(s.cfg.StateDir, "runtime")
+	s.launch(0)
+	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the test made goes before the controld of the last launch stops
+	// (cleanups run last registered first): registered after every launch,
+	// the first run deletes, the others find nothing.
+	var id string
+	var replicas []string
+	removeAll := func() {
+		bg := context.Background()
+		for _, r := range replicas {
+			s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: r})
+		}
+		replicas = nil
+		if id != "" {
+			s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: id})
+		}
+		s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: src.Sandbox.Id})
+	}
+	t.Cleanup(removeAll)
+	if err := waitStill(ctx, src.Endpoint); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Sandbox.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = ck.Checkpoint.Id
+	fork := func() *controldv1.LazyRestoreStats {
+		t.Helper()
+		r, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: id, Count: 1,
+			RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY})
+		if err != nil {
+			t.Fatalf("lazy fork: %v", err)
+		}
+		rep := r.Replicas[0]
+		if rep.ErrorCode != 0 {
+			t.Fatalf("replica failed: %s", rep.ErrorMessage)
+		}
+		replicas = append(replicas, rep.Sandbox.Id)
+		for _, v := range rep.Verification {
+			if !v.Ok {
+				t.Fatalf("%s: %s: %s", rep.Sandbox.Id, v.Level, v.Detail)
+			}
+		}
+		if len(rep.Verification) < 3 || rep.GetRestoreMode() != controldv1.RestoreMode_RESTORE_MODE_LAZY {
+			t.Fatalf("%s: %v, verified at %d levels; want LAZY and marker, memory and pixels", rep.Sandbox.Id, rep.GetRestoreMode(), len(rep.Verification))
+		}
+		t.Logf("lazy replica %s: %v", rep.Sandbox.Id, rep.GetLazyRestore())
+		return rep.GetLazyRestore()
+	}
+	// hotFile waits for the checkpoint's persisted set (written a second
+	// after its replica was verified) and returns its path and size.
+	hotFile := func(notSize int64) (string, int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			m, _ := filepath.Glob(filepath.Join(runtimeDir, "hotsets", id+"-*.hot"))
+			if len(m) == 1 {
+				if st, err := os.Stat(m[0]); err == nil && st.Size() != notSize {
+					return m[0], st.Size()
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no hot set file for %s in %s: %v", id, runtimeDir, m)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// restart stops controld and its runtime (the page server, whose
+	// in-memory sets go with it) and starts both again on the same state.
+	restart := func() {
+		t.Helper()
+		s.stop()
+		s.rt.Close()
+		s.rt = realStackRuntime(t, ctx, s.cfg, runtimeDir)
+		s.launch(0)
+		t.Cleanup(removeAll)
+	}
+
+	first := fork()
+	if first.GetHotPages() != 0 || first.GetFaults() == 0 {
+		t.Fatalf("the first lazy replica: %v; want faults and no hot set to copy", first)
+	}
+	path, size := hotFile(-1)
+	restart()
+	after := fork()
+	if after.GetHotPages() < first.GetFaultPages()/2 || after.GetFaults() >= first.GetFaults() {
+		t.Errorf("the first lazy replica after a restart: %v; want the %d pages its checkpoint's first replica faulted for ahead of faults",
+			after, first.GetFaultPages())
+	}
+
+	// A truncated file: ignored, the fork as the first one, the set relearned.
+	if err := os.Truncate(path, size/2); err != nil {
+		t.Fatal(err)
+	}
+	restart()
+	relearn := fork()
+	if relearn.GetHotPages() != 0 || relearn.GetFaults() == 0 {
+		t.Errorf("after a truncated hot set file: %v; want it ignored (no hot pages)", relearn)
+	}
+	if _, got := hotFile(size / 2); got != size {
+		t.Errorf("relearned hot set file of %d bytes, want %d", got, size)
+	}
+
+	for _, r := range replicas {
+		if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r}); err != nil {
+			t.Fatalf("delete %s: %v", r, err)
+		}
+	}
+	replicas = nil
+	if _, err := s.ckc.DeleteCheckpoint(ctx, &controldv1.DeleteCheckpointRequest{Id: id}); err != nil {
+		t.Fatalf("delete checkpoint: %v", err)
+	}
+	id = ""
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("hot set file after its checkpoint was deleted: %v", err)
 	}
 }

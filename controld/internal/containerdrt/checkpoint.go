@@ -848,6 +848,9 @@ func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref runtime.CheckpointRe
 	if err := r.waitLazyReplicas(ctx, ref.Dir); err != nil {
 		return err
 	}
+	if err := r.removeHotSet(ref.Dir); err != nil {
+		return err
+	}
 	r.lazy.bytes.Delete(ref.Dir)
 	r.restoreBases.Delete(ref.Dir)
 	ctx = r.ctx(ctx)

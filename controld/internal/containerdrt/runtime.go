@@ -133,7 +133,8 @@ type Config struct {
 	// Logger receives debug and warning messages (default slog.Default()).
 	Logger *slog.Logger
 	// PageServer serves the pages of lazy restores (BootSpec.LazyRestore;
-	// lazy.go); nil: controld's own (controld/internal/lazypages).
+	// lazy.go); nil: controld's own (controld/internal/lazypages), which
+	// persists checkpoints' hot sets under StateDir/hotsets.
 	PageServer PageServer
 }
 
@@ -356,7 +357,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
 	}
 	if cfg.PageServer == nil {
-		cfg.PageServer = lazyPagesServer{}
+		cfg.PageServer = lazyPagesServer{hotDir: filepath.Join(cfg.StateDir, hotSetDirName), log: cfg.Logger}
 	}
 	r := &Runtime{
 		cfg:         cfg,

@@ -40,6 +40,10 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, req *controldv1.ImportCh
 }
 
 // exportedCheckpoint is the metadata an exported checkpoint image carries.
+// Not the checkpoint's hot set (lazy restore's working set, persisted in the
+// runtime's own state): it is this host's, learned from what the sandbox
+// touched, and an import (a new directory) learns its own at its first lazy
+// fork (controld/docs/forks.md, "Lazy restore").
 type exportedCheckpoint struct {
 	Version int                     `json:"version"`
 	Record  *store.CheckpointRecord `json:"record"`

@@ -53,6 +53,10 @@
 // 256 KiB copies behind faults and their neighbourhoods: the replica runs
 // with them in. The first lazy fork of a checkpoint learns it; a sandbox
 // can at most make its own later replicas copy every lazy page up front.
+// Images.KeepHot persists it (hotfile.go) in a file of controld's own,
+// written a second after a session grew it and at Close, and checked
+// against the images when it is read back: a controld restart does not
+// learn it again; a file that does not match is ignored, with its reason.
 //
 // Races are handled as CRIU's daemon does: EEXIST (the page is there),
 // EAGAIN (the mm is changing: the fault is retried after the event that

@@ -35,16 +35,19 @@ type hotSet struct {
 // words is the length of a bitmap over pages bytes.
 func words(pages []byte) int { return (len(pages)/pageSize + 63) / 64 }
 
-// add ORs a session's record into the set.
-func (h *hotSet) add(rec []uint64) {
+// add ORs a session's record into the set and says whether it grew.
+func (h *hotSet) add(rec []uint64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.bits == nil {
 		h.bits = make([]uint64, len(rec))
 	}
+	grew := false
 	for i := range min(len(rec), len(h.bits)) { // one image: one length
+		grew = grew || rec[i]&^h.bits[i] != 0
 		h.bits[i] |= rec[i]
 	}
+	return grew
 }
 
 // pages counts the hot pages.

@@ -60,10 +60,16 @@ type Images struct {
 	lazyPages int64
 	metaBytes int64 // read while opening, bounded by maxMetaTotal
 
+	// pagesByID is every pages-<id>.img with its hot set, by id: what a
+	// persisted hot set (hotfile.go) is checked against.
+	pagesByID map[uint32]pagesImage
+
 	mu     sync.Mutex
 	refs   int // the owner's (until Close) and one per live session
 	closed bool
 	maps   [][]byte
+
+	keep hotKeeper // where the hot set is persisted (hotfile.go)
 }
 
 // procImage is one dumped process: its lazy runs in dump-time addresses.
@@ -110,6 +116,7 @@ func Open(dir string) (*Images, error) {
 	}
 	im := &Images{dir: dir, procs: map[int32]*procImage{}, refs: 1}
 	pagesByID := map[uint32]pagesImage{}
+	im.pagesByID = pagesByID
 	dfd := int(d.Fd())
 	ok := false
 	defer func() {
@@ -174,8 +181,11 @@ func (im *Images) Processes() []int32 {
 }
 
 // Close releases the owner's reference. Sessions still serving keep the
-// mappings until they close; Listen fails after Close.
+// mappings until they close; Listen fails after Close. A persisted hot set
+// (KeepHot) is written now if it changed since its last write, and never
+// after Close returns.
 func (im *Images) Close() error {
+	im.keep.stop(im)
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.closed {

@@ -1058,10 +1058,14 @@ func (l *loop) record(p *proc, off, n, fault uint64) {
 // to its checkpoint's hot set, for the next replicas.
 func (l *loop) learn() {
 	l.learned = true
+	grew := false
 	for h, rec := range l.rec {
-		h.add(rec)
+		grew = h.add(rec) || grew
 	}
 	l.rec = nil
+	if grew {
+		l.s.im.keep.changed(l.s.im) // persisted later, off the replica's path (hotfile.go)
+	}
 }
 
 // hotChunk bounds one copy of the hot set: a fault waits for at most one.
