@@ -286,6 +286,10 @@ type Runtime struct {
 	// (criupolicy.go).
 	seccomp *seccompRoots
 
+	// freezerKey is the empty cgroup held frozen from New to Close
+	// (freezerkey.go).
+	freezerKey string
+
 	unpacked      sync.Map // image name + digest -> struct{}: unpacked into cfg.Snapshotter
 	imageCRIUOpts sync.Map // image digest -> []string: its CRIU options (imageCRIUOptions)
 	layers        layerSlots
@@ -400,6 +404,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		// Reservations of sandboxes that are gone (a crash, a killed test).
 		cfg.UserNamespaces.Reclaim(func(owner string) bool { return r.ownerGone(r.ctx(ctx), owner) })
 	}
+	if r.freezerKey, err = holdFreezerKey(cfg.CgroupRoot, cfg.CgroupParent); err != nil {
+		// Only slower freezes and thaws without it.
+		r.log.Warn("no freezer key", "err", err)
+	}
 	return r, nil
 }
 
@@ -427,6 +435,9 @@ func (r *Runtime) Close() error {
 		}
 	}
 	if err := r.client.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := releaseFreezerKey(r.freezerKey); err != nil {
 		errs = append(errs, err)
 	}
 	if r.ownsNet {
