@@ -227,6 +227,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
+	// Aside: the desktop takes longer to come up, and a type a request
+	// needs first is built by that request as before.
+	go warmCodecs()
 	s := &Server{
 		opts:     opts,
 		log:      opts.Log,
