@@ -56,6 +56,9 @@ type dialConfig struct {
 	// marks a transport that never leaves the machine (DialUnix).
 	insecure bool
 	local    bool
+	// ping, when set, is the payload of the ping Dial pipelines behind
+	// the Hello and waits for (WithPing).
+	ping []byte
 }
 
 func defaultDialConfig() dialConfig {
@@ -83,6 +86,20 @@ func WithDialer(d func(ctx context.Context, network, addr string) (net.Conn, err
 // WithHeader adds HTTP headers to the upgrade request.
 func WithHeader(h http.Header) DialOption {
 	return func(o *dialConfig) { o.header = h.Clone() }
+}
+
+// WithPing makes Dial prove one request round trip before it returns: a
+// ping with payload (nil counts as empty) is sent right behind the Hello,
+// pipelined (docs/aci-spec.md, section 4; on a local dial both ride behind
+// the upgrade request), and Dial returns once its reply came back echoing
+// payload. The session is then known to execute requests, at the cost of
+// the Hello's round trip alone: one round trip from dial to a first
+// answered request instead of two (the claim-to-usable path of a pooled
+// sandbox). A reconnect does the same.
+func WithPing(payload []byte) DialOption {
+	return func(o *dialConfig) {
+		o.ping = append([]byte{}, payload...)
+	}
 }
 
 // WithClientName names the client in the HelloRequest (guestd logs it).

@@ -1,6 +1,7 @@
 package aci
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -234,7 +235,8 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	hello := s.helloMessage()
-	hc, sent, err := s.upgradeClient(hello)
+	ping := s.pingMessage()
+	hc, sent, err := s.upgradeClient(hello, ping)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +270,7 @@ func (s *Session) dial(ctx context.Context) (*conn, error) {
 		pending: make(map[uint64]chan *aciv1.ServerMessage, 64),
 		done:    make(chan struct{}),
 	}
-	if err := c.handshake(ctx, hello, sent); err != nil {
+	if err := c.handshake(ctx, hello, ping, sent); err != nil {
 		ws.CloseNow()
 		return nil, err
 	}
@@ -284,31 +286,49 @@ func (s *Session) helloMessage() *aciv1.ClientMessage {
 	}}}
 }
 
+// pingMessage is the ping a dial pipelines behind its hello (WithPing), or
+// nil.
+func (s *Session) pingMessage() *aciv1.ClientMessage {
+	if s.cfg.ping == nil {
+		return nil
+	}
+	return &aciv1.ClientMessage{Id: s.newID(), Request: &aciv1.ClientMessage_Ping{Ping: &aciv1.PingRequest{Payload: s.cfg.ping}}}
+}
+
 // upgradeClient is the HTTP client of a connection's upgrade. A local dial
 // (DialUnix, DialSandbox) upgrades on its own connection and sends hello
-// with the upgrade request (directUpgrade): sent reports that.
-func (s *Session) upgradeClient(hello *aciv1.ClientMessage) (hc *http.Client, sent bool, err error) {
+// (and ping, when not nil) with the upgrade request (directUpgrade): sent
+// reports that.
+func (s *Session) upgradeClient(hello, ping *aciv1.ClientMessage) (hc *http.Client, sent bool, err error) {
 	if !s.cfg.local || s.cfg.httpClient != nil || s.cfg.dialer == nil {
 		return s.hc, false, nil
 	}
-	typ, b, err := encodeClientMessage(nil, hello, s.cfg.json)
-	if err != nil {
-		return nil, false, fmt.Errorf("aci: %w: encode hello: %v", ErrInvalidArgument, err)
-	}
-	frame, err := clientFrame(typ, b)
-	if err != nil {
-		return nil, false, err
+	var early []byte
+	for _, m := range []*aciv1.ClientMessage{hello, ping} {
+		if m == nil {
+			continue
+		}
+		typ, b, err := encodeClientMessage(nil, m, s.cfg.json)
+		if err != nil {
+			return nil, false, fmt.Errorf("aci: %w: encode %T: %v", ErrInvalidArgument, m.GetRequest(), err)
+		}
+		frame, err := clientFrame(typ, b)
+		if err != nil {
+			return nil, false, err
+		}
+		early = append(early, frame...)
 	}
 	return &http.Client{
-		Transport: &directUpgrade{dial: s.cfg.dialer, early: frame},
+		Transport: &directUpgrade{dial: s.cfg.dialer, early: early},
 		// A redirect would carry the hello to wherever it points.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}, true, nil
 }
 
-// handshake completes the Hello exchange: it sends hello unless the upgrade
-// carried it already (sent), then reads and checks the reply.
-func (c *conn) handshake(ctx context.Context, hello *aciv1.ClientMessage, sent bool) error {
+// handshake completes the Hello exchange: it sends hello (and ping, when
+// not nil) unless the upgrade carried them already (sent), then reads and
+// checks the replies.
+func (c *conn) handshake(ctx context.Context, hello, ping *aciv1.ClientMessage, sent bool) error {
 	s := c.s
 	id := hello.GetId()
 	// The handshake runs before the reader goroutine exists, so a canceled
@@ -316,25 +336,61 @@ func (c *conn) handshake(ctx context.Context, hello *aciv1.ClientMessage, sent b
 	stop := context.AfterFunc(ctx, func() { c.ws.CloseNow() })
 	defer stop()
 	if !sent {
-		if err := c.write(ctx, hello); err != nil {
-			return handshakeErr(ctx, s.url, err)
+		for _, m := range []*aciv1.ClientMessage{hello, ping} {
+			if m == nil {
+				continue
+			}
+			if err := c.write(ctx, m); err != nil {
+				return handshakeErr(ctx, s.url, err)
+			}
 		}
 	}
 	var rd msgReader
-	var msg *aciv1.ServerMessage
+	msg, err := c.handshakeReply(&rd)
+	if err != nil {
+		return handshakeErr(ctx, s.url, err)
+	}
+	if err := c.checkHello(msg, id); err != nil {
+		return err
+	}
+	if ping == nil {
+		return nil
+	}
+	// The pipelined ping's reply follows the hello's (replies come in
+	// request order), read here too: no hand-off to the reader goroutine.
+	msg, err = c.handshakeReply(&rd)
+	if err != nil {
+		return handshakeErr(ctx, s.url, err)
+	}
+	if e := msg.GetError(); e != nil {
+		return fmt.Errorf("aci: first ping %s: %w", s.url, FromProto(e))
+	}
+	if msg.GetId() != ping.GetId() || msg.GetPing() == nil || !bytes.Equal(msg.GetPing().GetPayload(), ping.GetPing().GetPayload()) {
+		return fmt.Errorf("aci: first ping %s: %w: the reply after the hello's is not the ping's echo", s.url, ErrProtocol)
+	}
+	return nil
+}
+
+// handshakeReply reads the next reply of the handshake; events pushed
+// ahead of it are dispatched.
+func (c *conn) handshakeReply(rd *msgReader) (*aciv1.ServerMessage, error) {
 	for {
-		m, err := rd.next(c.ws, s.cfg.json)
+		m, err := rd.next(c.ws, c.s.cfg.json)
 		if err != nil {
-			return handshakeErr(ctx, s.url, err)
+			return nil, err
 		}
-		// Tolerate events pushed ahead of the hello reply.
 		if m.GetId() == 0 && m.GetEvent() != nil {
-			s.dispatch(m.GetEvent())
+			c.s.dispatch(m.GetEvent())
 			continue
 		}
-		msg = m
-		break
+		return m, nil
 	}
+}
+
+// checkHello checks the hello's reply and takes the session's terms from
+// it.
+func (c *conn) checkHello(msg *aciv1.ServerMessage, id uint64) error {
+	s := c.s
 	if e := msg.GetError(); e != nil {
 		return fmt.Errorf("aci: hello %s: %w", s.url, FromProto(e))
 	}

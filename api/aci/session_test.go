@@ -875,3 +875,85 @@ func TestDialUnixSendsHelloWithUpgrade(t *testing.T) {
 		t.Errorf("dial of a mute socket took %v", d)
 	}
 }
+
+// countClientFrames counts the masked WebSocket frames in b (what a client
+// sends), up to the first incomplete one.
+func countClientFrames(b []byte) int {
+	n := 0
+	for len(b) >= 2 {
+		l, hdr := int(b[1]&0x7f), 2
+		switch l {
+		case 126:
+			if len(b) < 4 {
+				return n
+			}
+			l, hdr = int(b[2])<<8|int(b[3]), 4
+		case 127:
+			return n
+		}
+		hdr += 4 // mask key
+		if len(b) < hdr+l {
+			return n
+		}
+		b = b[hdr+l:]
+		n++
+	}
+	return n
+}
+
+// WithPing: Dial pipelines a ping behind its Hello (on a local dial both
+// ride with the upgrade request, in its first write) and returns once the
+// ping's echo came back; over a URL too, and on the JSON subprotocol.
+func TestDialWithPingPipelinesIt(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "aci.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &firstReads{Listener: ln}
+	srv := acitest.NewServer()
+	hs := &http.Server{Handler: srv}
+	go hs.Serve(rec)
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+
+	dials := []struct {
+		name string
+		dial func(opts ...aci.DialOption) (*aci.Session, error)
+	}{
+		{"unix", func(opts ...aci.DialOption) (*aci.Session, error) { return aci.DialUnix(ctxT(t), sock, "", opts...) }},
+		{"url", func(opts ...aci.DialOption) (*aci.Session, error) { return aci.Dial(ctxT(t), srv.URL(), "", opts...) }},
+	}
+	for _, d := range dials {
+		for _, opts := range [][]aci.DialOption{{aci.WithPing([]byte("first"))}, {aci.WithPing(nil), aci.WithJSON()}} {
+			before := len(srv.Requests())
+			s, err := d.dial(opts...)
+			if err != nil {
+				t.Fatalf("%s: %v", d.name, err)
+			}
+			reqs := srv.Requests()[before:]
+			// Dial returned after the ping's reply: the server had it.
+			if len(reqs) != 2 || reqs[0].GetHello() == nil || reqs[1].GetPing() == nil {
+				t.Fatalf("%s: requests of the dial %v, want hello then ping", d.name, reqs)
+			}
+			if reqs[1].GetId() <= reqs[0].GetId() {
+				t.Errorf("%s: ping id %d not after hello id %d", d.name, reqs[1].GetId(), reqs[0].GetId())
+			}
+			// The session goes on as usual: next ids, replies routed.
+			if r, err := s.Ping(ctxT(t), []byte("second")); err != nil || string(r.GetPayload()) != "second" {
+				t.Fatalf("%s: ping after the dial: %v %v", d.name, r, err)
+			}
+			s.Close()
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.reads) != 2 {
+		t.Fatalf("%d unix connections, want 2", len(rec.reads))
+	}
+	for i, r := range rec.reads {
+		_, rest, _ := bytes.Cut(r, []byte("\r\n\r\n"))
+		if n := countClientFrames(rest); n != 2 {
+			t.Errorf("unix dial %d: %d frames behind the upgrade request in the server's first read, want 2 (hello, ping)", i, n)
+		}
+	}
+}

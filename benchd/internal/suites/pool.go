@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/forkfleet/forkfleet/api/aci"
+	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
@@ -48,6 +49,12 @@ type poolSuite struct {
 	// fell there: the client's heap is small, so it collects often) does
 	// not run on the 2 vCPUs beside the claims it measures.
 	gcBeforeBurst bool
+	// pingWithHello: a claimant's first ping rides behind its session's
+	// Hello (aci.WithPing): one round trip with the claimed guestd from
+	// the dial to the ping's answer instead of two. The ping proves the
+	// same (guestd executes the session's requests); the client is not
+	// woken between the Hello's reply and the ping's send.
+	pingWithHello bool
 }
 
 // poolKindLabel keys the pool's sandboxes, so its idle replicas can be
@@ -67,6 +74,7 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 	fs.BoolVar(&p.shotAfterHits, "pool-shot-after-hits", true, "a hit's first screenshot waits until every hit of its burst is usable (false: at once, as runs before 2026-12-02 11:20)")
 	fs.BoolVar(&p.gcBeforeBurst, "pool-gc-before-burst", true, "benchd collects its own garbage before each burst, so its collector does not run beside the claims it measures (false: as runs before 2026-12-02 14:00)")
+	fs.BoolVar(&p.pingWithHello, "pool-ping-with-hello", true, "a claimant's first ping rides behind its session's Hello (aci.WithPing), so the dial returns with its answer (false: the ping is sent once the dial returned, as runs before 2026-12-02 18:00; the ping phase is then reported apart)")
 	fs.BoolVar(&p.burstCPU, "pool-burst-cpu", true, "report the CPU time each group of host tasks (client, controld, guestd, desktop, runtime, kernel...) ran in each burst's window, read from /proc before the burst and once its last hit is usable")
 }
 func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
@@ -102,29 +110,39 @@ func (t *sessionTrace) with(ctx context.Context) context.Context {
 // usableAfter completes a claim or create at t0: the sandbox's endpoint
 // answers a first ACI request (ping), then a first screenshot.
 func usableAfter(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes) error {
-	return usableThen(ctx, t0, ep, ct, nil)
+	return usableThen(ctx, t0, ep, ct, false, nil)
 }
 
 // usableThen is usableAfter with usable called between the ping and the
-// screenshot (when not nil).
-func usableThen(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes, usable func()) error {
+// screenshot (when not nil). pipelined: the ping rides behind the
+// session's Hello (aci.WithPing), so the dial returns with its answer and
+// the hello phase holds both replies (ct.ping stays 0).
+func usableThen(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *claimTimes, pipelined bool, usable func()) error {
 	t1 := time.Now()
 	var tr sessionTrace
-	s, err := dialEndpoint(tr.with(ctx), ep)
+	var opts []aci.DialOption
+	if pipelined {
+		opts = append(opts, aci.WithPing([]byte("benchd")))
+	}
+	s, err := dialEndpoint(tr.with(ctx), ep, opts...)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	t2 := time.Now()
-	if _, err := s.Ping(ctx, []byte("benchd")); err != nil {
-		return err
+	if !pipelined {
+		if _, err := s.Ping(ctx, []byte("benchd")); err != nil {
+			return err
+		}
 	}
 	ct.usable = time.Since(t0)
 	ct.session = time.Since(t1)
 	if !tr.gotConn.IsZero() && !tr.firstByte.IsZero() {
 		ct.connect, ct.upgrade, ct.hello = tr.gotConn.Sub(t1), tr.firstByte.Sub(tr.gotConn), t2.Sub(tr.firstByte)
 	}
-	ct.ping = time.Since(t2)
+	if !pipelined {
+		ct.ping = time.Since(t2)
+	}
 	if usable != nil {
 		usable()
 	}
@@ -177,7 +195,9 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 			cs.upgrade.Add(suiteapi.Ms(ct.upgrade))
 			cs.hello.Add(suiteapi.Ms(ct.hello))
 		}
-		cs.ping.Add(suiteapi.Ms(ct.ping))
+		if ct.ping > 0 {
+			cs.ping.Add(suiteapi.Ms(ct.ping))
+		}
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Add(suiteapi.Ms(ct.screenshot))
 	case errors.Is(err, suiteapi.ErrUnverified):
@@ -222,7 +242,7 @@ func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 		resp, err := c.create(ctx)
 		ct := claimTimes{rpc: time.Since(t0)}
 		if err == nil {
-			err = usableAfter(ctx, t0, resp.GetEndpoint(), &ct)
+			err = usableThen(ctx, t0, resp.GetEndpoint(), &ct, p.pingWithHello, nil)
 			if image == "" {
 				image = resp.GetSandbox().GetImage()
 			}
@@ -241,7 +261,7 @@ func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 		case "image":
 			src.Source = &controldv1.CreatePoolRequest_Image{Image: image}
 		case "checkpoint":
-			gsrc, ck, err := golden(ctx, c, controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY)
+			gsrc, ck, err := stillGolden(ctx, c)
 			c.remove(ctx, gsrc)
 			if err != nil {
 				env.Notef("checkpoint pool not measured: %v", err)
@@ -446,7 +466,7 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 								}
 							}
 						}
-						err = usableThen(ctx, t0, cr.GetEndpoint(), &ct, usable)
+						err = usableThen(ctx, t0, cr.GetEndpoint(), &ct, p.pingWithHello, usable)
 					} else {
 						env.Progressf("%s pool claim: %v", kind, err)
 					}
@@ -525,6 +545,46 @@ func cpuStallTotal() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("/proc/pressure/cpu: no some total")
+}
+
+// stillGolden boots the checkpoint pool's source, waits until its screen
+// has been still for 500 ms and checkpoints it (memory tier); the caller
+// deletes both. A desktop is usable once its windows are mapped, while its
+// shell may still draw: checkpointed then, every replica finishes that
+// paint once its apps resume, in the claims' window (pools.md: the image
+// pool's own checkpoint waits the same way).
+func stillGolden(ctx context.Context, c *controld) (sandboxID string, ck *controldv1.Checkpoint, err error) {
+	resp, err := c.create(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("create golden sandbox: %w", err)
+	}
+	id := resp.GetSandbox().GetId()
+	if err := waitScreenStill(ctx, resp.GetEndpoint()); err != nil {
+		return id, nil, fmt.Errorf("golden sandbox: %w", err)
+	}
+	r, err := c.ck.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: id, Tier: controldv1.CheckpointTier_CHECKPOINT_TIER_MEMORY,
+		Labels: map[string]string{benchLabel: "1"}})
+	if err != nil {
+		return id, nil, fmt.Errorf("checkpoint golden: %w", err)
+	}
+	return id, r.GetCheckpoint(), nil
+}
+
+// waitScreenStill returns once the sandbox's screen has not changed for
+// 500 ms (guestd's settled screenshot), within 10 s.
+func waitScreenStill(ctx context.Context, ep *controldv1.Endpoint) error {
+	s, err := dialEndpoint(ctx, ep)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	req := aci.PNG()
+	req.Format = aciv1.ImageFormat_IMAGE_FORMAT_NONE
+	req.SettleMs, req.SettleTimeoutMs = 500, 10000
+	if _, err := s.Screenshot(ctx, req); err != nil {
+		return fmt.Errorf("settled screenshot: %w", err)
+	}
+	return nil
 }
 
 // waitPoolCheckpoint waits until image pool poolID has its own checkpoint
