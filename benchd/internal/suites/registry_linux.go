@@ -10,7 +10,7 @@ func init() {
 	for _, s := range []suiteapi.Suite{
 		&actionSuite{}, &codecSuite{}, &stepSuite{}, &dedupSuite{}, &clientScale{},
 		&bootSuite{}, &fanoutSuite{}, &checkpointSuite{}, &forkSuite{}, &poolSuite{}, &networkSuite{}, &browserSuite{},
-		&remoteSuite{}, &a11ySuite{}, &legibilitySuite{}, &screencastSuite{}, &guestCPUSuite{}, &viewSuite{}, &recordSuite{},
+		&remoteSuite{}, &lazyRestartSuite{}, &a11ySuite{}, &legibilitySuite{}, &screencastSuite{}, &guestCPUSuite{}, &viewSuite{}, &recordSuite{},
 	} {
 		suiteapi.Register(s)
 	}
