@@ -279,6 +279,9 @@ func (r *Runtime) cleanup(ctx context.Context, id string, c client.Container, t 
 	if err := r.net.Release(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	if err := r.releaseDev(id); err != nil {
+		errs = append(errs, err)
+	}
 	if removeLog {
 		if err := r.removeLog(id); err != nil {
 			errs = append(errs, err)

@@ -50,12 +50,16 @@ const (
 // source's spec) is kept for export and for people, never read back but for
 // the layout of checkpoints that predate RunLayout and NetworkMode.
 type checkpointMeta struct {
-	Version     int       `json:"version"`
-	Source      string    `json:"source"`
-	Image       string    `json:"image"`
-	ImageDigest string    `json:"image_digest,omitempty"`
-	RunLayout   string    `json:"run_layout,omitempty"`
-	NetworkMode string    `json:"network_mode,omitempty"`
+	Version     int    `json:"version"`
+	Source      string `json:"source"`
+	Image       string `json:"image"`
+	ImageDigest string `json:"image_digest,omitempty"`
+	RunLayout   string `json:"run_layout,omitempty"`
+	NetworkMode string `json:"network_mode,omitempty"`
+	// DevLayout: "" (CRIU's tar) or devLayoutBind, with DevEntries the
+	// template entries each replica's /dev gets (devlayout.go).
+	DevLayout   string    `json:"dev_layout,omitempty"`
+	DevEntries  []string  `json:"dev_entries,omitempty"`
 	Snapshotter string    `json:"snapshotter"`
 	Snapshot    string    `json:"snapshot"`
 	Tier        string    `json:"tier"`
@@ -159,6 +163,7 @@ type checkpointOp struct {
 	task         client.Task
 	frozenAt     time.Time
 	frozenBefore time.Duration // frozen windows of failed dump attempts
+	devEntries   []string      // the dump left the template's /dev out (devlayout.go)
 	thawed       bool
 	// writeMeta, commitLayer
 	meta        checkpointMeta
@@ -351,8 +356,19 @@ func (op *checkpointOp) freezeAndDump(ctx context.Context) error {
 		imageDir := filepath.Join(spec.Dir, criuImageDir)
 		pre := op.criu
 		op.criu = nil // one request per CRIU: a retry starts its own
-		err := r.dump(ctx, id, op.pid, imageDir, pre)
+		// Frozen: what it holds stays until the dump has read it.
+		dev, derr := standardDev(op.pid)
+		if derr != nil && !errors.Is(derr, errDevNotTemplate) {
+			r.log.WarnContext(ctx, "checkpoint: cannot read /dev, CRIU tars it", "sandbox", id, "err", derr)
+		} else if derr != nil {
+			r.log.DebugContext(ctx, "checkpoint: CRIU tars /dev", "sandbox", id, "reason", derr)
+		}
+		devBind, err := r.dump(ctx, id, op.pid, imageDir, pre, dev)
 		op.res.Dump = time.Since(t)
+		op.devEntries = nil
+		if devBind {
+			op.devEntries = dev
+		}
 		if err == nil {
 			return nil
 		}
@@ -513,12 +529,16 @@ func (op *checkpointOp) writeMeta(ctx context.Context) error {
 		ImageDigest: imageDigest,
 		RunLayout:   layout.RunLayout,
 		NetworkMode: layout.NetworkMode,
+		DevEntries:  op.devEntries,
 		Snapshotter: r.cfg.Snapshotter,
 		Snapshot:    op.committed,
 		Tier:        tierName(spec.Tier),
 		Screen:      info.Labels[labelScreen],
 		CreatedAt:   time.Now().UTC(),
 		LayerBytes:  op.copier.Bytes(),
+	}
+	if op.devEntries != nil {
+		op.meta.DevLayout = devLayoutBind
 	}
 	if keys := info.Labels[labelEnvKeys]; keys != "" {
 		op.meta.EnvKeys = strings.Split(keys, ",")
@@ -595,12 +615,17 @@ func (r *Runtime) thaw(ctx context.Context, id string, task client.Task, rawFree
 // frozen: directly through CRIU (see dumpDirect; pre is its CRIU when
 // started ahead, which dump ends), or through runc checkpoint
 // --leave-running when it cannot (errNoDirectDump).
-func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string, pre *dumpCRIU) error {
+//
+// dev lists the entries of the sandbox's /dev when it is the template's
+// (standardDev; nil: it is not): the dump leaves it out as an external
+// mount, which devBind says.
+func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir string, pre *dumpCRIU, dev []string) (devBind bool, _ error) {
 	work := r.workDir(id + "-dump-" + randomHex(4))
 	defer os.RemoveAll(work)
 	err := errNoDirectDump
 	if !r.dumpViaRunc {
-		err = r.dumpDirect(ctx, id, pid, imageDir, work, pre)
+		devBind = dev != nil
+		err = r.dumpDirect(ctx, id, pid, imageDir, work, pre, devBind)
 	} else if pre != nil {
 		pre.close()
 	}
@@ -608,30 +633,39 @@ func (r *Runtime) dump(ctx context.Context, id string, pid uint32, imageDir stri
 		r.runcDumpOnce.Do(func() {
 			r.log.WarnContext(ctx, "checkpoint: dumping through runc (slower)", "sandbox", id, "reason", err)
 		})
+		// runc leaves out every bind: a replica's /dev too.
+		devBind = false
+		if st, serr := r.readRuncState(id); serr == nil && specDevBind(st) {
+			if dev == nil {
+				return false, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
+					"sandbox %s: its /dev is no longer runc's, which only a direct dump can checkpoint", id)
+			}
+			devBind = true
+		}
 		err = r.dumpRunc(ctx, id, imageDir, work)
 	}
 	if err == nil {
-		return nil
+		return devBind, nil
 	}
 	logPath := filepath.Join(work, "dump.log")
 	logErrs := criuLogErrors(logPath, "criu dump.log")
 	logText, _ := os.ReadFile(logPath)
 	if pid, ok := uninterruptible(string(logText)); ok {
-		return &uninterruptibleError{sandbox: id, pid: pid, logErrs: logErrs}
+		return false, &uninterruptibleError{sandbox: id, pid: pid, logErrs: logErrs}
 	}
 	if what := undumpable(string(logText)); what != "" {
 		// The sandbox holds something CRIU refuses: the caller can fix
 		// that (close it, shrink it), retrying as is cannot.
-		return errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
+		return false, errdefs.WithReason(errdefs.ErrFailedPrecondition, "CHECKPOINT_UNDUMPABLE",
 			"sandbox %s: criu dump: the sandbox holds %s, which CRIU cannot checkpoint%s", id, what, logErrs)
 	}
 	if logErrs != "" {
 		// CRIU's own answer quotes its first error line, which is often a
 		// harmless one (it cannot raise RLIMIT_NOFILE under runc): the
 		// filtered log says what failed.
-		return fmt.Errorf("sandbox %s: criu dump failed: %w%s", id, errdefs.ErrInternal, logErrs)
+		return false, fmt.Errorf("sandbox %s: criu dump failed: %w%s", id, errdefs.ErrInternal, logErrs)
 	}
-	return fmt.Errorf("sandbox %s: criu dump: %w", id, convertErr(err))
+	return false, fmt.Errorf("sandbox %s: criu dump: %w", id, convertErr(err))
 }
 
 // dumpRunc runs runc checkpoint --leave-running through the task service
@@ -809,7 +843,7 @@ func (m checkpointMeta) checkLayout() error {
 	if m.NetworkMode != network.ModeNone.String() && m.NetworkMode != network.ModeEgress.String() {
 		return fmt.Errorf("network mode %q: %w", m.NetworkMode, errdefs.ErrFailedPrecondition)
 	}
-	return nil
+	return checkDevEntries(m.DevLayout, m.DevEntries)
 }
 
 // sandboxLayout is what a checkpoint keeps of its source's spec: where

@@ -110,7 +110,7 @@ func (r *Runtime) readRuncState(id string) (*runcState, error) {
 // CRIU's: runc's 4 writes about 9000 lines per desktop dump, 25 ms of its
 // frozen window here; 2 keeps warnings and errors. imageDir and workDir are
 // open directories of this process.
-func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, logLevel int32) (*criurpc.CriuOpts, error) {
+func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, logLevel int32, devBind bool) (*criurpc.CriuOpts, error) {
 	c := &st.Config
 	opts := &criurpc.CriuOpts{
 		ImagesDirFd:     proto.Int32(int32(imageDir.Fd())),
@@ -179,6 +179,9 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 		switch m.Device {
 		case "bind":
 			dest := strings.TrimPrefix(m.Destination, c.Rootfs)
+			if dest == "/dev" {
+				continue // a replica's: external only as devBind says
+			}
 			ext(dest, dest)
 		case "cgroup":
 			if !cgroupV2 && !hasCgroupNS {
@@ -187,6 +190,11 @@ func criuDumpRequest(st *runcState, imageDir, workDir *os.File, cgroupV2 bool, l
 				return nil, fmt.Errorf("%w: a cgroup v1 mount at %s", errNoDirectDump, m.Destination)
 			}
 		}
+	}
+	if devBind {
+		// The template's /dev (devlayout.go): no tar, its replicas bind
+		// their own.
+		ext("/dev", "/dev")
 	}
 	// Masked files are binds of /dev/null (masked directories are tmpfs).
 	for _, p := range c.MaskPaths {
@@ -288,7 +296,7 @@ func (d *dumpCRIU) close() error { return d.c.Cleanup() }
 // freeze (startDumpCRIU), nil to start one now; dumpDirect ends it. It
 // returns an error wrapping errNoDirectDump, before it makes any
 // directory, when it cannot run the dump itself.
-func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDir, workDir string, pre *dumpCRIU) error {
+func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDir, workDir string, pre *dumpCRIU, devBind bool) error {
 	d := pre
 	if d == nil {
 		var err error
@@ -317,7 +325,7 @@ func (r *Runtime) dumpDirect(ctx context.Context, id string, pid uint32, imageDi
 		return err
 	}
 	defer work.Close()
-	opts, err := criuDumpRequest(st, img, work, r.cgroupV2, criuLogLevel(ctx, r.log))
+	opts, err := criuDumpRequest(st, img, work, r.cgroupV2, criuLogLevel(ctx, r.log), devBind)
 	if err != nil {
 		return err
 	}

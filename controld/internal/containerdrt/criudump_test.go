@@ -82,7 +82,7 @@ func TestCriuDumpRequest(t *testing.T) {
 	}
 	defer dir.Close()
 
-	opts, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings)
+	opts, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,17 +113,17 @@ func TestCriuDumpRequest(t *testing.T) {
 	}
 
 	// cgroup v2: the unified path freezes.
-	if opts, err = criuDumpRequest(&st, dir, dir, true, criuLogDebug); err != nil || opts.GetFreezeCgroup() != "/sys/fs/cgroup/fl/sb" || opts.GetLogLevel() != criuLogDebug {
+	if opts, err = criuDumpRequest(&st, dir, dir, true, criuLogDebug, false); err != nil || opts.GetFreezeCgroup() != "/sys/fs/cgroup/fl/sb" || opts.GetLogLevel() != criuLogDebug {
 		t.Errorf("v2: freezer %q, log level %d, %v", opts.GetFreezeCgroup(), opts.GetLogLevel(), err)
 	}
 	// An annotation naming no file means no config file; no annotation
 	// means runc's default.
 	c.Labels = []string{"org.criu.config="}
-	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings); opts.ConfigFile != nil {
+	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings, false); opts.ConfigFile != nil {
 		t.Errorf("empty annotation: config file %q", opts.GetConfigFile())
 	}
 	c.Labels = nil
-	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings); opts.GetConfigFile() != "/etc/criu/runc.conf" {
+	if opts, _ = criuDumpRequest(&st, dir, dir, false, criuLogWarnings, false); opts.GetConfigFile() != "/etc/criu/runc.conf" {
 		t.Errorf("no annotation: config file %q", opts.GetConfigFile())
 	}
 	// A v1 cgroupfs mount (runc would expand it) is not handled here.
@@ -131,7 +131,7 @@ func TestCriuDumpRequest(t *testing.T) {
 		Device      string `json:"device"`
 		Destination string `json:"destination"`
 	}{"cgroup", "/sys/fs/cgroup"})
-	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings); !errors.Is(err, errNoDirectDump) {
+	if _, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings, false); !errors.Is(err, errNoDirectDump) {
 		t.Errorf("cgroup v1 mount: %v", err)
 	}
 }

@@ -73,6 +73,9 @@ func (r *Runtime) RecoverCheckpoints(ctx context.Context, keep []runtime.Checkpo
 	if err := r.removeDumpWorkDirs(ids); err != nil {
 		errs = append(errs, err)
 	}
+	if err := r.releaseDevs(ids); err != nil {
+		errs = append(errs, err)
+	}
 	if err := r.removeOrphanLayers(ids); err != nil {
 		errs = append(errs, err)
 	}

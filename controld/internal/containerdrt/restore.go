@@ -152,7 +152,10 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, from runti
 		lazy.restored(ctx)
 	}
 	os.RemoveAll(work)
-	os.RemoveAll(forkImagesDir(from.Dir, spec.ID)) // restored: CRIU read them
+	os.RemoveAll(forkImagesDir(from.Dir, spec.ID))  // restored: CRIU read them
+	if derr := r.releaseDev(spec.ID); derr != nil { // restored: the replica's bind holds it
+		r.log.WarnContext(ctx, "restore: release the replica's /dev on the host", "sandbox", spec.ID, "err", derr)
+	}
 	if err == nil && from.Tier == runtime.TierMemory {
 		// Connections to the outside were restored with the rest (CRIU
 		// tcp-established, so those within the sandbox survive): their
@@ -186,6 +189,7 @@ func (r *Runtime) createRestore(ctx context.Context, spec runtime.BootSpec, from
 		op.linkImages,   // memory tier: its own view of the CRIU images
 		op.setupNetwork, // its network namespace, held down
 		op.generateSpec, // its whole spec, from this host's policy and the image
+		op.prepareDev,   // memory tier, dev layout bind: its own /dev
 		op.clearWorkDir, // memory tier: CRIU's work dir, empty
 		op.newContainer, // the container, on its own snapshot of the layer
 	); err != nil {
@@ -215,6 +219,8 @@ type restoreOp struct {
 	networkSet bool
 	// generateSpec
 	s *specs.Spec
+	// prepareDev
+	devMade bool
 	// newContainer: the container owns all of the above once made
 	c client.Container
 	// netOnly: the id's container exists (not ours), so only the network
@@ -235,6 +241,9 @@ func (op *restoreOp) finish(ctx context.Context, failed bool) {
 	}
 	r, id := op.r, op.spec.ID
 	r.releaseRange(id, op.rng) // none taken: nil
+	if op.devMade {
+		r.releaseDev(id)
+	}
 	if op.imagesLinked {
 		os.RemoveAll(forkImagesDir(op.from.Dir, id))
 	}
@@ -319,6 +328,11 @@ func (op *restoreOp) generateSpec(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fork spec: %w: %w", errdefs.ErrInternal, err)
 	}
+	if op.devBind() {
+		if err := withDevBind(r.devDir(op.spec.ID))(ctx, nil, nil, s); err != nil {
+			return fmt.Errorf("fork spec: %w", err)
+		}
+	}
 	if op.lazy() {
 		// runc's restore hands CRIU this file: its lazy twin.
 		if s.Annotations[criuConfigAnnotation], err = r.lazyCRIUConfig(s.Annotations[criuConfigAnnotation]); err != nil {
@@ -326,6 +340,28 @@ func (op *restoreOp) generateSpec(ctx context.Context) error {
 		}
 	}
 	op.s = s
+	return nil
+}
+
+// devBind says the fork's /dev is its own tmpfs, bound by its restore
+// (the checkpoint's dev layout, devlayout.go).
+func (op *restoreOp) devBind() bool {
+	return op.from.Tier == runtime.TierMemory && op.base.meta.DevLayout == devLayoutBind
+}
+
+// prepareDev makes the fork's /dev, owned by its own root.
+func (op *restoreOp) prepareDev(context.Context) error {
+	if !op.devBind() {
+		return nil
+	}
+	var uid, gid uint32
+	if op.rng != nil {
+		uid, gid = op.rng.HostUID(0), op.rng.HostGID(0)
+	}
+	if err := op.r.prepareDev(op.spec.ID, op.base.meta.DevEntries, uid, gid); err != nil {
+		return fmt.Errorf("sandbox %s: %w", op.spec.ID, err)
+	}
+	op.devMade = true
 	return nil
 }
 

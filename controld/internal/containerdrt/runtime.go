@@ -45,6 +45,7 @@ const (
 	DefaultStateDir      = "/var/lib/forkfleet/runtime"
 	DefaultRunTmpfsBytes = 16 << 20
 	DefaultDevShmBytes   = 64 << 20
+	DefaultDevDir        = "/run/forkfleet/dev"
 	DefaultHostname      = "sandbox"
 )
 
@@ -99,6 +100,11 @@ type Config struct {
 	// rootfs); DevShmBytes the one on /dev, which holds /dev/shm.
 	RunTmpfsBytes int64
 	DevShmBytes   int64
+	// DevDir holds the /dev each replica of a checkpoint with the dev
+	// layout "bind" binds at its restore (devlayout.go; default
+	// /run/forkfleet/dev). Its parents must be searchable by any host uid:
+	// the restore's CRIU reaches it as the replica's root.
+	DevDir string
 	// Hostname inside every sandbox (the same for forks: CRIU restores the
 	// UTS namespace of the source).
 	Hostname string
@@ -197,6 +203,9 @@ func (c *Config) setDefaults() {
 	if c.DevShmBytes == 0 {
 		c.DevShmBytes = DefaultDevShmBytes
 	}
+	if c.DevDir == "" {
+		c.DevDir = DefaultDevDir
+	}
 	if c.Hostname == "" {
 		c.Hostname = DefaultHostname
 	}
@@ -221,7 +230,7 @@ func (c *Config) validate() error {
 	if err := identifiers.Validate(c.Namespace); err != nil {
 		return errdefs.InvalidField("namespace", "%v", err)
 	}
-	for name, p := range map[string]string{"state_dir": c.StateDir, "cgroup_root": c.CgroupRoot, "cgroup_parent": c.CgroupParent} {
+	for name, p := range map[string]string{"state_dir": c.StateDir, "dev_dir": c.DevDir, "cgroup_root": c.CgroupRoot, "cgroup_parent": c.CgroupParent} {
 		if !filepath.IsAbs(p) {
 			return errdefs.InvalidField(name, "%q is not an absolute path", p)
 		}
@@ -324,6 +333,13 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("containerdrt: state dir: %w", err)
 		}
+	}
+	// Searchable by a replica's root, not listable (devlayout.go).
+	if err := os.MkdirAll(cfg.DevDir, 0o711); err != nil {
+		return nil, fmt.Errorf("containerdrt: dev dir: %w", err)
+	}
+	if err := os.Chmod(cfg.DevDir, 0o711); err != nil {
+		return nil, fmt.Errorf("containerdrt: dev dir: %w", err)
 	}
 	criuOpts := cfg.CRIUOptions
 	if yard, ok := cgroupV1Yard(cfg.CgroupRoot); ok && !slices.ContainsFunc(criuOpts, func(o string) bool { return strings.HasPrefix(o, "cgroup-yard") }) {

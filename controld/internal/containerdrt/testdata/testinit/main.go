@@ -7,6 +7,8 @@
 //	set VALUE           replace it
 //	write PATH CONTENT  write a file (kept open, like a log)
 //	read PATH           a file's content
+//	unlink PATH         remove a file (one write keeps open stays open)
+//	readfd PATH         the content of the open file write made at PATH
 //	chown PATH ID       give PATH (not followed) owner and group ID
 //	env NAME            an environment variable
 //	pid                 the process id
@@ -152,6 +154,25 @@ func serve(c net.Conn, logf *os.File) {
 			reply = "error " + err.Error()
 		} else {
 			reply = string(b)
+		}
+	case "unlink":
+		reply = "ok"
+		if err := os.Remove(arg); err != nil {
+			reply = "error " + err.Error()
+		}
+	case "readfd":
+		reply = "error not open"
+		for _, f := range open {
+			if f.Name() != arg {
+				continue
+			}
+			b := make([]byte, 4096)
+			n, err := f.ReadAt(b, 0)
+			if n == 0 && err != nil {
+				reply = "error " + err.Error()
+				break
+			}
+			reply = string(b[:n])
 		}
 	case "chown":
 		path, id, _ := strings.Cut(arg, " ")
