@@ -112,6 +112,32 @@ func TestCriuDumpRequest(t *testing.T) {
 		t.Errorf("ext mounts %v, want %v", got, want)
 	}
 
+	// A replica's /dev is a bind in its spec: external only when the dump
+	// says its /dev is the template's (devlayout.go), then under its own key.
+	c.Mounts = append(c.Mounts, struct {
+		Device      string `json:"device"`
+		Destination string `json:"destination"`
+	}{"bind", "/dev"})
+	for _, devBind := range []bool{false, true} {
+		opts, err := criuDumpRequest(&st, dir, dir, false, criuLogWarnings, devBind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, m := range opts.GetExtMnt() {
+			if m.GetKey() == "/dev" {
+				n++
+				if m.GetVal() != "/dev" {
+					t.Errorf("/dev external as %q", m.GetVal())
+				}
+			}
+		}
+		if want := map[bool]int{false: 0, true: 1}[devBind]; n != want {
+			t.Errorf("devBind %v: /dev external %d times, want %d", devBind, n, want)
+		}
+	}
+	c.Mounts = c.Mounts[:len(c.Mounts)-1]
+
 	// cgroup v2: the unified path freezes.
 	if opts, err = criuDumpRequest(&st, dir, dir, true, criuLogDebug, false); err != nil || opts.GetFreezeCgroup() != "/sys/fs/cgroup/fl/sb" || opts.GetLogLevel() != criuLogDebug {
 		t.Errorf("v2: freezer %q, log level %d, %v", opts.GetFreezeCgroup(), opts.GetLogLevel(), err)
