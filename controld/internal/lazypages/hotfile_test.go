@@ -63,7 +63,7 @@ func withWriteDelay(t *testing.T, d time.Duration) {
 // A set written by one Images is the set of the next one of the same
 // images: the same pages, the same spans per process.
 func TestHotSetPersists(t *testing.T) {
-	withWriteDelay(t, 50*time.Millisecond)
+	withWriteDelay(t, 500*time.Millisecond)
 	dir := hotImages(t)
 	path := filepath.Join(t.TempDir(), "state", "hot")
 	im := openHot(t, dir)
@@ -74,8 +74,7 @@ func TestHotSetPersists(t *testing.T) {
 	learnHot(im, 2, 0, 4)
 	learnHot(im, 2, 64, 70)
 	learnHot(im, 2, 1, 3) // nothing new: no write for it
-	time.Sleep(20 * time.Millisecond)
-	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) || im.hotWrites() != 0 {
 		t.Fatalf("written before the delay: %v", err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -110,7 +109,7 @@ func TestHotSetPersists(t *testing.T) {
 		t.Fatalf("Close wrote %d times, want once", n)
 	}
 	learnHot(again, 1, 33, 35)
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond) // past the delay
 	if n := again.hotWrites(); n != 1 {
 		t.Fatalf("written after Close (%d writes)", n)
 	}
