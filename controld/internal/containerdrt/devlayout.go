@@ -1,6 +1,7 @@
 package containerdrt
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -103,6 +104,32 @@ func checkDevEntries(layout string, names []string) error {
 	return nil
 }
 
+// seesMountsOf says controld shares the mount namespace of the frozen
+// sandbox's shim (its init's parent), in which runc and CRIU run: a
+// replica's /dev that controld mounts is seen by them only then. A unit
+// with PrivateMounts=yes does not: its checkpoints keep CRIU's tar. The
+// parent is read from /proc/<init>/stat, which the sandbox cannot shape
+// (the kernel writes it; comm is skipped up to its last parenthesis).
+func seesMountsOf(pid uint32) bool {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return false
+	}
+	var self, shim unix.Stat_t
+	if unix.Stat("/proc/self/ns/mnt", &self) != nil || unix.Stat("/proc/"+f[1]+"/ns/mnt", &shim) != nil {
+		return false
+	}
+	return self.Dev == shim.Dev && self.Ino == shim.Ino
+}
+
 // errDevNotTemplate says a sandbox's /dev is not the template's: CRIU
 // tars it.
 var errDevNotTemplate = errors.New("/dev is not runc's")
@@ -115,6 +142,9 @@ var errDevNotTemplate = errors.New("/dev is not runc's")
 // reached inside the sandbox's root without links, and its entries are
 // read with lstat and readlink.
 func standardDev(pid uint32) ([]string, error) {
+	if !seesMountsOf(pid) {
+		return nil, fmt.Errorf("%w: controld runs in a mount namespace of its own: runc would not see a replica's /dev", errDevNotTemplate)
+	}
 	p := "/proc/" + strconv.FormatUint(uint64(pid), 10)
 	uid, err := sandboxRoot(p + "/uid_map")
 	if err != nil {

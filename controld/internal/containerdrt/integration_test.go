@@ -1281,6 +1281,15 @@ func TestIntegrationDumpPaths(t *testing.T) {
 		for _, e := range ents {
 			// Pages and per-process images are named by CRIU's ids.
 			name := strings.TrimRight(strings.TrimSuffix(e.Name(), ".img"), "-0123456789")
+			if strings.HasPrefix(name, "tmpfs-dev-") {
+				// /dev's tar: the direct dump binds a template /dev
+				// instead (dev layout "bind"); the dump through runc
+				// keeps CRIU's tar.
+				if !viaRunc {
+					t.Errorf("direct dump of runc's /dev tarred it: %s", e.Name())
+				}
+				continue
+			}
 			if !slices.Contains(images[viaRunc], name) {
 				images[viaRunc] = append(images[viaRunc], name)
 			}

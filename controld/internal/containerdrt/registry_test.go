@@ -5,6 +5,7 @@ package containerdrt
 import (
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	cerrdefs "github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/api/registrytest"
@@ -124,20 +126,9 @@ func TestIntegrationRestorableCheck(t *testing.T) {
 	if err := checkRestorable(ctx, "here", img(*hi)); err != nil {
 		t.Fatalf("this host's own CPU and kernel: %v", err)
 	}
-	// A CPU with more features: each capability word (protobuf field 6,
-	// tag 0x30) that is 0 here becomes 0x7f, a varint of the same length.
-	cpu := append([]byte(nil), hi.CPUInfo...)
-	n := 0
-	for i := 12; i+1 < len(cpu); i++ {
-		if cpu[i] == 0x30 && cpu[i+1] == 0 {
-			cpu[i+1], n = 0x7f, n+1
-		}
-	}
-	if n == 0 {
-		t.Fatalf("no empty capability word in this host's cpuinfo image % x", hi.CPUInfo)
-	}
+	cpu := allCPUFeatures(t, hi.CPUInfo)
 	err = checkRestorable(ctx, "alien", img(hostInfo{Kernel: hi.Kernel, CPUInfo: cpu}))
-	if errdefs.Reason(err) != "CPU_INCOMPATIBLE" || !strings.Contains(err.Error(), "capabilities do not match") {
+	if errdefs.Reason(err) != "CPU_INCOMPATIBLE" || !strings.Contains(err.Error(), "criu/arch/x86/cpu.c") {
 		t.Fatalf("CPU with more features: %v, want CPU_INCOMPATIBLE", err)
 	}
 	t.Logf("alien CPU: %v", err)
@@ -173,11 +164,7 @@ func TestIntegrationPullRefusesAlienCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	craftCheckpointImage(t, r, exported, alien, nil, nil, func(m *exportedMeta) {
-		for i := 12; i+1 < len(m.Host.CPUInfo); i++ {
-			if m.Host.CPUInfo[i] == 0x30 && m.Host.CPUInfo[i+1] == 0 {
-				m.Host.CPUInfo[i+1] = 0x7f // a capability word of 0 claims 7 features
-			}
-		}
+		m.Host.CPUInfo = allCPUFeatures(t, m.Host.CPUInfo)
 	})
 	if _, err := r.PushCheckpoint(ctx, alien); err != nil {
 		t.Fatalf("push: %v", err)
@@ -287,4 +274,49 @@ func TestRegistryPlainHTTPRefused(t *testing.T) {
 	if got, err := r.ResolveCheckpoint(ctx, reg.Addr+"/forkfleet/ck@"+dg); err != nil || got != dg {
 		t.Fatalf("pinned reference resolved to %q, %v", got, err)
 	}
+}
+
+// allCPUFeatures returns a CRIU cpuinfo image (magic, u32 size, one
+// cpuinfo_entry) whose x86 entry claims every feature: each capability word
+// (x86_cpuinfo_entry field 6, varint) becomes 0xffffffff, and the lengths
+// around it are encoded again. Which words criu's check compares depends on
+// the CPU (an AMD host has no word of 0 among them), so every word is set.
+func allCPUFeatures(t *testing.T, img []byte) []byte {
+	t.Helper()
+	bad := func(why string) { t.Fatalf("cpuinfo image: %s: % x", why, img) }
+	if len(img) < 12 || int(binary.LittleEndian.Uint32(img[8:12])) != len(img)-12 || img[12] != 0x0a {
+		bad("not one cpuinfo_entry")
+	}
+	n, k := protowire.ConsumeVarint(img[13:])
+	if k < 0 || 13+k+int(n) > len(img) {
+		bad("x86 entry length")
+	}
+	x86, rest := img[13+k:13+k+int(n)], img[13+k+int(n):]
+	var out []byte
+	words := 0
+	for len(x86) > 0 {
+		num, typ, tl := protowire.ConsumeTag(x86)
+		if tl < 0 {
+			bad("tag")
+		}
+		vl := protowire.ConsumeFieldValue(num, typ, x86[tl:])
+		if vl < 0 {
+			bad("field")
+		}
+		if num == 6 && typ == protowire.VarintType {
+			out = protowire.AppendTag(out, num, typ)
+			out = protowire.AppendVarint(out, 0xffffffff)
+			words++
+		} else {
+			out = append(out, x86[:tl+vl]...)
+		}
+		x86 = x86[tl+vl:]
+	}
+	if words == 0 {
+		bad("no capability words")
+	}
+	entry := protowire.AppendVarint([]byte{0x0a}, uint64(len(out)))
+	entry = append(append(entry, out...), rest...)
+	res := append(append([]byte(nil), img[:8]...), binary.LittleEndian.AppendUint32(nil, uint32(len(entry)))...)
+	return append(res, entry...)
 }
