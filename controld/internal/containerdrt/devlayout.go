@@ -111,23 +111,33 @@ func checkDevEntries(layout string, names []string) error {
 // parent is read from /proc/<init>/stat, which the sandbox cannot shape
 // (the kernel writes it; comm is skipped up to its last parenthesis).
 func seesMountsOf(pid uint32) bool {
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	ppid, err := statPPID(strconv.FormatUint(uint64(pid), 10))
 	if err != nil {
 		return false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return false
-	}
 	var self, shim unix.Stat_t
-	if unix.Stat("/proc/self/ns/mnt", &self) != nil || unix.Stat("/proc/"+f[1]+"/ns/mnt", &shim) != nil {
+	if unix.Stat("/proc/self/ns/mnt", &self) != nil || unix.Stat("/proc/"+strconv.Itoa(ppid)+"/ns/mnt", &shim) != nil {
 		return false
 	}
 	return self.Dev == shim.Dev && self.Ino == shim.Ino
+}
+
+// statPPID reads pid's parent from /proc/<pid>/stat: "pid (comm) state
+// ppid ...", where comm may hold spaces and parentheses.
+func statPPID(pid string) (int, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%s/stat: no comm", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%s/stat: short", pid)
+	}
+	return strconv.Atoi(f[1])
 }
 
 // errDevNotTemplate says a sandbox's /dev is not the template's: CRIU

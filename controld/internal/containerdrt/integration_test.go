@@ -1311,20 +1311,6 @@ func TestIntegrationDumpPaths(t *testing.T) {
 
 // criuChildren lists the CRIU service processes (criu swrk) this process
 // started and has not waited for.
-// statPPID reads pid's parent from /proc/<pid>/stat: "pid (comm) state
-// ppid ...", where comm may hold spaces and parentheses.
-func statPPID(pid string) (int, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("/proc/%s/stat: short", pid)
-	}
-	return strconv.Atoi(f[1])
-}
-
 func criuChildren(t *testing.T) []string {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
