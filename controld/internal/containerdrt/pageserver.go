@@ -45,10 +45,10 @@ func (s lazyPagesServer) Open(dir string) (PageImages, error) {
 	return lazyPagesImages{im}, nil
 }
 
-// hotSetDirName is where, under Config.StateDir, checkpoints' hot sets are
+// hotSetDir is where, under Config.StateDir, checkpoints' hot sets are
 // persisted: controld's own directory, which no sandbox and no checkpoint
 // image can write into.
-const hotSetDirName = "hotsets"
+func hotSetDir(stateDir string) string { return filepath.Join(stateDir, "hotsets") }
 
 // hotSetFile is the file of the hot set of the checkpoint whose CRIU images
 // are imagesDir: the checkpoint directory's name (for people) and a hash of
@@ -84,7 +84,7 @@ func (s lazyPagesSession) Stats() runtime.LazyStats {
 // DeleteCheckpoint's step once its images are closed (their last write
 // done): none outlives its checkpoint.
 func (r *Runtime) removeHotSet(dir string) error {
-	if err := lazypages.RemoveHot(hotSetFile(filepath.Join(r.cfg.StateDir, hotSetDirName), filepath.Join(dir, criuImageDir))); err != nil {
+	if err := lazypages.RemoveHot(hotSetFile(hotSetDir(r.cfg.StateDir), filepath.Join(dir, criuImageDir))); err != nil {
 		return fmt.Errorf("checkpoint %s: %w: %w", dir, errdefs.ErrInternal, err)
 	}
 	return nil

@@ -377,7 +377,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
 	}
 	if cfg.PageServer == nil {
-		cfg.PageServer = lazyPagesServer{hotDir: filepath.Join(cfg.StateDir, hotSetDirName), log: cfg.Logger}
+		cfg.PageServer = lazyPagesServer{hotDir: hotSetDir(cfg.StateDir), log: cfg.Logger}
 	}
 	r := &Runtime{
 		cfg:         cfg,
