@@ -41,7 +41,17 @@ type Line struct {
 type Report struct {
 	Threshold float64
 	Lines     []Line
+	// Hosts says how the two sides' machines differ where that makes
+	// absolute numbers incomparable (hypervisor, price of a page); empty
+	// when they do not, or when the results do not say.
+	Hosts []string
 }
+
+// pageTouchRatio is how far apart two sides' page-touch probes may be before
+// the comparison says the hosts differ: the probe varies with load by up to
+// about 2x on one host, and a hypervisor that shadows page tables costs 10x
+// or more.
+const pageTouchRatio = 3
 
 // Regressions counts lines that fail the comparison.
 func (r Report) Regressions() int {
@@ -85,7 +95,7 @@ func Compare(old, new []*result.Result, thresholdPct float64) Report {
 	}
 	om, oorder := index(old)
 	nm, norder := index(new)
-	rep := Report{Threshold: thresholdPct}
+	rep := Report{Threshold: thresholdPct, Hosts: hostDifferences(old, new)}
 	for _, k := range norder {
 		n := nm[k]
 		o, ok := om[k]
@@ -110,6 +120,28 @@ func Compare(old, new []*result.Result, thresholdPct float64) Report {
 	}
 	sort.SliceStable(rep.Lines, func(i, j int) bool { return rep.Lines[i].Suite < rep.Lines[j].Suite })
 	return rep
+}
+
+// hostDifferences compares the first result of each side's host fingerprint.
+func hostDifferences(old, new []*result.Result) []string {
+	if len(old) == 0 || len(new) == 0 {
+		return nil
+	}
+	o, n := old[0].Host, new[0].Host
+	var out []string
+	if o.Hypervisor != "" && n.Hypervisor != "" && o.Hypervisor != n.Hypervisor {
+		out = append(out, fmt.Sprintf("hypervisor %s vs %s", o.Hypervisor, n.Hypervisor))
+	}
+	if o.PageTouchNs > 0 && n.PageTouchNs > 0 {
+		r := n.PageTouchNs / o.PageTouchNs
+		if r > pageTouchRatio || r < 1/float64(pageTouchRatio) {
+			out = append(out, fmt.Sprintf("first write to a 4 KiB page %.1f vs %.1f us", o.PageTouchNs/1000, n.PageTouchNs/1000))
+		}
+	}
+	if o.CPUModel != "" && n.CPUModel != "" && o.CPUModel != n.CPUModel {
+		out = append(out, fmt.Sprintf("CPU %q vs %q", o.CPUModel, n.CPUModel))
+	}
+	return out
 }
 
 func judge(o, n result.Row, th float64, l *Line) Verdict {
@@ -155,6 +187,9 @@ func judge(o, n result.Row, th float64, l *Line) Verdict {
 
 // Print writes the comparison as an aligned table.
 func (r Report) Print(w io.Writer) {
+	if len(r.Hosts) > 0 {
+		fmt.Fprintf(w, "note: the hosts differ (%s): absolute rows compare machines, not builds\n", strings.Join(r.Hosts, "; "))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "suite\trow\tunit\tbetter\told p50\tnew p50\tdelta\tverdict\n")
 	for _, l := range r.Lines {

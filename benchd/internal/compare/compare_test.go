@@ -76,3 +76,31 @@ func TestMatchingAndFailures(t *testing.T) {
 		t.Fatal(buf.String())
 	}
 }
+
+func TestHostDifferences(t *testing.T) {
+	side := func(hv, cpu string, touch float64) []*result.Result {
+		return []*result.Result{{Suite: "s", Host: result.Host{Hypervisor: hv, CPUModel: cpu, PageTouchNs: touch},
+			Rows: []result.Row{one("m", "ms", 10)}}}
+	}
+	for _, c := range []struct {
+		name     string
+		old, new []*result.Result
+		want     []string
+	}{
+		{"same host, load noise", side("KVM", "x", 400), side("KVM", "x", 900), nil},
+		{"unprobed", side("", "x", 0), side("PVM", "x", 14000), nil},
+		{"shadow paging", side("KVM", "x", 400), side("PVM", "x", 14000),
+			[]string{"hypervisor KVM vs PVM", "first write to a 4 KiB page 0.4 vs 14.0 us"}},
+		{"other CPU", side("", "Intel", 0), side("", "AMD", 0), []string{`CPU "Intel" vs "AMD"`}},
+	} {
+		rep := Compare(c.old, c.new, 15)
+		if strings.Join(rep.Hosts, "|") != strings.Join(c.want, "|") {
+			t.Errorf("%s: %q, want %q", c.name, rep.Hosts, c.want)
+		}
+		var out bytes.Buffer
+		rep.Print(&out)
+		if got := strings.HasPrefix(out.String(), "note: the hosts differ"); got != (len(c.want) > 0) {
+			t.Errorf("%s: printed %q", c.name, out.String())
+		}
+	}
+}

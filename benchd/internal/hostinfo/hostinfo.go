@@ -37,6 +37,8 @@ func Collect(ctx context.Context) result.Host {
 	h.ContainerdVersion = versionOf(ctx, "containerd", "--version")
 	h.RuncVersion = versionOf(ctx, "runc", "--version")
 	h.CRIUVersion = versionOf(ctx, CRIUBinary(), "--version")
+	h.Hypervisor = Hypervisor()
+	h.PageTouchNs = PageTouchNs()
 	h.LoadBefore = LoadAvg()
 	return h
 }

@@ -228,6 +228,9 @@ func renderSuite(md *strings.Builder, files map[string][]byte, r Loaded, outDir,
 	md.WriteString("| host | |\n|---|---|\n")
 	fmt.Fprintf(md, "| CPU | %s, %d cores, %.0f MHz |\n", cell(h.CPUModel), h.Cores, h.MHz)
 	fmt.Fprintf(md, "| memory | %.1f GiB |\n", float64(h.MemoryBytes)/(1<<30))
+	if h.Hypervisor != "" || h.PageTouchNs > 0 {
+		fmt.Fprintf(md, "| hypervisor / first write to a 4 KiB page | %s / %s |\n", cell(orDash(h.Hypervisor)), pageTouch(h))
+	}
 	fmt.Fprintf(md, "| kernel / Debian | %s / %s |\n", cell(h.Kernel), cell(h.DebianVersion))
 	fmt.Fprintf(md, "| containerd / runc / CRIU | %s / %s / %s |\n", cell(orDash(h.ContainerdVersion)), cell(orDash(h.RuncVersion)), cell(orDash(h.CRIUVersion)))
 	fmt.Fprintf(md, "| load before / after | %.2f %.2f %.2f / %.2f %.2f %.2f |\n", h.LoadBefore[0], h.LoadBefore[1], h.LoadBefore[2], h.LoadAfter[0], h.LoadAfter[1], h.LoadAfter[2])
@@ -475,7 +478,21 @@ func statusText(r *result.Result) string {
 }
 
 func hostShort(h result.Host) string {
-	return fmt.Sprintf("%d x %s, kernel %s", h.Cores, h.CPUModel, h.Kernel)
+	s := fmt.Sprintf("%d x %s, kernel %s", h.Cores, h.CPUModel, h.Kernel)
+	if h.Hypervisor != "" {
+		s += ", " + h.Hypervisor
+	}
+	if h.PageTouchNs > 0 {
+		s += ", page touch " + pageTouch(h)
+	}
+	return s
+}
+
+func pageTouch(h result.Host) string {
+	if h.PageTouchNs <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f us", h.PageTouchNs/1000)
 }
 
 func num(p *float64) string {

@@ -63,6 +63,14 @@ type Host struct {
 	HostEnv           map[string]string `json:"host_env"`
 	LoadBefore        [3]float64        `json:"load_before"`
 	LoadAfter         [3]float64        `json:"load_after"`
+	// Hypervisor is what the kernel detected at boot (KVM, PVM...), empty
+	// on bare metal or when the boot log could not be read.
+	Hypervisor string `json:"hypervisor,omitempty"`
+	// PageTouchNs is the host's price of a first write to a fresh 4 KiB page
+	// of anonymous memory, per page (hostinfo.PageTouchNs): the unit of a
+	// restore's page copy and of every copy-on-write fault, and what sets
+	// hosts with the same CPU model but another hypervisor apart.
+	PageTouchNs float64 `json:"page_touch_ns,omitempty"`
 }
 
 // Build identifies the code that was measured.
