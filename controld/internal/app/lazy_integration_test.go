@@ -179,33 +179,54 @@ func TestRealStackLazyHotSetSurvivesRestart(t *testing.T) {
 		}
 	}
 	// restart stops controld and its runtime (the page server, whose
-	// in-memory sets go with it) and starts both again on the same state.
-	restart := func() {
+	// in-memory sets go with it), runs between while both are down, and
+	// starts both again on the same state.
+	restart := func(between func()) {
 		t.Helper()
 		s.stop()
 		s.rt.Close()
+		between()
 		s.rt = realStackRuntime(t, ctx, s.cfg, runtimeDir)
 		s.launch(0)
 		t.Cleanup(removeAll)
 	}
+
+	// The page server's counters (controld.md, "Metrics"): this runtime's
+	// reads by result, and its writes.
+	reads := func(result string) float64 {
+		return s.metric(`forkfleet_controld_lazy_hot_set_reads_total{result="` + result + `"}`)
+	}
+	written := func() bool { return s.metric(`forkfleet_controld_lazy_hot_set_writes_total{result="written"}`) >= 1 }
 
 	first := fork()
 	if first.GetHotPages() != 0 || first.GetFaults() == 0 {
 		t.Fatalf("the first lazy replica: %v; want faults and no hot set to copy", first)
 	}
 	path, size := hotFile(-1)
-	restart()
+	eventually(t, "the hot set's write counted", written)
+	if reads("absent") != 1 || reads("loaded") != 0 {
+		t.Errorf("hot set reads absent %v, loaded %v; want 1 and 0 (no file before the first fork)", reads("absent"), reads("loaded"))
+	}
+	restart(func() {})
 	after := fork()
 	if after.GetHotPages() < first.GetFaultPages()/2 || after.GetFaults() >= first.GetFaults() {
 		t.Errorf("the first lazy replica after a restart: %v; want the %d pages its checkpoint's first replica faulted for ahead of faults",
 			after, first.GetFaultPages())
 	}
+	if reads("loaded") != 1 || reads("absent") != 0 {
+		t.Errorf("after the restart, hot set reads loaded %v, absent %v; want 1 and 0", reads("loaded"), reads("absent"))
+	}
 
 	// A truncated file: ignored, the fork as the first one, the set relearned.
-	if err := os.Truncate(path, size/2); err != nil {
-		t.Fatal(err)
-	}
-	restart()
+	// Truncated while controld is down: until its runtime closed, the set
+	// could still be written (a second after the replica above grew it, or
+	// by Close when it grew since): a truncation before that was undone,
+	// and the next start loaded the whole set.
+	restart(func() {
+		if err := os.Truncate(path, size/2); err != nil {
+			t.Fatal(err)
+		}
+	})
 	relearn := fork()
 	if relearn.GetHotPages() != 0 || relearn.GetFaults() == 0 {
 		t.Errorf("after a truncated hot set file: %v; want it ignored (no hot pages)", relearn)
@@ -213,6 +234,10 @@ func TestRealStackLazyHotSetSurvivesRestart(t *testing.T) {
 	if _, got := hotFile(size / 2); got != size {
 		t.Errorf("relearned hot set file of %d bytes, want %d", got, size)
 	}
+	if reads("truncated") != 1 || reads("loaded") != 0 {
+		t.Errorf("after the truncation, hot set reads truncated %v, loaded %v; want 1 and 0", reads("truncated"), reads("loaded"))
+	}
+	eventually(t, "the relearned hot set's write counted", written)
 
 	for _, r := range replicas {
 		if _, err := s.sbc.DeleteSandbox(ctx, &controldv1.DeleteSandboxRequest{Id: r}); err != nil {

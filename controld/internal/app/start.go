@@ -24,6 +24,7 @@ import (
 	"github.com/forkfleet/forkfleet/controld/internal/guestconn"
 	"github.com/forkfleet/forkfleet/controld/internal/health"
 	"github.com/forkfleet/forkfleet/controld/internal/recording"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/server"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 	"github.com/forkfleet/forkfleet/controld/internal/telemetry"
@@ -152,6 +153,10 @@ func (d *controld) startTelemetry(ctx context.Context) error {
 	d.undo = append(d.undo, func() { tr.Shutdown(context.Background()) })
 	d.reg = telemetry.NewRegistry(Version)
 	d.fm = fleet.NewMetrics(d.reg)
+	// The runtime's own instruments (containerdrt: lazy restore's hot sets).
+	if c, ok := runtime.As[prometheus.Collector](d.deps.Runtime); ok {
+		d.reg.MustRegister(c)
+	}
 	return nil
 }
 

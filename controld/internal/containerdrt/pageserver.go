@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/forkfleet/forkfleet/api/errdefs"
 	"github.com/forkfleet/forkfleet/controld/internal/lazypages"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
@@ -19,10 +21,11 @@ import (
 // lazyPagesServer is controld's own page server (controld/internal/
 // lazypages), the runtime's unless Config.PageServer names another. With
 // hotDir, a checkpoint's working set is persisted there (hotSetFile), so a
-// controld restart does not relearn it.
+// controld restart does not relearn it; metrics counts its reads and writes.
 type lazyPagesServer struct {
-	hotDir string
-	log    *slog.Logger
+	hotDir  string
+	log     *slog.Logger
+	metrics *hotSetMetrics
 }
 
 func (s lazyPagesServer) Open(dir string) (PageImages, error) {
@@ -32,17 +35,106 @@ func (s lazyPagesServer) Open(dir string) (PageImages, error) {
 	}
 	if s.hotDir != "" {
 		path := hotSetFile(s.hotDir, dir)
-		if err := im.KeepHot(path, s.log); err != nil {
-			reason := "unknown"
-			if he := (*lazypages.HotSetError)(nil); errors.As(err, &he) {
-				reason = string(he.Reason)
-			}
-			s.log.Warn("persisted hot set ignored: the checkpoint's lazy replicas learn it again", "images", dir, "reason", reason, "err", err)
+		err := im.KeepHot(path, s.log, s.metrics.wrote)
+		s.metrics.read(im.HotPages(), err)
+		if err != nil {
+			s.log.Warn("persisted hot set ignored: the checkpoint's lazy replicas learn it again", "images", dir, "reason", hotSetReason(err), "err", err)
 		} else if n := im.HotPages(); n > 0 {
 			s.log.Info("persisted hot set loaded", "images", dir, "pages", n)
 		}
 	}
 	return lazyPagesImages{im}, nil
+}
+
+// hotSetReason is why KeepHot ignored a persisted hot set
+// (lazypages.HotSetReason), "unknown" for another error.
+func hotSetReason(err error) string {
+	if he := (*lazypages.HotSetError)(nil); errors.As(err, &he) {
+		return string(he.Reason)
+	}
+	return "unknown"
+}
+
+// Results of a hot set's read (hotSetMetrics.reads) beside the reasons a
+// file is ignored (lazypages.HotSetReason).
+const (
+	hotReadLoaded = "loaded" // read back: the checkpoint's next lazy fork copies it ahead of faults
+	hotReadAbsent = "absent" // no file (or an empty set): learned at the next lazy fork
+)
+
+// hotSetMetrics count the page server's persisted hot sets: reads (one per
+// checkpoint whose images are opened after a start, or after a delete gave
+// up) and writes. A nil *hotSetMetrics counts nothing.
+type hotSetMetrics struct {
+	reads  *prometheus.CounterVec // result: loaded, absent, or a HotSetReason
+	writes *prometheus.CounterVec // result: written, failed
+}
+
+func newHotSetMetrics() *hotSetMetrics {
+	m := &hotSetMetrics{
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "lazy_hot_set_reads_total",
+			Help: "Persisted lazy restore working sets (hot sets) read when a checkpoint's images are first opened after a start, by result: loaded, absent (learned again), or why the file was ignored and removed (unreadable, too_large, truncated, format, version, checksum, mismatch, stray_pages).",
+		}, []string{"result"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "lazy_hot_set_writes_total",
+			Help: "Writes of a checkpoint's persisted lazy restore working set (hot set), by result: written, failed (kept in memory, written again at its next change).",
+		}, []string{"result"}),
+	}
+	// Every series from the start, at 0.
+	for _, r := range []string{hotReadLoaded, hotReadAbsent, string(lazypages.HotSetUnreadable), string(lazypages.HotSetTooLarge),
+		string(lazypages.HotSetTruncated), string(lazypages.HotSetFormat), string(lazypages.HotSetVersion),
+		string(lazypages.HotSetChecksum), string(lazypages.HotSetMismatch), string(lazypages.HotSetStrayPages)} {
+		m.reads.WithLabelValues(r)
+	}
+	m.writes.WithLabelValues("written")
+	m.writes.WithLabelValues("failed")
+	return m
+}
+
+// read counts one KeepHot: its error, else whether it loaded pages.
+func (m *hotSetMetrics) read(pages int64, err error) {
+	if m == nil {
+		return
+	}
+	switch {
+	case err != nil:
+		m.reads.WithLabelValues(hotSetReason(err)).Inc()
+	case pages > 0:
+		m.reads.WithLabelValues(hotReadLoaded).Inc()
+	default:
+		m.reads.WithLabelValues(hotReadAbsent).Inc()
+	}
+}
+
+// wrote counts one write of a hot set file (KeepHot's callback).
+func (m *hotSetMetrics) wrote(err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.writes.WithLabelValues("failed").Inc()
+		return
+	}
+	m.writes.WithLabelValues("written").Inc()
+}
+
+// Describe and Collect make the Runtime a prometheus.Collector of its own
+// instruments (the page server's hot sets), which controld registers.
+func (r *Runtime) Describe(ch chan<- *prometheus.Desc) {
+	if r.hotMetrics == nil {
+		return
+	}
+	r.hotMetrics.reads.Describe(ch)
+	r.hotMetrics.writes.Describe(ch)
+}
+
+func (r *Runtime) Collect(ch chan<- prometheus.Metric) {
+	if r.hotMetrics == nil {
+		return
+	}
+	r.hotMetrics.reads.Collect(ch)
+	r.hotMetrics.writes.Collect(ch)
 }
 
 // hotSetDir is where, under Config.StateDir, checkpoints' hot sets are

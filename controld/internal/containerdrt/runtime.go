@@ -291,6 +291,7 @@ type Runtime struct {
 	restoreBases sync.Map // checkpoint dir -> *restoreBase
 	forkShims    shimGroups
 	lazy         lazyState
+	hotMetrics   *hotSetMetrics // the page server's hot sets (pageserver.go)
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
 	seccomp *seccompRoots
@@ -376,8 +377,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("containerdrt: connect to containerd at %s: %w: %w", cfg.Address, errdefs.ErrUnavailable, err)
 	}
+	hotMetrics := newHotSetMetrics()
 	if cfg.PageServer == nil {
-		cfg.PageServer = lazyPagesServer{hotDir: hotSetDir(cfg.StateDir), log: cfg.Logger}
+		cfg.PageServer = lazyPagesServer{hotDir: hotSetDir(cfg.StateDir), log: cfg.Logger, metrics: hotMetrics}
 	}
 	r := &Runtime{
 		cfg:         cfg,
@@ -393,6 +395,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		quiet:       map[string]time.Time{},
 		precreated:  map[string]*precreated{},
 		lazy:        lazyState{checkpoints: map[string]*lazyCheckpoint{}, replicas: map[string]*lazyReplica{}},
+		hotMetrics:  hotMetrics,
 		criuBinary:  lookPath("criu"),
 		cgroupV2:    isCgroupV2(cfg.CgroupRoot),
 		net:         netm,

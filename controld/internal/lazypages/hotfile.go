@@ -89,9 +89,10 @@ func (e *HotSetError) Unwrap() error { return errdefs.ErrInvalidArgument }
 // again. No file is no error. From then on, a session that grows the set
 // has it written there HotWriteDelay later (atomically: the old file or
 // the new one), one write for the sessions of that delay, and Close writes
-// a set changed since. Call it once, after Open and before the first
-// Listen.
-func (im *Images) KeepHot(path string, log *slog.Logger) error {
+// a set changed since; wrote, when not nil, is called after every write
+// with its error (nil: written), for the caller to count. Call it once,
+// after Open and before the first Listen.
+func (im *Images) KeepHot(path string, log *slog.Logger, wrote func(error)) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -103,7 +104,7 @@ func (im *Images) KeepHot(path string, log *slog.Logger) error {
 	}
 	k := &im.keep
 	k.mu.Lock()
-	k.path, k.log = path, log
+	k.path, k.log, k.wrote = path, log, wrote
 	k.mu.Unlock()
 	return err
 }
@@ -123,6 +124,7 @@ type hotKeeper struct {
 	mu      sync.Mutex
 	path    string // "" until KeepHot
 	log     *slog.Logger
+	wrote   func(error) // KeepHot's: after every write
 	timer   *time.Timer // a write scheduled
 	dirty   bool        // the set grew since the last write
 	stopped bool        // Close: no write after its own
@@ -170,12 +172,15 @@ func (k *hotKeeper) flush(im *Images, final bool) {
 		return
 	}
 	k.dirty = false
-	path, log := k.path, k.log
+	path, log, wrote := k.path, k.log, k.wrote
 	k.mu.Unlock()
 	b := im.encodeHot()
 	err := os.MkdirAll(filepath.Dir(path), 0o700)
 	if err == nil {
 		err = atomicfile.Write(path, b, 0o600)
+	}
+	if wrote != nil {
+		wrote(err)
 	}
 	if err != nil {
 		// The set stays in memory; a later session writes it again.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,7 +68,7 @@ func TestHotSetPersists(t *testing.T) {
 	dir := hotImages(t)
 	path := filepath.Join(t.TempDir(), "state", "hot")
 	im := openHot(t, dir)
-	if err := im.KeepHot(path, quiet); err != nil {
+	if err := im.KeepHot(path, quiet, nil); err != nil {
 		t.Fatalf("no file: %v", err)
 	}
 	learnHot(im, 1, 5, 10)
@@ -91,7 +92,7 @@ func TestHotSetPersists(t *testing.T) {
 	}
 
 	again := openHot(t, dir)
-	if err := again.KeepHot(path, quiet); err != nil {
+	if err := again.KeepHot(path, quiet, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := again.HotPages(), im.HotPages(); got != 15 || got != want {
@@ -114,7 +115,7 @@ func TestHotSetPersists(t *testing.T) {
 		t.Fatalf("written after Close (%d writes)", n)
 	}
 	third := openHot(t, dir)
-	if err := third.KeepHot(path, quiet); err != nil || third.HotPages() != 17 {
+	if err := third.KeepHot(path, quiet, nil); err != nil || third.HotPages() != 17 {
 		t.Fatalf("after Close: %d hot pages, err %v; want 17", third.HotPages(), err)
 	}
 	if err := RemoveHot(path); err != nil {
@@ -173,7 +174,7 @@ func TestHotSetCorrupt(t *testing.T) {
 				t.Fatal(err)
 			}
 			fresh := openHot(t, dir)
-			err := fresh.KeepHot(path, quiet)
+			err := fresh.KeepHot(path, quiet, nil)
 			var he *HotSetError
 			if !errors.As(err, &he) || !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("KeepHot: %v, want a HotSetError", err)
@@ -194,7 +195,7 @@ func TestHotSetCorrupt(t *testing.T) {
 	if err := os.WriteFile(path, good, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if fresh := openHot(t, dir); fresh.KeepHot(path, quiet) != nil || fresh.HotPages() != 15 {
+	if fresh := openHot(t, dir); fresh.KeepHot(path, quiet, nil) != nil || fresh.HotPages() != 15 {
 		t.Fatalf("the good file: %d hot pages", fresh.HotPages())
 	}
 }
@@ -225,7 +226,7 @@ func TestHotSetNotAFile(t *testing.T) {
 	for _, p := range []string{link, fifo, filepath.Dir(sub)} {
 		fresh := openHot(t, dir)
 		var he *HotSetError
-		if err := fresh.KeepHot(p, quiet); !errors.As(err, &he) || he.Reason != HotSetUnreadable || fresh.HotPages() != 0 {
+		if err := fresh.KeepHot(p, quiet, nil); !errors.As(err, &he) || he.Reason != HotSetUnreadable || fresh.HotPages() != 0 {
 			t.Fatalf("%s: %v, %d hot pages; want unreadable", p, err, fresh.HotPages())
 		}
 	}
@@ -235,7 +236,7 @@ func TestHotSetNotAFile(t *testing.T) {
 }
 
 // A write that fails (its directory is a file) keeps the set, and the
-// next change writes it.
+// next change writes it; KeepHot's wrote hears of both.
 func TestHotSetWriteFails(t *testing.T) {
 	withWriteDelay(t, time.Millisecond)
 	dir := hotImages(t)
@@ -246,8 +247,15 @@ func TestHotSetWriteFails(t *testing.T) {
 	}
 	path := filepath.Join(blocker, "hot")
 	im := openHot(t, dir)
+	var mu sync.Mutex
+	var wrote []error
+	record := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		wrote = append(wrote, err)
+	}
 	var he *HotSetError
-	if err := im.KeepHot(path, quiet); !errors.As(err, &he) || he.Reason != HotSetUnreadable {
+	if err := im.KeepHot(path, quiet, record); !errors.As(err, &he) || he.Reason != HotSetUnreadable {
 		t.Fatalf("KeepHot under a file: %v, want unreadable (ENOTDIR)", err)
 	}
 	learnHot(im, 1, 5, 10)
@@ -264,8 +272,18 @@ func TestHotSetWriteFails(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	fresh := openHot(t, dir)
-	if err := fresh.KeepHot(path, quiet); err != nil || fresh.HotPages() != 6 {
+	if err := fresh.KeepHot(path, quiet, nil); err != nil || fresh.HotPages() != 6 {
 		t.Fatalf("after the failed write: %d hot pages, %v; want 6", fresh.HotPages(), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(wrote) < 2 || wrote[0] == nil || wrote[len(wrote)-1] != nil {
+		t.Fatalf("wrote heard %v; want a failure first, a write last", wrote)
+	}
+	for _, err := range wrote[1 : len(wrote)-1] {
+		if err == nil {
+			t.Fatalf("wrote heard %v: a write before the last", wrote)
+		}
 	}
 }
 
