@@ -27,13 +27,28 @@ import (
 // either the first fork after the restart ("cold") or the first of this
 // checkpoint after a lazy fork of another ("warm": controld's own first-fork
 // costs paid). It runs a controld of its own (as the remote suite's hosts),
-// restarted before every measurement; the four variants take turns, the
-// order reversed every other round.
+// restarted before every measurement; the variants take turns, the order
+// reversed every other round.
+//
+// Each measured fork is followed by a second lazy fork of the same
+// checkpoint on the same controld (--lazyrestart-second after a pause of
+// --lazyrestart-gap: what a warm controld's fork costs, in the same run),
+// and both report their phases (fork.replica_phase_at: create, task_start,
+// guestd_listening, ... usable, as the fork suite). The variant
+// "persisted/settled" waits --lazyrestart-settle after the restart before
+// its first fork: what the first fork pays for controld's own start-up work
+// (reconciliation, warm slots) going on beside it.
 type lazyRestartSuite struct {
-	n      int
-	images string
-	bin    string
-	ns     string
+	n        int
+	images   string
+	bin      string
+	ns       string
+	variants string
+	second   bool
+	gap      time.Duration
+	settle   time.Duration
+	logLevel string
+	keepLog  string
 }
 
 func (*lazyRestartSuite) Name() string { return "lazyrestart" }
@@ -45,7 +60,17 @@ func (s *lazyRestartSuite) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&s.images, "lazyrestart-images", "desktop", "images to checkpoint: desktop (bare), web (Chromium), comma separated")
 	fs.StringVar(&s.bin, "lazyrestart-controld", "", "controld binary (default: the controld beside benchd; forkfleet-image beside it imports the images)")
 	fs.StringVar(&s.ns, "lazyrestart-namespace", "forkfleet-bench-lazyrestart", "containerd namespace of its controld (created; emptied at the end but for the images)")
+	fs.StringVar(&s.variants, "lazyrestart-variants", strings.Join(lazyRestartVariants, ","), "variants, comma separated: hot set persisted|relearned / controld cold|warm|settled")
+	fs.BoolVar(&s.second, "lazyrestart-second", true, "after each measured fork, fork the checkpoint again on the same controld (the fork=second rows)")
+	fs.DurationVar(&s.gap, "lazyrestart-gap", 3*time.Second, "pause before the second fork (the first's background completion and fork slots settle)")
+	fs.DurationVar(&s.settle, "lazyrestart-settle", 5*time.Second, "the settled variants' pause between the restart and the fork")
+	fs.StringVar(&s.logLevel, "lazyrestart-log-level", "warn", "its controld's --log-level (info logs each persisted hot set loaded)")
+	fs.StringVar(&s.keepLog, "lazyrestart-log", "", "append its controld's log (every restart) to this file")
 }
+
+// lazyRestartVariants are the variants run by default.
+var lazyRestartVariants = []string{"persisted/cold", "relearned/cold", "persisted/warm", "relearned/warm", "persisted/settled"}
+
 func (s *lazyRestartSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 	_, _, err := hostsBinaries(s.bin, env.Self)
 	if err != nil {
@@ -78,9 +103,15 @@ func (s *lazyRestartSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result
 		if !ok {
 			return nil, fmt.Errorf("lazyrestart: unknown image %q (desktop, web)", name)
 		}
-		r, err := s.measure(ctx, env, bin, imageBin, filepath.Join(dir, name[:1]), name, img[0], filepath.Join(filepath.Dir(desktopLayout()), img[1]))
+		hdir := filepath.Join(dir, name[:1])
+		r, err := s.measure(ctx, env, bin, imageBin, hdir, name, img[0], filepath.Join(filepath.Dir(desktopLayout()), img[1]))
 		if err != nil {
 			env.Notef("lazyrestart %s: %v", name, err)
+		}
+		if s.keepLog != "" {
+			if err := appendFile(s.keepLog, filepath.Join(hdir, "controld.log")); err != nil {
+				env.Notef("lazyrestart %s: keep the log: %v", name, err)
+			}
 		}
 		rows = append(rows, r...)
 	}
@@ -99,7 +130,14 @@ func (s *lazyRestartSuite) measure(ctx context.Context, env *suiteapi.Env, bin, 
 			return nil, fmt.Errorf("import %s: %v: %s", layout, err, strings.TrimSpace(string(out)))
 		}
 	}
-	h, err := startBenchHost(ctx, env, bin, imageBin, "lazyrestart", s.ns, dir)
+	variants := strings.Split(s.variants, ",")
+	for _, v := range variants {
+		hot, ctld, _ := strings.Cut(v, "/")
+		if !slices.Contains([]string{"persisted", "relearned"}, hot) || !slices.Contains([]string{"cold", "warm", "settled"}, ctld) {
+			return nil, fmt.Errorf("lazyrestart: unknown variant %q (persisted|relearned / cold|warm|settled)", v)
+		}
+	}
+	h, err := startBenchHost(ctx, env, bin, imageBin, "lazyrestart", s.ns, dir, "--log-level", s.logLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +164,7 @@ func (s *lazyRestartSuite) measure(ctx context.Context, env *suiteapi.Env, bin, 
 		cks[i] = ck.GetCheckpoint().GetId()
 	}
 	h.c.remove(ctx, src.GetSandbox().GetId())
-	forkOf := func(ckID string) (time.Duration, *controldv1.LazyRestoreStats, error) {
+	forkOf := func(ckID string) (time.Duration, *controldv1.ForkReplica, error) {
 		t0 := time.Now()
 		r, err := h.c.ck.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ckID, Count: 1,
 			RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY, Labels: map[string]string{benchLabel: "1"}})
@@ -139,23 +177,41 @@ func (s *lazyRestartSuite) measure(ctx context.Context, env *suiteapi.Env, bin, 
 		if !verified(rep) {
 			return 0, nil, fmtErr(rep.GetErrorCode(), rep.GetErrorMessage())
 		}
-		return wall, rep.GetLazyRestore(), nil
+		return wall, rep, nil
 	}
 	for _, ck := range cks {
-		_, st, err := forkOf(ck)
+		_, rep, err := forkOf(ck)
 		if err != nil {
 			return nil, fmt.Errorf("the learning fork: %w", err)
 		}
+		st := rep.GetLazyRestore()
 		env.Progressf("lazyrestart %s: learned %d fault pages in %d faults", shape, st.GetFaultPages(), st.GetFaults())
 	}
 	hotDir := filepath.Join(dir, "state", "runtime", "hotsets")
-	variants := []string{"persisted/cold", "relearned/cold", "persisted/warm", "relearned/warm"}
-	series := map[string][3]*result.Series{}
+	// By variant and fork (first, second): wall, faults, hot pages, and
+	// the replica's phases.
+	type forkSeries struct {
+		wall, faults, hot *result.Series
+		phases            *forkBreakdown
+	}
+	series := map[string]*forkSeries{}
 	for _, v := range variants {
 		hot, ctld, _ := strings.Cut(v, "/")
-		l := labels("shape", shape, "hot_set", hot, "controld", ctld)
-		series[v] = [3]*result.Series{result.NewSeries("lazyrestart.fork.wall", "ms", l),
-			result.NewSeries("lazyrestart.fork.faults", "faults", l), result.NewSeries("lazyrestart.fork.hot_pages", "pages", l)}
+		for _, nth := range []string{"first", "second"} {
+			l := labels("shape", shape, "hot_set", hot, "controld", ctld, "fork", nth)
+			series[v+"/"+nth] = &forkSeries{result.NewSeries("lazyrestart.fork.wall", "ms", l),
+				result.NewSeries("lazyrestart.fork.faults", "faults", l), result.NewSeries("lazyrestart.fork.hot_pages", "pages", l),
+				newForkBreakdown("memory", "1", "shape", shape, "hot_set", hot, "controld", ctld, "fork", nth)}
+		}
+	}
+	record := func(key string, wall time.Duration, rep *controldv1.ForkReplica) {
+		st := rep.GetLazyRestore()
+		ss := series[key]
+		ss.wall.Add(ms(wall))
+		ss.faults.Add(float64(st.GetFaults()))
+		ss.hot.Add(float64(st.GetHotPages()))
+		ss.phases.add(rep)
+		env.Progressf("lazyrestart %s %s: %.1f ms, %d faults, %d hot pages", shape, key, ms(wall), st.GetFaults(), st.GetHotPages())
 	}
 	n := env.Samples(s.n)
 	for i := 0; i < n; i++ {
@@ -177,28 +233,42 @@ func (s *lazyRestartSuite) measure(ctx context.Context, env *suiteapi.Env, bin, 
 			}); err != nil {
 				return nil, err
 			}
-			if strings.HasSuffix(v, "/warm") {
+			switch {
+			case strings.HasSuffix(v, "/warm"):
 				if _, _, err := forkOf(cks[1]); err != nil {
 					env.Notef("lazyrestart %s %s round %d: warm-up: %v", shape, v, i+1, err)
 				}
+			case strings.HasSuffix(v, "/settled"):
+				sleepCtx(ctx, s.settle)
 			}
-			wall, st, err := forkOf(cks[0])
+			wall, rep, err := forkOf(cks[0])
 			if err != nil {
 				env.Notef("lazyrestart %s %s round %d: %v", shape, v, i+1, err)
-				series[v][0].Fail()
+				series[v+"/first"].wall.Fail()
 				continue
 			}
-			env.Progressf("lazyrestart %s %s: %.1f ms, %d faults, %d hot pages", shape, v, ms(wall), st.GetFaults(), st.GetHotPages())
-			ss := series[v]
-			ss[0].Add(ms(wall))
-			ss[1].Add(float64(st.GetFaults()))
-			ss[2].Add(float64(st.GetHotPages()))
+			record(v+"/first", wall, rep)
+			if !s.second {
+				continue
+			}
+			sleepCtx(ctx, s.gap)
+			if wall, rep, err = forkOf(cks[0]); err != nil {
+				env.Notef("lazyrestart %s %s round %d: second fork: %v", shape, v, i+1, err)
+				series[v+"/second"].wall.Fail()
+				continue
+			}
+			record(v+"/second", wall, rep)
 		}
 	}
 	var rows []result.Row
 	for _, v := range variants {
-		for _, s := range series[v] {
-			rows = append(rows, s.Row())
+		for _, nth := range []string{"first", "second"} {
+			ss := series[v+"/"+nth]
+			if nth == "second" && !s.second {
+				continue
+			}
+			rows = append(rows, ss.wall.Row(), ss.faults.Row(), ss.hot.Row())
+			rows = append(rows, ss.phases.rows()...)
 		}
 	}
 	return rows, nil
@@ -219,7 +289,7 @@ func (h *benchHost) restart(ctx context.Context, env *suiteapi.Env, bin, imageBi
 	if err := between(); err != nil {
 		return err
 	}
-	n, err := startBenchHost(ctx, env, bin, imageBin, strings.TrimPrefix(h.name, "bench-"), h.ns, dir)
+	n, err := startBenchHost(ctx, env, bin, imageBin, strings.TrimPrefix(h.name, "bench-"), h.ns, dir, h.extra...)
 	if err != nil {
 		return err
 	}
@@ -228,3 +298,20 @@ func (h *benchHost) restart(ctx context.Context, env *suiteapi.Env, bin, imageBi
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// appendFile appends src's bytes to dst (created when missing).
+func appendFile(dst, src string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -33,6 +33,7 @@ import (
 // benchHost is one of those controlds.
 type benchHost struct {
 	name, ns, sock string
+	extra          []string // more controld flags (restart keeps them)
 	c              *controld
 	cmd            *exec.Cmd
 	exited         chan error
@@ -66,8 +67,9 @@ func hostsBinaries(bin, self string) (controldBin, imageBin string, err error) {
 
 // startBenchHost imports the desktop image into namespace ns (skipped when
 // there already) and runs controld bin as host name with its state under
-// dir, until stop.
-func startBenchHost(ctx context.Context, env *suiteapi.Env, bin, imageBin, name, ns, dir string) (*benchHost, error) {
+// dir, until stop; extra flags go after benchd's own (a repeated flag: the
+// last one counts).
+func startBenchHost(ctx context.Context, env *suiteapi.Env, bin, imageBin, name, ns, dir string, extra ...string) (*benchHost, error) {
 	addr := os.Getenv("FORKFLEET_CONTAINERD_ADDRESS")
 	if addr == "" {
 		addr = "/run/forkfleet/containerd/containerd.sock"
@@ -84,17 +86,18 @@ func startBenchHost(ctx context.Context, env *suiteapi.Env, bin, imageBin, name,
 	if err := os.WriteFile(cfgFile, nil, 0o600); err != nil {
 		return nil, err
 	}
-	h := &benchHost{name: "bench-" + name, ns: ns, sock: filepath.Join(dir, "c.sock"), exited: make(chan error, 1)}
-	logf, err := os.Create(filepath.Join(dir, "controld.log"))
+	h := &benchHost{name: "bench-" + name, ns: ns, sock: filepath.Join(dir, "c.sock"), extra: extra, exited: make(chan error, 1)}
+	// Appended: a restarted controld (lazyrestart) adds to its log.
+	logf, err := os.OpenFile(filepath.Join(dir, "controld.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	h.cmd = exec.Command(bin, "--config", cfgFile, "--host", h.name,
+	h.cmd = exec.Command(bin, append([]string{"--config", cfgFile, "--host", h.name,
 		"--state-dir", filepath.Join(dir, "state"), "--checkpoint-dir", filepath.Join(dir, "checkpoints"),
 		"--grpc-unix", h.sock, "--grpc-tcp", "127.0.0.1:0", "--token-file", "",
 		"--gateway-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		"--containerd-address", addr, "--containerd-namespace", ns, "--log-level", "warn")
+		"--containerd-address", addr, "--containerd-namespace", ns, "--log-level", "warn"}, extra...)...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	// Gone with benchd, whatever ends it.
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
