@@ -407,13 +407,48 @@ func p50String(s *result.Series) string {
 }
 
 // exportCheckpoint writes one checkpoint archive of the source (default
-// compression) to restore from.
+// compression) to restore from, with podman's default checkpoint, which
+// stops the source (nothing uses it after this). Not --leave-running: podman
+// exports the container's changed files after runc has resumed it (libpod's
+// checkpoint(): CheckpointContainer, then exportCheckpoint), so a file an
+// app writes between CRIU's dump and that export has another size than the
+// one CRIU recorded, and every restore of the archive fails: CRIU "File
+// home/agent/.config/chromium/Default/History-journal has bad size 8720
+// (expect 0)", which runc reports as "criu failed: type NOTIFY" (Chromium's
+// profile, now and then; benchd/results/2026-12-02/webpeer/).
 func (p *podmanPeer) exportCheckpoint(ctx context.Context) (string, error) {
 	file := filepath.Join(p.env.WorkDir, "podman-restore-source.tar")
-	if _, _, err := podman(ctx, "container", "checkpoint", "--leave-running", "--export", file, p.source); err != nil {
+	if _, _, err := podman(ctx, "container", "checkpoint", "--export", file, p.source); err != nil {
 		return "", err
 	}
 	return file, nil
+}
+
+// criuLogFile matches the restore log podman names when runc's CRIU failed.
+var criuLogFile = regexp.MustCompile(`log file: (/\S+\.log)(?:\s|$)`)
+
+// criuErrors returns the first CRIU errors of the log a failed podman
+// command names (why the restore failed), "" when it names none. Read
+// before the container is removed, which takes its log.
+func criuErrors(err error) string {
+	m := criuLogFile.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	b, rerr := os.ReadFile(m[1])
+	if rerr != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error (") {
+			errs = append(errs, strings.TrimSpace(l))
+			if len(errs) == 5 { // the first may be CRIU's RLIMIT_NOFILE line, not the cause
+				break
+			}
+		}
+	}
+	return strings.Join(errs, "; ")
 }
 
 // restoreRows measures `podman container restore --import` of archive, n
@@ -429,6 +464,7 @@ func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, 
 		for _, s := range []*result.Series{cmd, usable, wall} {
 			s.Baseline = true
 		}
+		noted := false // the first failure of each n goes into the notes
 		for r := 0; r < reps; r++ {
 			names := make([]string, n)
 			type outcome struct {
@@ -448,6 +484,9 @@ func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, 
 					s0 := time.Now()
 					_, d, err := podman(ctx, "container", "restore", "--import", archive, "--name", names[i])
 					if err != nil {
+						if why := criuErrors(err); why != "" {
+							err = fmt.Errorf("%w; CRIU: %s", err, why)
+						}
 						out[i].err = err
 						return
 					}
@@ -478,6 +517,10 @@ func (p *podmanPeer) restoreRows(ctx context.Context, archive string, ns []int, 
 				}
 				if o.err != nil {
 					p.env.Progressf("podman restore N=%d: %v", n, o.err)
+					if !noted {
+						p.env.Notef("podman restore N=%d failed: %v", n, o.err)
+						noted = true
+					}
 				}
 			}
 			if ok == n {
