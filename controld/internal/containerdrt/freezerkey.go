@@ -8,12 +8,17 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 )
 
-// freezerKeyName is the empty cgroup, beside the sandboxes' cgroups under
-// the cgroup parent (v1 freezer hierarchy), that a runtime holds FROZEN
-// from New to Close. Sandbox ids never take this name.
+// freezerKeyName starts the name of the empty cgroup, beside the
+// sandboxes' cgroups under the cgroup parent (v1 freezer hierarchy), that a
+// runtime holds FROZEN from New to Close: freezer-key.<pid>.<n>, one per
+// runtime. Sandbox ids never take such a name.
 const freezerKeyName = "freezer-key"
+
+// freezerKeys numbers this process's runtimes' keys (tests make many).
+var freezerKeys atomic.Uint64
 
 // holdFreezerKey freezes an empty cgroup for as long as the runtime runs,
 // and returns its directory ("" on a host without the v1 freezer).
@@ -29,6 +34,15 @@ const freezerKeyName = "freezer-key"
 // pool's bursts of 4 and 8, perf), as did the refill's first freeze, and
 // every dump's freeze and thaw on a host with nothing else frozen. A
 // cgroup frozen without tasks keeps the key on and costs nothing else.
+//
+// Each runtime holds a key of its own, removed at its Close. With one key
+// for the parent, the first of several runtimes sharing a parent to close
+// removed the key the others relied on: every controld a real-stack test
+// starts with the default parent (/forkfleet) took the shared controld's
+// key with it, and its checkpoint pools' bursts of 4 and 8 flipped the
+// static key again (perf, 2026-12-02 21:05: a quarter of controld's
+// samples in those bursts; pools.md). A controld that crashes leaves its
+// key behind: an empty frozen cgroup, which costs nothing but a directory.
 func holdFreezerKey(root, parent string) (string, error) {
 	hier := filepath.Join(root, "freezer")
 	if isCgroupV2(root) {
@@ -37,7 +51,7 @@ func holdFreezerKey(root, parent string) (string, error) {
 	if st, err := os.Stat(hier); err != nil || !st.IsDir() {
 		return "", nil
 	}
-	dir := filepath.Join(hier, parent, freezerKeyName)
+	dir := filepath.Join(hier, parent, fmt.Sprintf("%s.%d.%d", freezerKeyName, os.Getpid(), freezerKeys.Add(1)))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("containerdrt: freezer key: %w", err)
 	}
@@ -48,8 +62,7 @@ func holdFreezerKey(root, parent string) (string, error) {
 }
 
 // releaseFreezerKey removes the cgroup holdFreezerKey froze (it has no
-// tasks, so it goes frozen). Another runtime with the same cgroup parent
-// may have removed it already.
+// tasks, so it goes frozen).
 func releaseFreezerKey(dir string) error {
 	if dir == "" {
 		return nil

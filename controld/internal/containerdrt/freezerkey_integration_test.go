@@ -39,9 +39,9 @@ func TestIntegrationFreezerKey(t *testing.T) {
 		r.Close()
 		t.Skipf("no cgroup v1 freezer at %s", hier)
 	}
-	key := filepath.Join(hier, parent, freezerKeyName)
-	if r.freezerKey != key {
-		t.Errorf("freezer key %q, want %q", r.freezerKey, key)
+	key := r.freezerKey
+	if filepath.Dir(key) != filepath.Join(hier, parent) || !strings.HasPrefix(filepath.Base(key), freezerKeyName+".") {
+		t.Errorf("freezer key %q, want %s/%s.<pid>.<n>", key, filepath.Join(hier, parent), freezerKeyName)
 	}
 	read := func(dir string) string {
 		b, err := os.ReadFile(filepath.Join(dir, "freezer.state"))
@@ -61,5 +61,44 @@ func TestIntegrationFreezerKey(t *testing.T) {
 	}
 	if _, err := os.Stat(key); !os.IsNotExist(err) {
 		t.Errorf("freezer key still there after Close: %v", err)
+	}
+}
+
+// Runtimes sharing a cgroup parent (a test's controld beside the host's,
+// both under /forkfleet) each hold a key of their own: one's Close leaves
+// the other's key frozen.
+func TestIntegrationFreezerKeyPerRuntime(t *testing.T) {
+	integration(t)
+	root := "/sys/fs/cgroup"
+	hier := filepath.Join(root, "freezer")
+	if _, err := os.Stat(hier); err != nil || isCgroupV2(root) {
+		t.Skipf("no cgroup v1 freezer at %s", hier)
+	}
+	parent := testenv.CgroupParent(testCgroupParent)
+	a, err := holdFreezerKey(root, parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := holdFreezerKey(root, parent)
+	if err != nil {
+		releaseFreezerKey(a)
+		t.Fatal(err)
+	}
+	defer releaseFreezerKey(b)
+	if a == b {
+		t.Fatalf("two runtimes share the freezer key %s", a)
+	}
+	if err := releaseFreezerKey(a); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.ReadFile(filepath.Join(b, "freezer.state"))
+	if err != nil || strings.TrimSpace(string(st)) != freezerFrozen {
+		t.Fatalf("the other runtime's key after one released its own: %q %v, want %s", st, err, freezerFrozen)
+	}
+	if err := releaseFreezerKey(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(b); !os.IsNotExist(err) {
+		t.Errorf("freezer key still there after its release: %v", err)
 	}
 }
