@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/config"
+	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
 
 // TestRealStackLazyFork forks the desktop lazily (controld's page server,
@@ -251,5 +253,100 @@ func TestRealStackLazyHotSetSurvivesRestart(t *testing.T) {
 	id = ""
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("hot set file after its checkpoint was deleted: %v", err)
+	}
+}
+
+// TestRealStackLazyForkSlotAfterRestart: fork slots do not survive a
+// controld restart; the restarted controld makes them again at once for its
+// newest checkpoints, for lazy restores when the checkpoint's working set
+// was persisted (it was forked lazily), so the first lazy fork after the
+// restart starts a slot (its container, snapshot and shim made ahead) and
+// copies the persisted set ahead of faults.
+func TestRealStackLazyForkSlotAfterRestart(t *testing.T) {
+	s := newStackIn(t, "forkfleet-lazyslot-it", func(c *config.Config) { c.Fork.LazyMinBytes = 1 << 40 })
+	ctx := s.ctx
+	runtimeDir := filepath.Join(s.cfg.StateDir, "runtime")
+	s.launch(1)
+	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	var replicas []string
+	removeAll := func() {
+		bg := context.Background()
+		for _, r := range replicas {
+			s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: r})
+		}
+		replicas = nil
+		if id != "" {
+			s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: id})
+		}
+		s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: src.Sandbox.Id})
+	}
+	t.Cleanup(removeAll)
+	if err := waitStill(ctx, src.Endpoint); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Sandbox.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = ck.Checkpoint.Id
+	fork := func() *controldv1.ForkReplica {
+		t.Helper()
+		r, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: id, Count: 1,
+			RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY})
+		if err != nil {
+			t.Fatalf("lazy fork: %v", err)
+		}
+		rep := r.Replicas[0]
+		if rep.ErrorCode != 0 {
+			t.Fatalf("replica failed: %s", rep.ErrorMessage)
+		}
+		replicas = append(replicas, rep.Sandbox.Id)
+		for _, v := range rep.Verification {
+			if !v.Ok {
+				t.Fatalf("%s: %s: %s", rep.Sandbox.Id, v.Level, v.Detail)
+			}
+		}
+		if len(rep.Verification) < 3 || rep.GetRestoreMode() != controldv1.RestoreMode_RESTORE_MODE_LAZY {
+			t.Fatalf("%s: %v, verified at %d levels; want LAZY and marker, memory and pixels", rep.Sandbox.Id, rep.GetRestoreMode(), len(rep.Verification))
+		}
+		return rep
+	}
+	fork()
+	eventually(t, "the persisted hot set", func() bool {
+		m, _ := filepath.Glob(filepath.Join(runtimeDir, "hotsets", id+"-*.hot"))
+		return len(m) == 1
+	})
+
+	s.stop()
+	s.rt.Close()
+	s.rt = realStackRuntime(t, ctx, s.cfg, runtimeDir)
+	s.launch(1)
+	t.Cleanup(removeAll)
+	// A boot slot of the default image and the checkpoint's fork slot.
+	var created []string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		created = s.runtimeIDs(runtime.StatusCreated)
+		if len(created) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("precreated containers after the restart %v, want a boot slot and a fork slot", created)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rep := fork()
+	if !slices.Contains(created, rep.Sandbox.Id) {
+		t.Errorf("the first lazy fork after the restart made %s, not one of the slots %v", rep.Sandbox.Id, created)
+	}
+	if st := rep.GetLazyRestore(); st.GetHotPages() == 0 {
+		t.Errorf("the first lazy fork after the restart: %v; want the persisted set copied ahead of faults", st)
+	}
+	for _, p := range rep.GetSandbox().GetBoot() {
+		t.Logf("phase %s at %v", p.GetName(), p.GetAt().AsDuration())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -135,6 +136,19 @@ func (r *Runtime) Collect(ch chan<- prometheus.Metric) {
 	}
 	r.hotMetrics.reads.Collect(ch)
 	r.hotMetrics.writes.Collect(ch)
+}
+
+// LazyForked says whether ref's checkpoint has a persisted hot set: a lazy
+// replica of it was verified before (this controld run or an earlier one).
+// The fleet makes such a checkpoint's fork slots for lazy restores at
+// start. Only the file's presence counts: its content is checked when the
+// images are opened.
+func (r *Runtime) LazyForked(ref runtime.CheckpointRef) bool {
+	if _, ok := r.cfg.PageServer.(lazyPagesServer); !ok || ref.Dir == "" {
+		return false
+	}
+	_, err := os.Lstat(hotSetFile(hotSetDir(r.cfg.StateDir), filepath.Join(ref.Dir, criuImageDir)))
+	return err == nil
 }
 
 // hotSetDir is where, under Config.StateDir, checkpoints' hot sets are

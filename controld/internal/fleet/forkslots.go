@@ -3,9 +3,11 @@ package fleet
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
+	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
@@ -77,6 +79,43 @@ func (fs *forkSlots) wake() {
 	select {
 	case fs.kick <- struct{}{}:
 	default:
+	}
+}
+
+// lazyForked is a runtime that knows which checkpoints were forked lazily
+// before controld started (containerdrt: those with a persisted working
+// set, controld/docs/forks.md "Lazy restore").
+type lazyForked interface {
+	LazyForked(ref runtime.CheckpointRef) bool
+}
+
+// seedLocked makes, at start, the newest memory-tier checkpoints the recent
+// ones, as CreateCheckpoint (forkSlotsExpect) made each when it was new: fork
+// slots do not survive controld (Close discards them, reconciliation deletes
+// a crash's), so without this the first fork of each after a restart
+// created its container, snapshot and shim on its path (170 to 220 ms of a
+// bare desktop's lazy fork here, controld/docs/forks.md "Lazy restore"). A
+// checkpoint the runtime knows was forked lazily gets lazy slots.
+func (fs *forkSlots) seedLocked() {
+	var cks []*store.CheckpointRecord
+	for _, ck := range fs.m.checkpoints {
+		if ck.Checkpoint.GetTier() != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+			cks = append(cks, ck)
+		}
+	}
+	slices.SortFunc(cks, func(a, b *store.CheckpointRecord) int {
+		if c := a.Checkpoint.GetCreatedAt().AsTime().Compare(b.Checkpoint.GetCreatedAt().AsTime()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Checkpoint.GetId(), b.Checkpoint.GetId())
+	})
+	lf, _ := runtime.As[lazyForked](fs.m.rt)
+	for _, ck := range cks[max(len(cks)-forkSlotCheckpoints, 0):] {
+		id := ck.Checkpoint.GetId()
+		fs.touchLocked(id)
+		if lf != nil && lf.LazyForked(ck.Ref) {
+			fs.lazy[id] = true
+		}
 	}
 }
 

@@ -588,3 +588,73 @@ func TestForkSlotsFollowTheRestoreMode(t *testing.T) {
 	}
 	eventually(t, "eager slots after an eager fork", func() bool { return slots(true) == 0 && slots(false) >= 1 })
 }
+
+// lazyForkedRuntime adds the runtime's lazy history (containerdrt: the
+// checkpoints with a persisted working set) to restorePrecreating.
+type lazyForkedRuntime struct {
+	*restorePrecreating
+	lazyDirs map[string]bool
+}
+
+func (r *lazyForkedRuntime) LazyForked(ref runtime.CheckpointRef) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lazyDirs[ref.Dir]
+}
+
+// Fork slots do not survive controld; after a restart the newest
+// checkpoints get theirs again at once, lazy ones when the runtime knows
+// they were forked lazily, so the first fork after the restart starts a
+// slot instead of creating its container on its path.
+func TestForkSlotsMadeAfterRestart(t *testing.T) {
+	var rp *lazyForkedRuntime
+	e := slotEnv(t, 1, func(o *fleet.Options, rt *fleettest.Runtime) {
+		if rp == nil {
+			rp = &lazyForkedRuntime{restorePrecreating: &restorePrecreating{Runtime: rt, pre: map[string]precreatedFork{}}, lazyDirs: map[string]bool{}}
+		}
+		o.Runtime = rp
+	})
+	ctx := context.Background()
+	src := e.ready(nil)
+	var cks []string
+	for range 3 {
+		ck, err := e.m.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cks = append(cks, ck.Id)
+	}
+	dir := func(id string) string { return e.dir + "/checkpoints/" + id }
+	slots := func(id string, lazy bool) int {
+		rp.mu.Lock()
+		defer rp.mu.Unlock()
+		n := 0
+		for _, p := range rp.pre {
+			if p.ref.Dir == dir(id) && p.spec.LazyRestore == lazy {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, "the newest checkpoint's slot", func() bool { return slots(cks[2], false) == 1 })
+	rp.mu.Lock()
+	rp.lazyDirs[dir(cks[2])] = true
+	rp.mu.Unlock()
+
+	e.restart()
+	eventually(t, "after the restart, a lazy slot of the newest checkpoint and an eager one of the one before", func() bool {
+		return slots(cks[2], true) == 1 && slots(cks[1], false) == 1
+	})
+	if n := slots(cks[0], false) + slots(cks[0], true) + slots(cks[2], false); n != 0 {
+		t.Errorf("%d slots of an older checkpoint or in the other mode", n)
+	}
+	hits := rp.hitCount()
+	reps, err := replicasOf(e.m.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: cks[2], Count: 1,
+		RestoreMode: controldv1.RestoreMode_RESTORE_MODE_LAZY}))
+	if err != nil || reps[0].ErrorCode != 0 {
+		t.Fatalf("lazy fork after the restart: %v %v", err, reps)
+	}
+	if rp.hitCount() != hits+1 {
+		t.Errorf("the first lazy fork after the restart started %d slots, want 1", rp.hitCount()-hits)
+	}
+}

@@ -178,6 +178,9 @@ func (m *warmer) startSlots() {
 	}
 	m.mu.Lock()
 	m.slots = ws
+	if ws.forks != nil {
+		ws.forks.seedLocked() // the checkpoints' records are loaded (reconcile)
+	}
 	m.mu.Unlock()
 	m.goBackground(ws.fill)
 	if ws.forks != nil {
