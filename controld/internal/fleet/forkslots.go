@@ -99,7 +99,9 @@ type lazyForked interface {
 func (fs *forkSlots) seedLocked() {
 	var cks []*store.CheckpointRecord
 	for _, ck := range fs.m.checkpoints {
-		if ck.Checkpoint.GetTier() != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK {
+		// A pool's own checkpoint gets slots when its misses fork from it
+		// (CreateCheckpoint's rule), not before.
+		if ck.Checkpoint.GetTier() != controldv1.CheckpointTier_CHECKPOINT_TIER_DISK && ck.Pool == "" {
 			cks = append(cks, ck)
 		}
 	}
