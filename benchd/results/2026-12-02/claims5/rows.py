@@ -2,7 +2,7 @@ import json,sys
 # one line per hit cell: burst, server/usable p50 (samples), CPU by group p50
 for f in sys.argv[1:]:
   d=json.load(open(f))
-  print(f"## {f.split('/')[-1]} started {d['started_at'][:19]} load {d['host']['load_before']} -> {d['host']['load_after']} controld {d['build']['commit'][:7]}")
+  print(f"## {f.split('/')[-1]} started {d['started_at'][:19]} load {d['host']['load_before']} -> {d['host']['load_after']}")
   cells={}
   for r in d['rows']:
     l=r['labels']
