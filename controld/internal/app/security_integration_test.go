@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,14 +17,26 @@ import (
 )
 
 // secretProbe runs, in a sandbox, everything a process there could try to
-// learn guestd's tokens with: guestd's environment, memory and descriptors,
-// and every process's environment and command line. It returns what it
-// read (errors included).
+// learn guestd's tokens with: guestd's environment, memory and descriptors
+// (listing their numbers tells nothing; opening one must fail),
+// the memory of the init above it (tini, which is dumpable: every string
+// in it that could be a token), and every process's environment and
+// command line. It returns what it read (errors included).
 const secretProbe = `
-for f in /proc/1/environ /proc/1/mem /proc/1/maps; do
-  (exec 3<"$f") 2>/dev/null && echo "readable $f" || echo "denied $f"
+g=
+for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = guestd ] && g=${p#/proc/}; done
+echo "guestd=$g init=$(cat /proc/1/comm)"
+for f in environ mem maps; do
+  (exec 3</proc/$g/$f) 2>/dev/null && echo "readable guestd $f" || echo "denied guestd $f"
 done
-ls /proc/1/fd >/dev/null 2>&1 && echo "readable /proc/1/fd" || echo "denied /proc/1/fd"
+for n in 0 1 2; do
+  (exec 3</proc/$g/fd/$n) 2>/dev/null && echo "readable guestd fd $n" || echo "denied guestd fd $n"
+done
+while read -r range perms rest; do
+  case $perms in r*) ;; *) continue ;; esac
+  s=$((0x${range%-*})); e=$((0x${range#*-}))
+  dd if=/proc/1/mem bs=4096 skip=$((s / 4096)) count=$(((e - s) / 4096)) 2>/dev/null
+done </proc/1/maps | grep -aoE '[A-Za-z0-9_=+/-]{16,}' | sort -u
 for p in /proc/[0-9]*; do
   cat "$p/environ" "$p/cmdline" 2>/dev/null | tr '\0' '\n'
 done
@@ -31,12 +44,19 @@ env
 `
 
 // probeSecrets runs secretProbe in the sandbox behind sess and checks that
-// guestd's memory and environment are closed to it.
+// guestd's memory and environment are closed to it, and that guestd runs
+// under tini (a replica can be checkpointed again: TestRealStackCheckpointOfReplica).
 func probeSecrets(t *testing.T, ctx context.Context, sess *aci.Session, what string) string {
 	t.Helper()
 	out := shell(t, ctx, sess, secretProbe)
-	for _, f := range []string{"/proc/1/environ", "/proc/1/mem", "/proc/1/maps", "/proc/1/fd"} {
-		if !strings.Contains(out, "denied "+f) {
+	if !strings.Contains(out, " init=tini\n") || strings.Contains(out, "guestd= ") {
+		t.Errorf("%s: want guestd under tini: %.200q", what, out)
+	}
+	if !strings.Contains(out, "TINI_KILL_PROCESS_GROUP") { // a string of tini's text
+		t.Errorf("%s: the probe did not read tini's memory", what)
+	}
+	for _, f := range []string{"environ", "mem", "maps", "fd 0", "fd 1", "fd 2"} {
+		if !strings.Contains(out, "denied guestd "+f) {
 			t.Errorf("%s: a process of the sandbox can read guestd's %s", what, f)
 		}
 	}
@@ -215,5 +235,65 @@ func waitPool(t *testing.T, s *bootStack, id string, n uint32) {
 			t.Fatalf("pool %s: %d of %d warm after 2 min", id, g.Pool.Available, n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRealStackCheckpointOfReplica: a memory-tier replica is checkpointed
+// and forked again, two levels deep (a search tree's branches), and each
+// level's replica holds what its parent did before the checkpoint. guestd is
+// non-dumpable and a restored process keeps the host's user namespace as its
+// memory's owner: as the dump's root process it failed CRIU's user
+// namespace check ("Can't open <pid>/ns/net on procfs"); under tini it is not
+// the root.
+func TestRealStackCheckpointOfReplica(t *testing.T) {
+	s := newStackIn(t, "forkfleet-replica-ck-it")
+	s.launch(0)
+	ctx := s.ctx
+	var sandboxes, cks []string
+	defer func() {
+		bg := context.Background()
+		for _, id := range sandboxes {
+			s.sbc.DeleteSandbox(bg, &controldv1.DeleteSandboxRequest{Id: id})
+		}
+		for i := len(cks) - 1; i >= 0; i-- {
+			s.ckc.DeleteCheckpoint(bg, &controldv1.DeleteCheckpointRequest{Id: cks[i], Cascade: true})
+		}
+	}()
+	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	sandboxes = append(sandboxes, src.Sandbox.Id)
+	id, ep := src.Sandbox.Id, src.Endpoint
+	for level := 1; level <= 2; level++ {
+		sess, err := aci.Dial(ctx, ep.Url, ep.Token)
+		if err != nil {
+			t.Fatalf("level %d: ACI: %v", level, err)
+		}
+		shell(t, ctx, sess, fmt.Sprintf("echo %d >/tmp/level", level))
+		sess.Close()
+		ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: id})
+		if err != nil {
+			t.Fatalf("level %d: checkpoint of %s: %v", level, id, err)
+		}
+		cks = append(cks, ck.Checkpoint.Id)
+		fr, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Checkpoint.Id, Count: 1})
+		if err != nil {
+			t.Fatalf("level %d: fork: %v", level, err)
+		}
+		r := fr.Replicas[0]
+		if r.ErrorCode != 0 {
+			t.Fatalf("level %d: replica failed (%d): %s", level, r.ErrorCode, r.ErrorMessage)
+		}
+		sandboxes = append(sandboxes, r.Sandbox.Id)
+		id, ep = r.Sandbox.Id, r.Endpoint
+		rs, err := aci.Dial(ctx, ep.Url, ep.Token)
+		if err != nil {
+			t.Fatalf("level %d: replica ACI: %v", level, err)
+		}
+		if got := shell(t, ctx, rs, "cat /tmp/level"); got != fmt.Sprint(level) {
+			t.Errorf("level %d: the replica's /tmp/level is %q", level, got)
+		}
+		rs.Close()
 	}
 }

@@ -48,6 +48,8 @@ type options struct {
 	grace          time.Duration
 	logLevel       string
 	showVersion    bool
+	underInit      bool
+	tokensFD       int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, *flag.FlagSet, error) {
@@ -64,6 +66,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, *flag.FlagSet, error
 	fs.DurationVar(&o.grace, "shutdown-grace", 5*time.Second, "time children get between SIGTERM and SIGKILL")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&o.underInit, sysops.FlagUnderInit, false, "run as the child of the sandbox's init (set by guestd itself when it starts as PID 1)")
+	fs.IntVar(&o.tokensFD, sysops.FlagTokensFD, -1, "read the tokens from this pipe, not the environment (with --"+sysops.FlagUnderInit+")")
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
@@ -98,6 +102,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err := sysops.Undumpable(); err != nil {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %w", err)
 	}
+	if os.Getpid() == 1 && !o.underInit {
+		// KSM's opt-in outlives the exec: tini's pages merge too.
+		_ = sysops.MergeMemory()
+		err := sysops.ExecInit(args, config.EnvACIToken, config.EnvAdminToken)
+		log.Warn("guestd stays the sandbox's init: CRIU will not checkpoint this sandbox's replicas", "err", err)
+	}
+	if o.underInit {
+		if err := sysops.SetUnderInit(); err != nil {
+			return err
+		}
+		if o.tokensFD >= 0 {
+			tokens, err := sysops.ReadTokens(o.tokensFD, config.EnvACIToken, config.EnvAdminToken)
+			if err != nil {
+				return err
+			}
+			base := getenv
+			getenv = func(k string) string {
+				if v, ok := tokens[k]; ok {
+					return v
+				}
+				return base(k)
+			}
+		}
+	}
 	explicitConfig := false
 	fs.Visit(func(f *flag.Flag) { explicitConfig = explicitConfig || f.Name == "config" })
 	cfg, err := config.Load(o.configPath, !explicitConfig, getenv)
@@ -129,7 +157,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		log.Warn("PR_SET_MEMORY_MERGE failed", "err", err)
 	}
 
-	if os.Getpid() == 1 {
+	if sysops.SandboxInit() {
 		if err := sysops.EnsureDevShm("/dev/shm"); err != nil {
 			log.Warn("no /dev/shm: POSIX shared memory will fail in the sandbox", "err", err)
 		}
@@ -137,7 +165,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	supervising := !o.noSupervise
 	mode := reaper.Own
-	if supervising || os.Getpid() == 1 {
+	if supervising || sysops.SandboxInit() {
 		mode = reaper.All
 	}
 	rp, err := reaper.New(mode)
@@ -193,7 +221,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		MaxSessions: cfg.Limits.MaxSessions, MaxSessionBytes: cfg.Limits.MaxSessionBytes,
 		Runner: runner, Files: files, AgentFiles: agent.FSCred(), Ready: conds, Log: log,
 	}
-	if os.Getpid() == 1 {
+	if sysops.SandboxInit() {
 		// As the sandbox's init, /proc shows the sandbox only.
 		opts.SandboxCPU = sysops.OthersCPUTime
 	}
@@ -201,7 +229,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	// keeps its X server running while its apps are held: its proofs
 	// capture the screen.
 	var sup *supervise.Supervisor
-	if supervising && os.Getpid() == 1 {
+	if supervising && sysops.SandboxInit() {
 		opts.StopApps = func() func() int {
 			return supervise.StopOthers(func() int { return sup.Pid(xvfbName(cfg)) })
 		}

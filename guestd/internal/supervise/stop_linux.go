@@ -3,8 +3,6 @@
 package supervise
 
 import (
-	"os"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
@@ -14,7 +12,7 @@ import (
 // scan ran is stopped by the next one.
 const stopPasses = 5
 
-// StopOthers, as PID 1 of its PID namespace, stops (SIGSTOP) every other
+// StopOthers, as the top of its sandbox (sysops.SandboxInit), stops (SIGSTOP) every other
 // process but the one keep names (the X server; 0: none), and returns a
 // function that continues (SIGCONT) exactly the processes it stopped and
 // returns their count: one stopped before (by an agent, a debugger) stays
@@ -26,8 +24,8 @@ const stopPasses = 5
 // the checkpoint's memory, not what a page does until the member's freeze.
 func StopOthers(keep func() int) (cont func() int) {
 	var stopped []int
-	if os.Getpid() == 1 {
-		self, x := os.Getpid(), 0
+	if sysops.SandboxInit() {
+		x := 0
 		if keep != nil {
 			x = keep()
 		}
@@ -35,7 +33,7 @@ func StopOthers(keep func() int) (cont func() int) {
 		for range stopPasses {
 			more := false
 			for _, pid := range pids() {
-				if pid == self || pid == x || seen[pid] {
+				if sysops.GuestdOrInit(pid) || pid == x || seen[pid] {
 					continue
 				}
 				seen[pid] = true

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
+	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
 // XvfbSpec builds the Xvfb program: the configured display and screen,
@@ -111,9 +112,9 @@ func toPixel(rgb, rm, gm, bm uint32) uint32 {
 	return ch(rgb>>16&0xff, rm) | ch(rgb>>8&0xff, gm) | ch(rgb&0xff, bm)
 }
 
-// TerminateAll, as PID 1, sends SIGTERM to every other process, waits until
+// TerminateAll, as the top of its sandbox, sends SIGTERM to every other process, waits until
 // they are gone or grace passes, then SIGKILLs the rest. It returns at once
-// when guestd is not PID 1 (see KillAll).
+// anywhere else (see KillAll).
 func TerminateAll(grace time.Duration) {
 	if !KillAll(unix.SIGTERM) {
 		return
@@ -128,12 +129,11 @@ func TerminateAll(grace time.Duration) {
 	}
 }
 
-// othersAlive reports whether /proc shows a process besides this one that
-// is not a zombie (the reaper collects those).
+// othersAlive reports whether /proc shows a process besides this one (and
+// the init above it) that is not a zombie (the reaper collects those).
 func othersAlive() bool {
-	self := os.Getpid()
 	for _, pid := range pids() {
-		if st := procState(pid); pid != self && st != 0 && st != 'Z' {
+		if st := procState(pid); !sysops.GuestdOrInit(pid) && st != 0 && st != 'Z' {
 			return true
 		}
 	}
@@ -145,9 +145,9 @@ func othersAlive() bool {
 // supervises. Anywhere else it does nothing, since kill(-1) on a host would
 // hit every process of the user.
 func KillAll(sig unix.Signal) bool {
-	if os.Getpid() != 1 {
+	if !sysops.SandboxInit() {
 		return false
 	}
-	_ = unix.Kill(-1, sig)
+	_ = unix.Kill(-1, sig) // never the init: kill(-1) spares PID 1 of its namespace
 	return true
 }
