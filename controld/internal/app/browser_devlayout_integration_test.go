@@ -63,8 +63,10 @@ func TestRealStackBrowserDevLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	sess.Close()
+	// Until the shell has exec'd sleep: the replicas' holder is compared
+	// with the source's by name.
 	srcHeld := heldDeleted(t, src)
-	for deadline := time.Now().Add(10 * time.Second); len(srcHeld.shm) == 0; {
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(srcHeld.shm, "sleep /dev/shm/ghost"); {
 		if time.Now().After(deadline) {
 			t.Fatal("the launched process holds no deleted /dev/shm file")
 		}

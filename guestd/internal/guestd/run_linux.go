@@ -165,7 +165,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	supervising := !o.noSupervise
 	mode := reaper.Own
-	if supervising || sysops.SandboxInit() {
+	switch {
+	case o.underInit:
+		mode = reaper.Children
+	case supervising || sysops.SandboxInit():
 		mode = reaper.All
 	}
 	rp, err := reaper.New(mode)
@@ -349,7 +352,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}})
 
 	log.Info("guestd running", "version", Version, "pid", os.Getpid(), "display", cfg.Display,
-		"supervise", supervising, "auth", !o.insecureNoAuth, "reaper", map[reaper.Mode]string{reaper.All: "all", reaper.Own: "own"}[mode])
+		"supervise", supervising, "auth", !o.insecureNoAuth, "reaper", map[reaper.Mode]string{reaper.All: "all", reaper.Own: "own", reaper.Children: "children"}[mode])
 	janitor := time.NewTicker(time.Minute)
 	defer janitor.Stop()
 	for {

@@ -31,6 +31,11 @@ const (
 	// Own reaps only the pids started through the Reaper, leaving other
 	// children of the process alone (guestd running on a host, tests).
 	Own
+	// Children reaps every child (wait4(-1)) but leaves orphans to the
+	// sandbox's init above guestd (tini): CRIU restores a process whose
+	// session leader is gone only as a child of the dump's root, PID 1
+	// (a helper task stands in for the leader), never of a subreaper.
+	Children
 )
 
 // Status is the exit of one process.
@@ -90,7 +95,7 @@ type Reaper struct {
 // subreaper (a no-op for PID 1) so orphans of exec'd commands come back to
 // guestd instead of escaping to the host's init.
 func New(mode Mode) (*Reaper, error) {
-	if mode == All && !allActive.CompareAndSwap(false, true) {
+	if mode != Own && !allActive.CompareAndSwap(false, true) {
 		return nil, errors.New("reaper: an All-mode reaper is already running in this process")
 	}
 	if mode == All && os.Getpid() != 1 {
@@ -147,7 +152,7 @@ func (r *Reaper) Close() {
 	signal.Stop(r.sig)
 	close(r.done)
 	r.wg.Wait()
-	if r.mode == All {
+	if r.mode != Own {
 		allActive.Store(false)
 	}
 }
