@@ -237,9 +237,11 @@ func (c *Client) setTextByTyping(ctx context.Context, conn *wireConn, target ref
 		return waitFor(ctx, func() (bool, error) {
 			var s string
 			err := call(ctx, conn, target, ifText+".GetText", []any{int32(0), int32(-1)}, &s)
-			mu.Lock()
-			got = s
-			mu.Unlock()
+			if err == nil { // a read the deadline cut short shows nothing
+				mu.Lock()
+				got = s
+				mu.Unlock()
+			}
 			return err == nil && s == text, err
 		})
 	})

@@ -528,7 +528,9 @@ func TestSetTextByTyping(t *testing.T) {
 		t.Errorf("focus elsewhere: %v after keys %q, want FAILED_PRECONDITION and no keys", err, other.keys)
 	}
 	// The field takes less than the text (maxlength).
+	entry.mu.Lock()
 	entry.maxLen = 3
+	entry.mu.Unlock()
 	if err := set("abcdef", kb); !isCode(err, aciv1.ErrorCode_ERROR_CODE_FAILED_PRECONDITION) || !strings.Contains(err.Error(), `"abc"`) {
 		t.Errorf("cut text: %v, want FAILED_PRECONDITION naming what it shows", err)
 	}
