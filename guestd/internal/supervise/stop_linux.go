@@ -12,12 +12,12 @@ import (
 // scan ran is stopped by the next one.
 const stopPasses = 5
 
-// StopOthers, as the top of its sandbox (sysops.SandboxInit), stops (SIGSTOP) every other
-// process but the one keep names (the X server; 0: none), and returns a
-// function that continues (SIGCONT) exactly the processes it stopped and
-// returns their count: one stopped before (by an agent, a debugger) stays
-// stopped. Anywhere else it stops nothing, since /proc would show the
-// host's processes.
+// StopOthers, as the top of its sandbox (sysops.SandboxInit), stops
+// (SIGSTOP) every other process but tini and the one keep names (the X
+// server; 0: none), and returns a function that continues (SIGCONT)
+// exactly the processes it stopped and returns their count: one stopped
+// before (by an agent, a debugger) stays stopped. Anywhere else it stops
+// nothing, since /proc would show the host's processes.
 //
 // A pool's member waits for its claim this way: its proofs need only
 // guestd and the X server, and apps stopped right after the restore hold

@@ -112,9 +112,9 @@ func toPixel(rgb, rm, gm, bm uint32) uint32 {
 	return ch(rgb>>16&0xff, rm) | ch(rgb>>8&0xff, gm) | ch(rgb&0xff, bm)
 }
 
-// TerminateAll, as the top of its sandbox, sends SIGTERM to every other process, waits until
-// they are gone or grace passes, then SIGKILLs the rest. It returns at once
-// anywhere else (see KillAll).
+// TerminateAll, as the top of its sandbox, sends SIGTERM to every other
+// process, waits until they are gone or grace passes, then SIGKILLs the
+// rest. It returns at once anywhere else (see KillAll).
 func TerminateAll(grace time.Duration) {
 	if !KillAll(unix.SIGTERM) {
 		return

@@ -63,9 +63,6 @@ func GuestdOrInit(pid int) bool {
 // pipe, never through tini's environment. It returns only when it could not
 // exec: guestd then stays the init.
 func ExecInit(args []string, tokenVars ...string) error {
-	if _, err := os.Stat(InitPath); err != nil {
-		return err
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
