@@ -49,7 +49,7 @@ env
 func probeSecrets(t *testing.T, ctx context.Context, sess *aci.Session, what string) string {
 	t.Helper()
 	out := shell(t, ctx, sess, secretProbe)
-	if !strings.Contains(out, " init=tini\n") || strings.Contains(out, "guestd= ") {
+	if !strings.Contains(out, " init=tini-static\n") || strings.Contains(out, "guestd= ") {
 		t.Errorf("%s: want guestd under tini: %.200q", what, out)
 	}
 	if !strings.Contains(out, "TINI_KILL_PROCESS_GROUP") { // a string of tini's text

@@ -12,7 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// InitPath is the sandbox's init in the desktop images: Debian's tini.
+// InitPath is the sandbox's init in the desktop images: Debian's tini, its
+// static build (same package), so a restore has no loader or libc of tini's
+// to map.
 //
 // guestd does not stay PID 1 because of CRIU. On every dump of a sandbox in
 // a user namespace CRIU (4.2) enters, from inside that user namespace, the
@@ -24,7 +26,7 @@ import (
 // checkpointed again ("Can't open <pid>/ns/net on procfs: Permission
 // denied"). tini is the root instead: it holds nothing secret, so it stays
 // dumpable, and guestd runs as its only child and reaper of the session.
-const InitPath = "/usr/bin/tini"
+const InitPath = "/usr/bin/tini-static"
 
 // FlagUnderInit is the flag guestd, as PID 1, passes to itself under tini.
 const FlagUnderInit = "under-init"
