@@ -214,6 +214,12 @@ func (r *Runtime) image(ctx context.Context, name string) (client.Image, error) 
 	if err != nil {
 		return nil, fmt.Errorf("image %q: %w", name, convertErr(err))
 	}
+	return r.unpackImage(ctx, img)
+}
+
+// unpackImage returns img once it is unpacked into the runtime's snapshotter.
+func (r *Runtime) unpackImage(ctx context.Context, img client.Image) (client.Image, error) {
+	name := img.Name()
 	key := unpackKey(img)
 	if _, ok := r.unpacked.Load(key); ok {
 		return img, nil

@@ -574,10 +574,9 @@ func (op *checkpointOp) writeMeta(ctx context.Context) error {
 // root until DeleteCheckpoint) and has the next one prepared.
 func (op *checkpointOp) commitLayer(ctx context.Context) error {
 	r := op.r
-	if err := r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(map[string]string{
-		snapshotLabelGCRoot:     op.meta.CreatedAt.Format(time.RFC3339),
-		snapshotLabelCheckpoint: op.id, // the source; the caller may move the directory
-	})); err != nil {
+	// The source's id, not the directory: the caller may move that.
+	labels := checkpointLayerLabels(op.meta.CreatedAt, op.id, op.meta.ImageDigest)
+	if err := r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(labels)); err != nil {
 		return fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
 	}
 	op.committedOK = true

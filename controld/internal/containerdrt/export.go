@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -231,7 +232,13 @@ func (op *exportOp) readCheckpoint(ctx context.Context) error {
 // checkpoint layers between it and the checkpoint's.
 func (op *exportOp) resolveBase(ctx context.Context) error {
 	r, meta := op.r, op.meta
-	base, chainID, err := r.baseImage(ctx, meta.Image)
+	// The image the checkpoint pins, also when its name moved since.
+	var base images.Image
+	var chainID string
+	img, err := r.pinnedImage(ctx, meta)
+	if err == nil {
+		base, chainID, err = imageChain(ctx, img)
+	}
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISSING",
@@ -419,7 +426,7 @@ func (r *Runtime) ImportCheckpoint(ctx context.Context, name, dir string) (ref r
 	); err != nil {
 		return ref, nil, err
 	}
-	return runtime.CheckpointRef{Dir: dir, Snapshot: op.committed, Image: op.meta.Image, Tier: op.ck.tier}, op.ck.exported.Metadata, nil
+	return runtime.CheckpointRef{Dir: dir, Snapshot: op.committed, Image: op.meta.Image, Tier: op.ck.tier, ImageDigest: op.meta.ImageDigest}, op.ck.exported.Metadata, nil
 }
 
 // importOp is one ImportCheckpoint in progress.
@@ -616,10 +623,8 @@ func (op *importOp) writeMeta(context.Context) error {
 // commitLayer commits the layer under its checkpoint name, a GC root until
 // DeleteCheckpoint.
 func (op *importOp) commitLayer(ctx context.Context) error {
-	if err := op.r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(map[string]string{
-		snapshotLabelGCRoot:     time.Now().UTC().Format(time.RFC3339),
-		snapshotLabelCheckpoint: op.meta.Source,
-	})); err != nil {
+	labels := checkpointLayerLabels(time.Now(), op.meta.Source, op.meta.ImageDigest)
+	if err := op.r.sn.Commit(ctx, op.committed, op.prepKey, snapshots.WithLabels(labels)); err != nil {
 		return fmt.Errorf("commit checkpoint layer: %w", convertErr(err))
 	}
 	op.committedOK = true
@@ -763,12 +768,17 @@ func (r *Runtime) baseImage(ctx context.Context, name string) (images.Image, str
 	if err != nil {
 		return images.Image{}, "", err
 	}
+	return imageChain(ctx, img)
+}
+
+// imageChain returns img's record and the chain id of its layers.
+func imageChain(ctx context.Context, img client.Image) (images.Image, string, error) {
 	diffIDs, err := img.RootFS(ctx)
 	if err != nil {
-		return images.Image{}, "", fmt.Errorf("image %q: layers: %w", name, convertErr(err))
+		return images.Image{}, "", fmt.Errorf("image %q: layers: %w", img.Name(), convertErr(err))
 	}
 	if len(diffIDs) == 0 {
-		return images.Image{}, "", fmt.Errorf("image %q has no layers: %w", name, errdefs.ErrFailedPrecondition)
+		return images.Image{}, "", fmt.Errorf("image %q has no layers: %w", img.Name(), errdefs.ErrFailedPrecondition)
 	}
 	return img.Metadata(), identity.ChainID(diffIDs).String(), nil
 }

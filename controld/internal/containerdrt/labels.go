@@ -4,6 +4,7 @@ package containerdrt
 
 import (
 	"strings"
+	"time"
 
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 )
@@ -17,7 +18,14 @@ const (
 	// sandbox (or the source of its checkpoint) booted: checkpoints and
 	// their forks are pinned to it.
 	labelImageDigest = "forkfleet.image-digest"
-	labelScreen      = "forkfleet.screen"
+	// labelImagePin holds the same digest as a reference containerd's
+	// garbage collector follows (from a container, or a checkpoint's
+	// committed layer, to the manifest, and from there to its config,
+	// layers and unpacked snapshots): an image re-imported under its name
+	// leaves the old one's content for as long as a sandbox or a
+	// checkpoint still needs it (pinnedImage).
+	labelImagePin = "containerd.io/gc.ref.content.forkfleet.image"
+	labelScreen   = "forkfleet.screen"
 	// labelEnvKeys lists the caller's env keys (comma separated) so a
 	// disk-tier fork can strip the source's variables from its spec.
 	labelEnvKeys = "forkfleet.env-keys"
@@ -58,6 +66,21 @@ func sandboxLabels(spec runtime.BootSpec) map[string]string {
 
 func withImageDigest(l map[string]string, dg string) map[string]string {
 	l[labelImageDigest] = dg
+	l[labelImagePin] = dg
+	return l
+}
+
+// checkpointLayerLabels are a committed checkpoint layer's labels: a GC
+// root (since created) until DeleteCheckpoint, the checkpoint's source, and
+// the pin of its base image (imageDigest "": none recorded).
+func checkpointLayerLabels(created time.Time, source, imageDigest string) map[string]string {
+	l := map[string]string{
+		snapshotLabelGCRoot:     created.UTC().Format(time.RFC3339),
+		snapshotLabelCheckpoint: source,
+	}
+	if imageDigest != "" {
+		l[labelImagePin] = imageDigest
+	}
 	return l
 }
 

@@ -4,6 +4,7 @@ package containerdrt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,9 +12,13 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
@@ -24,10 +29,14 @@ import (
 
 // pinnedImage returns the image a checkpoint's source booted from: by name
 // when the name still denotes the digest the checkpoint recorded, else any
-// image of that digest in the namespace. A fork must not start from
-// another image's config (entrypoint, environment, CRIU options) under the
-// old name.
+// image of that digest in the namespace, else (the name was re-imported and
+// no image names the old digest) that digest's content, which the pins keep
+// (labelImagePin). A fork must not start from another image's config
+// (entrypoint, environment, CRIU options) under the old name.
 func (r *Runtime) pinnedImage(ctx context.Context, meta checkpointMeta) (client.Image, error) {
+	if meta.Image == "" {
+		return nil, fmt.Errorf("no base image recorded: %w", errdefs.ErrNotFound)
+	}
 	img, err := r.image(ctx, meta.Image)
 	if err == nil && (meta.ImageDigest == "" || img.Target().Digest.String() == meta.ImageDigest) {
 		return img, nil // no digest: a checkpoint from before they were recorded
@@ -43,9 +52,56 @@ func (r *Runtime) pinnedImage(ctx context.Context, meta checkpointMeta) (client.
 		if len(list) > 0 {
 			return r.image(ctx, list[0].Name)
 		}
+		if img, err := r.pinnedContent(ctx, meta.Image, meta.ImageDigest); err == nil {
+			return r.unpackImage(ctx, img)
+		} else if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, err
+		}
 	}
 	return nil, errdefs.WithReason(errdefs.ErrFailedPrecondition, "BASE_IMAGE_MISMATCH",
 		"checkpoint was taken on image %s (%s), which is not in namespace %s any more", meta.Image, meta.ImageDigest, r.cfg.Namespace)
+}
+
+// pinnedContent is the image of manifest dg (a digest controld recorded) as
+// name, from the content store alone: no image record names it any more.
+func (r *Runtime) pinnedContent(ctx context.Context, name, dg string) (client.Image, error) {
+	d, err := digest.Parse(dg)
+	if err != nil {
+		return nil, fmt.Errorf("image digest %q: %w: %w", dg, errdefs.ErrInvalidArgument, err)
+	}
+	cs := r.client.ContentStore()
+	info, err := cs.Info(ctx, d)
+	if err != nil {
+		return nil, fmt.Errorf("image %s content %s: %w", name, d, convertErr(err))
+	}
+	if info.Size > maxManifestBytes {
+		return nil, fmt.Errorf("image %s: manifest %s of %d bytes: %w", name, d, info.Size, errdefs.ErrFailedPrecondition)
+	}
+	desc := ocispec.Descriptor{Digest: d, Size: info.Size}
+	b, err := content.ReadBlob(ctx, cs, desc)
+	if err != nil {
+		return nil, fmt.Errorf("image %s manifest %s: %w", name, d, convertErr(err))
+	}
+	var m struct {
+		MediaType string          `json:"mediaType"`
+		Manifests json.RawMessage `json:"manifests"`
+		Config    json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("image %s manifest %s: %w: %w", name, d, errdefs.ErrFailedPrecondition, err)
+	}
+	switch {
+	case m.MediaType != "":
+		desc.MediaType = m.MediaType
+	case m.Manifests != nil:
+		desc.MediaType = ocispec.MediaTypeImageIndex
+	case m.Config != nil:
+		desc.MediaType = ocispec.MediaTypeImageManifest
+	}
+	if !images.IsManifestType(desc.MediaType) && !images.IsIndexType(desc.MediaType) {
+		return nil, fmt.Errorf("image %s: content %s is no manifest (%q): %w", name, d, desc.MediaType, errdefs.ErrFailedPrecondition)
+	}
+	return client.NewImage(r.client, images.Image{Name: name, Target: desc}), nil
 }
 
 // restoreBase is what every fork of one checkpoint is made from: its
