@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -349,6 +350,104 @@ func TestRealStackWarmSlots(t *testing.T) {
 	insts, err := s.rt.List(ctx)
 	if err != nil || len(insts) != 0 {
 		t.Fatalf("containers left in the namespace: %v %v", insts, err)
+	}
+}
+
+// TestRealStackImageRebuilt: the default image rebuilt under its name
+// while controld runs (an operator's `make image`). The warm slot of the
+// old build is made again from the new one within seconds, new sandboxes
+// run the new build, and a checkpoint of a sandbox on the old build still
+// forks, on the old build (its pin keeps it from containerd's collector).
+func TestRealStackImageRebuilt(t *testing.T) {
+	s := newStackIn(t, "forkfleet-rebuild-it")
+	ctx, c, ns := s.ctx, s.rt.Client(), s.cfg.Containerd.Namespace
+	desktop, name := s.image, "localhost/forkfleet/rebuild-it:latest"
+	oldBuild := testenv.Rebuild(t, ctx, c, ns, desktop, name, "old-"+randomLower(8))
+	t.Cleanup(func() {
+		if err := c.ImageService().Delete(namespaces.WithNamespace(context.Background(), ns), name); err != nil {
+			t.Errorf("delete image %s: %v", name, err)
+		}
+	})
+	s.cfg.DefaultImage, s.image = name, name
+	labels := func(id string) map[string]string {
+		t.Helper()
+		nctx := namespaces.WithNamespace(ctx, ns)
+		ctr, err := c.LoadContainer(nctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := ctr.Labels(nctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// runningDigest is the build sandbox id runs (its container's label).
+	runningDigest := func(id string) string { return labels(id)["forkfleet.image-digest"] }
+	// bootSlots are the warm slots in the runtime (not the fork slots a
+	// checkpoint gets).
+	bootSlots := func() []string {
+		var out []string
+		for _, id := range s.runtimeIDs(runtime.StatusCreated) {
+			if labels(id)["forkfleet.from-checkpoint"] == "" {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	s.launch(1)
+	s.waitSlots(1)
+	slot := bootSlots()
+	src, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.deleteSandboxAtEnd(src.Sandbox.Id)
+	if len(slot) != 1 || src.Sandbox.Id != slot[0] || runningDigest(src.Sandbox.Id) != oldBuild.Digest.String() {
+		t.Fatalf("created %s on %s, want the slot %v on the old build %s", src.Sandbox.Id, runningDigest(src.Sandbox.Id), slot, oldBuild.Digest)
+	}
+	ck, err := s.ckc.CreateCheckpoint(ctx, &controldv1.CreateCheckpointRequest{SandboxId: src.Sandbox.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.deleteCheckpointAtEnd(ck.Checkpoint.Id)
+	s.waitSlots(1)
+	refill := bootSlots()
+
+	newBuild := testenv.Rebuild(t, ctx, c, ns, desktop, name, "new-"+randomLower(8))
+	testenv.CollectGarbage(t, ctx, c, ns, desktop)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ids := bootSlots()
+		if len(ids) == 1 && len(refill) == 1 && ids[0] != refill[0] && runningDigest(ids[0]) == newBuild.Digest.String() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm slots %v 20 s after the rebuild (before it %v)", ids, refill)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.waitSlots(1)
+	next, err := s.sbc.CreateSandbox(ctx, &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.deleteSandboxAtEnd(next.Sandbox.Id)
+	if got := runningDigest(next.Sandbox.Id); got != newBuild.Digest.String() {
+		t.Errorf("a create after the rebuild runs %s, want the new build %s", got, newBuild.Digest)
+	}
+
+	fork, err := s.ckc.ForkCheckpoint(ctx, &controldv1.ForkCheckpointRequest{CheckpointId: ck.Checkpoint.Id, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fork.Replicas[0]
+	if r.ErrorCode != 0 {
+		t.Fatalf("fork of a checkpoint on the old build: %s", r.ErrorMessage)
+	}
+	s.deleteSandboxAtEnd(r.Sandbox.Id)
+	if got := runningDigest(r.Sandbox.Id); got != oldBuild.Digest.String() {
+		t.Errorf("the fork runs %s, want the old build %s", got, oldBuild.Digest)
 	}
 }
 

@@ -3,7 +3,6 @@
 package containerdrt
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -11,10 +10,10 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/forkfleet/forkfleet/controld/internal/runtime"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // TestIntegrationImageMovedUnderCheckpoint: an image re-imported under its
@@ -28,54 +27,10 @@ func TestIntegrationImageMovedUnderCheckpoint(t *testing.T) {
 	importTestImage(t, r)
 	ctx := r.ctx(context.Background())
 	is, cs := r.client.ImageService(), r.client.ContentStore()
-	testImg, err := is.Get(ctx, testImage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Two builds of one image: the test image's manifest with another
-	// annotation each (same config and layers, other digests).
-	variant := func(v string) ocispec.Descriptor {
-		t.Helper()
-		b, err := content.ReadBlob(ctx, cs, testImg.Target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatal(err)
-		}
-		m["annotations"] = map[string]string{"org.forkfleet.test.build": v}
-		if b, err = json.Marshal(m); err != nil {
-			t.Fatal(err)
-		}
-		info, err := cs.Info(ctx, testImg.Target.Digest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := ocispec.Descriptor{MediaType: testImg.Target.MediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
-		if err := content.WriteBlob(ctx, cs, d.Digest.String(), bytes.NewReader(b), d, content.WithLabels(info.Labels)); err != nil && !cerrdefs.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-		return d
-	}
-	// collect runs containerd's garbage collector now (a synchronous
-	// delete of a throwaway image).
-	collect := func() {
-		t.Helper()
-		tmp := "localhost/forkfleet/pin-gc:" + randomHex(4)
-		if _, err := is.Create(ctx, images.Image{Name: tmp, Target: testImg.Target}); err != nil {
-			t.Fatal(err)
-		}
-		if err := is.Delete(ctx, tmp, images.SynchronousDelete()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	oldBuild := variant("old-" + randomHex(4))
+	ns := r.cfg.Namespace
 	name := "localhost/forkfleet/pin-test:" + randomHex(4)
 	exported := "localhost/forkfleet/pin-test-ck:" + randomHex(4)
-	if _, err := is.Create(ctx, images.Image{Name: name, Target: oldBuild}); err != nil {
-		t.Fatal(err)
-	}
+	oldBuild := testenv.Rebuild(t, ctx, r.client, ns, testImage, name, "old-"+randomHex(4))
 	t.Cleanup(func() {
 		for _, n := range []string{name, exported} {
 			if err := is.Delete(context.WithoutCancel(ctx), n, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
@@ -94,11 +49,8 @@ func TestIntegrationImageMovedUnderCheckpoint(t *testing.T) {
 	}
 
 	// The name moves to a new build; nothing names the old one any more.
-	newBuild := variant("new-" + randomHex(4))
-	if _, err := is.Update(ctx, images.Image{Name: name, Target: newBuild}, "target"); err != nil {
-		t.Fatal(err)
-	}
-	collect()
+	newBuild := testenv.Rebuild(t, ctx, r.client, ns, testImage, name, "new-"+randomHex(4))
+	testenv.CollectGarbage(t, ctx, r.client, ns, testImage)
 	if _, err := cs.Info(ctx, oldBuild.Digest); err != nil {
 		t.Fatalf("the old build's manifest went with the sandbox and checkpoint on it: %v", err)
 	}
@@ -154,7 +106,7 @@ func TestIntegrationImageMovedUnderCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	collect()
+	testenv.CollectGarbage(t, ctx, r.client, ns, testImage)
 	if _, err := cs.Info(ctx, oldBuild.Digest); !cerrdefs.IsNotFound(err) {
 		t.Errorf("the old build's manifest outlived every sandbox and checkpoint on it: %v", err)
 	}

@@ -36,10 +36,13 @@ const (
 	// refill still waits, so the client's first observation (connect,
 	// screenshot) does not compete with it either.
 	slotRefillQuiet = 150 * time.Millisecond
-	// defaultSlotMaxAge is how long a slot waits before it is recycled: a
-	// slot boots the image as it was when precreated, so an image
-	// re-imported under the same name reaches slot boots within this.
+	// defaultSlotMaxAge is how long a slot waits before it is recycled.
 	defaultSlotMaxAge = 10 * time.Minute
+	// slotImageCheck is how often the filler asks what the default image's
+	// name names now: a slot boots the build it was precreated from, so
+	// slots of a build the name no longer names (an image re-imported
+	// under it) are discarded and made again from the new one.
+	slotImageCheck = 2 * time.Second
 )
 
 // Slot outcomes of a create (the result label of BootSlots).
@@ -70,6 +73,7 @@ type warmSlots struct {
 	maxAge time.Duration
 	kick   chan struct{}
 	key    string // slotKey of the default slots' spec (fixed: the defaults)
+	image  string // the default image's name
 	// egressKey is the slotKey of the defaults in network mode egress ("":
 	// the runtime has no egress). Such slots are kept only while egress
 	// creates come (one in the last maxAge): each holds a router namespace
@@ -125,6 +129,9 @@ type warmSlot struct {
 	spec runtime.BootSpec
 	key  string // slotKey(spec)
 	at   time.Time
+	// digest is the manifest digest spec.Image named just before the
+	// precreate ("": unknown, then only its age recycles it).
+	digest string
 }
 
 // slotKey identifies what a boot produces, identity aside: two specs with
@@ -166,7 +173,7 @@ func (m *warmer) startSlots() {
 	}
 	ws := &warmSlots{m: m, pc: pc, want: m.opts.WarmSlots, maxAge: m.opts.WarmSlotMaxAge, kick: make(chan struct{}, 1)}
 	spec := m.slotSpec(false)
-	ws.key, ws.memoryBytes = slotKey(spec), spec.MemoryBytes
+	ws.key, ws.memoryBytes, ws.image = slotKey(spec), spec.MemoryBytes, spec.Image
 	// Egress slots are made only once an egress create succeeded (which
 	// makes this controld the owner of the host's table).
 	if _, ok := runtime.As[runtime.Networker](m.rt); ok {
@@ -254,7 +261,7 @@ func (ws *warmSlots) fill() {
 	m := ws.m
 	defer ws.discardAll()
 	retry := m.opts.PoolRetry
-	recycle := time.NewTicker(ws.maxAge / 2)
+	recycle := time.NewTicker(min(ws.maxAge/2, slotImageCheck))
 	defer recycle.Stop()
 	var holdUntil time.Time
 	for m.ctx.Err() == nil {
@@ -304,6 +311,9 @@ func (ws *warmSlots) precreate(egress bool) error {
 	// leaving the runtime to unwind half of one.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), slotOpTimeout)
 	defer cancel()
+	// Asked before the precreate: a move in between makes the slot look
+	// older than it is, and the next check discards it.
+	digest := ws.imageDigest(ctx)
 	start := time.Now()
 	err := ws.pc.Precreate(ctx, spec)
 	m.metrics.RuntimeCall.WithLabelValues("precreate", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
@@ -311,7 +321,7 @@ func (ws *warmSlots) precreate(egress bool) error {
 		return err
 	}
 	m.mu.Lock()
-	ws.ready = append(ws.ready, warmSlot{spec: spec, key: slotKey(spec), at: time.Now()})
+	ws.ready = append(ws.ready, warmSlot{spec: spec, key: slotKey(spec), at: time.Now(), digest: digest})
 	if egress {
 		ws.egressFirst = false
 	}
@@ -415,16 +425,41 @@ func (m *warmer) wakeSlots() {
 	}
 }
 
-// recycle discards slots past their age.
+// imageDigest is the manifest digest the default image's name names now
+// ("" when the runtime cannot tell).
+func (ws *warmSlots) imageDigest(ctx context.Context) string {
+	res, ok := runtime.As[runtime.ImageResolver](ws.m.rt)
+	if !ok {
+		return ""
+	}
+	dg, err := res.ImageDigest(ctx, ws.image)
+	if err != nil {
+		return ""
+	}
+	return dg
+}
+
+// recycle discards slots past their age, and those of a build the default
+// image's name no longer names.
 func (ws *warmSlots) recycle() {
 	m := ws.m
+	m.mu.Lock()
+	haveSlots := len(ws.ready) > 0
+	m.mu.Unlock()
+	current := ""
+	if haveSlots {
+		ctx, cancel := context.WithTimeout(m.ctx, slotOpTimeout)
+		current = ws.imageDigest(ctx)
+		cancel()
+	}
 	now := time.Now()
 	var old []string
 	m.mu.Lock()
 	keep := ws.ready[:0]
 	egressWanted := ws.egressWantedLocked(now)
 	for _, s := range ws.ready {
-		if now.Sub(s.at) >= ws.maxAge || (s.key == ws.egressKey && !egressWanted) {
+		moved := current != "" && s.digest != "" && s.digest != current
+		if moved || now.Sub(s.at) >= ws.maxAge || (s.key == ws.egressKey && !egressWanted) {
 			old = append(old, s.spec.ID)
 		} else {
 			keep = append(keep, s)

@@ -235,6 +235,31 @@ func TestWarmSlotRecycled(t *testing.T) {
 	}
 }
 
+// A slot boots the build it was precreated from: once the default image's
+// name names another build, the slots of the old one are made again.
+func TestWarmSlotOfMovedImageRemade(t *testing.T) {
+	e := slotEnv(t, 1, nil)
+	first := waitSlots(t, e, 1)[0]
+	const newBuild = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	e.rt.SetImageDigest("img:latest", newBuild)
+	var next string
+	eventually(t, "slot of the new build", func() bool {
+		ids := e.rt.Precreated()
+		if len(ids) == 1 && ids[0] != first {
+			next = ids[0]
+			return true
+		}
+		return false
+	})
+	s, _, err := e.m.CreateSandbox(context.Background(), &controldv1.CreateSandboxRequest{WaitReady: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Id != next || e.rt.RunningDigest(s.Id) != newBuild {
+		t.Fatalf("created %s running %q, want the slot %s of %s", s.Id, e.rt.RunningDigest(s.Id), next, newBuild)
+	}
+}
+
 func TestWarmSlotsOffWithoutPrecreator(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 	e := newEnv(t, func(o *fleet.Options) {

@@ -11,17 +11,26 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
 	"github.com/forkfleet/forkfleet/api/desktoptest"
@@ -300,4 +309,66 @@ func Registry(t testing.TB) string {
 		}
 	})
 	return r.Addr
+}
+
+// Rebuild names to (made or moved) an image that is another build of
+// image from: from's manifest with an annotation of its own (build), so
+// another digest over the same config and layers, as a rebuild of an
+// image with other build metadata. It returns the new manifest.
+func Rebuild(t testing.TB, ctx context.Context, c *client.Client, ns, from, to, build string) ocispec.Descriptor {
+	t.Helper()
+	ctx = namespaces.WithNamespace(ctx, ns)
+	is, cs := c.ImageService(), c.ContentStore()
+	src, err := is.Get(ctx, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := content.ReadBlob(ctx, cs, src.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["annotations"] = map[string]string{"org.forkfleet.test.build": build}
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	info, err := cs.Info(ctx, src.Target.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := ocispec.Descriptor{MediaType: src.Target.MediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	// The labels are the gc references to the config and layers.
+	if err := content.WriteBlob(ctx, cs, d.Digest.String(), bytes.NewReader(b), d, content.WithLabels(info.Labels)); err != nil && !cerrdefs.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	img := images.Image{Name: to, Target: d}
+	if _, err := is.Update(ctx, img, "target"); cerrdefs.IsNotFound(err) {
+		_, err = is.Create(ctx, img)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// CollectGarbage runs containerd's garbage collector in namespace ns now
+// (a synchronous delete of a throwaway name for image ref).
+func CollectGarbage(t testing.TB, ctx context.Context, c *client.Client, ns, ref string) {
+	t.Helper()
+	ctx = namespaces.WithNamespace(ctx, ns)
+	is := c.ImageService()
+	img, err := is.Get(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.Name = ref + "-gc-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := is.Create(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := is.Delete(ctx, img.Name, images.SynchronousDelete()); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -76,7 +76,7 @@ type Runtime struct {
 	instances map[string]*instance
 	// precreated are sandboxes created but not started (Precreate): List
 	// shows them as StatusCreated; IDs and Has do not count them.
-	precreated map[string]runtime.BootSpec
+	precreated map[string]precreated
 	guests     map[string]*Guestd // by socket path
 	exits      chan runtime.Exit
 	deleted    map[string]int
@@ -85,6 +85,14 @@ type Runtime struct {
 	ports      map[string]string // "id:port" -> address (ServePort)
 	images     map[string]string // ref -> manifest digest (SetImageDigest)
 	weights    map[string]uint32 // SetCPUWeight
+}
+
+// precreated is a sandbox Precreate made: its spec, and the digest of the
+// image it was made from (a boot of it runs that build, as the real
+// runtime's does, whatever the name names by then).
+type precreated struct {
+	spec   runtime.BootSpec
+	digest string
 }
 
 type instance struct {
@@ -101,7 +109,7 @@ type instance struct {
 func NewRuntime() *Runtime {
 	return &Runtime{
 		instances:  map[string]*instance{},
-		precreated: map[string]runtime.BootSpec{},
+		precreated: map[string]precreated{},
 		guests:     map[string]*Guestd{},
 		exits:      make(chan runtime.Exit, 64),
 		deleted:    map[string]int{},
@@ -147,6 +155,17 @@ func (r *Runtime) ImageDigest(ctx context.Context, ref string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.imageDigestLocked(ref), nil
+}
+
+// RunningDigest is the manifest digest of the image sandbox id runs ("":
+// no such sandbox).
+func (r *Runtime) RunningDigest(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in, ok := r.instances[id]; ok {
+		return in.digest
+	}
+	return ""
 }
 
 // setDigest records the image digest instance id runs.
@@ -369,8 +388,10 @@ func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Inst
 	r.mu.Lock()
 	pre, wasPrecreated := r.precreated[spec.ID]
 	delete(r.precreated, spec.ID)
+	dg := r.imageDigestLocked(spec.Image)
 	r.mu.Unlock()
-	if wasPrecreated && reflect.DeepEqual(pre, spec) {
+	if wasPrecreated && reflect.DeepEqual(pre.spec, spec) {
+		dg = pre.digest
 		r.count("boot_precreated")
 		if r.StartErr != nil {
 			if err := r.StartErr(spec.ID); err != nil {
@@ -386,9 +407,6 @@ func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Inst
 	if r.OnBoot != nil {
 		r.OnBoot(spec, g)
 	}
-	r.mu.Lock()
-	dg := r.imageDigestLocked(spec.Image)
-	r.mu.Unlock()
 	inst, err := r.start(ctx, spec, g)
 	if err == nil {
 		r.setDigest(spec.ID, dg)
@@ -415,7 +433,7 @@ func (r *Runtime) Precreate(ctx context.Context, spec runtime.BootSpec) error {
 	if _, dup := r.precreated[spec.ID]; dup {
 		return fmt.Errorf("sandbox %s: %w (already precreated)", spec.ID, errdefs.ErrAlreadyExists)
 	}
-	r.precreated[spec.ID] = spec
+	r.precreated[spec.ID] = precreated{spec: spec, digest: r.imageDigestLocked(spec.Image)}
 	return nil
 }
 
@@ -611,9 +629,9 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Instance, error) {
 	for _, in := range r.instances {
 		out = append(out, in.inst)
 	}
-	for id, spec := range r.precreated {
+	for id, pre := range r.precreated {
 		labels := map[string]string{}
-		for k, v := range spec.Labels {
+		for k, v := range pre.spec.Labels {
 			labels[k] = v
 		}
 		out = append(out, runtime.Instance{ID: id, Status: runtime.StatusCreated, Labels: labels})
