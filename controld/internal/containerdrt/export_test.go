@@ -214,6 +214,24 @@ func TestIntegrationOverlayDiff(t *testing.T) {
 
 const exportNamespace = "forkfleet-export-it"
 
+// imageManifest returns the record of image ref and its OCI manifest.
+func imageManifest(t *testing.T, ctx context.Context, r *Runtime, ref string) (images.Image, ocispec.Manifest) {
+	t.Helper()
+	img, err := r.client.ImageService().Get(ctx, ref)
+	if err != nil {
+		t.Fatalf("image %s: %v", ref, err)
+	}
+	mb, err := content.ReadBlob(ctx, r.client.ContentStore(), img.Target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(mb, &man); err != nil {
+		t.Fatal(err)
+	}
+	return img, man
+}
+
 // TestIntegrationExportImport round-trips a memory-tier checkpoint through
 // an OCI image in containerd's content store: export, delete the
 // checkpoint, import, fork, and a checkpoint of that fork (two stacked
@@ -282,20 +300,12 @@ func TestIntegrationExportImport(t *testing.T) {
 	if ex.Reference != ckRef || ex.SizeBytes <= 0 {
 		t.Errorf("export result %+v", ex)
 	}
-	img, err := is.Get(ctx, ckRef)
-	if err != nil || img.Target.Digest.String() != ex.Digest {
-		t.Fatalf("image record %+v, %v", img.Target, err)
+	img, man := imageManifest(t, ctx, r, ckRef)
+	if img.Target.Digest.String() != ex.Digest {
+		t.Fatalf("image record %+v, want %s", img.Target, ex.Digest)
 	}
 	if _, ok := img.Labels["containerd.io/gc.expire"]; ok {
 		t.Error("image record expires")
-	}
-	mb, err := content.ReadBlob(ctx, cs, img.Target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var man ocispec.Manifest
-	if err := json.Unmarshal(mb, &man); err != nil {
-		t.Fatal(err)
 	}
 	var types []string
 	for _, l := range man.Layers {
@@ -421,7 +431,7 @@ func TestIntegrationExportImport(t *testing.T) {
 	// An image whose blobs were not all fetched.
 	incomplete := "localhost/forkfleet/ck-test:incomplete"
 	m, _ := exportTestManifest("disk")
-	mb, _ = json.Marshal(m)
+	mb, _ := json.Marshal(m)
 	lctx, done, err := r.client.WithLease(ctx)
 	if err != nil {
 		t.Fatal(err)

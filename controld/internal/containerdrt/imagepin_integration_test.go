@@ -4,10 +4,8 @@ package containerdrt
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
-	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	cerrdefs "github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -76,18 +74,7 @@ func TestIntegrationImageMovedUnderCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("export after the move: %v", err)
 	}
-	exImg, err := is.Get(ctx, exported)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mb, err := content.ReadBlob(ctx, cs, exImg.Target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var man ocispec.Manifest
-	if err := json.Unmarshal(mb, &man); err != nil {
-		t.Fatal(err)
-	}
+	_, man := imageManifest(t, ctx, r, exported)
 	if got := man.Annotations[ocispec.AnnotationBaseImageDigest]; got != oldBuild.Digest.String() {
 		t.Errorf("export %s names base %s, want the old build %s", ex.Digest, got, oldBuild.Digest)
 	}
