@@ -205,6 +205,26 @@ func (s *bootStack) waitSlots(n int) {
 	}
 }
 
+// containerLabels returns the labels of sandbox id's container.
+func (s *bootStack) containerLabels(id string) map[string]string {
+	s.t.Helper()
+	ctx := namespaces.WithNamespace(s.ctx, s.cfg.Containerd.Namespace)
+	ctr, err := s.rt.Client().LoadContainer(ctx, id)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	l, err := ctr.Labels(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return l
+}
+
+// runningDigest is the manifest digest of the image build sandbox id runs.
+func (s *bootStack) runningDigest(id string) string {
+	return s.containerLabels(id)["forkfleet.image-digest"]
+}
+
 // runtimeIDs returns the runtime's sandboxes by status.
 func (s *bootStack) runtimeIDs(status runtime.InstanceStatus) []string {
 	s.t.Helper()
@@ -369,21 +389,7 @@ func TestRealStackImageRebuilt(t *testing.T) {
 		}
 	})
 	s.cfg.DefaultImage, s.image = name, name
-	labels := func(id string) map[string]string {
-		t.Helper()
-		nctx := namespaces.WithNamespace(ctx, ns)
-		ctr, err := c.LoadContainer(nctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := ctr.Labels(nctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	// runningDigest is the build sandbox id runs (its container's label).
-	runningDigest := func(id string) string { return labels(id)["forkfleet.image-digest"] }
+	labels, runningDigest := s.containerLabels, s.runningDigest
 	// bootSlots are the warm slots in the runtime (not the fork slots a
 	// checkpoint gets).
 	bootSlots := func() []string {

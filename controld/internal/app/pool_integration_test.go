@@ -1,21 +1,16 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
+	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
 // TestRealStackImagePoolMissForks checks an image pool's misses on the real
@@ -25,7 +20,8 @@ import (
 // through the gateway with its own token. When the image name moves to
 // another digest (a new manifest in containerd), the pool makes a checkpoint
 // of the new image, its misses fork from that one, and the retired one
-// stays while its fork lives and goes with it. DeletePool leaves the pool's
+// stays while its fork lives and goes with it; its member of the old build
+// is replaced, so a hit runs the new one too. DeletePool leaves the pool's
 // checkpoint to its claimed fork and it goes with that fork.
 func TestRealStackImagePoolMissForks(t *testing.T) {
 	s := newStackIn(t, "forkfleet-pool-it")
@@ -130,7 +126,7 @@ func TestRealStackImagePoolMissForks(t *testing.T) {
 
 	// The name moves to another image: the next checkpoint is of it, and
 	// the retired one stays for its fork.
-	moved := moveImage(t, s, s.image)
+	moved := testenv.Rebuild(t, ctx, s.rt.Client(), s.cfg.Containerd.Namespace, s.image, s.image, "moved-"+randomLower(8)).Digest
 	var next *controldv1.Checkpoint
 	deadline = time.Now().Add(3 * time.Minute)
 	for next == nil {
@@ -170,6 +166,11 @@ func TestRealStackImagePoolMissForks(t *testing.T) {
 		if !r.Hit {
 			miss2 = r
 			break
+		}
+		// The member of the old build was replaced before the checkpoint
+		// was made again.
+		if got := s.runningDigest(id); got != moved.String() {
+			t.Errorf("hit %s after the image moved runs %s, want %s", id, got, moved)
 		}
 	}
 	if miss2 == nil || miss2.Sandbox.CheckpointId != next.Id {
@@ -211,52 +212,4 @@ func waitCheckpointGone(t *testing.T, s *bootStack, id, what string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// moveImage points image name ref in the stack's namespace at another
-// manifest: the same one with an annotation added (same config and layers,
-// so nothing is pulled or unpacked), as a registry push of a rebuilt image
-// under the same tag would. It returns the new digest.
-func moveImage(t *testing.T, s *bootStack, ref string) digest.Digest {
-	t.Helper()
-	c := s.rt.Client()
-	ctx := namespaces.WithNamespace(s.ctx, s.cfg.Containerd.Namespace)
-	img, err := c.ImageService().Get(ctx, ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := c.ContentStore()
-	b, err := content.ReadBlob(ctx, cs, img.Target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	ann, _ := m["annotations"].(map[string]any)
-	if ann == nil {
-		ann = map[string]any{}
-	}
-	ann["dev.forkfleet.test.moved"] = time.Now().Format(time.RFC3339Nano)
-	m["annotations"] = ann
-	nb, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The old manifest's labels name its children for containerd's garbage
-	// collector: the new one keeps them alive the same way.
-	info, err := cs.Info(ctx, img.Target.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc := ocispec.Descriptor{MediaType: img.Target.MediaType, Digest: digest.FromBytes(nb), Size: int64(len(nb))}
-	if err := content.WriteBlob(ctx, cs, "moved-"+desc.Digest.Encoded(), bytes.NewReader(nb), desc, content.WithLabels(info.Labels)); err != nil {
-		t.Fatal(err)
-	}
-	img.Target = desc
-	if _, err := c.ImageService().Update(ctx, img, "target"); err != nil {
-		t.Fatal(err)
-	}
-	return desc.Digest
 }

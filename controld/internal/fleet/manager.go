@@ -183,6 +183,21 @@ type sandbox struct {
 	checkpointing bool
 }
 
+// imageDigestNow is the manifest digest image name ref names now ("" when
+// the runtime cannot tell, or there is no such image).
+func (r *registry) imageDigestNow(ctx context.Context, ref string) string {
+	res, ok := runtime.As[runtime.ImageResolver](r.rt)
+	if !ok {
+		return ""
+	}
+	dg, err := res.ImageDigest(ctx, ref)
+	if err != nil {
+		r.log.Debug("image digest unknown", "image", ref, "err", err)
+		return ""
+	}
+	return dg
+}
+
 // New loads the store, reconciles it with the runtime and starts the
 // background loops. Close stops them; sandboxes keep running.
 func New(ctx context.Context, opts Options) (*Manager, error) {

@@ -48,6 +48,13 @@ type pool struct {
 	missForks         chan struct{}
 	missMu            sync.Mutex
 	missing, missPeak int
+	// builds: an image pool's members (by id) and the manifest digest its
+	// image's name named just before each one's boot (guarded by
+	// Manager.mu; in memory only: members from before a restart are not
+	// in it, and only their age replaces them); builds checked: when the
+	// replenisher last compared them with the name (its only).
+	builds       map[string]string
+	buildChecked time.Time
 }
 
 // pooler is the pools concern: warm pools, their replenishers and their
@@ -227,10 +234,17 @@ func (m *pooler) replenish(ctx context.Context, p *pool) {
 	retry := m.opts.PoolRetry
 	resync := time.NewTicker(5 * time.Second)
 	defer resync.Stop()
+	var builds <-chan time.Time // an image pool compares its members' builds with the name's
+	if p.rec.Pool.GetCheckpointId() == "" {
+		t := time.NewTicker(slotImageCheck)
+		defer t.Stop()
+		builds = t.C
+	}
 	var deferring time.Time // since when a needed refill waits for claims to go quiet
 	defer p.held.closeAll()
 	for {
 		m.removeStrays(ctx, p)
+		m.replaceOldBuilds(ctx, p)
 		m.mu.Lock()
 		warm, warming := m.poolMembersLocked(p)
 		p.held.keepOnly(m.pooledLocked(p))
@@ -295,7 +309,57 @@ func (m *pooler) replenish(ctx context.Context, p *pool) {
 			return
 		case <-p.kick:
 		case <-resync.C:
+		case <-builds:
 		}
+	}
+}
+
+// replaceOldBuilds deletes an image pool's waiting members that booted
+// from a build its image's name no longer names (an image rebuilt and
+// re-imported under it), at most every slotImageCheck: its hits then serve
+// the build a miss or a create would, and the replenisher refills. A
+// checkpoint pool's members are its checkpoint's build, by design.
+func (m *pooler) replaceOldBuilds(ctx context.Context, p *pool) {
+	if p.rec.Pool.GetCheckpointId() != "" || time.Since(p.buildChecked) < slotImageCheck {
+		return
+	}
+	p.buildChecked = time.Now()
+	m.mu.Lock()
+	image, known := p.rec.Pool.GetImage(), len(p.builds) > 0
+	m.mu.Unlock()
+	if !known {
+		return
+	}
+	current := m.imageDigestNow(ctx, image)
+	var old []*sandbox
+	m.mu.Lock()
+	members := map[string]bool{}
+	for _, sb := range m.sandboxes {
+		id := sb.rec.Sandbox.GetId()
+		if !sb.rec.Pooled || sb.rec.Sandbox.PoolId != p.rec.Pool.Id || sb.deleting {
+			continue
+		}
+		members[id] = true
+		dg := p.builds[id]
+		if current == "" || dg == "" || dg == current || sb.claimed || sb.rec.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+			continue
+		}
+		sb.claimed = true // no claim takes it now
+		old = append(old, sb)
+	}
+	for id := range p.builds {
+		if !members[id] {
+			delete(p.builds, id)
+		}
+	}
+	m.mu.Unlock()
+	for _, sb := range old {
+		if err := m.deleteSandbox(ctx, sb, "pool member of an older build of its image"); err != nil {
+			m.log.Warn("remove a pool member of an older build", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+		}
+	}
+	if len(old) > 0 {
+		m.log.Info("pool: members of an older build of its image replaced", "pool", p.rec.Pool.Id, "image", image, "build", current, "members", len(old))
 	}
 }
 
@@ -326,12 +390,23 @@ func (m *pooler) warmOne(ctx context.Context, p *pool) error {
 		}
 		return m.freezeWarm(ctx, p, rep.Sandbox.GetId())
 	}
+	// Asked before the boot: a move in between makes the member look
+	// older than it is, and the next check replaces it.
+	build := m.imageDigestNow(ctx, pb.Image)
 	sb, err := m.newSandbox(sandboxParams{
 		image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: pb.Labels, poolID: pb.Id, pooled: true,
 		network: pb.GetNetwork(),
 	}, t0)
 	if err != nil {
 		return err
+	}
+	if build != "" {
+		m.mu.Lock()
+		if p.builds == nil {
+			p.builds = map[string]string{}
+		}
+		p.builds[sb.rec.Sandbox.GetId()] = build
+		m.mu.Unlock()
 	}
 	m.startBoot(sb, t0, "pool")
 	if _, err := m.waitSettled(ctx, sb); err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/forkfleet/forkfleet/api/errdefs/errgrpc"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/api/rules"
-	"github.com/forkfleet/forkfleet/controld/internal/runtime"
 	"github.com/forkfleet/forkfleet/controld/internal/store"
 )
 
@@ -57,16 +56,11 @@ func (m *pooler) poolCheckpointLocked(poolID string) *store.CheckpointRecord {
 // name names (false when the runtime cannot tell, or the name is gone:
 // a fork still restores the image it pins).
 func (m *pooler) imageMoved(ctx context.Context, ck *store.CheckpointRecord) bool {
-	res, ok := runtime.As[runtime.ImageResolver](m.rt)
-	if !ok || ck.Ref.ImageDigest == "" {
+	if ck.Ref.ImageDigest == "" {
 		return false
 	}
-	dg, err := res.ImageDigest(ctx, ck.Ref.Image)
-	if err != nil {
-		m.log.Debug("pool checkpoint: image digest unknown", "image", ck.Ref.Image, "err", err)
-		return false
-	}
-	return dg != ck.Ref.ImageDigest
+	dg := m.imageDigestNow(ctx, ck.Ref.Image)
+	return dg != "" && dg != ck.Ref.ImageDigest
 }
 
 // missCheckpoint returns the checkpoint p's miss forks from, or nil (none

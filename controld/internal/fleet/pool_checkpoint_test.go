@@ -174,3 +174,50 @@ func TestImagePoolCheckpointsStillScreen(t *testing.T) {
 		}
 	}
 }
+
+// An image pool's waiting members are of the build its image's name names:
+// once the name moves to another build, they are replaced, so a hit serves
+// what a miss or a create would.
+func TestImagePoolReplacesOldBuilds(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	p, err := e.m.CreatePool(ctx, &controldv1.CreatePoolRequest{Source: &controldv1.CreatePoolRequest_Image{Image: "img:latest"}, Size: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pool's members are all the fake runtime holds (the source of the
+	// pool's checkpoint is deleted once it is taken).
+	members := func() []string { return e.rt.IDs() }
+	eventually(t, "image pool full with its checkpoint", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		return got.Available == 2 && len(poolCheckpoints(t, e, p.Id)) == 1 && len(members()) == 2
+	})
+	before := members()
+	const newBuild = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	e.rt.SetImageDigest("img:latest", newBuild)
+	eventually(t, "members of the new build", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		if got.Available != 2 {
+			return false
+		}
+		ids := members()
+		for _, id := range ids {
+			if e.rt.RunningDigest(id) != newBuild {
+				return false
+			}
+		}
+		return len(ids) == 2
+	})
+	if len(before) != 2 {
+		t.Fatalf("members before the move %v", before)
+	}
+	for _, id := range before {
+		if e.rt.Has(id) {
+			t.Errorf("member %s of the old build is still there", id)
+		}
+	}
+	hit, _, ok, _, err := e.m.ClaimPool(ctx, &controldv1.ClaimPoolRequest{PoolId: p.Id})
+	if err != nil || !ok || e.rt.RunningDigest(hit.Id) != newBuild {
+		t.Fatalf("claim after the move: hit %v, %v, running %q", ok, err, e.rt.RunningDigest(hit.GetId()))
+	}
+}

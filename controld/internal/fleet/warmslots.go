@@ -313,7 +313,7 @@ func (ws *warmSlots) precreate(egress bool) error {
 	defer cancel()
 	// Asked before the precreate: a move in between makes the slot look
 	// older than it is, and the next check discards it.
-	digest := ws.imageDigest(ctx)
+	digest := m.imageDigestNow(ctx, ws.image)
 	start := time.Now()
 	err := ws.pc.Precreate(ctx, spec)
 	m.metrics.RuntimeCall.WithLabelValues("precreate", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
@@ -425,20 +425,6 @@ func (m *warmer) wakeSlots() {
 	}
 }
 
-// imageDigest is the manifest digest the default image's name names now
-// ("" when the runtime cannot tell).
-func (ws *warmSlots) imageDigest(ctx context.Context) string {
-	res, ok := runtime.As[runtime.ImageResolver](ws.m.rt)
-	if !ok {
-		return ""
-	}
-	dg, err := res.ImageDigest(ctx, ws.image)
-	if err != nil {
-		return ""
-	}
-	return dg
-}
-
 // recycle discards slots past their age, and those of a build the default
 // image's name no longer names.
 func (ws *warmSlots) recycle() {
@@ -449,7 +435,7 @@ func (ws *warmSlots) recycle() {
 	current := ""
 	if haveSlots {
 		ctx, cancel := context.WithTimeout(m.ctx, slotOpTimeout)
-		current = ws.imageDigest(ctx)
+		current = m.imageDigestNow(ctx, ws.image)
 		cancel()
 	}
 	now := time.Now()
