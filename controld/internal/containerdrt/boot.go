@@ -190,6 +190,7 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, policy network.Policy)
 		Status:        runtime.StatusRunning,
 		ACISocket:     aciSocket(pid),
 		Labels:        userLabels(info.Labels),
+		ImageDigest:   info.Labels[labelImageDigest],
 		CreatedAt:     info.CreatedAt,
 		TaskStartedAt: started,
 	}, nil
@@ -407,10 +408,11 @@ func (r *Runtime) Get(ctx context.Context, id string) (runtime.Instance, error) 
 
 func (r *Runtime) instance(ctx context.Context, c containers.Container) (runtime.Instance, error) {
 	inst := runtime.Instance{
-		ID:        c.ID,
-		Status:    runtime.StatusStopped,
-		Labels:    userLabels(c.Labels),
-		CreatedAt: c.CreatedAt,
+		ID:          c.ID,
+		Status:      runtime.StatusStopped,
+		Labels:      userLabels(c.Labels),
+		ImageDigest: c.Labels[labelImageDigest],
+		CreatedAt:   c.CreatedAt,
 	}
 	if c.Labels[labelLazyRestore] != "" {
 		_, live := r.lazySession(c.ID)

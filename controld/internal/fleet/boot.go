@@ -101,6 +101,9 @@ func (m *sandboxer) boot(ctx context.Context, sb *sandbox, t0 time.Time, kind st
 		return
 	}
 	wf.runtimePhases(inst)
+	m.mu.Lock()
+	sb.build = inst.ImageDigest
+	m.mu.Unlock()
 	if _, err := m.update(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.ACISocket = inst.ACISocket
 		if r.Sandbox.State == controldv1.SandboxState_SANDBOX_STATE_CREATING {

@@ -439,6 +439,9 @@ func (f *replicaFork) restore(ctx context.Context) error {
 		phases.CreatedAt = f.t0
 	}
 	f.wf.runtimePhases(phases)
+	m.mu.Lock()
+	sb.build = inst.ImageDigest
+	m.mu.Unlock()
 	m.touch(sb, controldv1.SandboxEventType_SANDBOX_EVENT_TYPE_STATE, nil, func(r *store.SandboxRecord) {
 		r.ACISocket = inst.ACISocket
 		r.Sandbox.State = controldv1.SandboxState_SANDBOX_STATE_BOOTING

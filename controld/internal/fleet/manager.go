@@ -181,6 +181,9 @@ type sandbox struct {
 	// checkpointing: guarded by Manager.mu; the gateway refuses new
 	// connections meanwhile (they would break the dump).
 	checkpointing bool
+	// build is the manifest digest of the image build it runs, as the
+	// runtime reports it ("" unknown); guarded by Manager.mu.
+	build string
 }
 
 // imageDigestNow is the manifest digest image name ref names now ("" when

@@ -48,12 +48,8 @@ type pool struct {
 	missForks         chan struct{}
 	missMu            sync.Mutex
 	missing, missPeak int
-	// builds: an image pool's members (by id) and the manifest digest its
-	// image's name named just before each one's boot (guarded by
-	// Manager.mu; in memory only: members from before a restart are not
-	// in it, and only their age replaces them); builds checked: when the
-	// replenisher last compared them with the name (its only).
-	builds       map[string]string
+	// buildChecked is when the replenisher last compared an image pool's
+	// members' builds with what its image's name names (its only).
 	buildChecked time.Time
 }
 
@@ -325,32 +321,21 @@ func (m *pooler) replaceOldBuilds(ctx context.Context, p *pool) {
 	}
 	p.buildChecked = time.Now()
 	m.mu.Lock()
-	image, known := p.rec.Pool.GetImage(), len(p.builds) > 0
+	image := p.rec.Pool.GetImage()
 	m.mu.Unlock()
-	if !known {
+	current := m.imageDigestNow(ctx, image)
+	if current == "" {
 		return
 	}
-	current := m.imageDigestNow(ctx, image)
 	var old []*sandbox
 	m.mu.Lock()
-	members := map[string]bool{}
 	for _, sb := range m.sandboxes {
-		id := sb.rec.Sandbox.GetId()
-		if !sb.rec.Pooled || sb.rec.Sandbox.PoolId != p.rec.Pool.Id || sb.deleting {
-			continue
-		}
-		members[id] = true
-		dg := p.builds[id]
-		if current == "" || dg == "" || dg == current || sb.claimed || sb.rec.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY {
+		if !sb.rec.Pooled || sb.rec.Sandbox.PoolId != p.rec.Pool.Id || sb.deleting || sb.claimed ||
+			sb.rec.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY || sb.build == "" || sb.build == current {
 			continue
 		}
 		sb.claimed = true // no claim takes it now
 		old = append(old, sb)
-	}
-	for id := range p.builds {
-		if !members[id] {
-			delete(p.builds, id)
-		}
 	}
 	m.mu.Unlock()
 	for _, sb := range old {
@@ -390,23 +375,12 @@ func (m *pooler) warmOne(ctx context.Context, p *pool) error {
 		}
 		return m.freezeWarm(ctx, p, rep.Sandbox.GetId())
 	}
-	// Asked before the boot: a move in between makes the member look
-	// older than it is, and the next check replaces it.
-	build := m.imageDigestNow(ctx, pb.Image)
 	sb, err := m.newSandbox(sandboxParams{
 		image: pb.Image, resources: pb.Resources, screen: pb.Screen, labels: pb.Labels, poolID: pb.Id, pooled: true,
 		network: pb.GetNetwork(),
 	}, t0)
 	if err != nil {
 		return err
-	}
-	if build != "" {
-		m.mu.Lock()
-		if p.builds == nil {
-			p.builds = map[string]string{}
-		}
-		p.builds[sb.rec.Sandbox.GetId()] = build
-		m.mu.Unlock()
 	}
 	m.startBoot(sb, t0, "pool")
 	if _, err := m.waitSettled(ctx, sb); err != nil {

@@ -176,8 +176,8 @@ func TestImagePoolCheckpointsStillScreen(t *testing.T) {
 }
 
 // An image pool's waiting members are of the build its image's name names:
-// once the name moves to another build, they are replaced, so a hit serves
-// what a miss or a create would.
+// once the name moves to another build, they are replaced (members from
+// before a restart too), so a hit serves what a miss or a create would.
 func TestImagePoolReplacesOldBuilds(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -193,6 +193,12 @@ func TestImagePoolReplacesOldBuilds(t *testing.T) {
 		return got.Available == 2 && len(poolCheckpoints(t, e, p.Id)) == 1 && len(members()) == 2
 	})
 	before := members()
+	// What each member runs is the runtime's to say, also after a restart.
+	e.restart()
+	eventually(t, "image pool full after a restart", func() bool {
+		got, _ := e.m.GetPool(ctx, p.Id)
+		return got.Available == 2
+	})
 	const newBuild = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
 	e.rt.SetImageDigest("img:latest", newBuild)
 	eventually(t, "members of the new build", func() bool {

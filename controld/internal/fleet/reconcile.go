@@ -118,7 +118,7 @@ func (m *Manager) adopt(ctx context.Context, r *store.SandboxRecord, byID map[st
 	// changed since): clients route by it.
 	r.Sandbox.Host = m.opts.Host
 	a := &adoption{m: m, rec: r, id: r.Sandbox.Id, in: in, present: present, later: later,
-		sb: &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{})}}
+		sb: &sandbox{rec: r, started: make(chan struct{}), settled: make(chan struct{}), workDone: make(chan struct{}), build: in.ImageDigest}}
 	close(a.sb.started)
 	state := r.Sandbox.State
 	switch {

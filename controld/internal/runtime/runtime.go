@@ -141,6 +141,10 @@ type Instance struct {
 	// reaches it through the init's root (dial it with guestsock only).
 	ACISocket guestsock.Addr
 	Labels    map[string]string
+	// ImageDigest is the manifest digest of the image build it runs (a
+	// boot's, or its checkpoint's for a fork; "" when the runtime does not
+	// know).
+	ImageDigest string
 	// Phase times as the runtime saw them.
 	CreatedAt     time.Time // container created
 	TaskStartedAt time.Time // task started (or restored)

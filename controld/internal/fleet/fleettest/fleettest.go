@@ -174,6 +174,7 @@ func (r *Runtime) setDigest(id, dg string) {
 	defer r.mu.Unlock()
 	if in, ok := r.instances[id]; ok {
 		in.digest = dg
+		in.inst.ImageDigest = dg
 	}
 }
 
@@ -410,6 +411,7 @@ func (r *Runtime) Boot(ctx context.Context, spec runtime.BootSpec) (runtime.Inst
 	inst, err := r.start(ctx, spec, g)
 	if err == nil {
 		r.setDigest(spec.ID, dg)
+		inst.ImageDigest = dg
 	}
 	return inst, err
 }
@@ -581,6 +583,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.BootSpec, ref runtim
 	inst, err := r.start(ctx, spec, g)
 	if err == nil {
 		r.setDigest(spec.ID, st.ImageDigest)
+		inst.ImageDigest = st.ImageDigest
 	}
 	return inst, err
 }
