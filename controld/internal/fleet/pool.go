@@ -329,20 +329,15 @@ func (m *pooler) replaceOldBuilds(ctx context.Context, p *pool) {
 	}
 	var old []*sandbox
 	m.mu.Lock()
-	for _, sb := range m.sandboxes {
-		if !sb.rec.Pooled || sb.rec.Sandbox.PoolId != p.rec.Pool.Id || sb.deleting || sb.claimed ||
-			sb.rec.Sandbox.State != controldv1.SandboxState_SANDBOX_STATE_READY || sb.build == "" || sb.build == current {
-			continue
+	warm, _ := m.poolMembersLocked(p)
+	for _, sb := range warm {
+		if sb.build != "" && sb.build != current {
+			sb.claimed = true // no claim takes it now
+			old = append(old, sb)
 		}
-		sb.claimed = true // no claim takes it now
-		old = append(old, sb)
 	}
 	m.mu.Unlock()
-	for _, sb := range old {
-		if err := m.deleteSandbox(ctx, sb, "pool member of an older build of its image"); err != nil {
-			m.log.Warn("remove a pool member of an older build", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "err", err)
-		}
-	}
+	m.dropMembers(ctx, p, old, "pool member of an older build of its image")
 	if len(old) > 0 {
 		m.log.Info("pool: members of an older build of its image replaced", "pool", p.rec.Pool.Id, "image", image, "build", current, "members", len(old))
 	}
@@ -494,9 +489,15 @@ func (m *pooler) trimPool(ctx context.Context, p *pool) {
 		drop = append(drop, sb)
 	}
 	m.mu.Unlock()
+	m.dropMembers(ctx, p, drop, "pool made smaller")
+}
+
+// dropMembers deletes members of p that the caller marked claimed (so no
+// claim takes them), for the reason why.
+func (m *pooler) dropMembers(ctx context.Context, p *pool, drop []*sandbox, why string) {
 	for _, sb := range drop {
-		if err := m.deleteSandbox(ctx, sb, "pool made smaller"); err != nil {
-			m.log.Warn("remove a member past the pool's size", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "err", err)
+		if err := m.deleteSandbox(ctx, sb, why); err != nil {
+			m.log.Warn("remove a pool member", "pool", p.rec.Pool.Id, "sandbox", sb.rec.Sandbox.GetId(), "why", why, "err", err)
 		}
 	}
 }
