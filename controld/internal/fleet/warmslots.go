@@ -74,6 +74,11 @@ type warmSlots struct {
 	kick   chan struct{}
 	key    string // slotKey of the default slots' spec (fixed: the defaults)
 	image  string // the default image's name
+	// imageNow is the digest the image's name named when the filler last
+	// asked (at imageAsked): at most every slotImageCheck, not at every
+	// wake of a burst of creates. The filler's only.
+	imageNow   string
+	imageAsked time.Time
 	// egressKey is the slotKey of the defaults in network mode egress ("":
 	// the runtime has no egress). Such slots are kept only while egress
 	// creates come (one in the last maxAge): each holds a router namespace
@@ -314,6 +319,7 @@ func (ws *warmSlots) precreate(egress bool) error {
 	// Asked before the precreate: a move in between makes the slot look
 	// older than it is, and the next check discards it.
 	digest := m.imageDigestNow(ctx, ws.image)
+	ws.imageNow, ws.imageAsked = digest, time.Now()
 	start := time.Now()
 	err := ws.pc.Precreate(ctx, spec)
 	m.metrics.RuntimeCall.WithLabelValues("precreate", errgrpc.Code(err).String()).Observe(time.Since(start).Seconds())
@@ -432,12 +438,12 @@ func (ws *warmSlots) recycle() {
 	m.mu.Lock()
 	haveSlots := len(ws.ready) > 0
 	m.mu.Unlock()
-	current := ""
-	if haveSlots {
+	if haveSlots && time.Since(ws.imageAsked) >= slotImageCheck {
 		ctx, cancel := context.WithTimeout(m.ctx, slotOpTimeout)
-		current = m.imageDigestNow(ctx, ws.image)
+		ws.imageNow, ws.imageAsked = m.imageDigestNow(ctx, ws.image), time.Now()
 		cancel()
 	}
+	current := ws.imageNow
 	now := time.Now()
 	var old []string
 	m.mu.Lock()
