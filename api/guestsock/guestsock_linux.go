@@ -25,10 +25,12 @@ const resolveInSandbox = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.
 
 // Dial connects to the socket a names (see the package comment). A socket
 // not there yet or not accepting fails with an error wrapping
-// errdefs.ErrUnavailable (retry); a pid that no longer names the sandbox's
-// init with ErrProcessGone; a planted symlink or a non-socket with
-// ErrUnsafePath; a caller not allowed to look into the process's root
-// (not root, or not the sandbox's owner) with errdefs.ErrPermissionDenied.
+// errdefs.ErrUnavailable (retry), and so does a process caught without a
+// root for a moment (a thread other than its leader exec'ing); a pid that
+// no longer names the sandbox's init with ErrProcessGone; a planted symlink
+// or a non-socket with ErrUnsafePath; a caller not allowed to look into the
+// process's root (not root, or not the sandbox's owner) with
+// errdefs.ErrPermissionDenied.
 func Dial(ctx context.Context, a Addr) (*net.UnixConn, error) {
 	if err := a.Validate(); err != nil {
 		return nil, err
@@ -69,6 +71,17 @@ func open(a Addr) (int, error) {
 	}
 	root, err := unix.Openat(proc, "root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			if again, serr := startOf(proc); serr == nil && again == a.Start {
+				// The pid still names the process, which has no root for
+				// a moment: a thread other than the leader is exec'ing
+				// (the old leader has exited and the exec'ing thread has
+				// not taken its pid over yet; guestd's exec of its init
+				// does that), or it exited and is not reaped yet. The one
+				// passes, the other ends in ErrProcessGone at a retry.
+				return -1, fmt.Errorf("guestsock: %s: %w: the process has no root at the moment (exec or exit in progress)", a, errdefs.ErrUnavailable)
+			}
+		}
 		return -1, procErr(a, "open root", err)
 	}
 	defer unix.Close(root)

@@ -3,12 +3,16 @@
 package guestsock
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,5 +229,91 @@ func benchDial(b *testing.B, dial func(context.Context, Addr) (net.Conn, error))
 			b.Fatal(err)
 		}
 		c.Close()
+	}
+}
+
+// execHelperEnv makes the test binary the helper of
+// TestDialThroughExecFromAThread: it execs itself that many more times,
+// each time from a thread other than its leader (as guestd execs its init),
+// then says "done" and waits to be killed.
+const execHelperEnv = "GUESTSOCK_TEST_EXEC_FROM_THREAD"
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(execHelperEnv); v != "" {
+		execFromThread(v)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func execFromThread(left string) {
+	n, err := strconv.Atoi(left)
+	if err != nil || n <= 0 {
+		os.Stdout.WriteString("done\n")
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
+	os.Setenv(execHelperEnv, strconv.Itoa(n-1))
+	// The main goroutine keeps the leader thread, so the exec below runs on
+	// another one: the kernel ends the leader first, and for a moment the
+	// pid names a task without a root.
+	runtime.LockOSThread()
+	go func() {
+		err := syscall.Exec("/proc/self/exe", os.Args[:1], os.Environ())
+		os.Stderr.WriteString("exec: " + err.Error() + "\n")
+		os.Exit(2)
+	}()
+	select {}
+}
+
+// TestDialThroughExecFromAThread: a sandbox's init that execs from a thread
+// other than its leader (guestd does, to become tini's child) is not gone;
+// a dial in that moment is retryable (it failed disk-tier forks at N=16,
+// about one replica in a hundred, with ErrProcessGone).
+func TestDialThroughExecFromAThread(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "aci.sock")
+	listen(t, sock)
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = append(os.Environ(), execHelperEnv+"=300")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := uint32(cmd.Process.Pid)
+	start, err := ProcessStart(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		bufio.NewReader(out).ReadString('\n') // "done", or EOF if the helper died
+		close(done)
+	}()
+	a := Addr{PID: pid, Start: start, Path: sock}
+	var dials, unavailable int
+	for {
+		select {
+		case <-done:
+			if s, err := ProcessStart(pid); err != nil || s != start {
+				t.Fatalf("the exec helper died: %v", err)
+			}
+			t.Logf("%d dials, %d unavailable", dials, unavailable)
+			return
+		default:
+		}
+		dials++
+		err := dial(t, a)
+		switch {
+		case err == nil:
+		case errors.Is(err, errdefs.ErrUnavailable):
+			unavailable++
+		default:
+			t.Fatalf("dial %d, while the process execs from a thread: %v", dials, err)
+		}
 	}
 }
