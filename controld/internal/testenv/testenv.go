@@ -318,6 +318,14 @@ func Registry(t testing.TB) string {
 func Rebuild(t testing.TB, ctx context.Context, c *client.Client, ns, from, to, build string) ocispec.Descriptor {
 	t.Helper()
 	ctx = namespaces.WithNamespace(ctx, ns)
+	// Content nothing references yet goes at the next GC, which any
+	// deletion on the host may start: the new manifest is written under a
+	// lease, held until the image record names it.
+	ctx, done, err := c.WithLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done(context.WithoutCancel(ctx))
 	is, cs := c.ImageService(), c.ContentStore()
 	src, err := is.Get(ctx, from)
 	if err != nil {
