@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -423,4 +424,46 @@ func TestRealStackAdmission(t *testing.T) {
 	if len(after) > len(before) {
 		t.Fatalf("the refused create left %d containers", len(after)-len(before))
 	}
+}
+
+// A sandbox's processes make system calls through the host's native ABI
+// only: a 32-bit one (int 0x80 on amd64) kills its process with SIGSYS, in
+// a booted sandbox and in a replica, whose filter CRIU restored from the
+// checkpoint's images. Native calls go through as before.
+func TestRealStackNativeSyscallsOnly(t *testing.T) {
+	if goruntime.GOARCH != "amd64" {
+		t.Skipf("compatprobe is written for amd64, not %s", goruntime.GOARCH)
+	}
+	bin := filepath.Join(t.TempDir(), "compatprobe")
+	cmd := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-static", "-nostdlib", "-no-pie", "-fno-pie", "-ffreestanding",
+		"-fno-stack-protector", "-o", bin, "testdata/compatprobe.c")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build compatprobe: %v\n%s", err, out)
+	}
+	probe, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStackIn(t, "forkfleet-limits-it")
+	s.launch(0)
+	sb, sess := s.create(nil)
+	check := func(name string, sess *aci.Session) {
+		t.Helper()
+		if err := sess.PutFile(s.ctx, "/tmp/compatprobe", probe, aci.FileMode(0o755)); err != nil {
+			t.Fatalf("%s: put compatprobe: %v", name, err)
+		}
+		r, err := sess.Exec(s.ctx, &aciv1.ExecRequest{Argv: []string{"/tmp/compatprobe"}, TimeoutMs: 10_000})
+		if err != nil {
+			t.Fatalf("%s: exec compatprobe: %v", name, err)
+		}
+		out := string(r.GetStdout())
+		if out != "native\n" && out != "native\ni386\n" {
+			t.Fatalf("%s: the native call: stdout %q, stderr %q", name, out, r.GetStderr())
+		}
+		if out != "native\n" || r.GetSignal() != "SIGSYS" {
+			t.Fatalf("%s: the i386 call: stdout %q, exit %d, signal %q; want the process killed by SIGSYS", name, out, r.GetExitCode(), r.GetSignal())
+		}
+	}
+	check("booted sandbox", sess)
+	check("replica", s.forkOne(sb.Id))
 }

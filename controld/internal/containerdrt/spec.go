@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -426,7 +427,27 @@ func (r *Runtime) sandboxSpecOpts(image oci.SpecOpts, spec runtime.BootSpec, cri
 		opts = append(opts, withRunOnRootfs)
 	}
 	opts = append(opts, r.withSandbox(spec, nsb), withUserNamespace(rng))
-	return append(opts, seccomp.WithDefaultProfile())
+	return append(opts, seccomp.WithDefaultProfile(), withNativeSyscallsOnly)
+}
+
+// nativeSeccompArch is the seccomp architecture of this host's own ABI.
+var nativeSeccompArch = map[string]specs.Arch{"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64}[goruntime.GOARCH]
+
+// withNativeSyscallsOnly keeps only the host's native ABI in the seccomp
+// profile. containerd's default also admits the 32-bit ones (i386 and x32
+// on amd64, arm on arm64): no app of a desktop sandbox needs them, and
+// their compat system call paths are kernel surface a sandbox should not
+// reach. A system call of another ABI now kills its process (SIGSYS, the
+// filter's bad-arch action). The filter is a third of the size, and that
+// is paid per process: CRIU installs a restored process's filter anew, and
+// the kernel simulates the filter for every system call number at each
+// install (forks.md, "The seccomp filter").
+func withNativeSyscallsOnly(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if s.Linux == nil || s.Linux.Seccomp == nil || nativeSeccompArch == "" {
+		return nil
+	}
+	s.Linux.Seccomp.Architectures = []specs.Arch{nativeSeccompArch}
+	return nil
 }
 
 // withRunOnRootfs drops the default tmpfs on /run (see runLayoutAnnotation)

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"testing"
 
+	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -142,5 +144,35 @@ func TestSetCPUWeight(t *testing.T) {
 		if err := r.SetCPUWeight(ctx, "sb-1", maxCPUWeight+1); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Fatalf("weight above the range: %v", err)
 		}
+	}
+}
+
+// A sandbox's seccomp profile admits the host's native ABI only: the
+// default profile's rules, none of its 32-bit architectures.
+func TestSeccompNativeOnly(t *testing.T) {
+	if nativeSeccompArch == "" {
+		t.Skipf("no native seccomp architecture known for %s", goruntime.GOARCH)
+	}
+	ctx := context.Background()
+	s := &oci.Spec{Linux: &specs.Linux{}, Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}
+	if err := seccomp.WithDefaultProfile()(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Linux.Seccomp.Architectures) < 2 {
+		t.Fatalf("containerd's default profile: architectures %v, want the native one and its compat ABIs", s.Linux.Seccomp.Architectures)
+	}
+	rules := slices.Clone(s.Linux.Seccomp.Syscalls)
+	if err := withNativeSyscallsOnly(ctx, nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Linux.Seccomp.Architectures; !slices.Equal(got, []specs.Arch{nativeSeccompArch}) {
+		t.Fatalf("architectures %v, want [%s]", got, nativeSeccompArch)
+	}
+	if len(s.Linux.Seccomp.Syscalls) != len(rules) || s.Linux.Seccomp.DefaultAction != specs.ActErrno {
+		t.Fatalf("rules changed: %d of %d, default %s", len(s.Linux.Seccomp.Syscalls), len(rules), s.Linux.Seccomp.DefaultAction)
+	}
+	none := &oci.Spec{Linux: &specs.Linux{}}
+	if err := withNativeSyscallsOnly(ctx, nil, nil, none); err != nil || none.Linux.Seccomp != nil {
+		t.Fatalf("a spec without seccomp: %v, %+v", err, none.Linux.Seccomp)
 	}
 }
