@@ -51,9 +51,17 @@ func (r *Runtime) freezerState(id string) (string, error) {
 // 13 ms through containerd's Pause/Resume) and waits until the kernel
 // reports it reached. Writing FROZEN again while FREEZING retries tasks that
 // were in uninterruptible sleep.
+//
+// A freeze can also wait forever: a thread that execs while its process has
+// other threads (guestd does, to become tini's child) waits in the kernel
+// for them to exit, unfreezable, while they, frozen, never do (cgroup v1
+// does not let a frozen task die). So a freeze still FREEZING after
+// freezeRetry is thawed and written again: the exec completes in between.
+// The retries back off (a freeze that is only slow is restarted less and
+// less often) and end with ctx.
 func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
 	path := r.freezerStateFile(id)
-	write := func() error {
+	write := func(state string) error {
 		f, err := os.OpenFile(path, os.O_WRONLY, 0)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -61,17 +69,18 @@ func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
 			}
 			return err
 		}
-		_, werr := f.WriteString(want)
+		_, werr := f.WriteString(state)
 		cerr := f.Close()
 		if werr != nil {
 			return werr
 		}
 		return cerr
 	}
-	if err := write(); err != nil {
+	if err := write(want); err != nil {
 		return err
 	}
 	delay := 50 * time.Microsecond
+	retry, written := freezeRetry, time.Now()
 	for i := 0; ; i++ {
 		st, err := r.freezerState(id)
 		if err != nil {
@@ -87,13 +96,30 @@ func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
 		if delay < 5*time.Millisecond {
 			delay *= 2
 		}
-		if i%8 == 7 {
-			if err := write(); err != nil {
+		switch {
+		case want == freezerFrozen && time.Since(written) >= retry:
+			if err := write(freezerThawed); err != nil {
+				return err
+			}
+			if err := write(want); err != nil {
+				return err
+			}
+			retry, written = min(2*retry, maxFreezeRetry), time.Now()
+		case i%8 == 7:
+			if err := write(want); err != nil {
 				return err
 			}
 		}
 	}
 }
+
+// A freeze still FREEZING after freezeRetry is thawed and retried, then
+// after twice that, up to maxFreezeRetry (setFreezer). A desktop freezes in
+// under a millisecond; a loaded host takes tens.
+const (
+	freezeRetry    = 20 * time.Millisecond
+	maxFreezeRetry = 640 * time.Millisecond
+)
 
 // removeCgroups removes the sandbox's cgroup directories left in any v1
 // hierarchy (runc removes them on delete; a crash can leave them).

@@ -5,8 +5,12 @@ package containerdrt
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,4 +105,88 @@ func TestIntegrationFreezerKeyPerRuntime(t *testing.T) {
 	if _, err := os.Stat(b); !os.IsNotExist(err) {
 		t.Errorf("freezer key still there after its release: %v", err)
 	}
+}
+
+// execHelperEnv makes the test binary the helper of
+// TestIntegrationFreezeThroughExecFromAThread: it execs itself again and
+// again, each time from a thread other than its leader, as guestd execs its
+// init.
+const execHelperEnv = "CONTAINERDRT_TEST_EXEC_FROM_THREAD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(execHelperEnv) != "" {
+		execFromThread()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func execFromThread() {
+	// The main goroutine keeps the leader thread, so the exec runs on
+	// another one.
+	goruntime.LockOSThread()
+	go func() {
+		time.Sleep(time.Millisecond) // Go's runtime starts its threads
+		err := syscall.Exec("/proc/self/exe", os.Args[:1], os.Environ())
+		os.Stderr.WriteString("exec: " + err.Error() + "\n")
+		os.Exit(2)
+	}()
+	select {}
+}
+
+// A sandbox whose process execs from a thread other than its leader
+// freezes: without thawing in between, the exec's thread waits for the
+// frozen others to exit and the cgroup stays FREEZING for good (it did in
+// round 1 of a freeze-thaw loop, and failed a fresh-clone CI run's import
+// with "stuck in FREEZING").
+func TestIntegrationFreezeThroughExecFromAThread(t *testing.T) {
+	integration(t)
+	root := "/sys/fs/cgroup"
+	hier := filepath.Join(root, "freezer")
+	if _, err := os.Stat(hier); err != nil || isCgroupV2(root) {
+		t.Skipf("no cgroup v1 freezer at %s", hier)
+	}
+	r := &Runtime{cfg: Config{CgroupRoot: root, CgroupParent: testenv.CgroupParent(testCgroupParent)}}
+	id := "exec-from-thread-" + randomHex(4)
+	dir := filepath.Dir(r.freezerStateFile(id))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = append(os.Environ(), execHelperEnv+"=1")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.WriteFile(r.freezerStateFile(id), []byte(freezerThawed), 0)
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(dir)
+	})
+	if err := os.WriteFile(r.procsFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 300
+	var slow int
+	for i := range rounds {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		err := r.setFreezer(ctx, id, freezerFrozen)
+		if took := time.Since(start); took >= freezeRetry {
+			slow++
+		}
+		if err == nil {
+			err = r.setFreezer(ctx, id, freezerThawed)
+		}
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		time.Sleep(time.Duration(i%7) * 300 * time.Microsecond)
+	}
+	if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the exec helper died: %v", err)
+	}
+	t.Logf("%d rounds, %d freezes took a retry or longer", rounds, slow)
 }
