@@ -80,13 +80,17 @@ func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
 		return err
 	}
 	delay := 50 * time.Microsecond
-	retry, written := freezeRetry, time.Now()
+	start := time.Now()
+	retry, written, retries := freezeRetry, start, 0
 	for i := 0; ; i++ {
 		st, err := r.freezerState(id)
 		if err != nil {
 			return err
 		}
 		if st == want {
+			if retries > 0 && r.log != nil {
+				r.log.Info("sandbox froze after thawing and freezing it again", "sandbox", id, "retries", retries, "took", time.Since(start))
+			}
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -105,6 +109,10 @@ func (r *Runtime) setFreezer(ctx context.Context, id, want string) error {
 				return err
 			}
 			retry, written = min(2*retry, maxFreezeRetry), time.Now()
+			retries++
+			if r.freezeRetries != nil {
+				r.freezeRetries.Inc()
+			}
 		case i%8 == 7:
 			if err := write(want); err != nil {
 				return err

@@ -121,21 +121,26 @@ func (m *hotSetMetrics) wrote(err error) {
 }
 
 // Describe and Collect make the Runtime a prometheus.Collector of its own
-// instruments (the page server's hot sets), which controld registers.
+// instruments (the page server's hot sets, the freezes retried), which
+// controld registers.
 func (r *Runtime) Describe(ch chan<- *prometheus.Desc) {
-	if r.hotMetrics == nil {
-		return
+	if r.hotMetrics != nil {
+		r.hotMetrics.reads.Describe(ch)
+		r.hotMetrics.writes.Describe(ch)
 	}
-	r.hotMetrics.reads.Describe(ch)
-	r.hotMetrics.writes.Describe(ch)
+	if r.freezeRetries != nil {
+		r.freezeRetries.Describe(ch)
+	}
 }
 
 func (r *Runtime) Collect(ch chan<- prometheus.Metric) {
-	if r.hotMetrics == nil {
-		return
+	if r.hotMetrics != nil {
+		r.hotMetrics.reads.Collect(ch)
+		r.hotMetrics.writes.Collect(ch)
 	}
-	r.hotMetrics.reads.Collect(ch)
-	r.hotMetrics.writes.Collect(ch)
+	if r.freezeRetries != nil {
+		r.freezeRetries.Collect(ch)
+	}
 }
 
 // LazyForked says whether ref's checkpoint has a persisted hot set: a lazy

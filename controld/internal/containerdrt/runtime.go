@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -292,6 +293,8 @@ type Runtime struct {
 	forkShims    shimGroups
 	lazy         lazyState
 	hotMetrics   *hotSetMetrics // the page server's hot sets (pageserver.go)
+	// freezeRetries counts freezes thawed and written again (setFreezer).
+	freezeRetries prometheus.Counter
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
 	seccomp *seccompRoots
@@ -396,10 +399,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		precreated:  map[string]*precreated{},
 		lazy:        lazyState{checkpoints: map[string]*lazyCheckpoint{}, replicas: map[string]*lazyReplica{}},
 		hotMetrics:  hotMetrics,
-		criuBinary:  lookPath("criu"),
-		cgroupV2:    isCgroupV2(cfg.CgroupRoot),
-		net:         netm,
-		ownsNet:     ownsNet,
+		freezeRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "forkfleet", Subsystem: "controld", Name: "freeze_retries_total",
+			Help: "Freezes of a sandbox still FREEZING after a while, thawed and written again: a process of the sandbox was exec'ing with other threads (cgroup.go, setFreezer).",
+		}),
+		criuBinary: lookPath("criu"),
+		cgroupV2:   isCgroupV2(cfg.CgroupRoot),
+		net:        netm,
+		ownsNet:    ownsNet,
 	}
 	if n := conntrackBuckets(); n > maxConntrackBuckets {
 		r.log.Warn("every checkpoint walks the host's whole conntrack table twice (CRIU), about 1 ms per 30000 buckets; deploy/host-setup.sh lowers it",
