@@ -71,16 +71,24 @@ func TestIntegrationFreezerKey(t *testing.T) {
 	}
 }
 
-// Runtimes sharing a cgroup parent (a test's controld beside the host's,
-// both under /forkfleet) each hold a key of their own: one's Close leaves
-// the other's key frozen.
-func TestIntegrationFreezerKeyPerRuntime(t *testing.T) {
-	integration(t)
+// v1FreezerRoot is the host's cgroup root; the test is skipped without a
+// cgroup v1 freezer there.
+func v1FreezerRoot(t *testing.T) string {
+	t.Helper()
 	root := "/sys/fs/cgroup"
 	hier := filepath.Join(root, "freezer")
 	if _, err := os.Stat(hier); err != nil || isCgroupV2(root) {
 		t.Skipf("no cgroup v1 freezer at %s", hier)
 	}
+	return root
+}
+
+// Runtimes sharing a cgroup parent (a test's controld beside the host's,
+// both under /forkfleet) each hold a key of their own: one's Close leaves
+// the other's key frozen.
+func TestIntegrationFreezerKeyPerRuntime(t *testing.T) {
+	integration(t)
+	root := v1FreezerRoot(t)
 	parent := testenv.CgroupParent(testCgroupParent)
 	a, err := holdFreezerKey(root, parent)
 	if err != nil {
@@ -144,11 +152,7 @@ func execFromThread() {
 // with "stuck in FREEZING").
 func TestIntegrationFreezeThroughExecFromAThread(t *testing.T) {
 	integration(t)
-	root := "/sys/fs/cgroup"
-	hier := filepath.Join(root, "freezer")
-	if _, err := os.Stat(hier); err != nil || isCgroupV2(root) {
-		t.Skipf("no cgroup v1 freezer at %s", hier)
-	}
+	root := v1FreezerRoot(t)
 	retries := prometheus.NewCounter(prometheus.CounterOpts{Name: "freeze_retries_total"})
 	r := &Runtime{cfg: Config{CgroupRoot: root, CgroupParent: testenv.CgroupParent(testCgroupParent)}, freezeRetries: retries}
 	id := "exec-from-thread-" + randomHex(4)

@@ -437,8 +437,8 @@ var nativeSeccompArch = map[string]specs.Arch{"amd64": specs.ArchX86_64, "arm64"
 // profile. containerd's default also admits the 32-bit ones (i386 and x32
 // on amd64, arm on arm64): no app of a desktop sandbox needs them, and
 // their compat system call paths are kernel surface a sandbox should not
-// reach. A system call of another ABI now kills its process (SIGSYS, the
-// filter's bad-arch action). The filter is a third of the size, and that
+// reach. A system call of another ABI now kills its thread (SIGSYS, the
+// filter's bad-arch action as runc builds it). The filter is a third of the size, and that
 // is paid per process: CRIU installs a restored process's filter anew, and
 // the kernel simulates the filter for every system call number at each
 // install (forks.md, "The seccomp filter").
