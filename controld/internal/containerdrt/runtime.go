@@ -293,7 +293,8 @@ type Runtime struct {
 	forkShims    shimGroups
 	lazy         lazyState
 	hotMetrics   *hotSetMetrics // the page server's hot sets (pageserver.go)
-	// freezeRetries counts freezes thawed and written again (setFreezer).
+	// freezeRetries counts the thaw-and-freeze retries of freezes still
+	// FREEZING (setFreezer); one freeze may take several.
 	freezeRetries prometheus.Counter
 	// seccomp: the first seccomp filters this host's sandboxes run under
 	// (criupolicy.go).
@@ -401,7 +402,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		hotMetrics:  hotMetrics,
 		freezeRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "forkfleet", Subsystem: "controld", Name: "freeze_retries_total",
-			Help: "Freezes of a sandbox still FREEZING after a while, thawed and written again: a process of the sandbox was exec'ing with other threads (cgroup.go, setFreezer).",
+			Help: "Times a freeze of a sandbox, still FREEZING after 20 ms (then 40, 80, up to 640 ms), was thawed and written again: a process of the sandbox was exec'ing while it had other threads (cgroup.go, setFreezer).",
 		}),
 		criuBinary: lookPath("criu"),
 		cgroupV2:   isCgroupV2(cfg.CgroupRoot),
