@@ -693,7 +693,7 @@ step_criu() {
 	step criu "done" "installed CRIU $CRIU_VER $how into $CRIU_PREFIX, wrapper $CRIU_WRAPPER; criu check passes; $(missing_features_summary)"
 }
 
-# The private CRIU's preload library, built from deploy/criu/{syscall,rlimits,ksm,uffd}.c:
+# The private CRIU's preload library, built from deploy/criu/{syscall,rlimits,ksm,uffd,loglevel}.c:
 # - rlimits.c: CRIU reads every dumped task's resource limits with prlimit(2),
 #   which the kernel allows across users only with CAP_SYS_RESOURCE. Root on
 #   some hosts (these VMs) lacks it, and a sandbox whose agent runs as its own
@@ -709,10 +709,14 @@ step_criu() {
 #   vm.unprivileged_userfaultfd stays 0 (docs/security.md); and a lazy
 #   restore's writable premap of a reservation that the heuristic overcommit
 #   refuses is made again with MAP_NORESERVE (Chromium's, docs/security.md).
+# - loglevel.c: a restore request's log level (runc always asks for debug,
+#   4, a line per write(2)) is lowered to the level its CRIU config file
+#   names (controld writes the line: 4 when it logs at debug), else to 2,
+#   warnings and errors, as controld's dumps.
 # - syscall.c: the one syscall() override, offering refused calls to the above.
 # build_criu_preload OUT: the preload library (also images/node/build.sh's).
 build_criu_preload() {
-	gcc -O2 -Wall -shared -fPIC -o "$1" "$SCRIPT_DIR"/criu/{syscall,rlimits,ksm,uffd}.c
+	gcc -O2 -Wall -shared -fPIC -o "$1" "$SCRIPT_DIR"/criu/{syscall,rlimits,ksm,uffd,loglevel}.c
 }
 
 step_criu_preload() {
@@ -737,7 +741,7 @@ step_criu_preload() {
 	rm -f "$LIB_DIR/criu-rlimits.so" # the library's name before ksm.c
 	if ((changed)); then
 		"$CRIU_WRAPPER" check >/dev/null 2>&1 || die "CRIU with $CRIU_PRELOAD_SO preloaded fails criu check"
-		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes; lazy restores' userfaultfds from /dev/userfaultfd and unreserved premaps)"
+		step criu-preload "done" "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO (prlimit reads of other users' tasks from /proc/<pid>/limits; KSM opt-in for restored processes; lazy restores' userfaultfds from /dev/userfaultfd and unreserved premaps; restores logged at warning level)"
 	else
 		step criu-preload skip "$CRIU_WRAPPER preloads $CRIU_PRELOAD_SO"
 	fi

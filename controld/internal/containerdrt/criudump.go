@@ -45,6 +45,15 @@ func criuLogLevel(ctx context.Context, log *slog.Logger) int32 {
 	return criuLogWarnings
 }
 
+// criuRestoreLogLine is the CRIU config comment that sets the log level of
+// restores: runc asks CRIU for level 4 on every restore, and the CRIU
+// preload (deploy/criu/loglevel.c) lowers a restore's level to the one this
+// line names in the restore's config file (to 2 without it). CRIU skips it.
+// Written with criuLogLevel's level, restores log as controld's dumps do.
+func criuRestoreLogLine(level int32) string {
+	return "# forkfleet-restore-log-level " + strconv.Itoa(int(level))
+}
+
 // runcDefaultRoot is the shim's runc root when the task options name none;
 // runc's state of container id lives in <root>/<namespace>/<id>.
 const runcDefaultRoot = "/run/containerd/runc"

@@ -162,8 +162,8 @@ func TestCriuDumpRequest(t *testing.T) {
 	}
 }
 
-// CRIU's dump log follows controld's log level: verbose only at debug (the
-// level's cost is frozen time).
+// CRIU's dump and restore logs follow controld's log level: verbose only at
+// debug (the level's cost is frozen time in a dump, CPU in every replica).
 func TestCRIULogLevelFollowsControld(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -173,6 +173,13 @@ func TestCRIULogLevelFollowsControld(t *testing.T) {
 		log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: tc.level}))
 		if got := criuLogLevel(ctx, log); got != tc.want {
 			t.Errorf("controld at %v: CRIU level %d, want %d", tc.level, got, tc.want)
+		}
+		// Restores: the runtime's CRIU config names the level for the CRIU
+		// preload, after the configured options.
+		lines := runtimeCRIUOptions(Config{CRIUOptions: DefaultCRIUOptions, CgroupRoot: t.TempDir(), Logger: log})
+		want := append(slices.Clone(DefaultCRIUOptions), fmt.Sprintf("# forkfleet-restore-log-level %d", tc.want))
+		if !slices.Equal(lines, want) {
+			t.Errorf("controld at %v: CRIU config lines %q, want %q", tc.level, lines, want)
 		}
 	}
 }

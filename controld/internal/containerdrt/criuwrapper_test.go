@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,8 +22,9 @@ import (
 )
 
 // criuWrapper builds deploy/criu/wrapper.c the way host-setup does
-// (build_criu_wrapper), answering VERSION from cache.
-func criuWrapper(t *testing.T, dir, name, cache string) string {
+// (build_criu_wrapper), answering VERSION from cache, with the preload
+// library when one is given.
+func criuWrapper(t *testing.T, dir, name, cache string, preload ...string) string {
 	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
@@ -30,7 +32,7 @@ func criuWrapper(t *testing.T, dir, name, cache string) string {
 	}
 	root := desktoptest.RepoRoot(wd)
 	out := filepath.Join(dir, name)
-	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_wrapper "$2" "" "$3"`, "bash", root, out, cache)
+	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_wrapper "$2" "$4" "$3"`, "bash", root, out, cache, strings.Join(preload, ""))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build_criu_wrapper: %v\n%s", err, b)
 	}
@@ -209,4 +211,115 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// criuPreload builds the preload library the way host-setup does
+// (build_criu_preload).
+func criuPreload(t *testing.T, dir string) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "criu-preload.so")
+	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_preload "$2"`, "bash", desktoptest.RepoRoot(wd), out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build_criu_preload: %v\n%s", err, b)
+	}
+	return out
+}
+
+// TestCRIUPreloadLowersRestoreLogLevel: runc asks CRIU for a debug log on
+// every restore; the preload lowers a restore request's level to the one
+// its CRIU config file names (criuRestoreLogLine, written by controld), or
+// to 2 without one, and leaves dumps' levels as they were. Each request
+// fails (no images), and its log says at which level CRIU ran: only
+// warnings and errors at 2, CRIU's debug lines at 4.
+func TestCRIUPreloadLowersRestoreLogLevel(t *testing.T) {
+	testenv.RealStack(t)
+	if _, err := os.Stat("/opt/forkfleet/criu/usr/sbin/criu"); err != nil {
+		t.Skip("no private CRIU in /opt/forkfleet/criu (host-setup used the host's CRIU)")
+	}
+	dir := t.TempDir()
+	wrapper := criuWrapper(t, dir, "criu", filepath.Join(dir, "absent"), criuPreload(t, dir))
+	config := func(name string, lines ...string) string {
+		p := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(p, []byte(strings.Join(append(slices.Clone(DefaultCRIUOptions), lines...), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	// logLines runs one request of type typ at runc's level 4 with the given
+	// CRIU config file and returns CRIU's log.
+	logLines := func(name string, typ criurpc.CriuReqType, configFile string) []string {
+		t.Helper()
+		images := filepath.Join(dir, name+"-images")
+		if err := os.Mkdir(images, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(images)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		opts := &criurpc.CriuOpts{
+			ImagesDirFd: proto.Int32(int32(f.Fd())),
+			LogLevel:    proto.Int32(criuLogDebug),
+			LogFile:     proto.String("criu.log"),
+		}
+		if configFile != "" {
+			opts.ConfigFile = proto.String(configFile)
+		}
+		if typ == criurpc.CriuReqType_DUMP {
+			opts.Pid = proto.Int32(1 << 30) // no such process: the dump fails
+		}
+		req, err := proto.Marshal(&criurpc.CriuReq{Type: typ.Enum(), Opts: opts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resps, _ := swrk(t, wrapper, req)
+		var resp criurpc.CriuResp
+		if len(resps) != 1 || resps[0] == nil || proto.Unmarshal(resps[0], &resp) != nil || resp.GetSuccess() {
+			t.Fatalf("%s: want CRIU's failure answer, got %x", name, resps)
+		}
+		b, err := os.ReadFile(filepath.Join(images, "criu.log"))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return strings.Split(strings.TrimSpace(string(b)), "\n")
+	}
+	// At level 2 CRIU writes warnings and errors only; at 4 it stamps every
+	// line with the time, "(00.000123) ", and writes its debug lines too.
+	debug := func(lines []string) int {
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, "(") {
+				n++
+			}
+		}
+		return n
+	}
+	plain := config("plain")
+	verbose := config("debug", criuRestoreLogLine(criuLogDebug))
+	for _, c := range []struct {
+		name      string
+		typ       criurpc.CriuReqType
+		config    string
+		wantDebug bool
+	}{
+		{"restore", criurpc.CriuReqType_RESTORE, plain, false},
+		{"restore-no-config", criurpc.CriuReqType_RESTORE, "", false},
+		{"restore-config-absent", criurpc.CriuReqType_RESTORE, filepath.Join(dir, "absent.conf"), false},
+		{"restore-debug", criurpc.CriuReqType_RESTORE, verbose, true},
+		{"dump", criurpc.CriuReqType_DUMP, plain, true},
+	} {
+		lines := logLines(c.name, c.typ, c.config)
+		if d := debug(lines); (d > 0) != c.wantDebug {
+			t.Errorf("%s: %d debug lines, want debug %v:\n%s", c.name, d, c.wantDebug, strings.Join(lines, "\n"))
+		}
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "Error") }) {
+			t.Errorf("%s: the failed request's log has no error line:\n%s", c.name, strings.Join(lines, "\n"))
+		}
+	}
 }

@@ -224,6 +224,17 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// runtimeCRIUOptions are the lines of the runtime's CRIU config file: the
+// configured options, the cgroup yard on cgroup v1, and the log level of
+// restores (criuRestoreLogLine), which follows controld's as dumps' does.
+func runtimeCRIUOptions(cfg Config) []string {
+	opts := slices.Clone(cfg.CRIUOptions)
+	if yard, ok := cgroupV1Yard(cfg.CgroupRoot); ok && !slices.ContainsFunc(opts, func(o string) bool { return strings.HasPrefix(o, "cgroup-yard") }) {
+		opts = append(opts, "cgroup-yard "+yard)
+	}
+	return append(opts, criuRestoreLogLine(criuLogLevel(context.Background(), cfg.Logger)))
+}
+
 func (c *Config) validate() error {
 	if c.Address == "" {
 		return errdefs.InvalidField("address", "containerd address is required")
@@ -346,10 +357,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := os.Chmod(cfg.DevDir, 0o711); err != nil {
 		return nil, fmt.Errorf("containerdrt: dev dir: %w", err)
 	}
-	criuOpts := cfg.CRIUOptions
-	if yard, ok := cgroupV1Yard(cfg.CgroupRoot); ok && !slices.ContainsFunc(criuOpts, func(o string) bool { return strings.HasPrefix(o, "cgroup-yard") }) {
-		criuOpts = append(slices.Clip(criuOpts), "cgroup-yard "+yard)
-	}
+	criuOpts := runtimeCRIUOptions(cfg)
 	criuConfig := filepath.Join(cfg.StateDir, "criu.conf")
 	if err := atomicfile.Write(criuConfig, []byte(strings.Join(criuOpts, "\n")+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("containerdrt: criu config: %w", err)
