@@ -14,8 +14,9 @@
  * message keeps its length. The level is the one the request's CRIU config
  * file names in a comment line of its own, "# forkfleet-restore-log-level N"
  * (N from 0 to 4; CRIU skips comments), else 2: warnings and errors, CRIU's
- * default. controld writes that line when it logs at debug, so restores log
- * as its dumps do (containerdrt criuLogLevel). A level is only ever lowered;
+ * default. controld writes that line with its dumps' level (containerdrt
+ * criuLogLevel: 4 when it logs at debug, else 2), so restores log as its
+ * dumps do. A level is only ever lowered;
  * nothing else of the request changes, and no other request (dumps, checks,
  * the notifications' answers that follow on the socket) is touched. A
  * message that is not a well-formed criu_req is left as it was, for CRIU to
@@ -23,6 +24,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -223,6 +225,7 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
 	static ssize_t (*real)(int, void *, size_t, int);
 	ssize_t n;
+	int saved;
 
 	if (!real)
 		real = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
@@ -230,6 +233,8 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
 	if (fd != swrk_fd || (flags & MSG_PEEK) || n <= 0 || !buf)
 		return n;
 	/* MSG_TRUNC reports the whole length; only what was read is ours. */
+	saved = errno;
 	maybe_lower(buf, (size_t)n < len ? (size_t)n : len);
+	errno = saved;
 	return n;
 }

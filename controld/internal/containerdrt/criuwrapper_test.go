@@ -322,4 +322,21 @@ func TestCRIUPreloadLowersRestoreLogLevel(t *testing.T) {
 			t.Errorf("%s: the failed request's log has no error line:\n%s", c.name, strings.Join(lines, "\n"))
 		}
 	}
+
+	// Messages that are not well-formed requests reach CRIU as they were:
+	// it answers them as it does without the library.
+	bare := criuWrapper(t, dir, "criu-bare", filepath.Join(dir, "absent"))
+	for _, msg := range [][]byte{
+		{0x08, 0x02, 0x12, 0x05, 0x48, 0x04},       // restore, opts cut short
+		{0x08, 0x02, 0x12, 0x01, 0x48},             // restore, log_level without its value
+		{0x08, 0x02, 0x12, 0x03, 0x4b, 0x04, 0x00}, // restore, a group in opts
+		{0x08, 0x02, 0x12, 0x02, 0x48, 0x84},       // restore, an unterminated varint
+		{0x08},                                     // a type without its value
+	} {
+		want, werr := swrk(t, bare, msg)
+		got, gerr := swrk(t, wrapper, msg)
+		if len(got) != 1 || len(want) != 1 || !bytes.Equal(got[0], want[0]) || exitCode(gerr) != exitCode(werr) {
+			t.Errorf("message %x: %x (exit %v) with the library, %x (exit %v) without", msg, got, gerr, want, werr)
+		}
+	}
 }
