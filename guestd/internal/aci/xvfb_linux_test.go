@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -358,4 +359,68 @@ func TestRealReleaseScratch(t *testing.T) {
 	if want := hashOf(t, p.truth()); !bytes.Equal(after.GetFrameHash(), want) || bytes.Equal(after.GetFrameHash(), before.GetFrameHash()) {
 		t.Fatalf("frame after release %x, want %x (screen read back)", after.GetFrameHash(), want)
 	}
+}
+
+// TestRealBornFrameHashInBands: a replica's born frame, captured through
+// the MIT-SHM segment a band of rows at a time, hashes as the whole screen
+// read back independently does, whether the band height divides the screen
+// or not, and as the one band of the screen's full height; and a replica's
+// capture segment is left holding one band's pages, not the screen's.
+func TestRealBornFrameHashInBands(t *testing.T) {
+	display := startXvfb(t)
+	rs := newRealServer(t, display)
+	p := newPainter(t, display)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 200; i++ {
+		x, y := rng.IntN(realW-40), rng.IntN(realH-40)
+		p.fill(xproto.Drawable(p.root), rng.Uint32()&0xffffff, image.Rect(x, y, x+1+rng.IntN(40), y+1+rng.IntN(40)))
+	}
+	p.sync()
+	if on, err := rs.desk.SHMEnabled(); !on {
+		t.Fatalf("MIT-SHM is off (%v): the bands would not go through the segment", err)
+	}
+	want := hashOf(t, p.truth())
+	for _, rows := range []int{1, 51, 64, realH} {
+		got, err := hashInBands(rs.desk, realW, realH, rows)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("bands of %d rows: %x (%v), want the screen's %x", rows, got, err, want)
+		}
+	}
+	// As in a replica: the segment's pages were given back before the dump.
+	rs.desk.ReleaseScratch(0)
+	if n := sysvRSS(t); n != 0 {
+		t.Fatalf("%d bytes of the capture segment resident after its release", n)
+	}
+	got, err := rs.srv.bornFrameHash()
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("bornFrameHash: %x (%v), want the screen's %x", got, err, want)
+	}
+	if n := sysvRSS(t); n == 0 || n > bornBandBytes {
+		t.Fatalf("%d bytes of the capture segment resident after the born frame, want one band (%d at most)", n, bornBandBytes)
+	}
+}
+
+// sysvRSS is the resident size of this process's SysV shared memory
+// mappings (the capture segment), from /proc/self/smaps.
+func sysvRSS(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, in := 0, false
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			in = strings.Contains(line, "SYSV")
+			continue
+		}
+		if kb, ok := strings.CutPrefix(line, "Rss:"); ok && in {
+			n, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")))
+			if err != nil {
+				t.Fatalf("smaps %q: %v", line, err)
+			}
+			total += n << 10
+		}
+	}
+	return total
 }

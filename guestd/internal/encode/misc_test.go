@@ -106,6 +106,52 @@ func TestHash128(t *testing.T) {
 	}
 }
 
+// A frame hashed in bands of any height, with any stride, hashes as the
+// whole frame does; a band that does not fit, or a short frame, is refused.
+func TestBandHasher(t *testing.T) {
+	img := denseText(301, 77, 36)
+	want, err := Hash128(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rows := range []int{1, 7, 38, 76, 77} {
+		b, err := NewBandHasher(301, 77)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for y := 0; y < img.Height; y += rows {
+			// Each band in a buffer of its own, packed: a capture's view.
+			band := img.SubImage(image.Rect(0, y, 301, min(y+rows, 77)))
+			packed := newImage(band.Width, band.Height, 0)
+			for r := 0; r < band.Height; r++ {
+				copy(packed.Row(r), band.Row(r))
+			}
+			if err := b.Write(packed); err != nil {
+				t.Fatalf("bands of %d: %v", rows, err)
+			}
+		}
+		if got, err := b.Sum(); err != nil || got != want {
+			t.Errorf("bands of %d rows: %x (%v), want %x", rows, got, err, want)
+		}
+	}
+	b, _ := NewBandHasher(301, 77)
+	if err := b.Write(newImage(300, 1, 0)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a narrower band: %v", err)
+	}
+	if err := b.Write(img.SubImage(image.Rect(0, 0, 301, 70))); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Write(img.SubImage(image.Rect(0, 0, 301, 8))); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a band past the last row: %v", err)
+	}
+	if _, err := b.Sum(); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("the sum of 70 of 77 rows: %v", err)
+	}
+	if _, err := NewBandHasher(0, 1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("an empty frame: %v", err)
+	}
+}
+
 func TestCompositeARGB(t *testing.T) {
 	img := newImage(4, 4, 0)
 	img.fill(0, 0, 4, 4, 100, 100, 100)
