@@ -319,7 +319,7 @@ const bornBandBytes = 256 << 10
 // A FrameViewer is captured in bands of whole rows, bornBandBytes at most:
 // the capture segment of a replica is empty (released before the dump), and
 // a full-screen capture into it would fault in all of it on both sides (the
-// X server writing, guestd reading: 2,000 page faults at 1280x800, 5 to 8
+// X server writing, guestd reading: 2,000 page faults at 1280x800, 5 to 9
 // ms of CPU per replica of a fork) for a frame that is only hashed. The
 // grab keeps the bands one frame.
 func (s *Server) bornFrameHash() ([]byte, error) {

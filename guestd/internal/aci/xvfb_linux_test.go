@@ -424,3 +424,25 @@ func sysvRSS(t *testing.T) int {
 	}
 	return total
 }
+
+// BenchmarkBornFrameHash is a replica's born-frame hash at 1280x800 after its
+// capture segment was given back (as every replica's was before the dump):
+// in bands, as bornFrameHash captures it, and as one full-screen capture.
+func BenchmarkBornFrameHash(b *testing.B) {
+	d := newRealServer(b, startXvfb(b)).desk
+	for _, c := range []struct {
+		name string
+		rows int
+	}{{"bands", bornBandBytes / (realW * 4)}, {"whole", realH}} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				d.ReleaseScratch(0)
+				b.StartTimer()
+				if _, err := hashInBands(d, realW, realH, c.rows); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
