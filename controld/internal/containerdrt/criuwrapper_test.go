@@ -26,17 +26,32 @@ import (
 // library when one is given.
 func criuWrapper(t *testing.T, dir, name, cache string, preload ...string) string {
 	t.Helper()
+	out := filepath.Join(dir, name)
+	hostSetup(t, "build_criu_wrapper", out, strings.Join(preload, ""), cache)
+	return out
+}
+
+// hostSetup runs one function of deploy/host-setup.sh with args.
+func hostSetup(t *testing.T, fn string, args ...string) {
+	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := desktoptest.RepoRoot(wd)
-	out := filepath.Join(dir, name)
-	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_wrapper "$2" "$4" "$3"`, "bash", root, out, cache, strings.Join(preload, ""))
+	cmd := exec.Command("bash", append([]string{"-c", `. "$1/deploy/host-setup.sh" && shift && "$@"`, "bash", desktoptest.RepoRoot(wd), fn}, args...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build_criu_wrapper: %v\n%s", err, b)
+		t.Fatalf("%s: %v\n%s", fn, err, b)
 	}
-	return out
+}
+
+// needPrivateCRIU skips t on a host whose CRIU is not forkfleet's private
+// one (host-setup then installs no wrapper or preload).
+func needPrivateCRIU(t *testing.T) {
+	t.Helper()
+	testenv.RealStack(t)
+	if _, err := os.Stat("/opt/forkfleet/criu/usr/sbin/criu"); err != nil {
+		t.Skip("no private CRIU in /opt/forkfleet/criu (host-setup used the host's CRIU)")
+	}
 }
 
 // swrk runs bin as runc runs CRIU (`criu swrk <fd>`), sends each request
@@ -110,10 +125,7 @@ func versionReq(t *testing.T, keepOpen bool) []byte {
 // cache only while the cache's key is the binary's; and every other request
 // reaches the real CRIU untouched (the wrapper only peeks at it).
 func TestCRIUWrapperAnswersVersionLikeCRIU(t *testing.T) {
-	testenv.RealStack(t)
-	if _, err := os.Stat("/opt/forkfleet/criu/usr/sbin/criu"); err != nil {
-		t.Skip("no private CRIU in /opt/forkfleet/criu (host-setup used the host's CRIU)")
-	}
+	needPrivateCRIU(t)
 	dir := t.TempDir()
 	cache := filepath.Join(dir, "criu-version.cache")
 	wrapper := criuWrapper(t, dir, "criu", cache)
@@ -217,15 +229,8 @@ func exitCode(err error) int {
 // (build_criu_preload).
 func criuPreload(t *testing.T, dir string) string {
 	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := filepath.Join(dir, "criu-preload.so")
-	cmd := exec.Command("bash", "-c", `. "$1/deploy/host-setup.sh" && build_criu_preload "$2"`, "bash", desktoptest.RepoRoot(wd), out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build_criu_preload: %v\n%s", err, b)
-	}
+	hostSetup(t, "build_criu_preload", out)
 	return out
 }
 
@@ -236,10 +241,7 @@ func criuPreload(t *testing.T, dir string) string {
 // fails (no images), and its log says at which level CRIU ran: only
 // warnings and errors at 2, CRIU's debug lines at 4.
 func TestCRIUPreloadLowersRestoreLogLevel(t *testing.T) {
-	testenv.RealStack(t)
-	if _, err := os.Stat("/opt/forkfleet/criu/usr/sbin/criu"); err != nil {
-		t.Skip("no private CRIU in /opt/forkfleet/criu (host-setup used the host's CRIU)")
-	}
+	needPrivateCRIU(t)
 	dir := t.TempDir()
 	wrapper := criuWrapper(t, dir, "criu", filepath.Join(dir, "absent"), criuPreload(t, dir))
 	config := func(name string, lines ...string) string {
