@@ -19,7 +19,7 @@ func Hash128(img Image) ([16]byte, error) {
 	if err := img.Validate(); err != nil {
 		return [16]byte{}, err
 	}
-	seed := uint64(img.Width)<<32 | uint64(img.Height)
+	seed := frameSeed(img.Width, img.Height)
 	if img.contiguous() {
 		return xxh3.Hash128Seed(img.Pix[:img.Width*img.Height*4], seed).Bytes(), nil
 	}
@@ -31,6 +31,9 @@ func Hash128(img Image) ([16]byte, error) {
 	}
 	return h.Sum128().Bytes(), nil
 }
+
+// frameSeed seeds a frame's hash with its size (Hash128, BandHasher).
+func frameSeed(width, height int) uint64 { return uint64(width)<<32 | uint64(height) }
 
 // BandHasher computes Hash128 of a frame fed in bands of whole rows, top to
 // bottom, so a frame can be hashed without ever being in memory at once.
@@ -46,7 +49,7 @@ func NewBandHasher(width, height int) (*BandHasher, error) {
 		return nil, fmt.Errorf("%w: frame size %dx%d", errdefs.ErrInvalidArgument, width, height)
 	}
 	h := xxh3.New128()
-	h.ResetSeed(uint64(width)<<32 | uint64(height))
+	h.ResetSeed(frameSeed(width, height))
 	return &BandHasher{h: h, width: width, height: height}, nil
 }
 
