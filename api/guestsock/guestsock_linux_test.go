@@ -10,13 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/forkfleet/forkfleet/api/errdefs"
+	"github.com/forkfleet/forkfleet/api/exectest"
 )
 
 // self addresses a path in this process's own root, which is what a
@@ -232,39 +230,9 @@ func benchDial(b *testing.B, dial func(context.Context, Addr) (net.Conn, error))
 	}
 }
 
-// execHelperEnv makes the test binary the helper of
-// TestDialThroughExecFromAThread: it execs itself that many more times,
-// each time from a thread other than its leader (as guestd execs its init),
-// then says "done" and waits to be killed.
-const execHelperEnv = "GUESTSOCK_TEST_EXEC_FROM_THREAD"
-
 func TestMain(m *testing.M) {
-	if v := os.Getenv(execHelperEnv); v != "" {
-		execFromThread(v)
-		return
-	}
+	exectest.Main()
 	os.Exit(m.Run())
-}
-
-func execFromThread(left string) {
-	n, err := strconv.Atoi(left)
-	if err != nil || n <= 0 {
-		os.Stdout.WriteString("done\n")
-		for {
-			time.Sleep(time.Hour)
-		}
-	}
-	os.Setenv(execHelperEnv, strconv.Itoa(n-1))
-	// The main goroutine keeps the leader thread, so the exec below runs on
-	// another one: the kernel ends the leader first, and for a moment the
-	// pid names a task without a root.
-	runtime.LockOSThread()
-	go func() {
-		err := syscall.Exec("/proc/self/exe", os.Args[:1], os.Environ())
-		os.Stderr.WriteString("exec: " + err.Error() + "\n")
-		os.Exit(2)
-	}()
-	select {}
 }
 
 // TestDialThroughExecFromAThread: a sandbox's init that execs from a thread
@@ -274,8 +242,7 @@ func execFromThread(left string) {
 func TestDialThroughExecFromAThread(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "aci.sock")
 	listen(t, sock)
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.Env = append(os.Environ(), execHelperEnv+"=300")
+	cmd := exectest.Command(300)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -5,9 +5,7 @@ package containerdrt
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/forkfleet/forkfleet/api/exectest"
 	"github.com/forkfleet/forkfleet/controld/internal/testenv"
 )
 
@@ -118,31 +117,9 @@ func TestIntegrationFreezerKeyPerRuntime(t *testing.T) {
 	}
 }
 
-// execHelperEnv makes the test binary the helper of
-// TestIntegrationFreezeThroughExecFromAThread: it execs itself again and
-// again, each time from a thread other than its leader, as guestd execs its
-// init.
-const execHelperEnv = "CONTAINERDRT_TEST_EXEC_FROM_THREAD"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(execHelperEnv) != "" {
-		execFromThread()
-		return
-	}
+	exectest.Main()
 	os.Exit(m.Run())
-}
-
-func execFromThread() {
-	// The main goroutine keeps the leader thread, so the exec runs on
-	// another one.
-	goruntime.LockOSThread()
-	go func() {
-		time.Sleep(time.Millisecond) // Go's runtime starts its threads
-		err := syscall.Exec("/proc/self/exe", os.Args[:1], os.Environ())
-		os.Stderr.WriteString("exec: " + err.Error() + "\n")
-		os.Exit(2)
-	}()
-	select {}
 }
 
 // A sandbox whose process execs from a thread other than its leader
@@ -160,8 +137,7 @@ func TestIntegrationFreezeThroughExecFromAThread(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.Env = append(os.Environ(), execHelperEnv+"=1")
+	cmd := exectest.Command(-1)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
