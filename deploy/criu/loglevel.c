@@ -101,21 +101,18 @@ static int walk(unsigned char *p, unsigned char *end, field_fn fn, void *arg)
 			if (varint(&q, end, &n))
 				return -1;
 			break;
-		case 1:
-			if (end - q < 8)
+		case 1: /* 64-bit */
+		case 5: /* 32-bit */
+			n = (key & 7) == 1 ? 8 : 4;
+			if (n > (unsigned long long)(end - q))
 				return -1;
-			q += 8;
+			q += n;
 			break;
 		case 2:
 			if (varint(&q, end, &n) || n > (unsigned long long)(end - q))
 				return -1;
 			val = (unsigned char *)q;
 			q += n;
-			break;
-		case 5:
-			if (end - q < 4)
-				return -1;
-			q += 4;
 			break;
 		default:
 			return -1;
