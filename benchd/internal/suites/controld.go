@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -90,6 +91,34 @@ func (c *controld) remove(ctx context.Context, id string) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	_, _ = c.sb.DeleteSandbox(dctx, &controldv1.DeleteSandboxRequest{Id: id})
+}
+
+// removeAll deletes the sandboxes at once, as a trainer ends the replicas
+// of a fan-out together, and returns the time until the last was deleted
+// and the host's busy CPU time over it (hostBusy); err is the first
+// failure.
+func (c *controld) removeAll(ctx context.Context, ids []string) (wall, cpu time.Duration, err error) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	defer cancel()
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	busy0, berr := hostBusy()
+	t0 := time.Now()
+	for i, id := range ids {
+		wg.Go(func() {
+			_, errs[i] = c.sb.DeleteSandbox(dctx, &controldv1.DeleteSandboxRequest{Id: id})
+		})
+	}
+	wg.Wait()
+	wall = time.Since(t0)
+	busy1, berr2 := hostBusy()
+	if err := errors.Join(errs...); err != nil {
+		return wall, 0, err
+	}
+	if err := errors.Join(berr, berr2); err != nil {
+		return wall, 0, err
+	}
+	return wall, busy1 - busy0, nil
 }
 
 func (c *controld) removeCheckpoint(ctx context.Context, id string) {

@@ -199,6 +199,10 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	wall := result.NewSeries("fork.fanout.wall", "ms", lbl)
 	per := result.NewSeries("fork.replica_usable", "ms", lbl)
 	amort := result.NewSeries("fork.wall_per_replica", "ms", lbl)
+	// The fan-out's end: its replicas deleted at once, to the last, and
+	// the host's CPU over it per replica (a trainer pays it every round).
+	teardown := result.NewSeries("fork.teardown.wall", "ms", lbl)
+	teardownCPU := result.NewSeries("fork.teardown.cpu_per_replica", "ms", lbl)
 	mem := newReplicaMem("fork.replica", "", lbl, false)
 	klbl := labels(append([]string{"tier", tier, "n", itoa(n), "after_s", strconv.Itoa(int(f.ksmWait.Seconds()))}, extra...)...)
 	memKSM := newReplicaMem("fork.replica", "_after_ksm", klbl, true)
@@ -280,17 +284,32 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		if missing > 0 {
 			env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier, n, missing)
 		}
+		var ids []string
 		for _, rep := range resp.GetReplicas() {
-			c.remove(ctx, rep.GetSandbox().GetId())
+			if id := rep.GetSandbox().GetId(); id != "" {
+				ids = append(ids, id)
+			}
 		}
-		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms", tier, n, r+1, good, n, suiteapi.Ms(w))
+		tw, tcpu, terr := c.removeAll(ctx, ids)
+		switch {
+		case terr != nil:
+			teardown.Fail()
+			env.Notef("fork %s N=%d%s: delete: %v", tier, n, labelSuffix(extra), terr)
+		case len(ids) == n:
+			teardown.Add(suiteapi.Ms(tw))
+			teardownCPU.Add(suiteapi.Ms(tcpu) / float64(n))
+		}
+		env.Progressf("fork %s N=%d rep %d: %d/%d verified in %.0f ms, deleted in %.0f ms", tier, n, r+1, good, n, suiteapi.Ms(w), suiteapi.Ms(tw))
 	}
 	for m, k := range modes {
 		if m != mode && mode != controldv1.RestoreMode_RESTORE_MODE_AUTO {
 			env.Notef("fork %s N=%d%s: %d replica(s) restored %s", tier, n, labelSuffix(extra), k, restoreName(m))
 		}
 	}
-	rows := []result.Row{wall.Row(), per.Row(), amort.Row()}
+	rows := []result.Row{wall.Row(), per.Row(), amort.Row(), teardown.Row()}
+	if teardownCPU.Len() > 0 {
+		rows = append(rows, teardownCPU.Row())
+	}
 	if lazyPages.Len() > 0 {
 		rows = append(rows, lazyFaults.Row(), lazyFaultPages.Row(), lazyPages.Row(), lazyHotPages.Row())
 	}

@@ -32,6 +32,30 @@ func CPUTime(pid string) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / userHZ, nil
 }
 
+// hostBusy is the CPU time the host's CPUs ran anything but their idle
+// task: user, nice, system, irq and softirq of /proc/stat (not iowait, nor
+// steal, the hypervisor's), in its 10 ms ticks per CPU.
+func hostBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: no cpu line")
+	}
+	var ticks uint64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system irq softirq
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}
+
 // statFields returns the fields of /proc/<pid>/stat from the third
 // (state) on. The command name before them may hold spaces and
 // parentheses: they start after the last ')'.

@@ -46,3 +46,31 @@ func processCPU(t *testing.T) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// The host's busy time grows by at least what this process burns.
+func TestHostBusyCountsThisProcess(t *testing.T) {
+	b0, err := hostBusy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self0, err := CPUTime("self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		self, err := CPUTime("self")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if self-self0 >= 100*time.Millisecond {
+			break
+		}
+	}
+	b1, err := hostBusy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := b1 - b0; d < 60*time.Millisecond {
+		t.Errorf("host busy grew %v while this process ran 100 ms", d)
+	}
+}

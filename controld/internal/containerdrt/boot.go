@@ -315,18 +315,13 @@ func (r *Runtime) killAndDeleteTask(ctx context.Context, id string, t client.Tas
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return fmt.Errorf("task wait: %w", err)
 		}
-		if err := t.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
-			// A created (never started) task has only runc init: kill
-			// without --all is what runc accepts in every state.
-			if err2 := t.Kill(ctx, syscall.SIGKILL); err2 != nil && !cerrdefs.IsNotFound(err2) {
-				return fmt.Errorf("task kill: %w", err)
+		if kerr := r.killAll(ctx, id); kerr != nil {
+			if !errors.Is(kerr, errNoFreezer) {
+				r.log.WarnContext(ctx, "kill through the freezer failed; asking runc", "sandbox", id, "err", kerr)
 			}
-		}
-		if st.Status == client.Paused {
-			_ = t.Resume(ctx)
-		}
-		if err := r.setFreezer(ctx, id, freezerThawed); err != nil && !errors.Is(err, errNoFreezer) {
-			return fmt.Errorf("thaw for kill: %w", err)
+			if err := r.killTaskAll(ctx, id, t, st.Status); err != nil {
+				return err
+			}
 		}
 		if exitCh != nil {
 			select {
@@ -338,6 +333,25 @@ func (r *Runtime) killAndDeleteTask(ctx context.Context, id string, t client.Tas
 	}
 	if _, err := t.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("task delete: %w", err)
+	}
+	return nil
+}
+
+// killTaskAll kills the task's processes through containerd (runc kill
+// --all) and thaws what was frozen, where killAll cannot.
+func (r *Runtime) killTaskAll(ctx context.Context, id string, t client.Task, status client.ProcessStatus) error {
+	if err := t.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+		// A created (never started) task has only runc init: kill
+		// without --all is what runc accepts in every state.
+		if err2 := t.Kill(ctx, syscall.SIGKILL); err2 != nil && !cerrdefs.IsNotFound(err2) {
+			return fmt.Errorf("task kill: %w", err)
+		}
+	}
+	if status == client.Paused {
+		_ = t.Resume(ctx)
+	}
+	if err := r.setFreezer(ctx, id, freezerThawed); err != nil && !errors.Is(err, errNoFreezer) {
+		return fmt.Errorf("thaw for kill: %w", err)
 	}
 	return nil
 }

@@ -10,7 +10,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Freezer states (cgroup v1).
@@ -128,6 +131,116 @@ const (
 	freezeRetry    = 20 * time.Millisecond
 	maxFreezeRetry = 640 * time.Millisecond
 )
+
+// killAll kills every process of the sandbox as `runc kill --all` does
+// (freeze, signal, thaw), without starting runc: a Go program, 5 to 8 ms
+// of CPU on these hosts, in every sandbox's delete. The cgroup is left
+// thawed, so the kills land. errNoFreezer: no v1 freezer (the caller asks
+// containerd).
+func (r *Runtime) killAll(ctx context.Context, id string) error {
+	if err := r.setFreezer(ctx, id, freezerFrozen); err != nil {
+		if !errors.Is(err, errNoFreezer) {
+			// Stuck in FREEZING until ctx ended: let the caller's fallback
+			// find it running.
+			_ = r.setFreezer(context.WithoutCancel(ctx), id, freezerThawed)
+		}
+		return err
+	}
+	kerr := r.killFrozen(id)
+	if err := r.setFreezer(ctx, id, freezerThawed); err != nil {
+		return errors.Join(kerr, err)
+	}
+	return kerr
+}
+
+// killFrozen sends SIGKILL to every process of the sandbox's frozen
+// freezer cgroup and its child cgroups; the signals land at the thaw.
+//
+// The pids are the kernel's list, and each is signalled through a pidfd
+// opened before the list is read again: a process that is still listed
+// then is a member of the frozen cgroup, which no process leaves and none
+// is born into, so the pidfd is that member and not a process that reused
+// a pid freed in between (an exiting member its parent outside the cgroup
+// reaped).
+func (r *Runtime) killFrozen(id string) error {
+	dir := filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id))
+	before, err := cgroupPids(dir, 0)
+	if err != nil {
+		return err
+	}
+	fds := make(map[int]int, len(before))
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for _, pid := range before {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				continue
+			}
+			return fmt.Errorf("pidfd of %d: %w", pid, err)
+		}
+		fds[pid] = fd
+	}
+	after, err := cgroupPids(dir, 0)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, pid := range after {
+		fd, ok := fds[pid]
+		if !ok {
+			continue // joined since: none can, short of the host's root
+		}
+		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill %d: %w", pid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// maxCgroupDepth bounds the walk of a sandbox's cgroup tree: its cgroup
+// file systems are read-only inside, so it has no child cgroups of its
+// own making.
+const maxCgroupDepth = 8
+
+// cgroupPids lists the processes of the v1 cgroup dir and its children.
+func cgroupPids(dir string, depth int) ([]int, error) {
+	if depth > maxCgroupDepth {
+		return nil, fmt.Errorf("cgroup %s: nested deeper than %d", dir, maxCgroupDepth)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) && depth == 0 {
+			return nil, errNoFreezer
+		}
+		return nil, err
+	}
+	var pids []int
+	for _, f := range bytes.Fields(b) {
+		pid, err := strconv.Atoi(string(f))
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("cgroup %s: bad pid %q", dir, f)
+		}
+		pids = append(pids, pid)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			sub, err := cgroupPids(filepath.Join(dir, e.Name()), depth+1)
+			if err != nil {
+				return nil, err
+			}
+			pids = append(pids, sub...)
+		}
+	}
+	return pids, nil
+}
 
 // removeCgroups removes the sandbox's cgroup directories left in any v1
 // hierarchy (runc removes them on delete; a crash can leave them).

@@ -456,8 +456,11 @@ func (op *checkpointOp) release(ctx context.Context) error {
 		if exited, err = op.task.Wait(ctx); err != nil {
 			return fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
 		}
-		if err := op.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
-			return fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
+		// Still frozen: the kills land at the thaw below.
+		if !op.rawFreezer || r.killFrozen(id) != nil {
+			if err := op.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+				return fmt.Errorf("sandbox %s: stop: %w", id, convertErr(err))
+			}
 		}
 	}
 	if !op.wasFrozen || op.spec.Stop {
