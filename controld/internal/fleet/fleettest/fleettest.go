@@ -797,6 +797,7 @@ type Guestd struct {
 	startedAt   time.Time
 	neverReady  bool
 	frozen      bool
+	thawed      chan struct{} // while frozen: closed at the thaw
 	stopped     bool
 	restored    int
 	entropy     []byte
@@ -873,7 +874,18 @@ func (g *Guestd) SetMark(b []byte) { g.mu.Lock(); g.mark = b; g.mu.Unlock() }
 // SetReadyAt changes when the desktop reports ready.
 func (g *Guestd) SetReadyAt(t time.Time) { g.mu.Lock(); g.readyAt = t; g.mu.Unlock() }
 
-func (g *Guestd) setFrozen(f bool) { g.mu.Lock(); g.frozen = f; g.mu.Unlock() }
+func (g *Guestd) setFrozen(f bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case f && !g.frozen:
+		g.thawed = make(chan struct{})
+	case !f && g.frozen:
+		close(g.thawed)
+		g.thawed = nil
+	}
+	g.frozen = f
+}
 
 // serve starts the real ACI listener: auth against the current admin or
 // ACI token, then acitest's handler.
@@ -905,6 +917,10 @@ func (g *Guestd) serve() error {
 func (g *Guestd) stop() {
 	g.mu.Lock()
 	g.stopped = true
+	if g.thawed != nil { // its sessions end: requests waiting on them fail
+		close(g.thawed)
+		g.thawed, g.frozen = nil, false
+	}
 	hs, srv := g.hs, g.srv
 	g.hs, g.srv = nil, nil
 	g.mu.Unlock()
@@ -968,6 +984,18 @@ func (s *guest) check(ctx context.Context) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	s.g.mu.Lock()
+	thawed := s.g.thawed
+	s.g.mu.Unlock()
+	if thawed != nil {
+		// A request on a frozen guestd's open session waits in its socket
+		// until the thaw.
+		select {
+		case <-thawed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
