@@ -28,14 +28,19 @@ const (
 // containerd's task.Pause/Resume.
 var errNoFreezer = errors.New("no cgroup v1 freezer for the sandbox")
 
-func (r *Runtime) freezerStateFile(id string) string {
-	return filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id), "freezer.state")
+// freezerDir is the sandbox's v1 freezer cgroup: it holds every process of
+// the sandbox, as the freezer must.
+func (r *Runtime) freezerDir(id string) string {
+	return filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id))
 }
 
-// procsFile lists the sandbox's processes (the freezer hierarchy holds
-// every process of the sandbox, as the freezer must).
+func (r *Runtime) freezerStateFile(id string) string {
+	return filepath.Join(r.freezerDir(id), "freezer.state")
+}
+
+// procsFile lists the sandbox's processes.
 func (r *Runtime) procsFile(id string) string {
-	return filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id), "cgroup.procs")
+	return filepath.Join(r.freezerDir(id), "cgroup.procs")
 }
 
 // freezerState reads the sandbox's freezer state.
@@ -163,7 +168,7 @@ func (r *Runtime) killAll(ctx context.Context, id string) error {
 // a pid freed in between (an exiting member its parent outside the cgroup
 // reaped).
 func (r *Runtime) killFrozen(id string) error {
-	dir := filepath.Join(r.cfg.CgroupRoot, "freezer", r.cgroupsPath(id))
+	dir := r.freezerDir(id)
 	before, err := cgroupPids(dir, 0)
 	if err != nil {
 		return err
