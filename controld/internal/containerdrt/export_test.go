@@ -617,7 +617,15 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 	// new file, /new added.
 	suffix := randomHex(8)
 	prep, committed := "forkfleet-checkpoint-prepare-"+suffix, "forkfleet-checkpoint-"+suffix
-	ms, err := r.sn.Prepare(ctx, prep, chainID)
+	// Under a lease until its commit (which roots it): containerd's GC,
+	// run by any namespace's changes, removes a prepared snapshot nothing
+	// holds.
+	lctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done(ctx)
+	ms, err := r.sn.Prepare(lctx, prep, chainID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +646,7 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 	must(unix.Lsetxattr(filepath.Join(upper, "var"), "trusted.overlay.opaque", []byte("y"), 0))
 	must(os.WriteFile(filepath.Join(upper, "var/cache/kept"), []byte("kept"), 0o644))
 	must(os.WriteFile(filepath.Join(upper, "new"), []byte("new"), 0o644))
-	must(r.sn.Commit(ctx, committed, prep, snapshots.WithLabels(map[string]string{
+	must(r.sn.Commit(lctx, committed, prep, snapshots.WithLabels(map[string]string{
 		snapshotLabelGCRoot: time.Now().UTC().Format(time.RFC3339), snapshotLabelCheckpoint: "synthetic",
 	})))
 	dir := filepath.Join(r.cfg.CheckpointRoot, uniqueID("wh"))
@@ -672,7 +680,7 @@ func TestIntegrationExportWhiteouts(t *testing.T) {
 	t.Logf("exported %s (%d B), imported as %s", ex.Digest, ex.SizeBytes, ref.Snapshot)
 
 	view := "forkfleet-test-view-" + randomHex(4)
-	vm, err := r.sn.View(ctx, view, ref.Snapshot)
+	vm, err := r.sn.View(lctx, view, ref.Snapshot)
 	if err != nil {
 		t.Fatal(err)
 	}

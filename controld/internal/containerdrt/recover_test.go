@@ -81,10 +81,17 @@ func TestIntegrationRecoverCheckpoints(t *testing.T) {
 	commitLayer := func(name string) {
 		t.Helper()
 		key := "recover-test-prep-" + randomHex(8)
-		if _, err := r.sn.Prepare(ctx, key, ""); err != nil {
+		// Leased until the commit roots it (containerd's GC removes a
+		// prepared snapshot nothing holds).
+		lctx, done, err := r.client.WithLease(ctx)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.sn.Commit(ctx, name, key, snapshots.WithLabels(map[string]string{
+		defer done(ctx)
+		if _, err := r.sn.Prepare(lctx, key, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.sn.Commit(lctx, name, key, snapshots.WithLabels(map[string]string{
 			snapshotLabelGCRoot: time.Now().UTC().Format(time.RFC3339), snapshotLabelCheckpoint: "sb-recover-test",
 		})); err != nil {
 			t.Fatal(err)
