@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,13 +66,12 @@ func TestCgroupPids(t *testing.T) {
 // cgroup.
 func sandboxPidfds(t *testing.T, r *Runtime, id string) map[int]int {
 	t.Helper()
-	b, err := os.ReadFile(r.procsFile(id))
+	pids, err := cgroupPids(r.freezerDir(id), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fds := map[int]int{}
-	for _, f := range strings.Fields(string(b)) {
-		pid, _ := strconv.Atoi(f)
+	for _, pid := range pids {
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			t.Fatalf("pidfd of %d: %v", pid, err)

@@ -877,14 +877,22 @@ func (g *Guestd) SetReadyAt(t time.Time) { g.mu.Lock(); g.readyAt = t; g.mu.Unlo
 func (g *Guestd) setFrozen(f bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	switch {
-	case f && !g.frozen:
-		g.thawed = make(chan struct{})
-	case !f && g.frozen:
-		close(g.thawed)
-		g.thawed = nil
+	if !f {
+		g.thawLocked()
+		return
 	}
-	g.frozen = f
+	if !g.frozen {
+		g.thawed = make(chan struct{})
+	}
+	g.frozen = true
+}
+
+// thawLocked ends a freeze: requests waiting on its sessions go on.
+func (g *Guestd) thawLocked() {
+	if g.frozen {
+		close(g.thawed)
+		g.thawed, g.frozen = nil, false
+	}
 }
 
 // serve starts the real ACI listener: auth against the current admin or
@@ -917,10 +925,7 @@ func (g *Guestd) serve() error {
 func (g *Guestd) stop() {
 	g.mu.Lock()
 	g.stopped = true
-	if g.thawed != nil { // its sessions end: requests waiting on them fail
-		close(g.thawed)
-		g.thawed, g.frozen = nil, false
-	}
+	g.thawLocked() // its sessions end: requests waiting on them fail
 	hs, srv := g.hs, g.srv
 	g.hs, g.srv = nil, nil
 	g.mu.Unlock()
