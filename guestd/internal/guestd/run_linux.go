@@ -27,6 +27,7 @@ import (
 	"github.com/forkfleet/forkfleet/guestd/internal/a11y"
 	"github.com/forkfleet/forkfleet/guestd/internal/aci"
 	"github.com/forkfleet/forkfleet/guestd/internal/config"
+	"github.com/forkfleet/forkfleet/guestd/internal/gcpace"
 	"github.com/forkfleet/forkfleet/guestd/internal/ready"
 	"github.com/forkfleet/forkfleet/guestd/internal/reaper"
 	"github.com/forkfleet/forkfleet/guestd/internal/supervise"
@@ -609,6 +610,10 @@ func waitWM(ctx context.Context, d *x11.Desktop, timeout time.Duration) error {
 
 // Main is the process entry point used by cmd/guestd.
 func Main() int {
+	// The collector follows the heap, not the clock: a guestd thawed or
+	// restored long after its last collection would otherwise collect
+	// first, in its claim's or fork's window (gcpace).
+	gcpace.Start(os.Getenv)
 	if err := Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv); err != nil {
 		fmt.Fprintln(os.Stderr, "guestd:", strings.TrimSpace(err.Error()))
 		return 1

@@ -1,0 +1,119 @@
+package gcpace
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+	"time"
+)
+
+// settings restores the collector's settings when the test ends: Start
+// changes them for the whole test binary.
+func settings(t *testing.T) {
+	t.Helper()
+	percent := debug.SetGCPercent(100)
+	debug.SetGCPercent(percent)
+	limit := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() {
+		debug.SetGCPercent(percent)
+		debug.SetMemoryLimit(limit)
+	})
+}
+
+func read(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestOperatorSettingsStand(t *testing.T) {
+	settings(t)
+	for _, k := range []string{"GOGC", "GOMEMLIMIT"} {
+		if Start(env(map[string]string{k: "200"})) {
+			t.Errorf("Start with %s set paced the collector", k)
+		}
+		if p := debug.SetGCPercent(100); p != 100 {
+			t.Errorf("with %s set: GOGC changed to %d", k, p)
+		}
+		if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
+			t.Errorf("with %s set: memory limit changed to %d", k, l)
+		}
+	}
+}
+
+// TestHeapPacesTheCollector: with the clock trigger off (GOGC=off), garbage
+// still gets collected, the heap stays near what GOGC=100 allows, a larger
+// live heap moves the limit with it (no collection storm), and time alone
+// collects nothing.
+func TestHeapPacesTheCollector(t *testing.T) {
+	settings(t)
+	runtime.GC()
+	if !Start(env(nil)) {
+		t.Fatal("Start did not pace the collector")
+	}
+	if p := debug.SetGCPercent(-1); p != -1 {
+		t.Fatalf("GOGC is %d, want off (-1): the clock trigger is on", p)
+	}
+	if l := debug.SetMemoryLimit(-1); l == math.MaxInt64 || l <= 0 {
+		t.Fatalf("memory limit %d: nothing would collect", l)
+	}
+
+	// 256 MiB of garbage in 64 KiB pieces.
+	garbage := func(mib int) {
+		for range mib * 16 {
+			b := make([]byte, 64<<10)
+			b[0] = 1
+			sink = b
+		}
+		sink = nil
+	}
+	cycles0 := read("/gc/cycles/total:gc-cycles")
+	garbage(256)
+	cycles := read("/gc/cycles/total:gc-cycles") - cycles0
+	t.Logf("256 MiB of garbage: %d collections, memory limit %d MiB", cycles, debug.SetMemoryLimit(-1)>>20)
+	if cycles < 8 {
+		t.Errorf("%d collections for 256 MiB of garbage: the heap does not pace the collector", cycles)
+	}
+	if held := read("/memory/classes/total:bytes") - read("/memory/classes/heap/released:bytes"); held > 64<<20 {
+		t.Errorf("the runtime holds %d MiB after 256 MiB of garbage with a live heap of a few MiB", held>>20)
+	}
+
+	// A 64 MiB live heap: the limit follows it, so the next 256 MiB of
+	// garbage take about as many collections as GOGC=100 would (64 MiB of
+	// growth each: 4 or so), not one per allocation.
+	live := make([][]byte, 64)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+		live[i][0] = 1
+	}
+	runtime.GC()
+	time.Sleep(10 * time.Millisecond) // the cleanup that moves the limit
+	cycles0 = read("/gc/cycles/total:gc-cycles")
+	garbage(256)
+	cycles = read("/gc/cycles/total:gc-cycles") - cycles0
+	t.Logf("over a 64 MiB live heap: %d collections, memory limit %d MiB", cycles, debug.SetMemoryLimit(-1)>>20)
+	if cycles > 16 {
+		t.Errorf("%d collections for 256 MiB of garbage over a 64 MiB live heap: the limit did not follow the heap", cycles)
+	}
+	if l := debug.SetMemoryLimit(-1); l < 128<<20 || l > 160<<20 {
+		t.Errorf("memory limit %d MiB over a 64 MiB live heap, want twice that and a little", l>>20)
+	}
+	runtime.KeepAlive(live)
+
+	// The live heap gone: the limit comes back down with it (the heap's
+	// free spans are not counted as overhead, or each collection would
+	// raise the limit by the room it gave).
+	live = nil
+	garbage(256)
+	if l := debug.SetMemoryLimit(-1); l > 32<<20 {
+		t.Errorf("memory limit %d MiB after the live heap went: it ratchets", l>>20)
+	}
+}
+
+var sink []byte
