@@ -34,6 +34,11 @@ type poolSuite struct {
 	image   string
 	kinds   string
 	ksmWait time.Duration
+	// idle: every member has waited at least this long in the pool when a
+	// burst claims it, as in a pool between a trainer's rounds (a frozen
+	// member's clocks run on: guestd used to collect its garbage at once
+	// on a thaw two minutes after its last collection, gcpace).
+	idle time.Duration
 	// shotAfterHits: a hit's first screenshot waits until every hit of its
 	// burst is usable. A screenshot is the claimant's first action, not
 	// part of its claim: taken at once, the first claimant's capture and
@@ -69,8 +74,9 @@ func (p *poolSuite) Flags(fs *flag.FlagSet) {
 	p.bursts = intList{2, 4, 8}
 	fs.IntVar(&p.size, "pool-size", 4, "warm pool size")
 	fs.Var(&p.bursts, "pool-bursts", "concurrent claims per burst")
-	fs.StringVar(&p.image, "pool-image", "", "image of the pool (empty: the image controld boots by default)")
+	fs.StringVar(&p.image, "pool-image", "", "image of the pools and of the checkpoint pool's source (empty: the image controld boots by default)")
 	fs.StringVar(&p.kinds, "pool-kinds", "image,checkpoint", "pools to measure: image (booted desktops), checkpoint (frozen replicas of a memory-tier checkpoint)")
+	fs.DurationVar(&p.idle, "pool-idle", 0, "before each burst, wait this long once the pool is full, so every member claimed has been idle that long (cells labelled idle_s; use with small --n: each burst waits)")
 	fs.DurationVar(&p.ksmWait, "pool-ksm-wait", 20*time.Second, "read idle replica memory again this long after the pool filled (KSM merges over time; 0 disables)")
 	fs.BoolVar(&p.shotAfterHits, "pool-shot-after-hits", true, "a hit's first screenshot waits until every hit of its burst is usable (false: at once, as runs before 2026-12-02 11:20)")
 	fs.BoolVar(&p.gcBeforeBurst, "pool-gc-before-burst", true, "benchd collects its own garbage before each burst, so its collector does not run beside the claims it measures (false: as runs before 2026-12-02 14:00)")
@@ -239,7 +245,7 @@ func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 	image := p.image
 	for i := 0; i < reps; i++ {
 		t0 := time.Now()
-		resp, err := c.create(ctx)
+		resp, err := c.createImage(ctx, p.image)
 		ct := claimTimes{rpc: time.Since(t0)}
 		if err == nil {
 			err = usableThen(ctx, t0, resp.GetEndpoint(), &ct, p.pingWithHello, nil)
@@ -261,7 +267,7 @@ func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, e
 		case "image":
 			src.Source = &controldv1.CreatePoolRequest_Image{Image: image}
 		case "checkpoint":
-			gsrc, ck, err := stillGolden(ctx, c)
+			gsrc, ck, err := stillGolden(ctx, c, image)
 			c.remove(ctx, gsrc)
 			if err != nil {
 				env.Notef("checkpoint pool not measured: %v", err)
@@ -331,7 +337,11 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 		return nil, err
 	}
 	poolLbl := func(kv ...string) map[string]string {
-		return labels(append([]string{"pool", kind, "pool_size", itoa(p.size)}, kv...)...)
+		kv = append([]string{"pool", kind, "pool_size", itoa(p.size)}, kv...)
+		if p.idle > 0 {
+			kv = append(kv, "idle_s", itoa(int(p.idle.Round(time.Second).Seconds())))
+		}
+		return labels(kv...)
 	}
 	fill := result.Single("pool.fill", "ms", poolLbl(), suiteapi.Ms(time.Since(t0)))
 	rows := []result.Row{fill}
@@ -403,6 +413,7 @@ func (p *poolSuite) measure(ctx context.Context, env *suiteapi.Env, c *controld,
 			if err := waitFull(); err != nil {
 				return nil, err
 			}
+			sleepCtx(ctx, p.idle)
 			var mu sync.Mutex
 			var ids []string
 			hits := 0
@@ -547,14 +558,14 @@ func cpuStallTotal() (uint64, error) {
 	return 0, fmt.Errorf("/proc/pressure/cpu: no some total")
 }
 
-// stillGolden boots the checkpoint pool's source, waits until its screen
-// has been still for 500 ms and checkpoints it (memory tier); the caller
-// deletes both. A desktop is usable once its windows are mapped, while its
+// stillGolden boots the checkpoint pool's source (image, controld's default
+// when empty), waits until its screen has been still for 500 ms and
+// checkpoints it (memory tier); the caller deletes both. A desktop is usable once its windows are mapped, while its
 // shell may still draw: checkpointed then, every replica finishes that
 // paint once its apps resume, in the claims' window (pools.md: the image
 // pool's own checkpoint waits the same way).
-func stillGolden(ctx context.Context, c *controld) (sandboxID string, ck *controldv1.Checkpoint, err error) {
-	resp, err := c.create(ctx)
+func stillGolden(ctx context.Context, c *controld, image string) (sandboxID string, ck *controldv1.Checkpoint, err error) {
+	resp, err := c.createImage(ctx, image)
 	if err != nil {
 		return "", nil, fmt.Errorf("create golden sandbox: %w", err)
 	}
