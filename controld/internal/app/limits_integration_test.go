@@ -444,6 +444,20 @@ func TestRealStackNativeSyscallsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A kernel without the i386 entry (some VMs') faults int 0x80 itself,
+	// filter or not: there the sandbox's call must fail the same way, and
+	// the filter is not what stops it.
+	want := "SIGSYS"
+	out, err := exec.Command(bin).Output()
+	var exit *exec.ExitError
+	switch {
+	case err == nil && string(out) == "native\ni386\n":
+	case errors.As(err, &exit) && string(out) == "native\n" && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGSEGV:
+		want = "SIGSEGV"
+		t.Logf("this kernel has no i386 syscall entry (int 0x80 faults on the host too): the filter is not exercised")
+	default:
+		t.Fatalf("compatprobe on the host: stdout %q, %v", out, err)
+	}
 	s := newStackIn(t, "forkfleet-limits-it")
 	s.launch(0)
 	sb, sess := s.create(nil)
@@ -460,8 +474,8 @@ func TestRealStackNativeSyscallsOnly(t *testing.T) {
 		if out != "native\n" && out != "native\ni386\n" {
 			t.Fatalf("%s: the native call: stdout %q, stderr %q", name, out, r.GetStderr())
 		}
-		if out != "native\n" || r.GetSignal() != "SIGSYS" {
-			t.Fatalf("%s: the i386 call: stdout %q, exit %d, signal %q; want the process killed by SIGSYS", name, out, r.GetExitCode(), r.GetSignal())
+		if out != "native\n" || r.GetSignal() != want {
+			t.Fatalf("%s: the i386 call: stdout %q, exit %d, signal %q; want the process killed by %s", name, out, r.GetExitCode(), r.GetSignal(), want)
 		}
 	}
 	check("booted sandbox", sess)
