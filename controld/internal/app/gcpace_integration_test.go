@@ -45,14 +45,8 @@ func TestRealStackThawedGuestdDoesNotCollect(t *testing.T) {
 	}
 	s.deleteCheckpointAtEnd(ck.Checkpoint.Id)
 	var prepared int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if prepared = collections(); prepared > before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no collection in %s after a checkpoint's prepare (FreeOSMemory): guestd's gctrace does not reach the log", logPath)
-		}
-	}
+	eventuallyWithin(t, 5*time.Second, "a collection in "+logPath+" after a checkpoint's prepare (FreeOSMemory): guestd's gctrace in the log",
+		func() bool { prepared = collections(); return prepared > before })
 
 	if _, err := s.sbc.SuspendSandbox(s.ctx, &controldv1.SuspendSandboxRequest{Id: id}); err != nil {
 		t.Fatal(err)
