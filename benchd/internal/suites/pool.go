@@ -560,10 +560,11 @@ func cpuStallTotal() (uint64, error) {
 
 // stillGolden boots the checkpoint pool's source (image, controld's default
 // when empty), waits until its screen has been still for 500 ms and
-// checkpoints it (memory tier); the caller deletes both. A desktop is usable once its windows are mapped, while its
-// shell may still draw: checkpointed then, every replica finishes that
-// paint once its apps resume, in the claims' window (pools.md: the image
-// pool's own checkpoint waits the same way).
+// checkpoints it (memory tier); the caller deletes both. A desktop is
+// usable once its windows are mapped, while its shell may still draw:
+// checkpointed then, every replica finishes that paint once its apps
+// resume, in the claims' window (pools.md: the image pool's own checkpoint
+// waits the same way).
 func stillGolden(ctx context.Context, c *controld, image string) (sandboxID string, ck *controldv1.Checkpoint, err error) {
 	resp, err := c.createImage(ctx, image)
 	if err != nil {
