@@ -16,6 +16,7 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/forkfleet/forkfleet/api/aci"
 	controldv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/controld/v1"
 	"github.com/forkfleet/forkfleet/benchd/internal/result"
 	"github.com/forkfleet/forkfleet/benchd/internal/suiteapi"
@@ -216,6 +217,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 	// and the pages that came in ahead of faults from the checkpoint's
 	// working set (0 for its first lazy fork, which learns it).
 	lazyHotPages := result.NewSeries("fork.lazy.hot_pages", "pages", lbl)
+	first := newFirstShots(lbl)
 	res := replicaResources(ctx, env, c, ckID, n)
 	for r := 0; r < reps; r++ {
 		fctx, sp := env.Tracer.Start(ctx, "fork", oteltrace.WithAttributes(attribute.String("tier", tier), attribute.Int("n", n)))
@@ -235,6 +237,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		}
 		good := 0
 		var ok []string
+		var eps []*controldv1.Endpoint
 		failed := map[string]int{}
 		for _, rep := range resp.GetReplicas() {
 			switch {
@@ -255,6 +258,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 				per.Add(dur(rep.GetTook()))
 				breakdown.add(rep)
 				ok = append(ok, rep.GetSandbox().GetId())
+				eps = append(eps, rep.GetEndpoint())
 			}
 		}
 		for msg, k := range failed {
@@ -284,6 +288,8 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		if missing > 0 {
 			env.Notef("fork %s N=%d: processes of %d replica(s) not found (cgroup or FORKFLEET_SANDBOX_ID): their memory is not in the PSS/RSS rows", tier, n, missing)
 		}
+		// After the memory reads, which a full capture would grow.
+		first.add(ctx, eps)
 		var ids []string
 		for _, rep := range resp.GetReplicas() {
 			if id := rep.GetSandbox().GetId(); id != "" {
@@ -314,6 +320,7 @@ func (f *forkSuite) forkN(ctx context.Context, env *suiteapi.Env, c *controld, c
 		rows = append(rows, lazyFaults.Row(), lazyFaultPages.Row(), lazyPages.Row(), lazyHotPages.Row())
 	}
 	rows = append(rows, breakdown.rows()...)
+	rows = append(rows, first.rows()...)
 	rows = append(rows, mem.rows()...)
 	rows = append(rows, memKSM.rows()...)
 	if scans.Len() > 0 {
@@ -471,4 +478,55 @@ func replicaResources(ctx context.Context, env *suiteapi.Env, c *controld, ckID 
 	env.Notef("fork N=%d: replicas forked with a %d MiB memory limit each (%d MiB with the checkpoint's would be past the host's admission room of %d MiB)",
 		n, fit>>20, int64(n)*limit>>20, room>>20)
 	return &controldv1.Resources{MemoryBytes: fit}
+}
+
+// firstShotsPerFork bounds the replicas of a fan-out whose first
+// screenshot is taken, one after another, so N=64 does not add seconds.
+const firstShotsPerFork = 4
+
+// firstShots is a replica's first observation: a trainer's next call after
+// a fork is a screenshot, and a replica's first full-screen capture faults
+// in the capture buffers its source gave back before the dump (guestd's
+// checkpoint_prepare), which "usable" does not include.
+type firstShots struct {
+	shot, capture *result.Series
+}
+
+func newFirstShots(lbl map[string]string) *firstShots {
+	return &firstShots{
+		shot:    result.NewSeries("fork.replica_first_screenshot", "ms", lbl),
+		capture: result.NewSeries("fork.replica_first_capture", "ms", lbl),
+	}
+}
+
+// add takes a first PNG screenshot of up to firstShotsPerFork of the
+// replicas at eps in turn: dial to the answer, and guestd's capture_ns.
+func (f *firstShots) add(ctx context.Context, eps []*controldv1.Endpoint) {
+	for _, ep := range eps[:min(len(eps), firstShotsPerFork)] {
+		t0 := time.Now()
+		s, err := dialEndpoint(ctx, ep)
+		if err != nil {
+			f.shot.Fail()
+			continue
+		}
+		r, err := s.Screenshot(ctx, aci.PNG())
+		took := time.Since(t0)
+		s.Close()
+		switch {
+		case err != nil:
+			f.shot.Fail()
+		case !validImage("png", r):
+			f.shot.Unverified()
+		default:
+			f.shot.Add(suiteapi.Ms(took))
+			f.capture.Add(float64(r.GetCaptureNs()) / 1e6)
+		}
+	}
+}
+
+func (f *firstShots) rows() []result.Row {
+	if f.shot.Len() == 0 {
+		return nil
+	}
+	return []result.Row{f.shot.Row(), f.capture.Row()}
 }

@@ -179,6 +179,33 @@ func BenchmarkCaptureScreenSynced(b *testing.B) {
 	}
 }
 
+// BenchmarkCaptureScreenSyncedAfterRelease is a full-screen frame once the
+// mirror's pages were given back (a replica's or a claimed pool member's
+// first screenshot, an idle sandbox's next one), read through as the
+// frame hash reads it.
+func BenchmarkCaptureScreenSyncedAfterRelease(b *testing.B) {
+	x := startX(b)
+	d := openDesktop(b, x)
+	var sum byte
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		d.ReleaseScratch(0)
+		b.StartTimer()
+		if _, err := d.DamageSeqSync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		if err := d.CaptureScreenSynced(func(f *desktop.Frame) error {
+			for _, v := range f.Pix {
+				sum += v
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_ = sum
+}
+
 func BenchmarkCaptureView(b *testing.B) {
 	x := startX(b)
 	d := openDesktop(b, x)

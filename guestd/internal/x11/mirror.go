@@ -111,9 +111,12 @@ func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 		y0, y1 = 0, d.height
 	}
 	y0, y1 = max(y0, 0), min(y1, d.height)
+	stride := d.width * 4
+	if m.used.IsZero() && y1 > y0 {
+		populate(m.buf[y0*stride : y1*stride])
+	}
 	m.used = time.Now()
 	if y1 > y0 {
-		stride := d.width * 4
 		h := y1 - y0
 		rep, err := shm.GetImage(d.conn, xproto.Drawable(d.root), 0, int16(y0), uint16(d.width), uint16(h),
 			0xffffffff, xproto.ImageFormatZPixmap, m.seg, uint32(y0*stride)).Reply()
