@@ -101,18 +101,22 @@ func TestHeapPacesTheCollector(t *testing.T) {
 	if cycles > 16 {
 		t.Errorf("%d collections for 256 MiB of garbage over a 64 MiB live heap: the limit did not follow the heap", cycles)
 	}
-	if l := debug.SetMemoryLimit(-1); l < 128<<20 || l > 160<<20 {
-		t.Errorf("memory limit %d MiB over a 64 MiB live heap, want twice that and a little", l>>20)
-	}
+	withLive := debug.SetMemoryLimit(-1)
 	runtime.KeepAlive(live)
 
 	// The live heap gone: the limit comes back down with it (the heap's
 	// free spans are not counted as overhead, or each collection would
-	// raise the limit by the room it gave).
+	// raise the limit by the room it gave). The two limits differ by what
+	// the 64 MiB add, twice over (live and growth) and the scavenger's 5%:
+	// the runtime's memory besides its heap, in both, grows by tens of MiB
+	// on a loaded host, so the limits themselves are not compared with
+	// constants.
 	live = nil
 	garbage(256)
-	if l := debug.SetMemoryLimit(-1); l > 32<<20 {
-		t.Errorf("memory limit %d MiB after the live heap went: it ratchets", l>>20)
+	without := debug.SetMemoryLimit(-1)
+	t.Logf("memory limit %d MiB over a 64 MiB live heap, %d MiB once it went", withLive>>20, without>>20)
+	if d := withLive - without; d < 100<<20 || d > 256<<20 {
+		t.Errorf("the limit moved by %d MiB with a 64 MiB live heap, want about 135 (twice that over 0.95; up to 170 seen on a loaded host): it does not follow the heap", d>>20)
 	}
 }
 
