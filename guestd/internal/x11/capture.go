@@ -75,7 +75,7 @@ func (c *capturer) attachSHM(d *Desktop) error {
 	if err := initExtension(d.conn, "MIT-SHM"); err != nil {
 		return fmt.Errorf("MIT-SHM extension: %w", err)
 	}
-	seg, buf, err := d.newSegment()
+	seg, buf, err := d.newSegment(d.width * d.height * 4)
 	if err != nil {
 		return err
 	}
@@ -83,10 +83,9 @@ func (c *capturer) attachSHM(d *Desktop) error {
 	return nil
 }
 
-// newSegment creates a SysV segment for the full screen and attaches it
-// on both sides.
-func (d *Desktop) newSegment() (shm.Seg, []byte, error) {
-	size := d.width * d.height * 4
+// newSegment creates a SysV segment of size bytes and attaches it on both
+// sides.
+func (d *Desktop) newSegment(size int) (shm.Seg, []byte, error) {
 	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, size, unix.IPC_CREAT|0o600)
 	if err != nil {
 		return 0, nil, fmt.Errorf("shmget %d bytes: %w", size, err)
@@ -255,8 +254,8 @@ func (d *Desktop) ReleaseScratch(idle time.Duration) int {
 	d.cap.mu.Unlock()
 	m := &d.cap.mir
 	m.mu.Lock()
-	if m.on && stale(m.used, idle) && unix.Madvise(m.buf, unix.MADV_REMOVE) == nil {
-		n += len(m.buf)
+	if m.on && stale(m.used, idle) && unix.Madvise(m.band, unix.MADV_REMOVE) == nil && unix.Madvise(m.buf, unix.MADV_DONTNEED) == nil {
+		n += len(m.band) + len(m.buf)
 		m.used = time.Time{}
 		m.valid = false // the mirror is refreshed in full next time
 	}
@@ -264,12 +263,12 @@ func (d *Desktop) ReleaseScratch(idle time.Duration) int {
 	return n
 }
 
-// populate brings in the pages of a segment's range that the X server is
-// about to write, released or never used: one madvise instead of a page
-// fault per page in each process (a first page touch costs 2 to 14 us on
-// these VMs, and a full-screen frame is 1000 pages faulted twice, by the
-// server writing and by guestd reading). The server still maps the pages in
-// its own address space on its writes, but no longer allocates them. A
+// populate brings in the pages of a range about to be written that were
+// given back or never used (a segment the X server writes into, the
+// mirror's copy): one madvise instead of a page fault per page, each a trap
+// to the hypervisor on these VMs (a first page touch costs 2 to 14 us; a
+// full-screen frame is 1000 pages). The server still maps a segment's pages
+// in its own address space on its writes, but no longer allocates them. A
 // kernel without MADV_POPULATE_WRITE (before 5.14) only keeps the faults.
 func populate(b []byte) {
 	if len(b) > 0 {

@@ -125,7 +125,16 @@ func TestCaptureScreenSynced(t *testing.T) {
 				t.Fatal(err)
 			}
 		case 3:
-			// Nothing drawn.
+			// Nothing drawn; every other time the mirror's pages are
+			// given back too, and its next refresh reads everything.
+			if i%8 == 7 {
+				if n := d.ReleaseScratch(0); n < screenW*screenH*4 {
+					t.Fatalf("round %d: released %d bytes, want at least the mirror's copy", i, n)
+				}
+				if got := residentPages(t, d.cap.mir.buf); got != 0 {
+					t.Fatalf("round %d: %d pages of the released mirror still resident", i, got)
+				}
+			}
 		}
 		if _, err := d.DamageSeqSync(ctx); err != nil {
 			t.Fatal(err)
@@ -169,6 +178,25 @@ func BenchmarkCaptureScreenSynced(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		c.fill(xproto.Drawable(c.root), uint32(i), xproto.Rectangle{X: 100, Y: 700, Width: 24, Height: 16})
+		b.StartTimer()
+		if _, err := d.DamageSeqSync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		if err := d.CaptureScreenSynced(func(*desktop.Frame) error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCaptureScreenSyncedFullRepaint is a full-screen frame after the
+// whole screen was repainted: the mirror reads every row.
+func BenchmarkCaptureScreenSyncedFullRepaint(b *testing.B) {
+	x := startX(b)
+	d := openDesktop(b, x)
+	c := newClient(b, x)
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		c.fill(xproto.Drawable(c.root), uint32(i), xproto.Rectangle{Width: screenW, Height: screenH})
 		b.StartTimer()
 		if _, err := d.DamageSeqSync(context.Background()); err != nil {
 			b.Fatal(err)
