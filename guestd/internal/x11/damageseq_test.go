@@ -172,31 +172,24 @@ func BenchmarkDamageSeqSync(b *testing.B) {
 // BenchmarkCaptureScreenSynced is a full-screen frame after a small
 // repaint: the mirror reads the repainted rows only.
 func BenchmarkCaptureScreenSynced(b *testing.B) {
-	x := startX(b)
-	d := openDesktop(b, x)
-	c := newClient(b, x)
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		c.fill(xproto.Drawable(c.root), uint32(i), xproto.Rectangle{X: 100, Y: 700, Width: 24, Height: 16})
-		b.StartTimer()
-		if _, err := d.DamageSeqSync(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		if err := d.CaptureScreenSynced(func(*desktop.Frame) error { return nil }); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchRepaintThenCapture(b, xproto.Rectangle{X: 100, Y: 700, Width: 24, Height: 16})
 }
 
 // BenchmarkCaptureScreenSyncedFullRepaint is a full-screen frame after the
 // whole screen was repainted: the mirror reads every row.
 func BenchmarkCaptureScreenSyncedFullRepaint(b *testing.B) {
+	benchRepaintThenCapture(b, xproto.Rectangle{Width: screenW, Height: screenH})
+}
+
+// benchRepaintThenCapture times a full-screen mirror frame after each fill
+// of area (untimed).
+func benchRepaintThenCapture(b *testing.B, area xproto.Rectangle) {
 	x := startX(b)
 	d := openDesktop(b, x)
 	c := newClient(b, x)
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		c.fill(xproto.Drawable(c.root), uint32(i), xproto.Rectangle{Width: screenW, Height: screenH})
+		c.fill(xproto.Drawable(c.root), uint32(i), area)
 		b.StartTimer()
 		if _, err := d.DamageSeqSync(context.Background()); err != nil {
 			b.Fatal(err)
