@@ -501,6 +501,8 @@ func newFirstShots(lbl map[string]string) *firstShots {
 
 // add takes a first PNG screenshot of up to firstShotsPerFork of the
 // replicas at eps in turn: dial to the answer, and guestd's capture_ns.
+// Not firstScreenshot: its time would include the session's close, which
+// waits for the server's close frame.
 func (f *firstShots) add(ctx context.Context, eps []*controldv1.Endpoint) {
 	for _, ep := range eps[:min(len(eps), firstShotsPerFork)] {
 		t0 := time.Now()
