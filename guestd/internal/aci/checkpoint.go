@@ -2,6 +2,8 @@ package aci
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"image"
 	"runtime/debug"
 	"strconv"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/forkfleet/forkfleet/api/errdefs"
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
@@ -179,10 +182,16 @@ func (s *Server) held() bool {
 	return until != 0 && time.Now().UnixNano() < until
 }
 
-// releaseScratch gives idle capture buffers and freed heap back to the
-// kernel: a frozen replica should hold only state, not scratch.
+// releaseScratch gives the capture buffers KSM cannot merge and freed heap
+// back to the kernel: a frozen pool member should hold only state, not
+// scratch. Its copy of the screen stays (ScratchReleaser.ReleaseShared).
 func (s *Server) releaseScratch() int {
-	n := s.releaseCaptureBuffers()
+	n := 0
+	if d, err := s.desktop(); err == nil {
+		if r, ok := d.(ScratchReleaser); ok {
+			n = r.ReleaseShared()
+		}
+	}
 	debug.FreeOSMemory()
 	return n
 }
@@ -322,12 +331,23 @@ const bornBandBytes = 256 << 10
 // X server writing, guestd reading: 2,000 page faults at 1280x800, 5 to 9
 // ms of CPU per replica of a fork) for a frame that is only hashed. The
 // grab keeps the bands one frame.
-func (s *Server) bornFrameHash() ([]byte, error) {
+//
+// With keep (a pool member, restored with hold_apps) the frame is read into
+// the ScreenMirror instead, which release_scratch keeps: the copy's pages
+// are faulted in while the pool fills, not in the claimant's first
+// screenshot, which then reads only the rows drawn since (the copies of a
+// pool's members are equal, and KSM merges them).
+func (s *Server) bornFrameHash(ctx context.Context, keep bool) ([]byte, error) {
 	d, err := s.desktop()
 	if err != nil {
 		return nil, err
 	}
 	w, h := d.ScreenSize()
+	if keep {
+		if sum, err := hashMirror(ctx, d, w, h); !errors.Is(err, errdefs.ErrUnavailable) {
+			return sum, err
+		}
+	}
 	if v, ok := d.(FrameViewer); ok {
 		return hashInBands(v, w, h, max(1, bornBandBytes/(w*4)))
 	}
@@ -336,6 +356,28 @@ func (s *Server) bornFrameHash() ([]byte, error) {
 		return nil, err
 	}
 	sum, err := encode.Hash128(encode.Image{Pix: f.Pix, Stride: f.Stride, Width: w, Height: h})
+	if err != nil {
+		return nil, err
+	}
+	return sum[:], nil
+}
+
+// hashMirror is Hash128 of the w x h screen, read through d's
+// ScreenMirror. An error wrapping errdefs.ErrUnavailable means d has none.
+func hashMirror(ctx context.Context, d Desktop, w, h int) ([]byte, error) {
+	sq, ok := d.(DamageSequencer)
+	m, ok2 := d.(ScreenMirror)
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("no screen mirror: %w", errdefs.ErrUnavailable)
+	}
+	if _, err := sq.DamageSeqSync(ctx); err != nil {
+		return nil, err
+	}
+	var sum [16]byte
+	err := m.CaptureScreenSynced(func(f *desktop.Frame) (err error) {
+		sum, err = encode.Hash128(encode.Image{Pix: f.Pix, Stride: f.Stride, Width: w, Height: h})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -67,13 +67,19 @@ type Desktop interface {
 }
 
 // ScratchReleaser is implemented by a Desktop whose capture buffers can be
-// given back to the kernel while idle (x11.Desktop's MIT-SHM segments):
-// before a checkpoint, so neither the dump nor every replica carries them,
-// and once no capture used them for a while (Options.ScratchIdle).
+// given back to the kernel while idle (x11.Desktop's MIT-SHM segments and
+// its copy of the screen): before a checkpoint, so neither the dump nor
+// every replica carries them, once no capture used them for a while
+// (Options.ScratchIdle), and before a pool member is frozen.
 type ScratchReleaser interface {
 	// ReleaseScratch gives back the buffers no capture used for idle (0:
 	// all of them) and returns the bytes given back.
 	ReleaseScratch(idle time.Duration) int
+	// ReleaseShared gives back the buffers KSM never merges (shared
+	// memory) and keeps the copy of the screen the next capture starts
+	// from: a frozen member's copy merges with its siblings', and its
+	// first capture after the claim reads only what was drawn since.
+	ReleaseShared() int
 }
 
 // ServerGrabber is implemented by a Desktop that can make the X server

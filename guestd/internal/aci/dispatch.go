@@ -151,7 +151,7 @@ func (ss *session) handle(j *job) *aciv1.ServerMessage {
 			return errReply(id, denied("restored"))
 		}
 		var v *aciv1.RestoredResponse
-		if v, err = ss.srv.restored(ss, r.Restored); err == nil {
+		if v, err = ss.srv.restored(j.ctx, ss, r.Restored); err == nil {
 			out.Reply = &aciv1.ServerMessage_Restored{Restored: v}
 		}
 	case *aciv1.ClientMessage_CheckpointPrepare:

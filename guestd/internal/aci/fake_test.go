@@ -27,6 +27,8 @@ type fakeDesktop struct {
 	grabbed bool
 	// released lists the idle periods ReleaseScratch was called with.
 	released []time.Duration
+	// sharedReleases counts ReleaseShared calls.
+	sharedReleases int
 }
 
 func newFakeDesktop(w, h int) *fakeDesktop {
@@ -67,6 +69,14 @@ func (f *fakeDesktop) ReleaseScratch(idle time.Duration) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.released = append(f.released, idle)
+	return 0
+}
+
+// ReleaseShared counts; the fake holds no scratch to give back.
+func (f *fakeDesktop) ReleaseShared() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sharedReleases++
 	return 0
 }
 

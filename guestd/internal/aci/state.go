@@ -228,7 +228,7 @@ func (s *Server) memoryChallenge(req *aciv1.MemoryChallengeRequest) (*aciv1.Memo
 // tokens of both roles (the restored ones, its checkpoint's, are refused
 // from now on, and sessions other than the caller's, which may have been
 // opened with them, are closed), generation, id and entropy.
-func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
+func (s *Server) restored(ctx context.Context, caller *session, req *aciv1.RestoredRequest) (*aciv1.RestoredResponse, error) {
 	if req.GetToken() == "" {
 		return nil, errInvalid("restored.token", "token is empty")
 	}
@@ -288,9 +288,9 @@ func (s *Server) restored(caller *session, req *aciv1.RestoredRequest) (*aciv1.R
 	}
 	// The frame this replica was born with, captured while the grab the
 	// dump holds keeps every app from drawing (see grabForDump); then the
-	// apps may draw again.
+	// apps may draw again. A pool member keeps it as its screen copy.
 	resp := &aciv1.RestoredResponse{}
-	if h, err := s.bornFrameHash(); err == nil {
+	if h, err := s.bornFrameHash(ctx, req.GetHoldApps()); err == nil {
 		resp.FrameHash = h
 	} else if !errors.Is(err, errNoDesktop) {
 		s.log.Warn("restored: capture the first frame", "err", err)

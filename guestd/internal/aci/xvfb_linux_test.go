@@ -391,12 +391,26 @@ func TestRealBornFrameHashInBands(t *testing.T) {
 	if n := sysvRSS(t); n != 0 {
 		t.Fatalf("%d bytes of the capture segment resident after its release", n)
 	}
-	got, err := rs.srv.bornFrameHash()
+	ctx := context.Background()
+	got, err := rs.srv.bornFrameHash(ctx, false)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("bornFrameHash: %x (%v), want the screen's %x", got, err, want)
 	}
 	if n := sysvRSS(t); n == 0 || n > bornBandBytes {
 		t.Fatalf("%d bytes of the capture segment resident after the born frame, want one band (%d at most)", n, bornBandBytes)
+	}
+	// A pool member's (restored with hold_apps) goes into the screen
+	// mirror, which release_scratch keeps; rows drawn after it are read
+	// into the kept copy.
+	if got, err = rs.srv.bornFrameHash(ctx, true); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("bornFrameHash kept: %x (%v), want the screen's %x", got, err, want)
+	}
+	rs.srv.releaseScratch()
+	p.fill(xproto.Drawable(p.root), 0x996633, image.Rect(500, 100, 600, 200))
+	p.sync()
+	after := rs.shot(t, &aciv1.ScreenshotRequest{Format: aciv1.ImageFormat_IMAGE_FORMAT_NONE})
+	if want := hashOf(t, p.truth()); !bytes.Equal(after.GetFrameHash(), want) {
+		t.Fatalf("frame after the kept copy's release %x, want %x (screen read back)", after.GetFrameHash(), want)
 	}
 }
 

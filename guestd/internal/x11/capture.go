@@ -243,8 +243,25 @@ func setFrame(dst *desktop.Frame, r image.Rectangle, pix []byte) {
 // segment) and returns how many bytes that was. They are scratch the next
 // capture rewrites (faulting them back in), but SysV shared memory is not
 // merged by KSM: every replica of a checkpoint would keep its own copy, and
-// CRIU would dump it.
+// CRIU would dump it. The mirror's private copy of the screen goes too: a
+// dump would carry it into every replica.
 func (d *Desktop) ReleaseScratch(idle time.Duration) int {
+	return d.release(idle, false)
+}
+
+// ReleaseShared gives back the shared-memory segments only (the capture
+// segment and the mirror's band) and keeps the mirror's copy of the screen,
+// valid: what a frozen pool member holds. The copy is private memory that
+// KSM merges with the identical copies of the member's siblings, and the
+// first capture after the claim reads only the rows drawn since instead of
+// faulting in a whole screen (1000 pages at 1280x800). The idle release
+// leaves the kept copy alone until a capture uses it again: a thawed
+// member's overdue idle check would otherwise drop it right at the claim.
+func (d *Desktop) ReleaseShared() int {
+	return d.release(0, true)
+}
+
+func (d *Desktop) release(idle time.Duration, keepCopy bool) int {
 	n := 0
 	d.cap.mu.Lock()
 	if d.cap.shmOn && stale(d.cap.shmUsed, idle) && unix.Madvise(d.cap.shmBuf, unix.MADV_REMOVE) == nil {
@@ -254,12 +271,16 @@ func (d *Desktop) ReleaseScratch(idle time.Duration) int {
 	d.cap.mu.Unlock()
 	m := &d.cap.mir
 	m.mu.Lock()
-	if m.on && stale(m.used, idle) && unix.Madvise(m.band, unix.MADV_REMOVE) == nil && unix.Madvise(m.buf, unix.MADV_DONTNEED) == nil {
-		n += len(m.band) + len(m.buf)
-		m.used = time.Time{}
+	defer m.mu.Unlock()
+	if !m.on || !stale(m.used, idle) || unix.Madvise(m.band, unix.MADV_REMOVE) != nil {
+		return n
+	}
+	n += len(m.band)
+	m.used = time.Time{}
+	if !keepCopy && unix.Madvise(m.buf, unix.MADV_DONTNEED) == nil {
+		n += len(m.buf)
 		m.valid = false // the mirror is refreshed in full next time
 	}
-	m.mu.Unlock()
 	return n
 }
 

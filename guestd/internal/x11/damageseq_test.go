@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"image"
+	"os"
 	"sync"
 	"testing"
 
@@ -112,6 +113,7 @@ func TestCaptureScreenSynced(t *testing.T) {
 	win := c.window(winOpts{x: 600, y: 500, w: 80, h: 60, override: true})
 	var want desktop.Frame
 	for i := 0; i < 60; i++ {
+		keptCopy := false
 		switch i % 4 {
 		case 0:
 			c.fill(xproto.Drawable(c.root), uint32(0x030507*i), xproto.Rectangle{X: int16(7 * i), Y: int16(11 * i), Width: 3, Height: 2})
@@ -125,15 +127,29 @@ func TestCaptureScreenSynced(t *testing.T) {
 				t.Fatal(err)
 			}
 		case 3:
-			// Nothing drawn; every other time the mirror's pages are
-			// given back too, and its next refresh reads everything.
-			if i%8 == 7 {
+			// Nothing drawn. Every other time the mirror's pages are
+			// given back too, and its next refresh reads everything;
+			// in between only its band is (a frozen pool member's
+			// release), and the copy it keeps needs no rows read.
+			switch i % 8 {
+			case 7:
 				if n := d.ReleaseScratch(0); n < screenW*screenH*4 {
 					t.Fatalf("round %d: released %d bytes, want at least the mirror's copy", i, n)
 				}
 				if got := residentPages(t, d.cap.mir.buf); got != 0 {
 					t.Fatalf("round %d: %d pages of the released mirror still resident", i, got)
 				}
+			case 3:
+				if n := d.ReleaseShared(); n != len(d.cap.shmBuf)+len(d.cap.mir.band) {
+					t.Fatalf("round %d: shared release gave back %d bytes, want the segments' and not the copy's", i, n)
+				}
+				if got := residentPages(t, d.cap.mir.band); got != 0 {
+					t.Fatalf("round %d: %d pages of the released band still resident", i, got)
+				}
+				if got, want := residentPages(t, d.cap.mir.buf), screenW*screenH*4/os.Getpagesize(); got != want {
+					t.Fatalf("round %d: %d of the kept copy's %d pages resident", i, got, want)
+				}
+				keptCopy = true
 			}
 		}
 		if _, err := d.DamageSeqSync(ctx); err != nil {
@@ -152,6 +168,9 @@ func TestCaptureScreenSynced(t *testing.T) {
 		})
 		if err != nil || !called {
 			t.Fatalf("round %d: %v, called %v", i, err, called)
+		}
+		if got := residentPages(t, d.cap.mir.band); keptCopy && got != 0 {
+			t.Fatalf("round %d: the frame after a shared release read rows through the band (%d pages), want none: nothing was drawn", i, got)
 		}
 	}
 	if err := d.CaptureScreenSynced(nil); !isErr(err, errdefs.ErrInvalidArgument) {

@@ -38,7 +38,8 @@ type mirror struct {
 	buf  []byte // the copy (mmap: outside the Go heap)
 	// valid: buf holds the whole screen as of the last refresh
 	valid bool
-	// used is when a refresh last wrote into buf (zero: released since).
+	// used is when a refresh last wrote into buf; zero: the band was given
+	// back since (and the copy too unless ReleaseShared kept it).
 	used time.Time
 }
 
@@ -134,7 +135,9 @@ func (d *Desktop) CaptureScreenSynced(fn func(f *desktop.Frame) error) error {
 	y0, y1 = max(y0, 0), min(y1, d.height)
 	stride := d.width * 4
 	if m.used.IsZero() && y1 > y0 {
-		populate(m.band)
+		// The band's halves take turns from the first: the rows read use
+		// its first y1-y0 rows, all of it past two halves.
+		populate(m.band[:min(y1-y0, 2*m.rows)*stride])
 		populate(m.buf[y0*stride : y1*stride])
 	}
 	m.used = time.Now()

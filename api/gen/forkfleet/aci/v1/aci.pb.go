@@ -6255,7 +6255,9 @@ type RestoredRequest struct {
 	// guestd and the X server, which the first frame and the proofs need)
 	// first thing, until resume_apps. controld sets it for a frozen pool's
 	// member: its apps then neither run nor touch memory between its
-	// restored and its claim. Servers advertise "apps.hold".
+	// restored and its claim. Its born frame is read into the screen mirror,
+	// which release_scratch keeps, so the claimant's first screenshot reads
+	// only what was drawn since. Servers advertise "apps.hold".
 	HoldApps      bool `protobuf:"varint,6,opt,name=hold_apps,json=holdApps,proto3" json:"hold_apps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -6596,9 +6598,12 @@ func (*CheckpointDoneResponse) Descriptor() ([]byte, []int) {
 
 // ReleaseScratchRequest gives guestd's idle scratch memory back to the
 // kernel: the MIT-SHM capture segments (SysV shared memory, which KSM does
-// not merge) and freed heap. controld sends it before freezing a pooled
-// replica; checkpoint_prepare does the same. The next capture is as exact
-// and a little slower (the segment's pages fault in again). Admin only.
+// not merge) and freed heap. The screen mirror's private copy stays: KSM
+// merges equal copies, and the next full-screen capture reads only the rows
+// drawn since. controld sends it before freezing a pooled replica;
+// checkpoint_prepare gives the copy back too (a dump would carry it). The
+// next capture is as exact and a little slower (the segments' pages fault
+// in again). Admin only.
 type ReleaseScratchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -6637,7 +6642,7 @@ func (*ReleaseScratchRequest) Descriptor() ([]byte, []int) {
 
 type ReleaseScratchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Capture-segment bytes given back.
+	// Bytes of capture segments given back.
 	ReleasedBytes uint64 `protobuf:"varint,1,opt,name=released_bytes,json=releasedBytes,proto3" json:"released_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
