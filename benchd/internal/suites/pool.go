@@ -90,6 +90,8 @@ func (p *poolSuite) Check(ctx context.Context, env *suiteapi.Env) error {
 // claimTimes are the milestones of one claim, from the client's side.
 type claimTimes struct {
 	rpc, usable, screenshot time.Duration
+	// capture and encode are guestd's parts of the first screenshot.
+	capture, encode time.Duration
 	// session is the client's own part of usable: its session's dial
 	// (connect, WebSocket upgrade, Hello) and first ping.
 	session time.Duration
@@ -160,6 +162,7 @@ func usableThen(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *
 		return suiteapi.ErrUnverified
 	}
 	ct.screenshot = time.Since(t0)
+	ct.capture, ct.encode = time.Duration(r.GetCaptureNs()), time.Duration(r.GetEncodeNs())
 	return nil
 }
 
@@ -170,6 +173,7 @@ func usableThen(ctx context.Context, t0 time.Time, ep *controldv1.Endpoint, ct *
 type claimSeries struct {
 	rpc, server, transport, session, usable, screenshot *result.Series
 	connect, upgrade, hello, ping                       *result.Series
+	capture, encode                                     *result.Series
 }
 
 func newClaimSeries(lbl map[string]string) *claimSeries {
@@ -184,6 +188,8 @@ func newClaimSeries(lbl map[string]string) *claimSeries {
 		ping:       result.NewSeries("pool.claim_session_ping", "ms", lbl),
 		usable:     result.NewSeries("pool.claim_usable", "ms", lbl),
 		screenshot: result.NewSeries("pool.claim_first_screenshot", "ms", lbl),
+		capture:    result.NewSeries("pool.claim_first_capture", "ms", lbl),
+		encode:     result.NewSeries("pool.claim_first_encode", "ms", lbl),
 	}
 }
 
@@ -206,15 +212,23 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 		}
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Add(suiteapi.Ms(ct.screenshot))
+		cs.capture.Add(suiteapi.Ms(ct.capture))
+		cs.encode.Add(suiteapi.Ms(ct.encode))
 	case errors.Is(err, suiteapi.ErrUnverified):
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Unverified()
+		cs.capture.Unverified()
+		cs.encode.Unverified()
 	case ct.usable > 0:
 		cs.usable.Add(suiteapi.Ms(ct.usable))
 		cs.screenshot.Fail()
+		cs.capture.Fail()
+		cs.encode.Fail()
 	default:
 		cs.usable.Fail()
 		cs.screenshot.Fail()
+		cs.capture.Fail()
+		cs.encode.Fail()
 	}
 	if ct.usable > 0 {
 		// The RPC counts once the sandbox it returned proved usable.
@@ -229,7 +243,7 @@ func (cs *claimSeries) record(ct claimTimes, server time.Duration, rpcOK bool, e
 }
 
 func (cs *claimSeries) all() []*result.Series {
-	return []*result.Series{cs.rpc, cs.server, cs.transport, cs.session, cs.connect, cs.upgrade, cs.hello, cs.ping, cs.usable, cs.screenshot}
+	return []*result.Series{cs.rpc, cs.server, cs.transport, cs.session, cs.connect, cs.upgrade, cs.hello, cs.ping, cs.usable, cs.screenshot, cs.capture, cs.encode}
 }
 
 func (p *poolSuite) Run(ctx context.Context, env *suiteapi.Env) ([]result.Row, error) {
