@@ -15,6 +15,7 @@ import (
 	aciv1 "github.com/forkfleet/forkfleet/api/gen/forkfleet/aci/v1"
 	"github.com/forkfleet/forkfleet/guestd/internal/desktop"
 	"github.com/forkfleet/forkfleet/guestd/internal/encode"
+	"github.com/forkfleet/forkfleet/guestd/internal/gcpace"
 	"github.com/forkfleet/forkfleet/guestd/internal/sysops"
 )
 
@@ -184,7 +185,11 @@ func (s *Server) held() bool {
 
 // releaseScratch gives the capture buffers KSM cannot merge and freed heap
 // back to the kernel: a frozen pool member should hold only state, not
-// scratch. Its copy of the screen stays (ScratchReleaser.ReleaseShared).
+// scratch. Its copy of the screen stays (ScratchReleaser.ReleaseShared),
+// and its next collection waits for claimSpare of growth (gcpace.Spare):
+// the claimant's session and first screenshot allocate more than a small
+// heap's pacing allows, and a collection on a heap KSM merged would fault
+// every page it writes inside that screenshot.
 func (s *Server) releaseScratch() int {
 	n := 0
 	if d, err := s.desktop(); err == nil {
@@ -193,8 +198,14 @@ func (s *Server) releaseScratch() int {
 		}
 	}
 	debug.FreeOSMemory()
+	gcpace.Spare(claimSpare)
 	return n
 }
+
+// claimSpare is the heap growth a released member may make before it
+// collects: a claimant's session and its first full-screen PNG (the
+// encoder's deflate state per worker, the band cache) with room to spare.
+const claimSpare = 16 << 20
 
 // releaseCaptureBuffers drops the pages of the desktop's capture buffers
 // (the shared-memory segments the X server writes frames into); the next

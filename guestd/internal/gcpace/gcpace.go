@@ -27,6 +27,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
+	"sync/atomic"
 )
 
 // minGrowth is the least the heap may grow between two collections: the
@@ -46,8 +48,15 @@ var names = []string{
 }
 
 type pacer struct {
+	mu      sync.Mutex // a limit is computed and set as one step
 	samples []metrics.Sample
+	// spare is the growth Spare asked for when spareAt collections had
+	// completed; it holds until the next one.
+	spare, spareAt uint64
 }
+
+// active is the pacer Start started, for Spare.
+var active atomic.Pointer[pacer]
 
 // Start paces the collector by the heap alone, unless GOGC or GOMEMLIMIT
 // is set (the operator's choice stands), and reports whether it did.
@@ -60,14 +69,44 @@ func Start(getenv func(string) string) bool {
 		p.samples[i].Name = n
 	}
 	// The limit first: with GOGC off and no limit nothing would collect.
+	p.mu.Lock()
 	debug.SetMemoryLimit(p.limit())
+	p.mu.Unlock()
 	debug.SetGCPercent(-1)
 	p.arm()
+	active.Store(p)
 	return true
 }
 
+// Spare lets the heap grow by at least n before the next collection, after
+// which it is paced as before; a no-op unless Start paced the collector.
+// guestd calls it when a pool member gives its scratch back before its
+// freeze: KSM then merges the member's heap with its siblings', and a
+// collection at the claim (its new session and first screenshot allocate
+// more than the 4 MiB a small live heap may grow by) made every page the
+// collector wrote a copy-on-write fault inside the claimant's first
+// screenshot. The spare is fresh memory, not merged pages.
+func Spare(n uint64) {
+	p := active.Load()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.spare, p.spareAt = n, cycles()
+	debug.SetMemoryLimit(p.limit())
+}
+
+// cycles is how many collections have completed.
+func cycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
 // limit is the memory limit that lets the heap grow as GOGC=100 would
-// from the last collection's live heap.
+// from the last collection's live heap (or by the spare). Called with mu
+// held.
 func (p *pacer) limit() int64 {
 	metrics.Read(p.samples)
 	v := func(i int) uint64 {
@@ -81,7 +120,7 @@ func (p *pacer) limit() int64 {
 	live, stacks, globals := v(5), v(6), v(7)
 	held := total - released // what the memory limit counts
 	besides := held - min(heap, held)
-	want := besides + live + max(live+stacks+globals, minGrowth)
+	want := besides + live + max(live+stacks+globals, minGrowth, p.spare)
 	// Under a memory limit the scavenger keeps the runtime's memory at 95%
 	// of it: a limit of just what the heap may reach would have it give
 	// back pages every cycle that the heap faults in again.
@@ -101,7 +140,14 @@ type cycle struct{ _ [16]byte }
 // arm moves the limit after the next collection, and again after each one.
 func (p *pacer) arm() {
 	runtime.AddCleanup(new(cycle), func(p *pacer) {
+		p.mu.Lock()
+		// The cleanup of a collection that completed before Spare may
+		// run after it: that one keeps the spare.
+		if p.spare > 0 && cycles() > p.spareAt {
+			p.spare = 0
+		}
 		debug.SetMemoryLimit(p.limit())
+		p.mu.Unlock()
 		p.arm()
 	}, p)
 }

@@ -121,3 +121,39 @@ func TestHeapPacesTheCollector(t *testing.T) {
 }
 
 var sink []byte
+
+// TestSpare: Spare raises the limit to let the heap grow by what it asks
+// until the next collection, which paces it as before.
+func TestSpare(t *testing.T) {
+	settings(t)
+	runtime.GC()
+	if !Start(env(nil)) {
+		t.Fatal("Start did not pace the collector")
+	}
+	runtime.GC()
+	time.Sleep(10 * time.Millisecond) // the cleanup that moves the limit
+	paced := debug.SetMemoryLimit(-1)
+	const spare = 64 << 20
+	Spare(spare)
+	spared := debug.SetMemoryLimit(-1)
+	t.Logf("memory limit %d MiB, %d MiB with a spare of %d MiB", paced>>20, spared>>20, spare>>20)
+	if spared-paced < spare-minGrowth*2 {
+		t.Fatalf("a spare of %d MiB raised the limit by %d MiB", spare>>20, (spared-paced)>>20)
+	}
+	// 32 MiB of garbage fit in the spare: no collection.
+	c0 := read("/gc/cycles/total:gc-cycles")
+	for range 32 * 16 {
+		b := make([]byte, 64<<10)
+		b[0] = 1
+		sink = b
+	}
+	sink = nil
+	if c := read("/gc/cycles/total:gc-cycles") - c0; c != 0 {
+		t.Errorf("%d collections for 32 MiB of garbage within a spare of %d MiB", c, spare>>20)
+	}
+	runtime.GC()
+	time.Sleep(10 * time.Millisecond)
+	if after := debug.SetMemoryLimit(-1); after >= spared-spare/2 {
+		t.Errorf("memory limit %d MiB after the next collection, want it paced again (%d MiB before the spare)", after>>20, paced>>20)
+	}
+}
