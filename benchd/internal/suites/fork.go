@@ -489,18 +489,20 @@ const firstShotsPerFork = 4
 // in the capture buffers its source gave back before the dump (guestd's
 // checkpoint_prepare), which "usable" does not include.
 type firstShots struct {
-	shot, capture *result.Series
+	shot, capture, encode *result.Series
 }
 
 func newFirstShots(lbl map[string]string) *firstShots {
 	return &firstShots{
 		shot:    result.NewSeries("fork.replica_first_screenshot", "ms", lbl),
 		capture: result.NewSeries("fork.replica_first_capture", "ms", lbl),
+		encode:  result.NewSeries("fork.replica_first_encode", "ms", lbl),
 	}
 }
 
 // add takes a first PNG screenshot of up to firstShotsPerFork of the
-// replicas at eps in turn: dial to the answer, and guestd's capture_ns.
+// replicas at eps in turn: dial to the answer, and guestd's capture_ns and
+// encode_ns.
 // Not firstScreenshot: its time would include the session's close, which
 // waits for the server's close frame.
 func (f *firstShots) add(ctx context.Context, eps []*controldv1.Endpoint) {
@@ -522,6 +524,7 @@ func (f *firstShots) add(ctx context.Context, eps []*controldv1.Endpoint) {
 		default:
 			f.shot.Add(suiteapi.Ms(took))
 			f.capture.Add(float64(r.GetCaptureNs()) / 1e6)
+			f.encode.Add(float64(r.GetEncodeNs()) / 1e6)
 		}
 	}
 }
@@ -530,5 +533,5 @@ func (f *firstShots) rows() []result.Row {
 	if f.shot.Len() == 0 {
 		return nil
 	}
-	return []result.Row{f.shot.Row(), f.capture.Row()}
+	return []result.Row{f.shot.Row(), f.capture.Row(), f.encode.Row()}
 }

@@ -82,11 +82,14 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 	resp := &aciv1.CheckpointPrepareResponse{ClosedSessions: uint32(len(victims))}
 	// Freed heap goes back to the kernel during the settle: the probe there
 	// watches the sandbox's other processes, and the dump should find state,
-	// not scratch.
+	// not scratch. A replica then restores a small heap paced for its
+	// size: the spare keeps its first session and screenshot from
+	// collecting (see releaseScratch).
 	scavenged := make(chan struct{})
 	go func() {
 		defer close(scavenged)
 		debug.FreeOSMemory()
+		gcpace.Spare(spareAfterRelease)
 	}()
 	defer func() { <-scavenged }()
 	closed := time.Since(start)
@@ -186,7 +189,7 @@ func (s *Server) held() bool {
 // releaseScratch gives the capture buffers KSM cannot merge and freed heap
 // back to the kernel: a frozen pool member should hold only state, not
 // scratch. Its copy of the screen stays (ScratchReleaser.ReleaseShared),
-// and its next collection waits for claimSpare of growth (gcpace.Spare):
+// and its next collection waits for spareAfterRelease of growth (gcpace.Spare):
 // the claimant's session and first screenshot allocate more than a small
 // heap's pacing allows, and a collection on a heap KSM merged would fault
 // every page it writes inside that screenshot.
@@ -198,14 +201,16 @@ func (s *Server) releaseScratch() int {
 		}
 	}
 	debug.FreeOSMemory()
-	gcpace.Spare(claimSpare)
+	gcpace.Spare(spareAfterRelease)
 	return n
 }
 
-// claimSpare is the heap growth a released member may make before it
-// collects: a claimant's session and its first full-screen PNG (the
-// encoder's deflate state per worker, the band cache) with room to spare.
-const claimSpare = 16 << 20
+// spareAfterRelease is the heap growth a guestd that gave its freed heap
+// back (a pool member before its freeze, a checkpoint's source and so its
+// replicas) may make before it collects: a new session and its first
+// full-screen PNG (the encoder's deflate state per worker, the band cache)
+// with room to spare.
+const spareAfterRelease = 16 << 20
 
 // releaseCaptureBuffers drops the pages of the desktop's capture buffers
 // (the shared-memory segments the X server writes frames into); the next
