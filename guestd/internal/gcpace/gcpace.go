@@ -80,12 +80,14 @@ func Start(getenv func(string) string) bool {
 
 // Spare lets the heap grow by at least n before the next collection, after
 // which it is paced as before; a no-op unless Start paced the collector.
-// guestd calls it when a pool member gives its scratch back before its
-// freeze: KSM then merges the member's heap with its siblings', and a
-// collection at the claim (its new session and first screenshot allocate
-// more than the 4 MiB a small live heap may grow by) made every page the
-// collector wrote a copy-on-write fault inside the claimant's first
-// screenshot. The spare is fresh memory, not merged pages.
+// guestd calls it after it gave its freed heap back: before a pool
+// member's freeze, and before a checkpoint's dump (its replicas restore
+// the spare). A small live heap may otherwise grow by only 4 MiB, less
+// than a new session and its first screenshot allocate, and a member's
+// collection at its claim ran on a heap KSM had merged with its
+// siblings', every page it wrote a copy-on-write fault inside the
+// claimant's first screenshot. The spare is fresh memory, not merged
+// pages.
 func Spare(n uint64) {
 	p := active.Load()
 	if p == nil {
