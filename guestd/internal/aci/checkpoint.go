@@ -88,8 +88,7 @@ func (s *Server) checkpointPrepare(ctx context.Context, keep *session, req *aciv
 	scavenged := make(chan struct{})
 	go func() {
 		defer close(scavenged)
-		debug.FreeOSMemory()
-		gcpace.Spare(spareAfterRelease)
+		freeHeap()
 	}()
 	defer func() { <-scavenged }()
 	closed := time.Since(start)
@@ -195,14 +194,18 @@ func (s *Server) held() bool {
 // every page it writes inside that screenshot.
 func (s *Server) releaseScratch() int {
 	n := 0
-	if d, err := s.desktop(); err == nil {
-		if r, ok := d.(ScratchReleaser); ok {
-			n = r.ReleaseShared()
-		}
+	if r := s.scratchReleaser(); r != nil {
+		n = r.ReleaseShared()
 	}
+	freeHeap()
+	return n
+}
+
+// freeHeap gives freed heap back to the kernel and leaves the collector a
+// spare (spareAfterRelease) before its next collection.
+func freeHeap() {
 	debug.FreeOSMemory()
 	gcpace.Spare(spareAfterRelease)
-	return n
 }
 
 // spareAfterRelease is the heap growth a guestd that gave its freed heap
@@ -216,12 +219,21 @@ const spareAfterRelease = 16 << 20
 // (the shared-memory segments the X server writes frames into); the next
 // capture faults them back in.
 func (s *Server) releaseCaptureBuffers() int {
-	if d, err := s.desktop(); err == nil {
-		if r, ok := d.(ScratchReleaser); ok {
-			return r.ReleaseScratch(0)
-		}
+	if r := s.scratchReleaser(); r != nil {
+		return r.ReleaseScratch(0)
 	}
 	return 0
+}
+
+// scratchReleaser is the desktop as a ScratchReleaser; nil when there is
+// no desktop or it holds no scratch.
+func (s *Server) scratchReleaser() ScratchReleaser {
+	if d, err := s.desktop(); err == nil {
+		if r, ok := d.(ScratchReleaser); ok {
+			return r
+		}
+	}
+	return nil
 }
 
 // releaseIdleScratch gives d's capture buffers back whenever no capture
